@@ -1,0 +1,472 @@
+"""The Vision Transformer of Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021).
+
+Read it beside the paper: section 3.1 and Figure 1 give Eq. 1-4, Appendix A the attention,
+Appendix B.1 where dropout goes, section 3.2 the position-embedding interpolation.
+
+Shape legend, used in every shape comment below:
+    B batch, C channels, H x W image, P patch size, N = HW / P^2 patches,
+    T tokens (N + 1 with the class token, N without), D embed_dim, h num_heads,
+    d = D / h head_dim, M mlp_dim.
+
+Deviations from the paper. A model built with the defaults has none of them; each is an
+option, named here once and cited:
+  1. pool="gap": global average pooling of the encoder's output tokens instead of the class
+     token (the paper compares both in App. D.3; Beyer et al. 2022, "Better plain ViT baselines").
+  2. pos_embed="sincos2d": fixed 2D sine-cosine position embeddings instead of learned 1D ones
+     (Chen et al. 2021, MoCo v3; Beyer et al. 2022). pos_embed="none": no position embedding
+     (the paper's Table 8 ablation).
+  3. class_token=False: no class token; needs pool="gap" (Beyer et al. 2022).
+  4. drop_path > 0: stochastic depth on each residual branch, rate growing linearly with depth
+     (Huang et al. 2016, as used by DeiT, Touvron et al. 2021).
+  5. stem="conv": a convolutional tokeniser (conv 3x3, ReLU, max-pool, repeated) in place of the
+     single patchify Conv2d, from Compact Convolutional Transformers (Hassani et al. 2021) and
+     "Early convolutions help transformers see better" (Xiao et al. 2021). The patch size P is
+     then the tokeniser's total stride.
+
+Notes (not deviations from the paper's text):
+  - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
+    tanh approximation (they differ by under 1e-3 per activation).
+  - LayerNorm epsilon is 1e-6, the JAX reference's value (torchvision and timm agree).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Pool = Literal["cls", "gap"]
+PosEmbed = Literal["learned", "sincos2d", "none"]
+Stem = Literal["patch", "conv"]
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Everything that defines a ViT. Defaults are ViT-B/16 at 224 px (Table 1)."""
+
+    image_size: int = field(default=224, metadata=_help("input resolution H = W in pixels (paper: 224)"))
+    patch_size: int = field(default=16, metadata=_help("patch size P (paper: 16; 'ViT-B/16')"))
+    in_channels: int = field(default=3, metadata=_help("image channels C"))
+    num_classes: int = field(default=1000, metadata=_help("classes of the linear head"))
+    embed_dim: int = field(default=768, metadata=_help("width D (Table 1: 'Hidden size')"))
+    depth: int = field(default=12, metadata=_help("encoder blocks L (Table 1: 'Layers')"))
+    num_heads: int = field(default=12, metadata=_help("attention heads h (Table 1: 'Heads')"))
+    mlp_dim: int = field(default=3072, metadata=_help("MLP width M (Table 1: 'MLP size')"))
+    dropout: float = field(default=0.0, metadata=_help("dropout after dense layers and the position embedding (App. B.1, Table 3)"))
+    attn_dropout: float = field(default=0.0, metadata=_help("dropout on the attention weights (JAX reference: 0)"))
+    drop_path: float = field(default=0.0, metadata=_help("stochastic depth rate of the last block (deviation 4; DeiT: 0.1)"))
+    pool: Pool = field(default="cls", metadata=_help("'cls' (Eq. 4) or 'gap' (deviation 1)"))
+    pos_embed: PosEmbed = field(default="learned", metadata=_help("'learned' (Eq. 1), 'sincos2d' or 'none' (deviation 2)"))
+    class_token: bool = field(default=True, metadata=_help("prepend the learnable class token (Eq. 1); False is deviation 3"))
+    stem: Stem = field(default="patch", metadata=_help("'patch' (one Conv2d, Eq. 1) or 'conv' (convolutional tokeniser, deviation 5)"))
+    layer_norm_eps: float = field(default=1e-6, metadata=_help("LayerNorm epsilon (JAX reference: 1e-6)"))
+
+    def __post_init__(self) -> None:
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}: "
+                f"each head gets d = D / h channels; pick num_heads from the divisors of "
+                f"{self.embed_dim} (e.g. {_divisors_near(self.embed_dim, self.num_heads)})"
+            )
+        if self.image_size % self.patch_size:
+            lower = self.image_size // self.patch_size * self.patch_size
+            raise ValueError(
+                f"image size {self.image_size} is not divisible by patch size {self.patch_size}; "
+                f"use --image-size {lower or self.patch_size} or {lower + self.patch_size}"
+            )
+        if not self.class_token and self.pool == "cls":
+            raise ValueError("pool='cls' needs the class token: set class_token=True or pool='gap'")
+        if self.stem == "conv" and self.patch_size & (self.patch_size - 1):
+            raise ValueError(f"stem='conv' halves the resolution per stage, so patch size must be a power of 2, got {self.patch_size}")
+        for name in ("pool", "pos_embed", "stem"):
+            allowed = _LITERALS[name]
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+
+    @property
+    def grid_size(self) -> int:
+        """Patches per side, H / P."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        """N = HW / P^2."""
+        return self.grid_size**2
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: the class token, if any."""
+        return int(self.class_token)
+
+    @property
+    def num_tokens(self) -> int:
+        """T = N + 1 (or N without a class token)."""
+        return self.num_patches + self.num_prefix_tokens
+
+    def replace(self, **changes) -> "ViTConfig":
+        return replace(self, **changes)
+
+
+_LITERALS = {"pool": ("cls", "gap"), "pos_embed": ("learned", "sincos2d", "none"), "stem": ("patch", "conv")}
+
+
+def _divisors_near(n: int, target: int) -> str:
+    divs = sorted((k for k in range(1, n + 1) if n % k == 0), key=lambda k: abs(k - target))
+    return ", ".join(str(k) for k in sorted(divs[:3]))
+
+
+def config_fields() -> tuple:
+    """The dataclass fields of ViTConfig (used to generate command-line options)."""
+    return fields(ViTConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Eq. 1: patch embedding, class token, position embedding
+# ---------------------------------------------------------------------------------------------
+
+
+class PatchEmbed(nn.Module):
+    """x_p^i E of Eq. 1: cut the image into N patches of P x P and project each to D.
+
+    One Conv2d with kernel = stride = P is exactly a shared Linear applied to every flattened
+    patch, computed without materialising the patches.
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.image_size, self.in_channels = config.image_size, config.in_channels
+        C, D, P = config.in_channels, config.embed_dim, config.patch_size
+        if config.stem == "conv":  # deviation 5: the stem does the striding, E is a 1x1 projection
+            self.stem = ConvStem(C, D, P)
+            self.proj = nn.Conv2d(D, D, kernel_size=1)
+        else:
+            self.stem = None
+            self.proj = nn.Conv2d(C, D, kernel_size=P, stride=P)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        check_images(images, self.image_size, self.in_channels)
+        x = images if self.stem is None else self.stem(images)  # conv stem: (B, C, H, W) -> (B, D, H/P, W/P)
+        x = self.proj(x)  # (B, C, H, W) -> (B, D, H/P, W/P)
+        return x.flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
+
+
+class ConvStem(nn.Module):
+    """Deviation 5: convolutional tokeniser (CCT, Hassani et al. 2021; BatchNorm as Xiao et al. 2021).
+
+    log2(P) stages of [conv 3x3, BatchNorm, ReLU, max-pool 3x3 stride 2], widths doubling up to D,
+    so the total stride is P and the token grid is the same H/P x W/P as the patchify stem.
+    """
+
+    def __init__(self, in_channels: int, embed_dim: int, patch_size: int) -> None:
+        super().__init__()
+        stages = int(math.log2(patch_size))
+        widths = [in_channels] + [max(embed_dim // 2 ** (stages - 1 - i), 16) for i in range(stages)]
+        layers: list[nn.Module] = []
+        for c_in, c_out in zip(widths[:-1], widths[1:]):
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)]
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.layers(images)  # (B, C, H, W) -> (B, D, H/P, W/P)
+
+
+def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> None:
+    """Refuse inputs the model was not built for, saying what to do about it."""
+    if images.ndim != 4:
+        raise ValueError(
+            f"expected a batch of images shaped (B, {in_channels}, {image_size}, {image_size}), got a tensor of "
+            f"shape {tuple(images.shape)}; add a batch dimension with images.unsqueeze(0)"
+        )
+    _, C, H, W = images.shape
+    if C != in_channels:
+        raise ValueError(
+            f"expected {in_channels} channels, got {C} (shape {tuple(images.shape)}); convert images to RGB, "
+            f"e.g. PIL's image.convert('RGB'), or build the model with in_channels={C}"
+        )
+    if (H, W) != (image_size, image_size):
+        raise ValueError(
+            f"expected {image_size} x {image_size} images, got {H} x {W}; resize them to {image_size} "
+            f"(the model's preprocessing does this) or rebuild the model for {H} px with "
+            f"foodvit.resize_model(model, {H})"
+        )
+
+
+def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Deviation 2: fixed 2D sine-cosine position embedding, (N, D).
+
+    A quarter of the channels encode the row with sin, a quarter with cos, then the same for the
+    column, at geometrically spaced frequencies (Vaswani et al. 2017, extended to 2D).
+    """
+    if embed_dim % 4:
+        raise ValueError(f"sincos2d position embedding needs embed_dim divisible by 4, got {embed_dim}")
+    rows, cols = torch.meshgrid(torch.arange(grid_size, dtype=torch.float64), torch.arange(grid_size, dtype=torch.float64), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(embed_dim // 4, dtype=torch.float64) / (embed_dim // 4))
+    rows = rows.flatten()[:, None] * omega[None, :]  # (N, D/4)
+    cols = cols.flatten()[:, None] * omega[None, :]  # (N, D/4)
+    return torch.cat([rows.sin(), rows.cos(), cols.sin(), cols.cos()], dim=1).float()  # (N, D)
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor,
+    grid_size: int | tuple[int, int],
+    num_prefix_tokens: int = 1,
+    mode: str = "bicubic",
+    align_corners: bool = False,
+    antialias: bool = False,
+) -> torch.Tensor:
+    """Section 3.2: 2D-interpolate patch position embeddings to a new grid; keep the class position.
+
+    (1, prefix + g_old^2, D) -> (1, prefix + g_new^2, D). The old grid must be square.
+    torchvision resamples with mode='bicubic', align_corners=True; timm with bicubic and
+    align_corners=False (the default here).
+    """
+    new_h, new_w = (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
+    _, T, D = pos_embed.shape
+    old = math.isqrt(T - num_prefix_tokens)
+    if old * old != T - num_prefix_tokens:
+        raise ValueError(
+            f"position embedding of {T} tokens with {num_prefix_tokens} prefix token(s) does not hold a square "
+            f"grid of patches; was it trained with{'out' if num_prefix_tokens else ''} a class token?"
+        )
+    if (old, old) == (new_h, new_w):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    grid = grid.float().reshape(1, old, old, D).permute(0, 3, 1, 2)  # (1, N, D) -> (1, D, g, g)
+    kwargs = {"align_corners": align_corners} if mode in ("bilinear", "bicubic") else {}
+    grid = F.interpolate(grid, size=(new_h, new_w), mode=mode, antialias=antialias, **kwargs)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_h * new_w, D)  # (1, D, g', g') -> (1, N', D)
+    return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Eq. 2 and 3: the encoder block
+# ---------------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """MSA of Eq. 2, as Appendix A defines it.
+
+    One fused projection U_qkv (D -> 3D, with bias), softmax(q k^T / sqrt(d)) v for each of the
+    h heads, heads concatenated, output projection U_msa (D -> D), then dropout (App. B.1).
+    `fused=True` computes the middle with torch's scaled_dot_product_attention (flash or
+    memory-efficient kernels where available); the plain path below it is the same math, written
+    out, and is the one that can hand back the attention weights.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, attn_dropout: float = 0.0, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scale = self.head_dim**-0.5  # 1 / sqrt(d)
+        self.attn_dropout = attn_dropout
+        self.fused = True
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim)  # U_qkv
+        self.proj = nn.Linear(embed_dim, embed_dim)  # U_msa
+        self.proj_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T, D = x.shape
+        h, d = self.num_heads, self.head_dim
+        qkv = self.qkv(x).reshape(B, T, 3, h, d).permute(2, 0, 3, 1, 4)  # (B, T, 3D) -> (3, B, h, T, d)
+        q, k, v = qkv.unbind(0)  # each (B, h, T, d)
+        p = self.attn_dropout if self.training else 0.0
+        weights = None
+        if self.fused and not return_attention:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, h, T, d)
+        else:
+            weights = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, T, d) @ (B, h, d, T) -> (B, h, T, T)
+            weights = weights.softmax(dim=-1)
+            x = F.dropout(weights, p, self.training) @ v  # (B, h, T, T) @ (B, h, T, d) -> (B, h, T, d)
+        x = x.transpose(1, 2).reshape(B, T, D)  # (B, h, T, d) -> (B, T, h, d) -> (B, T, D)
+        return self.proj_drop(self.proj(x)), weights
+
+
+class MLP(nn.Module):
+    """The MLP of Eq. 3: Linear(D, M), GELU, Dropout, Linear(M, D), Dropout."""
+
+    def __init__(self, embed_dim: int, mlp_dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dim, mlp_dim)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(mlp_dim, embed_dim)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))  # (B, T, D) -> (B, T, M) -> (B, T, D)
+
+
+class DropPath(nn.Module):
+    """Deviation 4: stochastic depth. In training, drop a sample's whole residual branch with
+    probability p and scale the kept ones by 1 / (1 - p); identity in eval."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)  # one draw per sample
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Block(nn.Module):
+    """One pre-norm encoder layer: Eq. 2 then Eq. 3, a residual after each."""
+
+    def __init__(self, config: ViTConfig, drop_path: float = 0.0) -> None:
+        super().__init__()
+        D, eps = config.embed_dim, config.layer_norm_eps
+        self.norm1 = nn.LayerNorm(D, eps=eps)
+        self.attn = Attention(D, config.num_heads, config.attn_dropout, config.dropout)
+        self.norm2 = nn.LayerNorm(D, eps=eps)
+        self.mlp = MLP(D, config.mlp_dim, config.dropout)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, weights = self.attn(self.norm1(x), return_attention)
+        x = x + self.drop_path(a)  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
+        x = x + self.drop_path(self.mlp(self.norm2(x)))  # Eq. 3: z_l = MLP(LN(z'_l)) + z'_l
+        return x, weights
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole model, Eq. 1 -> Eq. 4
+# ---------------------------------------------------------------------------------------------
+
+
+class VisionTransformer(nn.Module):
+    """ViT: Eq. 1 (embed), L blocks of Eq. 2-3, Eq. 4 (normalise, pool, classify).
+
+    forward(images (B, C, H, W)) -> logits (B, num_classes).
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        D, T = config.embed_dim, config.num_tokens
+        self.patch_embed = PatchEmbed(config)
+        if config.class_token:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, D))  # x_class
+        if config.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, T, D))  # E_pos, 1D, learnable
+        elif config.pos_embed == "sincos2d":  # fixed; the class token's position is zero
+            fixed = torch.cat([torch.zeros(config.num_prefix_tokens, D), sincos_2d_pos_embed(config.grid_size, D)])
+            self.register_buffer("pos_embed", fixed[None], persistent=False)  # (1, T, D)
+        self.pos_drop = nn.Dropout(config.dropout)  # App. B.1: "directly after adding positional- to patch embeddings"
+        L = config.depth
+        rates = [config.drop_path * i / (L - 1) if L > 1 else config.drop_path for i in range(L)]  # linear in depth, as DeiT
+        self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
+        self.norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
+        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        init_weights(self)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos, then dropout. (B, C, H, W) -> (B, T, D)."""
+        x = self.patch_embed(images)  # (B, C, H, W) -> (B, N, D)
+        if self.config.class_token:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N, D) -> (B, T, D)
+        if self.config.pos_embed != "none":
+            x = x + self.pos_embed  # (B, T, D) + (1, T, D)
+        return self.pos_drop(x)
+
+    def forward_features(self, images: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eq. 1-3 and the final LayerNorm of Eq. 4 on every token: (B, C, H, W) -> (B, T, D).
+
+        With return_attention=True each block takes the plain attention path and its weights
+        (B, h, T, T) are returned, one tensor a layer; the output is the same either way.
+        """
+        x = self.embed(images)
+        attentions = []
+        for block in self.blocks:
+            x, weights = block(x, return_attention)  # Eq. 2 and 3
+            if weights is not None:
+                attentions.append(weights)
+        return self.norm(x), attentions  # LN of Eq. 4
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 4's z_L^0: the class token's state (B, T, D) -> (B, D); or the patch-token mean (deviation 1)."""
+        if self.config.pool == "cls":
+            return x[:, 0]
+        return x[:, self.config.num_prefix_tokens :].mean(dim=1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x, _ = self.forward_features(images)
+        return self.head(self.pool(x))  # Eq. 4: y = LN(z_L^0), then the linear head -> (B, num_classes)
+
+    def forward_with_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits and the attention weights of every layer, [(B, h, T, T)] * L."""
+        x, attentions = self.forward_features(images, return_attention=True)
+        return self.head(self.pool(x)), attentions
+
+    def set_fused_attention(self, fused: bool) -> "VisionTransformer":
+        """Choose scaled_dot_product_attention (True) or the plain math path (False) in every block."""
+        for block in self.blocks:
+            block.attn.fused = fused
+        return self
+
+    def reset_head(self, num_classes: int) -> None:
+        """A new zero-initialised head, as the paper fine-tunes (section 3.2)."""
+        self.config = self.config.replace(num_classes=num_classes)
+        self.head = nn.Linear(self.config.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head.to(device=self.norm.weight.device, dtype=self.norm.weight.dtype)
+        _init_head(self.head)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters an optimiser should not decay: the class token and the position embedding."""
+        return {name for name in ("cls_token", "pos_embed") if name in dict(self.named_parameters())}
+
+
+# ---------------------------------------------------------------------------------------------
+# Initialisation: the official JAX reference (google-research/vision_transformer, models_vit.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def lecun_normal_(tensor: torch.Tensor) -> torch.Tensor:
+    """Flax's lecun_normal: truncated normal (+-2 std) with variance 1 / fan_in after truncation."""
+    fan_in = tensor[0].numel()
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # the std of a unit normal truncated at +-2
+    return nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)
+
+
+def _init_head(head: nn.Module) -> None:
+    if isinstance(head, nn.Linear):
+        nn.init.zeros_(head.weight)  # JAX: Dense(num_classes, kernel_init=zeros); the paper fine-tunes from a zero head
+        nn.init.zeros_(head.bias)
+
+
+@torch.no_grad()
+def init_weights(model: VisionTransformer) -> None:
+    """Initialise as the authors' JAX code does; each rule names the line it reproduces."""
+    lecun_normal_(model.patch_embed.proj.weight)  # embedding: nn.Conv default kernel_init = lecun_normal
+    nn.init.zeros_(model.patch_embed.proj.bias)  # ... and bias_init = zeros
+    if model.config.pos_embed == "learned":
+        nn.init.normal_(model.pos_embed, std=0.02)  # pos_embedding: initializers.normal(stddev=0.02)
+    if model.config.class_token:
+        nn.init.zeros_(model.cls_token)  # cls: initializers.zeros
+    for block in model.blocks:
+        # MultiHeadDotProductAttention(kernel_init=xavier_uniform): q, k and v are separate D -> D
+        # projections there, so each third of the fused U_qkv gets xavier with fan_in = fan_out = D.
+        for chunk in block.attn.qkv.weight.chunk(3, dim=0):
+            nn.init.xavier_uniform_(chunk)
+        nn.init.zeros_(block.attn.qkv.bias)  # flax's bias_init = zeros
+        nn.init.xavier_uniform_(block.attn.proj.weight)  # the attention's output projection, same kernel_init
+        nn.init.zeros_(block.attn.proj.bias)
+        for fc in (block.mlp.fc1, block.mlp.fc2):
+            nn.init.xavier_uniform_(fc.weight)  # MlpBlock: kernel_init=xavier_uniform
+            nn.init.normal_(fc.bias, std=1e-6)  # MlpBlock: bias_init=normal(stddev=1e-6)
+        # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
+    # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does.
+    _init_head(model.head)

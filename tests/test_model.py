@@ -1,0 +1,234 @@
+"""The model against the paper: shapes, parameter counts, init, options and clear errors."""
+
+import math
+
+import pytest
+import torch
+
+import foodvit
+from foodvit.model import ViTConfig, VisionTransformer, sincos_2d_pos_embed
+from foodvit.variants import count_params, get_variant
+
+
+def tiny(**overrides) -> VisionTransformer:
+    config = dict(image_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_dim=96, num_classes=5)
+    config.update(overrides)
+    return VisionTransformer(ViTConfig(**config))
+
+
+# Published parameter counts (1000 classes, 224 px; torchvision and timm agree).
+PUBLISHED = {
+    "ViT-B/16": 86_567_656,
+    "ViT-B/32": 88_224_232,
+    "ViT-L/16": 304_326_632,
+    "ViT-L/32": 306_535_400,
+    "ViT-H/14": 632_045_800,
+}
+
+
+@pytest.mark.parametrize("name,expected", PUBLISHED.items())
+def test_parameter_counts_match_published(name, expected):
+    with torch.device("meta"):
+        model = foodvit.create_model(name)
+    assert sum(p.numel() for p in model.parameters()) == expected
+    assert get_variant(name).num_params == expected  # the registry's closed form agrees
+
+
+def test_vit_b16_with_three_classes_has_85_800_963_parameters():
+    with torch.device("meta"):
+        model = foodvit.create_model("ViT-B/16", num_classes=3)
+    assert sum(p.numel() for p in model.parameters()) == 85_800_963
+    # The REFERENCE breakdown, piece by piece.
+    assert model.patch_embed.proj.weight.numel() + model.patch_embed.proj.bias.numel() == 590_592
+    assert model.cls_token.numel() == 768 and model.pos_embed.numel() == 151_296
+    assert sum(p.numel() for p in model.blocks[0].parameters()) == 7_087_872
+    assert sum(p.numel() for p in model.head.parameters()) == 2_307
+
+
+@pytest.mark.parametrize("name", foodvit.list_models())
+def test_every_listed_variant_builds_with_expected_shapes(name):
+    v = get_variant(name)
+    size = 224 if 224 % v.patch_size == 0 else v.patch_size * 16
+    with torch.device("meta"):
+        model = foodvit.create_model(name, num_classes=3, image_size=size)
+        out = model(torch.empty(2, 3, size, size))
+    assert out.shape == (2, 3)
+    assert sum(p.numel() for p in model.parameters()) == count_params(model.config)
+    assert model.pos_embed.shape == (1, (size // v.patch_size) ** 2 + 1, v.size.embed_dim)
+
+
+def test_shapes_at_every_step_of_vit_b16():
+    torch.manual_seed(0)
+    model = foodvit.create_model("ViT-B/16", num_classes=3).eval()
+    images = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        patches = model.patch_embed(images)
+        tokens = model.embed(images)
+        features, _ = model.forward_features(images)
+        logits = model(images)
+    assert patches.shape == (1, 196, 768)  # Eq. 1, x_p E
+    assert tokens.shape == (1, 197, 768)  # Eq. 1, with x_class
+    assert features.shape == (1, 197, 768)  # Eq. 2-3 and the LN of Eq. 4
+    assert logits.shape == (1, 3)  # Eq. 4 head
+
+
+def test_names_are_parsed_in_several_spellings():
+    for name in ("ViT-B/16", "vit_b_16", "ViT-Base/16", "vit-b-16"):
+        assert get_variant(name).name == "ViT-B/16"
+    assert get_variant("ViT-Ti/8").size.embed_dim == 192
+
+
+# ----------------------------------------------------------------------------- initialisation
+
+
+def test_init_follows_the_jax_reference():
+    torch.manual_seed(0)
+    model = foodvit.create_model("ViT-S/16", num_classes=10)
+    D = model.config.embed_dim
+    assert torch.count_nonzero(model.head.weight) == 0 and torch.count_nonzero(model.head.bias) == 0
+    assert torch.count_nonzero(model.cls_token) == 0
+    assert model.pos_embed.std().item() == pytest.approx(0.02, rel=0.05)
+    fan_in = 3 * 16 * 16
+    w = model.patch_embed.proj.weight
+    assert w.std().item() == pytest.approx(math.sqrt(1 / fan_in), rel=0.05)  # lecun_normal
+    assert w.abs().max().item() <= 2 * math.sqrt(1 / fan_in) / 0.87962566103423978 + 1e-6  # truncated at 2 std
+    bound = math.sqrt(6 / (D + D))  # xavier with fan_in = fan_out = D for each of q, k, v
+    for chunk in model.blocks[0].attn.qkv.weight.chunk(3):
+        assert chunk.abs().max().item() <= bound
+        assert chunk.abs().max().item() > 0.95 * bound
+        assert chunk.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    assert torch.count_nonzero(model.blocks[0].attn.qkv.bias) == 0
+    fc1 = model.blocks[0].mlp.fc1
+    assert fc1.weight.abs().max().item() <= math.sqrt(6 / (D + 4 * D))
+    assert 0 < fc1.bias.std().item() < 1e-5
+
+
+# ----------------------------------------------------------------------------- attention paths
+
+
+def test_fused_and_plain_attention_agree():
+    torch.manual_seed(0)
+    model = foodvit.create_model("ViT-Ti/16", num_classes=4, image_size=64).eval()
+    from helpers import randomize_
+
+    randomize_(model)
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        fused = model.set_fused_attention(True)(x)
+        plain = model.set_fused_attention(False)(x)
+        logits, attentions = model.forward_with_attention(x)
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, fused, rtol=1e-5, atol=1e-5)  # extraction leaves outputs unchanged
+    assert len(attentions) == 12 and attentions[0].shape == (3, 3, 17, 17)  # (B, h, T, T)
+    torch.testing.assert_close(attentions[5].sum(-1), torch.ones(3, 3, 17))
+
+
+def test_attention_dropout_applies_in_training_only():
+    model = tiny(attn_dropout=0.5)
+    x = torch.randn(2, 3, 32, 32)
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x), model(x))
+    model.train()
+    torch.manual_seed(1)
+    a = model.forward_features(x)[0]
+    torch.manual_seed(2)
+    b = model.forward_features(x)[0]
+    assert not torch.allclose(a, b)
+
+
+# ----------------------------------------------------------------------------- options (deviations)
+
+
+def test_gap_pooling_averages_patch_tokens():
+    model = tiny(pool="gap").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        features, _ = model.forward_features(x)
+        assert torch.allclose(model.pool(features), features[:, 1:].mean(1))
+
+
+def test_no_class_token_model_has_n_tokens():
+    model = tiny(class_token=False, pool="gap")
+    assert not hasattr(model, "cls_token")
+    assert model.pos_embed.shape == (1, 16, 48)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+
+
+def test_sincos_position_embedding_is_fixed_and_distinct_per_position():
+    model = tiny(pos_embed="sincos2d")
+    assert "pos_embed" not in dict(model.named_parameters()) and "pos_embed" not in model.state_dict()
+    pe = sincos_2d_pos_embed(4, 48)
+    assert pe.shape == (16, 48)
+    assert torch.all(pe.abs() <= 1)
+    assert torch.allclose(model.pos_embed[0, 1:], pe) and torch.count_nonzero(model.pos_embed[0, 0]) == 0
+    # sin^2 + cos^2 = 1 for each frequency: each position's vector has squared norm D / 2.
+    assert torch.allclose((pe**2).sum(1), torch.full((16,), 24.0))
+    assert torch.cdist(pe, pe).add(torch.eye(16)).min() > 0.1  # every position differs
+
+
+def test_no_position_embedding_option():
+    model = tiny(pos_embed="none")
+    assert not hasattr(model, "pos_embed")
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+
+
+def test_stochastic_depth_is_identity_in_eval_and_drops_whole_samples_in_training():
+    from foodvit.model import DropPath
+
+    dp = DropPath(0.5)
+    x = torch.ones(1000, 4, 8)
+    dp.eval()
+    assert torch.equal(dp(x), x)
+    dp.train()
+    torch.manual_seed(0)
+    y = dp(x)
+    per_sample = y.flatten(1)
+    assert set(per_sample.unique().tolist()) <= {0.0, 2.0}  # dropped, or kept and scaled by 1/(1-p)
+    assert torch.all(per_sample.min(1).values == per_sample.max(1).values)  # a whole sample at once
+    assert y.mean().item() == pytest.approx(1.0, abs=0.1)  # unbiased
+    rates = [b.drop_path.p if hasattr(b.drop_path, "p") else 0.0 for b in tiny(drop_path=0.3, depth=4).blocks]
+    assert rates == pytest.approx([0.0, 0.1, 0.2, 0.3])  # linear in depth
+
+
+def test_conv_stem_keeps_the_token_grid():
+    model = tiny(stem="conv")
+    assert model.patch_embed.proj.kernel_size == (1, 1)
+    assert model.patch_embed(torch.randn(2, 3, 32, 32)).shape == (2, 16, 48)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+    assert count_params(model.config) == sum(p.numel() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_image_size_not_divisible_by_patch_size_names_both():
+    with pytest.raises(ValueError, match=r"image size 250 is not divisible by patch size 16.*--image-size 240 or 256"):
+        foodvit.create_model("ViT-B/16", image_size=250)
+
+
+def test_wrong_input_size_and_channels_are_explained():
+    model = tiny()
+    with pytest.raises(ValueError, match=r"expected 32 x 32 images, got 64 x 64.*resize_model"):
+        model(torch.randn(1, 3, 64, 64))
+    with pytest.raises(ValueError, match=r"expected 3 channels, got 1.*RGB"):
+        model(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"add a batch dimension"):
+        model(torch.randn(3, 32, 32))
+
+
+def test_unknown_variant_lists_the_known_ones():
+    with pytest.raises(KeyError, match=r"unknown model 'ViT-Z/16'.*Ti, S, B, L, H.*ViT-Ti/8"):
+        foodvit.create_model("ViT-Z/16")
+
+
+def test_embed_dim_not_divisible_by_heads():
+    with pytest.raises(ValueError, match=r"embed_dim 100 is not divisible by num_heads 3"):
+        ViTConfig(embed_dim=100, num_heads=3)
+
+
+def test_cls_pooling_without_class_token_is_refused():
+    with pytest.raises(ValueError, match="class_token=True or pool='gap'"):
+        ViTConfig(class_token=False)
+    with pytest.raises(ValueError, match="pool='max' is not one of"):
+        ViTConfig(pool="max")

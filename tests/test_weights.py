@@ -1,0 +1,176 @@
+"""Equality with the reference implementations, and the weight formats."""
+
+import pytest
+import timm
+import torch
+import torchvision
+from helpers import randomize_, rel_diff
+from torchvision.models.vision_transformer import interpolate_embeddings
+
+import foodvit
+from foodvit.model import resample_pos_embed
+from foodvit.weights import (
+    detect_layout,
+    export_weights,
+    from_torchvision,
+    read_weights,
+    save_weights,
+    to_torch_encoder,
+)
+
+TOL = 1e-4  # max relative difference, fp32, eval mode
+
+
+def _same_outputs(ours, theirs, image_size, batch=2, seed=0):
+    x = torch.randn(batch, 3, image_size, image_size, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        a, b = ours.eval()(x), theirs.eval()(x)
+    assert a.shape == b.shape
+    assert rel_diff(a, b) <= TOL, rel_diff(a, b)
+    assert b.std() > 0  # the comparison is not between constant outputs
+
+
+@pytest.mark.parametrize("tv_name,ours_name,image_size", [
+    ("vit_b_16", "ViT-B/16", 224),
+    ("vit_b_32", "ViT-B/32", 224),
+    ("vit_b_32", "ViT-B/32", 384),
+])
+def test_equal_to_torchvision(tv_name, ours_name, image_size):
+    torch.manual_seed(0)
+    theirs = randomize_(getattr(torchvision.models, tv_name)(image_size=image_size, num_classes=7))
+    ours = foodvit.load_weights(foodvit.create_model(ours_name, num_classes=7, image_size=image_size), theirs.state_dict())
+    _same_outputs(ours, theirs, image_size)
+
+
+@pytest.mark.parametrize("timm_name,ours_name,image_size", [
+    ("vit_base_patch16_224", "ViT-B/16", 224),
+    ("vit_small_patch16_224", "ViT-S/16", 224),
+    ("vit_tiny_patch16_224", "ViT-Ti/16", 224),
+    ("vit_small_patch16_224", "ViT-S/16", 288),
+])
+def test_equal_to_timm(timm_name, ours_name, image_size):
+    torch.manual_seed(0)
+    theirs = randomize_(timm.create_model(timm_name, pretrained=False, num_classes=5, img_size=image_size))
+    ours = foodvit.load_weights(foodvit.create_model(ours_name, num_classes=5, image_size=image_size), theirs.state_dict())
+    _same_outputs(ours, theirs, image_size)
+
+
+def test_export_round_trip_gives_back_identical_tensors():
+    tv = randomize_(torchvision.models.vit_b_32(num_classes=3)).state_dict()
+    ours = foodvit.load_weights(foodvit.create_model("ViT-B/32", num_classes=3), tv)
+    back = export_weights(ours, "torchvision")
+    assert back.keys() == tv.keys()
+    assert all(torch.equal(back[k], tv[k]) for k in tv)
+
+    tm = randomize_(timm.create_model("vit_tiny_patch16_224", num_classes=3)).state_dict()
+    ours = foodvit.load_weights(foodvit.create_model("ViT-Ti/16", num_classes=3), tm)
+    back = export_weights(ours, "timm")
+    assert back.keys() == tm.keys()
+    assert all(torch.equal(back[k], tm[k]) for k in tm)
+    # and the exported dicts load straight into the references
+    timm.create_model("vit_tiny_patch16_224", num_classes=3).load_state_dict(back, strict=True)
+
+
+def test_layouts_are_detected():
+    ours = foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=2)
+    assert detect_layout(export_weights(ours, "torchvision")) == "torchvision"
+    assert detect_layout(export_weights(ours, "timm")) == "timm"
+    conv = foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=2, stem="conv")
+    assert detect_layout(conv.state_dict()) == "foodvit"
+    with pytest.raises(ValueError, match="cannot tell the layout"):
+        detect_layout({"fc.weight": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".pt", ".bin", ".safetensors"])
+def test_load_from_files_of_each_format(tmp_path, suffix):
+    from safetensors.torch import save_file
+
+    source = randomize_(torchvision.models.vit_b_32(image_size=64, num_classes=3))
+    path = tmp_path / f"weights{suffix}"
+    state = source.state_dict()
+    if suffix == ".safetensors":
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    else:  # training checkpoints often nest the weights and carry DDP prefixes
+        torch.save({"model": {f"module.{k}": v for k, v in state.items()}, "epoch": 3}, path)
+    ours = foodvit.load_weights(foodvit.create_model("ViT-B/32", image_size=64, num_classes=3), path)
+    _same_outputs(ours, source, 64)
+
+
+def test_foodvit_files_carry_their_config(tmp_path):
+    model = foodvit.create_model("ViT-Ti/8", image_size=32, num_classes=4, pool="gap")
+    path = save_weights(model, tmp_path / "model.safetensors", {"class_names": ["a", "b", "c", "d"]})
+    state, meta = read_weights(path)
+    assert meta["format"] == "foodvit"
+    assert foodvit.weights.config_from_metadata(meta) == model.config
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert not list(tmp_path.glob("*.tmp"))  # written atomically
+
+
+def test_pickled_code_is_never_run(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (exec, ("import pathlib; pathlib.Path('pwned').touch()",))
+
+    path = tmp_path / "evil.pth"
+    torch.save({"model": Payload()}, path)
+    with pytest.raises(ValueError, match="weights_only=True"):
+        read_weights(path)
+
+
+def test_shape_mismatch_names_the_keys_and_both_shapes():
+    small = foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=3)
+    other = foodvit.create_model("ViT-S/16", image_size=32, num_classes=3)
+    with pytest.raises(ValueError, match=r"(?s)shapes differ: .*patch_embed\.proj\.weight: file \(384, 3, 16, 16\), model \(192, 3, 16, 16\)"):
+        foodvit.load_weights(small, other.state_dict())
+    wrong_head = foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=10)
+    with pytest.raises(ValueError, match=r"(?s)head\.weight: file \(10, 192\), model \(3, 192\).*skip_head=True"):
+        foodvit.load_weights(small, wrong_head.state_dict())
+    foodvit.load_weights(small, wrong_head.state_dict(), skip_head=True)  # transfer learning path
+    with pytest.raises(ValueError, match=r"missing from the weights: blocks\.11\."):
+        foodvit.load_weights(small, {k: v for k, v in other.state_dict().items() if not k.startswith("blocks.11.")} | {
+            k: v for k, v in small.state_dict().items() if not k.startswith("blocks.11.")})
+
+
+def test_resampling_matches_timm_and_torchvision():
+    from timm.layers import resample_abs_pos_embed
+
+    pe = torch.randn(1, 197, 64)
+    ours = resample_pos_embed(pe, 24)
+    theirs = resample_abs_pos_embed(pe, (24, 24), num_prefix_tokens=1, interpolation="bicubic", antialias=False)
+    torch.testing.assert_close(ours, theirs)
+    assert torch.equal(ours[:, 0], pe[:, 0])  # the class position is kept as is
+
+    state = {"encoder.pos_embedding": pe}
+    tv = interpolate_embeddings(384, 16, state)["encoder.pos_embedding"]
+    torch.testing.assert_close(resample_pos_embed(pe, 24, align_corners=True), tv)
+
+
+def test_model_at_224_accepts_weights_trained_at_384_and_back():
+    source = randomize_(foodvit.create_model("ViT-Ti/16", image_size=384, num_classes=3))
+    model = foodvit.load_weights(foodvit.create_model("ViT-Ti/16", num_classes=3), source.state_dict())
+    assert model.pos_embed.shape == (1, 197, 192)
+    torch.testing.assert_close(model.pos_embed, resample_pos_embed(source.pos_embed.detach(), 14))
+    bigger = foodvit.resize_model(model, 384)
+    assert bigger.pos_embed.shape == (1, 577, 192) and bigger.config.image_size == 384
+    assert torch.equal(bigger.blocks[3].mlp.fc1.weight, model.blocks[3].mlp.fc1.weight)
+    assert bigger(torch.randn(1, 3, 384, 384)).shape == (1, 3)
+
+
+def test_torch_transformer_encoder_layer_stack_agrees():
+    torch.manual_seed(0)
+    model = randomize_(foodvit.create_model("ViT-S/16", num_classes=3, image_size=96)).eval()
+    stack = to_torch_encoder(model).eval()
+    x = torch.randn(2, 3, 96, 96)
+    with torch.no_grad():
+        tokens = model.embed(x)
+        ours = tokens
+        for block in model.blocks:
+            ours, _ = block(ours)
+        theirs = stack(tokens)
+    assert rel_diff(theirs, ours) <= TOL
+
+
+def test_from_torchvision_accepts_old_mlp_names():
+    tv = torchvision.models.vit_b_32(image_size=64, num_classes=2).state_dict()
+    old = {k.replace("mlp.0.", "mlp.linear_1.").replace("mlp.3.", "mlp.linear_2."): v for k, v in tv.items()}
+    assert from_torchvision(old).keys() == from_torchvision(tv).keys()
