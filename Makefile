@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-RUN ?= runs/demo
+RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
 .PHONY: demo test venv clean bench
 
@@ -20,11 +20,15 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# Train the default recipe on the default data ($$FOODVIT_DATA, else the course's zip), evaluate it
+# on the test split, and predict the first test photo.
 demo: $(STAMP)
 	$(BIN)/foodvit train --out $(RUN)
-	$(BIN)/foodvit evaluate $(RUN) --split test
-	$(BIN)/foodvit predict $(RUN) --from-test 1 --plot $(RUN)/prediction.png
-	@echo "Report: $(RUN)/report.md"
+	$(BIN)/foodvit evaluate $(RUN)
+	data=$$($(BIN)/foodvit data --print-path) && \
+	  photo=$$(find "$$data/test" -type f -iname '*.jp*g' | sort | head -n 1) && \
+	  $(BIN)/foodvit predict $(RUN) "$$photo" --plot $(RUN)/prediction.png
+	@echo "Report: $(RUN)/report.md  (prediction: $(RUN)/prediction.png)"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -3,7 +3,86 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .config import apply_overrides, given_overrides, load_recipe
+    from .trainer import resume, train
+
+    if args.resume:
+        extra = [o for o in given_overrides(args)] + (["--recipe"] if args.recipe else []) + (["--model"] if args.model else [])
+        if extra or args.out:
+            raise ValueError(f"--resume continues the run exactly as configured in {args.resume}/config.json; "
+                             f"drop {', '.join(extra + (['--out'] if args.out else []))}, or start a new run with --out")
+        result = resume(args.resume, quiet=args.quiet)
+    else:
+        config = apply_overrides(load_recipe(args.recipe or "default"), args, model=args.model)
+        result = train(config, args.out, quiet=args.quiet)
+    if not args.quiet:
+        print(f"test accuracy {result.test['acc']:.3f} ({round(result.test['acc'] * result.test['n'])}/{result.test['n']} photos); "
+              f"report: {result.run / 'report.md'}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from . import data as D
+    from .inference import evaluate_split
+    from .run import load_model
+
+    model = load_model(args.run)
+    split = D.open_split(args.data or _run_source(args.run), args.split, strict=args.strict)
+    result = evaluate_split(model, split)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    correct = round(result["accuracy"] * result["n"])
+    print(f"{args.split} accuracy {result['accuracy']:.4f} ({correct}/{result['n']} photos), loss {result['loss']:.4f}")
+    for name, acc in result["per_class"].items():
+        print(f"  {name:<20} {acc:.3f}")
+    return 0
+
+
+def _run_source(run: str) -> str | None:
+    config = Path(run) / "config.json"
+    return json.loads(config.read_text())["data"]["source"] or None if config.is_file() else None
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .inference import plot_predictions, predict
+    from .report import save_figure
+    from .run import load_model
+
+    model = load_model(args.run)
+    results = predict(model, args.images, top_k=args.top_k)
+    if args.plot:
+        save_figure(plot_predictions(args.images, results), Path(args.plot))
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    for r in results:
+        others = ", ".join(f"{label} {p:.3f}" for label, p in r["top_k"][1:])
+        print(f"{r['image']}: {r['label']} ({r['probability']:.3f}){'; then ' + others if others else ''}  [{r['seconds'] * 1000:.0f} ms]")
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from . import data as D
+
+    root = D.resolve(args.source)
+    if args.print_path:
+        print(root)
+        return 0
+    print(f"data: {root}")
+    for split in ("train", "test"):
+        if (root / split).is_dir():
+            s = D.scan(root / split, strict=False)
+            print(f"  {split}: {len(s)} photos; " + ", ".join(f"{k} {v}" for k, v in s.counts().items()))
+    return 0
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -18,23 +97,6 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="foodvit", description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("summary", help="layer-by-layer table of a model: shapes, parameters, trainable")
-    p.add_argument("model", help="a paper name, e.g. ViT-B/16 (see `foodvit models`)")
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--depth", type=int, default=2, help="how deep to list nested modules (default 2)")
-    p.set_defaults(func=cmd_summary)
-
-    p = sub.add_parser("models", help="list the registered model names")
-    p.set_defaults(func=cmd_models)
-    return parser
-
-
 def cmd_models(args: argparse.Namespace) -> int:
     from .variants import get_variant, list_models
 
@@ -45,14 +107,84 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from .config import list_recipes, recipe_path
+
+    for name in list_recipes():
+        first = recipe_path(name).read_text().splitlines()[0].lstrip("# ").strip()
+        print(f"{name:<18} {first}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .config import add_config_options
+
+    parser = argparse.ArgumentParser(prog="foodvit", description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a model; writes a run directory with report, metrics and model",
+                       description="Train from a recipe (default: the best small-data recipe). Any setting can be overridden.")
+    p.add_argument("--recipe", help="a recipe name (see `foodvit recipes`) or a .toml file")
+    p.add_argument("--model", help="a paper name, e.g. ViT-B/16, ViT-Ti/8 (default: the recipe's)")
+    p.add_argument("--out", help="run directory (default: runs/<date>-<time>)")
+    p.add_argument("--resume", metavar="DIR", help="finish the interrupted run in DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
+    add_config_options(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", help="per-image accuracy of a trained run on a split")
+    p.add_argument("run", help="a run directory (or its model.safetensors)")
+    p.add_argument("--data", help="data source (default: the run's)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--strict", action="store_true", help="refuse unreadable files instead of skipping them")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("predict", help="classify photos with a trained run")
+    p.add_argument("run", help="a run directory (or its model.safetensors)")
+    p.add_argument("images", nargs="+", metavar="IMAGE")
+    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("--plot", metavar="FILE", help="save the photos with their labels and probabilities as a PNG")
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("data", help="download / unpack a data source and show what it holds")
+    p.add_argument("source", nargs="?", help="URL, zip or folder (default: $FOODVIT_DATA, else the course's zip)")
+    p.add_argument("--print-path", action="store_true", help="print only the local folder")
+    p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("summary", help="layer-by-layer table of a model: shapes, parameters, trainable")
+    p.add_argument("model", help="a paper name, e.g. ViT-B/16 (see `foodvit models`)")
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--depth", type=int, default=2, help="how deep to list nested modules (default 2)")
+    p.set_defaults(func=cmd_summary)
+
+    sub.add_parser("models", help="list the registered model names").set_defaults(func=cmd_models)
+    sub.add_parser("recipes", help="list the built-in recipes").set_defaults(func=cmd_recipes)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .data import DataError
+    from .engine import TrainingDiverged
+    from .run import RunError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError) as err:
+    except (ValueError, KeyError, FileNotFoundError, DataError, RunError, TrainingDiverged) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
         print(f"foodvit {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.command == "train":
+            where = args.resume or args.out or "the run directory"
+            print(f"\ninterrupted: every finished epoch is saved; continue with `foodvit train --resume {where}`", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `foodvit models | head`
+        return 0
 
 
 if __name__ == "__main__":

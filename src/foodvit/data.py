@@ -1,0 +1,412 @@
+"""Data: where photos come from, how they are checked and decoded, and the loaders.
+
+A source is a URL of a zip, a local zip, or a folder in torchvision's ImageFolder layout:
+    <root>/train/<class>/<photo>, <root>/test/<class>/<photo>
+(a folder whose subfolders are directly the classes is accepted for evaluation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm.auto import tqdm
+
+DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+LAYOUT = "<root>/train/<class>/*.jpg and <root>/test/<class>/*.jpg (torchvision's ImageFolder layout)"
+
+
+class DataError(ValueError):
+    """A data source that cannot be used as it is; the message says what to do."""
+
+
+# ---------------------------------------------------------------------------------------- sources
+
+
+def cache_dir() -> Path:
+    """Where downloads and unpacked zips go: $FOODVIT_CACHE, else ~/.cache/foodvit."""
+    return Path(os.environ.get("FOODVIT_CACHE") or Path.home() / ".cache" / "foodvit")
+
+
+def default_source() -> str:
+    return os.environ.get("FOODVIT_DATA") or DEFAULT_URL
+
+
+def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, quiet: bool = False) -> Path:
+    """A local folder for a source: downloads and unzips as needed, skipping what is cached."""
+    source = str(source or default_source())
+    if source.startswith(("http://", "https://")):
+        return extract(download(source, timeout=timeout, quiet=quiet))
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataError(f"data source {path} does not exist; expected a folder laid out as {LAYOUT}, a .zip of one, or a URL")
+    if path.is_file():
+        if not zipfile.is_zipfile(path):
+            raise DataError(f"{path} is a file but not a zip; expected a folder laid out as {LAYOUT}, or a .zip of one")
+        return extract(path)
+    return path
+
+
+def download(url: str, *, timeout: float = 20.0, quiet: bool = False) -> Path:
+    """Download into the cache once. The file appears only when complete (temporary name, then rename)."""
+    name = PurePosixPath(urllib.request.urlparse(url).path).name or "download"
+    target = cache_dir() / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {name}", disable=quiet) as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+        os.replace(tmp, target)
+    except (urllib.error.URLError, OSError, TimeoutError) as err:
+        Path(tmp).unlink(missing_ok=True)
+        reason = getattr(err, "reason", err)
+        raise DataError(
+            f"could not download {url} ({reason}). Without internet, point at local data instead: "
+            f"--data /path/to/folder_or.zip, or set FOODVIT_DATA"
+        ) from err
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def extract(zip_path: Path) -> Path:
+    """Unpack a zip into the cache (once) and return the folder holding train/ and test/.
+
+    Members that would land outside the target (absolute paths, '..') are refused before anything
+    is written; unpacking goes to a temporary folder that is renamed when complete.
+    """
+    zip_path = Path(zip_path)
+    stat = zip_path.stat()
+    key = hashlib.sha1(f"{zip_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    target = cache_dir() / "data" / f"{zip_path.stem}-{key}"
+    if not target.is_dir():
+        with zipfile.ZipFile(zip_path) as archive:
+            for member in archive.namelist():
+                parts = PurePosixPath(member.replace("\\", "/")).parts
+                if member.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
+                    raise DataError(f"{zip_path} holds an unsafe member {member!r} (absolute or '..' path); refusing to unpack it")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+            try:
+                archive.extractall(tmp)
+                os.replace(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+    return _root_of(target, zip_path)
+
+
+def _root_of(folder: Path, origin: Path) -> Path:
+    """The folder with train/ and test/ inside an unpacked zip (at the top or one level down)."""
+    candidates = [folder] + sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    for candidate in candidates:
+        if (candidate / "train").is_dir() and (candidate / "test").is_dir():
+            return candidate
+    raise DataError(f"{origin} holds no train/ and test/ folders; expected a zip of {LAYOUT}")
+
+
+# ---------------------------------------------------------------------------------------- photos
+
+
+def load_rgb(path: str | os.PathLike) -> Image.Image:
+    """Open a photo as RGB whatever its mode, turned upright by its EXIF orientation.
+
+    Transparent pixels (RGBA, LA, palette with transparency) are laid over white; 16- and 32-bit
+    grayscale is rescaled to 8 bits; CMYK, grayscale and palette photos are converted.
+    """
+    with Image.open(path) as image:
+        image = ImageOps.exif_transpose(image)
+        if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+            image = _to_8bit(image)
+        if image.mode == "P" and "transparency" in image.info:
+            image = image.convert("RGBA")
+        if image.mode in ("RGBA", "LA", "PA"):
+            rgba = image.convert("RGBA")
+            background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            return Image.alpha_composite(background, rgba).convert("RGB")
+        return image.convert("RGB")
+
+
+def _to_8bit(image: Image.Image) -> Image.Image:
+    import numpy as np
+
+    array = np.asarray(image, dtype=np.float64)
+    low, high = float(array.min()), float(array.max())
+    scaled = (array - low) / (high - low) * 255 if high > low else np.zeros_like(array)
+    return Image.fromarray(scaled.round().astype(np.uint8), mode="L")
+
+
+def check_image(path: Path) -> str | None:
+    """None if the file looks like a readable photo (extension and header), else why not."""
+    if path.suffix.lower() not in IMAGE_EXTENSIONS:
+        return f"not an image file (extension {path.suffix or 'none'})"
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        return f"cannot be read as an image ({type(err).__name__}: {err})"
+    return None
+
+
+@dataclass(frozen=True)
+class Split:
+    """The photos of one split: (path, class index) pairs and the class names."""
+
+    root: Path
+    classes: tuple[str, ...]
+    samples: tuple[tuple[Path, int], ...]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(self.classes, 0)
+        for _, label in self.samples:
+            out[self.classes[label]] += 1
+        return out
+
+
+def class_names(folder: Path) -> tuple[str, ...]:
+    """The class folders of a split, sorted (their index is the label)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder; expected {LAYOUT}")
+    classes = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")))
+    if not classes:
+        raise DataError(f"{folder} has no class folders; expected {LAYOUT}")
+    return classes
+
+
+def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True) -> Split:
+    """Find the classes (subfolders) and their photos; skip (or, strict, refuse) unreadable files.
+
+    Each file's header is checked; with `decode` (the decode cache's get) each photo is also fully
+    decoded, which catches truncated files and fills the cache in the same pass.
+    """
+    folder = Path(folder)
+    classes = class_names(folder)
+    files = [(path, index) for index, name in enumerate(classes)
+             for path in sorted(p for p in (folder / name).rglob("*") if p.is_file() and not p.name.startswith("."))]
+    samples, bad = [], []
+    for path, index in tqdm(files, desc=f"reading {folder.name}/", disable=quiet or decode is None, leave=False):
+        problem = check_image(path)
+        if problem is None and decode is not None:
+            try:
+                decode(path)
+            except DataError as err:  # the cache's loader explains what it could not read
+                problem = f"cannot be decoded ({err.__cause__ or err})"
+        if problem:
+            bad.append(f"{path}: {problem}")
+        else:
+            samples.append((path, index))
+    for index, name in enumerate(classes):
+        if not any(label == index for _, label in samples):
+            raise DataError(f"class folder {folder / name} has no readable photos; add photos or remove the folder")
+    if bad:
+        if strict:
+            raise DataError("unreadable files (--strict refuses them; without it they are skipped):\n  " + "\n  ".join(bad))
+        for line in bad:
+            warnings.warn(f"skipping {line}", stacklevel=2)
+    return Split(folder, tuple(classes), tuple(samples))
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """A source resolved to its train and test splits (and an optional validation split)."""
+
+    root: Path
+    train: Split
+    test: Split
+    val: Split | None = None
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.train.classes
+
+
+def open_dataset(source: str | os.PathLike | None = None, *, strict: bool = False, val_fraction: float = 0.0, seed: int = 0,
+                 train_cache: "PhotoCache | None" = None, eval_cache: "PhotoCache | None" = None,
+                 quiet: bool = False) -> DataSet:
+    """Resolve a source and scan its train and test splits, filling the caches if given (which
+    also fully decodes every photo, so unreadable ones are found before training starts)."""
+    root = check_layout(resolve(source, quiet=quiet))
+    train = scan(root / "train", strict=strict, decode=train_cache.get if train_cache else None, quiet=quiet)
+    test = scan(root / "test", strict=strict, decode=eval_cache.get if eval_cache else None, quiet=quiet)
+    if train.classes != test.classes:
+        only_train = sorted(set(train.classes) - set(test.classes))
+        only_test = sorted(set(test.classes) - set(train.classes))
+        raise DataError(
+            f"train and test classes differ in {root}: only in train/: {only_train or 'none'}; only in test/: {only_test or 'none'}; "
+            "give both splits the same class folders"
+        )
+    val = None
+    if val_fraction > 0:
+        train, val = split_validation(train, val_fraction, seed)
+    return DataSet(root, train, test, val)
+
+
+def check_layout(root: Path) -> Path:
+    """root, if it holds train/ and test/; else a DataError that says what is expected."""
+    missing = [name for name in ("train", "test") if not (root / name).is_dir()]
+    if missing:
+        raise DataError(f"{root} has no {' or '.join(f'{m}/' for m in missing)} folder; training expects {LAYOUT}")
+    return root
+
+
+def open_split(source: str | None, split: str = "test", *, strict: bool = False) -> Split:
+    """One split for evaluation: <root>/<split>/<class>/..., or a folder of class folders."""
+    root = resolve(source)
+    if (root / split).is_dir():
+        return scan(root / split, strict=strict)
+    if (root / "train").is_dir() or (root / "test").is_dir():
+        raise DataError(f"{root} has no {split}/ folder; expected {LAYOUT}, or a folder whose subfolders are the classes")
+    return scan(root, strict=strict)
+
+
+def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:
+    """Hold out `fraction` of each class (at least one photo) as a validation split, reproducibly."""
+    if not 0 < fraction < 1:
+        raise DataError(f"val_fraction must be between 0 and 1, got {fraction}")
+    g = torch.Generator().manual_seed(seed)
+    keep, held = [], []
+    for label in range(len(train.classes)):
+        items = [s for s in train.samples if s[1] == label]
+        order = torch.randperm(len(items), generator=g).tolist()
+        n_val = max(1, round(fraction * len(items)))
+        if n_val >= len(items):
+            raise DataError(f"class {train.classes[label]} has {len(items)} photo(s): too few to hold out a validation share")
+        held += [items[i] for i in order[:n_val]]
+        keep += [items[i] for i in order[n_val:]]
+    return Split(train.root, train.classes, tuple(sorted(keep))), Split(train.root, train.classes, tuple(sorted(held)))
+
+
+# ---------------------------------------------------------------------------------------- datasets
+
+
+class PhotoDataset(Dataset):
+    """(image tensor, label) for each photo of a Split.
+
+    Without a cache each photo is decoded and transformed on every access. With a PhotoCache the
+    cache's value is transformed (train: a downsized decoded photo, augmented anew each time) or,
+    when `transform` is None, used as is (eval: the finished tensor, computed once).
+    """
+
+    def __init__(self, split: Split, transform=None, cache: "PhotoCache | None" = None) -> None:
+        if transform is None and cache is None:
+            raise ValueError("PhotoDataset needs a transform, a cache, or both")
+        self.split, self.transform, self.cache = split, transform, cache
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int):
+        path, label = self.split.samples[index]
+        image = self.cache.get(path) if self.cache is not None else load_or_explain(path)
+        return (image if self.transform is None else self.transform(image)), label
+
+
+def load_or_explain(path: Path) -> Image.Image:
+    try:
+        return load_rgb(path)
+    except (OSError, UnidentifiedImageError, ValueError) as err:
+        raise DataError(f"cannot read {path} ({err}); remove it or fix it, then resume the run") from err
+
+
+class PhotoCache:
+    """Each photo processed once and kept in memory, keyed by path.
+
+    decoded(size): uint8 (C, H, W) with the shorter side at most `size` px, for training, where the
+    augmentation runs anew each epoch. transformed(transform): the finished input tensor, for
+    evaluation, where the transform is deterministic. JPEG decoding dominates CPU time on small data
+    sets; this pays it once per run.
+    """
+
+    def __init__(self, make) -> None:
+        self.make = make
+        self.items: dict[Path, torch.Tensor] = {}
+
+    @classmethod
+    def decoded(cls, size: int) -> "PhotoCache":
+        from torchvision.transforms.v2 import functional as TF
+
+        def make(path: Path) -> torch.Tensor:
+            image = load_or_explain(path)  # fully decodes: truncated files fail here
+            if min(image.size) > size:
+                image = TF.resize(image, size, antialias=True)
+            return TF.pil_to_tensor(image)
+
+        return cls(make)
+
+    @classmethod
+    def transformed(cls, transform) -> "PhotoCache":
+        return cls(lambda path: transform(load_or_explain(path)))
+
+    def get(self, path: Path) -> torch.Tensor:
+        value = self.items.get(path)
+        if value is None:
+            value = self.items[path] = self.make(path)
+        return value
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.items.values())
+
+
+class EpochSampler(Sampler[int]):
+    """A fresh permutation each epoch, drawn from (seed, epoch) alone, so a resumed run sees the
+    same order as an uninterrupted one. repeats > 1 is repeated augmentation: each index that many
+    times an epoch (Hoffer et al. 2020)."""
+
+    def __init__(self, n: int, seed: int, repeats: int = 1) -> None:
+        self.n, self.seed, self.repeats, self.epoch = n, seed, repeats, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n * self.repeats
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+        indices = torch.arange(self.n).repeat_interleave(self.repeats)
+        return iter(indices[torch.randperm(len(indices), generator=g)].tolist())
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """One seed per (run seed, epoch): everything random in an epoch derives from it."""
+    return (seed * 1_000_003 + epoch * 7919) % (2**63 - 1)
+
+
+def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0, repeats: int = 1, workers: int = 0,
+                mixer=None, pin_memory: bool = False) -> DataLoader:
+    sampler = EpochSampler(len(dataset), seed, repeats) if train else None
+    collate = None
+    if mixer is not None:
+        from torch.utils.data import default_collate
+
+        def collate(batch):
+            return mixer(*default_collate(batch))
+
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, shuffle=False, num_workers=workers, collate_fn=collate,
+        pin_memory=pin_memory, drop_last=False, generator=torch.Generator().manual_seed(seed) if train else None,
+        persistent_workers=False,
+    )

@@ -1,0 +1,105 @@
+"""Pictures and the report of a run: loss/accuracy curves, confusion matrix, report.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a screen
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+import torch  # noqa: E402
+
+from .run import atomic_write, write_text  # noqa: E402
+
+
+def save_figure(fig, path: Path) -> Path:
+    def write(tmp: Path) -> None:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+
+    try:
+        return atomic_write(path, write)
+    finally:
+        plt.close(fig)
+
+
+def plot_curves(history: list[dict]):
+    """Loss and per-image accuracy per epoch, train against the evaluated splits."""
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    epochs = [row["epoch"] for row in history]
+    for split, style in (("train", "-o"), ("val", "-s"), ("test", "-^")):
+        for ax, metric in ((ax_loss, "loss"), (ax_acc, "acc")):
+            points = [(e, row.get(f"{split}_{metric}")) for e, row in zip(epochs, history)]
+            points = [(e, v) for e, v in points if v is not None]
+            if points:
+                ax.plot(*zip(*points), style, label=split, markersize=3)
+    ax_loss.set(title="Loss", xlabel="epoch", ylabel="cross-entropy (mean per image)")
+    ax_acc.set(title="Accuracy", xlabel="epoch", ylabel="accuracy (per image)", ylim=(0, 1.02))
+    for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_confusion(confusion: torch.Tensor, classes, title: str = "Test confusion matrix"):
+    """Counts, rows = true class, columns = predicted class; each cell also shows its row share."""
+    k = len(classes)
+    fig, ax = plt.subplots(figsize=(1.3 * k + 2.5, 1.1 * k + 2))
+    totals = confusion.sum(dim=1, keepdim=True).clamp(min=1)
+    shares = (confusion / totals).numpy()
+    ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+    for i in range(k):
+        for j in range(k):
+            ax.text(j, i, f"{int(confusion[i, j])}\n{shares[i, j]:.0%}", ha="center", va="center",
+                    color="white" if shares[i, j] > 0.5 else "black", fontsize=9)
+    ax.set_xticks(range(k), classes, rotation=30, ha="right")
+    ax.set_yticks(range(k), classes)
+    ax.set(xlabel="predicted", ylabel="true", title=title)
+    fig.tight_layout()
+    return fig
+
+
+def per_class_accuracy(confusion: torch.Tensor, classes) -> dict[str, float]:
+    confusion = confusion.double()
+    totals = confusion.sum(dim=1)
+    return {name: (confusion[i, i] / totals[i]).item() if totals[i] else float("nan") for i, name in enumerate(classes)}
+
+
+def write_report(run: Path, *, config, classes, counts: dict, history: list[dict], final: dict, model_info: dict,
+                 extra_sections: list[str] = ()) -> Path:
+    """report.md: what was trained on what, the per-image test result, curves and confusion matrix."""
+    run = Path(run)
+    correct = int(round(final["acc"] * final["n"]))
+    per_class = per_class_accuracy(final["confusion"], classes)
+    last = history[-1] if history else {}
+    total_seconds = sum(row["seconds"] for row in history)
+    lines = [
+        f"# foodvit run: {run.name}",
+        "",
+        f"**Test accuracy: {final['acc']:.3f}** ({correct}/{final['n']} photos, per image), test loss {final['loss']:.3f}.",
+        "The test split was used for this report only: nothing (epochs, settings, checkpoint) was chosen by it.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| recipe | `{config.recipe}` |",
+        f"| model | {config.model} ({model_info['params']:,} parameters, {model_info['trainable']:,} trained) |",
+        f"| image size | {model_info['image_size']} px, patch {model_info['patch_size']} |",
+        f"| data | `{model_info['data_root']}` |",
+        f"| photos | " + "; ".join(f"{split}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for split, c in counts.items()) + " |",
+        f"| training | {len(history)} epochs, batch {config.train.batch_size} x {config.optim.accum_steps}, "
+        f"{config.optim.optimizer} lr {config.optim.lr:g}, weight decay {config.optim.weight_decay:g}, augment `{config.data.augment}` |",
+        f"| time | {total_seconds:.0f} s on {model_info['device']} |",
+    ]
+    if last.get("val_acc") is not None:
+        lines.append(f"| validation accuracy | {last['val_acc']:.3f} (last epoch) |")
+    lines += ["", "## Per class (test)", "", "| class | accuracy | photos |", "|---|---|---|"]
+    totals = final["confusion"].sum(dim=1).tolist()
+    lines += [f"| {name} | {acc:.3f} | {int(totals[i])} |" for i, (name, acc) in enumerate(per_class.items())]
+    lines += ["", "## Curves", "", "![loss and accuracy](curves.png)", "", "## Confusion matrix", "", "![confusion matrix](confusion.png)", ""]
+    lines += list(extra_sections)
+    lines += ["## Files", "", "`model.safetensors` with `model.json` (config, classes, preprocessing), `metrics.csv`, `config.json`, "
+              "`checkpoint.pt` (resume).", ""]
+    return write_text(run / "report.md", "\n".join(lines))

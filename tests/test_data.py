@@ -1,0 +1,222 @@
+"""Data sources, safe unpacking, photo decoding and bad input."""
+
+import http.server
+import threading
+import time
+import warnings
+import zipfile
+
+import pytest
+import torch
+from helpers import make_photo, make_photo_folder
+from PIL import Image
+
+from foodvit import data as D
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FOODVIT_DATA", raising=False)
+
+
+def _zip(folder, zip_path, prefix=""):
+    with zipfile.ZipFile(zip_path, "w") as z:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                z.write(path, prefix + str(path.relative_to(folder)))
+    return zip_path
+
+
+def test_folder_source_is_scanned(tmp_path):
+    root = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
+    ds = D.open_dataset(root)
+    assert ds.classes == ("pizza", "steak", "sushi")
+    assert len(ds.train) == 12 and len(ds.test) == 6
+    assert ds.train.counts() == {"pizza": 4, "steak": 4, "sushi": 4}
+
+
+@pytest.mark.parametrize("prefix", ["", "pizza_steak_sushi/"])
+def test_local_zip_is_unpacked_once(tmp_path, prefix):
+    root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
+    archive = _zip(root, tmp_path / "set.zip", prefix)
+    first = D.resolve(archive)
+    assert (first / "train" / "pizza").is_dir()
+    stamp = (first / "train" / "pizza" / "000.jpg").stat().st_mtime_ns
+    again = D.resolve(archive)
+    assert again == first and (again / "train" / "pizza" / "000.jpg").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize("member", ["../evil.txt", "/tmp/evil-abs.txt", "train/../../evil2.txt"])
+def test_zip_with_escaping_member_is_refused_and_writes_nothing(tmp_path, member):
+    archive = tmp_path / "bad.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("train/pizza/a.jpg", b"x")
+        z.writestr(member, b"owned")
+    with pytest.raises(D.DataError, match="unsafe member"):
+        D.resolve(archive)
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "bad.zip"]
+    assert written == []  # nothing unpacked, inside the cache or out of it
+    assert not (tmp_path.parent / "evil.txt").exists()
+    if member.startswith("/"):
+        import pathlib
+
+        assert not pathlib.Path(member).exists()
+
+
+def test_zip_without_train_and_test_is_explained(tmp_path):
+    archive = tmp_path / "flat.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("photos/pizza/a.jpg", b"x")
+    with pytest.raises(D.DataError, match=r"flat\.zip holds no train/ and test/ folders.*ImageFolder"):
+        D.resolve(archive)
+
+
+def test_missing_folder_and_non_zip_file(tmp_path):
+    with pytest.raises(D.DataError, match=r"nowhere does not exist.*train/<class>"):
+        D.resolve(tmp_path / "nowhere")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(D.DataError, match="not a zip"):
+        D.resolve(tmp_path / "notes.txt")
+    (tmp_path / "only_train" / "train" / "a").mkdir(parents=True)
+    with pytest.raises(D.DataError, match=r"only_train has no test/ folder"):
+        D.open_dataset(tmp_path / "only_train")
+
+
+def test_empty_class_folder_is_named(tmp_path):
+    root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
+    (root / "train" / "ramen").mkdir()
+    (root / "test" / "ramen").mkdir()
+    with pytest.raises(D.DataError, match=r"class folder .*train/ramen has no readable photos"):
+        D.open_dataset(root)
+
+
+def test_train_test_class_mismatch_is_named(tmp_path):
+    root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
+    make_photo(root / "train" / "ramen" / "x.jpg", (0, 0, 255))
+    with pytest.raises(D.DataError, match=r"only in train/: \['ramen'\]; only in test/: none"):
+        D.open_dataset(root)
+
+
+def test_corrupt_and_non_image_files_are_skipped_with_their_names(tmp_path):
+    root = make_photo_folder(tmp_path / "p", n_train=3, n_test=1)
+    (root / "train" / "pizza" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    (root / "train" / "steak" / "notes.txt").write_text("bought at the market")
+    good = root / "train" / "sushi" / "000.jpg"
+    (root / "train" / "sushi" / "truncated.jpg").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
+    with pytest.warns(UserWarning) as caught:
+        ds = D.open_dataset(root, train_cache=D.PhotoCache.decoded(64))
+    messages = " ".join(str(w.message) for w in caught)
+    assert "broken.jpg" in messages and "notes.txt" in messages and "truncated.jpg" in messages
+    assert len(ds.train) == 9
+    with pytest.raises(D.DataError, match=r"(?s)--strict.*broken\.jpg.*notes\.txt"):
+        D.open_dataset(root, strict=True)
+
+
+def test_photos_of_every_mode_become_rgb(tmp_path):
+    for mode in ("L", "RGBA", "CMYK", "P", "LA", "I;16", "1"):
+        fmt = "TIFF" if mode in ("CMYK", "I;16") else "PNG"
+        path = make_photo(tmp_path / f"{mode.replace(';', '_')}.{fmt.lower()}", (200, 100, 50), mode=mode, fmt=fmt)
+        image = D.load_rgb(path)
+        assert image.mode == "RGB" and image.size == (48, 40), mode
+    # transparency is laid over white, not black
+    clear = Image.new("RGBA", (8, 8), (0, 0, 0, 0))
+    clear.save(tmp_path / "clear.png")
+    assert D.load_rgb(tmp_path / "clear.png").getpixel((3, 3)) == (255, 255, 255)
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    image = Image.new("RGB", (30, 10), (255, 0, 0))
+    exif = image.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    image.save(tmp_path / "phone.jpg", exif=exif)
+    assert D.load_rgb(tmp_path / "phone.jpg").size == (10, 30)
+
+
+def test_decoded_cache_limits_the_shorter_side(tmp_path):
+    path = make_photo(tmp_path / "big.jpg", (10, 20, 30), size=(200, 300))
+    cache = D.PhotoCache.decoded(50)
+    tensor = cache.get(path)
+    assert tensor.dtype == torch.uint8 and tensor.shape == (3, 50, 75)
+    assert cache.get(path) is tensor  # decoded once
+
+
+def test_validation_split_is_per_class_disjoint_and_reproducible(tmp_path):
+    root = make_photo_folder(tmp_path / "p", n_train=10, n_test=1)
+    ds = D.open_dataset(root, val_fraction=0.2, seed=3)
+    assert ds.val.counts() == {"pizza": 2, "steak": 2, "sushi": 2}
+    assert not set(ds.val.samples) & set(ds.train.samples)
+    assert len(ds.train) + len(ds.val) == 30
+    assert D.open_dataset(root, val_fraction=0.2, seed=3).val == ds.val
+    assert D.open_dataset(root, val_fraction=0.2, seed=4).val != ds.val
+
+
+def test_epoch_sampler_order_depends_only_on_seed_and_epoch():
+    a, b = D.EpochSampler(10, seed=1), D.EpochSampler(10, seed=1)
+    a.set_epoch(3)
+    b.set_epoch(3)
+    assert list(a) == list(b) and sorted(a) == list(range(10))
+    b.set_epoch(4)
+    assert list(a) != list(b)
+    repeated = D.EpochSampler(5, seed=0, repeats=3)
+    assert len(repeated) == 15 and sorted(repeated) == sorted(list(range(5)) * 3)
+
+
+class _ZipHandler(http.server.BaseHTTPRequestHandler):
+    payload = b""
+    hits = 0
+
+    def do_GET(self):  # noqa: N802
+        type(self).hits += 1
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.payload)))
+        self.end_headers()
+        self.wfile.write(self.payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_download_goes_to_the_cache_once(tmp_path):
+    root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
+    _ZipHandler.payload = _zip(root, tmp_path / "set.zip", "pizza_steak_sushi/").read_bytes()
+    _ZipHandler.hits = 0
+    server = http.server.HTTPServer(("127.0.0.1", 0), _ZipHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/data/pizza_steak_sushi.zip"
+        first = D.resolve(url, quiet=True)
+        assert (first / "test" / "sushi" / "000.jpg").is_file()
+        assert D.resolve(url, quiet=True) == first
+        assert _ZipHandler.hits == 1
+        assert not list((tmp_path / "cache").rglob("*.part"))
+    finally:
+        server.shutdown()
+
+
+def test_unreachable_download_fails_fast_and_leaves_nothing(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(D.DataError, match=r"could not download .*--data /path/to/folder_or\.zip"):
+        D.resolve(f"http://127.0.0.1:{port}/pizza_steak_sushi.zip", quiet=True)
+    assert time.monotonic() - started < 10
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+
+
+def test_default_source_is_the_course_zip_unless_foodvit_data_is_set(monkeypatch, tmp_path):
+    assert D.default_source() == D.DEFAULT_URL
+    assert D.DEFAULT_URL.endswith("mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip")
+    monkeypatch.setenv("FOODVIT_DATA", str(tmp_path))
+    assert D.default_source() == str(tmp_path)
+
+
+def test_real_foodvision_mini_is_read(real_data):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the real set has no unreadable files
+        ds = D.open_dataset(real_data)
+    assert len(ds.train) == 225 and len(ds.test) == 75
+    assert ds.test.counts() == {"pizza": 25, "steak": 19, "sushi": 31}

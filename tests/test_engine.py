@@ -1,0 +1,138 @@
+"""The training loop's mechanics, on toy models: per-image metrics, schedules, decay groups,
+accumulation, clipping, NaN handling, EMA."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from foodvit.config import OptimConfig
+from foodvit.engine import StepSettings, TrainingDiverged, evaluate, fit, train_one_epoch
+from foodvit.optim import build_ema, build_optimizer, lr_factor, param_groups
+
+
+class Fixed(nn.Module):
+    """Predicts class 0 for inputs > 0, else class 1 (plus a trainable bias so optimisers run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x):
+        x = x.flatten(1)[:, :1]
+        return torch.cat([x, -x], dim=1) * 10 + self.bias
+
+
+def test_accuracy_is_per_image_with_unequal_batches():
+    # batch 1: 3 photos, all right; batch 2: 1 photo, wrong.
+    # Per image: 3/4 = 0.75. The course's mean of batch means would say (1.0 + 0.0) / 2 = 0.5.
+    loader = [(torch.tensor([[1.0], [2.0], [3.0]]), torch.tensor([0, 0, 0])), (torch.tensor([[1.0]]), torch.tensor([1]))]
+    result = evaluate(Fixed(), loader)
+    assert result["acc"] == 0.75 and result["n"] == 4
+    assert result["confusion"].tolist() == [[3, 0], [1, 0]]
+    model = Fixed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    assert train_one_epoch(model, loader, opt)["train_acc"] == 0.75
+    # loss is the mean over photos, not over batches
+    per_photo = torch.nn.functional.cross_entropy(Fixed()(torch.tensor([[1.0], [2.0], [3.0], [1.0]])), torch.tensor([0, 0, 0, 1]))
+    assert result["loss"] == pytest.approx(per_photo.item(), rel=1e-6)
+
+
+def test_warmup_then_cosine_and_linear():
+    assert lr_factor(0, 100, 10, "cosine") == pytest.approx(0.1)
+    assert lr_factor(9, 100, 10, "cosine") == pytest.approx(1.0)
+    assert lr_factor(10, 100, 10, "cosine") == pytest.approx(1.0)
+    assert lr_factor(55, 100, 10, "cosine") == pytest.approx(0.5)
+    assert lr_factor(100, 100, 10, "cosine", min_ratio=0.1) == pytest.approx(0.1)
+    assert lr_factor(55, 100, 10, "linear") == pytest.approx(0.5)
+    assert lr_factor(70, 100, 0, "constant") == 1.0
+
+
+def test_no_weight_decay_on_biases_norms_class_token_and_position_embedding():
+    from foodvit import create_model
+
+    model = create_model("ViT-Ti/8", image_size=16, num_classes=3, depth=1)
+    groups = param_groups(model, 0.05)
+    decayed = {id(p) for p in groups[0]["params"]}
+    names = {name for name, p in model.named_parameters() if id(p) in decayed}
+    assert "blocks.0.attn.qkv.weight" in names and "head.weight" in names
+    assert not names & {"cls_token", "pos_embed", "blocks.0.attn.qkv.bias", "blocks.0.norm1.weight", "norm.bias"}
+    assert groups[1]["weight_decay"] == 0.0
+    everything = param_groups(model, 0.3, decay_all=True)
+    assert len(everything) == 1 and len(everything[0]["params"]) == len(list(model.parameters()))
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 5), torch.randint(0, 3, (8,))
+    base = nn.Linear(5, 3)
+    results = []
+    for batches, accum in (([(x, y)], 1), ([(x[:4], y[:4]), (x[4:], y[4:])], 2)):
+        model = nn.Linear(5, 3)
+        model.load_state_dict(base.state_dict())
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        train_one_epoch(model, batches, opt, settings=StepSettings(accum_steps=accum))
+        results.append(model.weight.detach().clone())
+    torch.testing.assert_close(results[0], results[1])
+
+
+def test_gradient_clipping_bounds_the_update():
+    model = nn.Linear(4, 2)
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    batch = [(torch.randn(16, 4) * 100, torch.randint(0, 2, (16,)))]
+    train_one_epoch(model, batch, opt, settings=StepSettings(clip_grad=0.01))
+    after = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert (after - before).norm().item() == pytest.approx(0.01, rel=1e-3)
+
+
+def test_nan_loss_stops_training_with_a_clear_error():
+    class Poison(Fixed):
+        def forward(self, x):
+            return super().forward(x) * float("nan")
+
+    opt = torch.optim.SGD(Poison().parameters(), lr=0.1)
+    with pytest.raises(TrainingDiverged, match="the loss became nan at step 1"):
+        train_one_epoch(Poison(), [(torch.ones(2, 1), torch.tensor([0, 1]))], opt)
+
+
+def test_ema_update_rule():
+    model = nn.Linear(3, 1, bias=False)
+    ema = build_ema(model, decay=0.9)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ema.update_parameters(model)  # the first update copies
+    torch.testing.assert_close(ema.module.weight, torch.ones(1, 3))
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    ema.update_parameters(model)  # then ema = 0.9 ema + 0.1 w
+    torch.testing.assert_close(ema.module.weight, torch.full((1, 3), 0.9 * 1.0 + 0.1 * 3.0))
+    assert build_ema(model, 0.0) is None
+
+
+def test_optimizers_from_config():
+    model = nn.Linear(3, 2)
+    cpu = torch.device("cpu")
+    assert isinstance(build_optimizer(model, OptimConfig(optimizer="adam"), cpu), torch.optim.Adam)
+    assert isinstance(build_optimizer(model, OptimConfig(optimizer="adamw"), cpu), torch.optim.AdamW)
+    sgd = build_optimizer(model, OptimConfig(optimizer="sgd", momentum=0.9), cpu)
+    assert sgd.defaults["momentum"] == 0.9
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        build_optimizer(model, OptimConfig(), cpu)
+
+
+def test_fit_reports_each_split_per_epoch_and_soft_targets_train():
+    torch.manual_seed(0)
+    x = torch.randn(12, 4)
+    y = (x[:, 0] > 0).long()
+    soft = torch.nn.functional.one_hot(y, 2).float() * 0.9 + 0.05  # mixup-like targets
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    history = fit(model, [(x, soft)], {"val": [(x, y)], "test": [(x, y)]}, opt, epochs=3, show_progress=False)
+    assert [row["epoch"] for row in history] == [1, 2, 3]
+    assert {"train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds"} <= set(history[0])
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert all(math.isfinite(row["test_loss"]) for row in history)

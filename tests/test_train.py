@@ -1,0 +1,176 @@
+"""`foodvit train` end to end on generated photos (and, briefly, on the real FoodVision Mini)."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import make_photo_folder
+
+import foodvit
+from foodvit import data as D
+from foodvit.config import load_recipe
+from foodvit.engine import TrainingDiverged
+from foodvit.inference import evaluate_split, predict
+from foodvit.run import RunError
+from foodvit.trainer import resume, train
+
+SMALL = {"image_size": 32, "depth": 2}  # ViT-Ti/8 at 32 px, 2 blocks: an epoch in well under a second
+
+
+def small_config(source, **changes):
+    from dataclasses import replace
+
+    config = load_recipe("tiny")
+    config = replace(config, vit={**config.vit, **SMALL}, data=replace(config.data, source=str(source)))
+    train_changes = {k: v for k, v in changes.items() if k in ("epochs", "batch_size", "seed")}
+    optim_changes = {k: v for k, v in changes.items() if k in ("lr", "ema", "accum_steps")}
+    return replace(config, train=replace(config.train, **train_changes), optim=replace(config.optim, **optim_changes))
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=16, n_test=6)
+
+
+@pytest.fixture(scope="module")
+def trained(photos, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "run"
+    result = train(small_config(photos, epochs=3, batch_size=10), out, quiet=True)
+    return out, result
+
+
+def test_run_directory_holds_everything(trained):
+    out, result = trained
+    for name in ("config.json", "metrics.csv", "curves.png", "confusion.png", "model.safetensors", "model.json",
+                 "checkpoint.pt", "report.md"):
+        assert (out / name).is_file(), name
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]
+    assert set(rows[0]) == {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["recipe"] == "tiny" and config["vit"]["image_size"] == 32
+    report = (out / "report.md").read_text()
+    correct = round(result.test["acc"] * result.test["n"])
+    assert f"**Test accuracy: {result.test['acc']:.3f}** ({correct}/18 photos, per image)" in report
+    assert "![loss and accuracy](curves.png)" in report
+    assert float(rows[-1]["test_acc"]) == pytest.approx(result.test["acc"])
+
+
+def test_trained_model_loads_evaluates_and_predicts(trained, photos):
+    out, result = trained
+    model = foodvit.load_model(out)
+    assert model.class_names == ["pizza", "steak", "sushi"]
+    assert model.preprocess.image_size == 32 and not model.training
+    # evaluating the saved model gives exactly the number the run reported
+    evaluation = evaluate_split(model, D.open_split(photos, "test"))
+    assert evaluation["accuracy"] == result.test["acc"] and evaluation["n"] == 18
+    assert sum(map(sum, evaluation["confusion"])) == 18
+    photo = sorted((photos / "test" / "sushi").iterdir())[0]
+    [p] = predict(model, [photo], top_k=2)
+    assert p["label"] in model.class_names and len(p["top_k"]) == 2
+    assert p["top_k"][0] == [p["label"], p["probability"]] and p["top_k"][0][1] >= p["top_k"][1][1]
+    assert p["seconds"] > 0
+
+
+def test_learns_the_generated_classes(photos, tmp_path):
+    # colours differ by class: a working loop gets well past chance (1/3) in a few epochs
+    result = train(small_config(photos, epochs=8, batch_size=8, lr=2e-3), tmp_path / "r", quiet=True)
+    assert result.test["acc"] >= 0.8
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+
+
+def test_same_seed_same_run_and_new_run_refuses_an_old_directory(photos, tmp_path):
+    a = train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
+    b = train(small_config(photos, epochs=2), tmp_path / "b", quiet=True)
+    strip = lambda h: [{k: v for k, v in row.items() if k != "seconds"} for row in h]  # noqa: E731
+    assert strip(a.history) == strip(b.history)
+    with pytest.raises(RunError, match=r"already holds a run; continue it with `foodvit train --resume"):
+        train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
+
+
+def _metrics(path):
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(path.open())]
+
+
+def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
+    args = [sys.executable, "-m", "foodvit.cli", "train", "--recipe", "tiny", "--data", str(photos), "--epochs", "6",
+            "--image-size", "32", "--depth", "2", "--batch-size", "6", "--ema", "0.9", "--quiet"]
+    full = subprocess.run(args + ["--out", str(tmp_path / "full")], capture_output=True, text=True, timeout=300)
+    assert full.returncode == 0, full.stderr
+
+    victim = tmp_path / "killed"
+    proc = subprocess.Popen(args + ["--out", str(victim)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (victim / "checkpoint.pt").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = torch.load(victim / "checkpoint.pt", weights_only=True)["epoch"]
+    assert 1 <= done < 6  # killed mid-run, with at least one finished epoch on disk
+    assert not (victim / "model.safetensors").exists()
+
+    resumed = subprocess.run([sys.executable, "-m", "foodvit.cli", "train", "--resume", str(victim), "--quiet"],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _metrics(victim / "metrics.csv") == _metrics(tmp_path / "full" / "metrics.csv")
+    a, b = foodvit.load_model(victim), foodvit.load_model(tmp_path / "full")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_resume_refuses_changes_and_missing_runs(tmp_path):
+    from foodvit.cli import main
+
+    assert main(["train", "--resume", str(tmp_path), "--lr", "0.1"]) == 2
+    with pytest.raises(RunError, match="holds no foodvit run"):
+        resume(tmp_path)
+
+
+def test_nan_loss_keeps_the_last_good_checkpoint(photos, tmp_path, monkeypatch):
+    from foodvit.model import VisionTransformer
+
+    calls = {"n": 0}
+    original = VisionTransformer.forward
+
+    def poisoned(self, images):
+        calls["n"] += 1
+        out = original(self, images)
+        return out * float("nan") if self.training and calls["n"] > 8 else out
+
+    monkeypatch.setattr(VisionTransformer, "forward", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"(?s)the loss became nan.*in epoch 2.*last good checkpoint \(epoch 1\)"):
+        train(small_config(photos, epochs=3, batch_size=8), tmp_path / "nan", quiet=True)
+    assert torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    assert len(_metrics(tmp_path / "nan" / "metrics.csv")) == 1
+
+
+def test_course_recipe_runs_one_epoch(tmp_path):
+    # The course's settings unchanged (ViT-B/16 at 224, Adam 3e-3, wd 0.3 on everything), on 6 photos.
+    from dataclasses import replace
+
+    photos = make_photo_folder(tmp_path / "p", n_train=2, n_test=1, size=(60, 80))
+    config = load_recipe("course")
+    config = replace(config, data=replace(config.data, source=str(photos)), train=replace(config.train, epochs=1, batch_size=4))
+    result = train(config, tmp_path / "course", quiet=True)
+    model = foodvit.load_model(tmp_path / "course")
+    assert model.config.embed_dim == 768 and model.config.image_size == 224 and model.preprocess.mode == "square"
+    assert model.preprocess.mean == (0.0, 0.0, 0.0) and model.preprocess.std == (1.0, 1.0, 1.0)
+    assert len(result.history) == 1 and result.test["n"] == 3
+
+
+@pytest.mark.realdata
+def test_tiny_recipe_trains_one_epoch_on_foodvision_mini(real_data, tmp_path):
+    from dataclasses import replace
+
+    config = load_recipe("tiny")
+    config = replace(config, data=replace(config.data, source=str(real_data)), train=replace(config.train, epochs=1))
+    result = train(config, tmp_path / "fvm", quiet=True)
+    assert result.test["n"] == 75 and len(result.history) == 1
+    assert sum(result.test["confusion"].flatten().tolist()) == 75
