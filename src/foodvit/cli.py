@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -19,7 +20,16 @@ def cmd_train(args: argparse.Namespace) -> int:
                              f"drop {', '.join(extra + (['--out'] if args.out else []))}, or start a new run with --out")
         result = resume(args.resume, quiet=args.quiet)
     else:
-        config = apply_overrides(load_recipe(args.recipe or "default"), args, model=args.model)
+        recipe = load_recipe(args.recipe or "default")
+        if getattr(args, "train.pretrained") and not recipe.train.pretrained:
+            # a from-scratch recipe used for transfer: its model settings (size, pooling, 64 px ...)
+            # are not meant for the weights; keep only its regularisation
+            recipe = replace(recipe, vit={k: v for k, v in recipe.vit.items() if k in ("dropout", "attn_dropout", "drop_path")})
+        config = apply_overrides(recipe, args, model=args.model)
+        if config.train.pretrained:
+            from .pretrained import adapt_config
+
+            config = adapt_config(config, explicit_model=args.model)
         result = train(config, args.out, quiet=args.quiet)
     if not args.quiet:
         print(f"test accuracy {result.test['acc']:.3f} ({round(result.test['acc'] * result.test['n'])}/{result.test['n']} photos); "

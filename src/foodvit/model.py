@@ -424,6 +424,12 @@ class VisionTransformer(nn.Module):
         self.head.to(device=self.norm.weight.device, dtype=self.norm.weight.dtype)
         _init_head(self.head)
 
+    def freeze_backbone(self) -> None:
+        """Train the head only (a feature extractor): every other parameter stops taking gradients,
+        so the optimiser holds no state for them and backward stops at the head."""
+        for name, p in self.named_parameters():
+            p.requires_grad_(name.startswith("head."))
+
     def no_weight_decay(self) -> set[str]:
         """Parameters an optimiser should not decay: the class token and the position embedding."""
         return {name for name in ("cls_token", "pos_embed") if name in dict(self.named_parameters())}

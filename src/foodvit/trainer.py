@@ -89,6 +89,8 @@ class Trainer:
         # The head needs the number of classes; the caches need the preprocessing, which may come
         # from pre-trained weights. So: list the classes, build the model, then read the photos.
         self.model, self.preprocess = build_model(c, len(D.class_names(root / "train")))
+        if c.train.freeze_backbone:
+            self.model.freeze_backbone()
         p = self.preprocess
         train_cache = D.PhotoCache.decoded(max(p.resize_size, 2 * p.image_size)) if c.data.cache else None
         eval_cache = D.PhotoCache.transformed(eval_transform(p)) if c.data.cache else None

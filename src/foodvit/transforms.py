@@ -4,6 +4,7 @@ on torchvision's transforms v2. Inputs are PIL images or uint8 tensors (the deco
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -50,7 +51,7 @@ class Preprocess:
 
 
 def make_preprocess(image_size: int, mean, std, mode: str = "crop", crop_pct: float = 0.875, interpolation: str = "bilinear") -> Preprocess:
-    resize = image_size if mode == "square" else int(round(image_size / crop_pct))
+    resize = image_size if mode == "square" else int(math.floor(image_size / crop_pct + 1e-9))  # as timm: 224 / 0.875 = 256
     return Preprocess(image_size, resize, mode, tuple(mean), tuple(std), interpolation)
 
 
