@@ -95,6 +95,69 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_patches(args: argparse.Namespace) -> int:
+    from . import data as D
+    from . import viz
+    from .report import save_figure
+
+    photo = D.load_or_explain(Path(args.image))
+    model = None
+    if args.feature_maps:
+        from .run import load_model
+
+        model = load_model(args.feature_maps)
+    size = args.image_size or (model.config.image_size if model else 224)
+    patch = args.patch_size or (model.config.patch_size if model else 16)
+    fig = viz.patches_figure(photo, size, patch, model.preprocess if model is not None else None)
+    if model is not None:
+        from .transforms import eval_transform
+
+        x = eval_transform(model.preprocess)(photo).unsqueeze(0)
+        fig = viz.add_feature_maps(fig, viz.feature_maps(model, x, args.channels))
+    print(save_figure(fig, Path(args.out)))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from . import data as D
+    from . import viz
+    from .report import save_figure
+    from .run import load_model
+
+    model = load_model(args.run)
+    photo = D.load_or_explain(Path(args.image))
+    print(save_figure(viz.explain_figure(model, photo, args.top_k, args.heads), Path(args.out)))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import data as D
+    from . import viz
+    from .report import save_figure
+    from .run import load_model
+    from .transforms import eval_transform
+
+    model = load_model(args.run)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if model.config.stem == "patch":
+        written.append(save_figure(viz.filters_figure(model), out / "filters.png"))
+    if model.config.pos_embed == "learned":
+        written.append(save_figure(viz.pos_similarity_figure(model), out / "pos_similarity.png"))
+    split = D.open_split(args.data or _run_source(args.run), args.split)
+    transform = eval_transform(model.preprocess)
+    photos = split.samples[:: max(1, len(split.samples) // args.images)][: args.images]  # spread over the classes
+    images = torch.stack([transform(D.load_or_explain(path)) for path, _ in photos])
+    distances = viz.attention_distances_over(model, images)
+    written.append(save_figure(viz.attention_distance_figure(distances, model.config.image_size), out / "attention_distance.png"))
+    for path in written:
+        print(path)
+    return 0
+
+
 def cmd_summary(args: argparse.Namespace) -> int:
     import torch
 
@@ -157,6 +220,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE", help="save the photos with their labels and probabilities as a PNG")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("patches", help="a photo cut into the model's patch grid (and the patch embedding's feature maps)")
+    p.add_argument("image")
+    p.add_argument("--image-size", type=int, help="default 224, or the run's with --feature-maps")
+    p.add_argument("--patch-size", type=int, help="default 16, or the run's with --feature-maps")
+    p.add_argument("--feature-maps", metavar="RUN", help="add the patch embedding's output channels of this run's model")
+    p.add_argument("--channels", type=int, default=5, help="how many feature maps (default 5)")
+    p.add_argument("--out", required=True, metavar="FILE", help="PNG to write")
+    p.set_defaults(func=cmd_patches)
+
+    p = sub.add_parser("explain", help="a prediction with its top-k probabilities and attention rollout heat map")
+    p.add_argument("run")
+    p.add_argument("image")
+    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("--heads", action="store_true", help="also the last layer's class-token attention of each head")
+    p.add_argument("--out", required=True, metavar="FILE", help="PNG to write")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("inspect", help="the paper's Figure 7 for a run: filters, position similarity, attention distance")
+    p.add_argument("run")
+    p.add_argument("--data", help="photos for the attention distances (default: the run's data)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--images", type=int, default=32, help="how many photos to average the attention distance over")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("data", help="download / unpack a data source and show what it holds")
     p.add_argument("source", nargs="?", help="URL, zip or folder (default: $FOODVIT_DATA, else the course's zip)")

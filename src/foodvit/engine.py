@@ -99,12 +99,14 @@ def train_one_epoch(
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, settings: StepSettings | None = None, num_classes: int | None = None,
-             progress: str | None = None) -> dict:
-    """Loss (mean per image), accuracy (per image), n, and the confusion matrix (rows = true class)."""
+             progress: str | None = None, keep_probabilities: bool = False) -> dict:
+    """Loss (mean per image), accuracy (per image), n, and the confusion matrix (rows = true class);
+    with keep_probabilities, also every sample's class probabilities (n, K), in loader order."""
     s = settings or StepSettings()
     model.eval()
     loss_sum, correct, seen = 0.0, 0, 0
     confusion = None
+    kept = []
     for images, labels in tqdm(loader, desc=progress, disable=progress is None, leave=False, unit="batch"):
         images, labels = images.to(s.device), labels.to(s.device)
         with autocast(s):
@@ -117,9 +119,14 @@ def evaluate(model: nn.Module, loader: Iterable, settings: StepSettings | None =
         correct += (predictions == labels).sum().item()
         seen += labels.numel()
         confusion += torch.bincount((labels * k + predictions).cpu(), minlength=k * k).reshape(k, k)
+        if keep_probabilities:
+            kept.append(logits.softmax(dim=-1).cpu())
     if seen == 0:
         raise ValueError("nothing to evaluate: the loader is empty")
-    return {"loss": loss_sum / seen, "acc": correct / seen, "n": seen, "confusion": confusion}
+    result = {"loss": loss_sum / seen, "acc": correct / seen, "n": seen, "confusion": confusion}
+    if keep_probabilities:
+        result["probabilities"] = torch.cat(kept)
+    return result
 
 
 @dataclass

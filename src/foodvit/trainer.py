@@ -176,13 +176,14 @@ class Trainer:
         model = self.eval_model()
         if isinstance(model, torch.optim.swa_utils.AveragedModel):
             model = model.module
-        test = evaluate(model, self.eval_loaders["test"], self.settings, num_classes=len(self.classes))
+        test = evaluate(model, self.eval_loaders["test"], self.settings, num_classes=len(self.classes), keep_probabilities=True)
         test["per_class"] = per_class_accuracy(test["confusion"], self.classes)
         summary = {"test_acc": test["acc"], "test_loss": test["loss"], "test_n": test["n"], "recipe": self.config.recipe,
                    "epochs": len(self.history)}
         save_model(self.out, model, self.classes, self.preprocess, {"metrics": summary})
         save_figure(plot_curves(self.history), self.out / "curves.png")
         save_figure(plot_confusion(test["confusion"], self.classes), self.out / "confusion.png")
+        save_figure(self._most_wrong(test.pop("probabilities")), self.out / "most_wrong.png")
         counts = {"train": self.data.train.counts(), "test": self.data.test.counts()}
         if self.data.val is not None:
             counts["val"] = self.data.val.counts()
@@ -190,8 +191,19 @@ class Trainer:
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         info = {"params": params, "trainable": trainable, "image_size": model.config.image_size,
                 "patch_size": model.config.patch_size, "data_root": str(self.data.root), "device": _device_name(self.device)}
-        write_report(self.out, config=self.config, classes=self.classes, counts=counts, history=self.history, final=test, model_info=info)
+        wrong = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
+        write_report(self.out, config=self.config, classes=self.classes, counts=counts, history=self.history, final=test,
+                     model_info=info, extra_sections=wrong)
         return Result(self.out, self.history, test)
+
+    def _most_wrong(self, probabilities: torch.Tensor):
+        from .viz import most_wrong_figure
+
+        top = probabilities.max(dim=1)
+        results = [{"image": str(path), "label": self.classes[i], "probability": p}
+                   for (path, _), p, i in zip(self.data.test.samples, top.values.tolist(), top.indices.tolist())]
+        truths = [self.classes[label] for _, label in self.data.test.samples]
+        return most_wrong_figure(results, truths)
 
 
 def _device_name(device: torch.device) -> str:

@@ -71,6 +71,11 @@ def eval_transform(p: Preprocess) -> v2.Compose:
     return v2.Compose([*resize, *_to_float(p)])
 
 
+def model_view(p: Preprocess, photo) -> torch.Tensor:
+    """What the model sees of a photo, before scaling and normalisation: uint8 (3, S, S)."""
+    return v2.Compose([*eval_transform(p).transforms[:-3], v2.ToImage()])(photo).as_subclass(torch.Tensor)
+
+
 PRESETS = ("none", "flip", "light", "medium", "strong")
 
 

@@ -1,0 +1,327 @@
+"""Seeing inside a ViT: patches, feature maps, attention rollout, and the paper's Figure 7
+(patch-embedding filters, position-embedding similarity, mean attention distance).
+
+Each picture is built from a plain function that returns the numbers behind it, so the numbers
+can be tested and reused; the figure functions only draw them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .report import matplotlib  # noqa: F401  (file-only backend)
+from .report import plt
+
+
+# ------------------------------------------------------------------------------------------ numbers
+
+
+def attention_rollout(attentions: list[torch.Tensor], residual: float = 0.5) -> torch.Tensor:
+    """Attention rollout (Abnar & Zuidema 2020), as the paper uses for Figure 6 / App. D.8.
+
+    Each layer's attention is averaged over heads, mixed with the identity for the residual
+    connection (A' = residual * I + (1 - residual) * A), rows renormalised, and the layers
+    multiplied from the first to the last. Input: L tensors (B, h, T, T). Output: (B, T, T), each
+    row a distribution over the tokens the information came from.
+    """
+    rollout = None
+    for weights in attentions:
+        a = weights.float().mean(dim=1)  # (B, h, T, T) -> (B, T, T)
+        eye = torch.eye(a.shape[-1], device=a.device)
+        a = residual * eye + (1 - residual) * a
+        a = a / a.sum(dim=-1, keepdim=True)
+        rollout = a if rollout is None else a @ rollout  # later layers act on what earlier ones mixed
+    return rollout
+
+
+def rollout_map(rollout: torch.Tensor, num_prefix_tokens: int, grid: int) -> torch.Tensor:
+    """Where the prediction looks: (B, T, T) -> (B, grid, grid), summing to 1 over the patches.
+
+    With a class token, its row (the token Eq. 4 classifies); without one (GAP), the mean of the
+    patch rows. The prefix columns are dropped and the rest renormalised.
+    """
+    rows = rollout[:, 0] if num_prefix_tokens else rollout.mean(dim=1)  # (B, T)
+    patches = rows[:, num_prefix_tokens:]
+    patches = patches / patches.sum(dim=-1, keepdim=True)
+    return patches.reshape(-1, grid, grid)
+
+
+def position_similarity(pos_embed: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """Cosine similarity between the position embeddings of every pair of patches: (N, N)."""
+    patches = F.normalize(pos_embed.detach().float()[0, num_prefix_tokens:], dim=-1)  # (N, D)
+    return patches @ patches.T
+
+
+def patch_distances(grid: int, patch_size: int) -> torch.Tensor:
+    """Distance in pixels between the centres of every pair of patches: (N, N)."""
+    rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+    centres = torch.stack([rows.flatten(), cols.flatten()], dim=1).float() * patch_size  # (N, 2)
+    return torch.cdist(centres, centres)
+
+
+def mean_attention_distance(attentions: list[torch.Tensor], num_prefix_tokens: int, grid: int, patch_size: int) -> torch.Tensor:
+    """Figure 7 (right): for each layer and head, the attention-weighted distance in pixels between
+    a patch and the patches it attends to, averaged over patches and images. (L, h).
+
+    Attention among patches only; each query's weights over the patch keys are renormalised.
+    """
+    distance = patch_distances(grid, patch_size)
+    out = []
+    for weights in attentions:
+        w = weights.float()[:, :, num_prefix_tokens:, num_prefix_tokens:]  # (B, h, N, N)
+        w = w / w.sum(dim=-1, keepdim=True)
+        out.append((w * distance.to(w.device)).sum(dim=-1).mean(dim=(0, 2)))  # (h,)
+    return torch.stack(out)
+
+
+def filter_components(patch_weight: torch.Tensor, k: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
+    """Figure 7 (left): principal components of the patch-embedding filters E.
+
+    patch_weight (D, C, P, P): D filters, each a C*P*P vector. Returns the first k components as
+    (k, C, P, P), orthonormal as vectors, and the share of variance each explains.
+    """
+    D, C, P, _ = patch_weight.shape
+    x = patch_weight.detach().float().reshape(D, C * P * P)
+    x = x - x.mean(dim=0, keepdim=True)
+    _, s, vh = torch.linalg.svd(x, full_matrices=False)
+    k = min(k, vh.shape[0])
+    explained = (s**2 / (s**2).sum())[:k]
+    return vh[:k].reshape(k, C, P, P), explained
+
+
+# ------------------------------------------------------------------------------------------ pictures
+
+
+def _rgb(tile: torch.Tensor) -> torch.Tensor:
+    """(C, H, W) of any range -> (H, W, 3) in [0, 1]."""
+    tile = tile.float()
+    tile = (tile - tile.min()) / (tile.max() - tile.min()).clamp(min=1e-8)
+    return tile.permute(1, 2, 0).expand(-1, -1, 3) if tile.shape[0] == 1 else tile.permute(1, 2, 0)
+
+
+def _resized(photo, image_size: int) -> torch.Tensor:
+    """The course's view: the photo squashed to S x S, uint8 (3, S, S)."""
+    from torchvision.transforms.v2 import functional as TF
+
+    return TF.pil_to_tensor(TF.resize(photo, [image_size, image_size], antialias=True))
+
+
+def patches_figure(photo, image_size: int = 224, patch_size: int = 16, preprocess=None):
+    """The course's patchify plot: the resized photo, and the same cut into its patch grid with
+    row and column numbers. With a model's preprocessing, exactly the view the model gets."""
+    if image_size % patch_size:
+        raise ValueError(f"image size {image_size} is not divisible by patch size {patch_size}; "
+                         f"use --image-size {image_size // patch_size * patch_size or patch_size}")
+    if preprocess is not None:
+        from .transforms import model_view
+
+        image = model_view(preprocess, photo)
+        image_size = image.shape[-1]
+    else:
+        image = _resized(photo, image_size)
+    g, gap = image_size // patch_size, max(1, patch_size // 8)
+    step = patch_size + gap
+    canvas = torch.full((3, g * step - gap, g * step - gap), 255, dtype=torch.uint8)
+    for r in range(g):
+        for c in range(g):
+            canvas[:, r * step : r * step + patch_size, c * step : c * step + patch_size] = \
+                image[:, r * patch_size : (r + 1) * patch_size, c * patch_size : (c + 1) * patch_size]
+    fig, (ax_photo, ax_grid) = plt.subplots(1, 2, figsize=(12, 6.3))
+    ax_photo.imshow(image.permute(1, 2, 0).numpy())
+    ax_photo.set_title(f"{image_size} x {image_size} photo")
+    ax_photo.axis("off")
+    ax_grid.imshow(canvas.permute(1, 2, 0).numpy())
+    every = 1 if g <= 16 else 2
+    centres = [r * step + patch_size / 2 for r in range(0, g, every)]
+    ax_grid.set_xticks(centres, [str(c + 1) for c in range(0, g, every)], fontsize=7)
+    ax_grid.set_yticks(centres, [str(r + 1) for r in range(0, g, every)], fontsize=7)
+    ax_grid.tick_params(length=0)
+    for side in ax_grid.spines.values():
+        side.set_visible(False)
+    ax_grid.set(xlabel="patch column", ylabel="patch row",
+                title=f"{g} x {g} = {g * g} patches of {patch_size} x {patch_size} px (N in Eq. 1)")
+    fig.tight_layout()
+    return fig
+
+
+@torch.no_grad()
+def feature_maps(model, x: torch.Tensor, n: int = 5) -> torch.Tensor:
+    """The patch embedding's output for one image, as n of its D channels on the patch grid: (n, g, g)."""
+    tokens = model.patch_embed(x)  # (1, C, H, W) -> (1, N, D)
+    g = model.config.grid_size
+    return tokens[0, :, :n].T.reshape(n, g, g).cpu()  # (N, n) -> (n, g, g)
+
+
+def add_feature_maps(fig, maps: torch.Tensor):
+    """A row of feature maps under an existing figure (the patches figure)."""
+    n = maps.shape[0]
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, height + 2.6)
+    fig.subplots_adjust(bottom=0.3)
+    for i in range(n):
+        ax = fig.add_axes([0.05 + i * 0.9 / n, 0.02, 0.8 / n, 0.22])
+        ax.imshow(maps[i].numpy(), cmap="viridis")
+        ax.set_title(f"channel {i}", fontsize=8)
+        ax.axis("off")
+    return fig
+
+
+@torch.no_grad()
+def explain(model, photo, top_k: int = 3) -> dict:
+    """Probabilities, attention rollout map and the last layer's class-token attention per head."""
+    from .transforms import eval_transform
+
+    x = eval_transform(model.preprocess)(photo).unsqueeze(0).to(next(model.parameters()).device)
+    logits, attentions = model.forward_with_attention(x)
+    probs = logits.float().softmax(-1)[0].cpu()
+    c, g = model.config, model.config.grid_size
+    rollout = attention_rollout(attentions)
+    heads = None
+    if c.class_token:
+        heads = attentions[-1][0, :, 0, c.num_prefix_tokens:].float().cpu()  # (h, N)
+        heads = (heads / heads.sum(-1, keepdim=True)).reshape(-1, g, g)
+    top = probs.topk(min(top_k, probs.numel()))
+    return {"top_k": [(model.class_names[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())],
+            "rollout": rollout_map(rollout, c.num_prefix_tokens, g)[0].cpu(), "heads": heads, "input": x[0].cpu()}
+
+
+def _overlay(ax, image: torch.Tensor, heat: torch.Tensor, title: str) -> None:
+    size = image.shape[-1]
+    up = F.interpolate(heat[None, None], size=(size, size), mode="bilinear", align_corners=False)[0, 0]
+    ax.imshow(image.permute(1, 2, 0).numpy())
+    ax.imshow(up.numpy(), cmap="jet", alpha=0.45)
+    ax.set_title(title, fontsize=10)
+    ax.axis("off")
+
+
+def explain_figure(model, photo, top_k: int = 3, show_heads: bool = False):
+    """The photo, its top-k probabilities as bars, and the attention rollout over it."""
+    from .transforms import model_view
+
+    result = explain(model, photo, top_k)
+    image = model_view(model.preprocess, photo)  # the heat map belongs to exactly this view
+    heads = result["heads"] if show_heads and result["heads"] is not None else None
+    extra = 0 if heads is None else math.ceil(heads.shape[0] / 3)
+    fig = plt.figure(figsize=(14, 4.6 + 3.2 * extra))
+    grid = fig.add_gridspec(1 + extra, 3, height_ratios=[1.45] + [1] * extra)
+    ax = fig.add_subplot(grid[0, 0])
+    ax.imshow(image.permute(1, 2, 0).numpy())
+    ax.set_title(f"what the model sees ({image.shape[-1]} px)")
+    ax.axis("off")
+    ax = fig.add_subplot(grid[0, 1])
+    labels = [label for label, _ in result["top_k"]][::-1]
+    values = [p for _, p in result["top_k"]][::-1]
+    bars = ax.barh(labels, values, color=["#9ab"] * (len(values) - 1) + ["#d62"])
+    ax.bar_label(bars, fmt="%.3f", padding=3)
+    ax.set(xlim=(0, 1.15), title=f"prediction: {result['top_k'][0][0]}", xlabel="probability")
+    _overlay(fig.add_subplot(grid[0, 2]), image, result["rollout"], "attention rollout (Abnar & Zuidema 2020)")
+    if heads is not None:
+        sub = grid[1:, :].subgridspec(extra, 3 * 2)
+        for i in range(heads.shape[0]):
+            _overlay(fig.add_subplot(sub[i // 6, i % 6]), image, heads[i], f"last layer, head {i + 1}")
+    fig.tight_layout()
+    return fig
+
+
+def filters_figure(model, k: int = 28):
+    """Figure 7 (left): the first k principal components of the patch-embedding filters, as RGB tiles."""
+    if model.config.stem != "patch":
+        raise ValueError("this model has a convolutional stem: its embedding is no single set of P x P filters to decompose")
+    components, explained = filter_components(model.patch_embed.proj.weight, k)
+    cols = 7
+    rows = math.ceil(len(components) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.3, rows * 1.45))
+    for ax in axes.flat:
+        ax.axis("off")
+    for i, (ax, tile) in enumerate(zip(axes.flat, components)):
+        ax.imshow(_rgb(tile).numpy(), interpolation="nearest")
+        ax.set_title(f"{i + 1}: {explained[i]:.1%}", fontsize=7)
+    fig.suptitle(f"RGB embedding filters (first {len(components)} principal components)")
+    fig.tight_layout()
+    return fig
+
+
+def pos_similarity_figure(model):
+    """Figure 7 (centre): for each patch position, the cosine similarity of its position embedding
+    with every other's, laid out on the patch grid."""
+    c = model.config
+    if c.pos_embed == "none":
+        raise ValueError("this model has no position embedding (pos_embed='none')")
+    sim = position_similarity(model.pos_embed, c.num_prefix_tokens)
+    g = c.grid_size
+    tiles = sim.reshape(g, g, g, g)  # (row, col) of the query position, then its map
+    fig, axes = plt.subplots(g, g, figsize=(min(12, 0.62 * g + 1), min(12, 0.62 * g + 1)))
+    for r in range(g):
+        for col in range(g):
+            ax = axes[r, col]
+            im = ax.imshow(tiles[r, col].numpy(), vmin=-1, vmax=1, cmap="viridis")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if col == 0:
+                ax.set_ylabel(str(r + 1), fontsize=6, rotation=0, labelpad=6)
+            if r == g - 1:
+                ax.set_xlabel(str(col + 1), fontsize=6)
+    fig.supxlabel("input patch column")
+    fig.supylabel("input patch row")
+    fig.suptitle("Position embedding similarity (cosine)")
+    fig.colorbar(im, ax=axes, shrink=0.6, label="cosine similarity")
+    return fig
+
+
+def attention_distance_figure(distances: torch.Tensor, image_size: int):
+    """Figure 7 (right): mean attention distance of each head against network depth."""
+    L, h = distances.shape
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for head in range(h):
+        ax.scatter(range(1, L + 1), distances[:, head].numpy(), s=14, label=f"head {head + 1}" if h <= 16 else None)
+    ax.set(xlabel="network depth (layer)", ylabel="mean attention distance (pixels)",
+           title=f"Mean attention distance ({image_size} px input)", ylim=(0, image_size))
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    if h <= 16:
+        ax.legend(fontsize=7, ncol=2, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+@torch.no_grad()
+def attention_distances_over(model, images: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
+    """Mean attention distance (L, h) averaged over a batch of preprocessed images."""
+    c = model.config
+    total, count = None, 0
+    for start in range(0, len(images), batch_size):
+        x = images[start : start + batch_size].to(next(model.parameters()).device)
+        _, attentions = model.forward_with_attention(x)
+        d = mean_attention_distance(attentions, c.num_prefix_tokens, c.grid_size, c.patch_size).cpu() * len(x)
+        total = d if total is None else total + d
+        count += len(x)
+    return total / count
+
+
+def most_wrong_figure(results: list[dict], true_labels: list[str], n: int = 9):
+    """The test photos the model got wrong with the most confidence (course chapter 09's exercise)."""
+    from .data import load_or_explain
+
+    wrong = [(r, t) for r, t in zip(results, true_labels) if r["label"] != t]
+    wrong.sort(key=lambda pair: pair[0]["probability"], reverse=True)
+    wrong = wrong[:n]
+    if not wrong:
+        fig, ax = plt.subplots(figsize=(5, 1.2))
+        ax.text(0.5, 0.5, "no test photo was misclassified", ha="center", va="center")
+        ax.axis("off")
+        return fig
+    cols = min(3, len(wrong))
+    rows = math.ceil(len(wrong) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (r, truth) in zip(axes.flat, wrong):
+        ax.imshow(load_or_explain(Path(r["image"])))
+        ax.set_title(f"true: {truth} | pred: {r['label']} ({r['probability']:.2f})\n{Path(r['image']).name}", fontsize=9, color="#b22")
+    fig.suptitle("Most confidently wrong test predictions")
+    fig.tight_layout()
+    return fig

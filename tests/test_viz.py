@@ -1,0 +1,114 @@
+"""The numbers behind the pictures, and each picture command on a tiny trained run."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import make_photo_folder, randomize_
+from PIL import Image
+
+import foodvit
+from foodvit import viz
+from foodvit.cli import main
+
+
+def _model(**overrides):
+    torch.manual_seed(0)
+    return randomize_(foodvit.create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=3, **overrides)).eval()
+
+
+def test_rollout_rows_are_distributions_and_the_map_fills_the_grid():
+    model = _model()
+    with torch.no_grad():
+        _, attentions = model.forward_with_attention(torch.randn(2, 3, 32, 32))
+    rollout = viz.attention_rollout(attentions)
+    assert rollout.shape == (2, 17, 17)
+    torch.testing.assert_close(rollout.sum(-1), torch.ones(2, 17))
+    heat = viz.rollout_map(rollout, 1, 4)
+    assert heat.shape == (2, 4, 4)
+    torch.testing.assert_close(heat.flatten(1).sum(-1), torch.ones(2))
+    gap = _model(class_token=False, pool="gap")
+    with torch.no_grad():
+        _, attentions = gap.forward_with_attention(torch.randn(1, 3, 32, 32))
+    assert viz.rollout_map(viz.attention_rollout(attentions), 0, 4).shape == (1, 4, 4)
+
+
+def test_rollout_of_identity_attention_is_the_identity():
+    eye = torch.eye(5).expand(1, 2, 5, 5)
+    torch.testing.assert_close(viz.attention_rollout([eye, eye, eye]), torch.eye(5)[None])
+
+
+def test_position_similarity_is_one_on_the_diagonal_and_symmetric():
+    sim = viz.position_similarity(_model().pos_embed, 1)
+    assert sim.shape == (16, 16)
+    torch.testing.assert_close(sim.diagonal(), torch.ones(16))
+    torch.testing.assert_close(sim, sim.T)
+    assert sim.abs().max() <= 1 + 1e-6
+
+
+def test_mean_attention_distance_of_identity_and_uniform_attention():
+    # a 2 x 2 grid of 4-px patches: centres (0,0), (0,4), (4,0), (4,4); from any patch the
+    # distances are 0, 4, 4 and 4*sqrt(2), so uniform attention averages (8 + 4*sqrt(2)) / 4.
+    uniform = torch.full((3, 2, 5, 5), 1 / 5)  # (B, h, T, T) with a class token
+    d = viz.mean_attention_distance([uniform, uniform], num_prefix_tokens=1, grid=2, patch_size=4)
+    assert d.shape == (2, 2)
+    torch.testing.assert_close(d, torch.full((2, 2), (8 + 4 * math.sqrt(2)) / 4))
+
+    model = _model()
+    identity = torch.eye(17).expand(2, 3, 17, 17)
+    model.forward_with_attention = lambda x: (None, [identity[: len(x)]] * 3)  # attention forced to the identity
+    distances = viz.attention_distances_over(model, torch.randn(5, 3, 32, 32), batch_size=2)
+    assert distances.shape == (3, 3) and torch.count_nonzero(distances) == 0
+
+
+def test_filter_components_are_orthonormal():
+    model = _model()
+    components, explained = viz.filter_components(model.patch_embed.proj.weight, 28)
+    assert components.shape == (28, 3, 8, 8)
+    flat = components.flatten(1)
+    torch.testing.assert_close(flat @ flat.T, torch.eye(28), atol=1e-5, rtol=0)
+    assert torch.all(explained[:-1] >= explained[1:]) and explained.sum() <= 1
+
+
+def test_attention_extraction_leaves_the_logits_unchanged():
+    model = _model()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_with_attention(x)[0], model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from conftest import REAL_DATA
+
+    data = REAL_DATA or str(make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=4, size=(120, 150)))
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    assert main(["train", "--recipe", "tiny", "--data", data, "--out", str(out), "--epochs", "1", "--quiet"]) == 0
+    photo = sorted((foodvit.data.resolve(data) / "test" / "pizza").iterdir())[0]
+    return out, photo
+
+
+def _not_blank(path):
+    with Image.open(path) as image:
+        pixels = np.asarray(image.convert("L"))
+    assert pixels.std() > 20 and len(np.unique(pixels)) > 50, path
+
+
+def test_each_picture_command_writes_a_real_png(tiny_run, tmp_path):
+    run, photo = tiny_run
+    assert main(["patches", str(photo), "--out", str(tmp_path / "patches.png")]) == 0
+    assert main(["patches", str(photo), "--feature-maps", str(run), "--out", str(tmp_path / "maps.png")]) == 0
+    assert main(["explain", str(run), str(photo), "--heads", "--out", str(tmp_path / "explain.png")]) == 0
+    assert main(["inspect", str(run), "--images", "8", "--out", str(tmp_path / "inspect")]) == 0
+    for name in ("patches.png", "maps.png", "explain.png", "inspect/filters.png", "inspect/pos_similarity.png",
+                 "inspect/attention_distance.png"):
+        _not_blank(tmp_path / name)
+    _not_blank(run / "most_wrong.png")
+    assert "most_wrong.png" in (run / "report.md").read_text()
+
+
+def test_patch_grid_errors_name_both_sizes(tmp_path, capsys):
+    Image.new("RGB", (50, 40), (1, 2, 3)).save(tmp_path / "p.png")
+    assert main(["patches", str(tmp_path / "p.png"), "--image-size", "100", "--patch-size", "16", "--out", str(tmp_path / "x.png")]) == 2
+    assert "image size 100 is not divisible by patch size 16" in capsys.readouterr().err
