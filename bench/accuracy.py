@@ -40,7 +40,7 @@ def machine() -> str:
     return f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
-def run_seeds(recipe: str, seeds: list[int], out: Path, data: str | None, extra: list[str]) -> dict:
+def run_seeds(recipe: str, seeds: list[int], out: Path, data: str | None, extra: list[str], val_only: bool = False) -> dict:
     rows = []
     for seed in seeds:
         run = out / f"{Path(recipe).stem}-s{seed}"
@@ -59,10 +59,10 @@ def run_seeds(recipe: str, seeds: list[int], out: Path, data: str | None, extra:
         metrics = [line.split(",") for line in (run / "metrics.csv").read_text().splitlines()]
         header, last = metrics[0], dict(zip(metrics[0], metrics[-1]))
         seconds = sum(float(dict(zip(header, m))["seconds"]) for m in metrics[1:])
-        per_class = _per_class(run)
-        rows.append({"seed": seed, "test_acc": card["metrics"]["test_acc"], "test_n": card["metrics"]["test_n"],
+        per_class = _per_class(run) if not val_only else {}
+        rows.append({"seed": seed, "test_acc": None if val_only else card["metrics"]["test_acc"], "test_n": card["metrics"]["test_n"],
                      "val_acc": float(last["val_acc"]) if last.get("val_acc") else None, "seconds": seconds, "per_class": per_class})
-    accs = [r["test_acc"] for r in rows]
+    accs = [r["val_acc"] if val_only else r["test_acc"] for r in rows]
     return {
         "recipe": recipe, "extra": extra, "data": data, "machine": machine(), "date": time.strftime("%Y-%m-%d"),
         "seeds": rows, "mean": statistics.mean(accs), "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
@@ -78,6 +78,16 @@ def _per_class(run: Path) -> dict[str, float]:
     config = json.loads((run / "config.json").read_text())
     model = load_model(run)
     return evaluate_split(model, D.open_split(config["data"]["source"] or None, "test"))["per_class"]
+
+
+def print_validation(result: dict) -> None:
+    """Tuning view: validation accuracy only, so that no choice is made on the test split."""
+    vals = [r["val_acc"] for r in result["seeds"]]
+    if any(v is None for v in vals):
+        raise SystemExit("--val-only needs a validation split: add -- --val-fraction 0.2")
+    spread = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    print(f"recipe {result['recipe']} {' '.join(result['extra'])}: val acc {statistics.mean(vals):.3f} +- {spread:.3f} "
+          f"({', '.join(f'{v:.3f}' for v in vals)}); {result['mean_seconds']:.0f} s per run")
 
 
 def print_table(result: dict) -> None:
@@ -103,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", help="data source (default: $FOODVIT_DATA, else the course's zip)")
     parser.add_argument("--out", default="runs/bench-accuracy")
     parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--val-only", action="store_true", help="tuning: report validation accuracy only, never the test split")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(args.seeds))
-    result = run_seeds(args.recipe, seeds, Path(args.out), args.data, extra)
-    print_table(result)
+    result = run_seeds(args.recipe, seeds, Path(args.out), args.data, extra, args.val_only)
+    print_validation(result) if args.val_only else print_table(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0

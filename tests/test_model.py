@@ -232,3 +232,51 @@ def test_cls_pooling_without_class_token_is_refused():
         ViTConfig(class_token=False)
     with pytest.raises(ValueError, match="pool='max' is not one of"):
         ViTConfig(pool="max")
+
+
+def test_mac_count_matches_the_reference_and_torch_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from foodvit.variants import count_macs
+
+    assert count_macs(get_variant("ViT-B/16").config()) == pytest.approx(17.56e9, rel=1e-3)  # REFERENCE
+    model = tiny().eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model.set_fused_attention(False)(torch.randn(1, 3, 32, 32))
+    assert counter.get_total_flops() == 2 * count_macs(model.config)  # matmuls and the patch conv, exactly
+
+
+def test_sequence_pooling_is_an_attention_weighted_mean():
+    model = tiny(pool="seq", class_token=False).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        features, _ = model.forward_features(x)
+        weights = model.attn_pool(features).softmax(dim=1)  # (B, N, 1)
+        assert torch.allclose(weights.sum(1), torch.ones(2, 1))
+        torch.testing.assert_close(model.pool(features), (weights * features).sum(1))
+    assert model(x).shape == (2, 5)
+    assert count_params(model.config) == sum(p.numel() for p in model.parameters())
+
+
+def test_locality_self_attention_masks_the_diagonal_and_learns_a_temperature():
+    from helpers import randomize_
+
+    model = tiny(locality=True).eval()
+    assert model.blocks[0].attn.temperature.item() == pytest.approx(16**0.5)  # starts at sqrt(d), d = 48 / 3
+    randomize_(model)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.temperature.fill_(2.5)
+        x = torch.randn(2, 3, 32, 32)
+        _, attentions = model.forward_with_attention(x)
+        fused = model.set_fused_attention(True)(x)
+        plain = model.set_fused_attention(False)(x)
+    assert torch.all(attentions[0].diagonal(dim1=-2, dim2=-1) == 0)  # no token attends to itself
+    torch.testing.assert_close(attentions[0].sum(-1), torch.ones(2, 3, 17))
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    # the same weights by hand: softmax(q k^T / tau) with the diagonal removed
+    tokens = model.blocks[0].norm1(model.embed(x))
+    q, k, _ = attn.qkv(tokens).reshape(2, 17, 3, 3, 16).permute(2, 0, 3, 1, 4)
+    logits = (q @ k.transpose(-2, -1) / 2.5).masked_fill(torch.eye(17, dtype=torch.bool), float("-inf"))
+    torch.testing.assert_close(attentions[0], logits.softmax(-1), rtol=1e-5, atol=1e-6)

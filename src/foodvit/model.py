@@ -22,6 +22,11 @@ option, named here once and cited:
      single patchify Conv2d, from Compact Convolutional Transformers (Hassani et al. 2021) and
      "Early convolutions help transformers see better" (Xiao et al. 2021). The patch size P is
      then the tokeniser's total stride.
+  6. pool="seq": sequence pooling, an attention-weighted mean of the output tokens with weights
+     from a learned Linear(D, 1) (Hassani et al. 2021, CCT).
+  7. locality=True: locality self-attention (Lee et al. 2021, "Vision Transformer for Small-Size
+     Datasets"): a token may not attend to itself (the diagonal of q k^T is masked) and the
+     softmax temperature is learned, starting at sqrt(d).
 
 Notes (not deviations from the paper's text):
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
@@ -39,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Pool = Literal["cls", "gap"]
+Pool = Literal["cls", "gap", "seq"]
 PosEmbed = Literal["learned", "sincos2d", "none"]
 Stem = Literal["patch", "conv"]
 
@@ -63,10 +68,11 @@ class ViTConfig:
     dropout: float = field(default=0.0, metadata=_help("dropout after dense layers and the position embedding (App. B.1, Table 3)"))
     attn_dropout: float = field(default=0.0, metadata=_help("dropout on the attention weights (JAX reference: 0)"))
     drop_path: float = field(default=0.0, metadata=_help("stochastic depth rate of the last block (deviation 4; DeiT: 0.1)"))
-    pool: Pool = field(default="cls", metadata=_help("'cls' (Eq. 4) or 'gap' (deviation 1)"))
+    pool: Pool = field(default="cls", metadata=_help("'cls' (Eq. 4), 'gap' (deviation 1) or 'seq' (deviation 6)"))
     pos_embed: PosEmbed = field(default="learned", metadata=_help("'learned' (Eq. 1), 'sincos2d' or 'none' (deviation 2)"))
     class_token: bool = field(default=True, metadata=_help("prepend the learnable class token (Eq. 1); False is deviation 3"))
     stem: Stem = field(default="patch", metadata=_help("'patch' (one Conv2d, Eq. 1) or 'conv' (convolutional tokeniser, deviation 5)"))
+    locality: bool = field(default=False, metadata=_help("locality self-attention: no self-attention to the own token, learned temperature (deviation 7)"))
     layer_norm_eps: float = field(default=1e-6, metadata=_help("LayerNorm epsilon (JAX reference: 1e-6)"))
 
     def __post_init__(self) -> None:
@@ -83,7 +89,7 @@ class ViTConfig:
                 f"use --image-size {lower or self.patch_size} or {lower + self.patch_size}"
             )
         if not self.class_token and self.pool == "cls":
-            raise ValueError("pool='cls' needs the class token: set class_token=True or pool='gap'")
+            raise ValueError("pool='cls' needs the class token: set class_token=True or pool='gap' or 'seq'")
         if self.stem == "conv" and self.patch_size & (self.patch_size - 1):
             raise ValueError(f"stem='conv' halves the resolution per stage, so patch size must be a power of 2, got {self.patch_size}")
         for name in ("pool", "pos_embed", "stem"):
@@ -115,7 +121,7 @@ class ViTConfig:
         return replace(self, **changes)
 
 
-_LITERALS = {"pool": ("cls", "gap"), "pos_embed": ("learned", "sincos2d", "none"), "stem": ("patch", "conv")}
+_LITERALS = {"pool": ("cls", "gap", "seq"), "pos_embed": ("learned", "sincos2d", "none"), "stem": ("patch", "conv")}
 
 
 def _divisors_near(n: int, target: int) -> str:
@@ -261,13 +267,16 @@ class Attention(nn.Module):
     out, and is the one that can hand back the attention weights.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, attn_dropout: float = 0.0, dropout: float = 0.0) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, attn_dropout: float = 0.0, dropout: float = 0.0,
+                 locality: bool = False) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.scale = self.head_dim**-0.5  # 1 / sqrt(d)
         self.attn_dropout = attn_dropout
         self.fused = True
+        if locality:  # deviation 7: a learned temperature tau in softmax(q k^T / tau), starting at sqrt(d)
+            self.temperature = nn.Parameter(torch.tensor(self.head_dim**0.5))
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim)  # U_qkv
         self.proj = nn.Linear(embed_dim, embed_dim)  # U_msa
         self.proj_drop = nn.Dropout(dropout)
@@ -278,11 +287,17 @@ class Attention(nn.Module):
         qkv = self.qkv(x).reshape(B, T, 3, h, d).permute(2, 0, 3, 1, 4)  # (B, T, 3D) -> (3, B, h, T, d)
         q, k, v = qkv.unbind(0)  # each (B, h, T, d)
         p = self.attn_dropout if self.training else 0.0
+        scale, mask = self.scale, None  # mask: True where attention is allowed
+        if hasattr(self, "temperature"):  # deviation 7: softmax(q k^T / tau), no token attending to itself
+            q, scale = q / self.temperature, 1.0
+            mask = ~torch.eye(T, dtype=torch.bool, device=x.device)
         weights = None
         if self.fused and not return_attention:
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, h, T, d)
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)  # (B, h, T, d)
         else:
-            weights = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, T, d) @ (B, h, d, T) -> (B, h, T, T)
+            weights = (q * scale) @ k.transpose(-2, -1)  # (B, h, T, d) @ (B, h, d, T) -> (B, h, T, T)
+            if mask is not None:
+                weights = weights.masked_fill(~mask, float("-inf"))
             weights = weights.softmax(dim=-1)
             x = F.dropout(weights, p, self.training) @ v  # (B, h, T, T) @ (B, h, T, d) -> (B, h, T, d)
         x = x.transpose(1, 2).reshape(B, T, D)  # (B, h, T, d) -> (B, T, h, d) -> (B, T, D)
@@ -330,7 +345,7 @@ class Block(nn.Module):
         super().__init__()
         D, eps = config.embed_dim, config.layer_norm_eps
         self.norm1 = nn.LayerNorm(D, eps=eps)
-        self.attn = Attention(D, config.num_heads, config.attn_dropout, config.dropout)
+        self.attn = Attention(D, config.num_heads, config.attn_dropout, config.dropout, config.locality)
         self.norm2 = nn.LayerNorm(D, eps=eps)
         self.mlp = MLP(D, config.mlp_dim, config.dropout)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -370,6 +385,8 @@ class VisionTransformer(nn.Module):
         rates = [config.drop_path * i / (L - 1) if L > 1 else config.drop_path for i in range(L)]  # linear in depth, as DeiT
         self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
         self.norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
+        if config.pool == "seq":
+            self.attn_pool = nn.Linear(D, 1)  # deviation 6: one score per token
         self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
         init_weights(self)
 
@@ -397,10 +414,15 @@ class VisionTransformer(nn.Module):
         return self.norm(x), attentions  # LN of Eq. 4
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """Eq. 4's z_L^0: the class token's state (B, T, D) -> (B, D); or the patch-token mean (deviation 1)."""
+        """Eq. 4's z_L^0: the class token's state (B, T, D) -> (B, D); or the patch-token mean
+        (deviation 1); or their attention-weighted mean (deviation 6)."""
         if self.config.pool == "cls":
             return x[:, 0]
-        return x[:, self.config.num_prefix_tokens :].mean(dim=1)
+        patches = x[:, self.config.num_prefix_tokens :]  # (B, N, D)
+        if self.config.pool == "gap":
+            return patches.mean(dim=1)
+        weights = self.attn_pool(patches).softmax(dim=1)  # (B, N, D) -> (B, N, 1)
+        return (weights * patches).sum(dim=1)  # (B, N, D) -> (B, D)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x, _ = self.forward_features(images)

@@ -113,7 +113,7 @@ def create_model(name: str, num_classes: int = 1000, image_size: int = 224, **ov
 
 def count_params(config: ViTConfig) -> int:
     """Closed-form parameter count of the paper's ViT (patchify stem) for a configuration."""
-    if config.stem != "patch":
+    if config.stem != "patch" or config.pool == "seq" or config.locality:  # deviations: count them built
         return sum(p.numel() for p in _meta_model(config).parameters())
     C, P, D, M, K, L = config.in_channels, config.patch_size, config.embed_dim, config.mlp_dim, config.num_classes, config.depth
     embed = C * P * P * D + D  # patch conv E and its bias
@@ -122,6 +122,18 @@ def count_params(config: ViTConfig) -> int:
     block = 2 * 2 * D + (D * 3 * D + 3 * D) + (D * D + D) + (D * M + M) + (M * D + D)  # 2 LN, U_qkv, U_msa, MLP
     head = D * K + K if K > 0 else 0
     return embed + L * block + 2 * D + head  # + final LN
+
+
+def count_macs(config: ViTConfig) -> int:
+    """Multiply-accumulates of one forward pass of one image (patchify stem), from the config.
+
+    ViT-B/16 at 224: 17.56 G. FLOPs are twice this; a training step is about three forward passes.
+    """
+    N, T, D, M, L = config.num_patches, config.num_tokens, config.embed_dim, config.mlp_dim, config.depth
+    embed = N * D * config.in_channels * config.patch_size**2  # x_p E
+    per_layer = T * 3 * D * D + 2 * T * T * D + T * D * D + 2 * T * D * M  # U_qkv, q k^T and A v, U_msa, MLP
+    head = D * config.num_classes
+    return embed + L * per_layer + head
 
 
 def _meta_model(config: ViTConfig) -> VisionTransformer:

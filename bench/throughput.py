@@ -1,0 +1,213 @@
+"""Images per second of foodvit's ViT against timm and torchvision, in one process, same inputs.
+
+    python bench/throughput.py                                   # ViT-B/16 and ViT-Ti/16, CPU, fp32
+    python bench/throughput.py --models ViT-B/16 --batch-sizes 16 --rounds 5
+    python bench/throughput.py --device cuda --dtype bf16 --batch-sizes 64 256 --compile
+    python bench/throughput.py --memory                          # also peak training memory per image
+
+Rounds are interleaved (ours, timm, torchvision, ours, ...) so that drift in clock speed or load
+hits every implementation alike; each figure is the median over rounds. A training step is
+forward, backward and an AdamW step. On a GPU the table adds MFU: model FLOPs from the config
+(ViT-B/16 at 224: 35.1 GFLOP forward, three times that per training step) over --peak-tflops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import foodvit
+from foodvit.variants import count_macs, get_variant
+
+PEERS = {  # paper name -> (timm name, torchvision builder or None)
+    "ViT-Ti/16": ("vit_tiny_patch16_224", None),
+    "ViT-S/16": ("vit_small_patch16_224", None),
+    "ViT-B/16": ("vit_base_patch16_224", "vit_b_16"),
+    "ViT-B/32": ("vit_base_patch32_224", "vit_b_32"),
+    "ViT-L/16": ("vit_large_patch16_224", "vit_l_16"),
+}
+
+
+def build(impl: str, name: str, num_classes: int = 1000) -> torch.nn.Module:
+    if impl == "foodvit":
+        return foodvit.create_model(name, num_classes=num_classes)
+    timm_name, tv_name = PEERS[name]
+    if impl == "timm":
+        import timm
+
+        return timm.create_model(timm_name, pretrained=False, num_classes=num_classes)
+    import torchvision
+
+    return getattr(torchvision.models, tv_name)(num_classes=num_classes)
+
+
+def implementations(name: str) -> list[str]:
+    return ["foodvit", "timm"] + (["torchvision"] if PEERS[name][1] else [])
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_step(model, mode: str, batch: int, device, dtype: str, channels_last: bool):
+    """A closure running one inference batch or one training step on fixed random inputs."""
+    x = torch.randn(batch, 3, 224, 224, device=device)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast(device.type, enabled=False)
+    if mode == "infer":
+        model.eval()
+
+        def step():
+            with torch.inference_mode(), amp:
+                model(x)
+
+        return step
+    model.train()
+    fused = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
+
+    def step():
+        with amp:
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def time_step(step, iters: int, device) -> float:
+    sync(device)
+    started = time.perf_counter()
+    for _ in range(iters):
+        step()
+    sync(device)
+    return time.perf_counter() - started
+
+
+def measure(name: str, mode: str, batch: int, args) -> dict[str, float]:
+    """Median images/s of each implementation, interleaved rounds."""
+    device = torch.device(args.device)
+    steps = {}
+    for impl in implementations(name):
+        torch.manual_seed(0)
+        model = build(impl, name).to(device)
+        if args.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if args.compile:
+            model = torch.compile(model)
+        steps[impl] = make_step(model, mode, batch, device, args.dtype, args.channels_last)
+        for _ in range(args.warmup):
+            steps[impl]()
+    rates = {impl: [] for impl in steps}
+    for _ in range(args.rounds):
+        for impl, step in steps.items():
+            rates[impl].append(batch * args.iters / time_step(step, args.iters, device))
+    return {impl: statistics.median(r) for impl, r in rates.items()} | {f"{impl}_spread": (max(r) - min(r)) / statistics.median(r)
+                                                                          for impl, r in rates.items()}
+
+
+def peak_memory(name: str, impl: str, batch: int, args) -> float:
+    """Peak memory of three training steps over what the process held before them, per image
+    (MiB), in a fresh subprocess: the CUDA allocator's peak, or on the CPU the peak resident set
+    (Linux: writing 5 to /proc/self/clear_refs resets the high-water mark VmHWM)."""
+    code = (
+        "import sys, torch; sys.path.insert(0, 'bench'); import throughput as t\n"
+        f"d = torch.device('{args.device}'); m = t.build('{impl}', '{name}').to(d)\n"
+        f"s = t.make_step(m, 'train', {batch}, d, '{args.dtype}', False)\n"
+        "print(t.peak_during(lambda: [s() for _ in range(3)], d))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+    return float(out.stdout.strip().splitlines()[-1]) / batch
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def peak_during(work, device: torch.device) -> float:
+    """MiB of memory at the peak of work() above what was held before it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        work()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    before = _status_kib("VmRSS")
+    work()
+    return (_status_kib("VmHWM") - before) / 1024
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    from accuracy import cpu_name
+
+    return f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["ViT-B/16", "ViT-Ti/16"], choices=list(PEERS))
+    parser.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=3, help="steps per timed round")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--memory", action="store_true", help="also peak training memory per image (subprocesses)")
+    parser.add_argument("--peak-tflops", type=float, default=800.0, help="measured bf16 matrix peak for MFU (REFERENCE: ~800 on the lent H100)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    rows = []
+    header = f"{'model':<10} {'mode':<6} {'batch':>5}  " + "  ".join(f"{i:>12}" for i in ("foodvit", "timm", "torchvision")) + "   ours/best peer"
+    print(f"{machine(device)} | {args.dtype}{' compiled' if args.compile else ''} | {time.strftime('%Y-%m-%d')}")
+    print(header)
+    for name in args.models:
+        flops = 2 * count_macs(get_variant(name).config())
+        for mode in args.modes:
+            for batch in args.batch_sizes:
+                r = measure(name, mode, batch, args)
+                peers = [r[i] for i in ("timm", "torchvision") if i in r]
+                row = {"model": name, "mode": mode, "batch": batch, **r, "ratio": r["foodvit"] / max(peers)}
+                if device.type == "cuda":
+                    per_image = flops * (3 if mode == "train" else 1)
+                    row["mfu"] = {i: r[i] * per_image / (args.peak_tflops * 1e12) for i in implementations(name)}
+                if args.memory and mode == "train":
+                    row["mem_mib_per_image"] = {i: peak_memory(name, i, batch, args) for i in implementations(name)}
+                rows.append(row)
+                cells = "  ".join(f"{r[i]:>12.2f}" if i in r else f"{'--':>12}" for i in ("foodvit", "timm", "torchvision"))
+                line = f"{name:<10} {mode:<6} {batch:>5}  {cells}   {row['ratio']:.3f}x"
+                if "mfu" in row:
+                    line += "  MFU " + " ".join(f"{i} {v:.1%}" for i, v in row["mfu"].items())
+                if "mem_mib_per_image" in row:
+                    line += "  MiB/img " + " ".join(f"{i} {v:.0f}" for i, v in row["mem_mib_per_image"].items())
+                print(line, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine(device), "args": vars(args), "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    sys.exit(main())
