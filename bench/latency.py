@@ -28,8 +28,8 @@ from foodvit.inference import predict  # noqa: E402
 from foodvit.transforms import make_preprocess  # noqa: E402
 
 
-def test_photos(source: str | None, n: int) -> list[Path]:
-    split = D.open_split(source, "test")
+def spread_photos(split: D.Split, n: int) -> list[Path]:
+    """n photos spread evenly over the split (so every class is in)."""
     step = max(1, len(split.samples) // n)
     return [path for path, _ in split.samples[::step][:n]]
 
@@ -62,9 +62,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
 
-    photos = test_photos(args.data, args.photos)
-    classes = ["pizza", "steak", "sushi"]
-    print(f"{machine(torch.device('cpu'))} | {time.strftime('%Y-%m-%d')} | {len(photos)} photos, batch 1, fp32")
+    split = D.open_split(args.data, "test")
+    photos, classes = spread_photos(split, args.photos), list(split.classes)
+    where = machine(torch.device("cpu"))
+    print(f"{where} | {time.strftime('%Y-%m-%d')} | {len(photos)} photos, {len(classes)} classes, batch 1, fp32")
     print(f"{'model':<10} {'impl':<12} {'s/photo':>9} {'model only':>11} {'vs fastest peer':>16}")
     results = []
     for name in args.models:
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
             results.append({"model": name, "impl": impl, "seconds_per_photo": median[impl], "model_only": forward[impl],
                             "speed_vs_fastest_peer": ratio})
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(torch.device("cpu")), "date": time.strftime("%Y-%m-%d"),
+        Path(args.json).write_text(json.dumps({"machine": where, "date": time.strftime("%Y-%m-%d"),
                                                "results": results}, indent=2))
     return 0
 
