@@ -6,9 +6,11 @@
     python bench/throughput.py --memory                          # also peak training memory per image
 
 Rounds are interleaved (ours, timm, torchvision, ours, ...) so that drift in clock speed or load
-hits every implementation alike; each figure is the median over rounds. A training step is
+hits every implementation alike; each figure is the median over rounds, and the range of the
+per-round ratio (ours over the fastest peer in the same round) shows how much of a gap is noise. A training step is
 forward, backward and an AdamW step. On a GPU the table adds MFU: model FLOPs from the config
-(ViT-B/16 at 224: 35.1 GFLOP forward, three times that per training step) over --peak-tflops.
+(ViT-B/16 at 224: 35.1 GFLOP forward, three times that per training step) over --peak-tflops;
+for foodvit the FLOPs it executes (32.9 GFLOP: its last block computes only the class token).
 """
 
 from __future__ import annotations
@@ -114,8 +116,9 @@ def measure(name: str, mode: str, batch: int, args) -> dict[str, float]:
     for _ in range(args.rounds):
         for impl, step in steps.items():
             rates[impl].append(batch * args.iters / time_step(step, args.iters, device))
-    return {impl: statistics.median(r) for impl, r in rates.items()} | {f"{impl}_spread": (max(r) - min(r)) / statistics.median(r)
-                                                                          for impl, r in rates.items()}
+    peers = [i for i in rates if i != "foodvit"]
+    paired = [rates["foodvit"][k] / max(rates[i][k] for i in peers) for k in range(args.rounds)]  # ours / best peer, per round
+    return {impl: statistics.median(r) for impl, r in rates.items()} | {"round_ratios": paired}
 
 
 def peak_memory(name: str, impl: str, batch: int, args) -> float:
@@ -184,20 +187,21 @@ def main(argv=None) -> int:
     print(f"{machine(device)} | {args.dtype}{' compiled' if args.compile else ''} | {time.strftime('%Y-%m-%d')}")
     print(header)
     for name in args.models:
-        flops = 2 * count_macs(get_variant(name).config())
+        config = get_variant(name).config()  # foodvit skips the last block's unused tokens (count_macs' executed)
+        flops = {i: 2 * count_macs(config, executed=i == "foodvit") for i in implementations(name)}
         for mode in args.modes:
             for batch in args.batch_sizes:
                 r = measure(name, mode, batch, args)
                 peers = [r[i] for i in ("timm", "torchvision") if i in r]
-                row = {"model": name, "mode": mode, "batch": batch, **r, "ratio": r["foodvit"] / max(peers)}
+                paired = r.pop("round_ratios")
+                row = {"model": name, "mode": mode, "batch": batch, **r, "ratio": r["foodvit"] / max(peers), "round_ratios": paired}
                 if device.type == "cuda":
-                    per_image = flops * (3 if mode == "train" else 1)
-                    row["mfu"] = {i: r[i] * per_image / (args.peak_tflops * 1e12) for i in implementations(name)}
+                    row["mfu"] = {i: r[i] * flops[i] * (3 if mode == "train" else 1) / (args.peak_tflops * 1e12) for i in implementations(name)}
                 if args.memory and mode == "train":
                     row["mem_mib_per_image"] = {i: peak_memory(name, i, batch, args) for i in implementations(name)}
                 rows.append(row)
                 cells = "  ".join(f"{r[i]:>12.2f}" if i in r else f"{'--':>12}" for i in ("foodvit", "timm", "torchvision"))
-                line = f"{name:<10} {mode:<6} {batch:>5}  {cells}   {row['ratio']:.3f}x"
+                line = f"{name:<10} {mode:<6} {batch:>5}  {cells}   {row['ratio']:.3f}x (rounds {min(paired):.2f}-{max(paired):.2f})"
                 if "mfu" in row:
                     line += "  MFU " + " ".join(f"{i} {v:.1%}" for i, v in row["mfu"].items())
                 if "mem_mib_per_image" in row:

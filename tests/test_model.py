@@ -240,11 +240,49 @@ def test_mac_count_matches_the_reference_and_torch_flop_counter():
     from foodvit.variants import count_macs
 
     assert count_macs(get_variant("ViT-B/16").config()) == pytest.approx(17.56e9, rel=1e-3)  # REFERENCE
-    model = tiny().eval()
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        model.set_fused_attention(False)(torch.randn(1, 3, 32, 32))
-    assert counter.get_total_flops() == 2 * count_macs(model.config)  # matmuls and the patch conv, exactly
+    assert count_macs(get_variant("ViT-B/16").config(), executed=True) == pytest.approx(16.46e9, rel=1e-3)
+    model = tiny().eval().set_fused_attention(False)
+    x = torch.randn(1, 3, 32, 32)
+    for forward, executed in ((lambda: model.head(model.pool(model.forward_features(x)[0])), False), (lambda: model(x), True)):
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            forward()
+        assert counter.get_total_flops() == 2 * count_macs(model.config, executed=executed)  # matmuls and the patch conv, exactly
+    assert count_macs(model.config, executed=True) < count_macs(model.config)
+
+
+@pytest.mark.parametrize("options", [{}, {"locality": True}, {"drop_path": 0.2}])
+def test_class_token_forward_computes_only_the_class_token_in_the_last_block(options):
+    """forward() skips the last block's other tokens; z_L^0, logits and gradients stay those of the full model."""
+    from helpers import randomize_
+
+    model = tiny(depth=3, **options)
+    randomize_(model)
+    x = torch.randn(4, 3, 32, 32)
+
+    def full():  # every token through every block, then Eq. 4
+        return model.head(model.pool(model.forward_features(x)[0]))
+
+    model.eval()
+    with torch.no_grad():
+        everything, _ = model.forward_features(x)
+        only_class, _ = model.forward_features(x, class_only=True)
+        assert everything.shape == (4, 17, 48) and only_class.shape == (4, 1, 48)
+        torch.testing.assert_close(only_class[:, 0], everything[:, 0], rtol=1e-5, atol=1e-5)
+        for fused in (True, False):
+            model.set_fused_attention(fused)
+            torch.testing.assert_close(model(x), full(), rtol=1e-5, atol=1e-5)
+    model.train()  # training too: the same random draws give the same loss and the same gradients
+    grads = []
+    for forward in (full, lambda: model(x)):
+        model.zero_grad()
+        torch.manual_seed(3)
+        forward().square().sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-5, msg=name)
+    with pytest.raises(ValueError, match="class token"):
+        tiny(pool="gap", class_token=False).forward_features(x, class_only=True)
 
 
 def test_sequence_pooling_is_an_attention_weighted_mean():

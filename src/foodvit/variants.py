@@ -124,16 +124,23 @@ def count_params(config: ViTConfig) -> int:
     return embed + L * block + 2 * D + head  # + final LN
 
 
-def count_macs(config: ViTConfig) -> int:
+def count_macs(config: ViTConfig, executed: bool = False) -> int:
     """Multiply-accumulates of one forward pass of one image (patchify stem), from the config.
 
-    ViT-B/16 at 224: 17.56 G. FLOPs are twice this; a training step is about three forward passes.
+    ViT-B/16 at 224: 17.56 G, the whole model's count (what the peers compute). FLOPs are twice
+    this; a training step is about three forward passes. executed=True: what foodvit's forward
+    runs, where a class-token model's last block computes only the class token's output
+    (VisionTransformer.forward_features(class_only=True)); ViT-B/16: 16.46 G.
     """
     N, T, D, M, L = config.num_patches, config.num_tokens, config.embed_dim, config.mlp_dim, config.depth
+
+    def layer(queries: int) -> int:  # U_qkv on all T tokens; q k^T, A v, U_msa and the MLP for the queries
+        return T * 3 * D * D + 2 * queries * T * D + queries * D * D + 2 * queries * D * M
+
     embed = N * D * config.in_channels * config.patch_size**2  # x_p E
-    per_layer = T * 3 * D * D + 2 * T * T * D + T * D * D + 2 * T * D * M  # U_qkv, q k^T and A v, U_msa, MLP
     head = D * config.num_classes
-    return embed + L * per_layer + head
+    last = 1 if executed and config.pool == "cls" else T
+    return embed + (L - 1) * layer(T) + layer(last) + head
 
 
 def _meta_model(config: ViTConfig) -> VisionTransformer:
