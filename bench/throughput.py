@@ -201,7 +201,7 @@ def main(argv=None) -> int:
                     row["mem_mib_per_image"] = {i: peak_memory(name, i, batch, args) for i in implementations(name)}
                 rows.append(row)
                 cells = "  ".join(f"{r[i]:>12.2f}" if i in r else f"{'--':>12}" for i in ("foodvit", "timm", "torchvision"))
-                line = f"{name:<10} {mode:<6} {batch:>5}  {cells}   {row['ratio']:.3f}x (rounds {min(paired):.2f}-{max(paired):.2f})"
+                line = f"{name:<10} {mode:<6} {batch:>5}  {cells}   {row['ratio']:.3f}x  per round {statistics.median(paired):.3f}x ({min(paired):.2f}-{max(paired):.2f})"
                 if "mfu" in row:
                     line += "  MFU " + " ".join(f"{i} {v:.1%}" for i, v in row["mfu"].items())
                 if "mem_mib_per_image" in row:
