@@ -113,9 +113,10 @@ def measure(name: str, mode: str, batch: int, args) -> dict[str, float]:
         for _ in range(args.warmup):
             steps[impl]()
     rates = {impl: [] for impl in steps}
+    iters = max(args.iters, -(-args.min_images // batch))  # small batches: enough steps for a steady timing
     for _ in range(args.rounds):
         for impl, step in steps.items():
-            rates[impl].append(batch * args.iters / time_step(step, args.iters, device))
+            rates[impl].append(batch * iters / time_step(step, iters, device))
     peers = [i for i in rates if i != "foodvit"]
     paired = [rates["foodvit"][k] / max(rates[i][k] for i in peers) for k in range(args.rounds)]  # ours / best peer, per round
     return {impl: statistics.median(r) for impl, r in rates.items()} | {"round_ratios": paired}
@@ -176,6 +177,7 @@ def main(argv=None) -> int:
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=3, help="steps per timed round")
+    parser.add_argument("--min-images", type=int, default=16, help="each timed round runs at least this many images (more steps at small batches)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory", action="store_true", help="also peak training memory per image (subprocesses)")
     parser.add_argument("--peak-tflops", type=float, default=800.0, help="measured bf16 matrix peak for MFU (REFERENCE: ~800 on the lent H100)")
