@@ -17,6 +17,9 @@ def test_summary_ends_with_the_total(capsys):
     assert out[-1] == "Total params: 85,800,963"
     assert any("patch_embed" in line and line.rstrip().endswith("True") and "[1, 196, 768]" in line for line in out)
     assert any(line.strip().startswith("head (Linear)") and "[1, 3]" in line and "2,307" in line for line in out)
+    last_block = next(line for line in out if line.strip().startswith("11 (Block)"))
+    assert "[1, 197, 768]" in last_block and "[1, 1, 768]" in last_block  # only the class token leaves the last block
+    assert any(line.startswith("Block 11 outputs the class token only") for line in out)
 
 
 def test_errors_are_one_line_with_what_to_do(capsys):

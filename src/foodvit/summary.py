@@ -72,7 +72,12 @@ def format_summary(model: nn.Module, input_size: tuple[int, ...], max_depth: int
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-    out = [line, fmt(header), line, *(fmt(c) for c in cells[1:]), line,
+    notes = []
+    config = getattr(model, "config", None)
+    if getattr(config, "pool", None) == "cls" and hasattr(model, "blocks"):
+        notes = [f"Block {len(model.blocks) - 1} outputs the class token only: Eq. 4 reads z_L^0 alone, so forward() "
+                 "computes no other token there (forward_features() returns all of them).", line]
+    out = [line, fmt(header), line, *(fmt(c) for c in cells[1:]), line, *notes,
            f"Trainable params: {trainable:,}", f"Non-trainable params: {total - trainable:,}",
            f"Params size (MB): {size_mb:,.2f}", f"Total params: {total:,}"]
     return "\n".join(out)
