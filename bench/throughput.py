@@ -98,8 +98,8 @@ def time_step(step, iters: int, device) -> float:
     return time.perf_counter() - started
 
 
-def measure(name: str, mode: str, batch: int, args) -> dict[str, float]:
-    """Median images/s of each implementation, interleaved rounds."""
+def measure(name: str, mode: str, batch: int, args) -> tuple[dict[str, float], list[float]]:
+    """Median images/s of each implementation over interleaved rounds, and ours / fastest peer in each round."""
     device = torch.device(args.device)
     steps = {}
     for impl in implementations(name):
@@ -119,7 +119,7 @@ def measure(name: str, mode: str, batch: int, args) -> dict[str, float]:
             rates[impl].append(batch * iters / time_step(step, iters, device))
     peers = [i for i in rates if i != "foodvit"]
     paired = [rates["foodvit"][k] / max(rates[i][k] for i in peers) for k in range(args.rounds)]  # ours / best peer, per round
-    return {impl: statistics.median(r) for impl, r in rates.items()} | {"round_ratios": paired}
+    return {impl: statistics.median(r) for impl, r in rates.items()}, paired
 
 
 def peak_memory(name: str, impl: str, batch: int, args) -> float:
@@ -193,9 +193,8 @@ def main(argv=None) -> int:
         flops = {i: 2 * count_macs(config, executed=i == "foodvit") for i in implementations(name)}
         for mode in args.modes:
             for batch in args.batch_sizes:
-                r = measure(name, mode, batch, args)
+                r, paired = measure(name, mode, batch, args)
                 peers = [r[i] for i in ("timm", "torchvision") if i in r]
-                paired = r.pop("round_ratios")
                 row = {"model": name, "mode": mode, "batch": batch, **r, "ratio": r["foodvit"] / max(peers), "round_ratios": paired}
                 if device.type == "cuda":
                     row["mfu"] = {i: r[i] * flops[i] * (3 if mode == "train" else 1) / (args.peak_tflops * 1e12) for i in implementations(name)}

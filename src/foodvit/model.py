@@ -120,6 +120,12 @@ class ViTConfig:
         """T = N + 1 (or N without a class token)."""
         return self.num_patches + self.num_prefix_tokens
 
+    @property
+    def class_only_last_block(self) -> bool:
+        """Whether forward() computes the last block for the class token alone: when Eq. 4 pools
+        the class token, no other token's output of that block is read."""
+        return self.pool == "cls"
+
     def replace(self, **changes) -> "ViTConfig":
         return replace(self, **changes)
 
@@ -446,7 +452,7 @@ class VisionTransformer(nn.Module):
         return (weights * patches).sum(dim=1)  # (B, N, D) -> (B, D)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x, _ = self.forward_features(images, class_only=self.config.pool == "cls")
+        x, _ = self.forward_features(images, class_only=self.config.class_only_last_block)
         return self.head(self.pool(x))  # Eq. 4: y = LN(z_L^0), then the linear head -> (B, num_classes)
 
     def forward_with_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:

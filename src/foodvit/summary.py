@@ -73,8 +73,7 @@ def format_summary(model: nn.Module, input_size: tuple[int, ...], max_depth: int
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     notes = []
-    config = getattr(model, "config", None)
-    if getattr(config, "pool", None) == "cls" and hasattr(model, "blocks"):
+    if getattr(getattr(model, "config", None), "class_only_last_block", False):
         notes = [f"Block {len(model.blocks) - 1} outputs the class token only: Eq. 4 reads z_L^0 alone, so forward() "
                  "computes no other token there (forward_features() returns all of them).", line]
     out = [line, fmt(header), line, *(fmt(c) for c in cells[1:]), line, *notes,

@@ -139,7 +139,7 @@ def count_macs(config: ViTConfig, executed: bool = False) -> int:
 
     embed = N * D * config.in_channels * config.patch_size**2  # x_p E
     head = D * config.num_classes
-    last = 1 if executed and config.pool == "cls" else T
+    last = 1 if executed and config.class_only_last_block else T
     return embed + (L - 1) * layer(T) + layer(last) + head
 
 
