@@ -100,7 +100,7 @@ def _metrics(path):
 
 def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     args = [sys.executable, "-m", "foodvit.cli", "train", "--recipe", "tiny", "--data", str(photos), "--epochs", "6",
-            "--image-size", "32", "--depth", "2", "--batch-size", "6", "--ema", "0.9", "--quiet"]
+            "--image-size", "32", "--depth", "2", "--batch-size", "6", "--ema", "0.9", "--drloc", "0.1", "--quiet"]
     full = subprocess.run(args + ["--out", str(tmp_path / "full")], capture_output=True, text=True, timeout=300)
     assert full.returncode == 0, full.stderr
 

@@ -71,6 +71,9 @@ class OptimConfig:
     label_smoothing: float = opt(0.0, "label smoothing (Szegedy et al. 2016; DeiT: 0.1)")
     accum_steps: int = opt(1, "gradient accumulation steps: effective batch = batch_size x accum_steps")
     ema: float = opt(0.0, "exponential moving average of the weights, decay per step, 0 = off (DeiT: 0.99996)")
+    drloc: float = opt(0.0, "weight of the dense relative localization loss: predict the grid offset of two output "
+                       "tokens (Liu et al. 2021: 0.1 for ViTs), 0 = off")
+    drloc_pairs: int = opt(64, "token pairs per image for the dense relative localization loss (Liu et al. 2021: 64)")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """The training loop: train one epoch, evaluate, fit. It knows nothing of ViTs or photos: any
 classifier, any loader of (inputs, labels) with labels as class indices or as soft targets (B, K).
+A model may return (logits, auxiliary loss) in training mode; the auxiliary loss is added to the
+cross-entropy (e.g. drloc.py's dense relative localization).
 
 Accuracy is per image: correct predictions over images seen, never a mean of batch means.
 """
@@ -55,7 +57,8 @@ def train_one_epoch(
     on_step: Iterable[Callable[[nn.Module], None]] = (),
     progress: str | None = None,
 ) -> dict[str, float]:
-    """One pass over `loader`. Returns train_loss (mean per image), train_acc (per image), n, lr."""
+    """One pass over `loader`. Returns train_loss (mean cross-entropy per image, any auxiliary
+    loss left out so that it compares with the evaluation loss), train_acc (per image), n, lr."""
     s = settings or StepSettings()
     model.train()
     total_batches = len(loader)
@@ -71,11 +74,12 @@ def train_one_epoch(
         group_end = min(total_batches, (i // s.accum_steps + 1) * s.accum_steps)
         group_size = group_end - (i // s.accum_steps) * s.accum_steps
         with autocast(s):
-            logits = model(images)
+            out = model(images)
+            logits, extra = out if isinstance(out, tuple) else (out, None)
             loss = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing)
-        (loss / group_size).backward()
+        ((loss if extra is None else loss + extra) / group_size).backward()
         n = images.shape[0]
-        loss_sum += loss.detach().double() * n
+        loss_sum += loss.detach().double() * n  # the classification loss: comparable with val and test
         correct += (logits.detach().argmax(dim=1) == _hard(labels)).sum()
         seen += n
         if i + 1 == group_end:

@@ -18,6 +18,7 @@ import torch
 
 from . import data as D
 from .config import RunConfig
+from .drloc import WithDenseRelativeLocalization
 from .engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
 from .model import VisionTransformer
 from .optim import build_ema, build_optimizer, build_scheduler
@@ -75,11 +76,15 @@ class Trainer:
         self.model.to(self.device)
         self.settings = StepSettings(self.device, c.optim.accum_steps, c.optim.clip_grad, c.optim.label_smoothing,
                                      c.train.amp, sync_every=1 if self.device.type == "cpu" else 25)
-        self.optimizer = build_optimizer(self.model, c.optim, self.device)
+        # the module the optimiser steps: the ViT, or the ViT with the auxiliary head (training only)
+        self.trained = self.model
+        if c.optim.drloc > 0:
+            self.trained = WithDenseRelativeLocalization(self.model, c.optim.drloc, c.optim.drloc_pairs).to(self.device)
+        self.optimizer = build_optimizer(self.trained, c.optim, self.device)
         steps_per_epoch = math.ceil(len(self.train_loader) / c.optim.accum_steps)
         self.scheduler = build_scheduler(self.optimizer, c.optim, steps_per_epoch, c.train.epochs)
         self.ema = build_ema(self.model, c.optim.ema)
-        self.step_model = torch.compile(self.model) if c.train.compile else self.model
+        self.step_model = torch.compile(self.trained) if c.train.compile else self.trained
         self.history: list[dict] = []
         self.start_epoch = 0
 
@@ -118,6 +123,7 @@ class Trainer:
             "format": "foodvit-checkpoint",
             "epoch": epochs_done,
             "model": self.model.state_dict(),
+            "auxiliary": self.trained.drloc.state_dict() if self.trained is not self.model else None,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
@@ -131,6 +137,8 @@ class Trainer:
         if list(state["classes"]) != list(self.classes):
             raise RunError(f"the checkpoint was trained on classes {state['classes']}, the data now has {list(self.classes)}")
         self.model.load_state_dict(state["model"])
+        if self.trained is not self.model:
+            self.trained.drloc.load_state_dict(state["auxiliary"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state.get("ema") is not None:
@@ -160,7 +168,7 @@ class Trainer:
         c = self.config
         hooks = FitHooks(before_epoch=[self._before_epoch], after_epoch=[self._after_epoch])
         if self.ema is not None:
-            hooks.on_step.append(lambda model: self.ema.update_parameters(model))
+            hooks.on_step.append(lambda _: self.ema.update_parameters(self.model))
         try:
             fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
                 start_epoch=self.start_epoch, settings=self.settings, hooks=hooks, eval_model=self.eval_model,

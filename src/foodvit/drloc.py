@@ -1,0 +1,62 @@
+"""Dense relative localization (Liu et al., "Efficient Training of Visual Transformers with Small
+Datasets", NeurIPS 2021): an auxiliary self-supervised task for training from scratch on small data.
+
+From the final patch-token grid (k x k tokens after the last LayerNorm), sample pairs of
+positions (i, j) and (p, h) in each image; a small MLP reads the two tokens, concatenated, and
+predicts their offset ((i - p) / k, (j - h) / k); the loss is the L1 distance to the true offset.
+To solve it the tokens must keep where they came from and what lies around them: the spatial
+knowledge a ViT otherwise learns only from large data. The classification loss becomes
+cross-entropy + weight x this loss. Training only: the saved model is the plain ViT.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .model import VisionTransformer
+
+
+def pair_offsets(first: torch.Tensor, second: torch.Tensor, grid: int) -> torch.Tensor:
+    """Row and column offset of flat grid positions first - second, over the grid side: (...) -> (..., 2)."""
+    rows = torch.div(first, grid, rounding_mode="floor") - torch.div(second, grid, rounding_mode="floor")
+    cols = first % grid - second % grid
+    return torch.stack([rows, cols], dim=-1).float() / grid
+
+
+class DenseRelativeLocalization(nn.Module):
+    """The auxiliary head: two tokens in, their relative grid position out. (B, N, D) -> scalar loss."""
+
+    def __init__(self, embed_dim: int, grid: int, pairs: int = 64, hidden: int = 512) -> None:
+        super().__init__()
+        self.grid, self.pairs = grid, pairs
+        self.mlp = nn.Sequential(nn.Linear(2 * embed_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, 2))
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        B, N, D = patches.shape
+        if N != self.grid**2:
+            raise ValueError(f"expected {self.grid}x{self.grid} = {self.grid ** 2} patch tokens, got {N}")
+        index = torch.randint(N, (B, self.pairs, 2), device=patches.device)  # (B, m, 2) flat positions
+        take = lambda k: patches.gather(1, index[..., k, None].expand(B, self.pairs, D))  # noqa: E731  (B, m, D)
+        predicted = self.mlp(torch.cat([take(0), take(1)], dim=-1))  # (B, m, 2D) -> (B, m, 2)
+        return F.l1_loss(predicted.float(), pair_offsets(index[..., 0], index[..., 1], self.grid))
+
+
+class WithDenseRelativeLocalization(nn.Module):
+    """A ViT trained with the auxiliary task. In training mode forward returns (logits, weight x
+    auxiliary loss), which the engine adds to the classification loss; in eval mode the logits
+    alone. The logits are the ViT's own: same tokens, same pooling, same head."""
+
+    def __init__(self, vit: VisionTransformer, weight: float, pairs: int = 64) -> None:
+        super().__init__()
+        self.vit, self.weight = vit, weight
+        self.drloc = DenseRelativeLocalization(vit.config.embed_dim, vit.config.grid_size, pairs)
+
+    def forward(self, images: torch.Tensor):
+        if not self.training:
+            return self.vit(images)
+        tokens, _ = self.vit.forward_features(images)  # (B, T, D), every token: the auxiliary task reads them all
+        logits = self.vit.head(self.vit.pool(tokens))
+        return logits, self.weight * self.drloc(tokens[:, self.vit.config.num_prefix_tokens:])
