@@ -39,8 +39,8 @@ class DenseRelativeLocalization(nn.Module):
         if N != self.grid**2:
             raise ValueError(f"expected {self.grid}x{self.grid} = {self.grid ** 2} patch tokens, got {N}")
         index = torch.randint(N, (B, self.pairs, 2), device=patches.device)  # (B, m, 2) flat positions
-        take = lambda k: patches.gather(1, index[..., k, None].expand(B, self.pairs, D))  # noqa: E731  (B, m, D)
-        predicted = self.mlp(torch.cat([take(0), take(1)], dim=-1))  # (B, m, 2D) -> (B, m, 2)
+        tokens = patches.gather(1, index.view(B, -1, 1).expand(-1, -1, D))  # (B, 2m, D): first, second, first, ...
+        predicted = self.mlp(tokens.view(B, self.pairs, 2 * D))  # each pair's two tokens concatenated -> (B, m, 2)
         return F.l1_loss(predicted.float(), pair_offsets(index[..., 0], index[..., 1], self.grid))
 
 
