@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import statistics
 import sys
 import tempfile
@@ -38,7 +39,9 @@ class TimedBatches:
         return len(self.loader)
 
     def __iter__(self):
-        batches = iter(self.loader)
+        started = time.perf_counter()
+        batches = iter(self.loader)  # starts the worker processes, if any: part of fetching
+        self.seconds += time.perf_counter() - started
         while True:
             started = time.perf_counter()
             try:
@@ -59,9 +62,10 @@ def epoch_seconds(trainer: Trainer, batches, state) -> float:
     return time.perf_counter() - started
 
 
-def measure(recipe: str, data: str | None, cache: bool, rounds: int) -> dict:
+def measure(recipe: str, data: str | None, cache: bool, rounds: int, workers: int | None = None) -> dict:
     config = load_recipe(recipe)
-    config = replace(config, data=replace(config.data, source=data or config.data.source, cache=cache))
+    workers = config.data.workers if workers is None else workers
+    config = replace(config, data=replace(config.data, source=data or config.data.source, cache=cache, workers=workers))
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
         trainer = Trainer(config, Path(out), quiet=True)
@@ -77,7 +81,7 @@ def measure(recipe: str, data: str | None, cache: bool, rounds: int) -> dict:
             fetch.append(timed.seconds)
             model_only.append(epoch_seconds(trainer, held, state))
     shares = [1 - f / e for f, e in zip(fetch, e2e)]
-    return {"recipe": recipe, "cache": cache, "images": sum(len(b[1]) for b in held), "setup_s": setup,
+    return {"recipe": recipe, "cache": cache, "workers": workers, "images": sum(len(b[1]) for b in held), "setup_s": setup,
             "epoch_s": statistics.median(e2e), "fetch_s": statistics.median(fetch), "model_s": statistics.median(model_only),
             "share": statistics.median(shares), "share_min": min(shares), "share_max": max(shares)}
 
@@ -88,19 +92,19 @@ def main(argv=None) -> int:
     parser.add_argument("--data", help="data source (default: $FOODVIT_DATA, else the course's zip)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-cache-too", action="store_true", help="also measure with the decode cache off")
+    parser.add_argument("--workers", nargs="+", type=int, help="DataLoader worker processes to try (default: the recipe's)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
     from accuracy import machine
 
     print(f"{machine()} | {time.strftime('%Y-%m-%d')}")
-    print(f"{'recipe':<10} {'cache':<5} {'images':>6} {'setup s':>8} {'epoch s':>8} {'fetch s':>8} {'model share (min-max)':>22} "
+    print(f"{'recipe':<10} {'cache':<5} {'workers':>7} {'images':>6} {'setup s':>8} {'epoch s':>8} {'fetch s':>8} {'model share (min-max)':>22} "
           f"{'model-only s':>13}")
-    for recipe in args.recipes:
-        for cache in ([True, False] if args.no_cache_too else [True]):
-            r = measure(recipe, args.data, cache, args.rounds)
-            share = f"{r['share']:.1%} ({r['share_min']:.1%}-{r['share_max']:.1%})"
-            print(f"{recipe:<10} {str(cache):<5} {r['images']:>6} {r['setup_s']:>8.1f} {r['epoch_s']:>8.2f} {r['fetch_s']:>8.2f} "
-                  f"{share:>22} {r['model_s']:>13.2f}", flush=True)
+    for recipe, cache, workers in itertools.product(args.recipes, [True, False] if args.no_cache_too else [True], args.workers or [None]):
+        r = measure(recipe, args.data, cache, args.rounds, workers)
+        share = f"{r['share']:.1%} ({r['share_min']:.1%}-{r['share_max']:.1%})"
+        print(f"{recipe:<10} {str(cache):<5} {r['workers']:>7} {r['images']:>6} {r['setup_s']:>8.1f} {r['epoch_s']:>8.2f} {r['fetch_s']:>8.2f} "
+              f"{share:>22} {r['model_s']:>13.2f}", flush=True)
     return 0
 
 

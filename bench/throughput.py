@@ -4,6 +4,8 @@
     python bench/throughput.py --models ViT-B/16 --batch-sizes 16 --rounds 5
     python bench/throughput.py --device cuda --dtype bf16 --batch-sizes 64 256 --compile
     python bench/throughput.py --memory                          # also peak training memory per image
+    python bench/throughput.py --device cuda --dtype bf16 --compile foodvit --check --profile
+                                      # ours compiled against the peers eager; equality check; where the time goes
 
 Rounds are interleaved (ours, timm, torchvision, ours, ...) so that drift in clock speed or load
 hits every implementation alike; each figure is the median over rounds, and the range of the
@@ -63,6 +65,11 @@ def sync(device: torch.device) -> None:
 def make_step(model, mode: str, batch: int, device, dtype: str, channels_last: bool):
     """A closure running one inference batch or one training step on fixed random inputs."""
     x = torch.randn(batch, 3, 224, 224, device=device)
+    if dtype == "bf16-pure":  # weights and activations in bf16: inference only (AdamW needs fp32 master weights)
+        if mode != "infer":
+            raise SystemExit("--dtype bf16-pure is for inference (--modes infer); train under bf16 autocast (--dtype bf16)")
+        model.to(torch.bfloat16)
+        x = x.to(torch.bfloat16)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=device)
@@ -107,8 +114,8 @@ def measure(name: str, mode: str, batch: int, args) -> tuple[dict[str, float], l
         model = build(impl, name).to(device)
         if args.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        if args.compile:
-            model = torch.compile(model)
+        if impl in args.compiled:
+            model = torch.compile(model, mode=args.compile_mode)
         steps[impl] = make_step(model, mode, batch, device, args.dtype, args.channels_last)
         for _ in range(args.warmup):
             steps[impl]()
@@ -119,7 +126,82 @@ def measure(name: str, mode: str, batch: int, args) -> tuple[dict[str, float], l
             rates[impl].append(batch * iters / time_step(step, iters, device))
     peers = [i for i in rates if i != "foodvit"]
     paired = [rates["foodvit"][k] / max(rates[i][k] for i in peers) for k in range(args.rounds)]  # ours / best peer, per round
+    if args.profile:
+        for impl, step in steps.items():
+            print(f"  where the time goes, {impl}: " + where_time_goes(step, device), flush=True)
     return {impl: statistics.median(r) for impl, r in rates.items()}, paired
+
+
+KERNEL_KINDS = (  # (kind, substrings of the kernel name), first match wins
+    ("attention", ("flash", "fmha", "attention", "attn")),  # flash kernels first: their names also say sm90
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "addmm", "aten::mm", "bmm")),
+    ("norm", ("layer_norm", "layernorm")),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("compiled fusion", ("triton",)),
+    ("copy", ("copy", "transpose", "cat_", "catarray")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in lowered for k in keys)), "other elementwise")
+
+
+def where_time_goes(step, device: torch.device, steps: int = 3) -> str:
+    """Profile a few steps: the share of device time by kind of kernel, and on a GPU how busy it was
+    between its first kernel's start and its last kernel's end (well under 100% means gaps between
+    kernels: the host, not the GPU, sets the pace)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync(device)
+    kinds: dict[str, float] = {}
+    first, last = float("inf"), 0.0
+    for event in prof.events():  # on a GPU its kernels (as torch's own table sums them), else CPU ops
+        if cuda:
+            if event.device_type != torch.autograd.DeviceType.CUDA or event.is_user_annotation:
+                continue
+            own = event.self_device_time_total
+            first, last = min(first, event.time_range.start), max(last, event.time_range.end)
+        else:
+            own = event.self_cpu_time_total
+        kinds[kernel_kind(event.name)] = kinds.get(kernel_kind(event.name), 0.0) + own
+    busy = sum(kinds.values())
+    shares = ", ".join(f"{k} {v / busy:.0%}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v / busy >= 0.005)
+    return shares + (f"; kernels cover {busy / (last - first):.0%} of the span from first to last (profiler on)" if cuda else "")
+
+
+def check(name: str, args) -> str:
+    """Before timing: ours, given timm's weights, computes timm's function on this device. fp32 (TF32
+    off) against timm, and under the benchmark's dtype each against a float64 CPU reference."""
+    from foodvit.weights import load_weights
+
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    theirs = build("timm", name).eval()
+    ours = load_weights(build("foodvit", name), theirs.state_dict()).eval()
+    x = torch.randn(8, 3, 224, 224)
+    with torch.no_grad():
+        reference = theirs.double()(x.double())
+        theirs.float()
+        tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        a, b = ours.to(device)(x.to(device)), theirs.to(device)(x.to(device))
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        fp32 = ((a - b).norm() / b.norm()).item()
+        low = torch.bfloat16 if args.dtype == "bf16-pure" else torch.float32
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+            errors = {impl: ((m.to(low)(x.to(device, low)).double().cpu() - reference).norm() / reference.norm()).item()
+                      for impl, m in (("foodvit", ours), ("timm", theirs))}
+    if not fp32 < 1e-4 or any(not e < 5e-2 for e in errors.values()):
+        raise SystemExit(f"{name}: foodvit and timm disagree on {device} (fp32 {fp32:.1e}, {args.dtype} {errors}); not timing")
+    return (f"{name} on {device}: foodvit vs timm, same weights, fp32: rel. error {fp32:.1e}; {args.dtype} vs float64: "
+            + ", ".join(f"{i} {e:.1e}" for i, e in errors.items()))
 
 
 def peak_memory(name: str, impl: str, batch: int, args) -> float:
@@ -158,6 +240,23 @@ def peak_during(work, device: torch.device) -> float:
     return (_status_kib("VmHWM") - before) / 1024
 
 
+def matmul_peak_tflops(device: torch.device, n: int = 8192, repeats: int = 20) -> float:
+    """The bf16 matrix-product ceiling measured here: median TFLOP/s of an n x n x n product on random
+    data (not zeros, which run faster), timed with CUDA events after a warm-up."""
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
@@ -172,21 +271,36 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "bf16-pure"],
+                        help="bf16: autocast (fp32 weights and residual stream); bf16-pure: the model in bf16 (inference)")
+    parser.add_argument("--compile", nargs="*", metavar="IMPL", help="torch.compile these implementations "
+                        "(no names: all); e.g. --compile foodvit times ours compiled against the peers eager")
+    parser.add_argument("--compile-mode", default=None, choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                        help="torch.compile mode (reduce-overhead: CUDA graphs)")
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=3, help="steps per timed round")
     parser.add_argument("--min-images", type=int, default=16, help="each timed round runs at least this many images (more steps at small batches)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory", action="store_true", help="also peak training memory per image (subprocesses)")
-    parser.add_argument("--peak-tflops", type=float, default=800.0, help="measured bf16 matrix peak for MFU (REFERENCE: ~800 on the lent H100)")
+    parser.add_argument("--peak-tflops", type=float, help="bf16 matrix peak for MFU (default: measured here, "
+                        "an 8192^3 product; REFERENCE: ~800 on the lent H100)")
+    parser.add_argument("--check", action="store_true", help="first check on the device that ours equals timm (same weights)")
+    parser.add_argument("--profile", action="store_true", help="also print the share of device time by kind of kernel")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
+    args.compiled = ["foodvit", "timm", "torchvision"] if args.compile == [] else (args.compile or [])
     device = torch.device(args.device)
     rows = []
     header = f"{'model':<10} {'mode':<6} {'batch':>5}  " + "  ".join(f"{i:>12}" for i in ("foodvit", "timm", "torchvision")) + "   ours/best peer"
-    print(f"{machine(device)} | {args.dtype}{' compiled' if args.compile else ''} | {time.strftime('%Y-%m-%d')}")
+    compiled = f" | compiled ({args.compile_mode or 'default'}): {', '.join(args.compiled)}" if args.compiled else ""
+    print(f"{machine(device)} | {args.dtype}{compiled} | {time.strftime('%Y-%m-%d')}")
+    if device.type == "cuda" and args.peak_tflops is None:
+        args.peak_tflops = matmul_peak_tflops(device)
+        print(f"bf16 matrix-product ceiling measured here (8192^3, random data): {args.peak_tflops:.0f} TFLOP/s; MFU is against it")
+    if args.check:
+        for name in args.models:
+            print(check(name, args), flush=True)
     print(header)
     for name in args.models:
         config = get_variant(name).config()  # foodvit skips the last block's unused tokens (count_macs' executed)
