@@ -99,8 +99,12 @@ def _metrics(path):
 
 
 def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
+    # --deterministic: on a GPU, bf16 attention and gather backward add with atomics, and without it
+    # two uninterrupted runs already differ by rounding (seen on an H100); the resumed run reads it
+    # back from the run's config. On the CPU it changes nothing.
     args = [sys.executable, "-m", "foodvit.cli", "train", "--recipe", "tiny", "--data", str(photos), "--epochs", "6",
-            "--image-size", "32", "--depth", "2", "--batch-size", "6", "--ema", "0.9", "--drloc", "0.1", "--quiet"]
+            "--image-size", "32", "--depth", "2", "--batch-size", "6", "--ema", "0.9", "--drloc", "0.1",
+            "--deterministic", "true", "--quiet"]
     full = subprocess.run(args + ["--out", str(tmp_path / "full")], capture_output=True, text=True, timeout=300)
     assert full.returncode == 0, full.stderr
 
@@ -174,3 +178,18 @@ def test_tiny_recipe_trains_one_epoch_on_foodvision_mini(real_data, tmp_path):
     result = train(config, tmp_path / "fvm", quiet=True)
     assert result.test["n"] == 75 and len(result.history) == 1
     assert sum(result.test["confusion"].flatten().tolist()) == 75
+
+
+def test_deterministic_mode_is_switched_on_and_configures_cublas(monkeypatch):
+    from foodvit.trainer import use_deterministic_algorithms
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    try:
+        use_deterministic_algorithms()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # cuBLAS refuses deterministic mode without it
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark = before[1]

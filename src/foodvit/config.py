@@ -80,7 +80,9 @@ class OptimConfig:
 class TrainConfig:
     epochs: int = opt(10, "training epochs")
     batch_size: int = opt(32, "images per step")
-    seed: int = opt(42, "random seed: same seed, same run (on the CPU)")
+    seed: int = opt(42, "random seed: same seed, same run (on the CPU; on a GPU with --deterministic)")
+    deterministic: bool = opt(False, "deterministic algorithms only, so that a GPU run (and its resume) repeats exactly; "
+                              "slower on a GPU, no effect on the CPU's results")
     device: str = opt("auto", "'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1', 'mps'")
     amp: bool = opt(True, "bf16 autocast on CUDA (ignored on the CPU)")
     compile: bool = opt(False, "torch.compile the model")

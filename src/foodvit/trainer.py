@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,16 @@ def pick_device(name: str = "auto") -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but PyTorch sees no CUDA GPU here; use --device cpu or auto")
     return device
+
+
+def use_deterministic_algorithms() -> None:
+    """Make GPU training repeat exactly: without this, kernels that add in a varying order (attention
+    and gather backward with atomics) make two runs, or a run and its resume, differ by rounding.
+    cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it starts, so this must come before the first matrix
+    product on the GPU (the Trainer calls it first)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
 
 
 def default_preprocess(config: RunConfig) -> Preprocess:
@@ -71,6 +82,8 @@ class Trainer:
         self.log = (lambda *a, **k: None) if quiet else log
         c = config
         self.device = pick_device(c.train.device)
+        if c.train.deterministic:
+            use_deterministic_algorithms()
         torch.manual_seed(c.train.seed)  # model initialisation
         self._open_data()
         self.model.to(self.device)
