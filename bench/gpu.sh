@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the speed issue measures on a lent GPU, in one call of the device tool (a lease is short):
 #   bash bench/gpu.sh [PHASE ...]      phases: env eager eager-profile compiled graphs compiled-peers
-#                                      pure memory epoch tests
+#                                      pure autotune memory epoch tests
 #                                      (default: env eager compiled memory epoch)
 # Needs torch, timm and torchvision (the device image has them; foodvit runs from src/). Logs and
 # JSON go to $OUT (the device tool's folder that comes back), else to /tmp/foodvit-gpu.
@@ -26,6 +26,7 @@ for phase in $phases; do
     pure) $py bench/throughput.py --device cuda --dtype bf16-pure --models ViT-B/16 --modes infer --batch-sizes 256 1024 --rounds 5 --iters 5 --check --compile foodvit timm --profile --json "$out/pure.json";;
     eager-profile) $tp --models ViT-B/16 --batch-sizes 256 --rounds 3 --iters 5 --profile --json "$out/eager_profile.json";;
     tests) FOODVIT_DATA=$PWD/$data timeout 300 $py -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark;;
+    autotune) $tp --models ViT-B/16 --modes infer --batch-sizes 256 --rounds 5 --iters 5 --compile foodvit --compile-mode max-autotune-no-cudagraphs --profile --json "$out/autotune.json";;
     compiled-peers) $tp --models ViT-B/16 --batch-sizes 256 --rounds 5 --iters 5 --compile foodvit timm --json "$out/compiled_peers.json";;
     memory) $tp --models ViT-B/16 ViT-Ti/16 --modes train --batch-sizes 64 --rounds 1 --iters 1 --warmup 1 --memory --json "$out/memory.json";;
     epoch) $py bench/epoch.py --recipes tiny default --data "$data" --rounds 3 --workers 0 4 8;;
