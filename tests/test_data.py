@@ -1,6 +1,7 @@
 """Data sources, safe unpacking, photo decoding and bad input."""
 
 import http.server
+import pickle
 import threading
 import time
 import warnings
@@ -12,6 +13,7 @@ from helpers import make_photo, make_photo_folder
 from PIL import Image
 
 from foodvit import data as D
+from foodvit.transforms import batch_mixer, make_preprocess, train_transform
 
 
 @pytest.fixture(autouse=True)
@@ -160,6 +162,66 @@ def test_epoch_sampler_order_depends_only_on_seed_and_epoch():
     assert list(a) != list(b)
     repeated = D.EpochSampler(5, seed=0, repeats=3)
     assert len(repeated) == 15 and sorted(repeated) == sorted(list(range(5)) * 3)
+
+
+def test_per_sample_seeds_keep_the_order_and_give_every_position_its_own_seed():
+    plain, seeded = D.EpochSampler(10, seed=1, repeats=2), D.EpochSampler(10, seed=1, repeats=2, per_sample_seeds=True)
+    plain.set_epoch(3)
+    seeded.set_epoch(3)
+    pairs = list(seeded)
+    assert [index for index, _ in pairs] == list(plain)  # the same order as without seeds
+    assert len({seed for _, seed in pairs}) == 20  # repeated photos get different seeds too
+    assert list(seeded) == pairs  # from (seed, epoch) alone
+    seeded.set_epoch(4)
+    assert not {seed for _, seed in seeded} & {seed for _, seed in pairs}
+
+
+def _augmenting_loader(photos, workers, mixer):
+    p = make_preprocess(16, (0.5,) * 3, (0.5,) * 3)
+    dataset = D.PhotoDataset(D.scan(photos / "train"), train_transform(p, "medium"), D.PhotoCache.decoded(32))
+    return D.make_loader(dataset, 4, train=True, seed=7, workers=workers, mixer=mixer)
+
+
+def _epoch(loader, epoch):
+    loader.sampler.set_epoch(epoch)
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+
+
+def test_batches_from_workers_depend_on_neither_their_number_nor_their_history(tmp_path):
+    photos = make_photo_folder(tmp_path / "photos", n_train=5)  # 15 photos: batches of 4, 4, 4, 3
+    mixer = batch_mixer(3, mixup=0.8, cutmix=1.0)  # drawn in the workers too
+    one = _augmenting_loader(photos, 1, mixer)
+    assert one.persistent_workers
+    first, second = _epoch(one, 0), _epoch(one, 1)  # one worker, kept up between the epochs
+    assert not _same(first, second)
+    assert _same(_epoch(_augmenting_loader(photos, 2, mixer), 0), first)  # two workers: the same batches
+    assert _same(_epoch(_augmenting_loader(photos, 2, mixer), 1), second)  # new workers from epoch 1, as on resume
+
+
+def test_a_seeded_photo_is_augmented_the_same_way_and_leaves_the_process_stream_alone(tmp_path):
+    photos = make_photo_folder(tmp_path / "photos", n_train=2)
+    dataset = _augmenting_loader(photos, 0, None).dataset
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    a, b, other = dataset[(0, 123)][0], dataset[(0, 123)][0], dataset[(0, 124)][0]
+    assert torch.equal(torch.rand(4), expected)  # dropout etc. in the training process draw as before
+    assert torch.equal(a, b) and not torch.equal(a, other)
+
+
+def test_the_mixing_collate_can_be_sent_to_spawned_workers():
+    collate = D.MixingCollate(batch_mixer(3, mixup=0.8, cutmix=1.0, prob=0.5))
+    batch = [(torch.rand(3, 8, 8), label) for label in (0, 1, 2, 1)]
+    copy = pickle.loads(pickle.dumps(collate))  # spawn and forkserver pickle the collate function
+    torch.manual_seed(5)
+    x, y = collate(batch)
+    torch.manual_seed(5)
+    u, v = copy(batch)
+    assert torch.equal(x, u) and torch.equal(y, v) and y.shape == (4, 3)
 
 
 class _ZipHandler(http.server.BaseHTTPRequestHandler):

@@ -30,7 +30,9 @@ def small_config(source, **changes):
     config = replace(config, vit={**config.vit, **SMALL}, data=replace(config.data, source=str(source)))
     train_changes = {k: v for k, v in changes.items() if k in ("epochs", "batch_size", "seed")}
     optim_changes = {k: v for k, v in changes.items() if k in ("lr", "ema", "accum_steps")}
-    return replace(config, train=replace(config.train, **train_changes), optim=replace(config.optim, **optim_changes))
+    data_changes = {k: v for k, v in changes.items() if k in ("workers", "mixup")}
+    return replace(config, train=replace(config.train, **train_changes), optim=replace(config.optim, **optim_changes),
+                   data=replace(config.data, **data_changes))
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +94,17 @@ def test_same_seed_same_run_and_new_run_refuses_an_old_directory(photos, tmp_pat
     assert strip(a.history) == strip(b.history)
     with pytest.raises(RunError, match=r"already holds a run; continue it with `foodvit train --resume"):
         train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
+
+
+def test_one_or_two_loader_workers_train_the_same_run(photos, tmp_path):
+    # each photo is augmented from its own seed when workers load the data, and the workers stay up
+    # between epochs: how many there are changes nothing, mixup (drawn in the workers) included
+    runs = [train(small_config(photos, epochs=3, batch_size=8, workers=w, mixup=0.8), tmp_path / f"w{w}", quiet=True)
+            for w in (1, 2)]
+    strip = lambda h: [{k: v for k, v in row.items() if k != "seconds"} for row in h]  # noqa: E731
+    assert strip(runs[0].history) == strip(runs[1].history)
+    a, b = foodvit.load_model(tmp_path / "w1"), foodvit.load_model(tmp_path / "w2")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
 def _metrics(path):

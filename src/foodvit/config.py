@@ -52,7 +52,8 @@ class DataConfig:
     mix_prob: float = opt(1.0, "probability that a batch is mixed when mixup or cutmix is on")
     repeated_aug: int = opt(1, "repeated augmentation: each image appears this many times an epoch (Hoffer et al. 2020; DeiT: 3)")
     cache: bool = opt(True, "decode each photo once and keep it in memory (small data sets; JPEG decoding dominates CPU time)")
-    workers: int = opt(0, "DataLoader worker processes (0: load in the training process)")
+    workers: int = opt(0, "DataLoader worker processes, kept up between epochs (0: load in the training process; "
+                       "on a GPU try 4-8); any number from 1 up gives the same run")
     strict: bool = opt(False, "refuse corrupt or non-image files instead of skipping them with a warning")
 
 

@@ -7,6 +7,7 @@ A source is a URL of a zip, a local zip, or a folder in torchvision's ImageFolde
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -20,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 from tqdm.auto import tqdm
 
 DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
@@ -318,10 +319,24 @@ class PhotoDataset(Dataset):
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, item: int | tuple[int, int]):
+        """item: an index, or (index, seed) from EpochSampler(per_sample_seeds=True): the photo's random
+        augmentation is then drawn from that seed alone, whichever worker process runs it and
+        whatever that worker did before."""
+        index, seed = item if isinstance(item, tuple) else (item, None)
         path, label = self.split.samples[index]
         image = self.cache.get(path) if self.cache is not None else load_or_explain(path)
-        return (image if self.transform is None else self.transform(image)), label
+        if self.transform is None:
+            return image, label
+        if seed is None:
+            return self.transform(image), label
+        # In the training process, leave its random stream (dropout, ...) as it was. In a worker the
+        # stream is reseeded for every photo, so what the collate function draws next (mixup, cutmix)
+        # follows from the batch's last photo: deterministic too.
+        in_worker = get_worker_info() is not None
+        with contextlib.nullcontext() if in_worker else torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(image), label
 
 
 def load_or_explain(path: Path) -> Image.Image:
@@ -373,10 +388,13 @@ class PhotoCache:
 class EpochSampler(Sampler[int]):
     """A fresh permutation each epoch, drawn from (seed, epoch) alone, so a resumed run sees the
     same order as an uninterrupted one. repeats > 1 is repeated augmentation: each index that many
-    times an epoch (Hoffer et al. 2020)."""
+    times an epoch (Hoffer et al. 2020). per_sample_seeds=True yields (index, seed) pairs instead,
+    one seed per position in the epoch, for PhotoDataset to augment each photo from: what loader
+    workers are used for (persistent ones), and how many, then changes nothing."""
 
-    def __init__(self, n: int, seed: int, repeats: int = 1) -> None:
+    def __init__(self, n: int, seed: int, repeats: int = 1, per_sample_seeds: bool = False) -> None:
         self.n, self.seed, self.repeats, self.epoch = n, seed, repeats, 0
+        self.per_sample_seeds = per_sample_seeds
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -387,7 +405,11 @@ class EpochSampler(Sampler[int]):
     def __iter__(self):
         g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
         indices = torch.arange(self.n).repeat_interleave(self.repeats)
-        return iter(indices[torch.randperm(len(indices), generator=g)].tolist())
+        order = indices[torch.randperm(len(indices), generator=g)].tolist()
+        if not self.per_sample_seeds:
+            return iter(order)
+        first = epoch_seed(self.seed, self.epoch) * 1_000_003
+        return iter((index, (first + position) % 2**63) for position, index in enumerate(order))
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -395,18 +417,26 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7919) % (2**63 - 1)
 
 
+class MixingCollate:
+    """Stack a batch, then mix it (mixup, cutmix): in the worker that made the batch. A class, not a
+    closure, so that workers started by spawn or forkserver can receive it."""
+
+    def __init__(self, mixer) -> None:
+        self.mixer = mixer
+
+    def __call__(self, batch):
+        return self.mixer(*default_collate(batch))
+
+
 def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0, repeats: int = 1, workers: int = 0,
                 mixer=None, pin_memory: bool = False) -> DataLoader:
-    sampler = EpochSampler(len(dataset), seed, repeats) if train else None
-    collate = None
-    if mixer is not None:
-        from torch.utils.data import default_collate
-
-        def collate(batch):
-            return mixer(*default_collate(batch))
-
+    # With workers, training augments each photo from its own seed, so the workers can stay up
+    # between epochs (starting them took longer than a whole epoch of a small model on a GPU)
+    # and a resumed run still sees the same batches. Without workers nothing changes.
+    sampler = EpochSampler(len(dataset), seed, repeats, per_sample_seeds=workers > 0) if train else None
+    collate = MixingCollate(mixer) if mixer is not None else None
     return DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, shuffle=False, num_workers=workers, collate_fn=collate,
         pin_memory=pin_memory, drop_last=False, generator=torch.Generator().manual_seed(seed) if train else None,
-        persistent_workers=False,
+        persistent_workers=train and workers > 0,
     )

@@ -109,7 +109,7 @@ def train_transform(p: Preprocess, preset: str = "none", scale_min: float = 0.25
     return v2.Compose(ops)
 
 
-def batch_mixer(num_classes: int, mixup: float = 0.0, cutmix: float = 0.0, prob: float = 1.0):
+def batch_mixer(num_classes: int, mixup: float = 0.0, cutmix: float = 0.0, prob: float = 1.0) -> "BatchMixer | None":
     """Mixup and/or CutMix on whole batches (one of the two, chosen at random, when both are on).
 
     Returns a callable (images, labels) -> (images, soft labels (B, K) summing to 1), or None.
@@ -121,11 +121,17 @@ def batch_mixer(num_classes: int, mixup: float = 0.0, cutmix: float = 0.0, prob:
         ops.append(v2.CutMix(alpha=cutmix, num_classes=num_classes))
     if not ops:
         return None
-    mix = ops[0] if len(ops) == 1 else v2.RandomChoice(ops)
+    return BatchMixer(ops[0] if len(ops) == 1 else v2.RandomChoice(ops), num_classes, prob)
 
-    def apply(images: torch.Tensor, labels: torch.Tensor):
-        if prob < 1.0 and torch.rand(()) >= prob:
-            return images, torch.nn.functional.one_hot(labels, num_classes).float()
-        return mix(images, labels)
 
-    return apply
+class BatchMixer:
+    """Applies `mix` to a batch with probability `prob`, else returns one-hot labels. A class, not a
+    closure, so that loader workers started by spawn or forkserver can receive it."""
+
+    def __init__(self, mix, num_classes: int, prob: float = 1.0) -> None:
+        self.mix, self.num_classes, self.prob = mix, num_classes, prob
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor):
+        if self.prob < 1.0 and torch.rand(()) >= self.prob:
+            return images, torch.nn.functional.one_hot(labels, self.num_classes).float()
+        return self.mix(images, labels)
