@@ -30,7 +30,7 @@ def small_config(source, **changes):
     config = replace(config, vit={**config.vit, **SMALL}, data=replace(config.data, source=str(source)))
     train_changes = {k: v for k, v in changes.items() if k in ("epochs", "batch_size", "seed")}
     optim_changes = {k: v for k, v in changes.items() if k in ("lr", "ema", "accum_steps")}
-    data_changes = {k: v for k, v in changes.items() if k in ("workers", "mixup")}
+    data_changes = {k: v for k, v in changes.items() if k in ("workers", "mixup", "cache")}
     return replace(config, train=replace(config.train, **train_changes), optim=replace(config.optim, **optim_changes),
                    data=replace(config.data, **data_changes))
 
@@ -105,6 +105,16 @@ def test_one_or_two_loader_workers_train_the_same_run(photos, tmp_path):
     assert strip(runs[0].history) == strip(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "w1"), foodvit.load_model(tmp_path / "w2")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_training_workers_stay_up_and_cached_evaluation_needs_none(photos, tmp_path, cache):
+    from foodvit.trainer import Trainer
+
+    trainer = Trainer(small_config(photos, workers=2, cache=cache), tmp_path / "run", quiet=True)
+    assert trainer.train_loader.num_workers == 2 and trainer.train_loader.persistent_workers
+    # cached evaluation photos are finished tensors; otherwise evaluation decodes and needs the workers
+    assert {loader.num_workers for loader in trainer.eval_loaders.values()} == {0 if cache else 2}
 
 
 def _metrics(path):

@@ -124,7 +124,9 @@ class Trainer:
 
         def eval_loader(split):
             ds = D.PhotoDataset(split, None, eval_cache) if eval_cache else D.PhotoDataset(split, eval_transform(p))
-            return D.make_loader(ds, max(c.train.batch_size, 64), train=False, workers=c.data.workers, pin_memory=pin)
+            # cached photos are finished tensors: workers, started at every evaluation, would only cost time
+            workers = 0 if eval_cache else c.data.workers
+            return D.make_loader(ds, max(c.train.batch_size, 64), train=False, workers=workers, pin_memory=pin)
 
         self.eval_loaders = {"val": eval_loader(self.data.val)} if self.data.val is not None else {}
         self.eval_loaders["test"] = eval_loader(self.data.test)
