@@ -389,8 +389,8 @@ class EpochSampler(Sampler[int]):
     """A fresh permutation each epoch, drawn from (seed, epoch) alone, so a resumed run sees the
     same order as an uninterrupted one. repeats > 1 is repeated augmentation: each index that many
     times an epoch (Hoffer et al. 2020). per_sample_seeds=True yields (index, seed) pairs instead,
-    one seed per position in the epoch, for PhotoDataset to augment each photo from: what loader
-    workers are used for (persistent ones), and how many, then changes nothing."""
+    one seed per position in the epoch, and PhotoDataset augments each photo from its seed: then
+    neither which loader worker augments a photo nor how many workers there are changes a batch."""
 
     def __init__(self, n: int, seed: int, repeats: int = 1, per_sample_seeds: bool = False) -> None:
         self.n, self.seed, self.repeats, self.epoch = n, seed, repeats, 0
