@@ -91,7 +91,8 @@ class Trainer:
                                      c.train.amp, sync_every=1 if self.device.type == "cpu" else 25)
         # the module the optimiser steps: the ViT, or the ViT with the auxiliary head (training only)
         self.trained = self.model
-        if c.optim.drloc > 0:
+        # the auxiliary loss trains the encoder: with a frozen one (a feature extractor) it has nothing to train
+        if c.optim.drloc > 0 and not c.train.freeze_backbone:
             self.trained = WithDenseRelativeLocalization(self.model, c.optim.drloc, c.optim.drloc_pairs).to(self.device)
         self.optimizer = build_optimizer(self.trained, c.optim, self.device)
         steps_per_epoch = math.ceil(len(self.train_loader) / c.optim.accum_steps)
