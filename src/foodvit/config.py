@@ -73,7 +73,7 @@ class OptimConfig:
     accum_steps: int = opt(1, "gradient accumulation steps: effective batch = batch_size x accum_steps")
     ema: float = opt(0.0, "exponential moving average of the weights, decay per step, 0 = off (DeiT: 0.99996)")
     drloc: float = opt(0.0, "weight of the dense relative localization loss: predict the grid offset of two output "
-                       "tokens (Liu et al. 2021: 0.1 for ViTs), 0 = off")
+                       "tokens (Liu et al. 2021: 0.1 for ViTs), 0 = off; skipped with a frozen backbone, which it cannot train")
     drloc_pairs: int = opt(64, "token pairs per image for the dense relative localization loss (Liu et al. 2021: 64)")
 
 

@@ -169,7 +169,6 @@ class Trainer:
         seed = D.epoch_seed(self.config.train.seed, epoch)
         torch.manual_seed(seed)  # augmentation, dropout, mixup of this epoch
         self.train_loader.sampler.set_epoch(epoch)
-        self.train_loader.generator.manual_seed(seed)  # worker seeds, when workers > 0
 
     def _after_epoch(self, epoch: int, row: dict) -> None:
         self.history.append(row)
