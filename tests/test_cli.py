@@ -109,10 +109,19 @@ def test_predict_json_contract_and_plot(run, capsys, tmp_path):
         assert len(np.unique(np.asarray(picture.convert("L")))) > 10  # a real picture, not a blank canvas
 
 
-def test_predict_names_a_missing_or_unreadable_photo(run, capsys, tmp_path):
-    out, _ = run
+def test_predict_reports_each_bad_photo_and_predicts_the_rest(run, capsys, tmp_path):
+    out, photos = run
+    good = str(sorted((photos / "test" / "pizza").iterdir())[0])
     (tmp_path / "fake.jpg").write_bytes(b"nope")
-    assert main(["predict", str(out), str(tmp_path / "fake.jpg")]) == 2
-    assert "fake.jpg" in capsys.readouterr().err
+    bad = [str(tmp_path / "fake.jpg"), str(tmp_path / "missing.jpg"), "https://example.com/pizza.jpg"]
+    capsys.readouterr()
+    assert main(["predict", str(out), bad[0], good, bad[1], bad[2], "--json"]) == 1  # some photos failed
+    captured = capsys.readouterr()
+    results = json.loads(captured.out)
+    assert [r["image"] for r in results] == [bad[0], good, bad[1], bad[2]]
+    assert "label" in results[1] and all("error" in results[i] for i in (0, 2, 3))
+    assert "URLs are not supported; download the photo first" in results[3]["error"]
+    assert "missing.jpg does not exist" in results[2]["error"]
+    assert captured.err.count("foodvit predict: skipped") == 3 and "Traceback" not in captured.err
     assert main(["evaluate", str(tmp_path), "--json"]) == 2
     assert "no trained model" in capsys.readouterr().err

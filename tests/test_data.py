@@ -100,19 +100,44 @@ def test_train_test_class_mismatch_is_named(tmp_path):
         D.open_dataset(root)
 
 
-def test_corrupt_and_non_image_files_are_skipped_with_their_names(tmp_path):
+def test_corrupt_and_non_image_files_are_skipped_with_their_names(tmp_path, recwarn):
     root = make_photo_folder(tmp_path / "p", n_train=3, n_test=1)
     (root / "train" / "pizza" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     (root / "train" / "steak" / "notes.txt").write_text("bought at the market")
     good = root / "train" / "sushi" / "000.jpg"
     (root / "train" / "sushi" / "truncated.jpg").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
-    with pytest.warns(UserWarning) as caught:
-        ds = D.open_dataset(root, train_cache=D.PhotoCache.decoded(64))
-    messages = " ".join(str(w.message) for w in caught)
-    assert "broken.jpg" in messages and "notes.txt" in messages and "truncated.jpg" in messages
-    assert len(ds.train) == 9
-    with pytest.raises(D.DataError, match=r"(?s)--strict.*broken\.jpg.*notes\.txt"):
+    ds = D.open_dataset(root, train_cache=D.PhotoCache.decoded(64))
+    skipped = " ".join(ds.train.skipped)
+    assert "broken.jpg" in skipped and "notes.txt" in skipped and "truncated.jpg" in skipped
+    assert len(ds.train) == 9 and len(ds.train.skipped) == 3
+    # one clean summary line, the list only when verbose; no raw warnings echoing source code
+    [summary] = ds.train.skipped_summary()
+    assert summary.startswith("skipped 3 unreadable file(s) in ") and "and 2 more (--verbose lists them)" in summary
+    assert len(ds.train.skipped_summary(verbose=True)) == 3
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+    with pytest.raises(D.DataError, match=r"unreadable file .*broken\.jpg.* and 2 more; --strict refuses them"):
         D.open_dataset(root, strict=True)
+
+
+def test_hidden_folders_are_not_scanned(tmp_path):
+    root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
+    make_photo(root / "train" / "pizza" / ".thumbs" / "small.jpg", (1, 2, 3))
+    (root / "train" / "pizza" / ".ipynb_checkpoints").mkdir()
+    (root / "train" / "pizza" / ".ipynb_checkpoints" / "x.txt").write_text("not a photo")
+    split = D.scan(root / "train")
+    assert len(split) == 6 and split.skipped == ()
+    assert not any(".thumbs" in str(path) for path, _ in split.samples)
+
+
+def test_decompression_bomb_is_refused_by_name_and_skipped_in_a_folder(tmp_path):
+    root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
+    bomb = root / "train" / "steak" / "bomb.png"
+    Image.new("1", (10_000, 9_000)).save(bomb)  # 90 megapixels in a few kilobytes
+    assert bomb.stat().st_size < 200_000
+    with pytest.raises(D.PhotoError, match=r"bomb\.png is 10000 x 9000 = 90 megapixels, over the limit of 89"):
+        D.load_or_explain(bomb)
+    split = D.scan(root / "train")
+    assert len(split) == 6 and "bomb.png" in split.skipped[0] and "megapixels" in split.skipped[0]
 
 
 def test_photos_of_every_mode_become_rgb(tmp_path):

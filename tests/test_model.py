@@ -230,7 +230,7 @@ def test_embed_dim_not_divisible_by_heads():
 def test_cls_pooling_without_class_token_is_refused():
     with pytest.raises(ValueError, match="class_token=True or pool='gap'"):
         ViTConfig(class_token=False)
-    with pytest.raises(ValueError, match="pool='max' is not one of"):
+    with pytest.raises(ValueError, match="--pool must be one of cls, gap, seq, got 'max'"):
         ViTConfig(pool="max")
 
 

@@ -54,7 +54,7 @@ def test_run_directory_holds_everything(trained):
         assert (out / name).is_file(), name
     rows = list(csv.DictReader((out / "metrics.csv").open()))
     assert [r["epoch"] for r in rows] == ["1", "2", "3"]
-    assert set(rows[0]) == {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds"}
+    assert set(rows[0]) == {"epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds"}
     config = json.loads((out / "config.json").read_text())
     assert config["recipe"] == "tiny" and config["vit"]["image_size"] == 32
     report = (out / "report.md").read_text()
@@ -203,16 +203,26 @@ def test_tiny_recipe_trains_one_epoch_on_foodvision_mini(real_data, tmp_path):
     assert sum(result.test["confusion"].flatten().tolist()) == 75
 
 
-def test_deterministic_mode_is_switched_on_and_configures_cublas(monkeypatch):
-    from foodvit.trainer import use_deterministic_algorithms
+def test_deterministic_mode_is_scoped_to_the_block(monkeypatch):
+    from foodvit.trainer import deterministic_algorithms
 
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
     try:
-        use_deterministic_algorithms()
-        assert torch.are_deterministic_algorithms_enabled()
-        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # cuBLAS refuses deterministic mode without it
-        assert torch.backends.cudnn.benchmark is False
+        with deterministic_algorithms(True):
+            assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark is False
+        # the process's own settings come back: a library must not leave global switches behind
+        assert torch.are_deterministic_algorithms_enabled() == before[0] and torch.backends.cudnn.benchmark is True
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.benchmark = before[1]
+
+
+def test_deterministic_run_configures_cublas_before_its_first_product(monkeypatch, photos, tmp_path):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    config = small_config(photos, epochs=1, batch_size=16)
+    from dataclasses import replace
+
+    train(replace(config, train=replace(config.train, deterministic=True)), tmp_path / "det", quiet=True)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # cuBLAS refuses deterministic mode without it
+    assert not torch.are_deterministic_algorithms_enabled()

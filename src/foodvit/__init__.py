@@ -1,24 +1,44 @@
 """foodvit: the Vision Transformer (Dosovitskiy et al., 2021) built from the paper, proven equal to
-torchvision and timm, and trained end to end on FoodVision Mini or any folder of labelled photos."""
+torchvision and timm, and trained end to end on FoodVision Mini or any folder of labelled photos.
 
-from .model import ViTConfig, VisionTransformer, resample_pos_embed
-from .variants import create_model, get_variant, list_models
-from .weights import export_weights, load_weights, resize_model, save_weights
+The names below are loaded when first used, so that `import foodvit` (and the command line's
+help) does not load PyTorch until something needs it.
+"""
 
-__all__ = [
-    "ViTConfig",
-    "VisionTransformer",
-    "create_model",
-    "export_weights",
-    "get_variant",
-    "list_models",
-    "load_model",
-    "load_weights",
-    "resample_pos_embed",
-    "resize_model",
-    "save_weights",
-]
+from __future__ import annotations
+
+import importlib
+
+from .errors import FoodVitError
+
+# public name -> module that defines it
+_LAZY = {
+    "ViTConfig": "config",
+    "VisionTransformer": "model",
+    "resample_pos_embed": "model",
+    "create_model": "variants",
+    "get_variant": "variants",
+    "list_models": "variants",
+    "export_weights": "weights",
+    "load_weights": "weights",
+    "resize_model": "weights",
+    "save_weights": "weights",
+}
+
+__all__ = ["FoodVitError", "load_model", *_LAZY]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'foodvit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def load_model(run, device: str | None = None):

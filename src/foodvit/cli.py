@@ -1,39 +1,41 @@
-"""The `foodvit` command: a thin shell over the library. One subcommand a function."""
+"""The `foodvit` command: a thin shell over the library. One subcommand a function.
+
+Errors a user can act on (FoodVitError) are printed on one line and exit 2; anything else is a
+bug and keeps its traceback (so does every error under --debug). Heavy libraries (PyTorch,
+torchvision, matplotlib) are imported by the subcommands that need them, never to show help.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
+
+from .errors import AT_LEAST_1, FoodVitError, Range
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .config import apply_overrides, given_overrides, load_recipe
-    from .trainer import resume, train
+    from .config import ConfigError, build_config, given_overrides
+    from .trainer import default_out, resume, train
 
     if args.resume:
-        extra = [o for o in given_overrides(args)] + (["--recipe"] if args.recipe else []) + (["--model"] if args.model else [])
+        extra = [o for o in given_overrides(args) if o != "data.source"] + (["--recipe"] if args.recipe else []) + \
+            (["--model"] if args.model else [])
         if extra or args.out:
-            raise ValueError(f"--resume continues the run exactly as configured in {args.resume}/config.json; "
-                             f"drop {', '.join(extra + (['--out'] if args.out else []))}, or start a new run with --out")
-        result = resume(args.resume, quiet=args.quiet)
+            flags = ["--" + o.split(".", 1)[1].replace("_", "-") if "." in o else o for o in extra] + (["--out"] if args.out else [])
+            raise ConfigError(f"--resume continues the run exactly as configured in {args.resume}/config.json; "
+                              f"drop {', '.join(flags)}, or start a new run with --out (--data may point at the run's photos moved elsewhere)")
+        args.run_dir = args.resume
+        print(f"run directory: {args.resume}", file=sys.stderr)
+        result = resume(args.resume, quiet=args.quiet, data=getattr(args, "data.source"), verbose=args.verbose)
     else:
-        recipe = load_recipe(args.recipe or "default")
-        if getattr(args, "train.pretrained") and not recipe.train.pretrained:
-            # a from-scratch recipe used for transfer: its model settings (size, pooling, 64 px ...)
-            # are not meant for the weights; keep only its regularisation
-            recipe = replace(recipe, vit={k: v for k, v in recipe.vit.items() if k in ("dropout", "attn_dropout", "drop_path")})
-        config = apply_overrides(recipe, args, model=args.model)
-        if config.train.pretrained:
-            from .pretrained import adapt_config
-
-            config = adapt_config(config, explicit_model=args.model)
-        result = train(config, args.out, quiet=args.quiet)
-    if not args.quiet:
-        print(f"test accuracy {result.test['acc']:.3f} ({round(result.test['acc'] * result.test['n'])}/{result.test['n']} photos); "
-              f"report: {result.run / 'report.md'}")
+        config = build_config(args.recipe or "default", args, model=args.model)
+        args.run_dir = args.out or str(default_out())
+        print(f"run directory: {args.run_dir}", file=sys.stderr)
+        result = train(config, args.run_dir, quiet=args.quiet, verbose=args.verbose)
+    print(f"test accuracy {result.test['acc']:.3f} ({round(result.test['acc'] * result.test['n'])}/{result.test['n']} photos); "
+          f"report: {result.run / 'report.md'}")
     return 0
 
 
@@ -44,6 +46,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     model = load_model(args.run)
     split = D.open_split(args.data or _run_source(args.run), args.split, strict=args.strict)
+    for line in split.skipped_summary(args.verbose):
+        print(line, file=sys.stderr)
     result = evaluate_split(model, split)
     if args.json:
         print(json.dumps(result))
@@ -56,28 +60,59 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _run_source(run: str) -> str | None:
+    """The data source stored with a run directory (None: the default source)."""
     config = Path(run) / "config.json"
-    return json.loads(config.read_text())["data"]["source"] or None if config.is_file() else None
+    if not config.is_file():
+        return None
+    from .trainer import read_config
+
+    return read_config(config).data.source or None
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .inference import plot_predictions, predict
-    from .report import save_figure
+    from .inference import predict
     from .run import load_model
 
     model = load_model(args.run)
     results = predict(model, args.images, top_k=args.top_k)
     if args.plot:
-        save_figure(plot_predictions(args.images, results), Path(args.plot))
+        from .inference import plot_predictions
+        from .report import save_figure
+
+        save_figure(plot_predictions(args.images, results), _writable(args.plot))
+    failed = [r for r in results if "error" in r]
+    for r in failed:
+        print(f"foodvit predict: skipped {r['error']}", file=sys.stderr)
     if args.json:
         print(json.dumps(results))
-        return 0
-    for r in results:
-        others = ", ".join(f"{label} {p:.3f}" for label, p in r["top_k"][1:])
-        print(f"{r['image']}: {r['label']} ({r['probability']:.3f}){'; then ' + others if others else ''}  [{r['seconds'] * 1000:.0f} ms]")
-    if args.plot:
-        print(f"plot: {args.plot}")
-    return 0
+    else:
+        for r in results:
+            if "error" in r:
+                continue
+            others = ", ".join(f"{label} {p:.3f}" for label, p in r["top_k"][1:])
+            print(f"{r['image']}: {r['label']} ({r['probability']:.3f}){'; then ' + others if others else ''}  [{r['seconds'] * 1000:.0f} ms]")
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 1 if failed else 0
+
+
+def _writable(path: str) -> Path:
+    """An output file's path, or a one-line error before any work is lost to an unwritable place."""
+    from .run import RunError
+
+    out = Path(path)
+    if out.is_dir():
+        raise RunError(f"{out} is a folder; give a file name, e.g. {out / 'picture.png'}")
+    folder = out.parent if str(out.parent) else Path(".")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"cannot create the folder {folder} for {out} ({err.strerror or err}); choose another path") from None
+    import os
+
+    if not os.access(folder, os.W_OK):
+        raise RunError(f"cannot write to {folder} (read-only or not yours); choose another path for {out.name}")
+    return out
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -92,6 +127,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         if (root / split).is_dir():
             s = D.scan(root / split, strict=False)
             print(f"  {split}: {len(s)} photos; " + ", ".join(f"{k} {v}" for k, v in s.counts().items()))
+            for line in s.skipped_summary(args.verbose):
+                print(f"  {line}")
     return 0
 
 
@@ -100,6 +137,7 @@ def cmd_patches(args: argparse.Namespace) -> int:
     from . import viz
     from .report import save_figure
 
+    out = _writable(args.out)
     photo = D.load_or_explain(Path(args.image))
     model = None
     if args.feature_maps:
@@ -110,11 +148,11 @@ def cmd_patches(args: argparse.Namespace) -> int:
     patch = args.patch_size or (model.config.patch_size if model else 16)
     fig = viz.patches_figure(photo, size, patch, model.preprocess if model is not None else None)
     if model is not None:
-        from .transforms import eval_transform
+        from .preprocess import eval_transform
 
         x = eval_transform(model.preprocess)(photo).unsqueeze(0)
         fig = viz.add_feature_maps(fig, viz.feature_maps(model, x, args.channels))
-    print(save_figure(fig, Path(args.out)))
+    print(save_figure(fig, out))
     return 0
 
 
@@ -124,9 +162,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .report import save_figure
     from .run import load_model
 
+    out = _writable(args.out)
     model = load_model(args.run)
     photo = D.load_or_explain(Path(args.image))
-    print(save_figure(viz.explain_figure(model, photo, args.top_k, args.heads), Path(args.out)))
+    print(save_figure(viz.explain_figure(model, photo, args.top_k, args.heads), out))
     return 0
 
 
@@ -135,18 +174,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     from . import data as D
     from . import viz
+    from .preprocess import eval_transform
     from .report import save_figure
-    from .run import load_model
-    from .transforms import eval_transform
+    from .run import RunError, load_model
 
     model = load_model(args.run)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out} is a file; inspect writes three pictures into a folder: choose a folder")
+    _writable(str(out / "filters.png"))
     written = []
     if model.config.stem == "patch":
         written.append(save_figure(viz.filters_figure(model), out / "filters.png"))
+    else:
+        print("filters.png: skipped, the model's convolutional stem has no single set of P x P filters", file=sys.stderr)
     if model.config.pos_embed == "learned":
         written.append(save_figure(viz.pos_similarity_figure(model), out / "pos_similarity.png"))
+    else:
+        print(f"pos_similarity.png: skipped, the model's position embedding is {model.config.pos_embed!r}, not learned, "
+              "so there is nothing learned to compare", file=sys.stderr)
     split = D.open_split(args.data or _run_source(args.run), args.split)
     transform = eval_transform(model.preprocess)
     photos = split.samples[:: max(1, len(split.samples) // args.images)][: args.images]  # spread over the classes
@@ -189,74 +235,90 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def count(allowed: Range = AT_LEAST_1):
+    """An argparse type for a whole number in a range, with the range in its message."""
+    from .config import number_type
+
+    return number_type(int, allowed)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .config import add_config_options
 
     parser = argparse.ArgumentParser(prog="foodvit", description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos.")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of every error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    verbose = {"action": "store_true", "help": "list every skipped (unreadable) photo, not only how many"}
 
     p = sub.add_parser("train", help="train a model; writes a run directory with report, metrics and model",
-                       description="Train from a recipe (default: the best small-data recipe). Any setting can be overridden.")
+                       description="Train from a recipe (default: the best small-data recipe). Any setting can be overridden. "
+                                   "Boolean settings are flags with a --no- form (--freeze-backbone, --no-cache); true/false also work.")
     p.add_argument("--recipe", help="a recipe name (see `foodvit recipes`) or a .toml file")
     p.add_argument("--model", help="a paper name, e.g. ViT-B/16, ViT-Ti/8 (default: the recipe's)")
-    p.add_argument("--out", help="run directory (default: runs/<date>-<time>)")
-    p.add_argument("--resume", metavar="DIR", help="finish the interrupted run in DIR")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
+    p.add_argument("--out", help="run directory, a new or empty folder (default: runs/<date>-<time>)")
+    p.add_argument("--resume", metavar="DIR", help="finish the interrupted run in DIR, with its own settings and data "
+                                                   "(--data: the same photos moved elsewhere)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines (the run directory and the result are still printed)")
+    p.add_argument("--verbose", **verbose)
     add_config_options(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", help="per-image accuracy of a trained run on a split")
     p.add_argument("run", help="a run directory (or its model.safetensors)")
-    p.add_argument("--data", help="data source (default: the run's)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--data", help="data source (default: the one stored with the run)")
+    p.add_argument("--split", default="test", help="the split folder to evaluate: test (default), train, or any <root>/<split>/")
     p.add_argument("--strict", action="store_true", help="refuse unreadable files instead of skipping them")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--verbose", **verbose)
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("predict", help="classify photos with a trained run")
+    p = sub.add_parser("predict", help="classify photos with a trained run",
+                       description="Classify local photo files. A photo that cannot be read is reported and skipped "
+                                   "(exit status 1); URLs are not read: download the photo first.")
     p.add_argument("run", help="a run directory (or its model.safetensors)")
-    p.add_argument("images", nargs="+", metavar="IMAGE")
-    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="photo files (JPEG, PNG, WebP, ...)")
+    p.add_argument("--top-k", type=count(), default=3, help="how many classes to list per photo, most probable first (default 3)")
     p.add_argument("--plot", metavar="FILE", help="save the photos with their labels and probabilities as a PNG")
-    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per photo (with 'error' for a skipped one)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("patches", help="a photo cut into the model's patch grid (and the patch embedding's feature maps)")
-    p.add_argument("image")
-    p.add_argument("--image-size", type=int, help="default 224, or the run's with --feature-maps")
-    p.add_argument("--patch-size", type=int, help="default 16, or the run's with --feature-maps")
+    p.add_argument("image", help="a photo file")
+    p.add_argument("--image-size", type=count(), help="default 224, or the run's with --feature-maps")
+    p.add_argument("--patch-size", type=count(), help="default 16, or the run's with --feature-maps")
     p.add_argument("--feature-maps", metavar="RUN", help="add the patch embedding's output channels of this run's model")
-    p.add_argument("--channels", type=int, default=5, help="how many feature maps (default 5)")
+    p.add_argument("--channels", type=count(), default=5, help="how many feature maps (default 5)")
     p.add_argument("--out", required=True, metavar="FILE", help="PNG to write")
     p.set_defaults(func=cmd_patches)
 
     p = sub.add_parser("explain", help="a prediction with its top-k probabilities and attention rollout heat map")
-    p.add_argument("run")
-    p.add_argument("image")
-    p.add_argument("--top-k", type=int, default=3)
-    p.add_argument("--heads", action="store_true", help="also the last layer's class-token attention of each head")
+    p.add_argument("run", help="a run directory (or its model.safetensors)")
+    p.add_argument("image", help="a photo file")
+    p.add_argument("--top-k", type=count(), default=3, help="how many classes to show (default 3)")
+    p.add_argument("--heads", action="store_true", help="also each head's last-layer attention, read out as the model pools")
     p.add_argument("--out", required=True, metavar="FILE", help="PNG to write")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("inspect", help="the paper's Figure 7 for a run: filters, position similarity, attention distance")
-    p.add_argument("run")
+    p.add_argument("run", help="a run directory (or its model.safetensors)")
     p.add_argument("--data", help="photos for the attention distances (default: the run's data)")
-    p.add_argument("--split", default="test")
-    p.add_argument("--images", type=int, default=32, help="how many photos to average the attention distance over")
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--split", default="test", help="the split to take photos from (default test)")
+    p.add_argument("--images", type=count(), default=32, help="how many photos to average the attention distance over (default 32)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write the pictures into")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("data", help="download / unpack a data source and show what it holds")
     p.add_argument("source", nargs="?", help="URL, zip or folder (default: $FOODVIT_DATA, else the course's zip)")
     p.add_argument("--print-path", action="store_true", help="print only the local folder")
+    p.add_argument("--verbose", **verbose)
     p.set_defaults(func=cmd_data)
 
     p = sub.add_parser("summary", help="layer-by-layer table of a model: shapes, parameters, trainable")
     p.add_argument("model", help="a paper name, e.g. ViT-B/16 (see `foodvit models`)")
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--depth", type=int, default=2, help="how deep to list nested modules (default 2)")
+    p.add_argument("--num-classes", type=count(), default=1000, help="classes of the head (default 1000, ImageNet's)")
+    p.add_argument("--image-size", type=count(), default=224, help="input resolution in pixels (default 224)")
+    p.add_argument("--batch-size", type=count(), default=1, help="batch size in the shapes (default 1)")
+    p.add_argument("--depth", type=count(), default=2, help="how deep to list nested modules (default 2)")
     p.set_defaults(func=cmd_summary)
 
     sub.add_parser("models", help="list the registered model names").set_defaults(func=cmd_models)
@@ -265,21 +327,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .data import DataError
-    from .engine import TrainingDiverged
-    from .run import RunError
-
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, DataError, RunError, TrainingDiverged) as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-        print(f"foodvit {args.command}: error: {message}", file=sys.stderr)
+    except FoodVitError as err:
+        if args.debug:
+            raise
+        print(f"foodvit {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if args.command == "train":
-            where = args.resume or args.out or "the run directory"
-            print(f"\ninterrupted: every finished epoch is saved; continue with `foodvit train --resume {where}`", file=sys.stderr)
+            where = getattr(args, "run_dir", None)
+            if where and (Path(where) / "checkpoint.pt").exists():
+                print(f"\ninterrupted: every finished epoch is saved in {where}; continue with `foodvit train --resume {where}`",
+                      file=sys.stderr)
+            else:
+                print("\ninterrupted before the first epoch finished: nothing was saved", file=sys.stderr)
+        else:
+            print("\ninterrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `foodvit models | head`
         return 0

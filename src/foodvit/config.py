@@ -1,95 +1,235 @@
-"""Run configuration: frozen dataclasses, recipes that set their defaults, and command-line
-options generated from the fields (never written out one by one).
+"""Settings: the model's (ViTConfig) and a run's (RunConfig), frozen dataclasses; recipes that
+set their defaults; command-line options generated from the fields (never written out one by one).
 
 Resolution order: dataclass defaults < recipe file < command-line options. The resolved
 configuration is saved with every run (config.json) and checkpoint.
+
+Every number's allowed range and every text setting's choices are named once, in the field's
+metadata: the dataclasses check them when built (from a recipe, a config.json or Python) and the
+command line checks them as it parses, with the same message. This module imports no PyTorch, so
+that `foodvit --help` and the settings stay fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from .model import _LITERALS, ViTConfig
+from .errors import (AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, Range,
+                     check_ranges, check_value)
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
-DEFAULT_RECIPE = "default"
+# Choices of the text settings, named once (transforms.py and model.py read them from here).
+POOLS = ("cls", "gap", "seq")
+POS_EMBEDS = ("learned", "sincos2d", "none")
+STEMS = ("patch", "conv")
+RESIZE_MODES = ("crop", "square")
+INTERPOLATIONS = ("bilinear", "bicubic")
+AUGMENT_PRESETS = ("none", "flip", "light", "medium", "strong")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("constant", "cosine", "linear")
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+Pool = Literal["cls", "gap", "seq"]
+PosEmbed = Literal["learned", "sincos2d", "none"]
+Stem = Literal["patch", "conv"]
 
 
-def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None) -> Any:
-    """A config field with its command-line help (and an optional flag name)."""
-    meta = {"help": help, "flag": flag, "choices": choices}
+def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None, range: Range | None = None) -> Any:
+    """A settings field with its command-line help, and optionally a flag name, its choices and
+    the range its number(s) must lie in."""
+    meta = {"help": help, "flag": flag, "choices": choices, "range": range}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
+def _check_choices(settings) -> None:
+    for f in fields(settings):
+        choices = f.metadata.get("choices")
+        value = getattr(settings, f.name)
+        if choices and value not in choices:
+            flag = "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
+            raise ConfigError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check(settings) -> None:
+    check_ranges(settings)
+    _check_choices(settings)
+
+
+# ------------------------------------------------------------------------------------ the model
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Everything that defines a ViT. Defaults are ViT-B/16 at 224 px (Table 1). The deviations
+    named below are listed and cited in model.py's docstring."""
+
+    image_size: int = opt(224, "input resolution H = W in pixels (paper: 224)", range=AT_LEAST_1)
+    patch_size: int = opt(16, "patch size P (paper: 16; 'ViT-B/16')", range=AT_LEAST_1)
+    in_channels: int = opt(3, "image channels C", range=AT_LEAST_1)
+    num_classes: int = opt(1000, "classes of the linear head (0: no head)", range=AT_LEAST_0)
+    embed_dim: int = opt(768, "width D (Table 1: 'Hidden size')", range=AT_LEAST_1)
+    depth: int = opt(12, "encoder blocks L (Table 1: 'Layers')", range=AT_LEAST_1)
+    num_heads: int = opt(12, "attention heads h (Table 1: 'Heads')", range=AT_LEAST_1)
+    mlp_dim: int = opt(3072, "MLP width M (Table 1: 'MLP size')", range=AT_LEAST_1)
+    dropout: float = opt(0.0, "dropout after dense layers and the position embedding (App. B.1, Table 3)", range=SHARE_BELOW_1)
+    attn_dropout: float = opt(0.0, "dropout on the attention weights (JAX reference: 0)", range=SHARE_BELOW_1)
+    drop_path: float = opt(0.0, "stochastic depth rate of the last block (deviation 4; DeiT: 0.1)", range=SHARE_BELOW_1)
+    pool: Pool = opt("cls", "'cls' (Eq. 4), 'gap' (deviation 1) or 'seq' (deviation 6)", choices=POOLS)
+    pos_embed: PosEmbed = opt("learned", "'learned' (Eq. 1), 'sincos2d' or 'none' (deviation 2)", choices=POS_EMBEDS)
+    class_token: bool = opt(True, "prepend the learnable class token (Eq. 1); off is deviation 3")
+    stem: Stem = opt("patch", "'patch' (one Conv2d, Eq. 1) or 'conv' (convolutional tokeniser, deviation 5)", choices=STEMS)
+    locality: bool = opt(False, "locality self-attention: no self-attention to the own token, learned temperature (deviation 7)")
+    layer_norm_eps: float = opt(1e-6, "LayerNorm epsilon (JAX reference: 1e-6)", range=POSITIVE)
+
+    def __post_init__(self) -> None:
+        _check(self)
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}: "
+                f"each head gets d = D / h channels; pick num_heads from the divisors of "
+                f"{self.embed_dim} (e.g. {_divisors_near(self.embed_dim, self.num_heads)})"
+            )
+        if self.image_size % self.patch_size:
+            lower = self.image_size // self.patch_size * self.patch_size
+            raise ConfigError(
+                f"image size {self.image_size} is not divisible by patch size {self.patch_size}; "
+                f"use --image-size {lower or self.patch_size} or {lower + self.patch_size}"
+            )
+        if not self.class_token and self.pool == "cls":
+            raise ConfigError("pool='cls' needs the class token: set class_token=True or pool='gap' or 'seq'")
+        if self.stem == "conv" and self.patch_size & (self.patch_size - 1):
+            raise ConfigError(f"stem='conv' halves the resolution per stage, so patch size must be a power of 2, got {self.patch_size}")
+
+    @property
+    def grid_size(self) -> int:
+        """Patches per side, H / P."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        """N = HW / P^2."""
+        return self.grid_size**2
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: the class token, if any."""
+        return int(self.class_token)
+
+    @property
+    def num_tokens(self) -> int:
+        """T = N + 1 (or N without a class token)."""
+        return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def class_only_last_block(self) -> bool:
+        """Whether forward() computes the last block for the class token alone: when Eq. 4 pools
+        the class token, no other token's output of that block is read."""
+        return self.pool == "cls"
+
+    def replace(self, **changes) -> "ViTConfig":
+        return replace(self, **changes)
+
+
+def _divisors_near(n: int, target: int) -> str:
+    divs = sorted((k for k in range(1, n + 1) if n % k == 0), key=lambda k: abs(k - target))
+    return ", ".join(str(k) for k in sorted(divs[:3]))
+
+
+# ------------------------------------------------------------------------------------ a run
+
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+DEFAULT_RECIPE = "default"
+
+
 @dataclass(frozen=True)
 class DataConfig:
     source: str = opt("", "data: a URL of a zip, a local zip, or a folder with train/ and test/ "
-                      "(default: $FOODVIT_DATA, else the course's pizza_steak_sushi.zip)", flag="data")
-    val_fraction: float = opt(0.0, "share of each training class held out as a validation split for model selection")
+                      "(default: $FOODVIT_DATA, else the course's pizza_steak_sushi.zip); a run stores the source it used", flag="data")
+    val_fraction: float = opt(0.0, "share of each training class held out as a validation split for model selection", range=SHARE_BELOW_1)
     resize_mode: str = opt("crop", "eval preprocessing: 'crop' resizes the shorter side then centre-crops; 'square' squashes to a square (the course)",
-                           choices=("crop", "square"))
-    crop_pct: float = opt(0.875, "with resize_mode=crop, crop size / resize size (0.875: 224 from 256)")
-    interpolation: str = opt("bilinear", "resize interpolation", choices=("bilinear", "bicubic"))
-    mean: tuple[float, ...] = opt((), "normalisation mean (default: the model's or the weights')")
-    std: tuple[float, ...] = opt((), "normalisation std (default: the model's or the weights')")
-    augment: str = opt("none", "augmentation preset", choices=("none", "flip", "light", "medium", "strong"))
-    scale_min: float = opt(0.25, "smallest crop area share of random resized crops (light, medium and strong presets)")
-    random_erasing: float = opt(0.0, "probability of random erasing (Zhong et al. 2020; DeiT: 0.25)")
-    mixup: float = opt(0.0, "mixup alpha, 0 = off (Zhang et al. 2018; DeiT: 0.8)")
-    cutmix: float = opt(0.0, "cutmix alpha, 0 = off (Yun et al. 2019; DeiT: 1.0)")
-    mix_prob: float = opt(1.0, "probability that a batch is mixed when mixup or cutmix is on")
-    repeated_aug: int = opt(1, "repeated augmentation: each image appears this many times an epoch (Hoffer et al. 2020; DeiT: 3)")
-    cache: bool = opt(True, "decode each photo once and keep it in memory (small data sets; JPEG decoding dominates CPU time)")
+                           choices=RESIZE_MODES)
+    crop_pct: float = opt(0.875, "with resize_mode=crop, crop size / resize size (0.875: 224 from 256)", range=SHARE_ABOVE_0)
+    interpolation: str = opt("bilinear", "resize interpolation", choices=INTERPOLATIONS)
+    mean: tuple[float, ...] = opt((), "normalisation mean, three numbers (default: the model's or the weights')", range=Range())
+    std: tuple[float, ...] = opt((), "normalisation std, three positive numbers (default: the model's or the weights')", range=POSITIVE)
+    augment: str = opt("none", "augmentation preset", choices=AUGMENT_PRESETS)
+    scale_min: float = opt(0.25, "smallest crop area share of random resized crops (light, medium and strong presets)", range=SHARE_ABOVE_0)
+    random_erasing: float = opt(0.0, "probability of random erasing (Zhong et al. 2020; DeiT: 0.25)", range=SHARE)
+    mixup: float = opt(0.0, "mixup alpha, 0 = off (Zhang et al. 2018; DeiT: 0.8)", range=AT_LEAST_0)
+    cutmix: float = opt(0.0, "cutmix alpha, 0 = off (Yun et al. 2019; DeiT: 1.0)", range=AT_LEAST_0)
+    mix_prob: float = opt(1.0, "probability that a batch is mixed when mixup or cutmix is on", range=SHARE)
+    repeated_aug: int = opt(1, "repeated augmentation: each image appears this many times an epoch (Hoffer et al. 2020; DeiT: 3)",
+                            range=AT_LEAST_1)
+    cache: bool = opt(True, "decode each photo once and keep it in memory (small data sets; JPEG decoding dominates CPU time); "
+                      "on or off, a run computes exactly the same")
     workers: int = opt(0, "DataLoader worker processes, kept up between epochs (0: load in the training process; "
-                       "on a GPU try 4-8); any number from 1 up gives the same run")
-    strict: bool = opt(False, "refuse corrupt or non-image files instead of skipping them with a warning")
+                       "on a GPU try 4-8); any number from 1 up gives the same run", range=AT_LEAST_0)
+    strict: bool = opt(False, "refuse corrupt or non-image files instead of skipping them")
+
+    def __post_init__(self) -> None:
+        _check(self)
+        for name in ("mean", "std"):
+            if len(getattr(self, name)) not in (0, 3):
+                raise ConfigError(f"--{name} takes three numbers (red, green, blue), got {len(getattr(self, name))}")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    optimizer: str = opt("adamw", "optimiser", choices=("adam", "adamw", "sgd"))
-    lr: float = opt(1e-3, "peak learning rate")
-    betas: tuple[float, float] = opt((0.9, 0.999), "Adam betas (Table 3: 0.9, 0.999)")
-    momentum: float = opt(0.9, "SGD momentum (fine-tuning: 0.9)")
-    weight_decay: float = opt(0.05, "weight decay")
+    optimizer: str = opt("adamw", "optimiser", choices=OPTIMIZERS)
+    lr: float = opt(1e-3, "peak learning rate", range=POSITIVE)
+    betas: tuple[float, float] = opt((0.9, 0.999), "Adam betas (Table 3: 0.9, 0.999)", range=SHARE_BELOW_1)
+    momentum: float = opt(0.9, "SGD momentum (fine-tuning: 0.9)", range=SHARE_BELOW_1)
+    weight_decay: float = opt(0.05, "weight decay", range=AT_LEAST_0)
     decay_all: bool = opt(False, "decay every parameter, biases, norms, class token and position embedding included (the course)")
-    schedule: str = opt("cosine", "learning-rate decay after warmup", choices=("constant", "cosine", "linear"))
-    warmup_epochs: float = opt(0.0, "linear warmup from 0, in epochs (fractions allowed)")
-    min_lr_ratio: float = opt(0.0, "final learning rate as a share of the peak")
-    clip_grad: float = opt(0.0, "clip gradients at this global norm, 0 = off (Table 3: 1.0)")
-    label_smoothing: float = opt(0.0, "label smoothing (Szegedy et al. 2016; DeiT: 0.1)")
-    accum_steps: int = opt(1, "gradient accumulation steps: effective batch = batch_size x accum_steps")
-    ema: float = opt(0.0, "exponential moving average of the weights, decay per step, 0 = off (DeiT: 0.99996)")
+    schedule: str = opt("cosine", "learning-rate decay after warmup", choices=SCHEDULES)
+    warmup_epochs: float = opt(0.0, "linear warmup from 0, in epochs (fractions allowed)", range=AT_LEAST_0)
+    min_lr_ratio: float = opt(0.0, "final learning rate as a share of the peak", range=SHARE)
+    clip_grad: float = opt(0.0, "clip gradients at this global norm, 0 = off (Table 3: 1.0)", range=AT_LEAST_0)
+    label_smoothing: float = opt(0.0, "label smoothing (Szegedy et al. 2016; DeiT: 0.1)", range=SHARE_BELOW_1)
+    accum_steps: int = opt(1, "gradient accumulation steps: effective batch = batch_size x accum_steps", range=AT_LEAST_1)
+    ema: float = opt(0.0, "exponential moving average of the weights, decay per step, 0 = off (DeiT: 0.99996)", range=SHARE_BELOW_1)
     drloc: float = opt(0.0, "weight of the dense relative localization loss: predict the grid offset of two output "
-                       "tokens (Liu et al. 2021: 0.1 for ViTs), 0 = off; skipped with a frozen backbone, which it cannot train")
-    drloc_pairs: int = opt(64, "token pairs per image for the dense relative localization loss (Liu et al. 2021: 64)")
+                       "tokens (Liu et al. 2021: 0.1 for ViTs), 0 = off; skipped with a frozen backbone, which it cannot train",
+                       range=AT_LEAST_0)
+    drloc_pairs: int = opt(64, "token pairs per image for the dense relative localization loss (Liu et al. 2021: 64)", range=AT_LEAST_1)
+
+    def __post_init__(self) -> None:
+        _check(self)
+        if len(self.betas) != 2:
+            raise ConfigError(f"--betas takes two numbers (beta1, beta2), got {len(self.betas)}")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = opt(10, "training epochs")
-    batch_size: int = opt(32, "images per step")
-    seed: int = opt(42, "random seed: same seed, same run (on the CPU; on a GPU with --deterministic)")
+    epochs: int = opt(10, "training epochs", range=AT_LEAST_1)
+    batch_size: int = opt(32, "images per step", range=AT_LEAST_1)
+    seed: int = opt(42, "random seed: same seed, same run (on the CPU; on a GPU with --deterministic)", range=AT_LEAST_0)
     deterministic: bool = opt(False, "deterministic algorithms only, so that a GPU run (and its resume) repeats exactly; "
                               "slower on a GPU, no effect on the CPU's results")
     device: str = opt("auto", "'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1', 'mps'")
     amp: bool = opt(True, "bf16 autocast on CUDA (ignored on the CPU)")
     compile: bool = opt(False, "torch.compile the model")
-    eval_every: int = opt(1, "evaluate on the validation and test splits every N epochs (and always at the end)")
+    eval_every: int = opt(1, "evaluate on the validation and test splits every N epochs (and always at the end)", range=AT_LEAST_1)
     pretrained: str = opt("", "start from weights: torchvision:NAME, timm:NAME or a file")
     freeze_backbone: bool = opt(False, "train the head only (feature extractor)")
+
+    def __post_init__(self) -> None:
+        _check(self)
+        if not DEVICE_PATTERN.match(self.device):
+            raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +243,9 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    def __post_init__(self) -> None:
+        _check_vit(self.vit, "model settings")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -110,7 +253,12 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
+    def from_dict(cls, d: dict, where: str = "settings") -> "RunConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: expected a JSON object of settings, got {type(d).__name__}")
+        unknown = sorted(set(d) - {"recipe", "model", "vit", *SECTIONS})
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; expected recipe, model, vit, {', '.join(SECTIONS)}")
         return cls(
             recipe=d.get("recipe", DEFAULT_RECIPE),
             model=d.get("model", cls.model),
@@ -127,10 +275,12 @@ VIT_OPTIONS = tuple(f for f in fields(ViTConfig) if f.name not in ("num_classes"
 
 
 def _build(cls, values: dict):
+    if not isinstance(values, dict):
+        raise ConfigError(f"{cls.__name__}: expected a table of settings, got {type(values).__name__}")
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        raise ConfigError(f"unknown {cls.__name__} setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
     # TOML and JSON give lists where the dataclass holds tuples
     return cls(**{k: tuple(v) if isinstance(known[k].default, tuple) else v for k, v in values.items()})
 
@@ -149,7 +299,7 @@ def recipe_path(name_or_file: str) -> Path:
     builtin = RECIPES_DIR / f"{name_or_file}.toml"
     if builtin.is_file():
         return builtin
-    raise ValueError(f"unknown recipe {name_or_file!r}: expected one of {', '.join(list_recipes())} or a path to a .toml file")
+    raise ConfigError(f"unknown recipe {name_or_file!r}: expected one of {', '.join(list_recipes())} or a path to a .toml file")
 
 
 def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
@@ -158,21 +308,33 @@ def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
     try:
         values = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"recipe {path} is not valid TOML: {err}") from err
+        raise ConfigError(f"recipe {path} is not valid TOML: {err}") from err
     allowed = {"model", "vit", *SECTIONS}
     unknown = sorted(set(values) - allowed)
     if unknown:
-        raise ValueError(f"recipe {path}: unknown section(s) or key(s) {', '.join(unknown)}; expected {', '.join(sorted(allowed))}")
-    _check_vit(values.get("vit", {}), str(path))
+        raise ConfigError(f"recipe {path}: unknown section(s) or key(s) {', '.join(unknown)}; expected {', '.join(sorted(allowed))}")
     name = path.stem if path.parent == RECIPES_DIR else str(path)
-    return RunConfig.from_dict({**values, "recipe": name})
+    try:
+        return RunConfig.from_dict({**values, "recipe": name}, where=f"recipe {path}")
+    except ConfigError as err:
+        raise ConfigError(f"recipe {path}: {err}") from None
 
 
 def _check_vit(values: dict, where: str) -> None:
-    known = {f.name for f in VIT_OPTIONS}
-    unknown = sorted(set(values) - known)
+    """Model settings of a run: known names, each in its field's range or choices."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a table of model settings, got {type(values).__name__}")
+    known = {f.name: f for f in VIT_OPTIONS}
+    unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ValueError(f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ConfigError(f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    for name, value in values.items():
+        f = known[name]
+        if f.metadata.get("range") is not None:
+            check_value(name, value, f.metadata["range"], _flag(f))
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            raise ConfigError(f"{_flag(f)} must be one of {', '.join(choices)}, got {value!r}")
 
 
 # ------------------------------------------------------------------------------------ command line
@@ -182,36 +344,66 @@ def _flag(f) -> str:
     return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
 
 
-def _parse_bool(text: str) -> bool:
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def parse_bool(text: str) -> bool:
     lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
+    if lowered in TRUE_WORDS:
         return True
-    if lowered in ("0", "false", "no", "off"):
+    if lowered in FALSE_WORDS:
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _parse_floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in text.replace(" ", "").split(",") if v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+class BoolFlag(argparse.BooleanOptionalAction):
+    """--name turns a setting on, --no-name off; --name true/false is still accepted."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string.startswith("--no-"):
+            if values is not None:
+                parser.error(f"{option_string} takes no value")
+            setattr(namespace, self.dest, False)
+            return
+        try:
+            setattr(namespace, self.dest, True if values is None else parse_bool(values))
+        except argparse.ArgumentTypeError as err:
+            parser.error(f"argument {option_string}: {err}")
+
+
+def number_type(kind: type, allowed: Range | None = None, several: bool = False):
+    """An argparse type: a number (or comma-separated numbers) of `kind`, checked against `allowed`."""
+
+    def parse(text: str):
+        try:
+            values = tuple(kind(v) for v in text.replace(" ", "").split(",") if v) if several else kind(text)
+        except ValueError:
+            what = "comma-separated numbers" if several else ("a whole number" if kind is int else "a number")
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if allowed is not None:
+            try:
+                check_value("value", values, allowed, "value")
+            except ConfigError:
+                raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}") from None
+        return values
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 
 
 def _arg_type(f):
-    """The option's parser, from the field's default (every field has one)."""
-    default = f.default
-    if isinstance(default, bool):
-        return _parse_bool
+    """The option's parser, from the field's default (every field has one) and its range."""
+    default, allowed = f.default, f.metadata.get("range")
     if isinstance(default, tuple):
-        return _parse_floats
+        return number_type(float, allowed, several=True)
     if isinstance(default, (int, float)):
-        return type(default)
+        return number_type(type(default), allowed)
     return str
-
-
-def _choices(f):
-    return f.metadata.get("choices") or _LITERALS.get(f.name)
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -225,15 +417,23 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             if flag in seen:
                 raise RuntimeError(f"duplicate option {flag}: config field names must be unique across sections")
             seen.add(flag)
-            help_text = f.metadata.get("help", "")
-            group.add_argument(flag, dest=f"{dest_prefix}.{f.name}", type=_arg_type(f), choices=_choices(f),
-                               default=None, help=help_text, metavar=None if _choices(f) else f.name.upper())
+            help_text, dest, choices = f.metadata.get("help", ""), f"{dest_prefix}.{f.name}", f.metadata.get("choices")
+            if isinstance(f.default, bool):
+                group.add_argument(flag, dest=dest, action=BoolFlag, default=None, help=help_text)
+                continue
+            allowed = f.metadata.get("range")
+            if allowed is not None and allowed != Range():
+                help_text += f" [{allowed}]"
+            group.add_argument(flag, dest=dest, type=_arg_type(f), choices=choices, default=None, help=help_text,
+                               metavar=None if choices else f.name.upper())
 
 
-def apply_overrides(config: RunConfig, args: argparse.Namespace, model: str | None = None) -> RunConfig:
-    """The recipe's config with every option the user gave on the command line."""
+def apply_overrides(config: RunConfig, args: argparse.Namespace | dict, model: str | None = None) -> RunConfig:
+    """The recipe's config with every option the user gave: an argparse namespace, or a dict of
+    "section.name" -> value ("vit.depth", "optim.lr", ...)."""
+    given = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
     changes: dict[str, dict] = {"vit": dict(config.vit), **{name: {} for name in SECTIONS}}
-    for dest, value in vars(args).items():
+    for dest, value in given.items():
         if value is None or "." not in dest:
             continue
         section, name = dest.split(".", 1)
@@ -250,3 +450,26 @@ def apply_overrides(config: RunConfig, args: argparse.Namespace, model: str | No
 def given_overrides(args: argparse.Namespace) -> list[str]:
     """The config options present on a command line (for refusing them with --resume)."""
     return [dest for dest, value in vars(args).items() if value is not None and "." in dest]
+
+
+# Regularisation settings a from-scratch recipe keeps when it is used with pre-trained weights: its
+# other model settings (size, pooling, 64 px ...) are not meant for the weights.
+TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
+
+
+def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | dict | None = None,
+                 model: str | None = None) -> RunConfig:
+    """A run's settings as `foodvit train` resolves them: the recipe, then the overrides
+    ("section.name" -> value, or an argparse namespace), then, with pre-trained weights, the model
+    that the weights dictate (pretrained.adapt_config; a `model` that disagrees stops the run)."""
+    base = load_recipe(recipe)
+    config = apply_overrides(base, overrides or {}, model=model)
+    if config.train.pretrained and not base.train.pretrained:
+        given = vars(overrides) if isinstance(overrides, argparse.Namespace) else dict(overrides or {})
+        kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
+        config = replace(config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}})
+    if config.train.pretrained:
+        from .pretrained import adapt_config  # reads the weights' description (PyTorch)
+
+        config = adapt_config(config, explicit_model=model)
+    return config

@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
-import tempfile
 import urllib.error
 import urllib.request
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -24,12 +23,16 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 from tqdm.auto import tqdm
 
+from .errors import FoodVitError
+from .files import atomic_folder, atomic_write
+from .seeds import derive_seed
+
 DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 LAYOUT = "<root>/train/<class>/*.jpg and <root>/test/<class>/*.jpg (torchvision's ImageFolder layout)"
 
 
-class DataError(ValueError):
+class DataError(FoodVitError, ValueError):
     """A data source that cannot be used as it is; the message says what to do."""
 
 
@@ -66,53 +69,53 @@ def download(url: str, *, timeout: float = 20.0, quiet: bool = False) -> Path:
     target = cache_dir() / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+
+    def fetch(tmp: Path) -> None:
+        with tmp.open("wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {name}", disable=quiet) as bar:
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
                     bar.update(len(chunk))
-        os.replace(tmp, target)
+
+    try:
+        return atomic_write(target, fetch, suffix=".part")
     except (urllib.error.URLError, OSError, TimeoutError) as err:
-        Path(tmp).unlink(missing_ok=True)
         reason = getattr(err, "reason", err)
         raise DataError(
             f"could not download {url} ({reason}). Without internet, point at local data instead: "
             f"--data /path/to/folder_or.zip, or set FOODVIT_DATA"
         ) from err
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
 
 
 def extract(zip_path: Path) -> Path:
     """Unpack a zip into the cache (once) and return the folder holding train/ and test/.
 
     Members that would land outside the target (absolute paths, '..') are refused before anything
-    is written; unpacking goes to a temporary folder that is renamed when complete.
+    is written; unpacking goes to a temporary folder that is renamed only when complete and laid
+    out as expected, so a corrupt or wrongly laid out zip leaves nothing in the cache.
     """
     zip_path = Path(zip_path)
     stat = zip_path.stat()
     key = hashlib.sha1(f"{zip_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
     target = cache_dir() / "data" / f"{zip_path.stem}-{key}"
-    if not target.is_dir():
+    if target.is_dir():
+        return _root_of(target, zip_path)
+    try:
         with zipfile.ZipFile(zip_path) as archive:
             for member in archive.namelist():
                 parts = PurePosixPath(member.replace("\\", "/")).parts
                 if member.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
                     raise DataError(f"{zip_path} holds an unsafe member {member!r} (absolute or '..' path); refusing to unpack it")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-            try:
+
+            def unpack(tmp: Path) -> None:
                 archive.extractall(tmp)
-                os.replace(tmp, target)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+                _root_of(tmp, zip_path)  # laid out as expected, or nothing is kept
+
+            atomic_folder(target, unpack)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as err:
+        raise DataError(f"{zip_path} is a damaged zip ({type(err).__name__}: {err}); download it again or unpack it "
+                        "yourself and pass the folder") from err
     return _root_of(target, zip_path)
 
 
@@ -128,13 +131,43 @@ def _root_of(folder: Path, origin: Path) -> Path:
 # ---------------------------------------------------------------------------------------- photos
 
 
+# Pillow's own default, named and enforced here: a photo over this many pixels is refused before it
+# is decoded (a "decompression bomb": a small file that decodes to gigabytes).
+MAX_PIXELS = 89_478_485
+
+
+class PhotoError(DataError):
+    """One photo that cannot be used (unreadable, not an image, too large)."""
+
+
+@contextlib.contextmanager
+def open_photo(path: str | os.PathLike):
+    """Image.open with the pixel limit enforced from the header, before any decoding; every way a
+    file can fail to open becomes a PhotoError that names the file and what is wrong."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the check below refuses instead
+            image = Image.open(path)
+    except Image.DecompressionBombError as err:
+        raise PhotoError(f"{path} is too large to decode safely ({err}); resize it below {MAX_PIXELS / 1e6:.0f} megapixels") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise PhotoError(f"{path} cannot be read as an image ({type(err).__name__}: {err})") from None
+    with image:
+        w, h = image.size
+        if w * h > MAX_PIXELS:
+            raise PhotoError(f"{path} is {w} x {h} = {w * h / 1e6:.0f} megapixels, over the limit of {MAX_PIXELS / 1e6:.0f} "
+                             "(a decompression bomb?); resize it if it is a real photo")
+        yield image
+
+
 def load_rgb(path: str | os.PathLike) -> Image.Image:
     """Open a photo as RGB whatever its mode, turned upright by its EXIF orientation.
 
     Transparent pixels (RGBA, LA, palette with transparency) are laid over white; 16- and 32-bit
-    grayscale is rescaled to 8 bits; CMYK, grayscale and palette photos are converted.
+    grayscale is rescaled to 8 bits; CMYK, grayscale and palette photos are converted. A photo
+    over MAX_PIXELS is refused before decoding.
     """
-    with Image.open(path) as image:
+    with open_photo(path) as image:
         image = ImageOps.exif_transpose(image)
         if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
             image = _to_8bit(image)
@@ -157,13 +190,15 @@ def _to_8bit(image: Image.Image) -> Image.Image:
 
 
 def check_image(path: Path) -> str | None:
-    """None if the file looks like a readable photo (extension and header), else why not."""
+    """None if the file looks like a readable photo (extension, header, size), else why not."""
     if path.suffix.lower() not in IMAGE_EXTENSIONS:
         return f"not an image file (extension {path.suffix or 'none'})"
     try:
-        with Image.open(path) as image:
+        with open_photo(path) as image:
             image.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+    except PhotoError as err:
+        return str(err).removeprefix(f"{path} ")
+    except (OSError, SyntaxError, ValueError) as err:
         return f"cannot be read as an image ({type(err).__name__}: {err})"
     return None
 
@@ -175,9 +210,19 @@ class Split:
     root: Path
     classes: tuple[str, ...]
     samples: tuple[tuple[Path, int], ...]
+    skipped: tuple[str, ...] = ()  # "path: why" for each file left out as unreadable
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def skipped_summary(self, verbose: bool = False) -> list[str]:
+        """One line saying how many files were skipped (and, verbose, a line for each); [] if none."""
+        if not self.skipped:
+            return []
+        first = self.skipped[0]
+        more = "" if len(self.skipped) == 1 else f" and {len(self.skipped) - 1} more" + ("" if verbose else " (--verbose lists them)")
+        lines = [f"skipped {len(self.skipped)} unreadable file(s) in {self.root}: {first}{more}"]
+        return lines + [f"  {line}" for line in self.skipped[1:]] if verbose else lines
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(self.classes, 0)
@@ -205,8 +250,7 @@ def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True)
     """
     folder = Path(folder)
     classes = class_names(folder)
-    files = [(path, index) for index, name in enumerate(classes)
-             for path in sorted(p for p in (folder / name).rglob("*") if p.is_file() and not p.name.startswith("."))]
+    files = [(path, index) for index, name in enumerate(classes) for path in _photo_files(folder / name)]
     samples, bad = [], []
     for path, index in tqdm(files, desc=f"reading {folder.name}/", disable=quiet or decode is None, leave=False):
         problem = check_image(path)
@@ -214,7 +258,7 @@ def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True)
             try:
                 decode(path)
             except DataError as err:  # the cache's loader explains what it could not read
-                problem = f"cannot be decoded ({err.__cause__ or err})"
+                problem = f"cannot be decoded ({err.__cause__ or str(err).removeprefix(f'cannot read {path} ')})"
         if problem:
             bad.append(f"{path}: {problem}")
         else:
@@ -222,12 +266,16 @@ def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True)
     for index, name in enumerate(classes):
         if not any(label == index for _, label in samples):
             raise DataError(f"class folder {folder / name} has no readable photos; add photos or remove the folder")
-    if bad:
-        if strict:
-            raise DataError("unreadable files (--strict refuses them; without it they are skipped):\n  " + "\n  ".join(bad))
-        for line in bad:
-            warnings.warn(f"skipping {line}", stacklevel=2)
-    return Split(folder, tuple(classes), tuple(samples))
+    if bad and strict:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise DataError(f"unreadable file {bad[0]}{more}; --strict refuses them (without it they are skipped)")
+    return Split(folder, tuple(classes), tuple(samples), tuple(bad))
+
+
+def _photo_files(folder: Path) -> list[Path]:
+    """Every file under folder, sorted, leaving out hidden files and everything in hidden folders
+    (.thumbs/, .ipynb_checkpoints/, ...)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
 
 
 @dataclass(frozen=True)
@@ -287,7 +335,7 @@ def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, S
     """Hold out `fraction` of each class (at least one photo) as a validation split, reproducibly."""
     if not 0 < fraction < 1:
         raise DataError(f"val_fraction must be between 0 and 1, got {fraction}")
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(derive_seed(seed, "validation"))
     keep, held = [], []
     for label in range(len(train.classes)):
         items = [s for s in train.samples if s[1] == label]
@@ -340,57 +388,84 @@ class PhotoDataset(Dataset):
 
 
 def load_or_explain(path: Path) -> Image.Image:
+    """load_rgb, with every failure a PhotoError that names the file and what is wrong."""
     try:
         return load_rgb(path)
-    except (OSError, UnidentifiedImageError, ValueError) as err:
-        raise DataError(f"cannot read {path} ({err}); remove it or fix it, then resume the run") from err
+    except PhotoError:
+        raise
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
+        raise PhotoError(f"cannot read {path} ({err}); remove or replace it") from err
 
 
 class PhotoCache:
-    """Each photo processed once and kept in memory, keyed by path.
+    """Each photo processed once by `make` and, with keep=True, kept in memory, keyed by path.
 
-    decoded(size): uint8 (C, H, W) with the shorter side at most `size` px, for training, where the
-    augmentation runs anew each epoch. transformed(transform): the finished input tensor, for
-    evaluation, where the transform is deterministic. JPEG decoding dominates CPU time on small data
-    sets; this pays it once per run.
+    decoded(size, interpolation): uint8 (C, H, W) with the shorter side at most `size` px, for
+    training, where the augmentation runs anew each epoch. transformed(transform): the finished
+    input tensor, for evaluation, where the transform is deterministic. JPEG decoding dominates CPU
+    time on small data sets; keeping pays it once per run. With keep=False every get() computes
+    the same value anew: the cache on or off is the same experiment.
     """
 
-    def __init__(self, make) -> None:
-        self.make = make
+    def __init__(self, make, keep: bool = True) -> None:
+        self.make, self.keep = make, keep
         self.items: dict[Path, torch.Tensor] = {}
 
     @classmethod
-    def decoded(cls, size: int) -> "PhotoCache":
-        from torchvision.transforms.v2 import functional as TF
-
-        def make(path: Path) -> torch.Tensor:
-            image = load_or_explain(path)  # fully decodes: truncated files fail here
-            if min(image.size) > size:
-                image = TF.resize(image, size, antialias=True)
-            return TF.pil_to_tensor(image)
-
-        return cls(make)
+    def decoded(cls, size: int, interpolation: str = "bilinear", keep: bool = True) -> "PhotoCache":
+        return cls(DecodeDownsized(size, interpolation), keep)
 
     @classmethod
-    def transformed(cls, transform) -> "PhotoCache":
-        return cls(lambda path: transform(load_or_explain(path)))
+    def transformed(cls, transform, keep: bool = True) -> "PhotoCache":
+        return cls(Transformed(transform), keep)
 
     def get(self, path: Path) -> torch.Tensor:
         value = self.items.get(path)
         if value is None:
-            value = self.items[path] = self.make(path)
+            value = self.make(path)
+            if self.keep:
+                self.items[path] = value
         return value
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.items.values())
 
 
+class DecodeDownsized:
+    """A photo decoded (fully: truncated files fail here) and, if its shorter side is over `size`,
+    resized down to it with the run's interpolation (Pillow): uint8 (C, H, W)."""
+
+    def __init__(self, size: int, interpolation: str = "bilinear") -> None:
+        self.size, self.interpolation = size, interpolation
+
+    def __call__(self, path: Path) -> torch.Tensor:
+        import numpy as np
+
+        from .preprocess import resample_filter, shorter_side_to
+
+        image = load_or_explain(path)
+        if min(image.size) > self.size:
+            image = image.resize(shorter_side_to(image.size, self.size), resample=resample_filter(self.interpolation))
+        return torch.from_numpy(np.asarray(image, dtype=np.uint8).transpose(2, 0, 1).copy())
+
+
+class Transformed:
+    """A photo decoded and passed through a transform (the evaluation preprocessing)."""
+
+    def __init__(self, transform) -> None:
+        self.transform = transform
+
+    def __call__(self, path: Path) -> torch.Tensor:
+        return self.transform(load_or_explain(path))
+
+
 class EpochSampler(Sampler[int]):
     """A fresh permutation each epoch, drawn from (seed, epoch) alone, so a resumed run sees the
     same order as an uninterrupted one. repeats > 1 is repeated augmentation: each index that many
     times an epoch (Hoffer et al. 2020). per_sample_seeds=True yields (index, seed) pairs instead,
-    one seed per position in the epoch, and PhotoDataset augments each photo from its seed: then
-    neither which loader worker augments a photo nor how many workers there are changes a batch."""
+    one augmentation seed per position in the epoch, and PhotoDataset augments each photo from its
+    seed: then neither which loader worker augments a photo nor how many workers there are (none
+    included) changes a batch, and augmentation draws from a stream of its own (seeds.py)."""
 
     def __init__(self, n: int, seed: int, repeats: int = 1, per_sample_seeds: bool = False) -> None:
         self.n, self.seed, self.repeats, self.epoch = n, seed, repeats, 0
@@ -403,18 +478,13 @@ class EpochSampler(Sampler[int]):
         return self.n * self.repeats
 
     def __iter__(self):
-        g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+        g = torch.Generator().manual_seed(derive_seed(self.seed, "order", self.epoch))
         indices = torch.arange(self.n).repeat_interleave(self.repeats)
         order = indices[torch.randperm(len(indices), generator=g)].tolist()
         if not self.per_sample_seeds:
             return iter(order)
-        first = epoch_seed(self.seed, self.epoch) * 1_000_003
+        first = derive_seed(self.seed, "augment", self.epoch)
         return iter((index, (first + position) % 2**63) for position, index in enumerate(order))
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    """One seed per (run seed, epoch): everything random in an epoch derives from it."""
-    return (seed * 1_000_003 + epoch * 7919) % (2**63 - 1)
 
 
 class MixingCollate:
@@ -430,13 +500,13 @@ class MixingCollate:
 
 def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0, repeats: int = 1, workers: int = 0,
                 mixer=None, pin_memory: bool = False) -> DataLoader:
-    # With workers, training augments each photo from its own seed, so the workers can stay up
-    # between epochs (starting them took longer than a whole epoch of a small model on a GPU)
-    # and a resumed run still sees the same batches. Without workers nothing changes.
-    sampler = EpochSampler(len(dataset), seed, repeats, per_sample_seeds=workers > 0) if train else None
+    # Training augments each photo from its own seed (EpochSampler's per-sample seeds), so the
+    # workers can stay up between epochs (starting them took longer than a whole epoch of a small
+    # model on a GPU), a resumed run sees the same batches, and 0, 1 or 8 workers give the same photos.
+    sampler = EpochSampler(len(dataset), seed, repeats, per_sample_seeds=True) if train else None
     collate = MixingCollate(mixer) if mixer is not None else None
     return DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, shuffle=False, num_workers=workers, collate_fn=collate,
-        pin_memory=pin_memory, drop_last=False, generator=torch.Generator().manual_seed(seed) if train else None,
-        persistent_workers=train and workers > 0,
+        pin_memory=pin_memory, drop_last=False, persistent_workers=train and workers > 0,
+        generator=torch.Generator().manual_seed(derive_seed(seed, "augment")) if train else None,
     )

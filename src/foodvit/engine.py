@@ -19,8 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from .errors import FoodVitError
 
-class TrainingDiverged(RuntimeError):
+
+class TrainingDiverged(FoodVitError, RuntimeError):
     """The loss became NaN or infinite."""
 
 
@@ -57,12 +59,15 @@ def train_one_epoch(
     on_step: Iterable[Callable[[nn.Module], None]] = (),
     progress: str | None = None,
 ) -> dict[str, float]:
-    """One pass over `loader`. Returns train_loss (mean cross-entropy per image, any auxiliary
-    loss left out so that it compares with the evaluation loss), train_acc (per image), n, lr."""
+    """One pass over `loader`. Returns, per image: train_loss, the plain cross-entropy of the
+    predictions against the photos' classes (the dominant class of a mixed photo), without label
+    smoothing or auxiliary loss, so that it compares with the evaluation loss; train_objective,
+    what the optimiser minimised (label smoothing, mixed targets and any auxiliary loss included);
+    train_acc; n; lr."""
     s = settings or StepSettings()
     model.train()
     total_batches = len(loader)
-    loss_sum = torch.zeros((), device=s.device, dtype=torch.float64)
+    sums = torch.zeros(2, device=s.device, dtype=torch.float64)  # plain cross-entropy, objective
     correct = torch.zeros((), device=s.device, dtype=torch.int64)
     seen = 0
     lr = optimizer.param_groups[0]["lr"]
@@ -77,10 +82,14 @@ def train_one_epoch(
             out = model(images)
             logits, extra = out if isinstance(out, tuple) else (out, None)
             loss = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing)
-        ((loss if extra is None else loss + extra) / group_size).backward()
+            objective = loss if extra is None else loss + extra
+        (objective / group_size).backward()
         n = images.shape[0]
-        loss_sum += loss.detach().double() * n  # the classification loss: comparable with val and test
-        correct += (logits.detach().argmax(dim=1) == _hard(labels)).sum()
+        hard = _hard(labels)
+        with torch.no_grad():
+            plain = F.cross_entropy(logits.detach().float(), hard)
+        sums += torch.stack([plain.double(), objective.detach().double()]) * n
+        correct += (logits.detach().argmax(dim=1) == hard).sum()
         seen += n
         if i + 1 == group_end:
             if s.clip_grad > 0:
@@ -93,12 +102,14 @@ def train_one_epoch(
             for hook in on_step:
                 hook(model)
         if (i + 1) % s.sync_every == 0 or i + 1 == total_batches:
-            value = loss_sum.item()  # any NaN or inf since the last check shows in the sum
-            if not math.isfinite(value):
-                raise TrainingDiverged(f"the loss became {loss.item()} at step {i + 1} of {total_batches}")
-            bar.set_postfix(loss=f"{loss_sum.item() / seen:.3f}", acc=f"{correct.item() / seen:.3f}", refresh=False)
+            plain_sum, objective_sum = sums.tolist()  # any NaN or inf since the last check shows in the sums
+            if not (math.isfinite(plain_sum) and math.isfinite(objective_sum)):
+                raise TrainingDiverged(f"the loss became {objective.item()} at step {i + 1} of {total_batches}")
+            bar.set_postfix(loss=f"{plain_sum / seen:.3f}", acc=f"{correct.item() / seen:.3f}", refresh=False)
     bar.close()
-    return {"train_loss": loss_sum.item() / max(seen, 1), "train_acc": correct.item() / max(seen, 1), "n": seen, "lr": lr}
+    plain_sum, objective_sum = sums.tolist()
+    return {"train_loss": plain_sum / max(seen, 1), "train_objective": objective_sum / max(seen, 1),
+            "train_acc": correct.item() / max(seen, 1), "n": seen, "lr": lr}
 
 
 @torch.no_grad()
@@ -160,7 +171,7 @@ def fit(
 ) -> list[dict]:
     """Train from start_epoch to epochs; after each, evaluate on every named loader (val, test).
 
-    Each epoch's row: epoch, train_loss, train_acc, <name>_loss, <name>_acc, lr, seconds.
+    Each epoch's row: epoch, train_loss, train_objective, train_acc, <name>_loss, <name>_acc, lr, seconds.
     eval_model() gives the model to evaluate (e.g. the EMA); default: the trained model.
     """
     hooks = hooks or FitHooks()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 from . import data as D
 from .engine import StepSettings, evaluate
 from .report import per_class_accuracy
-from .transforms import eval_transform
+from .preprocess import eval_transform
 
 
 def evaluate_split(model, split: D.Split, batch_size: int = 64, device: torch.device | None = None) -> dict:
@@ -28,8 +29,9 @@ def evaluate_split(model, split: D.Split, batch_size: int = 64, device: torch.de
 
 @torch.no_grad()
 def predict(model, images: list[str | Path], top_k: int = 3) -> list[dict]:
-    """One result per photo: image, label, probability, top_k [[label, probability], ...], seconds
-    (decode, preprocessing and forward pass: what a user waits for)."""
+    """One result per photo, in order: image, label, probability, top_k [[label, probability], ...],
+    seconds (decode, preprocessing and forward pass: what a user waits for); or, for a photo that
+    cannot be used, image and error (what is wrong), and the others are still predicted."""
     transform = eval_transform(model.preprocess)
     device = next(model.parameters()).device
     k = max(1, min(top_k, len(model.class_names)))
@@ -37,7 +39,12 @@ def predict(model, images: list[str | Path], top_k: int = 3) -> list[dict]:
     results = []
     for image in images:
         started = time.perf_counter()
-        x = transform(D.load_or_explain(Path(image))).unsqueeze(0).to(device)  # (1, C, H, W)
+        try:
+            photo = D.load_or_explain(_local(image))
+        except D.DataError as err:
+            results.append({"image": str(image), "error": str(err)})
+            continue
+        x = transform(photo).unsqueeze(0).to(device)  # (1, C, H, W)
         probs = model(x).float().softmax(dim=-1)[0]
         top = probs.topk(k)
         seconds = time.perf_counter() - started
@@ -47,21 +54,35 @@ def predict(model, images: list[str | Path], top_k: int = 3) -> list[dict]:
     return results
 
 
+def _local(image: str | Path) -> Path:
+    """A local photo's path; URLs are refused with a message that says what to do."""
+    text = str(image)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
+        raise D.PhotoError(f"{text}: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file")
+    path = Path(image)
+    if not path.exists():
+        raise D.PhotoError(f"{path} does not exist")
+    if path.is_dir():
+        raise D.PhotoError(f"{path} is a folder; pass photo files (e.g. {path}/*.jpg)")
+    return path
+
+
 def plot_predictions(images: list[str | Path], results: list[dict], columns: int = 4):
     """The course's pred_and_plot_image: each photo titled with its label and probability."""
     import math
 
-    import matplotlib.pyplot as plt
-
-    from .report import matplotlib  # noqa: F401  (selects the file-only backend)
+    from .report import subplots
 
     n = len(results)
     cols = min(columns, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 4.8 * rows), squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(4.5 * cols, 4.8 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, image, result in zip(axes.flat, images, results):
+        if "error" in result:
+            ax.text(0.5, 0.5, f"{Path(str(image)).name}\ncould not be read", ha="center", va="center", fontsize=10)
+            continue
         ax.imshow(D.load_or_explain(Path(image)))
         ax.set_title(f"Pred: {result['label']} | Prob: {result['probability']:.3f}", fontsize=11)
     fig.tight_layout()

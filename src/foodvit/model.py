@@ -40,108 +40,12 @@ Notes (not deviations from the paper's text):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-Pool = Literal["cls", "gap", "seq"]
-PosEmbed = Literal["learned", "sincos2d", "none"]
-Stem = Literal["patch", "conv"]
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
-
-
-@dataclass(frozen=True)
-class ViTConfig:
-    """Everything that defines a ViT. Defaults are ViT-B/16 at 224 px (Table 1)."""
-
-    image_size: int = field(default=224, metadata=_help("input resolution H = W in pixels (paper: 224)"))
-    patch_size: int = field(default=16, metadata=_help("patch size P (paper: 16; 'ViT-B/16')"))
-    in_channels: int = field(default=3, metadata=_help("image channels C"))
-    num_classes: int = field(default=1000, metadata=_help("classes of the linear head"))
-    embed_dim: int = field(default=768, metadata=_help("width D (Table 1: 'Hidden size')"))
-    depth: int = field(default=12, metadata=_help("encoder blocks L (Table 1: 'Layers')"))
-    num_heads: int = field(default=12, metadata=_help("attention heads h (Table 1: 'Heads')"))
-    mlp_dim: int = field(default=3072, metadata=_help("MLP width M (Table 1: 'MLP size')"))
-    dropout: float = field(default=0.0, metadata=_help("dropout after dense layers and the position embedding (App. B.1, Table 3)"))
-    attn_dropout: float = field(default=0.0, metadata=_help("dropout on the attention weights (JAX reference: 0)"))
-    drop_path: float = field(default=0.0, metadata=_help("stochastic depth rate of the last block (deviation 4; DeiT: 0.1)"))
-    pool: Pool = field(default="cls", metadata=_help("'cls' (Eq. 4), 'gap' (deviation 1) or 'seq' (deviation 6)"))
-    pos_embed: PosEmbed = field(default="learned", metadata=_help("'learned' (Eq. 1), 'sincos2d' or 'none' (deviation 2)"))
-    class_token: bool = field(default=True, metadata=_help("prepend the learnable class token (Eq. 1); False is deviation 3"))
-    stem: Stem = field(default="patch", metadata=_help("'patch' (one Conv2d, Eq. 1) or 'conv' (convolutional tokeniser, deviation 5)"))
-    locality: bool = field(default=False, metadata=_help("locality self-attention: no self-attention to the own token, learned temperature (deviation 7)"))
-    layer_norm_eps: float = field(default=1e-6, metadata=_help("LayerNorm epsilon (JAX reference: 1e-6)"))
-
-    def __post_init__(self) -> None:
-        if self.embed_dim % self.num_heads:
-            raise ValueError(
-                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}: "
-                f"each head gets d = D / h channels; pick num_heads from the divisors of "
-                f"{self.embed_dim} (e.g. {_divisors_near(self.embed_dim, self.num_heads)})"
-            )
-        if self.image_size % self.patch_size:
-            lower = self.image_size // self.patch_size * self.patch_size
-            raise ValueError(
-                f"image size {self.image_size} is not divisible by patch size {self.patch_size}; "
-                f"use --image-size {lower or self.patch_size} or {lower + self.patch_size}"
-            )
-        if not self.class_token and self.pool == "cls":
-            raise ValueError("pool='cls' needs the class token: set class_token=True or pool='gap' or 'seq'")
-        if self.stem == "conv" and self.patch_size & (self.patch_size - 1):
-            raise ValueError(f"stem='conv' halves the resolution per stage, so patch size must be a power of 2, got {self.patch_size}")
-        for name in ("pool", "pos_embed", "stem"):
-            allowed = _LITERALS[name]
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
-
-    @property
-    def grid_size(self) -> int:
-        """Patches per side, H / P."""
-        return self.image_size // self.patch_size
-
-    @property
-    def num_patches(self) -> int:
-        """N = HW / P^2."""
-        return self.grid_size**2
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: the class token, if any."""
-        return int(self.class_token)
-
-    @property
-    def num_tokens(self) -> int:
-        """T = N + 1 (or N without a class token)."""
-        return self.num_patches + self.num_prefix_tokens
-
-    @property
-    def class_only_last_block(self) -> bool:
-        """Whether forward() computes the last block for the class token alone: when Eq. 4 pools
-        the class token, no other token's output of that block is read."""
-        return self.pool == "cls"
-
-    def replace(self, **changes) -> "ViTConfig":
-        return replace(self, **changes)
-
-
-_LITERALS = {"pool": ("cls", "gap", "seq"), "pos_embed": ("learned", "sincos2d", "none"), "stem": ("patch", "conv")}
-
-
-def _divisors_near(n: int, target: int) -> str:
-    divs = sorted((k for k in range(1, n + 1) if n % k == 0), key=lambda k: abs(k - target))
-    return ", ".join(str(k) for k in sorted(divs[:3]))
-
-
-def config_fields() -> tuple:
-    """The dataclass fields of ViTConfig (used to generate command-line options)."""
-    return fields(ViTConfig)
-
+from .config import ViTConfig
+from .errors import ConfigError, InputError
 
 # ---------------------------------------------------------------------------------------------
 # Eq. 1: patch embedding, class token, position embedding
@@ -196,18 +100,18 @@ class ConvStem(nn.Module):
 def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> None:
     """Refuse inputs the model was not built for, saying what to do about it."""
     if images.ndim != 4:
-        raise ValueError(
+        raise InputError(
             f"expected a batch of images shaped (B, {in_channels}, {image_size}, {image_size}), got a tensor of "
             f"shape {tuple(images.shape)}; add a batch dimension with images.unsqueeze(0)"
         )
     _, C, H, W = images.shape
     if C != in_channels:
-        raise ValueError(
+        raise InputError(
             f"expected {in_channels} channels, got {C} (shape {tuple(images.shape)}); convert images to RGB, "
             f"e.g. PIL's image.convert('RGB'), or build the model with in_channels={C}"
         )
     if (H, W) != (image_size, image_size):
-        raise ValueError(
+        raise InputError(
             f"expected {image_size} x {image_size} images, got {H} x {W}; resize them to {image_size} "
             f"(the model's preprocessing does this) or rebuild the model for {H} px with "
             f"foodvit.resize_model(model, {H})"
@@ -221,7 +125,7 @@ def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 100
     column, at geometrically spaced frequencies (Vaswani et al. 2017, extended to 2D).
     """
     if embed_dim % 4:
-        raise ValueError(f"sincos2d position embedding needs embed_dim divisible by 4, got {embed_dim}")
+        raise ConfigError(f"sincos2d position embedding needs embed_dim divisible by 4, got {embed_dim}")
     rows, cols = torch.meshgrid(torch.arange(grid_size, dtype=torch.float64), torch.arange(grid_size, dtype=torch.float64), indexing="ij")
     omega = 1.0 / temperature ** (torch.arange(embed_dim // 4, dtype=torch.float64) / (embed_dim // 4))
     rows = rows.flatten()[:, None] * omega[None, :]  # (N, D/4)
@@ -247,7 +151,7 @@ def resample_pos_embed(
     _, T, D = pos_embed.shape
     old = math.isqrt(T - num_prefix_tokens)
     if old * old != T - num_prefix_tokens:
-        raise ValueError(
+        raise InputError(
             f"position embedding of {T} tokens with {num_prefix_tokens} prefix token(s) does not hold a square "
             f"grid of patches; was it trained with{'out' if num_prefix_tokens else ''} a class token?"
         )
@@ -475,9 +379,21 @@ class VisionTransformer(nn.Module):
 
     def freeze_backbone(self) -> None:
         """Train the head only (a feature extractor): every other parameter stops taking gradients,
-        so the optimiser holds no state for them and backward stops at the head."""
+        so the optimiser holds no state for them and backward stops at the head; and the backbone
+        stays in eval mode even when the model is put in training mode (train()), so dropout,
+        stochastic depth and the conv stem's BatchNorm compute the same features every time."""
         for name, p in self.named_parameters():
             p.requires_grad_(name.startswith("head."))
+        self.backbone_frozen = True
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> "VisionTransformer":
+        super().train(mode)
+        if getattr(self, "backbone_frozen", False):
+            for name, child in self.named_children():
+                if name != "head":
+                    child.eval()
+        return self
 
     def no_weight_decay(self) -> set[str]:
         """Parameters an optimiser should not decay: the class token and the position embedding."""

@@ -13,17 +13,31 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .config import OptimConfig
+from .errors import ConfigError
+
+
+def no_decay_parameters(model: nn.Module) -> set[int]:
+    """The ids of the parameters that some module inside `model` names in its no_weight_decay()
+    (e.g. the ViT's class token and learned position embedding). Found by identity, so they are
+    found through any wrapper (the localization loss's, torch.compile's, DDP's)."""
+    found: set[int] = set()
+    for module in model.modules():
+        names = getattr(module, "no_weight_decay", None)
+        if callable(names):
+            own = dict(module.named_parameters())
+            found |= {id(own[name]) for name in names() if name in own}
+    return found
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_all: bool = False) -> list[dict]:
     """Two groups: decayed weights, and the rest (biases, norm scales, and what the model names in
-    no_weight_decay(), e.g. class token and position embedding). Frozen parameters are left out."""
-    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    no_weight_decay(), found by identity through any wrapper). Frozen parameters are left out."""
+    skip = no_decay_parameters(model)
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if not p.requires_grad:
             continue
-        if decay_all or (p.ndim > 1 and name not in skip):
+        if decay_all or (p.ndim > 1 and id(p) not in skip):
             decay.append(p)
         else:
             no_decay.append(p)
@@ -34,7 +48,7 @@ def param_groups(model: nn.Module, weight_decay: float, decay_all: bool = False)
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay, cfg.decay_all)
     if not groups:
-        raise ValueError("no trainable parameters: everything is frozen")
+        raise ConfigError("no trainable parameters: everything is frozen")
     # fused kernels on CUDA (one launch for all parameters); foreach on the CPU
     fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
     if cfg.optimizer == "adam":  # weight decay as L2 in the gradient, as torch.optim.Adam (and the course) does
@@ -43,7 +57,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **fast)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **fast)
-    raise ValueError(f"unknown optimizer {cfg.optimizer!r}; expected adam, adamw or sgd")
+    raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; expected adam, adamw or sgd")
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float = 0.0) -> float:
@@ -58,7 +72,7 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, min
     elif schedule == "linear":
         shape = 1.0 - progress
     else:
-        raise ValueError(f"unknown schedule {schedule!r}; expected constant, cosine or linear")
+        raise ConfigError(f"unknown schedule {schedule!r}; expected constant, cosine or linear")
     return min_ratio + (1 - min_ratio) * shape
 
 

@@ -15,18 +15,17 @@ position embeddings.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
-import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .config import RunConfig
+from .errors import FoodVitError
 from .model import ViTConfig, VisionTransformer
-from .transforms import Preprocess
+from .preprocess import Preprocess
 from .variants import DEFAULT_MEAN, DEFAULT_STD, IMAGENET_MEAN, IMAGENET_STD, SIZES, create_model, get_variant
 
 # torchvision's ViT builders and the paper names they build
@@ -38,7 +37,7 @@ ARCHITECTURE = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_dim", "poo
 DOWNLOAD_TIMEOUT = 20.0
 
 
-class PretrainedError(ValueError):
+class PretrainedError(FoodVitError, ValueError):
     """Weights that cannot be had or used; the message says what to do."""
 
 
@@ -52,33 +51,56 @@ class Pretrained:
     model_config: ViTConfig | None = None  # foodvit files carry their exact architecture
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights (downloading them if needed)."""
+        """The weights (downloading them if needed; every connection times out by itself, nothing
+        process-wide is changed)."""
         if self.kind == "file":
             from .weights import read_weights
 
             return read_weights(self.spec)[0]
-        with _network_timeout(DOWNLOAD_TIMEOUT):
-            try:
-                if self.kind == "torchvision":
-                    return _torchvision_weights(self.spec, self.variant).get_state_dict(progress=True, check_hash=True)
-                return _timm_state_dict(self.spec.split(":", 1)[1])
-            except (OSError, RuntimeError, ValueError, ImportError, TimeoutError) as err:
-                raise PretrainedError(
-                    f"could not download the weights {self.spec} ({type(err).__name__}: {str(err).splitlines()[0][:200]}). "
-                    "Without internet, pass a local weights file instead: --pretrained /path/to/weights.pth "
-                    "(torchvision, timm or foodvit layout)"
-                ) from err
+        try:
+            if self.kind == "torchvision":
+                return _torchvision_state_dict(_torchvision_weights(self.spec, self.variant))
+            return _timm_state_dict(self.spec.split(":", 1)[1])
+        except PretrainedError:
+            raise
+        except (OSError, RuntimeError, ValueError, ImportError, TimeoutError) as err:
+            raise PretrainedError(
+                f"could not download the weights {self.spec} ({type(err).__name__}: {str(err).splitlines()[0][:200]}). "
+                "Without internet, pass a local weights file instead: --pretrained /path/to/weights.pth "
+                "(torchvision, timm or foodvit layout)"
+            ) from err
 
 
-@contextlib.contextmanager
-def _network_timeout(seconds: float):
-    """torch.hub has no timeout argument: bound every socket operation while downloading."""
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(seconds)
-    try:
-        yield
-    finally:
-        socket.setdefaulttimeout(previous)
+def _torchvision_state_dict(weights) -> dict[str, torch.Tensor]:
+    """torchvision's weights file, downloaded once into torch.hub's cache ($TORCH_HOME) as
+    torchvision does, with a timeout on the connection, its SHA-256 checked against the prefix in
+    the file name, and the file appearing only when complete."""
+    import hashlib
+    import urllib.request
+
+    from torch.hub import HASH_REGEX, get_dir
+    from tqdm.auto import tqdm
+
+    from .files import atomic_write
+
+    name = Path(urllib.request.urlparse(weights.url).path).name
+    target = Path(get_dir()) / "checkpoints" / name
+    if not target.is_file():
+        def fetch(tmp: Path) -> None:
+            digest = hashlib.sha256()
+            with urllib.request.urlopen(weights.url, timeout=DOWNLOAD_TIMEOUT) as response, tmp.open("wb") as out:
+                total = int(response.headers.get("Content-Length") or 0) or None
+                with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {name}") as bar:
+                    while chunk := response.read(1 << 20):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+            expected = HASH_REGEX.search(name)
+            if expected and not digest.hexdigest().startswith(expected.group(1)):
+                raise PretrainedError(f"{weights.url} arrived damaged (its SHA-256 does not start with {expected.group(1)}); try again")
+
+        atomic_write(target, fetch, suffix=".part")
+    return torch.load(target, map_location="cpu", weights_only=True)
 
 
 def _torchvision_weights(spec: str, variant: str | None):

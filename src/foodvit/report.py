@@ -4,42 +4,63 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")  # files only; never needs a screen
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import torch  # noqa: E402
+from .files import atomic_write, write_text
 
-from .run import atomic_write, write_text  # noqa: E402
+
+def new_figure(figsize):
+    """A figure drawn without pyplot: nothing global changes (no backend switch, no figure kept
+    open), so a notebook's own matplotlib set-up is left as it was. matplotlib is imported here,
+    when the first picture is drawn, not when foodvit is."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize)
+
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize, **kwargs):
+    """A new_figure() and its axes."""
+    fig = new_figure(figsize)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def integer_ticks(axis) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def save_figure(fig, path: Path) -> Path:
     def write(tmp: Path) -> None:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
 
-    try:
-        return atomic_write(path, write)
-    finally:
-        plt.close(fig)
+    return atomic_write(path, write)
 
 
 def plot_curves(history: list[dict]):
-    """Loss and per-image accuracy per epoch, train against the evaluated splits."""
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    """Per epoch: plain cross-entropy (train, val, test: the same quantity on each split), per-image
+    accuracy, and, in a panel of its own, the training objective the optimiser minimised (label
+    smoothing, mixed targets and auxiliary losses included), which is not comparable with the rest."""
+    fig, (ax_loss, ax_acc, ax_obj) = subplots(1, 3, figsize=(15, 4))
     epochs = [row["epoch"] for row in history]
+
+    def draw(ax, key: str, style: str, label: str) -> None:
+        points = [(e, row.get(key)) for e, row in zip(epochs, history) if row.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points), style, label=label, markersize=3)
+
     for split, style in (("train", "-o"), ("val", "-s"), ("test", "-^")):
-        for ax, metric in ((ax_loss, "loss"), (ax_acc, "acc")):
-            points = [(e, row.get(f"{split}_{metric}")) for e, row in zip(epochs, history)]
-            points = [(e, v) for e, v in points if v is not None]
-            if points:
-                ax.plot(*zip(*points), style, label=split, markersize=3)
-    ax_loss.set(title="Loss", xlabel="epoch", ylabel="cross-entropy (mean per image)")
+        draw(ax_loss, f"{split}_loss", style, split)
+        draw(ax_acc, f"{split}_acc", style, split)
+    draw(ax_obj, "train_objective", "-o", "train")
+    ax_loss.set(title="Cross-entropy", xlabel="epoch", ylabel="plain cross-entropy (mean per image)")
     ax_acc.set(title="Accuracy", xlabel="epoch", ylabel="accuracy (per image)", ylim=(0, 1.02))
-    for ax in (ax_loss, ax_acc):
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax_obj.set(title="Training objective", xlabel="epoch", ylabel="minimised loss (smoothing, mixing, auxiliary)")
+    for ax in (ax_loss, ax_acc, ax_obj):
+        integer_ticks(ax.xaxis)
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_lines():
+            ax.legend()
     fig.tight_layout()
     return fig
 
@@ -47,7 +68,7 @@ def plot_curves(history: list[dict]):
 def plot_confusion(confusion: torch.Tensor, classes, title: str = "Test confusion matrix"):
     """Counts, rows = true class, columns = predicted class; each cell also shows its row share."""
     k = len(classes)
-    fig, ax = plt.subplots(figsize=(1.3 * k + 2.5, 1.1 * k + 2))
+    fig, ax = subplots(figsize=(1.3 * k + 2.5, 1.1 * k + 2))
     totals = confusion.sum(dim=1, keepdim=True).clamp(min=1)
     shares = (confusion / totals).numpy()
     ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)

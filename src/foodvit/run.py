@@ -5,7 +5,8 @@
     checkpoint.pt      everything needed to resume (written atomically after every epoch)
     model.safetensors  the trained model's state dict (foodvit layout)
     model.json         beside it: model config, class names, preprocessing, final metrics
-    curves.png, confusion.png, report.md
+    curves.png, confusion.png, most_wrong.png, report.md
+    .foodvit.lock      while a process writes the run (files.RunLock)
 """
 
 from __future__ import annotations
@@ -13,38 +14,24 @@ from __future__ import annotations
 import csv
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from .errors import FoodVitError
+from .files import atomic_write, write_text  # noqa: F401  (write_text re-exported)
 from .model import ViTConfig, VisionTransformer
-from .transforms import Preprocess
+from .preprocess import Preprocess
 
-METRIC_COLUMNS = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds")
+# every file a run writes (a failed start removes these, and only these)
+RUN_FILES = ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "curves.png", "confusion.png",
+             "most_wrong.png", "report.md")
+# *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised
+METRIC_COLUMNS = ("epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds")
 
 
-class RunError(ValueError):
+class RunError(FoodVitError, ValueError):
     """A run directory that cannot be used as asked; the message says what to do."""
-
-
-def atomic_write(path: Path, write) -> Path:
-    """Call write(tmp_path), then rename over `path`: readers never see a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_text(path: Path, text: str) -> Path:
-    return atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def write_metrics(path: Path, history: list[dict]) -> Path:
@@ -56,11 +43,6 @@ def write_metrics(path: Path, history: list[dict]) -> Path:
                 writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
 
     return atomic_write(path, write)
-
-
-def read_metrics(path: Path) -> list[dict]:
-    with Path(path).open() as f:
-        return [{k: (float(v) if v not in ("", None) else None) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def save_checkpoint(path: Path, state: dict) -> Path:
@@ -93,6 +75,16 @@ def save_model(run: Path, model: VisionTransformer, classes, preprocess: Preproc
     return run / "model.safetensors"
 
 
+def _read_card(path: Path) -> dict:
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunError(f"{path} is not readable JSON ({err}); training writes it with the model: train again or restore it") from None
+    if not isinstance(card, dict):
+        raise RunError(f"{path} holds a JSON {type(card).__name__}, not the model card object training writes")
+    return card
+
+
 def load_model(run: str | os.PathLike, device: str | torch.device | None = None) -> VisionTransformer:
     """The trained model of a run directory (or a foodvit .safetensors file), in eval mode, with
     `.class_names` and `.preprocess` (a Preprocess) attached."""
@@ -105,8 +97,11 @@ def load_model(run: str | os.PathLike, device: str | torch.device | None = None)
         raise RunError(f"no trained model at {weights}{hint}")
     state, meta = read_weights(weights)
     card_path = weights.with_name("model.json")
-    card = json.loads(card_path.read_text()) if card_path.is_file() else {}
-    config = ViTConfig(**card["model"]) if "model" in card else config_from_metadata(meta)
+    card = _read_card(card_path) if card_path.is_file() else {}
+    try:
+        config = ViTConfig(**card["model"]) if "model" in card else config_from_metadata(meta)
+    except TypeError as err:
+        raise RunError(f"{card_path} describes a model this foodvit does not build ({err}); was it written by another version?") from None
     if config is None:
         raise RunError(f"{weights} carries no model configuration: it is not a foodvit model file; "
                        "load foreign weights with foodvit.load_weights(foodvit.create_model(...), path)")

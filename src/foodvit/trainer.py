@@ -1,31 +1,42 @@
 """`foodvit train`: a RunConfig in, a run directory out. Wires data, model, optimiser and the
 engine together; every piece lives in its own module.
 
-Reproducibility: everything random in epoch e (data order, augmentation, dropout, mixup) is drawn
-from a seed derived from (seed, e), and a checkpoint is written after every epoch, so a resumed
-run finishes exactly as an uninterrupted one would (on the CPU).
+Reproducibility: every random stream (model initialisation, validation split, photo order,
+augmentation, the rest of a step) has its own seed derived from the run seed (seeds.py), those
+of epoch e from (seed, purpose, e), and a checkpoint is written after every epoch, so a resumed run
+finishes exactly as an uninterrupted one would (on the CPU).
+
+The run directory is the user's: a new run goes only into a new or empty folder, one process at
+a time writes it (a lock file), a run that fails before its first checkpoint leaves nothing
+behind, and a resumed run continues with exactly the settings, data and model it started with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from . import data as D
-from .config import RunConfig
+from .config import RunConfig, ViTConfig
+from .errors import ConfigError, FoodVitError
+from .files import RunLock
 from .drloc import WithDenseRelativeLocalization
 from .engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
 from .model import VisionTransformer
 from .optim import build_ema, build_optimizer, build_scheduler
 from .report import per_class_accuracy, plot_confusion, plot_curves, save_figure, write_report
-from .run import RunError, load_checkpoint, save_checkpoint, save_model, write_metrics, write_text
-from .transforms import Preprocess, batch_mixer, eval_transform, make_preprocess, train_transform
+from .run import RUN_FILES, RunError, load_checkpoint, save_checkpoint, save_model, write_metrics, write_text
+from .preprocess import Preprocess, eval_transform, make_preprocess
+from .seeds import derive_seed
+from .transforms import batch_mixer, train_transform
 from .variants import create_model, get_variant
 
 
@@ -34,18 +45,28 @@ def pick_device(name: str = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but PyTorch sees no CUDA GPU here; use --device cpu or auto")
+        raise ConfigError(f"device {name!r} asked for, but PyTorch sees no CUDA GPU here; use --device cpu or auto")
     return device
 
 
-def use_deterministic_algorithms() -> None:
-    """Make GPU training repeat exactly: without this, kernels that add in a varying order (attention
-    and gather backward with atomics) make two runs, or a run and its resume, differ by rounding.
-    cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it starts, so this must come before the first matrix
-    product on the GPU (the Trainer calls it first)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool = True):
+    """Within the block, deterministic algorithms only, so that GPU training repeats exactly:
+    without this, kernels that add in a varying order (attention and gather backward with atomics)
+    make two runs, or a run and its resume, differ by rounding. The process's previous settings
+    come back afterwards. cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it starts, so the Trainer sets
+    it (if unset) before its first matrix product on the GPU."""
+    if not enabled:
+        yield
+        return
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0])
+        torch.backends.cudnn.benchmark = previous[1]
 
 
 def default_preprocess(config: RunConfig) -> Preprocess:
@@ -74,18 +95,25 @@ class Result:
     test: dict  # loss, acc, n, confusion, per_class
 
 
-class Trainer:
-    """One run: built from a config, optionally restored from a checkpoint, then fitted."""
+def train_decode_size(p: Preprocess) -> int:
+    """The shorter side training photos are decoded to: enough for the eval resize and for random
+    resized crops to zoom in twofold without upsampling."""
+    return max(p.resize_size, 2 * p.image_size)
 
-    def __init__(self, config: RunConfig, out: Path, *, quiet: bool = False, log=print) -> None:
-        self.config, self.out, self.quiet = config, Path(out), quiet
+
+class Trainer:
+    """One run: built from a config (and, when resuming, its checkpoint), then fitted."""
+
+    def __init__(self, config: RunConfig, out: Path, *, quiet: bool = False, log=print, saved: dict | None = None,
+                 verbose: bool = False) -> None:
+        self.config, self.out, self.quiet, self.verbose = config, Path(out), quiet, verbose
         self.log = (lambda *a, **k: None) if quiet else log
         c = config
         self.device = pick_device(c.train.device)
         if c.train.deterministic:
-            use_deterministic_algorithms()
-        torch.manual_seed(c.train.seed)  # model initialisation
-        self._open_data()
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.manual_seed(derive_seed(c.train.seed, "init"))  # model (and auxiliary head) initialisation
+        self._open_data(saved)
         self.model.to(self.device)
         self.settings = StepSettings(self.device, c.optim.accum_steps, c.optim.clip_grad, c.optim.label_smoothing,
                                      c.train.amp, sync_every=1 if self.device.type == "cpu" else 25)
@@ -102,22 +130,36 @@ class Trainer:
         self.history: list[dict] = []
         self.start_epoch = 0
 
-    def _open_data(self) -> None:
+    def _build_model(self, num_classes: int, saved: dict | None) -> None:
+        """From the checkpoint's architecture and preprocessing when resuming (no download: its
+        weights replace any pre-trained ones anyway), else from the config (and the weights)."""
+        if saved is not None and saved.get("model_config") and saved.get("preprocess"):
+            self.model = VisionTransformer(ViTConfig(**saved["model_config"]))
+            self.preprocess = Preprocess.from_dict(saved["preprocess"])
+        else:
+            self.model, self.preprocess = build_model(self.config, num_classes)
+        if self.config.train.freeze_backbone:
+            self.model.freeze_backbone()
+
+    def _open_data(self, saved: dict | None = None) -> None:
         c = self.config
         root = D.check_layout(D.resolve(c.data.source, quiet=self.quiet))
         # The head needs the number of classes; the caches need the preprocessing, which may come
         # from pre-trained weights. So: list the classes, build the model, then read the photos.
-        self.model, self.preprocess = build_model(c, len(D.class_names(root / "train")))
-        if c.train.freeze_backbone:
-            self.model.freeze_backbone()
+        self._build_model(len(D.class_names(root / "train")), saved)
         p = self.preprocess
-        train_cache = D.PhotoCache.decoded(max(p.resize_size, 2 * p.image_size)) if c.data.cache else None
+        # Training photos are decoded and downsized the same way with the cache on or off (kept or
+        # not): the cache changes the time a run takes, never what it computes.
+        train_photos = D.PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache)
         eval_cache = D.PhotoCache.transformed(eval_transform(p)) if c.data.cache else None
         self.data = D.open_dataset(root, strict=c.data.strict, val_fraction=c.data.val_fraction, seed=c.train.seed,
-                                   train_cache=train_cache, eval_cache=eval_cache, quiet=self.quiet)
+                                   train_cache=train_photos if c.data.cache else None, eval_cache=eval_cache, quiet=self.quiet)
+        for split in (self.data.train, self.data.test):
+            for line in split.skipped_summary(self.verbose):
+                print(line, file=sys.stderr)
         self.classes = self.data.classes
         augment = train_transform(p, c.data.augment, c.data.scale_min, c.data.random_erasing)
-        train_ds = D.PhotoDataset(self.data.train, augment, train_cache)
+        train_ds = D.PhotoDataset(self.data.train, augment, train_photos)
         mixer = batch_mixer(len(self.classes), c.data.mixup, c.data.cutmix, c.data.mix_prob)
         pin = self.device.type == "cuda"
         self.train_loader = D.make_loader(train_ds, c.train.batch_size, train=True, seed=c.train.seed,
@@ -134,41 +176,56 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def photo_counts(self) -> dict[str, int]:
+        return {"train": len(self.data.train) + (len(self.data.val) if self.data.val is not None else 0), "test": len(self.data.test)}
+
     def state(self, epochs_done: int) -> dict:
         return {
             "format": "foodvit-checkpoint",
             "epoch": epochs_done,
             "model": self.model.state_dict(),
+            "model_config": asdict(self.model.config),
+            "preprocess": asdict(self.preprocess),
             "auxiliary": self.trained.drloc.state_dict() if self.trained is not self.model else None,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "history": self.history,
-            "rng": torch.get_rng_state(),
             "config": self.config.to_dict(),
             "classes": list(self.classes),
+            "photos": self.photo_counts(),
         }
 
     def restore(self, state: dict) -> None:
         if list(state["classes"]) != list(self.classes):
-            raise RunError(f"the checkpoint was trained on classes {state['classes']}, the data now has {list(self.classes)}")
-        self.model.load_state_dict(state["model"])
-        if self.trained is not self.model:
-            self.trained.drloc.load_state_dict(state["auxiliary"])
-        self.optimizer.load_state_dict(state["optimizer"])
+            raise RunError(f"the checkpoint was trained on classes {state['classes']}, the data in {self.data.root} has "
+                           f"{list(self.classes)}; resume with the run's own data (--data) or start a new run")
+        photos = state.get("photos")
+        if photos is not None and photos != self.photo_counts():
+            raise RunError(f"the run was trained on {photos['train']} train / {photos['test']} test photos, the data in "
+                           f"{self.data.root} has {self.photo_counts()['train']} / {self.photo_counts()['test']}; "
+                           "resume with the same photos, or start a new run")
+        try:
+            self.model.load_state_dict(state["model"])
+            if self.trained is not self.model:
+                self.trained.drloc.load_state_dict(state["auxiliary"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as err:
+            first = str(err).strip().splitlines()
+            raise RunError(f"{self.out / 'checkpoint.pt'} does not fit the model its config.json describes "
+                           f"({first[1].strip() if len(first) > 1 else first[0][:200]}); was it copied from another run? "
+                           "Start a new run with --out") from None
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state.get("ema") is not None:
             self.ema.load_state_dict(state["ema"])
-        torch.set_rng_state(state["rng"])
         self.history = list(state["history"])
         self.start_epoch = int(state["epoch"])
 
     # ------------------------------------------------------------------ the run
 
     def _before_epoch(self, epoch: int) -> None:
-        seed = D.epoch_seed(self.config.train.seed, epoch)
-        torch.manual_seed(seed)  # augmentation, dropout, mixup of this epoch
-        self.train_loader.sampler.set_epoch(epoch)
+        torch.manual_seed(derive_seed(self.config.train.seed, "step", epoch))  # dropout, mixup, drloc pairs of this epoch
+        self.train_loader.sampler.set_epoch(epoch)  # its order and augmentation seeds
 
     def _after_epoch(self, epoch: int, row: dict) -> None:
         self.history.append(row)
@@ -184,15 +241,17 @@ class Trainer:
         hooks = FitHooks(before_epoch=[self._before_epoch], after_epoch=[self._after_epoch])
         if self.ema is not None:
             hooks.on_step.append(lambda _: self.ema.update_parameters(self.model))
-        try:
-            fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
-                start_epoch=self.start_epoch, settings=self.settings, hooks=hooks, eval_model=self.eval_model,
-                eval_every=c.train.eval_every, show_progress=not self.quiet)
-        except TrainingDiverged as err:
-            kept = f"the last good checkpoint (epoch {len(self.history)}) is kept in {self.out / 'checkpoint.pt'}" if self.history else "no epoch finished"
-            raise TrainingDiverged(f"{err} in epoch {len(self.history) + 1}; training stopped and {kept}. "
-                                   "Lower --lr, add --clip-grad 1.0 or --warmup-epochs, then start a new run.") from None
-        return self.finish()
+        with deterministic_algorithms(c.train.deterministic):
+            try:
+                fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
+                    start_epoch=self.start_epoch, settings=self.settings, hooks=hooks, eval_model=self.eval_model,
+                    eval_every=c.train.eval_every, show_progress=not self.quiet)
+            except TrainingDiverged as err:
+                kept = (f"the last good checkpoint (epoch {len(self.history)}) is kept in {self.out / 'checkpoint.pt'}"
+                        if self.history else "no epoch finished")
+                raise TrainingDiverged(f"{err} in epoch {len(self.history) + 1}; training stopped and {kept}. "
+                                       "Lower --lr, add --clip-grad 1.0 or --warmup-epochs, then start a new run.") from None
+            return self.finish()
 
     def finish(self) -> Result:
         """Final test evaluation (with the confusion matrix), the model file, plots and report."""
@@ -250,30 +309,134 @@ def default_out() -> Path:
     return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
-def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = False, log=print) -> Result:
-    """Start a new run in `out` (which must not hold one already)."""
+def with_source(config: RunConfig) -> RunConfig:
+    """The config with the data source it will really use (FOODVIT_DATA's, or the course's URL,
+    when none is given), so that config.json says where the photos came from."""
+    if config.data.source:
+        return config
+    return replace(config, data=replace(config.data, source=D.default_source()))
+
+
+class NewRunDirectory:
+    """A new run's folder, for the time of its start: created (or an empty one taken), locked, and,
+    if the run fails before its first checkpoint, left as it was found (nothing to resume)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.created = Path(out), False
+        self.lock = RunLock(self.out)
+
+    def __enter__(self) -> "NewRunDirectory":
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise RunError(f"--out {out} is a file; a run directory is a folder: choose another --out")
+        self.created = not out.exists()
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()
+        except FoodVitError:
+            raise
+        except OSError as err:
+            self._forget()
+            raise RunError(f"cannot write to {out} ({err.strerror or err}); choose a writable --out") from None
+        others = sorted(p.name for p in out.iterdir() if p.name != RunLock.NAME)
+        if others:
+            self.lock.release()
+            if "checkpoint.pt" in others or "model.safetensors" in others:
+                raise RunError(f"{out} already holds a run; continue it with `foodvit train --resume {out}` or choose another --out")
+            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raise RunError(f"{out} is not empty ({shown}) and holds no foodvit run; foodvit writes a new run only into a new "
+                           "or empty folder, so that nothing of yours is overwritten: choose another --out")
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        self.lock.release()
+        if kind is not None and not (self.out / "checkpoint.pt").exists():
+            self._forget()
+
+    def _forget(self) -> None:
+        """Remove what this start wrote (foodvit's own files only), and the folder if it made it."""
+        for name in RUN_FILES:
+            (self.out / name).unlink(missing_ok=True)
+        if self.created:
+            try:
+                self.out.rmdir()  # only if empty
+            except OSError:
+                pass
+
+
+def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = False, log=print, verbose: bool = False) -> Result:
+    """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). With
+    pre-trained weights, the model is the one the weights dictate (pretrained.adapt_config)."""
     out = Path(out) if out else default_out()
-    if (out / "checkpoint.pt").exists() or (out / "model.safetensors").exists():
-        raise RunError(f"{out} already holds a run; continue it with `foodvit train --resume {out}` or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "config.json", config.to_json())
-    trainer = Trainer(config, out, quiet=quiet, log=log)
-    if not quiet:
-        log(f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
-            f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}; run directory {out}")
-    return trainer.fit()
+    config = with_source(config)
+    if config.train.pretrained:
+        from .pretrained import adapt_config
+
+        config = adapt_config(config)
+    with NewRunDirectory(out):
+        write_text(out / "config.json", config.to_json())
+        trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose)
+        if not quiet:
+            log(f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
+                f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}; run directory {out}")
+        return trainer.fit()
 
 
-def resume(out: str | Path, *, quiet: bool = False, log=print) -> Result:
-    """Finish the run in `out` from its last checkpoint, exactly as configured when it started."""
+def read_config(path: Path) -> RunConfig:
+    """A run's config.json, or a RunError that names the file and what is wrong with it."""
+    try:
+        values = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunError(f"cannot read {path} ({err})") from None
+    except json.JSONDecodeError as err:
+        raise RunError(f"{path} is not valid JSON ({err}); restore it from the checkpoint's settings or start a new run") from None
+    try:
+        return RunConfig.from_dict(values, where=str(path))
+    except (ConfigError, TypeError) as err:
+        raise RunError(f"{path}: {err}") from None
+
+
+def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """'key: a -> b' for every setting that differs between two nested config dicts."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += config_differences(x, y, f"{prefix}{key}.")
+        elif (list(x) if isinstance(x, tuple) else x) != (list(y) if isinstance(y, tuple) else y):
+            out.append(f"{prefix}{key}: {x!r} -> {y!r}")
+    return out
+
+
+def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None = None, verbose: bool = False) -> Result:
+    """Finish the run in `out` from its last checkpoint, exactly as configured when it started.
+
+    The photos come from the source stored with the run; `data` points at the same photos moved
+    elsewhere (same classes and number of photos, checked)."""
     out = Path(out)
+    log = (lambda *a, **k: None) if quiet else log
     config_path = out / "config.json"
     if not config_path.is_file():
         raise RunError(f"{out} holds no foodvit run (no config.json); start one with foodvit train --out {out}")
-    config = RunConfig.from_dict(json.loads(config_path.read_text()))
-    state = load_checkpoint(out / "checkpoint.pt")
-    trainer = Trainer(config, out, quiet=quiet, log=log)
-    trainer.restore(state)
-    if not quiet:
+    config = read_config(config_path)
+    with RunLock(out):
+        state = load_checkpoint(out / "checkpoint.pt")
+        if state.get("config") is not None:
+            differences = config_differences(state["config"], config.to_dict())
+            if differences:
+                raise RunError(f"{config_path} differs from the settings the run started with ({'; '.join(differences)}); "
+                               "a resumed run continues with its own settings: undo the edit, or start a new run with --out")
+        if data:
+            log(f"data: {data} (given with --resume; the run started with {config.data.source or 'the default source'})")
+            config = replace(config, data=replace(config.data, source=str(data)))
+        elif config.data.source:
+            log(f"data: {config.data.source} (stored with the run)")
+        else:  # runs of older versions stored "" for the default source
+            config = with_source(config)
+            log(f"data: {config.data.source} (the run stored no source; the default now)")
+        trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose)
+        trainer.restore(state)
+        if data:
+            write_text(config_path, config.to_json())
         log(f"resuming {out} after epoch {trainer.start_epoch} of {config.train.epochs}")
-    return trainer.fit()
+        return trainer.fit()

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from .config import ViTConfig
+from .errors import ConfigError
 
-from .model import ViTConfig, VisionTransformer
+
+class UnknownModelError(ConfigError, KeyError):
+    """A model name that is not SIZE/P of Table 1 (a KeyError too: the registry is a lookup)."""
+
+    __str__ = Exception.__str__  # the message as written, not quoted as a KeyError's key
+
+
+if TYPE_CHECKING:  # the registry itself needs no PyTorch: `foodvit models` stays fast
+    from .model import VisionTransformer
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,7 @@ def parse_name(name: str) -> tuple[str, int]:
     """'ViT-B/16' -> ('B', 16). Also accepts 'vit_b_16', 'ViT-Base/16'."""
     match = _NAME.match(name.strip())
     if not match:
-        raise KeyError(
+        raise UnknownModelError(
             f"unknown model {name!r}; expected a paper name SIZE/P with SIZE in {', '.join(SIZES)} and any patch size "
             f"P, e.g. {', '.join(list_models()[:4])} ... (foodvit.list_models() lists the common ones)"
         )
@@ -93,7 +103,7 @@ def parse_name(name: str) -> tuple[str, int]:
 def get_variant(name: str) -> Variant:
     size, patch = parse_name(name)
     if patch < 1:
-        raise KeyError(f"patch size must be positive, got {patch} in {name!r}")
+        raise UnknownModelError(f"patch size must be positive, got {patch} in {name!r}")
     return Variant(f"ViT-{size}/{patch}", SIZES[size], patch)
 
 
@@ -107,6 +117,8 @@ def create_model(name: str, num_classes: int = 1000, image_size: int = 224, **ov
 
     overrides: any ViTConfig field (dropout, drop_path, pool, pos_embed, class_token, depth, ...).
     """
+    from .model import VisionTransformer
+
     config = get_variant(name).config(num_classes, image_size, **overrides)
     return VisionTransformer(config)
 
@@ -144,5 +156,9 @@ def count_macs(config: ViTConfig, executed: bool = False) -> int:
 
 
 def _meta_model(config: ViTConfig) -> VisionTransformer:
+    import torch
+
+    from .model import VisionTransformer
+
     with torch.device("meta"):
         return VisionTransformer(config)

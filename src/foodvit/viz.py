@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .report import matplotlib  # noqa: F401  (file-only backend)
-from .report import plt
+from .errors import ConfigError
+from .report import integer_ticks, new_figure, subplots
 
 
 # ------------------------------------------------------------------------------------------ numbers
@@ -38,16 +38,43 @@ def attention_rollout(attentions: list[torch.Tensor], residual: float = 0.5) -> 
     return rollout
 
 
-def rollout_map(rollout: torch.Tensor, num_prefix_tokens: int, grid: int) -> torch.Tensor:
+def rollout_map(rollout: torch.Tensor, num_prefix_tokens: int, grid: int, readout: torch.Tensor | None = None) -> torch.Tensor:
     """Where the prediction looks: (B, T, T) -> (B, grid, grid), summing to 1 over the patches.
 
-    With a class token, its row (the token Eq. 4 classifies); without one (GAP), the mean of the
-    patch rows. The prefix columns are dropped and the rest renormalised.
+    readout (B, T): how much the pooling reads each token's row (pool_readout); by default the
+    class token's row when there is one, else the mean of the patch rows. The prefix columns are
+    dropped and the rest renormalised.
     """
-    rows = rollout[:, 0] if num_prefix_tokens else rollout.mean(dim=1)  # (B, T)
+    if readout is None:
+        readout = torch.zeros(rollout.shape[:2], dtype=rollout.dtype, device=rollout.device)
+        if num_prefix_tokens:
+            readout[:, 0] = 1
+        else:
+            readout[:] = 1 / rollout.shape[1]
+    rows = torch.einsum("bt,bts->bs", readout.to(rollout.dtype), rollout)  # (B, T)
     patches = rows[:, num_prefix_tokens:]
     patches = patches / patches.sum(dim=-1, keepdim=True)
     return patches.reshape(-1, grid, grid)
+
+
+@torch.no_grad()
+def pool_readout(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The weight Eq. 4's pooling gives each output token, (B, T, D) -> (B, T): one-hot on the class
+    token (pool='cls'), uniform over the patch tokens (pool='gap'), or the learned sequence-pooling
+    weights (pool='seq'). Attention maps read through it show what the classified vector sees."""
+    c = model.config
+    B, T, _ = tokens.shape
+    readout = torch.zeros(B, T, device=tokens.device)
+    if c.pool == "cls":
+        readout[:, 0] = 1
+    elif c.pool == "gap":
+        readout[:, c.num_prefix_tokens:] = 1 / (T - c.num_prefix_tokens)
+    else:
+        readout[:, c.num_prefix_tokens:] = model.attn_pool(tokens[:, c.num_prefix_tokens:]).float().softmax(dim=1)[..., 0]
+    return readout
+
+
+POOL_WORDS = {"cls": "the class token", "gap": "the mean of the patch tokens", "seq": "the sequence-pooled patch tokens"}
 
 
 def position_similarity(pos_embed: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
@@ -114,10 +141,10 @@ def patches_figure(photo, image_size: int = 224, patch_size: int = 16, preproces
     """The course's patchify plot: the resized photo, and the same cut into its patch grid with
     row and column numbers. With a model's preprocessing, exactly the view the model gets."""
     if image_size % patch_size:
-        raise ValueError(f"image size {image_size} is not divisible by patch size {patch_size}; "
+        raise ConfigError(f"image size {image_size} is not divisible by patch size {patch_size}; "
                          f"use --image-size {image_size // patch_size * patch_size or patch_size}")
     if preprocess is not None:
-        from .transforms import model_view
+        from .preprocess import model_view
 
         image = model_view(preprocess, photo)
         image_size = image.shape[-1]
@@ -130,7 +157,7 @@ def patches_figure(photo, image_size: int = 224, patch_size: int = 16, preproces
         for c in range(g):
             canvas[:, r * step : r * step + patch_size, c * step : c * step + patch_size] = \
                 image[:, r * patch_size : (r + 1) * patch_size, c * patch_size : (c + 1) * patch_size]
-    fig, (ax_photo, ax_grid) = plt.subplots(1, 2, figsize=(12, 6.3))
+    fig, (ax_photo, ax_grid) = subplots(1, 2, figsize=(12, 6.3))
     ax_photo.imshow(image.permute(1, 2, 0).numpy())
     ax_photo.set_title(f"{image_size} x {image_size} photo")
     ax_photo.axis("off")
@@ -172,21 +199,22 @@ def add_feature_maps(fig, maps: torch.Tensor):
 
 @torch.no_grad()
 def explain(model, photo, top_k: int = 3) -> dict:
-    """Probabilities, attention rollout map and the last layer's class-token attention per head."""
-    from .transforms import eval_transform
+    """Probabilities, the attention rollout map and, per head, the last layer's attention, both read
+    out through the model's pooling (pool_readout): the class token's row for pool='cls', the
+    mean of the patch tokens' rows for pool='gap', the learned weights for pool='seq'."""
+    from .preprocess import eval_transform
 
     x = eval_transform(model.preprocess)(photo).unsqueeze(0).to(next(model.parameters()).device)
-    logits, attentions = model.forward_with_attention(x)
-    probs = logits.float().softmax(-1)[0].cpu()
+    tokens, attentions = model.forward_features(x, return_attention=True)
+    probs = model.head(model.pool(tokens)).float().softmax(-1)[0].cpu()
     c, g = model.config, model.config.grid_size
-    rollout = attention_rollout(attentions)
-    heads = None
-    if c.class_token:
-        heads = attentions[-1][0, :, 0, c.num_prefix_tokens:].float().cpu()  # (h, N)
-        heads = (heads / heads.sum(-1, keepdim=True)).reshape(-1, g, g)
+    readout = pool_readout(model, tokens)  # (1, T)
+    last = torch.einsum("t,hts->hs", readout[0], attentions[-1][0].float())[:, c.num_prefix_tokens:].cpu()  # (h, N)
+    heads = (last / last.sum(-1, keepdim=True)).reshape(-1, g, g)
     top = probs.topk(min(top_k, probs.numel()))
     return {"top_k": [(model.class_names[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())],
-            "rollout": rollout_map(rollout, c.num_prefix_tokens, g)[0].cpu(), "heads": heads, "input": x[0].cpu()}
+            "rollout": rollout_map(attention_rollout(attentions), c.num_prefix_tokens, g, readout)[0].cpu(), "heads": heads,
+            "input": x[0].cpu(), "read_by": POOL_WORDS[c.pool]}
 
 
 def _overlay(ax, image: torch.Tensor, heat: torch.Tensor, title: str) -> None:
@@ -200,13 +228,13 @@ def _overlay(ax, image: torch.Tensor, heat: torch.Tensor, title: str) -> None:
 
 def explain_figure(model, photo, top_k: int = 3, show_heads: bool = False):
     """The photo, its top-k probabilities as bars, and the attention rollout over it."""
-    from .transforms import model_view
+    from .preprocess import model_view
 
     result = explain(model, photo, top_k)
     image = model_view(model.preprocess, photo)  # the heat map belongs to exactly this view
-    heads = result["heads"] if show_heads and result["heads"] is not None else None
+    heads = result["heads"] if show_heads else None
     extra = 0 if heads is None else math.ceil(heads.shape[0] / 3)
-    fig = plt.figure(figsize=(14, 4.6 + 3.2 * extra))
+    fig = new_figure(figsize=(14, 4.6 + 3.2 * extra))
     grid = fig.add_gridspec(1 + extra, 3, height_ratios=[1.45] + [1] * extra)
     ax = fig.add_subplot(grid[0, 0])
     ax.imshow(image.permute(1, 2, 0).numpy())
@@ -218,11 +246,11 @@ def explain_figure(model, photo, top_k: int = 3, show_heads: bool = False):
     bars = ax.barh(labels, values, color=["#9ab"] * (len(values) - 1) + ["#d62"])
     ax.bar_label(bars, fmt="%.3f", padding=3)
     ax.set(xlim=(0, 1.15), title=f"prediction: {result['top_k'][0][0]}", xlabel="probability")
-    _overlay(fig.add_subplot(grid[0, 2]), image, result["rollout"], "attention rollout (Abnar & Zuidema 2020)")
+    _overlay(fig.add_subplot(grid[0, 2]), image, result["rollout"], f"attention rollout (Abnar & Zuidema 2020)\nread by {result['read_by']}")
     if heads is not None:
         sub = grid[1:, :].subgridspec(extra, 3 * 2)
         for i in range(heads.shape[0]):
-            _overlay(fig.add_subplot(sub[i // 6, i % 6]), image, heads[i], f"last layer, head {i + 1}")
+            _overlay(fig.add_subplot(sub[i // 6, i % 6]), image, heads[i], f"last layer, head {i + 1}\n({result['read_by']})")
     fig.tight_layout()
     return fig
 
@@ -230,11 +258,11 @@ def explain_figure(model, photo, top_k: int = 3, show_heads: bool = False):
 def filters_figure(model, k: int = 28):
     """Figure 7 (left): the first k principal components of the patch-embedding filters, as RGB tiles."""
     if model.config.stem != "patch":
-        raise ValueError("this model has a convolutional stem: its embedding is no single set of P x P filters to decompose")
+        raise ConfigError("this model has a convolutional stem: its embedding is no single set of P x P filters to decompose")
     components, explained = filter_components(model.patch_embed.proj.weight, k)
     cols = 7
     rows = math.ceil(len(components) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.3, rows * 1.45))
+    fig, axes = subplots(rows, cols, figsize=(cols * 1.3, rows * 1.45))
     for ax in axes.flat:
         ax.axis("off")
     for i, (ax, tile) in enumerate(zip(axes.flat, components)):
@@ -250,11 +278,11 @@ def pos_similarity_figure(model):
     with every other's, laid out on the patch grid."""
     c = model.config
     if c.pos_embed == "none":
-        raise ValueError("this model has no position embedding (pos_embed='none')")
+        raise ConfigError("this model has no position embedding (pos_embed='none')")
     sim = position_similarity(model.pos_embed, c.num_prefix_tokens)
     g = c.grid_size
     tiles = sim.reshape(g, g, g, g)  # (row, col) of the query position, then its map
-    fig, axes = plt.subplots(g, g, figsize=(min(12, 0.62 * g + 1), min(12, 0.62 * g + 1)))
+    fig, axes = subplots(g, g, figsize=(min(12, 0.62 * g + 1), min(12, 0.62 * g + 1)))
     for r in range(g):
         for col in range(g):
             ax = axes[r, col]
@@ -275,12 +303,12 @@ def pos_similarity_figure(model):
 def attention_distance_figure(distances: torch.Tensor, image_size: int):
     """Figure 7 (right): mean attention distance of each head against network depth."""
     L, h = distances.shape
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = subplots(figsize=(6.5, 4.5))
     for head in range(h):
         ax.scatter(range(1, L + 1), distances[:, head].numpy(), s=14, label=f"head {head + 1}" if h <= 16 else None)
     ax.set(xlabel="network depth (layer)", ylabel="mean attention distance (pixels)",
            title=f"Mean attention distance ({image_size} px input)", ylim=(0, image_size))
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    integer_ticks(ax.xaxis)
     if h <= 16:
         ax.legend(fontsize=7, ncol=2, loc="lower right")
     ax.grid(alpha=0.3)
@@ -310,13 +338,13 @@ def most_wrong_figure(results: list[dict], true_labels: list[str], n: int = 9):
     wrong.sort(key=lambda pair: pair[0]["probability"], reverse=True)
     wrong = wrong[:n]
     if not wrong:
-        fig, ax = plt.subplots(figsize=(5, 1.2))
+        fig, ax = subplots(figsize=(5, 1.2))
         ax.text(0.5, 0.5, "no test photo was misclassified", ha="center", va="center")
         ax.axis("off")
         return fig
     cols = min(3, len(wrong))
     rows = math.ceil(len(wrong) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows), squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, (r, truth) in zip(axes.flat, wrong):

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .errors import InputError
+from .files import atomic_write
 from .model import ViTConfig, VisionTransformer, resample_pos_embed
 
 StateDict = dict[str, torch.Tensor]
@@ -71,7 +73,7 @@ def _rename(state: Mapping[str, torch.Tensor], table, layout: str) -> StateDict:
                 out[target.replace("{i}", m.groupdict().get("i") or "")] = value
                 break
         else:
-            raise KeyError(f"{layout} state dict has a key foodvit does not know: {key!r} (a ViT variant foodvit does not build?)")
+            raise InputError(f"{layout} state dict has a key foodvit does not know: {key!r} (a ViT variant foodvit does not build?)")
     return out
 
 
@@ -83,7 +85,7 @@ def detect_layout(state: Mapping[str, torch.Tensor]) -> str:
     if "patch_embed.proj.weight" in keys or any(k.startswith("blocks.") for k in keys):
         return "foodvit" if any(k.startswith("patch_embed.stem.") for k in keys) else "timm"
     sample = ", ".join(sorted(keys)[:5])
-    raise ValueError(
+    raise InputError(
         "cannot tell the layout of these weights: expected torchvision's vit_* keys (conv_proj.weight, "
         f"encoder.layers...) or timm's / foodvit's (patch_embed.proj.weight, blocks.0...), found {sample} ..."
     )
@@ -92,7 +94,7 @@ def detect_layout(state: Mapping[str, torch.Tensor]) -> str:
 def from_torchvision(state: Mapping[str, torch.Tensor]) -> StateDict:
     """torchvision vit_* state dict -> foodvit (= timm) names. Tensors are shared, not copied."""
     if any(k.startswith("heads.pre_logits") for k in state):
-        raise ValueError(
+        raise InputError(
             "these torchvision weights have a representation layer (heads.pre_logits, representation_size); "
             "the paper drops it for fine-tuning and foodvit does not build it"
         )
@@ -113,7 +115,7 @@ def to_timm(state: Mapping[str, torch.Tensor]) -> StateDict:
     """foodvit state dict -> timm vit_* names: the same names, checked."""
     unknown = [k for k in state if k.startswith("patch_embed.stem.")]
     if unknown:
-        raise ValueError(f"timm's VisionTransformer has no convolutional stem; cannot export {unknown[0]!r} ...")
+        raise InputError(f"timm's VisionTransformer has no convolutional stem; cannot export {unknown[0]!r} ...")
     return dict(state)
 
 
@@ -124,7 +126,7 @@ def export_weights(model: nn.Module, layout: str = "timm") -> StateDict:
         return to_torchvision(state)
     if layout in ("timm", "foodvit"):
         return to_timm(state) if layout == "timm" else state
-    raise ValueError(f"unknown layout {layout!r}; expected 'torchvision', 'timm' or 'foodvit'")
+    raise InputError(f"unknown layout {layout!r}; expected 'torchvision', 'timm' or 'foodvit'")
 
 
 def unwrap(state: Mapping) -> StateDict:
@@ -135,7 +137,7 @@ def unwrap(state: Mapping) -> StateDict:
             break
     if not all(isinstance(v, torch.Tensor) for v in state.values()):
         found = ", ".join(f"{k} ({type(v).__name__})" for k, v in list(state.items())[:5])
-        raise ValueError(f"expected a state dict of tensors (or a checkpoint holding one under {', '.join(_NESTED)}), found {found}")
+        raise InputError(f"expected a state dict of tensors (or a checkpoint holding one under {', '.join(_NESTED)}), found {found}")
     out = {}
     for key, value in state.items():
         for prefix in _WRAPPER_PREFIXES:
@@ -149,7 +151,7 @@ def read_weights(path: str | Path) -> tuple[StateDict, dict[str, str]]:
     """(state dict, metadata) from a .safetensors, .pth, .pt or .bin file. Never unpickles code."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"weights file {path} does not exist")
+        raise InputError(f"weights file {path} does not exist")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError, safe_open
 
@@ -157,18 +159,18 @@ def read_weights(path: str | Path) -> tuple[StateDict, dict[str, str]]:
             with safe_open(str(path), framework="pt") as f:
                 return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
         except (SafetensorError, OSError, ValueError) as err:
-            raise ValueError(f"{path} is not a readable safetensors file ({err}); was the download cut short?") from err
+            raise InputError(f"{path} is not a readable safetensors file ({err}); was the download cut short?") from err
     if path.suffix not in (".pth", ".pt", ".bin", ".ckpt"):
-        raise ValueError(f"{path}: expected a .safetensors, .pth, .pt or .bin weights file")
+        raise InputError(f"{path}: expected a .safetensors, .pth, .pt or .bin weights file")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # the pickle reader's errors vary by cause and torch version
-        raise ValueError(
+        raise InputError(
             f"cannot read {path} as PyTorch weights ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
             "foodvit loads only plain tensors (weights_only=True), never pickled code"
         ) from err
     if not isinstance(obj, Mapping):
-        raise ValueError(f"{path} holds a {type(obj).__name__}, not a state dict")
+        raise InputError(f"{path} holds a {type(obj).__name__}, not a state dict")
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     return unwrap(obj), {k: str(v) for k, v in meta.items()}
 
@@ -203,7 +205,7 @@ def load_weights(
     unexpected = [k for k in state if k not in own]
     wrong = [f"{k}: file {tuple(state[k].shape)}, model {tuple(own[k].shape)}" for k in state if k in own and state[k].shape != own[k].shape]
     if missing or unexpected or wrong:
-        raise ValueError(_mismatch_message(layout, model.config, missing, unexpected, wrong))
+        raise InputError(_mismatch_message(layout, model.config, missing, unexpected, wrong))
     with torch.no_grad():
         for key, value in state.items():
             own[key].copy_(value)
@@ -241,9 +243,7 @@ def save_weights(model: VisionTransformer, path: str | Path, metadata: Mapping[s
     meta = {"format": "foodvit", "config": json.dumps(model.config.__dict__)}
     meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()})
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp), metadata=meta)
-    tmp.replace(path)
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=meta))
     return path
 
 

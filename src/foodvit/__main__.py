@@ -1,0 +1,7 @@
+"""`python -m foodvit ...`: the same command line as `foodvit ...`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

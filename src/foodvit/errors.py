@@ -1,0 +1,74 @@
+"""Errors a user can act on, and the range checks behind the settings' messages.
+
+Every error that a person can fix (a wrong option, a bad photo, a run directory that cannot be
+used as asked) is a FoodVitError: the command line prints its message on one line and exits 2.
+Anything else is a bug and keeps its traceback. This module imports nothing heavy, so that the
+settings (config.py) and the command line can use it without loading PyTorch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+class FoodVitError(Exception):
+    """An error with a message that says what was expected and what to do."""
+
+
+class ConfigError(FoodVitError, ValueError):
+    """A setting out of its range or of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of a number: lo <= x <= hi, either end open or absent."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        if self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi):
+            return False
+        return True
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        if self.lo is None:
+            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+
+# the ranges used most, named once
+AT_LEAST_0 = Range(0)
+AT_LEAST_1 = Range(1)
+POSITIVE = Range(0, lo_open=True)
+SHARE = Range(0, 1)  # a probability or a share, ends included
+SHARE_BELOW_1 = Range(0, 1, hi_open=True)
+SHARE_ABOVE_0 = Range(0, 1, lo_open=True)
+
+
+def check_value(name: str, value, allowed: Range, flag: str | None = None) -> None:
+    """A ConfigError unless every number in value (a number or a tuple of them) is in range."""
+    for v in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{flag or name} must be a number {allowed}, got {v!r}")
+        if v not in allowed:
+            raise ConfigError(f"{flag or name} must be {allowed}, got {v:g}")
+
+
+def check_ranges(settings) -> None:
+    """Check every field of a settings dataclass whose metadata names a range (key "range")."""
+    for f in fields(settings):
+        allowed = f.metadata.get("range")
+        if allowed is not None:
+            check_value(f.name, getattr(settings, f.name), allowed, "--" + (f.metadata.get("flag") or f.name).replace("_", "-"))
+
+
+class InputError(FoodVitError, ValueError):
+    """Input the model or a file reader cannot take as it is: a tensor of the wrong shape, weights
+    of another layout or size."""
