@@ -27,16 +27,20 @@ def test_errors_are_one_line_with_what_to_do(capsys):
     assert "image size 250 is not divisible by patch size 16; use --image-size 240 or 256" in capsys.readouterr().err
 
 
-def test_every_recipe_loads_and_names_what_it_reproduces():
+def test_every_recipe_loads_and_builds_its_optimiser():
+    from foodvit.optim import param_groups
+
     assert {"course", "paper", "tiny", "default"} <= set(list_recipes())
     for name in list_recipes():
         config = load_recipe(name)
         assert isinstance(config, RunConfig) and config.recipe == name
-    course = load_recipe("course")
-    assert (course.model, course.optim.optimizer, course.optim.lr, course.optim.weight_decay) == ("ViT-B/16", "adam", 3e-3, 0.3)
-    assert course.optim.decay_all and course.train.batch_size == 32 and course.train.epochs == 10 and course.data.augment == "none"
-    paper = load_recipe("paper")
-    assert paper.vit["dropout"] == 0.1 and paper.optim.clip_grad == 1.0 and paper.optim.schedule == "cosine"
+    # the course decays every parameter (its Adam's weight_decay=0.3 on model.parameters()): one group
+    import foodvit
+
+    model = foodvit.create_model("ViT-Ti/8", image_size=16, num_classes=3, depth=1)
+    course = load_recipe("course").optim
+    groups = param_groups(model, course.weight_decay, course.decay_all)
+    assert len(groups) == 1 and groups[0]["weight_decay"] == 0.3 and len(groups[0]["params"]) == len(list(model.parameters()))
 
 
 def test_bad_recipe_files_are_explained(tmp_path):
@@ -125,3 +129,187 @@ def test_predict_reports_each_bad_photo_and_predicts_the_rest(run, capsys, tmp_p
     assert captured.err.count("foodvit predict: skipped") == 3 and "Traceback" not in captured.err
     assert main(["evaluate", str(tmp_path), "--json"]) == 2
     assert "no trained model" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ bad input: one line, never a traceback
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--patch-size", "0"], "argument --patch-size: must be >= 1, got 0"),
+    (["--accum-steps", "0"], "argument --accum-steps: must be >= 1, got 0"),
+    (["--eval-every", "0"], "argument --eval-every: must be >= 1, got 0"),
+    (["--crop-pct", "0"], "argument --crop-pct: must be in (0, 1], got 0"),
+    (["--label-smoothing", "2"], "argument --label-smoothing: must be in [0, 1), got 2"),
+    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["--epochs", "-3"], "argument --epochs: must be >= 1, got -3"),
+    (["--repeated-aug", "0"], "argument --repeated-aug: must be >= 1, got 0"),
+    (["--depth", "0"], "argument --depth: must be >= 1, got 0"),
+    (["--lr", "0"], "argument --lr: must be > 0, got 0"),
+    (["--epochs", "two"], "argument --epochs: expected a whole number, got 'two'"),
+    (["--freeze-backbone", "maybe"], "argument --freeze-backbone: expected true or false, got 'maybe'"),
+])
+def test_out_of_range_options_are_refused_where_they_are_parsed(options, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--out", str(tmp_path / "never"), *options])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "never").exists()  # nothing started, nothing "finished"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--device", "tpu"], "--device must be auto, cpu, cuda, cuda:N or mps, got 'tpu'"),
+    (["predict", "RUN", "x.jpg", "--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
+    (["inspect", "RUN", "--images", "0", "--out", "x"], "argument --images: must be >= 1, got 0"),
+])
+def test_other_bad_options_are_one_line(argv, message, capsys, tmp_path):
+    try:
+        code = main([a.replace("RUN", str(tmp_path)) for a in argv])
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_the_same_ranges_hold_for_recipes_and_python():
+    from foodvit.config import OptimConfig, TrainConfig, ViTConfig
+    from foodvit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--epochs must be >= 1, got 0"):
+        TrainConfig(epochs=0)
+    with pytest.raises(ConfigError, match=r"--label-smoothing must be in \[0, 1\), got 2"):
+        OptimConfig(label_smoothing=2)
+    with pytest.raises(ConfigError, match=r"--patch-size must be >= 1, got 0"):
+        ViTConfig(patch_size=0)
+    with pytest.raises(ConfigError, match=r"--depth must be >= 1, got 0"):
+        RunConfig(vit={"depth": 0})
+
+
+def test_bad_images_and_outputs_are_one_line(run, capsys, tmp_path):
+    out, photos = run
+    from PIL import Image as PILImage
+
+    bomb = tmp_path / "bomb.png"
+    PILImage.new("1", (10_000, 9_000)).save(bomb)
+    photo = str(sorted((photos / "test" / "pizza").iterdir())[0])
+    for argv in (["explain", str(out), str(bomb), "--out", str(tmp_path / "e.png")],
+                 ["patches", str(bomb), "--out", str(tmp_path / "p.png")],
+                 ["predict", str(out), photo, "--plot", str(tmp_path)],
+                 ["inspect", str(out), "--out", str(tmp_path / "e.png")]):
+        if argv[0] == "inspect":
+            (tmp_path / "e.png").write_bytes(b"a file")
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"foodvit {argv[0]}: error: ") and "Traceback" not in err, err
+
+
+def test_internal_bugs_keep_their_traceback_and_debug_shows_every_one(monkeypatch, capsys):
+    import foodvit.cli as cli
+
+    def broken(args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cli, "cmd_models", broken)
+    with pytest.raises(ZeroDivisionError):  # not swallowed into a one-line message
+        main(["models"])
+    with pytest.raises(Exception, match="image size 250 is not divisible"):
+        main(["--debug", "summary", "ViT-B/16", "--image-size", "250"])
+
+
+# ------------------------------------------------------------------ conventions
+
+
+def test_boolean_settings_are_flags_with_a_no_form_and_still_take_true_false():
+    import argparse
+
+    from foodvit.config import add_config_options
+
+    parser = argparse.ArgumentParser()
+    add_config_options(parser)
+    parse = lambda *a: vars(parser.parse_args(list(a)))  # noqa: E731
+    assert parse("--freeze-backbone")["train.freeze_backbone"] is True
+    assert parse("--no-cache")["data.cache"] is False
+    assert parse("--cache", "false")["data.cache"] is False and parse("--cache", "true")["data.cache"] is True
+    assert parse("--class-token", "--no-class-token")["vit.class_token"] is False  # the last one wins
+    assert parse()["data.cache"] is None  # not given: the recipe decides
+
+
+def test_every_option_and_positional_has_help():
+    from foodvit.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if action.dest != "help":
+                assert action.help, f"foodvit {name}: {action.option_strings or action.dest} has no help"
+
+
+def test_help_and_listings_import_no_torch():
+    # `foodvit --help`, `models` and `recipes` must start fast: PyTorch alone takes seconds to import
+    import subprocess
+    import sys
+
+    code = ("import sys; from foodvit.cli import main\n"
+            "for argv in (['models'], ['recipes']): main(argv)\n"
+            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'timm') if m in sys.modules)\n"
+            "print('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout and "ViT-B/16" in out.stdout and "--freeze-backbone [true|false], --no-freeze-backbone" in out.stdout
+
+
+def test_quiet_still_names_the_run_directory_and_the_result(tmp_path, capsys):
+    photos = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
+    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(tmp_path / "q"), "--epochs", "1",
+                 "--image-size", "32", "--depth", "1", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert f"run directory: {tmp_path / 'q'}" in captured.err
+    assert "test accuracy" in captured.out and str(tmp_path / "q" / "report.md") in captured.out
+
+
+def test_ctrl_c_names_the_directory_to_resume_even_without_out(tmp_path, capsys, monkeypatch):
+    import foodvit.trainer as trainer
+
+    photos = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
+    monkeypatch.chdir(tmp_path)
+    original = trainer.Trainer._after_epoch
+
+    def interrupt_after_first(self, epoch, row):
+        original(self, epoch, row)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer.Trainer, "_after_epoch", interrupt_after_first)
+    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--epochs", "2", "--image-size", "32", "--depth", "1",
+                 "--quiet"]) == 130
+    err = capsys.readouterr().err
+    [run] = (tmp_path / "runs").iterdir()
+    assert f"continue with `foodvit train --resume runs/{run.name}`" in err
+
+
+def test_inspect_says_why_a_picture_is_skipped(run, capsys, tmp_path):
+    out, _ = run  # the tiny recipe's model: learned positions; check a sin-cos one
+    photos = make_photo_folder(tmp_path / "p", n_train=2, n_test=2)
+    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(tmp_path / "s"), "--epochs", "1",
+                 "--image-size", "32", "--depth", "1", "--pos-embed", "sincos2d", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "s"), "--images", "2", "--out", str(tmp_path / "i")]) == 0
+    assert "pos_similarity.png: skipped, the model's position embedding is 'sincos2d', not learned" in capsys.readouterr().err
+
+
+def test_drawing_changes_no_global_matplotlib_state():
+    import subprocess
+    import sys
+
+    code = ("import matplotlib; before = matplotlib.get_backend()\n"
+            "from foodvit.report import plot_curves\n"
+            "import matplotlib.pyplot as plt\n"
+            "fig = plot_curves([{'epoch': 1, 'train_loss': 1.0, 'train_acc': 0.5, 'test_loss': 1.1, 'test_acc': 0.4}])\n"
+            "print('SAME', matplotlib.get_backend() == before, 'OPEN', len(plt.get_fignums()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "MPLBACKEND": "svg"})
+    assert out.returncode == 0, out.stderr
+    assert "SAME True OPEN 0" in out.stdout

@@ -136,3 +136,19 @@ def test_fit_reports_each_split_per_epoch_and_soft_targets_train():
     assert {"train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds"} <= set(history[0])
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert all(math.isfinite(row["test_loss"]) for row in history)
+
+
+def test_train_loss_is_plain_cross_entropy_and_the_objective_is_what_was_minimised():
+    # label smoothing 0.2 and soft (mixed) targets: the objective is the smoothed, mixed loss; the
+    # train loss is the plain cross-entropy against each photo's dominant class, as val/test report
+    model = Fixed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    images = torch.tensor([[0.3], [-0.1], [0.05]])
+    soft = torch.tensor([[0.7, 0.3], [0.2, 0.8], [0.4, 0.6]])
+    row = train_one_epoch(model, [(images, soft)], opt, settings=StepSettings(label_smoothing=0.2))
+    logits = Fixed()(images)
+    plain = nn.functional.cross_entropy(logits, soft.argmax(1)).item()
+    objective = nn.functional.cross_entropy(logits, soft, label_smoothing=0.2).item()
+    assert row["train_loss"] == pytest.approx(plain, rel=1e-6)
+    assert row["train_objective"] == pytest.approx(objective, rel=1e-6)
+    assert abs(row["train_loss"] - row["train_objective"]) > 0.05  # really two different numbers

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import foodvit
-from foodvit.model import ViTConfig, VisionTransformer, sincos_2d_pos_embed
+from foodvit.model import VisionTransformer, ViTConfig, sincos_2d_pos_embed
 from foodvit.variants import count_params, get_variant
 
 
@@ -318,3 +318,37 @@ def test_locality_self_attention_masks_the_diagonal_and_learns_a_temperature():
     q, k, _ = attn.qkv(tokens).reshape(2, 17, 3, 3, 16).permute(2, 0, 3, 1, 4)
     logits = (q @ k.transpose(-2, -1) / 2.5).masked_fill(torch.eye(17, dtype=torch.bool), float("-inf"))
     torch.testing.assert_close(attentions[0], logits.softmax(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_sincos_position_embedding_follows_moco_v3():
+    # written out element by element, independently of the implementation: rows first, then columns,
+    # omega_k = 1 / 10000^(k / (D/4)) (MoCo v3), not big_vision's columns-first k / (D/4 - 1)
+    grid, D = 3, 8
+    pe = sincos_2d_pos_embed(grid, D)
+    q = D // 4
+    for r in range(grid):
+        for c in range(grid):
+            for k in range(q):
+                omega = 1.0 / 10000 ** (k / q)
+                expected = [math.sin(r * omega), math.cos(r * omega), math.sin(c * omega), math.cos(c * omega)]
+                got = [pe[r * grid + c, j * q + k].item() for j in range(4)]
+                assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_frozen_backbone_computes_the_same_features_in_training_mode():
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(image_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64,
+                                        num_classes=3, dropout=0.5, attn_dropout=0.5, drop_path=0.5, stem="conv"))
+    model.freeze_backbone()
+    model.train()  # what the training loop does every epoch
+    bn = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bn and not any(m.training for m in bn)
+    running = [m.running_mean.clone() for m in bn]
+    x = torch.randn(4, 3, 32, 32)
+    a, _ = model.forward_features(x)
+    b, _ = model.forward_features(x)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout, no dropped paths, BatchNorm in eval
+    assert all(torch.equal(r, m.running_mean) for r, m in zip(running, bn))  # statistics untouched
+    assert model.training and model.head.training  # the head still trains
+    model.eval()
+    torch.testing.assert_close(model.forward_features(x)[0], a, rtol=0, atol=0)

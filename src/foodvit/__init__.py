@@ -34,7 +34,10 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'foodvit' has no attribute {name!r}")
+    try:  # a submodule, e.g. foodvit.viz, imported on first use
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError:
+        raise AttributeError(f"module 'foodvit' has no attribute {name!r}") from None
 
 
 def __dir__() -> list[str]:

@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import (AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, Range,
-                     check_ranges, check_value)
+from .errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, Range, check_ranges, check_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -419,7 +418,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             seen.add(flag)
             help_text, dest, choices = f.metadata.get("help", ""), f"{dest_prefix}.{f.name}", f.metadata.get("choices")
             if isinstance(f.default, bool):
-                group.add_argument(flag, dest=dest, action=BoolFlag, default=None, help=help_text)
+                group.add_argument(flag, dest=dest, action=BoolFlag, default=None, help=help_text, metavar="true|false")
                 continue
             allowed = f.metadata.get("range")
             if allowed is not None and allowed != Range():

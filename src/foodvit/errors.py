@@ -72,3 +72,7 @@ def check_ranges(settings) -> None:
 class InputError(FoodVitError, ValueError):
     """Input the model or a file reader cannot take as it is: a tensor of the wrong shape, weights
     of another layout or size."""
+
+
+class RunError(FoodVitError, ValueError):
+    """A run directory that cannot be used as asked; the message says what to do."""

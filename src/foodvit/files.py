@@ -11,7 +11,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from .errors import FoodVitError
+from .errors import RunError
 
 
 def current_umask() -> int:
@@ -32,9 +32,10 @@ def atomic_write(path: str | os.PathLike, write, suffix: str = ".tmp") -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_name(path, suffix)
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # created with the umask applied
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())  # whatever the writer did (some write 0600 and rename)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -62,7 +63,7 @@ def atomic_folder(target: Path, fill) -> Path:
     return target
 
 
-class LockedError(FoodVitError):
+class LockedError(RunError):
     """Another live process holds the lock."""
 
 

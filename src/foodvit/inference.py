@@ -10,8 +10,8 @@ import torch
 
 from . import data as D
 from .engine import StepSettings, evaluate
-from .report import per_class_accuracy
 from .preprocess import eval_transform
+from .report import per_class_accuracy
 
 
 def evaluate_split(model, split: D.Split, batch_size: int = 64, device: torch.device | None = None) -> dict:

@@ -12,10 +12,16 @@ Deviations from the paper. A model built with the defaults has none of them; eac
 option, named here once and cited:
   1. pool="gap": global average pooling of the encoder's output tokens instead of the class
      token (the paper compares both in App. D.3; Beyer et al. 2022, "Better plain ViT baselines").
-  2. pos_embed="sincos2d": fixed 2D sine-cosine position embeddings instead of learned 1D ones
-     (Chen et al. 2021, MoCo v3; Beyer et al. 2022). pos_embed="none": no position embedding
-     (the paper's Table 8 ablation).
-  3. class_token=False: no class token; needs pool="gap" (Beyer et al. 2022).
+  2. pos_embed="sincos2d": fixed 2D sine-cosine position embeddings instead of learned 1D ones,
+     in the convention of MoCo v3 (Chen, Xie & He 2021; its build_2d_sincos_position_embedding):
+     row channels first, frequencies 1 / 10000^(k / (D/4)), a zero embedding for the class
+     token. Beyer et al. 2022 (big_vision's posemb_sincos_2d) use the same idea with column
+     channels first and frequencies reaching 1/10000 exactly; the two are not interchangeable
+     for pre-trained weights. pos_embed="none": no position embedding (the paper's Table 8 ablation).
+  3. class_token=False: no class token; needs pool="gap" (Beyer et al. 2022). With pool="gap"
+     and the class token kept (the default recipe), the token is not pooled but still attends
+     and is attended to: an extra global token, as in MoCo v3's ViTs; the recipe was chosen
+     on validation with it, and foodvit keeps it there deliberately.
   4. drop_path > 0: stochastic depth on each residual branch, rate growing linearly with depth
      (Huang et al. 2016, as used by DeiT, Touvron et al. 2021).
   5. stem="conv": a convolutional tokeniser (conv 3x3, ReLU, max-pool, repeated) in place of the
@@ -40,6 +46,7 @@ Notes (not deviations from the paper's text):
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -119,10 +126,11 @@ def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> Non
 
 
 def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Deviation 2: fixed 2D sine-cosine position embedding, (N, D).
+    """Deviation 2: fixed 2D sine-cosine position embedding, (N, D), as MoCo v3 builds it.
 
-    A quarter of the channels encode the row with sin, a quarter with cos, then the same for the
-    column, at geometrically spaced frequencies (Vaswani et al. 2017, extended to 2D).
+    For patch (r, c) and k < D/4, with omega_k = 1 / temperature^(k / (D/4)): channel k is
+    sin(r omega_k), D/4 + k is cos(r omega_k), D/2 + k is sin(c omega_k), 3D/4 + k is cos(c omega_k)
+    (Vaswani et al. 2017's encoding, once per axis).
     """
     if embed_dim % 4:
         raise ConfigError(f"sincos2d position embedding needs embed_dim divisible by 4, got {embed_dim}")

@@ -24,7 +24,7 @@ import torch
 
 from .config import RunConfig
 from .errors import FoodVitError
-from .model import ViTConfig, VisionTransformer
+from .model import VisionTransformer, ViTConfig
 from .preprocess import Preprocess
 from .variants import DEFAULT_MEAN, DEFAULT_STD, IMAGENET_MEAN, IMAGENET_STD, SIZES, create_model, get_variant
 

@@ -109,7 +109,7 @@ def write_report(run: Path, *, config, classes, counts: dict, history: list[dict
         f"| model | {config.model} ({model_info['params']:,} parameters, {model_info['trainable']:,} trained) |",
         f"| image size | {model_info['image_size']} px, patch {model_info['patch_size']} |",
         f"| data | `{model_info['data_root']}` |",
-        f"| photos | " + "; ".join(f"{split}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for split, c in counts.items()) + " |",
+        "| photos | " + "; ".join(f"{split}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for split, c in counts.items()) + " |",
         f"| training | {len(history)} epochs, batch {config.train.batch_size} x {config.optim.accum_steps}, "
         f"{config.optim.optimizer} lr {config.optim.lr:g}, weight decay {config.optim.weight_decay:g}, augment `{config.data.augment}` |",
         f"| time | {total_seconds:.0f} s on {model_info['device']} |",

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from .errors import FoodVitError
+from .errors import RunError  # noqa: F401  (re-exported: foodvit.run.RunError)
 from .files import atomic_write, write_text  # noqa: F401  (write_text re-exported)
-from .model import ViTConfig, VisionTransformer
+from .model import VisionTransformer, ViTConfig
 from .preprocess import Preprocess
 
 # every file a run writes (a failed start removes these, and only these)
@@ -28,10 +28,6 @@ RUN_FILES = ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors",
              "most_wrong.png", "report.md")
 # *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised
 METRIC_COLUMNS = ("epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds")
-
-
-class RunError(FoodVitError, ValueError):
-    """A run directory that cannot be used as asked; the message says what to do."""
 
 
 def write_metrics(path: Path, history: list[dict]) -> Path:

@@ -26,15 +26,15 @@ import torch
 
 from . import data as D
 from .config import RunConfig, ViTConfig
-from .errors import ConfigError, FoodVitError
-from .files import RunLock
 from .drloc import WithDenseRelativeLocalization
 from .engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
+from .errors import ConfigError, FoodVitError
+from .files import RunLock
 from .model import VisionTransformer
 from .optim import build_ema, build_optimizer, build_scheduler
+from .preprocess import Preprocess, eval_transform, make_preprocess
 from .report import per_class_accuracy, plot_confusion, plot_curves, save_figure, write_report
 from .run import RUN_FILES, RunError, load_checkpoint, save_checkpoint, save_model, write_metrics, write_text
-from .preprocess import Preprocess, eval_transform, make_preprocess
 from .seeds import derive_seed
 from .transforms import batch_mixer, train_transform
 from .variants import create_model, get_variant
@@ -95,6 +95,11 @@ class Result:
     test: dict  # loss, acc, n, confusion, per_class
 
 
+LARGE_MODEL_PARAMS = 20_000_000  # above this, say what a run will cost before it starts
+EVAL_BATCH_SIZE = 64  # evaluation batches at least this large: no gradients, so memory allows it
+GPU_SYNC_EVERY = 25  # on a GPU, check the loss for NaN every this many steps (each check waits for the GPU)
+
+
 def train_decode_size(p: Preprocess) -> int:
     """The shorter side training photos are decoded to: enough for the eval resize and for random
     resized crops to zoom in twofold without upsampling."""
@@ -116,7 +121,7 @@ class Trainer:
         self._open_data(saved)
         self.model.to(self.device)
         self.settings = StepSettings(self.device, c.optim.accum_steps, c.optim.clip_grad, c.optim.label_smoothing,
-                                     c.train.amp, sync_every=1 if self.device.type == "cpu" else 25)
+                                     c.train.amp, sync_every=1 if self.device.type == "cpu" else GPU_SYNC_EVERY)
         # the module the optimiser steps: the ViT, or the ViT with the auxiliary head (training only)
         self.trained = self.model
         # the auxiliary loss trains the encoder: with a frozen one (a feature extractor) it has nothing to train
@@ -169,10 +174,22 @@ class Trainer:
             ds = D.PhotoDataset(split, None, eval_cache) if eval_cache else D.PhotoDataset(split, eval_transform(p))
             # cached photos are finished tensors: workers, started at every evaluation, would only cost time
             workers = 0 if eval_cache else c.data.workers
-            return D.make_loader(ds, max(c.train.batch_size, 64), train=False, workers=workers, pin_memory=pin)
+            return D.make_loader(ds, max(c.train.batch_size, EVAL_BATCH_SIZE), train=False, workers=workers, pin_memory=pin)
 
         self.eval_loaders = {"val": eval_loader(self.data.val)} if self.data.val is not None else {}
         self.eval_loaders["test"] = eval_loader(self.data.test)
+
+    def size_warning(self) -> str | None:
+        """A word before a long CPU run or a large checkpoint (ViT-B/16: minutes an epoch, 1 GB)."""
+        params = sum(p.numel() for p in self.trained.parameters())
+        if params < LARGE_MODEL_PARAMS:
+            return None
+        moments = {"adam": 2, "adamw": 2, "sgd": 1}[self.config.optim.optimizer]
+        checkpoint_gb = params * 4 * (1 + moments) / 1e9  # fp32 weights and optimiser state
+        slow = (" On a CPU each epoch takes minutes (the course recipe, ViT-B/16: about 3.5 minutes an epoch of "
+                "FoodVision Mini's 225 photos on 2 cores).") if self.device.type == "cpu" else ""
+        return (f"note: {self.config.model} has {params / 1e6:.1f} M parameters; checkpoint.pt will hold about "
+                f"{checkpoint_gb:.1f} GB.{slow}")
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -376,6 +393,9 @@ def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = Fal
     with NewRunDirectory(out):
         write_text(out / "config.json", config.to_json())
         trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose)
+        warning = trainer.size_warning()
+        if warning:
+            print(warning, file=sys.stderr)
         if not quiet:
             log(f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
                 f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}; run directory {out}")

@@ -5,8 +5,7 @@ at evaluation lives in preprocess.py."""
 from __future__ import annotations
 
 import torch
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import v2
+from torchvision.transforms import InterpolationMode, v2
 
 from .config import AUGMENT_PRESETS as PRESETS
 from .errors import ConfigError

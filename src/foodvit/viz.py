@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from .errors import ConfigError
 from .report import integer_ticks, new_figure, subplots
 
-
 # ------------------------------------------------------------------------------------------ numbers
 
 

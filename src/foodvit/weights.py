@@ -18,7 +18,7 @@ from torch import nn
 
 from .errors import InputError
 from .files import atomic_write
-from .model import ViTConfig, VisionTransformer, resample_pos_embed
+from .model import VisionTransformer, ViTConfig, resample_pos_embed
 
 StateDict = dict[str, torch.Tensor]
 

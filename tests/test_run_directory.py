@@ -1,0 +1,246 @@
+"""The run directory is the user's data: what a new run refuses, the lock, what a failed start
+leaves, the data source a run stores and resumes with, edited settings, pre-trained resumes offline,
+file permissions."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import zipfile
+from dataclasses import replace
+
+import pytest
+import torch
+from helpers import make_photo_folder
+
+import foodvit
+from foodvit import data as D
+from foodvit.cli import main
+from foodvit.config import build_config, load_recipe
+from foodvit.files import RunLock
+from foodvit.run import RunError
+from foodvit.trainer import resume, train
+
+SMALL = {"image_size": 32, "depth": 1}
+
+
+def small(source, epochs=1, **train_changes):
+    config = load_recipe("tiny")
+    return replace(config, vit={**config.vit, **SMALL}, data=replace(config.data, source=str(source) if source else ""),
+                   train=replace(config.train, epochs=epochs, batch_size=12, **train_changes))
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2)
+
+
+def interrupted_run(photos, out, epochs=2):
+    """A run with one of `epochs` epochs done, as an interruption leaves it: train one epoch, then
+    set the config and checkpoint to the longer run (the schedule differs, which resume does not check)."""
+    train(small(photos, epochs=1), out, quiet=True)
+    config = json.loads((out / "config.json").read_text())
+    config["train"]["epochs"] = epochs
+    (out / "config.json").write_text(json.dumps(config))
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    state["config"] = config
+    torch.save(state, out / "checkpoint.pt")
+    for name in ("model.safetensors", "model.json", "report.md"):
+        (out / name).unlink()
+    return out
+
+
+# ------------------------------------------------------------------ a new run's folder
+
+
+def test_a_folder_with_the_users_files_is_refused_and_left_untouched(photos, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my own notes")
+    (mine / "curves.png").write_bytes(b"my picture")
+    with pytest.raises(RunError, match=r"is not empty \(curves\.png, report\.md\) and holds no foodvit run.*choose another --out"):
+        train(small(photos), mine, quiet=True)
+    assert (mine / "report.md").read_text() == "my own notes" and (mine / "curves.png").read_bytes() == b"my picture"
+    assert sorted(p.name for p in mine.iterdir()) == ["curves.png", "report.md"]
+    # an empty folder is fine
+    (tmp_path / "empty").mkdir()
+    assert train(small(photos), tmp_path / "empty", quiet=True).test["n"] == 6
+
+
+def test_out_naming_a_file_or_an_unwritable_place_is_one_line(photos, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(tmp_path / "file"), "--epochs", "1"]) == 2
+    assert "is a file; a run directory is a folder" in capsys.readouterr().err
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "ro"
+        locked.mkdir(mode=0o500)
+        assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(locked / "run"), "--epochs", "1"]) == 2
+        assert "choose a writable --out" in capsys.readouterr().err
+
+
+def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(photos, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / RunLock.NAME).write_text(f"{sleeper.pid} {os.uname().nodename}\n")
+        with pytest.raises(RunError, match=rf"in use by another foodvit process \(pid {sleeper.pid}"):
+            train(small(photos), out, quiet=True)
+        assert sorted(p.name for p in out.iterdir()) == [RunLock.NAME]  # nothing written beside the lock
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the owner is gone: the lock is stale, the run goes ahead and releases it when done
+    train(small(photos), out, quiet=True)
+    assert not (out / RunLock.NAME).exists() and (out / "model.safetensors").is_file()
+
+
+def test_a_failed_start_leaves_nothing_behind(tmp_path):
+    empty = tmp_path / "nodata"
+    empty.mkdir()
+    out = tmp_path / "runs" / "demo"
+    with pytest.raises(D.DataError):
+        train(small(empty), out, quiet=True)
+    assert not out.exists()  # not even config.json
+    (tmp_path / "keep").mkdir()
+    with pytest.raises(D.DataError):
+        train(small(empty), tmp_path / "keep", quiet=True)
+    assert (tmp_path / "keep").is_dir() and not any((tmp_path / "keep").iterdir())  # the user's folder stays
+
+
+def test_run_files_respect_the_umask(photos, tmp_path):
+    old = os.umask(0o022)
+    try:
+        train(small(photos), tmp_path / "run", quiet=True)
+    finally:
+        os.umask(old)
+    for name in ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "report.md", "curves.png"):
+        assert stat.S_IMODE((tmp_path / "run" / name).stat().st_mode) == 0o644, name
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_unpacked_zips_respect_the_umask_and_bad_zips_leave_nothing(photos, tmp_path, monkeypatch):
+    monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
+    good = tmp_path / "good.zip"
+    with zipfile.ZipFile(good, "w") as archive:
+        for path in photos.rglob("*.jpg"):
+            archive.write(path, path.relative_to(photos.parent))
+    old = os.umask(0o022)
+    try:
+        root = D.resolve(good)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(root.parent.stat().st_mode) == 0o755
+    flat = tmp_path / "flat.zip"
+    with zipfile.ZipFile(flat, "w") as archive:
+        archive.writestr("pizza/1.jpg", b"x")
+    with pytest.raises(D.DataError, match="holds no train/ and test/ folders"):
+        D.resolve(flat)
+    corrupt = tmp_path / "corrupt.zip"
+    data = bytearray(good.read_bytes())
+    member = data.find(b"\xff\xd8")  # the first JPEG's bytes, stored inside the zip
+    data[member + 200: member + 260] = bytes(60)
+    corrupt.write_bytes(bytes(data))
+    with pytest.raises(D.DataError, match=r"corrupt\.zip is a damaged zip .*download it again"):
+        D.resolve(corrupt)
+    unpacked = sorted(p.name for p in (tmp_path / "cache" / "data").iterdir())
+    assert len(unpacked) == 1 and unpacked[0].startswith("good-")  # nothing of the failed ones stays
+
+
+# ------------------------------------------------------------------ the data a run stores and resumes with
+
+
+def test_the_actual_source_is_stored_and_resume_uses_it_whatever_foodvit_data_says(photos, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FOODVIT_DATA", str(photos))
+    train(small(None), tmp_path / "first", quiet=True)
+    assert json.loads((tmp_path / "first" / "config.json").read_text())["data"]["source"] == str(photos)
+    out = interrupted_run(photos, tmp_path / "run")
+    other = make_photo_folder(tmp_path / "other", n_train=2, n_test=1, classes=("a", "b"))
+    monkeypatch.setenv("FOODVIT_DATA", str(other))  # another data set now: the run must not notice
+    result = resume(out, log=print)
+    assert f"data: {photos} (stored with the run)" in capsys.readouterr().out
+    assert result.test["n"] == 6 and len(result.history) == 2
+
+
+def test_resume_with_the_data_moved_checks_classes_and_counts(photos, tmp_path, capsys):
+    import shutil
+
+    out = interrupted_run(photos, tmp_path / "run")
+    moved = tmp_path / "moved"
+    shutil.copytree(photos, moved)
+    fewer = tmp_path / "fewer"
+    shutil.copytree(photos, fewer)
+    next((fewer / "train" / "pizza").iterdir()).unlink()
+    with pytest.raises(RunError, match=r"trained on 12 train / 6 test photos, the data in .*fewer has 11 / 6"):
+        resume(out, data=str(fewer), quiet=True)
+    assert main(["train", "--resume", str(out), "--data", str(moved), "--quiet"]) == 0
+    assert json.loads((out / "config.json").read_text())["data"]["source"] == str(moved)
+    assert main(["train", "--resume", str(out), "--lr", "0.1"]) == 2
+    assert "drop --lr" in capsys.readouterr().err
+
+
+def test_an_edited_config_is_refused_with_the_keys_that_differ(photos, tmp_path):
+    out = interrupted_run(photos, tmp_path / "run")
+    config = json.loads((out / "config.json").read_text())
+    config["optim"]["lr"] = 0.5
+    config["vit"]["depth"] = 3
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RunError, match=r"differs from the settings the run started with \(optim\.lr: 0\.001 -> 0\.5; vit\.depth: 1 -> 3\)"):
+        resume(out, quiet=True)
+
+
+@pytest.mark.parametrize("text,message", [("{not json", "is not valid JSON"), ("[1, 2]", "expected a JSON object of settings, got list"),
+                                          ('{"train": {"epochs": 0}}', "--epochs must be >= 1, got 0")])
+def test_a_broken_config_json_is_named(photos, tmp_path, capsys, text, message):
+    out = interrupted_run(photos, tmp_path / "run")
+    (out / "config.json").write_text(text)
+    assert main(["train", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "config.json" in err and message in err and "Traceback" not in err
+
+
+def test_a_checkpoint_from_another_model_size_is_explained(photos, tmp_path, capsys):
+    out = interrupted_run(photos, tmp_path / "run")
+    other = tmp_path / "other"
+    config = small(photos)
+    train(replace(config, vit={**config.vit, "depth": 2}), other, quiet=True)
+    state = torch.load(other / "checkpoint.pt", weights_only=True)
+    state["config"] = json.loads((out / "config.json").read_text())  # the settings match; the tensors do not
+    state.pop("model_config")
+    torch.save(state, out / "checkpoint.pt")
+    assert main(["train", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit the model its config.json describes" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ pre-trained runs
+
+
+def test_resume_of_a_pretrained_run_needs_only_the_checkpoint(photos, tmp_path):
+    weights = tmp_path / "weights.safetensors"
+    source = foodvit.create_model("ViT-Ti/8", num_classes=5, image_size=32, depth=1)
+    foodvit.save_weights(source, weights)
+    config = build_config("tiny", {"train.pretrained": str(weights), "data.source": str(photos), "train.epochs": 1,
+                                   "train.batch_size": 12, "vit.depth": 1})
+    out = tmp_path / "run"
+    train(config, out, quiet=True)
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    full = json.loads((out / "config.json").read_text())
+    full["train"]["epochs"] = 2
+    state["config"] = full
+    (out / "config.json").write_text(json.dumps(full))
+    torch.save(state, out / "checkpoint.pt")
+    weights.unlink()  # the weights are gone (offline, moved): the checkpoint holds everything
+    result = resume(out, quiet=True)
+    assert len(result.history) == 2
+
+
+def test_python_train_adapts_a_pretrained_config_as_the_command_line_does(tmp_path):
+    weights = tmp_path / "w.safetensors"
+    foodvit.save_weights(foodvit.create_model("ViT-Ti/16", num_classes=3, image_size=48), weights)
+    # the default recipe's from-scratch model settings (64 px, 6 blocks, GAP, sin-cos) give way to the weights'
+    config = build_config("default", {"train.pretrained": str(weights)})
+    assert config.model == "ViT-Ti/16" and "image_size" not in config.vit and "depth" not in config.vit
+    given = build_config("default", {"train.pretrained": str(weights), "vit.image_size": 64})
+    assert given.vit["image_size"] == 64  # a size the user asks for is kept (positions are resampled)
