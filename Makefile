@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2  # two workers on the two cores
 
 # Train the default recipe on the default data ($$FOODVIT_DATA, else the course's zip), evaluate it
 # on the test split, and predict the first test photo.
