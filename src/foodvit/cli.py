@@ -64,7 +64,7 @@ def _run_source(run: str) -> str | None:
     config = Path(run) / "config.json"
     if not config.is_file():
         return None
-    from .trainer import read_config
+    from .run import read_config
 
     return read_config(config).data.source or None
 

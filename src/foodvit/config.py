@@ -18,29 +18,27 @@ import re
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from .errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, Range, check_ranges, check_value
+from .errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, Range, check_value
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-# Choices of the text settings, named once (transforms.py and model.py read them from here).
-POOLS = ("cls", "gap", "seq")
-POS_EMBEDS = ("learned", "sincos2d", "none")
-STEMS = ("patch", "conv")
+Pool = Literal["cls", "gap", "seq"]
+PosEmbed = Literal["learned", "sincos2d", "none"]
+Stem = Literal["patch", "conv"]
+
+# Choices of the text settings, named once (preprocess.py and transforms.py read them from here).
+POOLS, POS_EMBEDS, STEMS = get_args(Pool), get_args(PosEmbed), get_args(Stem)
 RESIZE_MODES = ("crop", "square")
 INTERPOLATIONS = ("bilinear", "bicubic")
 AUGMENT_PRESETS = ("none", "flip", "light", "medium", "strong")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-
-Pool = Literal["cls", "gap", "seq"]
-PosEmbed = Literal["learned", "sincos2d", "none"]
-Stem = Literal["patch", "conv"]
 
 
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None, range: Range | None = None) -> Any:
@@ -52,18 +50,22 @@ def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | No
     return field(default=default, metadata=meta)
 
 
-def _check_choices(settings) -> None:
-    for f in fields(settings):
-        choices = f.metadata.get("choices")
-        value = getattr(settings, f.name)
-        if choices and value not in choices:
-            flag = "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
-            raise ConfigError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+def _flag(f) -> str:
+    return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
+
+
+def _check_field(f, value) -> None:
+    """A ConfigError unless value lies in the field's range and among its choices (its metadata)."""
+    if f.metadata.get("range") is not None:
+        check_value(_flag(f), value, f.metadata["range"])
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{_flag(f)} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def _check(settings) -> None:
-    check_ranges(settings)
-    _check_choices(settings)
+    for f in fields(settings):
+        _check_field(f, getattr(settings, f.name))
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -328,19 +330,10 @@ def _check_vit(values: dict, where: str) -> None:
     if unknown:
         raise ConfigError(f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     for name, value in values.items():
-        f = known[name]
-        if f.metadata.get("range") is not None:
-            check_value(name, value, f.metadata["range"], _flag(f))
-        choices = f.metadata.get("choices")
-        if choices and value not in choices:
-            raise ConfigError(f"{_flag(f)} must be one of {', '.join(choices)}, got {value!r}")
+        _check_field(known[name], value)
 
 
 # ------------------------------------------------------------------------------------ command line
-
-
-def _flag(f) -> str:
-    return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
 
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -386,7 +379,7 @@ def number_type(kind: type, allowed: Range | None = None, several: bool = False)
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if allowed is not None:
             try:
-                check_value("value", values, allowed, "value")
+                check_value("value", values, allowed)
             except ConfigError:
                 raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}") from None
         return values

@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_
 from tqdm.auto import tqdm
 
 from .errors import FoodVitError
-from .files import atomic_folder, atomic_write
+from .files import atomic_folder
+from .files import download as download_file
 from .seeds import derive_seed
 
 DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
@@ -69,17 +70,8 @@ def download(url: str, *, timeout: float = 20.0, quiet: bool = False) -> Path:
     target = cache_dir() / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
     if target.is_file():
         return target
-
-    def fetch(tmp: Path) -> None:
-        with tmp.open("wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {name}", disable=quiet) as bar:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-                    bar.update(len(chunk))
-
     try:
-        return atomic_write(target, fetch, suffix=".part")
+        return download_file(url, target, timeout=timeout, quiet=quiet)
     except (urllib.error.URLError, OSError, TimeoutError) as err:
         reason = getattr(err, "reason", err)
         raise DataError(
@@ -137,7 +129,12 @@ MAX_PIXELS = 89_478_485
 
 
 class PhotoError(DataError):
-    """One photo that cannot be used (unreadable, not an image, too large)."""
+    """One photo that cannot be used (unreadable, not an image, too large): `path` and `reason`;
+    the message is the two together."""
+
+    def __init__(self, path, reason: str) -> None:
+        super().__init__(f"{path} {reason}")
+        self.path, self.reason = path, reason
 
 
 @contextlib.contextmanager
@@ -149,13 +146,13 @@ def open_photo(path: str | os.PathLike):
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the check below refuses instead
             image = Image.open(path)
     except Image.DecompressionBombError as err:
-        raise PhotoError(f"{path} is too large to decode safely ({err}); resize it below {MAX_PIXELS / 1e6:.0f} megapixels") from None
+        raise PhotoError(path, f"is too large to decode safely ({err}); resize it below {MAX_PIXELS / 1e6:.0f} megapixels") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise PhotoError(f"{path} cannot be read as an image ({type(err).__name__}: {err})") from None
+        raise PhotoError(path, f"cannot be read as an image ({type(err).__name__}: {err})") from None
     with image:
         w, h = image.size
         if w * h > MAX_PIXELS:
-            raise PhotoError(f"{path} is {w} x {h} = {w * h / 1e6:.0f} megapixels, over the limit of {MAX_PIXELS / 1e6:.0f} "
+            raise PhotoError(path, f"is {w} x {h} = {w * h / 1e6:.0f} megapixels, over the limit of {MAX_PIXELS / 1e6:.0f} "
                              "(a decompression bomb?); resize it if it is a real photo")
         yield image
 
@@ -197,7 +194,7 @@ def check_image(path: Path) -> str | None:
         with open_photo(path) as image:
             image.verify()
     except PhotoError as err:
-        return str(err).removeprefix(f"{path} ")
+        return err.reason
     except (OSError, SyntaxError, ValueError) as err:
         return f"cannot be read as an image ({type(err).__name__}: {err})"
     return None
@@ -257,8 +254,8 @@ def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True)
         if problem is None and decode is not None:
             try:
                 decode(path)
-            except DataError as err:  # the cache's loader explains what it could not read
-                problem = f"cannot be decoded ({err.__cause__ or str(err).removeprefix(f'cannot read {path} ')})"
+            except PhotoError as err:  # the cache's loader says what it could not read
+                problem = err.reason
         if problem:
             bad.append(f"{path}: {problem}")
         else:
@@ -402,7 +399,7 @@ def load_or_explain(path: Path) -> Image.Image:
     except PhotoError:
         raise
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
-        raise PhotoError(f"cannot read {path} ({err}); remove or replace it") from err
+        raise PhotoError(path, f"cannot be read ({err}); remove or replace it") from err
 
 
 class PhotoCache:

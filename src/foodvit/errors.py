@@ -8,7 +8,7 @@ settings (config.py) and the command line can use it without loading PyTorch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 
 class FoodVitError(Exception):
@@ -52,21 +52,13 @@ SHARE_BELOW_1 = Range(0, 1, hi_open=True)
 SHARE_ABOVE_0 = Range(0, 1, lo_open=True)
 
 
-def check_value(name: str, value, allowed: Range, flag: str | None = None) -> None:
+def check_value(flag: str, value, allowed: Range) -> None:
     """A ConfigError unless every number in value (a number or a tuple of them) is in range."""
     for v in value if isinstance(value, (tuple, list)) else (value,):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{flag or name} must be a number {allowed}, got {v!r}")
+            raise ConfigError(f"{flag} must be a number {allowed}, got {v!r}")
         if v not in allowed:
-            raise ConfigError(f"{flag or name} must be {allowed}, got {v:g}")
-
-
-def check_ranges(settings) -> None:
-    """Check every field of a settings dataclass whose metadata names a range (key "range")."""
-    for f in fields(settings):
-        allowed = f.metadata.get("range")
-        if allowed is not None:
-            check_value(f.name, getattr(settings, f.name), allowed, "--" + (f.metadata.get("flag") or f.name).replace("_", "-"))
+            raise ConfigError(f"{flag} must be {allowed}, got {v:g}")
 
 
 class InputError(FoodVitError, ValueError):

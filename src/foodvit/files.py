@@ -47,6 +47,30 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
+def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha256_prefix: str | None = None) -> Path:
+    """Download url to target with a progress bar; the connection times out by itself (nothing
+    process-wide changes), the file appears only when complete and, with sha256_prefix, only if its
+    SHA-256 starts so. Errors are the network's (OSError) or a ValueError for a damaged file."""
+    import hashlib
+    import urllib.request
+
+    from tqdm.auto import tqdm
+
+    def fetch(tmp: Path) -> None:
+        digest = hashlib.sha256()
+        with tmp.open("wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {Path(target).name}", disable=quiet) as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+        if sha256_prefix and not digest.hexdigest().startswith(sha256_prefix):
+            raise ValueError(f"{url} arrived damaged (its SHA-256 does not start with {sha256_prefix}); try again")
+
+    return atomic_write(target, fetch, suffix=".part")
+
+
 def atomic_folder(target: Path, fill) -> Path:
     """Call fill(tmp_folder), then rename it to `target`; on failure nothing is left behind. The
     folder gets 0777 less the umask, as mkdir gives."""

@@ -58,12 +58,12 @@ def _local(image: str | Path) -> Path:
     """A local photo's path; URLs are refused with a message that says what to do."""
     text = str(image)
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
-        raise D.PhotoError(f"{text}: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file")
+        raise D.PhotoError(text, f"is a URL: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file")
     path = Path(image)
     if not path.exists():
-        raise D.PhotoError(f"{path} does not exist")
+        raise D.PhotoError(path, "does not exist")
     if path.is_dir():
-        raise D.PhotoError(f"{path} is a folder; pass photo files (e.g. {path}/*.jpg)")
+        raise D.PhotoError(path, f"is a folder; pass photo files (e.g. {path}/*.jpg)")
     return path
 
 

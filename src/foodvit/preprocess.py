@@ -61,10 +61,6 @@ def resample_filter(interpolation: str):
     return {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}[interpolation]
 
 
-def _resample(p: Preprocess):
-    return resample_filter(p.interpolation)
-
-
 def shorter_side_to(size: tuple[int, int], shorter: int) -> tuple[int, int]:
     """(width, height) with the shorter side at `shorter` px and the longer in proportion, rounded
     down (as torchvision computes it)."""
@@ -81,10 +77,10 @@ def crop_view(p: Preprocess, photo):
     the centre image_size x image_size; 'square': both sides resized to image_size.
     """
     if p.mode == "square":
-        return photo.resize((p.image_size, p.image_size), resample=_resample(p))
+        return photo.resize((p.image_size, p.image_size), resample=resample_filter(p.interpolation))
     size = shorter_side_to(photo.size, p.resize_size)
     if size != photo.size:
-        photo = photo.resize(size, resample=_resample(p))
+        photo = photo.resize(size, resample=resample_filter(p.interpolation))
     left = int(round((size[0] - p.image_size) / 2.0))
     top = int(round((size[1] - p.image_size) / 2.0))
     return photo.crop((left, top, left + p.image_size, top + p.image_size))

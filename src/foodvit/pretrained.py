@@ -73,33 +73,18 @@ class Pretrained:
 
 def _torchvision_state_dict(weights) -> dict[str, torch.Tensor]:
     """torchvision's weights file, downloaded once into torch.hub's cache ($TORCH_HOME) as
-    torchvision does, with a timeout on the connection, its SHA-256 checked against the prefix in
-    the file name, and the file appearing only when complete."""
-    import hashlib
+    torchvision does, its SHA-256 checked against the prefix in the file name."""
     import urllib.request
 
     from torch.hub import HASH_REGEX, get_dir
-    from tqdm.auto import tqdm
 
-    from .files import atomic_write
+    from .files import download
 
     name = Path(urllib.request.urlparse(weights.url).path).name
     target = Path(get_dir()) / "checkpoints" / name
     if not target.is_file():
-        def fetch(tmp: Path) -> None:
-            digest = hashlib.sha256()
-            with urllib.request.urlopen(weights.url, timeout=DOWNLOAD_TIMEOUT) as response, tmp.open("wb") as out:
-                total = int(response.headers.get("Content-Length") or 0) or None
-                with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {name}") as bar:
-                    while chunk := response.read(1 << 20):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        bar.update(len(chunk))
-            expected = HASH_REGEX.search(name)
-            if expected and not digest.hexdigest().startswith(expected.group(1)):
-                raise PretrainedError(f"{weights.url} arrived damaged (its SHA-256 does not start with {expected.group(1)}); try again")
-
-        atomic_write(target, fetch, suffix=".part")
+        expected = HASH_REGEX.search(name)
+        download(weights.url, target, timeout=DOWNLOAD_TIMEOUT, sha256_prefix=expected.group(1) if expected else None)
     return torch.load(target, map_location="cpu", weights_only=True)
 
 

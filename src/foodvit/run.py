@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import RunError  # noqa: F401  (re-exported: foodvit.run.RunError)
+from .config import RunConfig
+from .errors import ConfigError, RunError
 from .files import atomic_write, write_text  # noqa: F401  (write_text re-exported)
 from .model import VisionTransformer, ViTConfig
 from .preprocess import Preprocess
@@ -39,6 +40,20 @@ def write_metrics(path: Path, history: list[dict]) -> Path:
                 writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
 
     return atomic_write(path, write)
+
+
+def read_config(path: Path) -> RunConfig:
+    """A run's config.json, or a RunError that names the file and what is wrong with it."""
+    try:
+        values = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunError(f"cannot read {path} ({err})") from None
+    except json.JSONDecodeError as err:
+        raise RunError(f"{path} is not valid JSON ({err}); restore it from the checkpoint's settings or start a new run") from None
+    try:
+        return RunConfig.from_dict(values, where=str(path))
+    except (ConfigError, TypeError) as err:
+        raise RunError(f"{path}: {err}") from None
 
 
 def save_checkpoint(path: Path, state: dict) -> Path:

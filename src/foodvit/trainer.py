@@ -14,7 +14,6 @@ behind, and a resumed run continues with exactly the settings, data and model it
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import sys
@@ -34,7 +33,7 @@ from .model import VisionTransformer
 from .optim import build_ema, build_optimizer, build_scheduler
 from .preprocess import Preprocess, eval_transform, make_preprocess
 from .report import per_class_accuracy, plot_confusion, plot_curves, save_figure, write_report
-from .run import RUN_FILES, RunError, load_checkpoint, save_checkpoint, save_model, write_metrics, write_text
+from .run import RUN_FILES, RunError, load_checkpoint, read_config, save_checkpoint, save_model, write_metrics, write_text
 from .seeds import derive_seed
 from .transforms import batch_mixer, train_transform
 from .variants import create_model, get_variant
@@ -400,20 +399,6 @@ def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = Fal
             log(f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
                 f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}; run directory {out}")
         return trainer.fit()
-
-
-def read_config(path: Path) -> RunConfig:
-    """A run's config.json, or a RunError that names the file and what is wrong with it."""
-    try:
-        values = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise RunError(f"cannot read {path} ({err})") from None
-    except json.JSONDecodeError as err:
-        raise RunError(f"{path} is not valid JSON ({err}); restore it from the checkpoint's settings or start a new run") from None
-    try:
-        return RunConfig.from_dict(values, where=str(path))
-    except (ConfigError, TypeError) as err:
-        raise RunError(f"{path}: {err}") from None
 
 
 def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
