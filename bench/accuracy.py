@@ -73,11 +73,11 @@ def run_seeds(recipe: str, seeds: list[int], out: Path, data: str | None, extra:
 def _per_class(run: Path) -> dict[str, float]:
     from foodvit import data as D
     from foodvit.inference import evaluate_split
-    from foodvit.run import load_model
+    from foodvit.predictor import Predictor
 
     config = json.loads((run / "config.json").read_text())
-    model = load_model(run)
-    return evaluate_split(model, D.open_split(config["data"]["source"] or None, "test"))["per_class"]
+    predictor = Predictor.from_run(run)
+    return evaluate_split(predictor, D.open_split(config["data"]["source"] or None, "test"))["per_class"]
 
 
 def print_validation(result: dict) -> None:

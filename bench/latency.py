@@ -25,6 +25,7 @@ from throughput import PEERS, build, implementations, machine  # noqa: E402
 
 from foodvit import data as D  # noqa: E402
 from foodvit.inference import predict  # noqa: E402
+from foodvit.predictor import Predictor  # noqa: E402
 from foodvit.transforms import make_preprocess  # noqa: E402
 
 
@@ -34,13 +35,11 @@ def spread_photos(split: D.Split, n: int) -> list[Path]:
     return [path for path, _ in split.samples[::step][:n]]
 
 
-def prepare(impl: str, name: str, classes: list[str]) -> torch.nn.Module:
-    """A randomly initialised model dressed like a trained run, so predict() can use it."""
+def prepare(impl: str, name: str, classes: list[str]) -> Predictor:
+    """A randomly initialised model in a Predictor with ImageNet preprocessing, as a trained run."""
     torch.manual_seed(0)
     model = build(impl, name, num_classes=len(classes)).eval()
-    model.preprocess = make_preprocess(224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    model.class_names = classes
-    return model
+    return Predictor(model, classes, make_preprocess(224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))
 
 
 def model_only(model: torch.nn.Module, repeats: int) -> float:
@@ -77,7 +76,7 @@ def main(argv=None) -> int:
             for impl, model in models.items():
                 seconds[impl] += [r["seconds"] for r in predict(model, photos)]
         median = {impl: statistics.median(s) for impl, s in seconds.items()}
-        forward = {impl: model_only(model, max(3, args.photos // 2)) for impl, model in models.items()}
+        forward = {impl: model_only(p.model, max(3, args.photos // 2)) for impl, p in models.items()}
         fastest_peer = min(v for impl, v in median.items() if impl != "foodvit")
         for impl in models:
             ratio = fastest_peer / median[impl]

@@ -107,7 +107,7 @@ def test_predict_json_contract_and_plot(run, capsys, tmp_path):
     results = json.loads(capsys.readouterr().out)
     assert [r["image"] for r in results] == images
     for r in results:
-        assert set(r) == {"image", "label", "probability", "top_k", "seconds"}
+        assert set(r) == {"image", "label", "probability", "probabilities", "top_k", "seconds"}
         assert len(r["top_k"]) == 2 and r["top_k"][0] == [r["label"], r["probability"]]
     with Image.open(tmp_path / "p.png") as picture:
         assert len(np.unique(np.asarray(picture.convert("L")))) > 10  # a real picture, not a blank canvas

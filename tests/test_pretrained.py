@@ -48,8 +48,9 @@ def test_torchvision_vit_b16_file_as_frozen_feature_extractor(photos, tmp_path):
     _train(["--pretrained", str(tmp_path / "vit_b_16.pth"), "--freeze-backbone", "true", "--data", photos, "--out", str(run),
             "--augment", "none", "--batch-size", "32"])
     _assert_backbone_identical(run, from_torchvision(source))
-    model = foodvit.load_model(run)
-    assert model.config.image_size == 224 and model.preprocess.mean == (0.485, 0.456, 0.406)  # torchvision's statistics
+    predictor = foodvit.load_predictor(run)
+    model = predictor.model
+    assert model.config.image_size == 224 and predictor.preprocess.mean == (0.485, 0.456, 0.406)  # torchvision's statistics
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     trained = [p for group in ckpt["optimizer"]["param_groups"] for p in group["params"]]
     assert len(trained) == 2 and len(ckpt["optimizer"]["state"]) == 2  # head weight and bias only: no state for the frozen
@@ -73,9 +74,10 @@ def test_finetuning_at_384_from_a_224_file_interpolates_positions(tmp_path):
     run = tmp_path / "ft384"
     _train(["--recipe", "finetune", "--pretrained", str(tmp_path / "ti.pth"), "--image-size", "384", "--data", str(photos),
             "--out", str(run), "--batch-size", "3"])
-    model = foodvit.load_model(run)
+    predictor = foodvit.load_predictor(run)
+    model = predictor.model
     assert model.pos_embed.shape == (1, 577, 192) and model.config.image_size == 384
-    assert model.preprocess.image_size == 384 and model.preprocess.resize_size == round(384 * 256 / 224)
+    assert predictor.preprocess.image_size == 384 and predictor.preprocess.resize_size == round(384 * 256 / 224)
     assert model(torch.randn(1, 3, 384, 384)).shape == (1, 3)
 
 

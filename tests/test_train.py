@@ -66,16 +66,18 @@ def test_run_directory_holds_everything(trained):
 
 def test_trained_model_loads_evaluates_and_predicts(trained, photos):
     out, result = trained
-    model = foodvit.load_model(out)
-    assert model.class_names == ["pizza", "steak", "sushi"]
-    assert model.preprocess.image_size == 32 and not model.training
+    predictor = foodvit.load_predictor(out)
+    assert predictor.classes == ["pizza", "steak", "sushi"]
+    assert predictor.preprocess.image_size == 32 and not predictor.model.training
+    assert not hasattr(foodvit.load_model(out), "class_names")  # the bare module: nothing attached to it
     # evaluating the saved model gives exactly the number the run reported
-    evaluation = evaluate_split(model, D.open_split(photos, "test"))
+    evaluation = evaluate_split(predictor, D.open_split(photos, "test"))
     assert evaluation["accuracy"] == result.test["acc"] and evaluation["n"] == 18
     assert sum(map(sum, evaluation["confusion"])) == 18
     photo = sorted((photos / "test" / "sushi").iterdir())[0]
-    [p] = predict(model, [photo], top_k=2)
-    assert p["label"] in model.class_names and len(p["top_k"]) == 2
+    [p] = predict(predictor, [photo], top_k=2)
+    assert p["label"] in predictor.classes and len(p["top_k"]) == 2
+    assert list(p["probabilities"]) == predictor.classes and sum(p["probabilities"].values()) == pytest.approx(1.0)
     assert p["top_k"][0] == [p["label"], p["probability"]] and p["top_k"][0][1] >= p["top_k"][1][1]
 
 
@@ -185,9 +187,10 @@ def test_course_recipe_runs_one_epoch(tmp_path, capsys):
     config = load_recipe("course")
     config = replace(config, data=replace(config.data, source=str(photos)), train=replace(config.train, epochs=1, batch_size=4))
     result = train(config, tmp_path / "course", quiet=True)
-    model = foodvit.load_model(tmp_path / "course")
-    assert model.config.embed_dim == 768 and model.config.image_size == 224 and model.preprocess.mode == "square"
-    assert model.preprocess.mean == (0.0, 0.0, 0.0) and model.preprocess.std == (1.0, 1.0, 1.0)
+    predictor = foodvit.load_predictor(tmp_path / "course")
+    model = predictor.model
+    assert model.config.embed_dim == 768 and model.config.image_size == 224 and predictor.preprocess.mode == "square"
+    assert predictor.preprocess.mean == (0.0, 0.0, 0.0) and predictor.preprocess.std == (1.0, 1.0, 1.0)
     assert len(result.history) == 1 and result.test["n"] == 3
     # said before it starts: what the course's model costs on a CPU, and its checkpoint's size
     err = capsys.readouterr().err

@@ -118,10 +118,11 @@ def test_explain_reads_attention_through_the_models_pooling():
     # a class token kept but not pooled (the default recipe): the picture must show what the pooled
     # patch tokens attend to, not the class token's row
     model = _model(pool="gap")
-    model.class_names, model.preprocess = ["a", "b", "c"], foodvit.preprocess.make_preprocess(32, (0.5,) * 3, (0.5,) * 3)
+    preprocess = foodvit.preprocess.make_preprocess(32, (0.5,) * 3, (0.5,) * 3)
+    predictor = foodvit.Predictor(model, ["a", "b", "c"], preprocess)
     photo = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8))
-    result = viz.explain(model, photo)
-    x = foodvit.preprocess.eval_transform(model.preprocess)(photo)[None]
+    result = viz.explain(predictor, photo)
+    x = foodvit.preprocess.eval_transform(preprocess)(photo)[None]
     with torch.no_grad():
         logits, attentions = model.forward_with_attention(x)
     rollout = viz.attention_rollout(attentions)  # (1, 17, 17), token 0 the class token
@@ -132,10 +133,9 @@ def test_explain_reads_attention_through_the_models_pooling():
     assert result["read_by"] == "the mean of the patch tokens"
     last = attentions[-1][0, :, 1:, 1:].mean(dim=1)  # (h, N): each head, averaged over the patch queries
     torch.testing.assert_close(result["heads"], (last / last.sum(-1, keepdim=True)).reshape(-1, 4, 4))
-    assert [label for label, _ in result["top_k"]][0] == model.class_names[logits.argmax().item()]
+    assert [label for label, _ in result["top_k"]][0] == predictor.classes[logits.argmax().item()]
     cls_model = _model()  # pool='cls': the class token's row, as before
-    cls_model.class_names, cls_model.preprocess = model.class_names, model.preprocess
     with torch.no_grad():
         cls_rollout = viz.attention_rollout(cls_model.forward_with_attention(x)[1])
     row = cls_rollout[:, 0, 1:]
-    torch.testing.assert_close(viz.explain(cls_model, photo)["rollout"], (row / row.sum()).reshape(4, 4))
+    torch.testing.assert_close(viz.explain(foodvit.Predictor(cls_model, predictor.classes, preprocess), photo)["rollout"], (row / row.sum()).reshape(4, 4))

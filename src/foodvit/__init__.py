@@ -13,6 +13,7 @@ from .errors import FoodVitError
 
 # public name -> module that defines it
 _LAZY = {
+    "Predictor": "predictor",
     "ViTConfig": "config",
     "VisionTransformer": "model",
     "resample_pos_embed": "model",
@@ -25,7 +26,7 @@ _LAZY = {
     "save_weights": "weights",
 }
 
-__all__ = ["FoodVitError", "load_model", *_LAZY]
+__all__ = ["FoodVitError", "load_model", "load_predictor", *_LAZY]
 __version__ = "0.1.0"
 
 
@@ -45,7 +46,15 @@ def __dir__() -> list[str]:
 
 
 def load_model(run, device: str | None = None):
-    """A trained run's model, ready for inference, with .class_names and .preprocess attached."""
+    """A trained run's model (an nn.Module in eval mode). For predictions with the run's classes
+    and preprocessing use foodvit.load_predictor."""
     from .run import load_model as _load
 
     return _load(run, device=device)
+
+
+def load_predictor(run, device: str | None = None):
+    """A trained run's Predictor: classify(photo), classify_many(photos), .classes, .preprocess."""
+    from .predictor import Predictor
+
+    return Predictor.from_run(run, device=device)

@@ -42,13 +42,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from . import data as D
     from .inference import evaluate_split
-    from .run import load_model
+    from .predictor import Predictor
 
-    model = load_model(args.run)
+    predictor = Predictor.from_run(args.run)
     split = D.open_split(args.data or _run_source(args.run), args.split, strict=args.strict)
     for line in split.skipped_summary(args.verbose):
         print(line, file=sys.stderr)
-    result = evaluate_split(model, split)
+    result = evaluate_split(predictor, split)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -71,10 +71,10 @@ def _run_source(run: str) -> str | None:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from .inference import predict
-    from .run import load_model
+    from .predictor import Predictor
 
-    model = load_model(args.run)
-    results = predict(model, args.images, top_k=args.top_k)
+    predictor = Predictor.from_run(args.run)
+    results = predict(predictor, args.images, top_k=args.top_k)
     if args.plot:
         from .inference import plot_predictions
         from .report import save_figure
@@ -139,18 +139,19 @@ def cmd_patches(args: argparse.Namespace) -> int:
 
     out = _writable(args.out)
     photo = D.load_or_explain(Path(args.image))
-    model = None
+    predictor = model = None
     if args.feature_maps:
-        from .run import load_model
+        from .predictor import Predictor
 
-        model = load_model(args.feature_maps)
+        predictor = Predictor.from_run(args.feature_maps)
+        model = predictor.model
     size = args.image_size or (model.config.image_size if model else 224)
     patch = args.patch_size or (model.config.patch_size if model else 16)
-    fig = viz.patches_figure(photo, size, patch, model.preprocess if model is not None else None)
-    if model is not None:
-        from .preprocess import eval_transform
+    fig = viz.patches_figure(photo, size, patch, predictor.preprocess if predictor is not None else None)
+    if predictor is not None:
+        import torch
 
-        x = eval_transform(model.preprocess)(photo).unsqueeze(0)
+        x = torch.from_numpy(predictor.prepare(photo))[None]
         fig = viz.add_feature_maps(fig, viz.feature_maps(model, x, args.channels))
     print(save_figure(fig, out))
     return 0
@@ -160,12 +161,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from . import data as D
     from . import viz
     from .report import save_figure
-    from .run import load_model
+    from .predictor import Predictor
 
     out = _writable(args.out)
-    model = load_model(args.run)
+    predictor = Predictor.from_run(args.run)
     photo = D.load_or_explain(Path(args.image))
-    print(save_figure(viz.explain_figure(model, photo, args.top_k, args.heads), out))
+    print(save_figure(viz.explain_figure(predictor, photo, args.top_k, args.heads), out))
     return 0
 
 
@@ -174,11 +175,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     from . import data as D
     from . import viz
-    from .preprocess import eval_transform
+    from .predictor import Predictor
     from .report import save_figure
-    from .run import RunError, load_model
+    from .run import RunError
 
-    model = load_model(args.run)
+    predictor = Predictor.from_run(args.run)
+    model = predictor.model
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise RunError(f"--out {out} is a file; inspect writes three pictures into a folder: choose a folder")
@@ -194,9 +196,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"pos_similarity.png: skipped, the model's position embedding is {model.config.pos_embed!r}, not learned, "
               "so there is nothing learned to compare", file=sys.stderr)
     split = D.open_split(args.data or _run_source(args.run), args.split)
-    transform = eval_transform(model.preprocess)
     photos = split.samples[:: max(1, len(split.samples) // args.images)][: args.images]  # spread over the classes
-    images = torch.stack([transform(D.load_or_explain(path)) for path, _ in photos])
+    images = torch.stack([torch.from_numpy(predictor.prepare(D.load_or_explain(path), str(path))) for path, _ in photos])
     distances = viz.attention_distances_over(model, images)
     written.append(save_figure(viz.attention_distance_figure(distances, model.config.image_size), out / "attention_distance.png"))
     for path in written:

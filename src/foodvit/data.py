@@ -7,34 +7,35 @@ A source is a URL of a zip, a local zip, or a folder in torchvision's ImageFolde
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import urllib.error
 import urllib.request
-import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 from tqdm.auto import tqdm
 
-from .errors import FoodVitError
+from .errors import DataError  # noqa: F401  (re-exported: data.DataError)
 from .files import atomic_folder
 from .files import download as download_file
+from .photos import (  # noqa: F401  (re-exported: the photo checks belong to the data layer's users too)
+    IMAGE_EXTENSIONS,
+    MAX_PIXELS,
+    PhotoError,
+    check_image,
+    load_or_explain,
+    load_rgb,
+    open_photo,
+)
 from .seeds import derive_seed
 
 DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 LAYOUT = "<root>/train/<class>/*.jpg and <root>/test/<class>/*.jpg (torchvision's ImageFolder layout)"
-
-
-class DataError(FoodVitError, ValueError):
-    """A data source that cannot be used as it is; the message says what to do."""
 
 
 # ---------------------------------------------------------------------------------------- sources
@@ -121,83 +122,6 @@ def _root_of(folder: Path, origin: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------- photos
-
-
-# Pillow's own default, named and enforced here: a photo over this many pixels is refused before it
-# is decoded (a "decompression bomb": a small file that decodes to gigabytes).
-MAX_PIXELS = 89_478_485
-
-
-class PhotoError(DataError):
-    """One photo that cannot be used (unreadable, not an image, too large): `path` and `reason`;
-    the message is the two together."""
-
-    def __init__(self, path, reason: str) -> None:
-        super().__init__(f"{path} {reason}")
-        self.path, self.reason = path, reason
-
-
-@contextlib.contextmanager
-def open_photo(path: str | os.PathLike):
-    """Image.open with the pixel limit enforced from the header, before any decoding; every way a
-    file can fail to open becomes a PhotoError that names the file and what is wrong."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the check below refuses instead
-            image = Image.open(path)
-    except Image.DecompressionBombError as err:
-        raise PhotoError(path, f"is too large to decode safely ({err}); resize it below {MAX_PIXELS / 1e6:.0f} megapixels") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise PhotoError(path, f"cannot be read as an image ({type(err).__name__}: {err})") from None
-    with image:
-        w, h = image.size
-        if w * h > MAX_PIXELS:
-            raise PhotoError(path, f"is {w} x {h} = {w * h / 1e6:.0f} megapixels, over the limit of {MAX_PIXELS / 1e6:.0f} "
-                             "(a decompression bomb?); resize it if it is a real photo")
-        yield image
-
-
-def load_rgb(path: str | os.PathLike) -> Image.Image:
-    """Open a photo as RGB whatever its mode, turned upright by its EXIF orientation.
-
-    Transparent pixels (RGBA, LA, palette with transparency) are laid over white; 16- and 32-bit
-    grayscale is rescaled to 8 bits; CMYK, grayscale and palette photos are converted. A photo
-    over MAX_PIXELS is refused before decoding.
-    """
-    with open_photo(path) as image:
-        image = ImageOps.exif_transpose(image)
-        if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-            image = _to_8bit(image)
-        if image.mode == "P" and "transparency" in image.info:
-            image = image.convert("RGBA")
-        if image.mode in ("RGBA", "LA", "PA"):
-            rgba = image.convert("RGBA")
-            background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            return Image.alpha_composite(background, rgba).convert("RGB")
-        return image.convert("RGB")
-
-
-def _to_8bit(image: Image.Image) -> Image.Image:
-    import numpy as np
-
-    array = np.asarray(image, dtype=np.float64)
-    low, high = float(array.min()), float(array.max())
-    scaled = (array - low) / (high - low) * 255 if high > low else np.zeros_like(array)
-    return Image.fromarray(scaled.round().astype(np.uint8), mode="L")
-
-
-def check_image(path: Path) -> str | None:
-    """None if the file looks like a readable photo (extension, header, size), else why not."""
-    if path.suffix.lower() not in IMAGE_EXTENSIONS:
-        return f"not an image file (extension {path.suffix or 'none'})"
-    try:
-        with open_photo(path) as image:
-            image.verify()
-    except PhotoError as err:
-        return err.reason
-    except (OSError, SyntaxError, ValueError) as err:
-        return f"cannot be read as an image ({type(err).__name__}: {err})"
-    return None
 
 
 @dataclass(frozen=True)
@@ -390,16 +314,6 @@ class PhotoDataset(Dataset):
             return self.transform(image), label
         finally:
             cpu.set_state(state)
-
-
-def load_or_explain(path: Path) -> Image.Image:
-    """load_rgb, with every failure a PhotoError that names the file and what is wrong."""
-    try:
-        return load_rgb(path)
-    except PhotoError:
-        raise
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
-        raise PhotoError(path, f"cannot be read ({err}); remove or replace it") from err
 
 
 class PhotoCache:

@@ -68,3 +68,7 @@ class InputError(FoodVitError, ValueError):
 
 class RunError(FoodVitError, ValueError):
     """A run directory that cannot be used as asked; the message says what to do."""
+
+
+class DataError(FoodVitError, ValueError):
+    """A data source or photo that cannot be used as it is; the message says what to do."""

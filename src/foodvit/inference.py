@@ -1,4 +1,5 @@
-"""Using a trained model: evaluate it on a split, predict photos, draw a prediction."""
+"""Using a trained model through its Predictor: evaluate it on a split, predict photos, draw a
+prediction. Nothing here needs PyTorch: the Predictor's backend runs the model."""
 
 from __future__ import annotations
 
@@ -6,51 +7,49 @@ import re
 import time
 from pathlib import Path
 
-import torch
+import numpy as np
 
-from . import data as D
-from .engine import StepSettings, evaluate
-from .preprocess import eval_transform
-from .report import per_class_accuracy
+from .errors import DataError
+from .photos import PhotoError, load_or_explain
 
 
-def evaluate_split(model, split: D.Split, batch_size: int = 64, device: torch.device | None = None) -> dict:
-    """accuracy (per image), loss, n, per_class {class: accuracy}, confusion (rows = true class)."""
-    if list(split.classes) != list(model.class_names):
-        raise D.DataError(f"{split.root} has classes {list(split.classes)}, the model was trained on {list(model.class_names)}; "
-                          "evaluate on a folder with the same class folders")
-    dataset = D.PhotoDataset(split, eval_transform(model.preprocess))
-    loader = D.make_loader(dataset, batch_size, train=False)
-    device = device or next(model.parameters()).device
-    result = evaluate(model, loader, StepSettings(device=device), num_classes=len(split.classes))
-    return {"accuracy": result["acc"], "loss": result["loss"], "n": result["n"],
-            "per_class": per_class_accuracy(result["confusion"], split.classes), "confusion": result["confusion"].tolist()}
+def evaluate_split(predictor, split, batch_size: int = 64) -> dict:
+    """accuracy (per image), loss (mean cross-entropy), n, per_class {class: accuracy}, confusion
+    (rows = true class), computed from the Predictor's probabilities in batches."""
+    if list(split.classes) != list(predictor.classes):
+        raise DataError(f"{split.root} has classes {list(split.classes)}, the model was trained on {list(predictor.classes)}; "
+                        "evaluate on a folder with the same class folders")
+    k = len(predictor.classes)
+    confusion = np.zeros((k, k), dtype=np.int64)
+    loss = 0.0
+    for start in range(0, len(split.samples), batch_size):
+        chunk = split.samples[start : start + batch_size]
+        batch = np.stack([predictor.prepare(load_or_explain(path), str(path)) for path, _ in chunk])
+        probabilities = predictor.probabilities(batch)
+        labels = np.array([label for _, label in chunk])
+        loss -= float(np.log(np.maximum(probabilities[np.arange(len(chunk)), labels], 1e-300)).sum())
+        np.add.at(confusion, (labels, probabilities.argmax(axis=1)), 1)
+    n = int(confusion.sum())
+    totals = confusion.sum(axis=1)
+    per_class = {name: float(confusion[i, i] / totals[i]) if totals[i] else float("nan") for i, name in enumerate(split.classes)}
+    return {"accuracy": float(np.trace(confusion) / max(n, 1)), "loss": loss / max(n, 1), "n": n, "per_class": per_class,
+            "confusion": confusion.tolist()}
 
 
-@torch.no_grad()
-def predict(model, images: list[str | Path], top_k: int = 3) -> list[dict]:
-    """One result per photo, in order: image, label, probability, top_k [[label, probability], ...],
-    seconds (decode, preprocessing and forward pass: what a user waits for); or, for a photo that
-    cannot be used, image and error (what is wrong), and the others are still predicted."""
-    transform = eval_transform(model.preprocess)
-    device = next(model.parameters()).device
-    k = max(1, min(top_k, len(model.class_names)))
-    model.eval()
+def predict(predictor, images: list[str | Path], top_k: int = 3) -> list[dict]:
+    """One result per photo, in order: image, label, probability, probabilities, top_k [[label,
+    probability], ...], seconds (decode, preprocessing and forward pass: what a user waits for);
+    or, for a photo that cannot be used, image and error (what is wrong), and the others are still
+    predicted."""
     results = []
     for image in images:
         started = time.perf_counter()
         try:
-            photo = D.load_or_explain(_local(image))
-        except D.DataError as err:
+            answer = predictor.classify(_local(image), top_k=top_k, name=str(image))
+        except DataError as err:
             results.append({"image": str(image), "error": str(err)})
             continue
-        x = transform(photo).unsqueeze(0).to(device)  # (1, C, H, W)
-        probs = model(x).float().softmax(dim=-1)[0]
-        top = probs.topk(k)
-        seconds = time.perf_counter() - started
-        ranked = [[model.class_names[i], float(p)] for p, i in zip(top.values.tolist(), top.indices.tolist())]
-        results.append({"image": str(image), "label": ranked[0][0], "probability": ranked[0][1], "top_k": ranked,
-                        "seconds": seconds})
+        results.append({"image": str(image), **answer, "seconds": time.perf_counter() - started})
     return results
 
 
@@ -58,12 +57,12 @@ def _local(image: str | Path) -> Path:
     """A local photo's path; URLs are refused with a message that says what to do."""
     text = str(image)
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
-        raise D.PhotoError(text, f"is a URL: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file")
+        raise PhotoError(text, f"is a URL: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file")
     path = Path(image)
     if not path.exists():
-        raise D.PhotoError(path, "does not exist")
+        raise PhotoError(path, "does not exist")
     if path.is_dir():
-        raise D.PhotoError(path, f"is a folder; pass photo files (e.g. {path}/*.jpg)")
+        raise PhotoError(path, f"is a folder; pass photo files (e.g. {path}/*.jpg)")
     return path
 
 
@@ -83,7 +82,7 @@ def plot_predictions(images: list[str | Path], results: list[dict], columns: int
         if "error" in result:
             ax.text(0.5, 0.5, f"{Path(str(image)).name}\ncould not be read", ha="center", va="center", fontsize=10)
             continue
-        ax.imshow(D.load_or_explain(Path(image)))
+        ax.imshow(load_or_explain(Path(image)))
         ax.set_title(f"Pred: {result['label']} | Prob: {result['probability']:.3f}", fontsize=11)
     fig.tight_layout()
     return fig

@@ -96,9 +96,9 @@ def _read_card(path: Path) -> dict:
     return card
 
 
-def load_model(run: str | os.PathLike, device: str | torch.device | None = None) -> VisionTransformer:
-    """The trained model of a run directory (or a foodvit .safetensors file), in eval mode, with
-    `.class_names` and `.preprocess` (a Preprocess) attached."""
+def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], Preprocess, dict]:
+    """The trained model of a run directory (or a foodvit .safetensors file), in eval mode on the
+    CPU, with its class names, preprocessing and model card (model.json, plus "params")."""
     from .weights import config_from_metadata, load_weights, read_weights
 
     run = Path(run)
@@ -120,7 +120,15 @@ def load_model(run: str | os.PathLike, device: str | torch.device | None = None)
     preprocess = card.get("preprocess") or json.loads(meta.get("preprocess", "null"))
     if not classes or not preprocess:
         raise RunError(f"{weights} lacks class names or preprocessing; it was not written by foodvit train")
-    model = load_weights(VisionTransformer(config), state)
-    model.class_names = list(classes)
-    model.preprocess = Preprocess.from_dict(preprocess)
-    return model.to(device or "cpu").eval()
+    if len(classes) != config.num_classes:
+        raise RunError(f"{weights}: {len(classes)} class names for a model with {config.num_classes} outputs; the files do not belong together")
+    model = load_weights(VisionTransformer(config), state).eval()
+    card = {**card, "model": config.__dict__, "classes": list(classes), "preprocess": preprocess,
+            "params": sum(p.numel() for p in model.parameters())}
+    return model, list(classes), Preprocess.from_dict(preprocess), card
+
+
+def load_model(run: str | os.PathLike, device: str | torch.device | None = None) -> VisionTransformer:
+    """The trained model (an nn.Module in eval mode) of a run directory or foodvit .safetensors
+    file. Its class names and preprocessing come with foodvit.Predictor.from_run(run)."""
+    return read_trained(run)[0].to(device or "cpu")

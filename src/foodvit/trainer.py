@@ -277,7 +277,8 @@ class Trainer:
         test = evaluate(model, self.eval_loaders["test"], self.settings, num_classes=len(self.classes), keep_probabilities=True)
         test["per_class"] = per_class_accuracy(test["confusion"], self.classes)
         summary = {"test_acc": test["acc"], "test_loss": test["loss"], "test_n": test["n"], "recipe": self.config.recipe,
-                   "epochs": len(self.history)}
+                   "epochs": len(self.history), "trained": time.strftime("%Y-%m-%d"), "data": str(self.config.data.source or self.data.root),
+                   "train_photos": len(self.data.train)}
         save_model(self.out, model, self.classes, self.preprocess, {"metrics": summary})
         save_figure(plot_curves(self.history), self.out / "curves.png")
         save_figure(plot_confusion(test["confusion"], self.classes), self.out / "confusion.png")

@@ -197,13 +197,13 @@ def add_feature_maps(fig, maps: torch.Tensor):
 
 
 @torch.no_grad()
-def explain(model, photo, top_k: int = 3) -> dict:
+def explain(predictor, photo, top_k: int = 3) -> dict:
     """Probabilities, the attention rollout map and, per head, the last layer's attention, both read
     out through the model's pooling (pool_readout): the class token's row for pool='cls', the
-    mean of the patch tokens' rows for pool='gap', the learned weights for pool='seq'."""
-    from .preprocess import eval_transform
-
-    x = eval_transform(model.preprocess)(photo).unsqueeze(0).to(next(model.parameters()).device)
+    mean of the patch tokens' rows for pool='gap', the learned weights for pool='seq'.
+    predictor: a Predictor with a PyTorch model; photo: a PIL image."""
+    model = _torch_model(predictor)
+    x = torch.from_numpy(predictor.prepare(photo))[None].to(next(model.parameters()).device)
     tokens, attentions = model.forward_features(x, return_attention=True)
     probs = model.head(model.pool(tokens)).float().softmax(-1)[0].cpu()
     c, g = model.config, model.config.grid_size
@@ -211,9 +211,30 @@ def explain(model, photo, top_k: int = 3) -> dict:
     last = torch.einsum("t,hts->hs", readout[0], attentions[-1][0].float())[:, c.num_prefix_tokens:].cpu()  # (h, N)
     heads = (last / last.sum(-1, keepdim=True)).reshape(-1, g, g)
     top = probs.topk(min(top_k, probs.numel()))
-    return {"top_k": [(model.class_names[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())],
+    return {"top_k": [(predictor.classes[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())],
             "rollout": rollout_map(attention_rollout(attentions), c.num_prefix_tokens, g, readout)[0].cpu(), "heads": heads,
             "input": x[0].cpu(), "read_by": POOL_WORDS[c.pool]}
+
+
+def _torch_model(predictor):
+    if predictor.model is None:
+        raise ConfigError("attention maps need the PyTorch model: open the run directory (foodvit.Predictor.from_run), "
+                          "not an exported file")
+    return predictor.model
+
+
+def overlay_array(image: torch.Tensor, heat: torch.Tensor, alpha: float = 0.45):
+    """The heat map laid over the image as one RGB uint8 array (H, W, 3): no figure, no pyplot, so it
+    is safe in a server's threads."""
+    import numpy as np
+    from matplotlib import colormaps
+
+    size = image.shape[-1]
+    up = F.interpolate(heat[None, None].float(), size=(size, size), mode="bilinear", align_corners=False)[0, 0]
+    up = (up - up.min()) / (up.max() - up.min() + 1e-12)
+    colours = colormaps["jet"](up.numpy())[..., :3]  # (H, W, 3) in [0, 1]
+    mixed = (1 - alpha) * image.permute(1, 2, 0).numpy() / 255.0 + alpha * colours
+    return (np.clip(mixed, 0, 1) * 255).round().astype(np.uint8)
 
 
 def _overlay(ax, image: torch.Tensor, heat: torch.Tensor, title: str) -> None:
@@ -225,12 +246,12 @@ def _overlay(ax, image: torch.Tensor, heat: torch.Tensor, title: str) -> None:
     ax.axis("off")
 
 
-def explain_figure(model, photo, top_k: int = 3, show_heads: bool = False):
+def explain_figure(predictor, photo, top_k: int = 3, show_heads: bool = False):
     """The photo, its top-k probabilities as bars, and the attention rollout over it."""
     from .preprocess import model_view
 
-    result = explain(model, photo, top_k)
-    image = model_view(model.preprocess, photo)  # the heat map belongs to exactly this view
+    result = explain(predictor, photo, top_k)
+    image = model_view(predictor.preprocess, photo)  # the heat map belongs to exactly this view
     heads = result["heads"] if show_heads else None
     extra = 0 if heads is None else math.ceil(heads.shape[0] / 3)
     fig = new_figure(figsize=(14, 4.6 + 3.2 * extra))
