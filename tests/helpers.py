@@ -50,3 +50,49 @@ def make_photo_folder(root, n_train=12, n_test=6, classes=CLASSES, size=(40, 48)
                 seed = 1000 * c + i + (500 if split == "test" else 0)
                 make_photo(root / split / name / f"{i:03d}.jpg", _COLOURS.get(name, (30 * c, 90, 160)), size, seed)
     return root
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(command: list[str], port: int, cwd=None, env=None, timeout: float = 120.0):
+    """Start a server process and wait until GET /health answers; (process, base URL). The caller
+    stops it (stop_server). The process's output goes to a file named in the failure message."""
+    import os
+    import subprocess
+    import tempfile
+    import time
+
+    import httpx
+
+    log = tempfile.NamedTemporaryFile("w+", prefix="foodvit-server-", suffix=".log", delete=False)
+    process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    log.seek(0)
+    raise RuntimeError(f"server did not answer within {timeout:.0f} s:\n{log.read()[-3000:]}")
+
+
+def stop_server(process) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except Exception:
+        process.kill()

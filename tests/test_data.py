@@ -129,6 +129,7 @@ def test_hidden_folders_are_not_scanned(tmp_path):
     assert not any(".thumbs" in str(path) for path, _ in split.samples)
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow warns, then foodvit refuses
 def test_decompression_bomb_is_refused_by_name_and_skipped_in_a_folder(tmp_path):
     root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
     bomb = root / "train" / "steak" / "bomb.png"

@@ -205,6 +205,38 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _need(extra: str, *modules: str) -> None:
+    """A one-line error naming the extra to install when an optional library is missing."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise FoodVitError(f"this command needs {', '.join(missing)}, which come with the {extra} extra: "
+                           f"pip install 'foodvit[{extra}]'")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    _need("serve", "fastapi", "uvicorn", "gradio", "multipart")
+    from .serve import serve
+
+    if not Path(args.run).exists():
+        from .run import RunError
+
+        raise RunError(f"{args.run} does not exist; give a run directory written by foodvit train (or an exported Space's model/ folder)")
+    serve(args.run, host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, top_k=args.top_k,
+          max_upload_mb=args.max_upload_mb, threads=args.threads, examples=not args.no_examples)
+    return 0
+
+
+def cmd_export_space(args: argparse.Namespace) -> int:
+    from .space import export_space
+
+    folder = export_space(args.run, args.folder, examples_per_class=args.examples)
+    print(f"Space ready in {folder}: cd {folder} && python app.py  (offline, http://127.0.0.1:7860/); "
+          "to publish, push the folder to a Hugging Face Space")
+    return 0
+
+
 def cmd_summary(args: argparse.Namespace) -> int:
     import torch
 
@@ -234,6 +266,13 @@ def cmd_recipes(args: argparse.Namespace) -> int:
         first = recipe_path(name).read_text().splitlines()[0].lstrip("# ").strip()
         print(f"{name:<18} {first}")
     return 0
+
+
+def number(allowed: Range):
+    """argparse type: a float in range, refused with the range otherwise."""
+    from .config import number_type
+
+    return number_type(float, allowed)
 
 
 def count(allowed: Range = AT_LEAST_1):
@@ -308,6 +347,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the pictures into")
     p.set_defaults(func=cmd_inspect)
 
+    p = sub.add_parser("serve", help="a web demo and an HTTP prediction service for a trained run (needs foodvit[serve])",
+                       description="One process serves the demo page (GET /), the JSON API (POST /predict with the photo in the "
+                                   "form field 'file'; GET /health) and Gradio's own API, from one loaded model. Concurrent "
+                                   "requests are batched.")
+    p.add_argument("run", help="a run directory (or a folder with model.safetensors and model.json)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only; "
+                                                       "0.0.0.0 opens it to the network)")
+    p.add_argument("--port", type=count(Range(1, 65535)), default=7860, help="port (default 7860)")
+    p.add_argument("--max-batch", type=count(), default=16,
+                   help="most requests run as one forward pass (default 16; 1 serves one at a time)")
+    p.add_argument("--max-wait-ms", type=number(Range(0, 1000)), default=5.0,
+                   help="how long the first request of a batch waits for others, in ms (default 5)")
+    p.add_argument("--max-upload-mb", type=number(Range(0, lo_open=True)), default=10.0,
+                   help="uploads over this size are refused with 413 (default 10 MB)")
+    p.add_argument("--top-k", type=count(), default=3, help="how many classes each answer ranks (default 3)")
+    p.add_argument("--threads", type=count(), help="PyTorch threads for the model (default: PyTorch's choice for this machine)")
+    p.add_argument("--no-examples", action="store_true", help="no example photos on the page (default: one per class "
+                                                              "from the run's test photos, when they are at hand)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("export-space", help="a folder ready for a Hugging Face Space: app.py, the model, examples, README",
+                       description="Writes app.py, requirements.txt, model/ (model.safetensors + model.json), examples/, "
+                                   "the foodvit package itself and a README with the Space's metadata into a new or empty "
+                                   "folder. `python app.py` in that folder serves the demo offline.")
+    p.add_argument("run", help="a trained run directory")
+    p.add_argument("folder", help="the folder to write (new or empty)")
+    p.add_argument("--examples", type=count(Range(0)), default=2, help="example photos per class from the run's test photos (default 2)")
+    p.set_defaults(func=cmd_export_space)
+
     p = sub.add_parser("data", help="download / unpack a data source and show what it holds")
     p.add_argument("source", nargs="?", help="URL, zip or folder (default: $FOODVIT_DATA, else the course's zip)")
     p.add_argument("--print-path", action="store_true", help="print only the local folder")
@@ -330,6 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command not in ("recipes", "models", "summary"):
+            from .photos import limit_pixels
+
+            limit_pixels()  # every photo this command opens: over the pixel limit is refused, not warned about
         return args.func(args)
     except FoodVitError as err:
         if args.debug:

@@ -26,27 +26,35 @@ MAX_PIXELS = 89_478_485
 
 
 class PhotoError(DataError):
-    """One photo that cannot be used (unreadable, not an image, too large): `path` and `reason`;
-    the message is the two together."""
+    """One photo that cannot be used: `path`, `reason` (the message is the two together) and `kind`:
+    'unreadable' (not an image, damaged, a format Pillow cannot read), 'empty' or 'too large'."""
 
-    def __init__(self, path, reason: str) -> None:
+    def __init__(self, path, reason: str, kind: str = "unreadable") -> None:
         super().__init__(f"{path} {reason}")
-        self.path, self.reason = path, reason
+        self.path, self.reason, self.kind = path, reason, kind
+
+
+def limit_pixels() -> None:
+    """Pillow's pixel limit set explicitly to MAX_PIXELS, and its bomb warning (between the limit
+    and twice it) turned into a refusal, for every decoder in this process (Gradio's included).
+    A process-wide policy: the command line and the server call it once at start; open_photo
+    refuses oversized photos from their header whether it was called or not."""
+    Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+    warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
 
 
 @contextlib.contextmanager
 def open_photo(source: str | os.PathLike | io.BytesIO, name=None):
     """Image.open with the pixel limit enforced from the header, before any decoding; every way a
     file can fail to open becomes a PhotoError that names the photo (`name`, else the path) and
-    what is wrong. Pillow only warns between its limit and twice it: here the header's size is
-    checked against MAX_PIXELS and refused, so a bomb is never decoded."""
+    what is wrong. (No warnings.catch_warnings here: it changes process-wide state and is not
+    safe in a server's threads; see limit_pixels.)"""
     name = source if name is None else name
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the check below refuses instead
-            image = Image.open(source)
-    except Image.DecompressionBombError as err:
-        raise PhotoError(name, f"is too large to decode safely ({err}); resize it below {MAX_PIXELS / 1e6:.0f} megapixels") from None
+        image = Image.open(source)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise PhotoError(name, f"is over the limit of {MAX_PIXELS / 1e6:.0f} megapixels ({err}); a decompression bomb? "
+                         "resize it if it is a real photo", "too large") from None
     except UnidentifiedImageError:
         raise PhotoError(name, f"is not an image Pillow can read; expected {ACCEPTED}") from None
     except (OSError, SyntaxError, ValueError) as err:
@@ -56,7 +64,7 @@ def open_photo(source: str | os.PathLike | io.BytesIO, name=None):
         w, h = image.size
         if w * h > MAX_PIXELS:
             raise PhotoError(name, f"is {w} x {h} = {w * h / 1e6:.0f} megapixels, over the limit of {MAX_PIXELS / 1e6:.0f} "
-                             "(a decompression bomb?); resize it if it is a real photo")
+                             "(a decompression bomb?); resize it if it is a real photo", "too large")
         yield image
 
 
@@ -109,11 +117,11 @@ def decode(photo, name: str = "the photo") -> Image.Image:
     that says what is wrong and what is accepted otherwise (empty, truncated, not an image, ...)."""
     if isinstance(photo, Image.Image):
         if photo.width * photo.height > MAX_PIXELS:
-            raise PhotoError(name, f"is {photo.width} x {photo.height}, over the limit of {MAX_PIXELS / 1e6:.0f} megapixels")
+            raise PhotoError(name, f"is {photo.width} x {photo.height}, over the limit of {MAX_PIXELS / 1e6:.0f} megapixels", "too large")
         return photo if photo.mode == "RGB" else as_rgb(photo)
     if isinstance(photo, (bytes, bytearray, memoryview)):
         if len(photo) == 0:
-            raise PhotoError(name, f"is empty (0 bytes); expected {ACCEPTED}")
+            raise PhotoError(name, f"is empty (0 bytes); expected {ACCEPTED}", "empty")
         try:
             return load_rgb(io.BytesIO(photo), name)
         except PhotoError:

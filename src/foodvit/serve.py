@@ -1,0 +1,278 @@
+"""A trained run as a web demo and an HTTP prediction service, in one process (`foodvit serve`).
+
+    GET  /          the demo page (Gradio): upload, paste or webcam a photo; top-k bars, the time
+                    taken, the attention rollout over the crop the model saw, a model card
+    POST /predict   multipart form, field `file` -> {"label", "probabilities", "top_k", "seconds"}
+    GET  /health    {"status": "ok", "model", "classes"}
+    Gradio's own API (/gradio_api/...) stays available for gradio_client.
+
+The page is Gradio mounted on a FastAPI app, served by uvicorn. The model is loaded once into a
+Predictor; requests are decoded in worker threads and their inputs batched by a Batcher (a queue
+that collects inputs for a few milliseconds, up to a batch size) that runs the forward passes on
+one thread. Bad input is answered 4xx with {"error": what was wrong and what is accepted}: never a
+5xx, never a blocked server. Needs the serve extra: pip install 'foodvit[serve]'.
+"""
+
+# no `from __future__ import annotations`: FastAPI reads the endpoints' annotations (UploadFile) at run time
+
+import asyncio
+import concurrent.futures
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .errors import FoodVitError
+from .photos import ACCEPTED, PhotoError, limit_pixels
+from .predictor import Predictor
+
+DEFAULT_MAX_UPLOAD_MB = 10.0
+EXAMPLES_PER_CLASS = 1
+
+
+class Batcher:
+    """Runs a Predictor's forward passes on one thread, batching the inputs that arrive together.
+
+    submit(x) returns a Future of x's probabilities. The thread takes the first waiting input, then
+    collects more for up to max_wait seconds or until max_batch, and runs them as one batch. With
+    max_batch=1 every request is its own forward pass (one at a time).
+    """
+
+    def __init__(self, predictor: Predictor, max_batch: int = 16, max_wait: float = 0.005) -> None:
+        self.predictor, self.max_batch, self.max_wait = predictor, max(1, max_batch), max(0.0, max_wait)
+        self.queue: queue.Queue = queue.Queue()
+        self.batches = 0  # how many forward passes ran (for tests and benchmarks)
+        self.thread = threading.Thread(target=self._run, name="foodvit-batcher", daemon=True)
+        self.thread.start()
+
+    def submit(self, x: np.ndarray) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.queue.put((x, future))
+        return future
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+
+    def _collect(self, first) -> list:
+        items = [first]
+        deadline = time.monotonic() + self.max_wait
+        while len(items) < self.max_batch:
+            remaining = deadline - time.monotonic()
+            try:
+                item = self.queue.get(timeout=remaining) if remaining > 0 else self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:  # closing: finish this batch first
+                self.queue.put(None)
+                break
+            items.append(item)
+        return items
+
+    def _run(self) -> None:
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            items = self._collect(first)
+            try:
+                probabilities = self.predictor.probabilities(np.stack([x for x, _ in items]))
+            except Exception as err:  # a bug in the backend: every waiting request learns of it
+                for _, future in items:
+                    future.set_exception(err)
+                continue
+            self.batches += 1
+            for (_, future), p in zip(items, probabilities):
+                future.set_result(p)
+
+
+class Service:
+    """What the API and the page share: the Predictor, the Batcher and the limits."""
+
+    def __init__(self, predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float = 5.0, top_k: int = 3,
+                 max_upload_bytes: int = int(DEFAULT_MAX_UPLOAD_MB * 1e6)) -> None:
+        self.predictor, self.top_k, self.max_upload_bytes = predictor, top_k, max_upload_bytes
+        self.batcher = Batcher(predictor, max_batch, max_wait_ms / 1000)
+
+    def classify(self, photo, name: str = "the photo") -> dict:
+        """Decode, preprocess, wait for the batch: the answer dict (see Predictor.result). Blocking."""
+        started = time.perf_counter()
+        x = self.predictor.prepare(photo, name)
+        probabilities = self.batcher.submit(x).result()
+        return self.predictor.result(probabilities, time.perf_counter() - started, self.top_k)
+
+    async def classify_async(self, photo, name: str) -> dict:
+        from starlette.concurrency import run_in_threadpool
+
+        started = time.perf_counter()
+        x = await run_in_threadpool(self.predictor.prepare, photo, name)  # decoding off the event loop
+        probabilities = await asyncio.wrap_future(self.batcher.submit(x))
+        return self.predictor.result(probabilities, time.perf_counter() - started, self.top_k)
+
+    def health(self) -> dict:
+        return {"status": "ok", "model": self.predictor.name, "classes": self.predictor.classes}
+
+
+def safe_name(name: str | None) -> str:
+    """An uploaded file's name fit for a message: printable characters, at most 60 of them."""
+    text = "".join(c for c in (name or "") if c.isprintable())[:60]
+    return text or "the upload"
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over max_bytes is answered 413 with a JSON error, whether
+    the client announces its length or streams it, before anything reads the whole body."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    def _message(self) -> str:
+        return (f"the upload is larger than the limit of {self.max_bytes / 1e6:g} MB; send a smaller photo "
+                f"(the server's --max-upload-mb sets the limit)")
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from starlette.responses import JSONResponse
+
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await JSONResponse({"error": self._message()}, status_code=413)(scope, receive, send)
+        seen, started, exceeded = 0, False, False
+        refusal = JSONResponse({"error": self._message()}, status_code=413)
+
+        async def counted_receive():
+            nonlocal seen, exceeded
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    exceeded = True
+                    raise _TooLarge
+            return message
+
+        async def watched_send(message):
+            nonlocal started
+            if exceeded:  # whatever the app answers once the body broke the limit (a parse error, ...) becomes the 413
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await refusal(scope, receive, send)
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, watched_send)
+        except _TooLarge:
+            pass
+        if exceeded and not started:
+            await refusal(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float = 5.0, top_k: int = 3,
+               max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, examples: Sequence[Path] = (), page: bool = True):
+    """The FastAPI application: /predict and /health, and the Gradio page mounted at /."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the machine
+    from fastapi import FastAPI, File, Request, UploadFile
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    limit_pixels()
+    size = predictor.preprocess.image_size
+    predictor.probabilities(np.zeros((1, 3, size, size), np.float32))  # warm-up: the first visitor waits no longer than others
+    max_bytes = int(max_upload_mb * 1e6)
+    service = Service(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_bytes=max_bytes)
+    app = FastAPI(title="foodvit", description=f"{predictor.name}: {', '.join(predictor.classes)}")
+    app.state.service = service
+
+    @app.exception_handler(RequestValidationError)
+    async def _malformed(request: Request, err: RequestValidationError):
+        return JSONResponse({"error": "expected a multipart form with the photo in the field 'file' "
+                                      "(e.g. curl -F file=@photo.jpg http://HOST:PORT/predict)"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException):
+        message = str(err.detail).rstrip(".")
+        if request.url.path == "/predict" and err.status_code == 400:  # e.g. the multipart parser's "Invalid multipart data"
+            message += "; expected a multipart form with the photo in the field 'file' (e.g. curl -F file=@photo.jpg URL/predict)"
+        return JSONResponse({"error": message}, status_code=err.status_code, headers=getattr(err, "headers", None))
+
+    @app.exception_handler(PhotoError)
+    async def _bad_photo(request: Request, err: PhotoError):
+        status = {"empty": 400, "too large": 413}.get(err.kind, 415)  # 415: not a media type we can read
+        return JSONResponse({"error": str(err)}, status_code=status)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return service.health()
+
+    @app.post("/predict")
+    async def predict(file: UploadFile = File(..., description=f"the photo: {ACCEPTED}")) -> dict:
+        data = await file.read()
+        if len(data) > max_bytes:  # a multipart body within the limit cannot hold more, but be sure
+            return JSONResponse({"error": BodyLimit(None, max_bytes)._message()}, status_code=413)
+        return await service.classify_async(data, safe_name(file.filename))
+
+    if page:
+        import gradio as gr
+
+        from .page import build_page
+
+        demo = build_page(service, examples)
+        app = gr.mount_gradio_app(app, demo, path="/", max_file_size=max_bytes, show_error=True,
+                                  allowed_paths=sorted({str(Path(p).parent) for p in examples}), footer_links=["api"])
+    return BodyLimit(app, max_bytes), service
+
+
+def run_examples(predictor: Predictor, run: Path, per_class: int = EXAMPLES_PER_CLASS) -> list[Path]:
+    """A few photos of the run's test split, when its data is a local folder at hand; else none."""
+    from .run import read_config
+
+    config_path = Path(run) / "config.json"
+    if not config_path.is_file():
+        return []
+    source = read_config(config_path).data.source or os.environ.get("FOODVIT_DATA") or ""
+    test = Path(source) / "test"
+    if not source or not test.is_dir():
+        return []
+    from .photos import IMAGE_EXTENSIONS
+
+    found = []
+    for name in predictor.classes:
+        photos = sorted(p for p in (test / name).glob("*") if p.suffix.lower() in IMAGE_EXTENSIONS) if (test / name).is_dir() else []
+        found += photos[:per_class]
+    return found
+
+
+def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 7860, max_batch: int = 16, max_wait_ms: float = 5.0,
+          top_k: int = 3, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, threads: int | None = None, examples: bool = True,
+          example_photos: Sequence[Path] | None = None, log_level: str = "warning") -> None:
+    """Load the run once and serve it until interrupted. The page's examples: example_photos if
+    given, else (examples=True) one photo per class from the run's test split when at hand."""
+    import uvicorn
+
+    predictor = Predictor.from_run(run)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    shown = list(example_photos) if example_photos is not None else run_examples(predictor, Path(run)) if examples else []
+    app, _ = create_app(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_mb=max_upload_mb,
+                        examples=shown)
+    print(f"serving {predictor.name} from {run} at http://{host}:{port}/  (API: POST /predict, GET /health; Ctrl+C stops)",
+          flush=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5)
+    try:
+        uvicorn.Server(config).run()
+    except OSError as err:  # the port is taken, the address is not ours
+        raise FoodVitError(f"cannot listen on {host}:{port} ({err.strerror or err}); choose another --port") from None

@@ -1,0 +1,84 @@
+"""The demo page in a real browser: Debian's Chromium driven by Playwright for Python, headless.
+
+Enable on a machine without it: `apt-get install -y chromium` (.ci/run does this) and the test
+extra (`pip install -e '.[test,serve]'`, which make test installs). Playwright's own browser
+download is never used: the test points Playwright at /usr/bin/chromium.
+"""
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("FOODVIT_CHROMIUM", "/usr/bin/chromium")
+playwright_api = pytest.importorskip("playwright.sync_api", reason="browser test: pip install -e '.[test]' for Playwright")
+pytest.importorskip("gradio", reason="browser test: pip install -e '.[serve]' for the server")
+if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
+    pytest.skip(f"browser test: no Chromium at {CHROMIUM}; install it with `apt-get install -y chromium` "
+                "(or set FOODVIT_CHROMIUM to a Chromium binary)", allow_module_level=True)
+
+import httpx  # noqa: E402
+from helpers import free_port, make_photo_folder, start_server, stop_server  # noqa: E402
+
+from foodvit.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=3, size=(64, 80))
+    run = tmp_path_factory.mktemp("runs") / "page"
+    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(run), "--epochs", "1",
+                 "--image-size", "32", "--depth", "1", "--quiet"]) == 0
+    port = free_port()
+    process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(run), "--port", str(port), "--threads", "1"], port)
+    yield url, photos
+    stop_server(process)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+def _shown_probabilities(page) -> dict[str, float]:
+    rows = page.locator("#foodvit-probabilities table tbody tr")
+    return {rows.nth(i).locator("td").nth(0).inner_text().strip(): float(rows.nth(i).locator("td").nth(1).inner_text())
+            for i in range(rows.count())}
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["desktop", "phone"])
+def test_upload_shows_the_same_answer_as_the_api(served, browser, viewport, tmp_path):
+    url, photos = served
+    photo = sorted((photos / "test" / "steak").iterdir())[0]
+    answer = httpx.post(url + "/predict", files={"file": (photo.name, photo.read_bytes())}, timeout=60).json()
+    page = browser.new_page(viewport=viewport)
+    try:
+        page.goto(url + "/", wait_until="networkidle")
+        page.locator("#foodvit-photo input[type=file]").set_input_files(str(photo))
+        page.locator("#foodvit-probabilities", has_text="answered in").wait_for(timeout=60_000)
+        shown = _shown_probabilities(page)
+        assert set(shown) == set(answer["probabilities"])
+        for name, p in answer["probabilities"].items():
+            assert shown[name] == pytest.approx(p, abs=0.0005 + 1e-9)  # shown to three decimals
+        assert max(shown, key=shown.get) == answer["label"]
+        assert re.search(rf"\b{answer['label']}\b", page.locator("#foodvit-label").inner_text())
+        page.wait_for_function("() => { const img = document.querySelector('#foodvit-attention img');"
+                               " return img && img.complete && img.naturalWidth >= 224; }", timeout=30_000)  # the overlay is drawn
+        assert "Model card" in page.locator("#foodvit-card").inner_text()
+        width = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+        assert width[0] <= width[1] + 1, f"the page scrolls sideways at {viewport['width']} px: {width}"
+        shot = tmp_path / f"page-{viewport['width']}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        if os.environ.get("FOODVIT_SCREENSHOTS"):
+            target = Path(os.environ["FOODVIT_SCREENSHOTS"])
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy(shot, target / shot.name)
+    finally:
+        page.close()

@@ -1,0 +1,237 @@
+"""`foodvit serve` and `foodvit export-space`: the real server (uvicorn, FastAPI, Gradio) in its own
+process on 127.0.0.1, a tiny run trained here, real HTTP requests. Needs the serve extra."""
+
+import io
+import json
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytest.importorskip("fastapi", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
+pytest.importorskip("gradio", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
+httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")
+
+from conftest import REAL_DATA  # noqa: E402
+from helpers import free_port, make_photo_folder, start_server, stop_server  # noqa: E402
+
+from foodvit.cli import main  # noqa: E402
+
+UPLOAD_LIMIT_MB = 1.0
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=3, size=(64, 80))
+    out = tmp_path_factory.mktemp("runs") / "served"
+    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(out), "--epochs", "1",
+                 "--image-size", "32", "--depth", "1", "--quiet"]) == 0
+    return out, photos
+
+
+@pytest.fixture(scope="module")
+def server(run):
+    out, _ = run
+    port = free_port()
+    process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(out), "--port", str(port),
+                                 "--max-upload-mb", str(UPLOAD_LIMIT_MB), "--threads", "1"], port)
+    yield url
+    stop_server(process)
+
+
+def photos_to_try(run) -> list[Path]:
+    """Generated test photos, and real FoodVision Mini photos when FOODVIT_DATA is set."""
+    _, photos = run
+    chosen = [sorted((photos / "test" / c).iterdir())[0] for c in ("pizza", "steak", "sushi")]
+    if REAL_DATA and (Path(REAL_DATA) / "test").is_dir():
+        chosen += [sorted((Path(REAL_DATA) / "test" / c).iterdir())[0] for c in ("pizza", "steak", "sushi")]
+    return chosen
+
+
+def post(url: str, data: bytes, name: str = "photo.jpg", field: str = "file") -> httpx.Response:
+    return httpx.post(url + "/predict", files={field: (name, data, "application/octet-stream")}, timeout=60)
+
+
+def test_health_names_the_model_and_its_classes(server):
+    answer = httpx.get(server + "/health").json()
+    assert answer["status"] == "ok" and answer["classes"] == ["pizza", "steak", "sushi"]
+    assert "tiny recipe" in answer["model"] and "parameters" in answer["model"]
+
+
+def test_predict_answers_as_foodvit_predict_does(server, run, capsys):
+    out, _ = run
+    photos = photos_to_try(run)
+    capsys.readouterr()
+    assert main(["predict", str(out), *map(str, photos), "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    for photo, cli in zip(photos, expected):
+        response = post(server, photo.read_bytes(), photo.name)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert set(answer) >= {"label", "probabilities", "top_k", "seconds"}
+        assert answer["label"] == cli["label"] and [label for label, _ in answer["top_k"]] == [label for label, _ in cli["top_k"]]
+        for name, p in cli["probabilities"].items():
+            assert answer["probabilities"][name] == pytest.approx(p, abs=1e-6)
+        assert 0 < answer["seconds"] < 30
+
+
+def _bomb() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("1", (10_000, 9_000)).save(buffer, format="PNG")  # 90 megapixels in a few kilobytes
+    return buffer.getvalue()
+
+
+def _truncated(photo: Path) -> bytes:
+    data = photo.read_bytes()
+    return data[: len(data) // 2]
+
+
+BAD_UPLOADS = [
+    ("not-an-image.jpg", lambda p: b"hello, I am text and not a photo" * 20, 415, "is not an image Pillow can read; expected a JPEG"),
+    ("empty.jpg", lambda p: b"", 400, "is empty (0 bytes)"),
+    ("truncated.jpg", _truncated, 415, "damaged or truncated"),
+    ("drawing.svg", lambda p: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>', 415, "not an image Pillow can read"),
+    ("bomb.png", lambda p: _bomb(), 413, "over the limit of 89"),
+    ("huge.jpg", lambda p: np.random.default_rng(0).bytes(int(UPLOAD_LIMIT_MB * 1e6) + 50_000), 413, f"larger than the limit of {UPLOAD_LIMIT_MB:g} MB"),
+]
+
+
+@pytest.mark.parametrize("name,make,status,message", BAD_UPLOADS, ids=[b[0] for b in BAD_UPLOADS])
+def test_bad_uploads_get_a_4xx_json_error_and_the_server_stays_healthy(server, run, name, make, status, message):
+    response = post(server, make(photos_to_try(run)[0]), name)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert message in error and "Traceback" not in error
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+    good = post(server, photos_to_try(run)[0].read_bytes())
+    assert good.status_code == 200 and good.json()["label"] in ("pizza", "steak", "sushi")
+
+
+def test_malformed_requests_are_4xx_with_what_is_expected(server, run):
+    wrong_field = post(server, photos_to_try(run)[0].read_bytes(), field="image")
+    assert wrong_field.status_code == 422 and "field 'file'" in wrong_field.json()["error"]
+    not_multipart = httpx.post(server + "/predict", content=b"raw bytes", headers={"content-type": "image/jpeg"})
+    assert not_multipart.status_code == 422 and "multipart form" in not_multipart.json()["error"]
+    hostile = post(server, b"\x00" * 100, name="\x1b[31m" + "x" * 5000 + "\n.jpg")
+    error = hostile.json()["error"]
+    assert hostile.status_code in (400, 415), error
+    assert "\x1b" not in error and "\n" not in error and len(error) < 300
+    # a client that lies about the length: the body is counted as it arrives
+    def chunks():
+        yield b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+        for _ in range(40):
+            yield b"0" * 50_000
+    streamed = httpx.post(server + "/predict", content=chunks(), headers={"content-type": "multipart/form-data; boundary=x"})
+    assert streamed.status_code == 413
+    assert httpx.get(server + "/health").status_code == 200
+
+
+def test_forty_concurrent_requests_are_all_answered_alike(server, run):
+    photos = photos_to_try(run)
+    expected = {p: post(server, p.read_bytes()).json() for p in photos}
+    jobs = [photos[i % len(photos)] for i in range(40)]
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        answers = list(pool.map(lambda p: post(server, p.read_bytes(), p.name), jobs))
+    assert all(a.status_code == 200 for a in answers)
+    for photo, answer in zip(jobs, answers):
+        got = answer.json()
+        assert got["label"] == expected[photo]["label"]
+        for name, p in expected[photo]["probabilities"].items():
+            assert got["probabilities"][name] == pytest.approx(p, abs=1e-5)  # batched or not, the same answer
+
+
+def test_gradio_api_answers_like_the_json_api(server, run):
+    gradio_client = pytest.importorskip("gradio_client")
+    photo = photos_to_try(run)[0]
+    client = gradio_client.Client(server + "/", verbose=False)
+    label, table, _ = client.predict(gradio_client.handle_file(str(photo)), api_name="/classify")
+    answer = post(server, photo.read_bytes()).json()
+    assert label["label"] == answer["label"]
+    shown = {c["label"]: c["confidence"] for c in label["confidences"]}
+    for name, p in answer["probabilities"].items():
+        assert shown[name] == pytest.approx(p, abs=1e-6)
+    assert f"| {answer['label']} | {answer['probability']:.3f} |" in table
+
+
+def test_the_page_is_served(server):
+    page = httpx.get(server + "/")
+    assert page.status_code == 200 and "gradio" in page.text.lower()
+
+
+def test_batcher_batches_concurrent_inputs_and_answers_each_its_own():
+    import torch
+
+    import foodvit
+    from foodvit.preprocess import make_preprocess
+    from foodvit.serve import Batcher
+
+    torch.manual_seed(0)
+    model = foodvit.create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1).eval()
+    predictor = foodvit.Predictor(model, ["a", "b", "c"], make_preprocess(32, (0.5,) * 3, (0.5,) * 3))
+    inputs = np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32)
+    batcher = Batcher(predictor, max_batch=8, max_wait=0.5)
+    start = threading.Barrier(8)
+
+    def one(i):
+        start.wait()
+        return batcher.submit(inputs[i]).result(timeout=30)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(one, range(8)))
+    batcher.close()
+    assert batcher.batches < 8  # collected together, not one forward pass each
+    np.testing.assert_allclose(np.stack(answers), predictor.probabilities(inputs), atol=1e-6)
+    alone = Batcher(predictor, max_batch=1)
+    np.testing.assert_allclose(alone.submit(inputs[3]).result(timeout=30), predictor.probabilities(inputs[3:4])[0], atol=1e-6)
+    alone.close()
+    assert alone.batches == 1
+
+
+def test_serve_refuses_a_missing_incomplete_or_foreign_run_at_start(tmp_path, run, capsys):
+    out, _ = run
+    assert main(["serve", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist; give a run directory" in capsys.readouterr().err
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "config.json").write_text((out / "config.json").read_text())
+    assert main(["serve", str(tmp_path / "unfinished")]) == 2
+    assert "no trained model at" in capsys.readouterr().err
+    other = tmp_path / "other-version"
+    other.mkdir()
+    for name in ("model.safetensors", "model.json"):
+        (other / name).write_bytes((out / name).read_bytes())
+    card = json.loads((other / "model.json").read_text())
+    card["model"]["hyper_attention"] = True
+    (other / "model.json").write_text(json.dumps(card))
+    assert main(["serve", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "describes a model this foodvit does not build" in err and "Traceback" not in err
+
+
+def test_exported_space_runs_offline_and_answers(run, tmp_path):
+    out, _ = run
+    space = tmp_path / "space"
+    assert main(["export-space", str(out), str(space), "--examples", "1"]) == 0
+    assert {p.name for p in space.iterdir()} >= {"app.py", "requirements.txt", "README.md", "model", "examples", "foodvit"}
+    readme = (space / "README.md").read_text()
+    assert readme.startswith("---\ntitle: FoodVision Mini\n") and "sdk: gradio" in readme and "app_file: app.py" in readme
+    assert "torchvision" not in (space / "requirements.txt").read_text() and "gradio>=" in (space / "requirements.txt").read_text()
+    assert len(list((space / "examples").iterdir())) == 3  # one per class
+    assert main(["export-space", str(out), str(space)]) == 2  # not empty: refused, left as it was
+    port = free_port()
+    process, url = start_server([sys.executable, "app.py"], port, cwd=space,
+                                env={"GRADIO_SERVER_PORT": str(port), "PYTHONPATH": "", "FOODVIT_DATA": ""})
+    try:
+        photo = sorted((run[1] / "test" / "sushi").iterdir())[0]
+        answer = post(url, photo.read_bytes()).json()
+        from foodvit.predictor import Predictor
+
+        expected = Predictor.from_run(out).classify(photo)
+        assert answer["label"] == expected["label"]
+        assert answer["probabilities"]["sushi"] == pytest.approx(expected["probabilities"]["sushi"], abs=1e-6)
+        assert "examples" in httpx.get(url + "/").text or httpx.get(url + "/").status_code == 200
+    finally:
+        stop_server(process)
