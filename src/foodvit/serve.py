@@ -37,13 +37,15 @@ EXAMPLES_PER_CLASS = 1
 class Batcher:
     """Runs a Predictor's forward passes on one thread, batching the inputs that arrive together.
 
-    submit(x) returns a Future of x's probabilities. The thread takes the first waiting input, then
-    collects more for up to max_wait seconds or until max_batch, and runs them as one batch. With
-    max_batch=1 every request is its own forward pass (one at a time).
+    submit(x) returns a Future of x's probabilities. The thread takes the first waiting input and
+    everything queued behind it, then, while `arriving()` says more inputs are being decoded, waits
+    for them for up to max_wait seconds or until max_batch, and runs them as one batch. A lone
+    request waits for nothing. With max_batch=1 every request is its own forward pass.
     """
 
-    def __init__(self, predictor: Predictor, max_batch: int = 16, max_wait: float = 0.005) -> None:
+    def __init__(self, predictor: Predictor, max_batch: int = 16, max_wait: float = 0.005, arriving=None) -> None:
         self.predictor, self.max_batch, self.max_wait = predictor, max(1, max_batch), max(0.0, max_wait)
+        self.arriving = arriving or (lambda: 1)  # without a count, always wait max_wait for company
         self.queue: queue.Queue = queue.Queue()
         self.batches = 0  # how many forward passes ran (for tests and benchmarks)
         self.thread = threading.Thread(target=self._run, name="foodvit-batcher", daemon=True)
@@ -62,11 +64,16 @@ class Batcher:
         items = [first]
         deadline = time.monotonic() + self.max_wait
         while len(items) < self.max_batch:
-            remaining = deadline - time.monotonic()
             try:
-                item = self.queue.get(timeout=remaining) if remaining > 0 else self.queue.get_nowait()
+                item = self.queue.get_nowait()
             except queue.Empty:
-                break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.arriving() <= 0:
+                    break
+                try:
+                    item = self.queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
             if item is None:  # closing: finish this batch first
                 self.queue.put(None)
                 break
@@ -96,21 +103,32 @@ class Service:
     def __init__(self, predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float = 5.0, top_k: int = 3,
                  max_upload_bytes: int = int(DEFAULT_MAX_UPLOAD_MB * 1e6)) -> None:
         self.predictor, self.top_k, self.max_upload_bytes = predictor, top_k, max_upload_bytes
-        self.batcher = Batcher(predictor, max_batch, max_wait_ms / 1000)
+        self._decoding, self._lock = 0, threading.Lock()  # requests accepted and not yet queued for the model
+        self.batcher = Batcher(predictor, max_batch, max_wait_ms / 1000, arriving=lambda: self._decoding)
+
+    def _prepare(self, photo, name: str) -> concurrent.futures.Future:
+        """Decode and preprocess (counted as arriving while it runs), then queue for the model."""
+        with self._lock:
+            self._decoding += 1
+        try:
+            x = self.predictor.prepare(photo, name)
+            return self.batcher.submit(x)
+        finally:
+            with self._lock:
+                self._decoding -= 1
 
     def classify(self, photo, name: str = "the photo") -> dict:
         """Decode, preprocess, wait for the batch: the answer dict (see Predictor.result). Blocking."""
         started = time.perf_counter()
-        x = self.predictor.prepare(photo, name)
-        probabilities = self.batcher.submit(x).result()
+        probabilities = self._prepare(photo, name).result()
         return self.predictor.result(probabilities, time.perf_counter() - started, self.top_k)
 
     async def classify_async(self, photo, name: str) -> dict:
         from starlette.concurrency import run_in_threadpool
 
         started = time.perf_counter()
-        x = await run_in_threadpool(self.predictor.prepare, photo, name)  # decoding off the event loop
-        probabilities = await asyncio.wrap_future(self.batcher.submit(x))
+        future = await run_in_threadpool(self._prepare, photo, name)  # decoding off the event loop
+        probabilities = await asyncio.wrap_future(future)
         return self.predictor.result(probabilities, time.perf_counter() - started, self.top_k)
 
     def health(self) -> dict:
