@@ -1,28 +1,22 @@
-"""Data: where photos come from, how they are checked and decoded, and the loaders.
+"""The data layer for training: a source opened as train/test (and validation) splits, the
+datasets, caches, sampling and loaders (PyTorch).
 
-A source is a URL of a zip, a local zip, or a folder in torchvision's ImageFolder layout:
-    <root>/train/<class>/<photo>, <root>/test/<class>/<photo>
-(a folder whose subfolders are directly the classes is accepted for evaluation).
+Its torch-free parts live beside it and are re-exported here: sources.py (download, unzip, the
+cache), folders.py (a folder of class folders scanned into a Split), photos.py (decoding one
+photo safely).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import urllib.error
-import urllib.request
-import zipfile
-import zlib
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
-from tqdm.auto import tqdm
 
-from .errors import DataError  # noqa: F401  (re-exported: data.DataError)
-from .files import atomic_folder
-from .files import download as download_file
+from .errors import DataError
+from .folders import Split, check_layout, class_names, open_split, scan  # noqa: F401  (re-exported)
 from .photos import (  # noqa: F401  (re-exported: the photo checks belong to the data layer's users too)
     IMAGE_EXTENSIONS,
     MAX_PIXELS,
@@ -33,170 +27,7 @@ from .photos import (  # noqa: F401  (re-exported: the photo checks belong to th
     open_photo,
 )
 from .seeds import derive_seed
-
-DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
-LAYOUT = "<root>/train/<class>/*.jpg and <root>/test/<class>/*.jpg (torchvision's ImageFolder layout)"
-
-
-# ---------------------------------------------------------------------------------------- sources
-
-
-def cache_dir() -> Path:
-    """Where downloads and unpacked zips go: $FOODVIT_CACHE, else ~/.cache/foodvit."""
-    return Path(os.environ.get("FOODVIT_CACHE") or Path.home() / ".cache" / "foodvit")
-
-
-def default_source() -> str:
-    return os.environ.get("FOODVIT_DATA") or DEFAULT_URL
-
-
-def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, quiet: bool = False) -> Path:
-    """A local folder for a source: downloads and unzips as needed, skipping what is cached."""
-    source = str(source or default_source())
-    if source.startswith(("http://", "https://")):
-        return extract(download(source, timeout=timeout, quiet=quiet))
-    path = Path(source).expanduser()
-    if not path.exists():
-        raise DataError(f"data source {path} does not exist; expected a folder laid out as {LAYOUT}, a .zip of one, or a URL")
-    if path.is_file():
-        if not zipfile.is_zipfile(path):
-            raise DataError(f"{path} is a file but not a zip; expected a folder laid out as {LAYOUT}, or a .zip of one")
-        return extract(path)
-    return path
-
-
-def download(url: str, *, timeout: float = 20.0, quiet: bool = False) -> Path:
-    """Download into the cache once. The file appears only when complete (temporary name, then rename)."""
-    name = PurePosixPath(urllib.request.urlparse(url).path).name or "download"
-    target = cache_dir() / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
-    if target.is_file():
-        return target
-    try:
-        return download_file(url, target, timeout=timeout, quiet=quiet)
-    except (urllib.error.URLError, OSError, TimeoutError) as err:
-        reason = getattr(err, "reason", err)
-        raise DataError(
-            f"could not download {url} ({reason}). Without internet, point at local data instead: "
-            f"--data /path/to/folder_or.zip, or set FOODVIT_DATA"
-        ) from err
-
-
-def extract(zip_path: Path) -> Path:
-    """Unpack a zip into the cache (once) and return the folder holding train/ and test/.
-
-    Members that would land outside the target (absolute paths, '..') are refused before anything
-    is written; unpacking goes to a temporary folder that is renamed only when complete and laid
-    out as expected, so a corrupt or wrongly laid out zip leaves nothing in the cache.
-    """
-    zip_path = Path(zip_path)
-    stat = zip_path.stat()
-    key = hashlib.sha1(f"{zip_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
-    target = cache_dir() / "data" / f"{zip_path.stem}-{key}"
-    if target.is_dir():
-        return _root_of(target, zip_path)
-    try:
-        with zipfile.ZipFile(zip_path) as archive:
-            for member in archive.namelist():
-                parts = PurePosixPath(member.replace("\\", "/")).parts
-                if member.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
-                    raise DataError(f"{zip_path} holds an unsafe member {member!r} (absolute or '..' path); refusing to unpack it")
-
-            def unpack(tmp: Path) -> None:
-                archive.extractall(tmp)
-                _root_of(tmp, zip_path)  # laid out as expected, or nothing is kept
-
-            atomic_folder(target, unpack)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as err:
-        raise DataError(f"{zip_path} is a damaged zip ({type(err).__name__}: {err}); download it again or unpack it "
-                        "yourself and pass the folder") from err
-    return _root_of(target, zip_path)
-
-
-def _root_of(folder: Path, origin: Path) -> Path:
-    """The folder with train/ and test/ inside an unpacked zip (at the top or one level down)."""
-    candidates = [folder] + sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
-    for candidate in candidates:
-        if (candidate / "train").is_dir() and (candidate / "test").is_dir():
-            return candidate
-    raise DataError(f"{origin} holds no train/ and test/ folders; expected a zip of {LAYOUT}")
-
-
-# ---------------------------------------------------------------------------------------- photos
-
-
-@dataclass(frozen=True)
-class Split:
-    """The photos of one split: (path, class index) pairs and the class names."""
-
-    root: Path
-    classes: tuple[str, ...]
-    samples: tuple[tuple[Path, int], ...]
-    skipped: tuple[str, ...] = ()  # "path: why" for each file left out as unreadable
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def skipped_summary(self, verbose: bool = False) -> list[str]:
-        """One line saying how many files were skipped (and, verbose, a line for each); [] if none."""
-        if not self.skipped:
-            return []
-        first = self.skipped[0]
-        more = "" if len(self.skipped) == 1 else f" and {len(self.skipped) - 1} more" + ("" if verbose else " (--verbose lists them)")
-        lines = [f"skipped {len(self.skipped)} unreadable file(s) in {self.root}: {first}{more}"]
-        return lines + [f"  {line}" for line in self.skipped[1:]] if verbose else lines
-
-    def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(self.classes, 0)
-        for _, label in self.samples:
-            out[self.classes[label]] += 1
-        return out
-
-
-def class_names(folder: Path) -> tuple[str, ...]:
-    """The class folders of a split, sorted (their index is the label)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise DataError(f"{folder} is not a folder; expected {LAYOUT}")
-    classes = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")))
-    if not classes:
-        raise DataError(f"{folder} has no class folders; expected {LAYOUT}")
-    return classes
-
-
-def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True) -> Split:
-    """Find the classes (subfolders) and their photos; skip (or, strict, refuse) unreadable files.
-
-    Each file's header is checked; with `decode` (the decode cache's get) each photo is also fully
-    decoded, which catches truncated files and fills the cache in the same pass.
-    """
-    folder = Path(folder)
-    classes = class_names(folder)
-    files = [(path, index) for index, name in enumerate(classes) for path in _photo_files(folder / name)]
-    samples, bad = [], []
-    for path, index in tqdm(files, desc=f"reading {folder.name}/", disable=quiet or decode is None, leave=False):
-        problem = check_image(path)
-        if problem is None and decode is not None:
-            try:
-                decode(path)
-            except PhotoError as err:  # the cache's loader says what it could not read
-                problem = err.reason
-        if problem:
-            bad.append(f"{path}: {problem}")
-        else:
-            samples.append((path, index))
-    for index, name in enumerate(classes):
-        if not any(label == index for _, label in samples):
-            raise DataError(f"class folder {folder / name} has no readable photos; add photos or remove the folder")
-    if bad and strict:
-        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        raise DataError(f"unreadable file {bad[0]}{more}; --strict refuses them (without it they are skipped)")
-    return Split(folder, tuple(classes), tuple(samples), tuple(bad))
-
-
-def _photo_files(folder: Path) -> list[Path]:
-    """Every file under folder, sorted, leaving out hidden files and everything in hidden folders
-    (.thumbs/, .ipynb_checkpoints/, ...)."""
-    return sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+from .sources import DEFAULT_URL, LAYOUT, cache_dir, default_source, download, extract, resolve  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -232,24 +63,6 @@ def open_dataset(source: str | os.PathLike | None = None, *, strict: bool = Fals
     if val_fraction > 0:
         train, val = split_validation(train, val_fraction, seed)
     return DataSet(root, train, test, val)
-
-
-def check_layout(root: Path) -> Path:
-    """root, if it holds train/ and test/; else a DataError that says what is expected."""
-    missing = [name for name in ("train", "test") if not (root / name).is_dir()]
-    if missing:
-        raise DataError(f"{root} has no {' or '.join(f'{m}/' for m in missing)} folder; training expects {LAYOUT}")
-    return root
-
-
-def open_split(source: str | None, split: str = "test", *, strict: bool = False) -> Split:
-    """One split for evaluation: <root>/<split>/<class>/..., or a folder of class folders."""
-    root = resolve(source)
-    if (root / split).is_dir():
-        return scan(root / split, strict=strict)
-    if (root / "train").is_dir() or (root / "test").is_dir():
-        raise DataError(f"{root} has no {split}/ folder; expected {LAYOUT}, or a folder whose subfolders are the classes")
-    return scan(root, strict=strict)
 
 
 def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:

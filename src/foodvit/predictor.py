@@ -62,7 +62,7 @@ class Predictor:
 
     def __init__(self, backend, classes: Sequence[str], preprocess: Preprocess, card: dict | None = None) -> None:
         self.model = None
-        if not callable(backend) or hasattr(backend, "parameters"):
+        if not callable(backend) or hasattr(backend, "parameters"):  # a PyTorch module
             backend = TorchBackend(backend)
         if isinstance(backend, TorchBackend):
             self.model = backend.model
@@ -78,6 +78,22 @@ class Predictor:
 
         model, classes, preprocess, card = read_trained(run)
         return cls(TorchBackend(model, device or "cpu"), classes, preprocess, card)
+
+    @classmethod
+    def from_onnx(cls, path: str | Path, threads: int | None = None) -> Predictor:
+        """An .onnx file written by `foodvit export`, run by ONNX Runtime (no PyTorch)."""
+        from .onnx_runtime import OnnxBackend
+
+        backend = OnnxBackend(path, threads)
+        classes, preprocess, card = backend.description()
+        return cls(backend, classes, Preprocess.from_dict(preprocess), card)
+
+    @classmethod
+    def open(cls, where: str | Path, device=None) -> Predictor:
+        """A run directory or foodvit .safetensors file (PyTorch), or an exported .onnx file."""
+        if str(where).lower().endswith(".onnx"):
+            return cls.from_onnx(where)
+        return cls.from_run(where, device)
 
     # ------------------------------------------------------------------------------ the steps
 

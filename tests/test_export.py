@@ -1,0 +1,154 @@
+"""`foodvit export`: ONNX (fp32, int8), TorchScript and torch.export files of a tiny run trained
+here, checked against the PyTorch model; predicting from an .onnx file without PyTorch."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
+pytest.importorskip("onnxscript", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
+
+from helpers import make_photo_folder  # noqa: E402
+
+from foodvit.cli import main  # noqa: E402
+from foodvit.export import relative_difference  # noqa: E402
+from foodvit.predictor import Predictor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=4, size=(48, 56))
+    out = tmp_path_factory.mktemp("runs") / "shipped"
+    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(out), "--epochs", "2",
+                 "--image-size", "32", "--depth", "2", "--quiet"]) == 0
+    return out, photos
+
+
+@pytest.fixture(scope="module")
+def onnx_file(run, tmp_path_factory):
+    out, _ = run
+    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
+    assert main(["export", str(out), "--out", str(path)]) == 0  # the run's test photos for the parity check
+    return path
+
+
+def _batch(predictor, photos, n):
+    files = sorted((photos / "test").rglob("*.jpg"))[:n]
+    return np.stack([predictor.prepare(f) for f in files])
+
+
+def test_onnx_logits_equal_the_models_at_batch_1_and_5(run, onnx_file):
+    out, photos = run
+    torch_model, exported = Predictor.from_run(out), Predictor.open(onnx_file)
+    assert exported.model is None and exported.classes == torch_model.classes and exported.preprocess == torch_model.preprocess
+    for n in (1, 5):
+        x = _batch(torch_model, photos, n)
+        got, expected = exported.logits(x), torch_model.logits(x)
+        assert got.shape == (n, 3)
+        assert relative_difference(got, expected) <= 1e-4
+
+
+def test_evaluate_and_predict_on_the_onnx_file_equal_those_on_the_run(run, onnx_file, capsys):
+    out, photos = run
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--data", str(photos), "--json"]) == 0
+    on_run = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", str(onnx_file), "--data", str(photos), "--json"]) == 0
+    on_onnx = json.loads(capsys.readouterr().out)
+    assert on_onnx["accuracy"] == on_run["accuracy"] and on_onnx["confusion"] == on_run["confusion"]
+    assert on_onnx["loss"] == pytest.approx(on_run["loss"], rel=1e-5)
+    images = [str(p) for p in sorted((photos / "test").rglob("*.jpg"))[:4]]
+    assert main(["predict", str(out), *images, "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(["predict", str(onnx_file), *images, "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    for x, y in zip(a, b):
+        assert x["label"] == y["label"]
+        for name, p in x["probabilities"].items():
+            assert y["probabilities"][name] == pytest.approx(p, abs=1e-5)
+
+
+def test_predicting_from_onnx_needs_no_torch(onnx_file, run):
+    _, photos = run
+    photo = sorted((photos / "test" / "sushi").iterdir())[0]
+    script = (
+        "import builtins, json, sys\n"
+        "real = builtins.__import__\n"
+        "def guard(name, *args, **kwargs):\n"
+        "    if name.split('.')[0] in ('torch', 'torchvision', 'timm'):\n"
+        "        raise ImportError('torch is not installed here')\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = guard\n"
+        "from foodvit.cli import main\n"
+        f"code = main(['predict', {str(onnx_file)!r}, {str(photo)!r}, '--json'])\n"
+        "assert not any(m.split('.')[0] == 'torch' for m in sys.modules), 'torch was imported'\n"
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [answer] = json.loads(result.stdout)
+    assert answer["label"] in ("pizza", "steak", "sushi") and answer["image"] == str(photo)
+
+
+def test_int8_is_smaller_and_keeps_the_answers(run, onnx_file, tmp_path, capsys):
+    out, photos = run
+    path = tmp_path / "int8.onnx"
+    assert main(["export", str(out), "--out", str(path), "--quantize", "int8"]) == 0
+    assert onnx_file.stat().st_size / path.stat().st_size >= 2.5
+    capsys.readouterr()
+    assert main(["evaluate", str(onnx_file), "--data", str(photos), "--json"]) == 0
+    fp32 = json.loads(capsys.readouterr().out)["accuracy"]
+    assert main(["evaluate", str(path), "--data", str(photos), "--json"]) == 0
+    int8 = json.loads(capsys.readouterr().out)["accuracy"]
+    assert abs(int8 - fp32) <= 0.1  # within a few of the 12 test photos
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "exported-program"])
+def test_torch_formats_carry_the_metadata_and_give_the_models_logits(run, tmp_path, fmt, capsys):
+    import torch
+
+    out, photos = run
+    path = tmp_path / f"model.{'pt' if fmt == 'torchscript' else 'pt2'}"
+    assert main(["export", str(out), "--format", fmt, "--out", str(path)]) == 0
+    assert "max relative logit difference" in capsys.readouterr().out
+    predictor = Predictor.from_run(out)
+    x = _batch(predictor, photos, 3)
+    extra = {"foodvit.classes": ""}
+    if fmt == "torchscript":
+        loaded = torch.jit.load(str(path), _extra_files=extra)
+    else:
+        loaded = torch.export.load(str(path), extra_files=extra).module()
+    assert json.loads(extra["foodvit.classes"]) == ["pizza", "steak", "sushi"]
+    with torch.inference_mode():
+        got = loaded(torch.from_numpy(x)).numpy()
+    assert relative_difference(got, predictor.logits(x)) <= 1e-4
+
+
+def test_bad_exports_and_foreign_files_are_one_line(run, tmp_path, capsys):
+    out, _ = run
+    capsys.readouterr()
+    (tmp_path / "unfinished").mkdir()
+    assert main(["export", str(tmp_path / "unfinished"), "--out", str(tmp_path / "x.onnx")]) == 2
+    assert "no trained model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["export", str(out), "--format", "tflite", "--out", str(tmp_path / "x.tflite")])
+    assert "invalid choice: 'tflite'" in capsys.readouterr().err
+    assert main(["export", str(out), "--format", "torchscript", "--quantize", "int8", "--out", str(tmp_path / "x.pt")]) == 2
+    assert "int8 quantisation is for --format onnx" in capsys.readouterr().err
+    (tmp_path / "corrupt.onnx").write_bytes(b"\x08\x07garbage" * 50)
+    assert main(["predict", str(tmp_path / "corrupt.onnx"), "photo.jpg"]) == 2
+    assert "is not a readable ONNX model" in capsys.readouterr().err
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+    onnx.save(helper.make_model(graph), tmp_path / "foreign.onnx")
+    assert main(["evaluate", str(tmp_path / "foreign.onnx")]) == 2
+    assert "not one exported by foodvit" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "missing.onnx"), "photo.jpg"]) == 2
+    assert "missing.onnx does not exist" in capsys.readouterr().err
