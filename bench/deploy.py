@@ -1,0 +1,128 @@
+"""The deployment table: one trained model in each way it can ship, measured on this machine.
+
+    .venv/bin/foodvit train --out runs/deploy                      # the default recipe (or any run)
+    .venv/bin/python bench/deploy.py --run runs/deploy [--models default ViT-B/16] [--photos 100]
+
+For the run's model ("default") and for ViT-B/16 with 3 classes (random weights, paper recipe's
+preprocessing), each backend behind the same Predictor: PyTorch eager fp32, torch.compile, ONNX
+Runtime fp32 and ONNX Runtime int8 (dynamic quantisation). Columns: file size, parameters,
+single-photo latency p50/p95 (Predictor.classify on the photo's bytes: decode, preprocess, forward,
+softmax; `--photos` test photos), throughput at batch 16 (prepared inputs, forward only), and test
+accuracy over the whole test split (for ViT-B/16's random weights: the largest relative logit
+difference from eager instead). Like the course's model-choice table, on this CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from foodvit import data as D
+from foodvit.config import build_config
+from foodvit.export import export, relative_difference
+from foodvit.inference import evaluate_split
+from foodvit.predictor import Predictor, TorchBackend
+from foodvit.run import save_model
+from foodvit.trainer import build_model
+
+CLASSES = ["pizza", "steak", "sushi"]
+
+
+def random_run(name: str, folder: Path) -> Path:
+    torch.manual_seed(0)
+    model, preprocess = build_model(build_config("paper", {}, model=name), num_classes=len(CLASSES))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(folder, model.eval(), CLASSES, preprocess, {"metrics": {"recipe": "paper (random weights)"}})
+    return folder
+
+
+def latency(predictor: Predictor, photos: list[bytes]) -> tuple[float, float]:
+    for data in photos[:3]:
+        predictor.classify(data)  # warm-up (and torch.compile's first compilation)
+    seconds = [predictor.classify(data)["seconds"] for data in photos]
+    q = statistics.quantiles(seconds, n=100)
+    return q[49], q[94]
+
+
+def throughput(predictor: Predictor, batch: np.ndarray, seconds: float = 8.0) -> float:
+    predictor.logits(batch)
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds or done < 2:
+        predictor.logits(batch)
+        done += 1
+    return done * len(batch) / (time.perf_counter() - started)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", required=True, help="a trained run directory (its model is the 'default' row)")
+    parser.add_argument("--models", nargs="+", default=["default", "ViT-B/16"])
+    parser.add_argument("--photos", type=int, default=100, help="photos for the latency percentiles")
+    parser.add_argument("--data", help="data source (default: the run's)")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    run = Path(args.run)
+    source = args.data or json.loads((run / "config.json").read_text())["data"]["source"] or None
+    split = D.open_split(source, "test")
+    photos = [path.read_bytes() for path, _ in (split.samples * (args.photos // len(split.samples) + 1))[: args.photos]]
+    print(f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | "
+          f"{len(photos)} photos for latency, {len(split)} test photos")
+    header = f"{'model':<10} {'backend':<18} {'MB':>7} {'params':>8} {'p50 ms':>8} {'p95 ms':>8} {'img/s b16':>10} {'test acc / parity':>18}"
+    print(header)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            folder = run if name == "default" else random_run(name, Path(tmp) / name.replace("/", "-"))
+            eager = Predictor.from_run(folder)
+            params = sum(p.numel() for p in eager.model.parameters())
+            onnx32, onnx8 = Path(tmp) / f"{name.replace('/', '-')}.onnx", Path(tmp) / f"{name.replace('/', '-')}-int8.onnx"
+            parity_photos = [path for path, _ in split.samples[:: max(1, len(split) // 8)]][:8]
+            export(folder, onnx32, photos=parity_photos)
+            export(folder, onnx8, quantize="int8", photos=parity_photos)
+            backends = {"pytorch eager": (eager, (folder / "model.safetensors").stat().st_size)}
+            if not args.no_compile:
+                compiled = Predictor(TorchBackend(torch.compile(eager.model)), eager.classes, eager.preprocess, eager.card)
+                backends["torch.compile"] = (compiled, (folder / "model.safetensors").stat().st_size)
+            backends["onnxruntime fp32"] = (Predictor.from_onnx(onnx32), onnx32.stat().st_size)
+            backends["onnxruntime int8"] = (Predictor.from_onnx(onnx8), onnx8.stat().st_size)
+            batch = np.stack([eager.prepare(data) for data in photos[:16]])
+            reference = eager.logits(np.stack([eager.prepare(data) for data in photos[:32]]))
+            for backend, (predictor, size) in backends.items():
+                p50, p95 = latency(predictor, photos)
+                rate = throughput(predictor, batch)
+                if name == "default":
+                    quality = evaluate_split(predictor, split)["accuracy"]
+                    shown = f"{quality:.3f}"
+                else:
+                    quality = relative_difference(predictor.logits(np.stack([eager.prepare(d) for d in photos[:32]])), reference)
+                    shown = f"{quality:.1e}"
+                row = {"model": name, "backend": backend, "mb": size / 1e6, "params": params, "p50": p50, "p95": p95,
+                       "images_per_s_b16": rate, "quality": quality}
+                results.append(row)
+                print(f"{name:<10} {backend:<18} {size / 1e6:>7.1f} {params / 1e6:>7.2f}M {p50 * 1e3:>8.1f} {p95 * 1e3:>8.1f} "
+                      f"{rate:>10.1f} {shown:>18}", flush=True)
+    for name in args.models:
+        rows = {r["backend"]: r for r in results if r["model"] == name}
+        eager, int8 = rows["pytorch eager"], rows["onnxruntime int8"]
+        print(f"{name}: ONNX Runtime int8 single-photo p50 = {int8['p50'] / eager['p50']:.2f}x eager's; "
+              f"file {eager['mb'] / int8['mb']:.1f}x smaller")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
