@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo test venv clean bench
+.PHONY: demo test venv clean bench notebook
 
 venv: $(STAMP)
 
@@ -29,6 +29,14 @@ demo: $(STAMP)
 	  photo=$$(find "$$data/test" -type f -iname '*.jp*g' | sort | head -n 1) && \
 	  $(BIN)/foodvit predict $(RUN) "$$photo" --plot $(RUN)/prediction.png
 	@echo "Report: $(RUN)/report.md  (prediction: $(RUN)/prediction.png)"
+
+# Rebuild docs/walkthrough.ipynb from docs/build_walkthrough.py, execute it top to bottom and save
+# its outputs (the suite checks that the committed outputs are current).
+notebook: $(STAMP)
+	$(BIN)/python docs/build_walkthrough.py
+	$(BIN)/python -c "import nbformat, nbclient; p = 'docs/walkthrough.ipynb'; nb = nbformat.read(p, as_version=4); \
+	  nbclient.NotebookClient(nb, timeout=600, kernel_name='python3', resources={'metadata': {'path': 'docs'}}).execute(); \
+	  nbformat.write(nb, p)"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,232 @@
+"""Writes docs/walkthrough.ipynb from the cells below (the notebook's source of truth is this file;
+`make notebook` rebuilds it and executes it, saving the outputs).
+
+    .venv/bin/python docs/build_walkthrough.py && make notebook
+"""
+
+from pathlib import Path
+
+import nbformat
+
+MD, CODE = "markdown", "code"
+
+CELLS = [
+    (MD, """# From the paper to the code: a Vision Transformer, equation by equation
+
+This notebook follows section 3.1 of *An Image is Worth 16x16 Words* (Dosovitskiy et al., ICLR 2021)
+with real tensors from **foodvit**. Each step calls the library's own modules one at a time, computes
+the same thing by hand from the paper's equation, and **asserts** that the two agree. No code is
+copied from the library: where a cell says `model.patch_embed(x)`, that *is* foodvit's code path.
+
+The photo comes from FoodVision Mini (pizza, steak, sushi): the folder named by `FOODVIT_DATA`, else
+the course's zip, downloaded once. Runs top to bottom in a few minutes on a laptop CPU."""),
+    (CODE, """import io, os, warnings
+warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm's notice about notebook widgets
+import torch, torch.nn.functional as F
+from IPython.display import Image, display
+
+import foodvit
+from foodvit import viz
+from foodvit.folders import open_split
+from foodvit.photos import load_rgb
+from foodvit.preprocess import make_preprocess, to_array
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+def show(fig):
+    \"\"\"Show a matplotlib Figure inline (foodvit draws without pyplot's global state).\"\"\"
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
+    display(Image(data=buffer.getvalue()))
+
+test = open_split(os.environ.get("FOODVIT_DATA") or None, "test")
+photo_path = next(path for path, label in test.samples if test.classes[label] == "pizza")
+photo = load_rgb(photo_path)
+print(f"{len(test)} test photos, classes {list(test.classes)}; this one: {photo_path.name}, {photo.size[0]} x {photo.size[1]} px")"""),
+    (MD, """## 1. An image is worth 16 x 16 words: patches (Eq. 1, `x_p`)
+
+ViT-B/16 reads a 224 x 224 image as a 14 x 14 grid of 16 x 16 patches: N = HW / P^2 = 196.
+`foodvit.viz.patches_figure` draws the grid over the crop the model would see."""),
+    (CODE, """show(viz.patches_figure(photo, image_size=224, patch_size=16))"""),
+    (MD, """The patches are flattened (P^2 * C = 768 numbers each) and multiplied by one matrix **E** (Eq. 1).
+foodvit computes `x_p E` as a single `Conv2d` with kernel = stride = P (`PatchEmbed` in
+`src/foodvit/model.py`). Here the same numbers come from cutting the patches out by hand and using
+the convolution's weights as E."""),
+    (CODE, """model = foodvit.create_model("ViT-B/16", num_classes=3).eval()      # Table 1's Base, P = 16, a 3-class head
+preprocess = make_preprocess(224, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))   # resize 256, centre-crop 224, scale to [-1, 1]
+x = torch.from_numpy(to_array(preprocess, photo))[None]             # (1, 3, 224, 224)
+
+P = 16
+patches = x.unfold(2, P, P).unfold(3, P, P)                          # (1, 3, 14, 14, 16, 16)
+patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(1, 196, 3 * P * P)   # (1, N, P^2 C), each patch flattened
+E = model.patch_embed.proj.weight.reshape(768, -1)                   # the conv kernel is E: (D, P^2 C)
+by_hand = patches @ E.T + model.patch_embed.proj.bias                # x_p E (+ bias): (1, 196, 768)
+
+with torch.no_grad():
+    library = model.patch_embed(x)
+print("image", tuple(x.shape), "-> patches", tuple(patches.shape), "-> x_p E", tuple(library.shape))
+print("max |by hand - Conv2d| =", f"{(by_hand - library).abs().max().item():.2e}")
+assert torch.allclose(by_hand, library, atol=1e-4)"""),
+    (MD, """## 2. Eq. 1: the class token and the position embedding
+
+z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos. A learnable class token is prepended (197 tokens) and a
+learned 1-D position embedding is added (`VisionTransformer.embed`)."""),
+    (CODE, """with torch.no_grad():
+    z0_by_hand = torch.cat([model.cls_token.expand(1, -1, -1), library], dim=1) + model.pos_embed
+    z0 = model.embed(x)                    # the library's Eq. 1 (dropout is off in eval mode)
+print("x_p E", tuple(library.shape), "-> [x_class; x_p E]", tuple(z0_by_hand.shape), "+ E_pos", tuple(model.pos_embed.shape))
+print("max |by hand - model.embed| =", f"{(z0_by_hand - z0).abs().max().item():.2e}")
+assert torch.allclose(z0_by_hand, z0, atol=1e-5)"""),
+    (MD, """## 3. Eq. 2 and 3: one encoder block by hand
+
+z'_l = MSA(LN(z_{l-1})) + z_{l-1}  (Eq. 2) and  z_l = MLP(LN(z'_l)) + z'_l  (Eq. 3).
+MSA (Appendix A): q, k, v = z U_qkv; each head computes softmax(q k^T / sqrt(d)) v with d = D / h = 64;
+the heads are concatenated and projected by U_msa. Everything below uses block 0's own weights
+(`Block`, `Attention`, `MLP` in `src/foodvit/model.py`)."""),
+    (CODE, """block = model.blocks[0]
+h, d = 12, 64
+
+def layer_norm(z, norm):
+    mean = z.mean(-1, keepdim=True)
+    var = z.var(-1, keepdim=True, unbiased=False)
+    return (z - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+with torch.no_grad():
+    a = layer_norm(z0, block.norm1)
+    q, k, v = (a @ block.attn.qkv.weight.T + block.attn.qkv.bias).chunk(3, dim=-1)      # each (1, 197, 768)
+    q, k, v = (t.reshape(1, 197, h, d).transpose(1, 2) for t in (q, k, v))            # (1, h, 197, d)
+    attention = torch.softmax(q @ k.transpose(-2, -1) / d ** 0.5, dim=-1)              # (1, h, 197, 197)
+    heads = (attention @ v).transpose(1, 2).reshape(1, 197, 768)                       # concatenate the heads
+    z1_prime = heads @ block.attn.proj.weight.T + block.attn.proj.bias + z0            # Eq. 2
+    m = layer_norm(z1_prime, block.norm2)
+    m = F.gelu(m @ block.mlp.fc1.weight.T + block.mlp.fc1.bias) @ block.mlp.fc2.weight.T + block.mlp.fc2.bias
+    z1_by_hand = m + z1_prime                                                            # Eq. 3
+    z1, weights = block(z0, return_attention=True)                                       # the library's block
+print("z_0", tuple(z0.shape), "-> attention", tuple(attention.shape), "-> z_1", tuple(z1.shape))
+print("max |by hand - Block.forward| =", f"{(z1_by_hand - z1).abs().max().item():.2e}",
+      "| attention weights:", f"{(attention - weights).abs().max().item():.2e}")
+assert torch.allclose(z1_by_hand, z1, atol=1e-4) and torch.allclose(attention, weights, atol=1e-5)"""),
+    (MD, """What does head 1 of block 0 look at from the class token? Its row of the attention matrix over the
+196 patches, laid back on the 14 x 14 grid. (This model has random weights; section 7 shows a trained one.)"""),
+    (CODE, """from foodvit.preprocess import model_view
+from foodvit.report import subplots
+
+crop = model_view(preprocess, photo)                                 # the 224 x 224 crop, uint8
+fig, axes = subplots(1, 2, figsize=(8, 4))
+axes[0].imshow(crop.permute(1, 2, 0).numpy()); axes[0].set_title("the model's crop")
+axes[1].imshow(viz.overlay_array(crop, attention[0, 0, 0, 1:].reshape(14, 14)))
+axes[1].set_title("block 0, head 1: class token's attention")
+for ax in axes: ax.axis("off")
+show(fig)"""),
+    (MD, """## 4. Eq. 4 and Table 1: the head, and the variants
+
+y = LN(z_L^0): after L blocks, the final LayerNorm is applied and the class token's state (index 0) goes
+through the classification head. By hand, with every block of the library in turn:"""),
+    (CODE, """with torch.no_grad():
+    z = model.embed(x)
+    for blk in model.blocks:
+        z, _ = blk(z)
+    logits_by_hand = model.head(model.norm(z)[:, 0])     # Eq. 4: y = LN(z_L^0), then the head
+    logits = model(x)
+print("z_L", tuple(z.shape), "-> z_L^0", tuple(z[:, 0].shape), "-> logits", tuple(logits.shape))
+print("max |by hand - model(x)| =", f"{(logits_by_hand - logits).abs().max().item():.2e}")
+assert torch.allclose(logits_by_hand, logits, atol=1e-4)"""),
+    (MD, """Table 1 of the paper: Base, Large and Huge, with their parameter counts (86M, 307M, 632M, for a
+1000-class head at 224 px). foodvit's registry (`src/foodvit/variants.py`) builds each; the counts below
+come from the built models (on PyTorch's meta device: no memory is spent)."""),
+    (CODE, """paper = {"ViT-B/16": 86e6, "ViT-L/16": 307e6, "ViT-H/14": 632e6}
+print(f"{'model':<9} {'layers':>6} {'D':>5} {'MLP':>5} {'heads':>5} {'params':>12} {'paper':>7}")
+for name, expected in paper.items():
+    with torch.device("meta"):
+        m = foodvit.create_model(name, num_classes=1000)
+    c = m.config
+    count = sum(p.numel() for p in m.parameters())
+    print(f"{name:<9} {c.depth:>6} {c.embed_dim:>5} {c.mlp_dim:>5} {c.num_heads:>5} {count:>12,} {expected / 1e6:>6.0f}M")
+    assert abs(count - expected) / expected < 0.01"""),
+    (MD, """## 5. Equal to the reference implementations
+
+The same weights in torchvision's `vit_b_16` and in timm's `vit_base_patch16_224` give the same logits
+as foodvit's model: weights are random (not zeros: torchvision starts its head at zero, which would make
+the comparison empty) and moved between layouts by `foodvit.load_weights`."""),
+    (CODE, """import timm, torchvision
+
+def randomize(module, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    return module.eval()
+
+for name, theirs in [("torchvision vit_b_16", torchvision.models.vit_b_16(num_classes=3)),
+                     ("timm vit_base_patch16_224", timm.create_model("vit_base_patch16_224", num_classes=3))]:
+    randomize(theirs)
+    ours = foodvit.load_weights(foodvit.create_model("ViT-B/16", num_classes=3), theirs.state_dict()).eval()
+    with torch.no_grad():
+        diff = (ours(x) - theirs(x)).abs().max().item()
+    print(f"{name:<26} max |logit difference| = {diff:.2e}")
+    assert diff < 1e-4"""),
+    (MD, """## 6. Training on 225 photos
+
+**The course's from-scratch run collapses.** Trained from scratch as the paper's ViT-B/16 with the
+course's settings, the model predicts one class for everything: its test accuracy is the share of
+that class. These numbers are *not* run here (hours on a CPU); they are the measurements recorded in
+`docs/BENCHMARKS.md` (`foodvit train --recipe course`).
+
+**foodvit's default recipe** is a small ViT made for small data (ViT-Ti/8 at 64 px, average pooling,
+sin-cos positions, augmentation, label smoothing, AdamW with warmup and cosine decay, and an auxiliary
+localization loss: `src/foodvit/recipes/default.toml`). The full recipe trains 100 epochs (about 6
+minutes on 2 CPU cores); here a few epochs show the mechanics and the curves."""),
+    (CODE, """import tempfile
+from foodvit.config import build_config
+from foodvit.report import plot_curves
+from foodvit.trainer import train
+
+run = tempfile.mkdtemp(prefix="walkthrough-") + "/run"
+config = build_config("default", {"data.source": os.environ.get("FOODVIT_DATA") or "", "train.epochs": 8, "train.seed": 0})
+result = train(config, run, quiet=True, log=lambda *args, **kwargs: None)
+print(f"{len(result.history)} epochs; test accuracy {result.test['acc']:.3f} on {result.test['n']} photos (per image)")
+show(plot_curves(result.history))"""),
+    (MD, """Eight epochs are far from the recipe's 100. Where pre-trained weights take over (the course's
+transfer-learning chapter), one command fine-tunes torchvision's ImageNet ViT-B/16 instead:
+
+    foodvit train --recipe feature-extractor --pretrained torchvision:IMAGENET1K_V1
+
+## 7. Inside the trained model
+
+Attention rollout (Abnar & Zuidema 2020) over the crop the model saw, read out through the model's own
+pooling (here the mean of the patch tokens), with the top-3 probabilities (`foodvit.viz.explain_figure`,
+through a `foodvit.Predictor`):"""),
+    (CODE, """predictor = foodvit.load_predictor(run)
+show(viz.explain_figure(predictor, photo))"""),
+    (MD, """Figure 7 of the paper has three panels: the principal components of the patch-embedding filters E
+(left), the similarity of the position embeddings (centre), and the mean attention distance of each
+head against depth (right). The default recipe uses fixed sin-cos positions, so the centre panel shows
+their (unlearned) similarity structure; the paper's learned embeddings come to look much like it."""),
+    (CODE, """trained = predictor.model
+show(viz.filters_figure(trained))
+show(viz.pos_similarity_figure(trained))
+images = torch.stack([torch.from_numpy(predictor.prepare(load_rgb(p))) for p, _ in test.samples[::8]])
+show(viz.attention_distance_figure(viz.attention_distances_over(trained, images), trained.config.image_size))"""),
+    (MD, """That is the whole model: Eq. 1 in `PatchEmbed` and `VisionTransformer.embed`, Eq. 2 and 3 in `Block`
+(with `Attention` and `MLP`), Eq. 4 in `VisionTransformer.pool` and `head`, Table 1 in `variants.py`.
+From here: `foodvit train` for the full recipe, `foodvit serve` for a demo of your run, `foodvit
+export` to ship it."""),
+]
+
+def build(path: Path) -> None:
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    for kind, source in CELLS:
+        if kind == MD:
+            notebook.cells.append(nbformat.v4.new_markdown_cell(source))
+        else:
+            cell = nbformat.v4.new_code_cell(source)
+            if "train(config" in source:  # its numbers depend on the machine's float rounding over 8 epochs
+                cell.metadata["tags"] = ["varies"]
+            notebook.cells.append(cell)
+    nbformat.write(notebook, path)
+
+
+if __name__ == "__main__":
+    build(Path(__file__).with_name("walkthrough.ipynb"))
