@@ -7,7 +7,8 @@ For the run's model ("default") and for ViT-B/16 with 3 classes (random weights,
 preprocessing), each backend behind the same Predictor: PyTorch eager fp32, torch.compile, ONNX
 Runtime fp32 and ONNX Runtime int8 (dynamic quantisation). Columns: file size, parameters,
 single-photo latency p50/p95 (Predictor.classify on the photo's bytes: decode, preprocess, forward,
-softmax; `--photos` test photos), throughput at batch 16 (prepared inputs, forward only), and test
+softmax; `--photos` test photos), throughput at batch 16 (prepared inputs, forward only), both
+measured in interleaved rounds (10 photos and a 1 s burst per backend in turn), and test
 accuracy over the whole test split (for ViT-B/16's random weights: the largest relative logit
 difference from eager instead). Like the course's model-choice table, on this CPU.
 """
@@ -48,21 +49,16 @@ def random_run(name: str, folder: Path) -> Path:
     return folder
 
 
-def latency(predictor: Predictor, photos: list[bytes]) -> tuple[float, float]:
-    for data in photos[:3]:
-        predictor.classify(data)  # warm-up (and torch.compile's first compilation)
-    seconds = [predictor.classify(data)["seconds"] for data in photos]
-    q = statistics.quantiles(seconds, n=100)
-    return q[49], q[94]
+ROUND = 10  # photos per backend per round
 
 
-def throughput(predictor: Predictor, batch: np.ndarray, seconds: float = 8.0) -> float:
-    predictor.logits(batch)
+def throughput(predictor: Predictor, batch: np.ndarray, seconds: float) -> tuple[int, float]:
+    """(images, seconds) of forward passes on a prepared batch for about `seconds` (at least one)."""
     done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds or done < 2:
+    while time.perf_counter() - started < seconds or done < 1:
         predictor.logits(batch)
         done += 1
-    return done * len(batch) / (time.perf_counter() - started)
+    return done * len(batch), time.perf_counter() - started
 
 
 def main(argv=None) -> int:
@@ -72,6 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--photos", type=int, default=100, help="photos for the latency percentiles")
     parser.add_argument("--data", help="data source (default: the run's)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
+    parser.add_argument("--burst", type=float, default=1.0, help="seconds of batch-16 forward passes per backend per round")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
 
@@ -102,9 +99,22 @@ def main(argv=None) -> int:
             backends["onnxruntime int8"] = (Predictor.from_onnx(onnx8), onnx8.stat().st_size)
             batch = np.stack([eager.prepare(data) for data in photos[:16]])
             reference = eager.logits(np.stack([eager.prepare(data) for data in photos[:32]]))
+            # interleaved: every round measures every backend in turn, so that the machine's drift
+            # (large on this shared CPU: one backend's p50 moved 50% between runs) falls on all alike
+            seconds = {backend: [] for backend in backends}
+            images = {backend: [0, 0.0] for backend in backends}
+            for predictor, _ in backends.values():
+                for data in photos[:3]:
+                    predictor.classify(data)  # warm-up (and torch.compile's first compilation)
+            for start in range(0, len(photos), ROUND):
+                for backend, (predictor, _) in backends.items():
+                    seconds[backend] += [predictor.classify(data)["seconds"] for data in photos[start : start + ROUND]]
+                    done, took = throughput(predictor, batch, args.burst)
+                    images[backend][0] += done
+                    images[backend][1] += took
             for backend, (predictor, size) in backends.items():
-                p50, p95 = latency(predictor, photos)
-                rate = throughput(predictor, batch)
+                q = statistics.quantiles(seconds[backend], n=100)
+                p50, p95, rate = q[49], q[94], images[backend][0] / images[backend][1]
                 if name == "default":
                     quality = evaluate_split(predictor, split)["accuracy"]
                     shown = f"{quality:.3f}"
