@@ -6,6 +6,13 @@
 
 Each seed is a full `foodvit train` run in --out/<recipe>-s<seed>; nothing is chosen by test
 accuracy (the runs report their last epoch). Prints a table, and --json writes the figures.
+
+    python bench/accuracy.py --recipe default --seeds 2 --cv 5      # the tuning protocol: no test photo used
+
+--cv K: K-fold cross-validation over the training photos alone (folders.cv_folds: stratified, every
+photo validated once per seed). Each fold trains on the other K-1 folds and is evaluated on its own;
+the K folds' predictions together cover every training photo. Reported: accuracy over all
+photos x seeds and its standard error. The test split is never read.
 """
 
 from __future__ import annotations
@@ -80,6 +87,43 @@ def _per_class(run: Path) -> dict[str, float]:
     return evaluate_split(predictor, D.open_split(config["data"]["source"] or None, "test"))["per_class"]
 
 
+def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, extra: list[str]) -> dict:
+    """K-fold CV over the training photos for each seed; each fold's held-out photos are the 'test'
+    split of a folder of links made for it, so the run itself never sees the real test photos."""
+    from foodvit.folders import cv_folds, scan
+    from foodvit.sources import resolve
+
+    train = scan(resolve(data) / "train")
+    correct, total, per_seed = 0, 0, []
+    started = time.perf_counter()
+    for seed in seeds:
+        seed_correct = 0
+        for fold, (kept, held) in enumerate(cv_folds(train, k, seed)):
+            folder = out / f"cv{k}-s{seed}-f{fold}-data"
+            if not folder.is_dir():
+                for split_name, part in (("train", kept), ("test", held)):
+                    for path, label in part.samples:
+                        link = folder / split_name / train.classes[label] / path.name
+                        link.parent.mkdir(parents=True, exist_ok=True)
+                        link.symlink_to(path.resolve())
+            run = out / f"{Path(recipe).stem}-cv{k}-s{seed}-f{fold}"
+            if not (run / "model.json").is_file():
+                code = foodvit(["train", "--recipe", recipe, "--seed", str(seed), "--out", str(run), "--quiet",
+                                "--data", str(folder), *extra])
+                if code != 0:
+                    raise SystemExit(f"seed {seed} fold {fold} failed (exit {code})")
+            metrics = json.loads((run / "model.json").read_text())["metrics"]
+            seed_correct += round(metrics["test_acc"] * metrics["test_n"])
+            total += metrics["test_n"]
+        correct += seed_correct
+        per_seed.append(seed_correct / len(train))
+        print(f"seed {seed}: cv accuracy {per_seed[-1]:.3f} ({seed_correct}/{len(train)})", file=sys.stderr)
+    acc = correct / total
+    return {"recipe": recipe, "extra": extra, "folds": k, "seeds": seeds, "per_seed": per_seed, "accuracy": acc,
+            "standard_error": (acc * (1 - acc) / total) ** 0.5, "predictions": total, "machine": machine(),
+            "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - started}
+
+
 def print_validation(result: dict) -> None:
     """Tuning view: validation accuracy only, so that no choice is made on the test split."""
     vals = [r["val_acc"] for r in result["seeds"]]
@@ -114,8 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/bench-accuracy")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--val-only", action="store_true", help="tuning: report validation accuracy only, never the test split")
+    parser.add_argument("--cv", type=int, metavar="K", help="tuning: K-fold cross-validation over the training photos")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(args.seeds))
+    if args.cv:
+        result = run_cv(args.recipe, seeds, args.cv, Path(args.out), args.data, extra)
+        print(f"recipe {result['recipe']} {' '.join(extra)}: {args.cv}-fold CV accuracy {result['accuracy']:.3f} +- "
+              f"{result['standard_error']:.3f} (standard error over {result['predictions']} predictions, {len(seeds)} seeds: "
+              f"{', '.join(f'{a:.3f}' for a in result['per_seed'])}); {result['seconds']:.0f} s")
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
+        return 0
     result = run_seeds(args.recipe, seeds, Path(args.out), args.data, extra, args.val_only)
     print_validation(result) if args.val_only else print_table(result)
     if args.json:

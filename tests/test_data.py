@@ -308,3 +308,21 @@ def test_real_foodvision_mini_is_read(real_data):
         ds = D.open_dataset(real_data)
     assert len(ds.train) == 225 and len(ds.test) == 75
     assert ds.test.counts() == {"pizza": 25, "steak": 19, "sushi": 31}
+
+
+def test_cross_validation_folds_partition_the_photos_stratified_and_reproducible(tmp_path):
+    from foodvit.folders import cv_folds
+
+    split = D.scan(make_photo_folder(tmp_path / "p", n_train=11, n_test=1) / "train")  # 3 classes x 11 photos
+    folds = cv_folds(split, 5, seed=0)
+    held = [path for _, val in folds for path, _ in val.samples]
+    assert sorted(held) == sorted(path for path, _ in split.samples)  # every photo validated exactly once
+    assert len(held) == len(set(held))
+    for kept, val in folds:
+        assert set(kept.samples).isdisjoint(val.samples) and len(kept) + len(val) == len(split)
+        assert max(val.counts().values()) - min(val.counts().values()) <= 1  # stratified: classes spread evenly
+    assert sorted(len(val) for _, val in folds) == [6, 6, 7, 7, 7]  # 33 photos: fold sizes differ by at most one
+    assert [v.samples for _, v in cv_folds(split, 5, seed=0)] == [v.samples for _, v in folds]
+    assert [v.samples for _, v in cv_folds(split, 5, seed=1)] != [v.samples for _, v in folds]
+    with pytest.raises(D.DataError, match="2 <= folds <= photos"):
+        cv_folds(split, 1, seed=0)

@@ -105,3 +105,29 @@ def open_split(source: str | None, split: str = "test", *, strict: bool = False)
     if (root / "train").is_dir() or (root / "test").is_dir():
         raise DataError(f"{root} has no {split}/ folder; expected {LAYOUT}, or a folder whose subfolders are the classes")
     return scan(root, strict=strict)
+
+
+def cv_folds(split: Split, k: int, seed: int) -> list[tuple[Split, Split]]:
+    """k-fold cross-validation over a split: k (train, validation) pairs whose validation parts
+    partition the photos (each photo validated exactly once), stratified by class (each class dealt
+    round-robin over the folds in a seeded random order), reproducible from the seed."""
+    import numpy as np
+
+    from .seeds import derive_seed
+
+    if not 2 <= k <= len(split):
+        raise DataError(f"cross-validation needs 2 <= folds <= photos ({len(split)}), got {k}")
+    rng = np.random.default_rng(derive_seed(seed, "validation", k))
+    fold_of: dict[Path, int] = {}
+    offset = 0
+    for label in range(len(split.classes)):
+        items = [path for path, y in split.samples if y == label]
+        for rank, i in enumerate(rng.permutation(len(items))):
+            fold_of[items[i]] = (offset + rank) % k  # continue the rotation across classes: folds stay balanced in size
+        offset += len(items)
+    folds = []
+    for fold in range(k):
+        held = tuple(s for s in split.samples if fold_of[s[0]] == fold)
+        kept = tuple(s for s in split.samples if fold_of[s[0]] != fold)
+        folds.append((Split(split.root, split.classes, kept), Split(split.root, split.classes, held)))
+    return folds
