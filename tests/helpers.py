@@ -96,3 +96,15 @@ def stop_server(process) -> None:
         process.wait(timeout=15)
     except Exception:
         process.kill()
+
+
+def train_tiny_run(tmp_path_factory, name: str, *, epochs: int = 1, depth: int = 1, n_test: int = 3, size=(64, 80)):
+    """A tiny recipe run (32 px) trained on generated photos through the command line: (run, photos)."""
+    from foodvit.cli import main
+
+    photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=n_test, size=size)
+    out = tmp_path_factory.mktemp("runs") / name
+    code = main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(out), "--epochs", str(epochs),
+                 "--image-size", "32", "--depth", str(depth), "--quiet"])
+    assert code == 0
+    return out, photos

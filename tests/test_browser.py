@@ -21,17 +21,12 @@ if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
                 "(or set FOODVIT_CHROMIUM to a Chromium binary)", allow_module_level=True)
 
 import httpx  # noqa: E402
-from helpers import free_port, make_photo_folder, start_server, stop_server  # noqa: E402
-
-from foodvit.cli import main  # noqa: E402
+from helpers import free_port, start_server, stop_server, train_tiny_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=3, size=(64, 80))
-    run = tmp_path_factory.mktemp("runs") / "page"
-    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(run), "--epochs", "1",
-                 "--image-size", "32", "--depth", "1", "--quiet"]) == 0
+    run, photos = train_tiny_run(tmp_path_factory, "page")
     port = free_port()
     process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(run), "--port", str(port), "--threads", "1"], port)
     yield url, photos

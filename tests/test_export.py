@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 pytest.importorskip("onnxscript", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 
-from helpers import make_photo_folder  # noqa: E402
+from helpers import train_tiny_run  # noqa: E402
 
 from foodvit.cli import main  # noqa: E402
 from foodvit.export import relative_difference  # noqa: E402
@@ -20,11 +20,7 @@ from foodvit.predictor import Predictor  # noqa: E402
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=4, size=(48, 56))
-    out = tmp_path_factory.mktemp("runs") / "shipped"
-    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(out), "--epochs", "2",
-                 "--image-size", "32", "--depth", "2", "--quiet"]) == 0
-    return out, photos
+    return train_tiny_run(tmp_path_factory, "shipped", epochs=2, depth=2, n_test=4, size=(48, 56))
 
 
 @pytest.fixture(scope="module")

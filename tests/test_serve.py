@@ -17,7 +17,7 @@ pytest.importorskip("gradio", reason="the server tests need the serve extra: pip
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")
 
 from conftest import REAL_DATA  # noqa: E402
-from helpers import free_port, make_photo_folder, start_server, stop_server  # noqa: E402
+from helpers import free_port, start_server, stop_server, train_tiny_run  # noqa: E402
 
 from foodvit.cli import main  # noqa: E402
 
@@ -26,11 +26,7 @@ UPLOAD_LIMIT_MB = 1.0
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=3, size=(64, 80))
-    out = tmp_path_factory.mktemp("runs") / "served"
-    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(out), "--epochs", "1",
-                 "--image-size", "32", "--depth", "1", "--quiet"]) == 0
-    return out, photos
+    return train_tiny_run(tmp_path_factory, "served")
 
 
 @pytest.fixture(scope="module")

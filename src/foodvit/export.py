@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -49,28 +48,15 @@ def parity_inputs(predictor, photos=()) -> np.ndarray:
     """Prepared real photos for the parity check: those given, else the run's test photos."""
     from .photos import load_or_explain
 
+    from .folders import first_photos
+
     chosen = [Path(p) for p in photos][:PARITY_PHOTOS]
     if not chosen:
-        chosen = _test_photos(predictor)
+        chosen = first_photos(predictor.data_source, predictor.classes, max(1, PARITY_PHOTOS // len(predictor.classes)))
     if not chosen:
         raise ExportError("no photos for the parity check: the run's test photos are not at hand; "
                           "name a few with --photos (or set FOODVIT_DATA)")
     return np.stack([predictor.prepare(load_or_explain(p), str(p)) for p in chosen])
-
-
-def _test_photos(predictor) -> list[Path]:
-    from .photos import IMAGE_EXTENSIONS
-
-    source = predictor.card.get("metrics", {}).get("data") or os.environ.get("FOODVIT_DATA") or ""
-    test = Path(source) / "test"
-    if not source or not test.is_dir():
-        return []
-    per_class = max(1, PARITY_PHOTOS // max(1, len(predictor.classes)))
-    found = []
-    for name in predictor.classes:
-        folder = test / name
-        found += sorted(p for p in folder.glob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)[:per_class] if folder.is_dir() else []
-    return found
 
 
 def relative_difference(a: np.ndarray, b: np.ndarray) -> float:

@@ -10,7 +10,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .errors import DataError
-from .photos import PhotoError, check_image
+from .photos import IMAGE_EXTENSIONS, PhotoError, check_image
 from .sources import LAYOUT, resolve
 
 
@@ -131,3 +131,16 @@ def cv_folds(split: Split, k: int, seed: int) -> list[tuple[Split, Split]]:
         kept = tuple(s for s in split.samples if fold_of[s[0]] != fold)
         folds.append((Split(split.root, split.classes, kept), Split(split.root, split.classes, held)))
     return folds
+
+
+def first_photos(source: str | Path | None, classes, per_class: int, split: str = "test") -> list[Path]:
+    """The first `per_class` photos (by name) of each class in <source>/<split>/, when the source
+    is a local folder at hand; [] otherwise (nothing is downloaded). For examples and parity checks."""
+    folder = Path(source) / split if source else None
+    if folder is None or not folder.is_dir():
+        return []
+    found = []
+    for name in classes:
+        photos = sorted(p for p in (folder / name).glob("*") if p.suffix.lower() in IMAGE_EXTENSIONS) if (folder / name).is_dir() else []
+        found += photos[:per_class]
+    return found

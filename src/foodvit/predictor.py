@@ -107,6 +107,13 @@ class Predictor:
         params = f", {self.card['params'] / 1e6:.1f}M parameters" if self.card.get("params") else ""
         return f"{what} ({size}{params})" if size else what
 
+    @property
+    def data_source(self) -> str:
+        """Where the model's photos came from (its card, written by training), else FOODVIT_DATA; "" if neither."""
+        import os
+
+        return self.card.get("metrics", {}).get("data") or os.environ.get("FOODVIT_DATA") or ""
+
     def prepare(self, photo, name: str = "the photo") -> np.ndarray:
         """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used."""
         return to_array(self.preprocess, decode(photo, name))

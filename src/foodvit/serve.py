@@ -141,6 +141,10 @@ def safe_name(name: str | None) -> str:
     return text or "the upload"
 
 
+def too_large_message(max_bytes: int) -> str:
+    return f"the upload is larger than the limit of {max_bytes / 1e6:g} MB; send a smaller photo (the server's --max-upload-mb sets the limit)"
+
+
 class BodyLimit:
     """ASGI middleware: a request body over max_bytes is answered 413 with a JSON error, whether
     the client announces its length or streams it, before anything reads the whole body."""
@@ -149,8 +153,7 @@ class BodyLimit:
         self.app, self.max_bytes = app, max_bytes
 
     def _message(self) -> str:
-        return (f"the upload is larger than the limit of {self.max_bytes / 1e6:g} MB; send a smaller photo "
-                f"(the server's --max-upload-mb sets the limit)")
+        return too_large_message(self.max_bytes)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -238,7 +241,7 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
     async def predict(file: UploadFile = File(..., description=f"the photo: {ACCEPTED}")) -> dict:
         data = await file.read()
         if len(data) > max_bytes:  # a multipart body within the limit cannot hold more, but be sure
-            return JSONResponse({"error": BodyLimit(None, max_bytes)._message()}, status_code=413)
+            return JSONResponse({"error": too_large_message(max_bytes)}, status_code=413)
         return await service.classify_async(data, safe_name(file.filename))
 
     if page:
@@ -252,24 +255,11 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
     return BodyLimit(app, max_bytes), service
 
 
-def run_examples(predictor: Predictor, run: Path, per_class: int = EXAMPLES_PER_CLASS) -> list[Path]:
-    """A few photos of the run's test split, when its data is a local folder at hand; else none."""
-    from .run import read_config
+def run_examples(predictor: Predictor, per_class: int = EXAMPLES_PER_CLASS) -> list[Path]:
+    """A few of the model's test photos, when its data is a local folder at hand; else none."""
+    from .folders import first_photos
 
-    config_path = Path(run) / "config.json"
-    if not config_path.is_file():
-        return []
-    source = read_config(config_path).data.source or os.environ.get("FOODVIT_DATA") or ""
-    test = Path(source) / "test"
-    if not source or not test.is_dir():
-        return []
-    from .photos import IMAGE_EXTENSIONS
-
-    found = []
-    for name in predictor.classes:
-        photos = sorted(p for p in (test / name).glob("*") if p.suffix.lower() in IMAGE_EXTENSIONS) if (test / name).is_dir() else []
-        found += photos[:per_class]
-    return found
+    return first_photos(predictor.data_source, predictor.classes, per_class)
 
 
 def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 7860, max_batch: int = 16, max_wait_ms: float = 5.0,
@@ -284,7 +274,7 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 7860, max_bat
         import torch
 
         torch.set_num_threads(threads)
-    shown = list(example_photos) if example_photos is not None else run_examples(predictor, Path(run)) if examples else []
+    shown = list(example_photos) if example_photos is not None else run_examples(predictor) if examples else []
     app, _ = create_app(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_mb=max_upload_mb,
                         examples=shown)
     print(f"serving {predictor.name} from {run} at http://{host}:{port}/  (API: POST /predict, GET /health; Ctrl+C stops)",

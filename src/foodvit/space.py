@@ -77,7 +77,7 @@ def export_space(run: str | Path, folder: str | Path, examples_per_class: int = 
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise RunError(f"{folder} exists and is not an empty folder; export-space writes only into a new or empty folder")
     predictor = Predictor.from_run(run)
-    examples = run_examples(predictor, run, per_class=examples_per_class)
+    examples = run_examples(predictor, per_class=examples_per_class)
     package = Path(package_init).parent
 
     def fill(tmp: Path) -> None:
