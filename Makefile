@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=23"
-	$(BIN)/python -m pip install --quiet -e '.[test,serve,export]'
+	$(BIN)/python -m pip install --quiet -e '.[test,serve,export,track]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: $(STAMP)

@@ -78,7 +78,7 @@ def run_seeds(recipe: str, seeds: list[int], out: Path, data: str | None, extra:
 
 
 def _per_class(run: Path) -> dict[str, float]:
-    from foodvit import data as D
+    from foodvit import datasets as D
     from foodvit.inference import evaluate_split
     from foodvit.predictor import Predictor
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from foodvit import data as D
+from foodvit import datasets as D
 from foodvit.config import build_config
 from foodvit.export import export, relative_difference
 from foodvit.inference import evaluate_split

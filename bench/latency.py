@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import PEERS, build, implementations, machine  # noqa: E402
 
-from foodvit import data as D  # noqa: E402
+from foodvit import datasets as D  # noqa: E402
 from foodvit.inference import predict  # noqa: E402
 from foodvit.predictor import Predictor  # noqa: E402
 from foodvit.transforms import make_preprocess  # noqa: E402

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import free_port, start_server, stop_server  # noqa: E402
 
-from foodvit import data as D  # noqa: E402
+from foodvit import datasets as D  # noqa: E402
 from foodvit.config import build_config  # noqa: E402
 from foodvit.run import save_model  # noqa: E402
 from foodvit.trainer import build_model  # noqa: E402

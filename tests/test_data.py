@@ -12,7 +12,8 @@ import torch
 from helpers import make_photo, make_photo_folder
 from PIL import Image
 
-from foodvit import data as D
+from foodvit import datasets as D
+from foodvit import sampling as S
 from foodvit.transforms import batch_mixer, make_preprocess, train_transform
 
 
@@ -180,18 +181,18 @@ def test_validation_split_is_per_class_disjoint_and_reproducible(tmp_path):
 
 
 def test_epoch_sampler_order_depends_only_on_seed_and_epoch():
-    a, b = D.EpochSampler(10, seed=1), D.EpochSampler(10, seed=1)
+    a, b = S.EpochSampler(10, seed=1), S.EpochSampler(10, seed=1)
     a.set_epoch(3)
     b.set_epoch(3)
     assert list(a) == list(b) and sorted(a) == list(range(10))
     b.set_epoch(4)
     assert list(a) != list(b)
-    repeated = D.EpochSampler(5, seed=0, repeats=3)
+    repeated = S.EpochSampler(5, seed=0, repeats=3)
     assert len(repeated) == 15 and sorted(repeated) == sorted(list(range(5)) * 3)
 
 
 def test_per_sample_seeds_keep_the_order_and_give_every_position_its_own_seed():
-    plain, seeded = D.EpochSampler(10, seed=1, repeats=2), D.EpochSampler(10, seed=1, repeats=2, per_sample_seeds=True)
+    plain, seeded = S.EpochSampler(10, seed=1, repeats=2), S.EpochSampler(10, seed=1, repeats=2, per_sample_seeds=True)
     plain.set_epoch(3)
     seeded.set_epoch(3)
     pairs = list(seeded)
@@ -205,11 +206,11 @@ def test_per_sample_seeds_keep_the_order_and_give_every_position_its_own_seed():
 def _augmenting_loader(photos, workers, mixer):
     p = make_preprocess(16, (0.5,) * 3, (0.5,) * 3)
     dataset = D.PhotoDataset(D.scan(photos / "train"), train_transform(p, "medium"), D.PhotoCache.decoded(32))
-    return D.make_loader(dataset, 4, train=True, seed=7, workers=workers, mixer=mixer)
+    return S.make_loader(dataset, 4, train=True, seed=7, workers=workers, mixer=mixer)
 
 
 def _epoch(loader, epoch):
-    loader.sampler.set_epoch(epoch)
+    loader.batch_sampler.set_epoch(epoch)
     return [(x.clone(), y.clone()) for x, y in loader]
 
 
@@ -240,7 +241,7 @@ def test_a_seeded_photo_is_augmented_the_same_way_and_leaves_the_process_stream_
 
 
 def test_the_mixing_collate_can_be_sent_to_spawned_workers():
-    collate = D.MixingCollate(batch_mixer(3, mixup=0.8, cutmix=1.0, prob=0.5))
+    collate = S.Collate(batch_mixer(3, mixup=0.8, cutmix=1.0, prob=0.5))
     batch = [(torch.rand(3, 8, 8), label) for label in (0, 1, 2, 1)]
     copy = pickle.loads(pickle.dumps(collate))  # spawn and forkserver pickle the collate function
     torch.manual_seed(5)
@@ -326,3 +327,72 @@ def test_cross_validation_folds_partition_the_photos_stratified_and_reproducible
     assert [v.samples for _, v in cv_folds(split, 5, seed=1)] != [v.samples for _, v in folds]
     with pytest.raises(D.DataError, match="2 <= folds <= photos"):
         cv_folds(split, 1, seed=0)
+
+
+# ------------------------------------------------------------------------------------ Food-101
+
+
+def make_food101(root, classes=("apple_pie", "pizza", "steak", "sushi"), n_train=10, n_test=4):
+    """A small folder in Food-101's layout: images/<class>/<id>.jpg, meta/train.json, meta/test.json."""
+    import json
+
+    meta = {"train": {}, "test": {}}
+    for c, name in enumerate(classes):
+        for split, n, offset in (("train", n_train, 0), ("test", n_test, 500)):
+            ids = [f"{name}/{1000 * c + offset + i}" for i in range(n)]
+            meta[split][name] = ids
+            for i, entry in enumerate(ids):
+                make_photo(root / "images" / f"{entry}.jpg", (40 * c + 60, 90, 160 - 30 * c), seed=1000 * c + offset + i)
+    (root / "meta").mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        (root / "meta" / f"{split}.json").write_text(json.dumps(meta[split]))
+    (root / "meta" / "classes.txt").write_text("\n".join(classes))
+    return root
+
+
+def test_food101_is_read_from_its_split_files_with_a_class_subset_and_a_training_fraction(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
+    make_food101(tmp_path / "cache" / "food101" / "food-101")
+    full = D.open_dataset("food101")
+    assert full.classes == ("apple_pie", "pizza", "steak", "sushi") and len(full.train) == 40 and len(full.test) == 16
+    subset = D.open_dataset("food101:sushi,pizza,steak", train_fraction=0.5, seed=3)
+    assert subset.classes == ("pizza", "steak", "sushi")
+    assert subset.train.counts() == {"pizza": 5, "steak": 5, "sushi": 5} and subset.test.counts() == {"pizza": 4, "steak": 4, "sushi": 4}
+    assert all(path.parent.name == subset.classes[label] for path, label in subset.train.samples + subset.test.samples)
+    again = D.open_dataset("food101:pizza,steak,sushi", train_fraction=0.5, seed=3)
+    other = D.open_dataset("food101:pizza,steak,sushi", train_fraction=0.5, seed=4)
+    assert again.train.samples == subset.train.samples and other.train.samples != subset.train.samples
+    with pytest.raises(D.DataError, match=r"no class ramen in .*images; its classes are apple_pie, pizza"):
+        D.open_dataset("food101:pizza,ramen")
+    with pytest.raises(D.DataError, match="names no classes"):
+        D.open_dataset("food101:")
+
+
+def test_training_on_a_food101_layout_subset(tmp_path, monkeypatch):
+    import json
+
+    from foodvit.cli import main
+
+    monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
+    make_food101(tmp_path / "cache" / "food101" / "food-101", n_train=8, n_test=3)
+    out = tmp_path / "run"
+    assert main(["train", "--recipe", "tiny", "--data", "food101:pizza,steak,sushi", "--train-fraction", "0.5", "--epochs", "1",
+                 "--image-size", "32", "--depth", "1", "--out", str(out), "--quiet"]) == 0
+    card = json.loads((out / "model.json").read_text())
+    assert card["classes"] == ["pizza", "steak", "sushi"]
+    assert card["metrics"]["train_photos"] == 12 and card["metrics"]["test_n"] == 9
+    config = json.loads((out / "config.json").read_text())
+    assert config["data"]["source"] == "food101:pizza,steak,sushi" and config["data"]["train_fraction"] == 0.5
+
+
+def test_the_photo_cache_keeps_photos_only_within_its_memory_budget(tmp_path):
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, size=(40, 48))
+    one_photo = 3 * 16 * 19  # decoded to a shorter side of 16 px: (3, 16, 19) uint8
+    budget = D.MemoryBudget(gib=2.5 * one_photo / 2**30)
+    cache = D.PhotoCache.decoded(16, budget=budget)
+    ds = D.open_dataset(photos, train_cache=cache)
+    assert len(cache.items) == 2 and cache.full and cache.nbytes() == 2 * one_photo
+    uncached = D.PhotoCache.decoded(16, keep=False)
+    for path, _ in ds.train.samples:  # kept or not, the same photo
+        assert torch.equal(cache.get(path), uncached.get(path))
+    assert len(cache.items) == 2  # a full cache stays as it is

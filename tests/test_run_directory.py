@@ -15,7 +15,7 @@ import torch
 from helpers import make_photo_folder
 
 import foodvit
-from foodvit import data as D
+from foodvit import datasets as D
 from foodvit.cli import main
 from foodvit.config import build_config, load_recipe
 from foodvit.files import RunLock

@@ -13,7 +13,7 @@ import torch
 from helpers import make_photo_folder
 
 import foodvit
-from foodvit import data as D
+from foodvit import datasets as D
 from foodvit.config import load_recipe
 from foodvit.engine import TrainingDiverged
 from foodvit.inference import evaluate_split, predict
@@ -54,7 +54,8 @@ def test_run_directory_holds_everything(trained):
         assert (out / name).is_file(), name
     rows = list(csv.DictReader((out / "metrics.csv").open()))
     assert [r["epoch"] for r in rows] == ["1", "2", "3"]
-    assert set(rows[0]) == {"epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds"}
+    assert set(rows[0]) == {"epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds",
+                            "images_per_s", "model_share"}
     config = json.loads((out / "config.json").read_text())
     assert config["recipe"] == "tiny" and config["vit"]["image_size"] == 32
     report = (out / "report.md").read_text()
@@ -91,7 +92,7 @@ def test_learns_the_generated_classes(photos, tmp_path):
 def test_same_seed_same_run_and_new_run_refuses_an_old_directory(photos, tmp_path):
     a = train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
     b = train(small_config(photos, epochs=2), tmp_path / "b", quiet=True)
-    strip = lambda h: [{k: v for k, v in row.items() if k != "seconds"} for row in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
     assert strip(a.history) == strip(b.history)
     with pytest.raises(RunError, match=r"already holds a run; continue it with `foodvit train --resume"):
         train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
@@ -102,7 +103,7 @@ def test_one_or_two_loader_workers_train_the_same_run(photos, tmp_path):
     # between epochs: how many there are changes nothing, mixup (drawn in the workers) included
     runs = [train(small_config(photos, epochs=3, batch_size=8, workers=w, mixup=0.8), tmp_path / f"w{w}", quiet=True)
             for w in (1, 2)]
-    strip = lambda h: [{k: v for k, v in row.items() if k != "seconds"} for row in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
     assert strip(runs[0].history) == strip(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "w1"), foodvit.load_model(tmp_path / "w2")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
@@ -119,7 +120,7 @@ def test_training_workers_stay_up_and_cached_evaluation_needs_none(photos, tmp_p
 
 
 def _metrics(path):
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(path.open())]
+    return [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in csv.DictReader(path.open())]
 
 
 def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
@@ -237,7 +238,7 @@ def test_cache_on_or_off_is_the_same_experiment(photos, tmp_path):
     # before, the cached path resized every photo once more than the uncached one: another experiment
     runs = [train(small_config(photos, epochs=2, batch_size=8, cache=cache), tmp_path / f"c{cache}", quiet=True)
             for cache in (True, False)]
-    strip = lambda h: [{k: v for k, v in row.items() if k != "seconds"} for row in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
     assert strip(runs[0].history) == strip(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "cTrue"), foodvit.load_model(tmp_path / "cFalse")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
@@ -246,7 +247,7 @@ def test_cache_on_or_off_is_the_same_experiment(photos, tmp_path):
 def test_no_workers_and_two_workers_train_the_same_run(photos, tmp_path):
     # augmentation draws from each photo's own seed in the training process too
     runs = [train(small_config(photos, epochs=2, batch_size=8, workers=w), tmp_path / f"w{w}", quiet=True) for w in (0, 2)]
-    strip = lambda h: [{k: v for k, v in row.items() if k != "seconds"} for row in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
     assert strip(runs[0].history) == strip(runs[1].history)
 
 
@@ -257,7 +258,8 @@ def test_every_purpose_draws_from_its_own_seed():
     assert len(seeds) == len(PURPOSES) * 200  # no two streams start alike
     assert derive_seed(42, "order", 3) == derive_seed(42, "order", 3) and 0 <= derive_seed(7, "init") < 2**63
     # the validation split is not drawn from the stream that initialises the model or orders the photos
-    from foodvit.data import EpochSampler, split_validation
+    from foodvit.datasets import split_validation
+    from foodvit.sampling import EpochSampler
 
     g = torch.Generator().manual_seed(42)
     assert torch.randperm(20, generator=g).tolist() != list(EpochSampler(20, 42))

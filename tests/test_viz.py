@@ -85,7 +85,7 @@ def tiny_run(tmp_path_factory):
     data = REAL_DATA or str(make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=4, size=(120, 150)))
     out = tmp_path_factory.mktemp("runs") / "tiny"
     assert main(["train", "--recipe", "tiny", "--data", data, "--out", str(out), "--epochs", "1", "--quiet"]) == 0
-    photo = sorted((foodvit.data.resolve(data) / "test" / "pizza").iterdir())[0]
+    photo = sorted((foodvit.sources.resolve(data) / "test" / "pizza").iterdir())[0]
     return out, photo
 
 

@@ -12,12 +12,15 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import AT_LEAST_1, FoodVitError, Range
+from .errors import AT_LEAST_1, POSITIVE, FoodVitError, Range
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .config import ConfigError, build_config, given_overrides
     from .trainer import default_out, resume, train
+
+    main_process = int(__import__("os").environ.get("RANK", "0")) == 0
+    say = (lambda text: print(text, file=sys.stderr)) if main_process else (lambda text: None)
 
     if args.resume:
         extra = [o for o in given_overrides(args) if o != "data.source"] + (["--recipe"] if args.recipe else []) + \
@@ -27,13 +30,18 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume continues the run exactly as configured in {args.resume}/config.json; "
                               f"drop {', '.join(flags)}, or start a new run with --out (--data may point at the run's photos moved elsewhere)")
         args.run_dir = args.resume
-        print(f"run directory: {args.resume}", file=sys.stderr)
-        result = resume(args.resume, quiet=args.quiet, data=getattr(args, "data.source"), verbose=args.verbose)
+        say(f"run directory: {args.resume}")
+        result = resume(args.resume, quiet=args.quiet, data=getattr(args, "data.source"), verbose=args.verbose,
+                        timeout_s=args.dist_timeout)
     else:
         config = build_config(args.recipe or "default", args, model=args.model)
+        if config.train.tensorboard:
+            _need("track", "tensorboard")
         args.run_dir = args.out or str(default_out())
-        print(f"run directory: {args.run_dir}", file=sys.stderr)
-        result = train(config, args.run_dir, quiet=args.quiet, verbose=args.verbose)
+        say(f"run directory: {args.run_dir}")
+        result = train(config, args.run_dir, quiet=args.quiet, verbose=args.verbose, timeout_s=args.dist_timeout)
+    if not main_process:
+        return 0
     print(f"test accuracy {result.test['acc']:.3f} ({round(result.test['acc'] * result.test['n'])}/{result.test['n']} photos); "
           f"report: {result.run / 'report.md'}")
     return 0
@@ -118,24 +126,28 @@ def _writable(path: str) -> Path:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from . import data as D
+    from .folders import check, is_food101, keep_classes, list_split
+    from .sources import resolve, split_spec
 
-    root = D.resolve(args.source)
+    location, classes = split_spec(args.source)
+    root = resolve(location)
     if args.print_path:
         print(root)
         return 0
-    print(f"data: {root}")
+    print(f"data: {root}" + (" (Food-101 layout)" if is_food101(root) else ""))
     for split in ("train", "test"):
-        if (root / split).is_dir():
-            s = D.scan(root / split, strict=False)
-            print(f"  {split}: {len(s)} photos; " + ", ".join(f"{k} {v}" for k, v in s.counts().items()))
+        if is_food101(root) or (root / split).is_dir():
+            listing = list_split(root, split)
+            s = check(keep_classes(listing, classes) if classes else listing, quiet=False)
+            print(f"  {split}: {len(s)} photos, {len(s.classes)} classes; " + ", ".join(f"{k} {v}" for k, v in list(s.counts().items())[:12])
+                  + (" ..." if len(s.classes) > 12 else ""))
             for line in s.skipped_summary(args.verbose):
                 print(f"  {line}")
     return 0
 
 
 def cmd_patches(args: argparse.Namespace) -> int:
-    from . import data as D
+    from . import datasets as D
     from . import viz
     from .report import save_figure
 
@@ -160,7 +172,7 @@ def cmd_patches(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from . import data as D
+    from . import datasets as D
     from . import viz
     from .report import save_figure
     from .predictor import Predictor
@@ -175,7 +187,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import torch
 
-    from . import data as D
+    from . import datasets as D
     from . import viz
     from .predictor import Predictor
     from .report import save_figure
@@ -264,6 +276,13 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare_runs
+
+    print(compare_runs([Path(r) for r in args.runs]))
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .variants import get_variant, list_models
 
@@ -315,8 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(--data: the same photos moved elsewhere)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines (the run directory and the result are still printed)")
     p.add_argument("--verbose", **verbose)
+    p.add_argument("--dist-timeout", type=number(POSITIVE), default=600, metavar="SECONDS",
+                   help="under torchrun: how long a process waits for the others before it stops with a message (default 600)")
     add_config_options(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("compare", help="several runs side by side: the settings that differ and the final metrics",
+                       description="For people without TensorBoard: each run's differing settings and its final metrics, as a table.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by foodvit train")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("evaluate", help="per-image accuracy of a trained run on a split")
     p.add_argument("run", help="a run directory (or its model.safetensors), or an exported .onnx file")
@@ -425,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command not in ("recipes", "models", "summary"):
+        if args.command not in ("recipes", "models", "summary", "compare"):
             from .photos import limit_pixels
 
             limit_pixels()  # every photo this command opens: over the pixel limit is refused, not warned about

@@ -157,8 +157,11 @@ DEFAULT_RECIPE = "default"
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = opt("", "data: a URL of a zip, a local zip, or a folder with train/ and test/ "
-                      "(default: $FOODVIT_DATA, else the course's pizza_steak_sushi.zip); a run stores the source it used", flag="data")
+    source: str = opt("", "data: a URL of a zip, a local zip, a folder with train/ and test/, or food101 (Food-101, downloaded "
+                      "once; food101:pizza,steak,sushi for some of its classes) (default: $FOODVIT_DATA, else the course's "
+                      "pizza_steak_sushi.zip); a run stores the source it used", flag="data")
+    train_fraction: float = opt(1.0, "train on this share of each class's training photos, drawn with the seed "
+                                "(the course's 20%% of Food-101: --data food101 --train-fraction 0.2)", range=SHARE_ABOVE_0)
     val_fraction: float = opt(0.0, "share of each training class held out as a validation split for model selection", range=SHARE_BELOW_1)
     resize_mode: str = opt("crop", "eval preprocessing: 'crop' resizes the shorter side then centre-crops; 'square' squashes to a square (the course)",
                            choices=RESIZE_MODES)
@@ -176,6 +179,8 @@ class DataConfig:
                             range=AT_LEAST_1)
     cache: bool = opt(True, "decode each photo once and keep it in memory (small data sets; JPEG decoding dominates CPU time); "
                       "on or off, a run computes exactly the same")
+    cache_gb: float = opt(4.0, "memory budget of that cache in GiB, per process: photos past it are decoded each time they are used",
+                          range=POSITIVE)
     workers: int = opt(0, "DataLoader worker processes, kept up between epochs (0: load in the training process; "
                        "on a GPU try 4-8); any number from 1 up gives the same run", range=AT_LEAST_0)
     strict: bool = opt(False, "refuse corrupt or non-image files instead of skipping them")
@@ -226,6 +231,7 @@ class TrainConfig:
     eval_every: int = opt(1, "evaluate on the validation and test splits every N epochs (and always at the end)", range=AT_LEAST_1)
     pretrained: str = opt("", "start from weights: torchvision:NAME, timm:NAME or a file")
     freeze_backbone: bool = opt(False, "train the head only (feature extractor)")
+    tensorboard: bool = opt(False, "also write TensorBoard event files into RUN/tensorboard (tensorboard --logdir runs/ compares runs)")
 
     def __post_init__(self) -> None:
         _check(self)

@@ -39,9 +39,12 @@ class DenseRelativeLocalization(nn.Module):
         if N != self.grid**2:
             raise ValueError(f"expected {self.grid}x{self.grid} = {self.grid ** 2} patch tokens, got {N}")
         index = torch.randint(N, (B, self.pairs, 2), device=patches.device)  # (B, m, 2) flat positions
-        tokens = patches.gather(1, index.view(B, -1, 1).expand(-1, -1, D))  # (B, 2m, D): first, second, first, ...
+        tokens = patches.gather(1, index.view(B, 2 * self.pairs, 1).expand(-1, -1, D))  # (B, 2m, D): first, second, first, ...
         predicted = self.mlp(tokens.view(B, self.pairs, 2 * D))  # each pair's two tokens concatenated -> (B, m, 2)
-        return F.l1_loss(predicted.float(), pair_offsets(index[..., 0], index[..., 1], self.grid))
+        # the mean over pairs, as a sum over their count: a process whose share of the batch is
+        # empty (distributed training) gets 0 and still takes part in the gradient's all-reduce
+        error = F.l1_loss(predicted.float(), pair_offsets(index[..., 0], index[..., 1], self.grid), reduction="sum")
+        return error / max(1, predicted.numel())
 
 
 class WithDenseRelativeLocalization(nn.Module):

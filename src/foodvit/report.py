@@ -112,7 +112,8 @@ def write_report(run: Path, *, config, classes, counts: dict, history: list[dict
         "| photos | " + "; ".join(f"{split}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for split, c in counts.items()) + " |",
         f"| training | {len(history)} epochs, batch {config.train.batch_size} x {config.optim.accum_steps}, "
         f"{config.optim.optimizer} lr {config.optim.lr:g}, weight decay {config.optim.weight_decay:g}, augment `{config.data.augment}` |",
-        f"| time | {total_seconds:.0f} s on {model_info['device']} |",
+        f"| time | {total_seconds:.0f} s on {model_info['device']}"
+        + (f", {model_info['processes']} processes" if model_info.get("processes", 1) > 1 else "") + " |",
     ]
     if last.get("val_acc") is not None:
         lines.append(f"| validation accuracy | {last['val_acc']:.3f} (last epoch) |")

@@ -28,7 +28,8 @@ from .preprocess import Preprocess
 RUN_FILES = ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "curves.png", "confusion.png",
              "most_wrong.png", "report.md")
 # *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised
-METRIC_COLUMNS = ("epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds")
+METRIC_COLUMNS = ("epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds",
+                  "images_per_s", "model_share")
 
 
 def write_metrics(path: Path, history: list[dict]) -> Path:

@@ -1,5 +1,6 @@
-"""Where photos come from: a URL of a zip, a local zip, or a folder in torchvision's ImageFolder
-layout; downloads and unzips once into a cache. No PyTorch."""
+"""Where photos come from: a URL of a zip, a local zip, a folder in torchvision's ImageFolder
+layout, or Food-101 (`food101`, `food101:pizza,steak,sushi`); downloads and unpacks once into a
+cache. No PyTorch (Food-101's download alone uses torchvision, imported then)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,50 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FOODVIT_CACHE") or Path.home() / ".cache" / "foodvit")
 
 
+FOOD101 = "food101"
+
+
+def split_spec(source: str | os.PathLike | None) -> tuple[str | None, tuple[str, ...] | None]:
+    """(source, class subset): `food101:pizza,steak,sushi` is Food-101's pizza, steak and sushi."""
+    if source is None:
+        return None, None
+    text = str(source)
+    if text.startswith(FOOD101 + ":"):
+        names = tuple(n.strip() for n in text[len(FOOD101) + 1:].split(",") if n.strip())
+        if not names:
+            raise DataError(f"{text!r} names no classes; write food101:pizza,steak,sushi (or food101 for all 101)")
+        return FOOD101, names
+    return text, None
+
+
+def food101(*, quiet: bool = False) -> Path:
+    """Food-101 (Bossard et al. 2014: 101 classes, 750 train and 250 test photos each, 5 GB) in the
+    cache, downloaded and checked by torchvision the first time."""
+    base = cache_dir() / "food101"
+    root = base / "food-101"
+    if (root / "images").is_dir() and (root / "meta").is_dir():
+        return root
+    if not quiet:
+        print(f"downloading Food-101 (5 GB) into {base} (once)", flush=True)
+    try:
+        from torchvision.datasets import Food101
+
+        Food101(str(base), split="train", download=True)
+    except (urllib.error.URLError, OSError, RuntimeError, TimeoutError) as err:
+        raise DataError(f"could not download Food-101 ({getattr(err, 'reason', err)}); with it downloaded elsewhere, "
+                        f"unpack it into {base} (so that {root / 'meta'} exists) or pass --data /path/to/food-101") from err
+    return root
+
+
 def default_source() -> str:
     return os.environ.get("FOODVIT_DATA") or DEFAULT_URL
 
 
 def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, quiet: bool = False) -> Path:
     """A local folder for a source: downloads and unzips as needed, skipping what is cached."""
-    source = str(source or default_source())
+    source = str(split_spec(source)[0] or default_source())
+    if source == FOOD101:
+        return food101(quiet=quiet)
     if source.startswith(("http://", "https://")):
         return extract(download(source, timeout=timeout, quiet=quiet))
     path = Path(source).expanduser()

@@ -1,10 +1,17 @@
-"""`foodvit train`: a RunConfig in, a run directory out. Wires data, model, optimiser and the
-engine together; every piece lives in its own module.
+"""`foodvit train`: a RunConfig in, a run directory out, on one process or on many (torchrun).
+
+A Trainer is a few explicit build steps, in this order: the processes (distributed.Context:
+device from LOCAL_RANK, the process group), the classes of the data, the model (whose
+preprocessing the caches need), the data sets and loaders (this rank's share of each batch), the
+module the optimiser steps (the auxiliary head; wrapped in DistributedDataParallel), the
+optimiser, schedule and EMA. Then fit() runs the engine with hooks: seeding and sampler order
+before each epoch; EMA, TensorBoard and the progress bar after each step; metrics, checkpoint
+and report after each epoch (rank 0 alone writes). One process is the plain case of the same code.
 
 Reproducibility: every random stream (model initialisation, validation split, photo order,
 augmentation, the rest of a step) has its own seed derived from the run seed (seeds.py), those
 of epoch e from (seed, purpose, e), and a checkpoint is written after every epoch, so a resumed run
-finishes exactly as an uninterrupted one would (on the CPU).
+finishes exactly as an uninterrupted one would (on the CPU), on as many processes as it likes.
 
 The run directory is the user's: a new run goes only into a new or empty folder, one process at
 a time writes it (a lock file), a run that fails before its first checkpoint leaves nothing
@@ -23,29 +30,24 @@ from pathlib import Path
 
 import torch
 
-from . import data as D
+from . import datasets as D
 from .config import RunConfig, ViTConfig
+from .distributed import DEFAULT_TIMEOUT_S, Context, PeerLost, backend_reason, pick_device  # noqa: F401  (pick_device re-exported)
 from .drloc import WithDenseRelativeLocalization
 from .engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
-from .errors import ConfigError, FoodVitError
+from .errors import FoodVitError
 from .files import RunLock
+from .folders import is_food101
 from .model import VisionTransformer
 from .optim import build_ema, build_optimizer, build_scheduler
 from .preprocess import Preprocess, eval_transform, make_preprocess
 from .report import per_class_accuracy, plot_confusion, plot_curves, save_figure, write_report
 from .run import RUN_FILES, RunError, load_checkpoint, read_config, save_checkpoint, save_model, write_metrics, write_text
+from .sampling import make_loader
 from .seeds import derive_seed
 from .transforms import batch_mixer, train_transform
 from .variants import create_model, get_variant
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} asked for, but PyTorch sees no CUDA GPU here; use --device cpu or auto")
-    return device
+from .viz import most_wrong_figure, predictions_figure
 
 
 @contextlib.contextmanager
@@ -105,38 +107,51 @@ def train_decode_size(p: Preprocess) -> int:
     return max(p.resize_size, 2 * p.image_size)
 
 
+def resume_command(out: Path) -> str:
+    """How to continue a run, in the launcher it was started with."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"resume with `torchrun --nproc_per_node N -m foodvit train --resume {out}` (any number of processes)"
+    return f"resume with `foodvit train --resume {out}`"
+
+
 class Trainer:
-    """One run: built from a config (and, when resuming, its checkpoint), then fitted."""
+    """One run on this process: built step by step from a config (and, when resuming, its
+    checkpoint), then fitted. Under torchrun every rank builds one; rank 0 alone writes."""
 
     def __init__(self, config: RunConfig, out: Path, *, quiet: bool = False, log=print, saved: dict | None = None,
-                 verbose: bool = False) -> None:
-        self.config, self.out, self.quiet, self.verbose = config, Path(out), quiet, verbose
-        self.log = (lambda *a, **k: None) if quiet else log
-        c = config
-        self.device = pick_device(c.train.device)
-        if c.train.deterministic:
+                 verbose: bool = False, context: Context | None = None) -> None:
+        self.config, self.out, self.verbose = config, Path(out), verbose
+        self.ctx = context or Context.from_environment(config.train.device)
+        self.main = self.ctx.is_main
+        self.quiet = quiet or not self.main  # progress bars and lines on rank 0 only
+        self.log = (lambda *a, **k: None) if self.quiet else log
+        self.device = self.ctx.device
+        if config.train.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.manual_seed(derive_seed(c.train.seed, "init"))  # model (and auxiliary head) initialisation
-        self._open_data(saved)
-        self.model.to(self.device)
-        self.settings = StepSettings(self.device, c.optim.accum_steps, c.optim.clip_grad, c.optim.label_smoothing,
-                                     c.train.amp, sync_every=1 if self.device.type == "cpu" else GPU_SYNC_EVERY)
-        # the module the optimiser steps: the ViT, or the ViT with the auxiliary head (training only)
-        self.trained = self.model
-        # the auxiliary loss trains the encoder: with a frozen one (a feature extractor) it has nothing to train
-        if c.optim.drloc > 0 and not c.train.freeze_backbone:
-            self.trained = WithDenseRelativeLocalization(self.model, c.optim.drloc, c.optim.drloc_pairs).to(self.device)
-        self.optimizer = build_optimizer(self.trained, c.optim, self.device)
-        steps_per_epoch = math.ceil(len(self.train_loader) / c.optim.accum_steps)
-        self.scheduler = build_scheduler(self.optimizer, c.optim, steps_per_epoch, c.train.epochs)
-        self.ema = build_ema(self.model, c.optim.ema)
-        self.step_model = torch.compile(self.trained) if c.train.compile else self.trained
         self.history: list[dict] = []
         self.start_epoch = 0
+        self.root, classes = self._list_classes()
+        self._build_model(len(classes), saved)
+        self._open_data()
+        self._build_loaders()
+        self._build_optimisation()
+        self.tensorboard = None
+
+    # ------------------------------------------------------------------ build steps
+
+    def _list_classes(self) -> tuple[Path, tuple[str, ...]]:
+        """The data's root (downloaded and unpacked by the first process of each machine) and classes."""
+        location, subset = D.split_spec(self.config.data.source)
+        with self.ctx.main_first():
+            root = D.check_layout(D.resolve(location, quiet=self.quiet))
+        classes = D.list_split(root, "train").classes if is_food101(root) else D.class_names(root / "train")
+        return root, (tuple(sorted(set(subset))) if subset else classes)
 
     def _build_model(self, num_classes: int, saved: dict | None) -> None:
         """From the checkpoint's architecture and preprocessing when resuming (no download: its
-        weights replace any pre-trained ones anyway), else from the config (and the weights)."""
+        weights replace any pre-trained ones anyway), else from the config (and the weights).
+        The same seed on every rank: every process starts from the same weights."""
+        torch.manual_seed(derive_seed(self.config.train.seed, "init"))  # model (and auxiliary head) initialisation
         if saved is not None and saved.get("model_config") and saved.get("preprocess"):
             self.model = VisionTransformer(ViTConfig(**saved["model_config"]))
             self.preprocess = Preprocess.from_dict(saved["preprocess"])
@@ -144,39 +159,67 @@ class Trainer:
             self.model, self.preprocess = build_model(self.config, num_classes)
         if self.config.train.freeze_backbone:
             self.model.freeze_backbone()
-
-    def _open_data(self, saved: dict | None = None) -> None:
+        # the module the optimiser steps: the ViT, or the ViT with the auxiliary head (training only);
+        # the auxiliary loss trains the encoder: with a frozen one (a feature extractor) it has nothing to train
         c = self.config
-        root = D.check_layout(D.resolve(c.data.source, quiet=self.quiet))
-        # The head needs the number of classes; the caches need the preprocessing, which may come
-        # from pre-trained weights. So: list the classes, build the model, then read the photos.
-        self._build_model(len(D.class_names(root / "train")), saved)
-        p = self.preprocess
-        # Training photos are decoded and downsized the same way with the cache on or off (kept or
-        # not): the cache changes the time a run takes, never what it computes.
-        train_photos = D.PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache)
-        eval_cache = D.PhotoCache.transformed(eval_transform(p)) if c.data.cache else None
-        self.data = D.open_dataset(root, strict=c.data.strict, val_fraction=c.data.val_fraction, seed=c.train.seed,
-                                   train_cache=train_photos if c.data.cache else None, eval_cache=eval_cache, quiet=self.quiet)
-        for split in (self.data.train, self.data.test):
-            for line in split.skipped_summary(self.verbose):
-                print(line, file=sys.stderr)
+        self.trained = self.model
+        if c.optim.drloc > 0 and not c.train.freeze_backbone:
+            self.trained = WithDenseRelativeLocalization(self.model, c.optim.drloc, c.optim.drloc_pairs)
+        self.trained.to(self.device)
+
+    def _open_data(self) -> None:
+        """The splits, checked; with the cache on, photos decoded once, as far as the memory budget goes.
+        Training photos are decoded and downsized the same way with the cache on or off (kept or
+        not): the cache changes the time a run takes, never what it computes."""
+        c, p = self.config, self.preprocess
+        budget = D.MemoryBudget(c.data.cache_gb)
+        self.train_photos = D.PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache, budget=budget)
+        self.eval_cache = D.PhotoCache.transformed(eval_transform(p), budget=budget) if c.data.cache else None
+        self.data = D.open_dataset(c.data.source, strict=c.data.strict, val_fraction=c.data.val_fraction, seed=c.train.seed,
+                                   train_fraction=c.data.train_fraction, train_cache=self.train_photos if c.data.cache else None,
+                                   eval_cache=self.eval_cache, quiet=self.quiet)
+        if self.main:
+            for split in (self.data.train, self.data.test):
+                for line in split.skipped_summary(self.verbose):
+                    print(line, file=sys.stderr)
         self.classes = self.data.classes
+        if len(self.classes) != self.model.config.num_classes:
+            raise RunError(f"the model has {self.model.config.num_classes} classes, the data in {self.data.root} has "
+                           f"{len(self.classes)}; resume with the run's own data (--data) or start a new run")
+
+    def _build_loaders(self) -> None:
+        """This rank's loaders: its share of each global training batch, its part of each evaluation split."""
+        c, p, ctx = self.config, self.preprocess, self.ctx
         augment = train_transform(p, c.data.augment, c.data.scale_min, c.data.random_erasing)
-        train_ds = D.PhotoDataset(self.data.train, augment, train_photos)
+        train_ds = D.PhotoDataset(self.data.train, augment, self.train_photos)
         mixer = batch_mixer(len(self.classes), c.data.mixup, c.data.cutmix, c.data.mix_prob)
         pin = self.device.type == "cuda"
-        self.train_loader = D.make_loader(train_ds, c.train.batch_size, train=True, seed=c.train.seed,
-                                          repeats=c.data.repeated_aug, workers=c.data.workers, mixer=mixer, pin_memory=pin)
+        self.train_loader = make_loader(train_ds, c.train.batch_size, train=True, seed=c.train.seed, repeats=c.data.repeated_aug,
+                                        workers=c.data.workers, mixer=mixer, pin_memory=pin, rank=ctx.rank, world_size=ctx.world_size)
 
         def eval_loader(split):
-            ds = D.PhotoDataset(split, None, eval_cache) if eval_cache else D.PhotoDataset(split, eval_transform(p))
+            ds = D.PhotoDataset(split, None, self.eval_cache) if self.eval_cache else D.PhotoDataset(split, eval_transform(p))
             # cached photos are finished tensors: workers, started at every evaluation, would only cost time
-            workers = 0 if eval_cache else c.data.workers
-            return D.make_loader(ds, max(c.train.batch_size, EVAL_BATCH_SIZE), train=False, workers=workers, pin_memory=pin)
+            workers = 0 if self.eval_cache else c.data.workers
+            return make_loader(ds, max(c.train.batch_size, EVAL_BATCH_SIZE), train=False, workers=workers, pin_memory=pin,
+                               rank=ctx.rank, world_size=ctx.world_size)
 
         self.eval_loaders = {"val": eval_loader(self.data.val)} if self.data.val is not None else {}
         self.eval_loaders["test"] = eval_loader(self.data.test)
+
+    def _build_optimisation(self) -> None:
+        """DistributedDataParallel between the model and the optimiser, then optimiser, schedule, EMA."""
+        c = self.config
+        self.settings = StepSettings(self.device, c.optim.accum_steps, c.optim.clip_grad, c.optim.label_smoothing, c.train.amp,
+                                     sync_every=1 if self.device.type == "cpu" else GPU_SYNC_EVERY, reduce=self.ctx.all_reduce,
+                                     world_size=self.ctx.world_size, grad_norm=c.train.tensorboard and self.main,
+                                     input_shape=(self.model.config.in_channels, self.model.config.image_size, self.model.config.image_size))
+        wrapped = self.ctx.wrap(self.trained)
+        self.step_model = torch.compile(wrapped) if c.train.compile else wrapped
+        self.optimizer = build_optimizer(self.trained, c.optim, self.device)
+        self.steps_per_epoch = math.ceil(len(self.train_loader) / c.optim.accum_steps)
+        self.scheduler = build_scheduler(self.optimizer, c.optim, self.steps_per_epoch, c.train.epochs)
+        self.ema = build_ema(self.model, c.optim.ema)
 
     def size_warning(self) -> str | None:
         """A word before a long CPU run or a large checkpoint (ViT-B/16: minutes an epoch, 1 GB)."""
@@ -241,68 +284,112 @@ class Trainer:
 
     def _before_epoch(self, epoch: int) -> None:
         torch.manual_seed(derive_seed(self.config.train.seed, "step", epoch))  # dropout, mixup, drloc pairs of this epoch
-        self.train_loader.sampler.set_epoch(epoch)  # its order and augmentation seeds
+        self.train_loader.batch_sampler.set_epoch(epoch)  # its order and augmentation seeds
 
     def _after_epoch(self, epoch: int, row: dict) -> None:
         self.history.append(row)
-        write_metrics(self.out / "metrics.csv", self.history)
-        save_checkpoint(self.out / "checkpoint.pt", self.state(epoch + 1))
+        if self.main:
+            write_metrics(self.out / "metrics.csv", self.history)
+            save_checkpoint(self.out / "checkpoint.pt", self.state(epoch + 1))
         self.log(_epoch_line(row, self.config.train.epochs))
 
     def eval_model(self):
         return self.ema.module if self.ema is not None else self.model
 
-    def fit(self) -> Result:
-        c = self.config
+    def _hooks(self) -> FitHooks:
         hooks = FitHooks(before_epoch=[self._before_epoch], after_epoch=[self._after_epoch])
         if self.ema is not None:
             hooks.on_step.append(lambda _: self.ema.update_parameters(self.model))
+        if self.config.train.tensorboard and self.main:
+            from .tracking import TensorBoard
+
+            self.tensorboard = TensorBoard(self.out, self.steps_per_epoch, self.start_epoch)
+            hooks.on_step.append(self.tensorboard.on_step)
+            hooks.after_epoch.append(self.tensorboard.after_epoch)
+        return hooks
+
+    def fit(self) -> Result:
+        c = self.config
+        hooks = self._hooks()
         with deterministic_algorithms(c.train.deterministic):
             try:
                 fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
                     start_epoch=self.start_epoch, settings=self.settings, hooks=hooks, eval_model=self.eval_model,
-                    eval_every=c.train.eval_every, show_progress=not self.quiet)
+                    eval_every=c.train.eval_every, show_progress=not self.quiet, num_classes=len(self.classes))
+                return self.finish()
             except TrainingDiverged as err:
-                kept = (f"the last good checkpoint (epoch {len(self.history)}) is kept in {self.out / 'checkpoint.pt'}"
-                        if self.history else "no epoch finished")
-                raise TrainingDiverged(f"{err} in epoch {len(self.history) + 1}; training stopped and {kept}. "
+                raise TrainingDiverged(f"{err} in epoch {len(self.history) + 1}; training stopped and {self._kept()}. "
                                        "Lower --lr, add --clip-grad 1.0 or --warmup-epochs, then start a new run.") from None
-            return self.finish()
+            except PeerLost as err:
+                raise PeerLost(f"{err}; {self._kept()}: {resume_command(self.out)}") from None
+            except RuntimeError as err:
+                if not self.ctx.distributed or isinstance(err, FoodVitError) or not _is_backend_error(err):
+                    raise
+                raise PeerLost(f"rank {self.ctx.rank}: lost contact with the other training processes ({backend_reason(err)}); "
+                               f"{self._kept()}: {resume_command(self.out)}") from None
+            finally:
+                if self.tensorboard is not None:
+                    self.tensorboard.close()
+
+    def _kept(self) -> str:
+        if self.history:
+            return f"the last good checkpoint (epoch {len(self.history)}) is kept in {self.out / 'checkpoint.pt'}"
+        return "no epoch finished"
 
     def finish(self) -> Result:
-        """Final test evaluation (with the confusion matrix), the model file, plots and report."""
+        """Final test evaluation (with the confusion matrix; every rank evaluates its part), then,
+        on rank 0, the model file, plots and report."""
         model = self.eval_model()
         if isinstance(model, torch.optim.swa_utils.AveragedModel):
             model = model.module
-        test = evaluate(model, self.eval_loaders["test"], self.settings, num_classes=len(self.classes), keep_probabilities=True)
+        test = evaluate(model, self.eval_loaders["test"], self.settings, num_classes=len(self.classes), keep_probabilities=True,
+                        gather=self.ctx.gather)
         test["per_class"] = per_class_accuracy(test["confusion"], self.classes)
+        probabilities = test.pop("probabilities")
+        if self.main:
+            self._write_results(model, test, probabilities)
+        self.ctx.barrier()  # the other ranks end when the run directory is complete
+        return Result(self.out, self.history, test)
+
+    def _write_results(self, model, test: dict, probabilities: torch.Tensor) -> None:
         summary = {"test_acc": test["acc"], "test_loss": test["loss"], "test_n": test["n"], "recipe": self.config.recipe,
                    "epochs": len(self.history), "trained": time.strftime("%Y-%m-%d"), "data": str(self.config.data.source or self.data.root),
                    "train_photos": len(self.data.train)}
         save_model(self.out, model, self.classes, self.preprocess, {"metrics": summary})
-        save_figure(plot_curves(self.history), self.out / "curves.png")
-        save_figure(plot_confusion(test["confusion"], self.classes), self.out / "confusion.png")
-        save_figure(self._most_wrong(test.pop("probabilities")), self.out / "most_wrong.png")
+        results, truths = self._test_results(probabilities)
+        figures = {"curves": plot_curves(self.history), "confusion": plot_confusion(test["confusion"], self.classes),
+                   "most_wrong": most_wrong_figure(results, truths)}
+        for name, figure in figures.items():
+            save_figure(figure, self.out / f"{name}.png")
         counts = {"train": self.data.train.counts(), "test": self.data.test.counts()}
         if self.data.val is not None:
             counts["val"] = self.data.val.counts()
         params = sum(p.numel() for p in model.parameters())
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         info = {"params": params, "trainable": trainable, "image_size": model.config.image_size,
-                "patch_size": model.config.patch_size, "data_root": str(self.data.root), "device": _device_name(self.device)}
+                "patch_size": model.config.patch_size, "data_root": str(self.data.root), "device": _device_name(self.device),
+                "processes": self.ctx.world_size}
         wrong = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
         write_report(self.out, config=self.config, classes=self.classes, counts=counts, history=self.history, final=test,
                      model_info=info, extra_sections=wrong)
-        return Result(self.out, self.history, test)
+        if self.tensorboard is not None:
+            figures["predictions"] = predictions_figure(results, truths)
+            self.tensorboard.finish(config=self.config.to_dict(), final=test, figures=figures, epochs=len(self.history))
 
-    def _most_wrong(self, probabilities: torch.Tensor):
-        from .viz import most_wrong_figure
-
+    def _test_results(self, probabilities: torch.Tensor) -> tuple[list[dict], list[str]]:
+        """Each test photo's prediction (as predict gives it) and its true class."""
         top = probabilities.max(dim=1)
         results = [{"image": str(path), "label": self.classes[i], "probability": p}
                    for (path, _), p, i in zip(self.data.test.samples, top.values.tolist(), top.indices.tolist())]
-        truths = [self.classes[label] for _, label in self.data.test.samples]
-        return most_wrong_figure(results, truths)
+        return results, [self.classes[label] for _, label in self.data.test.samples]
+
+
+def _is_backend_error(err: RuntimeError) -> bool:
+    """Whether a RuntimeError comes from the process group's transport (a peer gone, a timeout)."""
+    import torch.distributed as dist
+
+    text = str(err).lower()
+    return isinstance(err, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer"))
 
 
 def _device_name(device: torch.device) -> str:
@@ -381,24 +468,43 @@ class NewRunDirectory:
                 pass
 
 
-def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = False, log=print, verbose: bool = False) -> Result:
+class OnMain:
+    """A context manager entered and left by rank 0 alone; an error entering it stops every rank."""
+
+    def __init__(self, manager, ctx: Context) -> None:
+        self.manager, self.ctx = manager, ctx
+
+    def __enter__(self):
+        return self.ctx.on_main(self.manager.__enter__)
+
+    def __exit__(self, *exc):
+        return self.manager.__exit__(*exc) if self.ctx.is_main else None
+
+
+def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = False, log=print, verbose: bool = False,
+          context: Context | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
     """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). With
-    pre-trained weights, the model is the one the weights dictate (pretrained.adapt_config)."""
+    pre-trained weights, the model is the one the weights dictate (pretrained.adapt_config).
+    Under torchrun every rank calls this with the same arguments; rank 0 writes the run."""
     out = Path(out) if out else default_out()
     config = with_source(config)
     if config.train.pretrained:
         from .pretrained import adapt_config
 
         config = adapt_config(config)
-    with NewRunDirectory(out):
-        write_text(out / "config.json", config.to_json())
-        trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose)
+    ctx = context or Context.from_environment(config.train.device, timeout_s)
+    log = log if ctx.is_main else (lambda *a, **k: None)
+    with OnMain(NewRunDirectory(out), ctx):
+        if ctx.is_main:
+            write_text(out / "config.json", config.to_json())
+        trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose, context=ctx)
         warning = trainer.size_warning()
-        if warning:
+        if warning and ctx.is_main:
             print(warning, file=sys.stderr)
+        processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
         if not quiet:
             log(f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
-                f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}; run directory {out}")
+                f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}{processes}; run directory {out}")
         return trainer.fit()
 
 
@@ -414,35 +520,59 @@ def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None = None, verbose: bool = False) -> Result:
-    """Finish the run in `out` from its last checkpoint, exactly as configured when it started.
+def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None = None, verbose: bool = False,
+           context: Context | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
+    """Finish the run in `out` from its last checkpoint, exactly as configured when it started, on
+    as many processes as given (rank 0 reads the run and hands it to the others).
 
     The photos come from the source stored with the run; `data` points at the same photos moved
     elsewhere (same classes and number of photos, checked)."""
     out = Path(out)
-    log = (lambda *a, **k: None) if quiet else log
-    config_path = out / "config.json"
-    if not config_path.is_file():
-        raise RunError(f"{out} holds no foodvit run (no config.json); start one with foodvit train --out {out}")
-    config = read_config(config_path)
-    with RunLock(out):
-        state = load_checkpoint(out / "checkpoint.pt")
-        if state.get("config") is not None:
-            differences = config_differences(state["config"], config.to_dict())
-            if differences:
-                raise RunError(f"{config_path} differs from the settings the run started with ({'; '.join(differences)}); "
-                               "a resumed run continues with its own settings: undo the edit, or start a new run with --out")
-        if data:
-            log(f"data: {data} (given with --resume; the run started with {config.data.source or 'the default source'})")
-            config = replace(config, data=replace(config.data, source=str(data)))
-        elif config.data.source:
-            log(f"data: {config.data.source} (stored with the run)")
-        else:  # runs of older versions stored "" for the default source
-            config = with_source(config)
-            log(f"data: {config.data.source} (the run stored no source; the default now)")
-        trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose)
+    ctx = context or Context.from_environment(_stored_device(out), timeout_s)
+    log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
+    ctx.on_main(_check_is_run, out)
+    with OnMain(RunLock(out), ctx):
+        config, state = ctx.on_main(_read_run, out, data, log) or (None, None)
+        if ctx.distributed:
+            config, state = ctx.broadcast((config, state))
+        trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
         trainer.restore(state)
-        if data:
-            write_text(config_path, config.to_json())
-        log(f"resuming {out} after epoch {trainer.start_epoch} of {config.train.epochs}")
+        if data and ctx.is_main:
+            write_text(out / "config.json", config.to_json())
+        log(f"resuming {out} after epoch {trainer.start_epoch} of {config.train.epochs}"
+            + (f" on {ctx.world_size} processes" if ctx.distributed else ""))
         return trainer.fit()
+
+
+def _stored_device(out: Path) -> str:
+    """The device setting a run was started with (to pick this process's device before reading the run)."""
+    try:
+        return read_config(out / "config.json").train.device
+    except FoodVitError:
+        return "auto"  # the checks in _read_run say what is wrong
+
+
+def _check_is_run(out: Path) -> None:
+    if not (out / "config.json").is_file():
+        raise RunError(f"{out} holds no foodvit run (no config.json); start one with foodvit train --out {out}")
+
+
+def _read_run(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
+    """A run's settings and last checkpoint, checked against each other."""
+    config_path = out / "config.json"
+    config = read_config(config_path)
+    state = load_checkpoint(out / "checkpoint.pt")
+    if state.get("config") is not None:
+        differences = config_differences(state["config"], config.to_dict())
+        if differences:
+            raise RunError(f"{config_path} differs from the settings the run started with ({'; '.join(differences)}); "
+                           "a resumed run continues with its own settings: undo the edit, or start a new run with --out")
+    if data:
+        log(f"data: {data} (given with --resume; the run started with {config.data.source or 'the default source'})")
+        config = replace(config, data=replace(config.data, source=str(data)))
+    elif config.data.source:
+        log(f"data: {config.data.source} (stored with the run)")
+    else:  # runs of older versions stored "" for the default source
+        config = with_source(config)
+        log(f"data: {config.data.source} (the run stored no source; the default now)")
+    return config, state

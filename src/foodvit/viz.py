@@ -352,24 +352,36 @@ def attention_distances_over(model, images: torch.Tensor, batch_size: int = 16) 
 
 def most_wrong_figure(results: list[dict], true_labels: list[str], n: int = 9):
     """The test photos the model got wrong with the most confidence (course chapter 09's exercise)."""
-    from .data import load_or_explain
-
     wrong = [(r, t) for r, t in zip(results, true_labels) if r["label"] != t]
     wrong.sort(key=lambda pair: pair[0]["probability"], reverse=True)
-    wrong = wrong[:n]
     if not wrong:
         fig, ax = subplots(figsize=(5, 1.2))
         ax.text(0.5, 0.5, "no test photo was misclassified", ha="center", va="center")
         ax.axis("off")
         return fig
-    cols = min(3, len(wrong))
-    rows = math.ceil(len(wrong) / cols)
+    return photo_grid(wrong[:n], "Most confidently wrong test predictions")
+
+
+def predictions_figure(results: list[dict], true_labels: list[str], n: int = 6):
+    """n test photos spread over the split (so over its classes), each with its prediction: green
+    when right, red when wrong."""
+    step = max(1, len(results) // n)
+    return photo_grid(list(zip(results, true_labels))[::step][:n], "Test predictions")
+
+
+def photo_grid(items: list[tuple[dict, str]], title: str):
+    """Photos in rows of three, each titled with its true class, prediction and probability."""
+    from .photos import load_or_explain
+
+    cols = min(3, len(items))
+    rows = math.ceil(len(items) / cols)
     fig, axes = subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for ax, (r, truth) in zip(axes.flat, wrong):
+    for ax, (r, truth) in zip(axes.flat, items):
         ax.imshow(load_or_explain(Path(r["image"])))
-        ax.set_title(f"true: {truth} | pred: {r['label']} ({r['probability']:.2f})\n{Path(r['image']).name}", fontsize=9, color="#b22")
-    fig.suptitle("Most confidently wrong test predictions")
+        colour = "#2a2" if r["label"] == truth else "#b22"
+        ax.set_title(f"true: {truth} | pred: {r['label']} ({r['probability']:.2f})\n{Path(r['image']).name}", fontsize=9, color=colour)
+    fig.suptitle(title)
     fig.tight_layout()
     return fig

@@ -1,9 +1,10 @@
-"""The data layer for training: a source opened as train/test (and validation) splits, the
-datasets, caches, sampling and loaders (PyTorch).
+"""The data sets a run trains and evaluates on (PyTorch): a source opened as train/test (and
+validation) splits, the photos as tensors, and the in-memory cache of decoded photos.
 
-Its torch-free parts live beside it and are re-exported here: sources.py (download, unzip, the
-cache), folders.py (a folder of class folders scanned into a Split), photos.py (decoding one
-photo safely).
+The data layer, one concern a module: sources.py (where photos come from: download, unzip,
+Food-101), folders.py (a split's files listed, subset and checked), photos.py (decoding one photo
+safely), this module, and sampling.py (which photos each step and each process sees, the loaders).
+The torch-free names are re-exported here for convenience.
 """
 
 from __future__ import annotations
@@ -13,10 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 from .errors import DataError
-from .folders import Split, check_layout, class_names, open_split, scan  # noqa: F401  (re-exported)
+from .folders import (  # noqa: F401  (re-exported)
+    Split,
+    check,
+    check_layout,
+    class_names,
+    keep_classes,
+    list_split,
+    open_split,
+    scan,
+    subsample,
+)
 from .photos import (  # noqa: F401  (re-exported: the photo checks belong to the data layer's users too)
     IMAGE_EXTENSIONS,
     MAX_PIXELS,
@@ -27,7 +38,7 @@ from .photos import (  # noqa: F401  (re-exported: the photo checks belong to th
     open_photo,
 )
 from .seeds import derive_seed
-from .sources import DEFAULT_URL, LAYOUT, cache_dir, default_source, download, extract, resolve  # noqa: F401  (re-exported)
+from .sources import DEFAULT_URL, LAYOUT, cache_dir, default_source, download, extract, resolve, split_spec  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -45,20 +56,27 @@ class DataSet:
 
 
 def open_dataset(source: str | os.PathLike | None = None, *, strict: bool = False, val_fraction: float = 0.0, seed: int = 0,
-                 train_cache: "PhotoCache | None" = None, eval_cache: "PhotoCache | None" = None,
+                 train_fraction: float = 1.0, train_cache: "PhotoCache | None" = None, eval_cache: "PhotoCache | None" = None,
                  quiet: bool = False) -> DataSet:
-    """Resolve a source and scan its train and test splits, filling the caches if given (which
-    also fully decodes every photo, so unreadable ones are found before training starts)."""
-    root = check_layout(resolve(source, quiet=quiet))
-    train = scan(root / "train", strict=strict, decode=train_cache.get if train_cache else None, quiet=quiet)
-    test = scan(root / "test", strict=strict, decode=eval_cache.get if eval_cache else None, quiet=quiet)
-    if train.classes != test.classes:
-        only_train = sorted(set(train.classes) - set(test.classes))
-        only_test = sorted(set(test.classes) - set(train.classes))
+    """Resolve a source (`food101:a,b` keeps those classes) and check its train and test splits,
+    filling the caches if given (which also fully decodes the photos they keep, so unreadable ones
+    are found before training starts). train_fraction keeps that share of each training class."""
+    location, classes = split_spec(source)
+    root = check_layout(resolve(location, quiet=quiet))
+    listed = {name: list_split(root, name) for name in ("train", "test")}
+    if listed["train"].classes != listed["test"].classes:
+        only_train = sorted(set(listed["train"].classes) - set(listed["test"].classes))
+        only_test = sorted(set(listed["test"].classes) - set(listed["train"].classes))
         raise DataError(
             f"train and test classes differ in {root}: only in train/: {only_train or 'none'}; only in test/: {only_test or 'none'}; "
             "give both splits the same class folders"
         )
+    if classes:
+        listed = {name: keep_classes(listing, classes) for name, listing in listed.items()}
+    if train_fraction < 1:
+        listed["train"] = subsample(listed["train"], train_fraction, seed)
+    train = check(listed["train"], strict=strict, decode=train_cache.prefill if train_cache else None, quiet=quiet)
+    test = check(listed["test"], strict=strict, decode=eval_cache.prefill if eval_cache else None, quiet=quiet)
     val = None
     if val_fraction > 0:
         train, val = split_validation(train, val_fraction, seed)
@@ -129,35 +147,58 @@ class PhotoDataset(Dataset):
             cpu.set_state(state)
 
 
+class MemoryBudget:
+    """Bytes the caches may keep, shared between them (train and evaluation photos)."""
+
+    def __init__(self, gib: float) -> None:
+        self.left = int(gib * 2**30)
+
+    def take(self, nbytes: int) -> bool:
+        if nbytes > self.left:
+            return False
+        self.left -= nbytes
+        return True
+
+
 class PhotoCache:
-    """Each photo processed once by `make` and, with keep=True, kept in memory, keyed by path.
+    """Each photo processed once by `make` and, with keep=True, kept in memory (keyed by path) for as
+    long as the memory budget lasts; photos past it are processed anew each time they are used.
 
     decoded(size, interpolation): uint8 (C, H, W) with the shorter side at most `size` px, for
     training, where the augmentation runs anew each epoch. transformed(transform): the finished
     input tensor, for evaluation, where the transform is deterministic. JPEG decoding dominates CPU
     time on small data sets; keeping pays it once per run. With keep=False every get() computes
-    the same value anew: the cache on or off is the same experiment.
+    the same value anew: the cache on or off (or full) is the same experiment.
     """
 
-    def __init__(self, make, keep: bool = True) -> None:
-        self.make, self.keep = make, keep
+    def __init__(self, make, keep: bool = True, budget: MemoryBudget | None = None) -> None:
+        self.make, self.keep, self.budget = make, keep, budget
         self.items: dict[Path, torch.Tensor] = {}
+        self.full = not keep
 
     @classmethod
-    def decoded(cls, size: int, interpolation: str = "bilinear", keep: bool = True) -> "PhotoCache":
-        return cls(DecodeDownsized(size, interpolation), keep)
+    def decoded(cls, size: int, interpolation: str = "bilinear", keep: bool = True, budget: MemoryBudget | None = None) -> "PhotoCache":
+        return cls(DecodeDownsized(size, interpolation), keep, budget)
 
     @classmethod
-    def transformed(cls, transform, keep: bool = True) -> "PhotoCache":
-        return cls(Transformed(transform), keep)
+    def transformed(cls, transform, keep: bool = True, budget: MemoryBudget | None = None) -> "PhotoCache":
+        return cls(Transformed(transform), keep, budget)
 
     def get(self, path: Path) -> torch.Tensor:
         value = self.items.get(path)
         if value is None:
             value = self.make(path)
-            if self.keep:
-                self.items[path] = value
+            if not self.full:
+                if self.budget is None or self.budget.take(value.numel() * value.element_size()):
+                    self.items[path] = value
+                else:
+                    self.full = True
         return value
+
+    def prefill(self, path: Path) -> None:
+        """Process and keep a photo while there is room (the scan's pass over the photos)."""
+        if not self.full:
+            self.get(path)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.items.values())
@@ -189,56 +230,3 @@ class Transformed:
 
     def __call__(self, path: Path) -> torch.Tensor:
         return self.transform(load_or_explain(path))
-
-
-class EpochSampler(Sampler[int]):
-    """A fresh permutation each epoch, drawn from (seed, epoch) alone, so a resumed run sees the
-    same order as an uninterrupted one. repeats > 1 is repeated augmentation: each index that many
-    times an epoch (Hoffer et al. 2020). per_sample_seeds=True yields (index, seed) pairs instead,
-    one augmentation seed per position in the epoch, and PhotoDataset augments each photo from its
-    seed: then neither which loader worker augments a photo nor how many workers there are (none
-    included) changes a batch, and augmentation draws from a stream of its own (seeds.py)."""
-
-    def __init__(self, n: int, seed: int, repeats: int = 1, per_sample_seeds: bool = False) -> None:
-        self.n, self.seed, self.repeats, self.epoch = n, seed, repeats, 0
-        self.per_sample_seeds = per_sample_seeds
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.n * self.repeats
-
-    def __iter__(self):
-        g = torch.Generator().manual_seed(derive_seed(self.seed, "order", self.epoch))
-        indices = torch.arange(self.n).repeat_interleave(self.repeats)
-        order = indices[torch.randperm(len(indices), generator=g)].tolist()
-        if not self.per_sample_seeds:
-            return iter(order)
-        first = derive_seed(self.seed, "augment", self.epoch)
-        return iter((index, (first + position) % 2**63) for position, index in enumerate(order))
-
-
-class MixingCollate:
-    """Stack a batch, then mix it (mixup, cutmix): in the worker that made the batch. A class, not a
-    closure, so that workers started by spawn or forkserver can receive it."""
-
-    def __init__(self, mixer) -> None:
-        self.mixer = mixer
-
-    def __call__(self, batch):
-        return self.mixer(*default_collate(batch))
-
-
-def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0, repeats: int = 1, workers: int = 0,
-                mixer=None, pin_memory: bool = False) -> DataLoader:
-    # Training augments each photo from its own seed (EpochSampler's per-sample seeds), so the
-    # workers can stay up between epochs (starting them took longer than a whole epoch of a small
-    # model on a GPU), a resumed run sees the same batches, and 0, 1 or 8 workers give the same photos.
-    sampler = EpochSampler(len(dataset), seed, repeats, per_sample_seeds=True) if train else None
-    collate = MixingCollate(mixer) if mixer is not None else None
-    return DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, shuffle=False, num_workers=workers, collate_fn=collate,
-        pin_memory=pin_memory, drop_last=False, persistent_workers=train and workers > 0,
-        generator=torch.Generator().manual_seed(derive_seed(seed, "augment")) if train else None,
-    )

@@ -1,0 +1,168 @@
+"""Training on several processes with torchrun (gloo on the CPU): the same run as on one process,
+rank 0 alone writes, two single-process "nodes" joined by the c10d rendezvous, and a killed rank
+that stops the others with a message and is resumed."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import free_port, make_photo_folder
+
+from foodvit.cli import main
+from foodvit.predictor import Predictor
+from foodvit.sampling import EpochSampler, ShardedBatchSampler, make_loader, share
+
+# 33 training photos in global batches of 8: the last batch holds one photo, so rank 0's share of
+# it is empty; accumulation over 2 batches exercises no_sync
+ARGS = ["--recipe", "tiny", "--image-size", "32", "--depth", "2", "--batch-size", "8", "--accum-steps", "2", "--quiet"]
+TIMINGS = ("seconds", "images_per_s", "model_share")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args, "-m", "foodvit", "train"]
+
+
+def metrics(run: Path) -> list[dict]:
+    with (run / "metrics.csv").open() as f:
+        return [{k: v for k, v in row.items() if k not in TIMINGS} for row in csv.DictReader(f)]
+
+
+def assert_same_metrics(a: Path, b: Path, rel: float = 1e-4) -> None:
+    rows_a, rows_b = metrics(a), metrics(b)
+    assert len(rows_a) == len(rows_b) and rows_a
+    for row_a, row_b in zip(rows_a, rows_b):
+        assert row_a.keys() == row_b.keys()
+        for key in row_a:
+            if row_a[key] == "" or row_b[key] == "":
+                assert row_a[key] == row_b[key], key
+            else:
+                x, y = float(row_a[key]), float(row_b[key])
+                assert abs(x - y) <= rel * max(abs(x), abs(y), 1e-12), (key, row_a["epoch"], x, y)
+
+
+def assert_same_predictions(a: Path, b: Path, photos: Path) -> None:
+    test_photos = sorted(photos.glob("test/*/*.jpg"))
+    first, second = (Predictor.from_run(run).classify_many(test_photos) for run in (a, b))
+    assert [r["label"] for r in first] == [r["label"] for r in second]
+    for r, s in zip(first, second):
+        for name, p in r["probabilities"].items():
+            assert abs(p - s["probabilities"][name]) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=11, n_test=5, size=(36, 40))
+
+
+@pytest.fixture(scope="module")
+def one_process(photos, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "one"
+    assert main(["train", *ARGS, "--data", str(photos), "--epochs", "2", "--out", str(out)]) == 0
+    return out
+
+
+def test_global_batches_are_cut_into_shares_that_add_up_to_the_one_process_batches():
+    one = list(ShardedBatchSampler(EpochSampler(19, seed=3, per_sample_seeds=True), 8))
+    for world in (2, 3, 5):
+        shares = [list(ShardedBatchSampler(EpochSampler(19, seed=3, per_sample_seeds=True), 8, rank, world)) for rank in range(world)]
+        assert all(len(s) == len(one) for s in shares)  # every rank takes part in every step
+        for step, batch in enumerate(one):
+            assert [item for rank in range(world) for item in shares[rank][step]] == batch
+    assert [len(b) for b in one] == [8, 8, 3]
+    # evaluation: contiguous parts without padding, each photo once
+    assert [share(10, r, 4) for r in range(4)] == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    parts = [list(make_loader(list(range(10)), 3, train=False, rank=r, world_size=4).sampler) for r in range(4)]
+    assert sum(parts, []) == list(range(10))
+
+
+def test_two_processes_train_the_run_of_one_and_only_rank_0_writes(photos, one_process, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*ARGS, "--data", str(photos), "--epochs", "2",
+                                                                              "--out", "two"],
+                          cwd=work, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = work / "two"
+    assert sorted(os.listdir(work)) == ["two"]  # nothing else written by either rank
+    assert sorted(os.listdir(two)) == sorted(os.listdir(one_process))
+    assert done.stdout.count("test accuracy") == 1 and done.stderr.count("run directory: two") == 1  # rank 0 speaks
+    assert (two / "config.json").read_text().replace(str(photos), "P") == (one_process / "config.json").read_text().replace(str(photos), "P")
+    assert_same_metrics(one_process, two)
+    assert_same_predictions(one_process, two, photos)
+    assert "2 processes" in (two / "report.md").read_text()
+
+
+def test_two_nodes_joined_by_the_c10d_rendezvous_train_the_same_run(photos, one_process, tmp_path):
+    port = free_port()
+    command = torchrun("--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                       "--rdzv_id", "foodvit-test", "--max_restarts", "0") + [*ARGS, "--data", str(photos), "--epochs", "2",
+                                                                              "--out", str(tmp_path / "nodes")]
+    nodes = [subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        outputs = [node.communicate(timeout=300) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
+    assert sum(out.count("test accuracy") for out, _ in outputs) == 1
+    assert_same_metrics(one_process, tmp_path / "nodes")
+    assert_same_predictions(one_process, tmp_path / "nodes", photos)
+
+
+def _children(pid: int) -> list[int]:
+    """Every descendant process of pid (Linux /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            found += [kid, *_children(kid)]
+    return found
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    ranks = [e[5:] for e in env if e.startswith(b"RANK=")]
+    return int(ranks[0]) if ranks else None
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the ranks' processes through Linux's /proc")
+def test_a_killed_rank_stops_the_other_with_a_message_and_resume_finishes_the_run(tmp_path):
+    photos = make_photo_folder(tmp_path / "photos", n_train=30, n_test=4, size=(36, 40))
+    args = [*ARGS, "--data", str(photos), "--epochs", "5"]
+    out = tmp_path / "run"
+    run = subprocess.Popen(torchrun("--standalone", "--nproc_per_node", "2") + [*args, "--out", str(out)], cwd=tmp_path, env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "checkpoint.pt").is_file():  # the first epoch is saved
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended or stalled before its first epoch"
+            time.sleep(0.05)
+        victims = [pid for pid in _children(run.pid) if _rank_of(pid) == 1]
+        assert victims, "rank 1's process not found"
+        os.kill(victims[0], signal.SIGKILL)
+        _, err = run.communicate(timeout=120)  # the others stop instead of waiting for rank 1 forever
+    finally:
+        run.kill()
+    assert run.returncode != 0
+    messages = [line for line in err.splitlines() if line.startswith("foodvit train: error: rank 0:")]
+    assert messages, err[-3000:]
+    assert "resume with" in messages[0] and str(out) in messages[0] and "Traceback" not in messages[0]
+    rows = metrics(out)
+    assert 1 <= len(rows) < 5
+    # resumed on one process (another number than the interrupted run's), it ends as an uninterrupted run
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    assert main(["train", *args, "--out", str(tmp_path / "whole")]) == 0
+    assert_same_metrics(tmp_path / "whole", out)
