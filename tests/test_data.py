@@ -396,3 +396,22 @@ def test_the_photo_cache_keeps_photos_only_within_its_memory_budget(tmp_path):
     for path, _ in ds.train.samples:  # kept or not, the same photo
         assert torch.equal(cache.get(path), uncached.get(path))
     assert len(cache.items) == 2  # a full cache stays as it is
+
+
+def test_food101_without_internet_says_how_to_use_a_copy(tmp_path, monkeypatch):
+    import urllib.error
+
+    import torchvision.datasets
+
+    calls = []
+
+    class Offline:
+        def __init__(self, root, split, download):
+            calls.append((root, split, download))
+            raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(torchvision.datasets, "Food101", Offline)
+    with pytest.raises(D.DataError, match=r"could not download Food-101 \(no route to host\).*--data /path/to/food-101"):
+        D.resolve("food101:pizza")
+    assert calls == [(str(tmp_path / "cache" / "food101"), "train", True)]  # torchvision's own download, into the cache

@@ -162,7 +162,10 @@ def test_a_killed_rank_stops_the_other_with_a_message_and_resume_finishes_the_ru
     assert "resume with" in messages[0] and str(out) in messages[0] and "Traceback" not in messages[0]
     rows = metrics(out)
     assert 1 <= len(rows) < 5
-    # resumed on one process (another number than the interrupted run's), it ends as an uninterrupted run
-    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    # resumed under torchrun on 3 processes (rank 0 reads the run and hands it to the others), it
+    # ends as an uninterrupted one-process run
+    resumed = subprocess.run(torchrun("--standalone", "--nproc_per_node", "3") + ["--resume", str(out), "--quiet"], cwd=tmp_path,
+                             env=ENV, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert main(["train", *args, "--out", str(tmp_path / "whole")]) == 0
     assert_same_metrics(tmp_path / "whole", out)

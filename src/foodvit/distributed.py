@@ -111,15 +111,6 @@ class Context:
             with self.collective():
                 dist.barrier()
 
-    def any(self, flag: bool) -> bool:
-        """True on every rank if it is true on any."""
-        if not self.distributed:
-            return flag
-        return bool(self.all_reduce(torch.tensor([int(flag)], device=self._comm_device())).item())
-
-    def _comm_device(self) -> torch.device:
-        return self.device if self.device.type == "cuda" else torch.device("cpu")
-
     @contextlib.contextmanager
     def main_first(self):
         """The block runs on the first process of each machine, then on the others (downloads and

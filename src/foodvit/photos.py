@@ -1,6 +1,6 @@
 """Photos: opening one safely and decoding it to RGB, from a file, from bytes or from a PIL image.
 
-Everything that reads a photo goes through here: training and evaluation (data.py), `predict`,
+Everything that reads a photo goes through here: training and evaluation (datasets.py), `predict`,
 the server's uploads and the ONNX path. It needs Pillow and NumPy only, never PyTorch. Every way a
 photo can fail (not an image, empty, truncated, a format Pillow cannot read, a decompression bomb)
 becomes a PhotoError that names the photo and says what is wrong.

@@ -32,7 +32,7 @@ import torch
 
 from . import datasets as D
 from .config import RunConfig, ViTConfig
-from .distributed import DEFAULT_TIMEOUT_S, Context, PeerLost, backend_reason, pick_device  # noqa: F401  (pick_device re-exported)
+from .distributed import DEFAULT_TIMEOUT_S, Context, PeerLost, backend_reason
 from .drloc import WithDenseRelativeLocalization
 from .engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
 from .errors import FoodVitError
