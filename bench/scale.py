@@ -10,7 +10,7 @@ evaluation); and the peak resident memory of the largest process.
     python bench/scale.py --gpu                  # on a GPU machine: batch 256, workers 0/4/8
 
 The photos are generated once into bench/.cache/scale-<n> (smooth random colour fields with
-noise, so that they compress like photos: about 60 KB each). Each configuration is a fresh
+noise, so that they compress like photos: 682 x 512 px, about 95 KB each). Each configuration is a fresh
 `foodvit train` (tiny recipe, 64 px, batch 32, 1 epoch); figures are from that one epoch.
 """
 
