@@ -162,6 +162,23 @@ def test_resume_refuses_changes_and_missing_runs(tmp_path):
         resume(tmp_path)
 
 
+def test_a_run_of_an_older_version_resumes_without_the_settings_added_since(photos, tmp_path):
+    # runs started before --train-fraction, --cache-gb and --tensorboard existed stored no such keys;
+    # they are today's defaults, not edits of config.json
+    out = tmp_path / "old"
+    train(small_config(photos, epochs=2, batch_size=16), out, quiet=True)
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    state["epoch"], state["history"] = 1, state["history"][:1]
+    for section, key in (("data", "train_fraction"), ("data", "cache_gb"), ("train", "tensorboard")):
+        del state["config"][section][key]
+    torch.save(state, out / "checkpoint.pt")
+    config = json.loads((out / "config.json").read_text())
+    del config["data"]["train_fraction"], config["data"]["cache_gb"], config["train"]["tensorboard"]
+    (out / "config.json").write_text(json.dumps(config))
+    result = resume(out, quiet=True)
+    assert [row["epoch"] for row in result.history] == [1, 2]
+
+
 def test_nan_loss_keeps_the_last_good_checkpoint(photos, tmp_path, monkeypatch):
     from foodvit.model import VisionTransformer
 

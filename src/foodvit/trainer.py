@@ -563,7 +563,12 @@ def _read_run(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
     config = read_config(config_path)
     state = load_checkpoint(out / "checkpoint.pt")
     if state.get("config") is not None:
-        differences = config_differences(state["config"], config.to_dict())
+        # the stored settings through today's defaults: settings added since the run started are not edits
+        try:
+            stored = RunConfig.from_dict(state["config"]).to_dict()
+        except (FoodVitError, TypeError):
+            stored = state["config"]
+        differences = config_differences(stored, config.to_dict())
         if differences:
             raise RunError(f"{config_path} differs from the settings the run started with ({'; '.join(differences)}); "
                            "a resumed run continues with its own settings: undo the edit, or start a new run with --out")
