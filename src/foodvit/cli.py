@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .config import ConfigError, build_config, given_overrides
     from .trainer import default_out, resume, train
 
-    main_process = int(__import__("os").environ.get("RANK", "0")) == 0
+    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 alone speaks
     say = (lambda text: print(text, file=sys.stderr)) if main_process else (lambda text: None)
 
     if args.resume:
@@ -35,8 +36,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                         timeout_s=args.dist_timeout)
     else:
         config = build_config(args.recipe or "default", args, model=args.model)
-        if config.train.tensorboard:
-            _need("track", "tensorboard")
         args.run_dir = args.out or str(default_out())
         say(f"run directory: {args.run_dir}")
         result = train(config, args.run_dir, quiet=args.quiet, verbose=args.verbose, timeout_s=args.dist_timeout)
@@ -118,8 +117,6 @@ def _writable(path: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise RunError(f"cannot create the folder {folder} for {out} ({err.strerror or err}); choose another path") from None
-    import os
-
     if not os.access(folder, os.W_OK):
         raise RunError(f"cannot write to {folder} (read-only or not yours); choose another path for {out.name}")
     return out

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from .errors import DataError
 from .folders import (  # noqa: F401  (re-exported)
+    Listing,
     Split,
     check,
     check_layout,
@@ -55,32 +56,52 @@ class DataSet:
         return self.train.classes
 
 
-def open_dataset(source: str | os.PathLike | None = None, *, strict: bool = False, val_fraction: float = 0.0, seed: int = 0,
-                 train_fraction: float = 1.0, train_cache: "PhotoCache | None" = None, eval_cache: "PhotoCache | None" = None,
-                 quiet: bool = False) -> DataSet:
-    """Resolve a source (`food101:a,b` keeps those classes) and check its train and test splits,
-    filling the caches if given (which also fully decodes the photos they keep, so unreadable ones
-    are found before training starts). train_fraction keeps that share of each training class."""
+@dataclass(frozen=True)
+class Listed:
+    """A source's train and test files, listed but not yet checked or decoded (the classes are
+    known from here on: the model's head can be built before any photo is read)."""
+
+    root: Path
+    train: Listing
+    test: Listing
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.train.classes
+
+
+def list_source(source: str | os.PathLike | None = None, *, quiet: bool = False) -> Listed:
+    """Resolve a source (downloading or unpacking it if needed; `food101:a,b` keeps those classes)
+    and list its train and test splits, which must have the same classes."""
     location, classes = split_spec(source)
     root = check_layout(resolve(location, quiet=quiet))
-    listed = {name: list_split(root, name) for name in ("train", "test")}
-    if listed["train"].classes != listed["test"].classes:
-        only_train = sorted(set(listed["train"].classes) - set(listed["test"].classes))
-        only_test = sorted(set(listed["test"].classes) - set(listed["train"].classes))
+    train, test = list_split(root, "train"), list_split(root, "test")
+    if train.classes != test.classes:
+        only_train = sorted(set(train.classes) - set(test.classes))
+        only_test = sorted(set(test.classes) - set(train.classes))
         raise DataError(
             f"train and test classes differ in {root}: only in train/: {only_train or 'none'}; only in test/: {only_test or 'none'}; "
             "give both splits the same class folders"
         )
     if classes:
-        listed = {name: keep_classes(listing, classes) for name, listing in listed.items()}
-    if train_fraction < 1:
-        listed["train"] = subsample(listed["train"], train_fraction, seed)
-    train = check(listed["train"], strict=strict, decode=train_cache.prefill if train_cache else None, quiet=quiet)
-    test = check(listed["test"], strict=strict, decode=eval_cache.prefill if eval_cache else None, quiet=quiet)
+        train, test = keep_classes(train, classes), keep_classes(test, classes)
+    return Listed(root, train, test)
+
+
+def open_dataset(source: "str | os.PathLike | Listed | None" = None, *, strict: bool = False, val_fraction: float = 0.0,
+                 seed: int = 0, train_fraction: float = 1.0, train_cache: "PhotoCache | None" = None,
+                 eval_cache: "PhotoCache | None" = None, quiet: bool = False) -> DataSet:
+    """Check a source's train and test splits (a source, or what list_source made of it), filling
+    the caches if given (which also fully decodes the photos they keep, so unreadable ones are found
+    before training starts). train_fraction keeps that share of each training class."""
+    listed = source if isinstance(source, Listed) else list_source(source, quiet=quiet)
+    train_files = subsample(listed.train, train_fraction, seed) if train_fraction < 1 else listed.train
+    train = check(train_files, strict=strict, decode=train_cache.prefill if train_cache else None, quiet=quiet)
+    test = check(listed.test, strict=strict, decode=eval_cache.prefill if eval_cache else None, quiet=quiet)
     val = None
     if val_fraction > 0:
         train, val = split_validation(train, val_fraction, seed)
-    return DataSet(root, train, test, val)
+    return DataSet(listed.root, train, test, val)
 
 
 def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:

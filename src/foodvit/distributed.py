@@ -181,9 +181,16 @@ class Context:
         return DistributedDataParallel(module, device_ids=ids)
 
     def close(self) -> None:
+        """Leave the process group (several processes); with one, nothing to do."""
         if self.distributed and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _stop_cleanly_on_sigterm(self) -> None:
         """torchrun ends every process with SIGTERM when one of them fails: say why, in one line,

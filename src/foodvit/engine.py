@@ -122,7 +122,7 @@ def train_one_epoch(
     total_batches = len(loader)
     steps = math.ceil(total_batches / s.accum_steps)
     sums = torch.zeros(4, device=s.device, dtype=torch.float64)  # plain cross-entropy, objective, correct, images
-    overall = sums
+    totals = [0.0, 0.0, 0.0, 0.0]  # the sums over all processes, as of the last check (always done after the last batch)
     lr = optimizer.param_groups[0]["lr"]
     bar = ProgressBar(progress, steps) if progress is not None else None
     hooks = list(on_step) + ([bar] if bar is not None else [])
@@ -156,12 +156,10 @@ def train_one_epoch(
             correct = (logits.detach().argmax(dim=1) == hard).sum()
         sums += torch.stack([plain.double(), objective_sum.detach().double(), correct.double(),
                              torch.tensor(float(n), device=s.device, dtype=torch.float64)])
-        checked = (i + 1) % s.sync_every == 0 or i + 1 == total_batches
-        if checked:
-            overall = s.reduce(sums)  # every process sees the same sums: they stop together on NaN
-            plain_sum, objective_sum_all, _, seen = overall.tolist()
-            if not (math.isfinite(plain_sum) and math.isfinite(objective_sum_all)):
-                raise TrainingDiverged(f"the loss became {objective_sum_all / max(seen, 1)} at step {i + 1} of {total_batches}")
+        if (i + 1) % s.sync_every == 0 or i + 1 == total_batches:
+            totals = s.reduce(sums).tolist()  # every process sees the same sums: they stop together on NaN
+            if not (math.isfinite(totals[0]) and math.isfinite(totals[1])):
+                raise TrainingDiverged(f"the loss became {totals[1] / max(totals[3], 1)} at step {i + 1} of {total_batches}")
         if i + 1 == group_end:
             grad_norm = None
             if s.clip_grad > 0:
@@ -174,14 +172,14 @@ def train_one_epoch(
             if scheduler is not None:
                 scheduler.step()
             if hooks:
-                plain_sum, _, correct_sum, seen = overall.tolist() if checked else (0.0, 0.0, 0.0, 0.0)
+                seen = max(totals[3], 1)
                 info = StepInfo(epoch, (i // s.accum_steps) + 1, steps, plain.detach() / max(n, 1), lr, grad_norm,
-                                plain_sum / max(seen, 1), correct_sum / max(seen, 1), model)
+                                totals[0] / seen, totals[2] / seen, model)
                 for hook in hooks:
                     hook(info)
     if bar is not None:
         bar.close()
-    plain_sum, objective_sum, correct_sum, seen = s.reduce(sums).tolist()
+    plain_sum, objective_sum, correct_sum, seen = totals
     return {"train_loss": plain_sum / max(seen, 1), "train_objective": objective_sum / max(seen, 1),
             "train_acc": correct_sum / max(seen, 1), "n": int(seen), "lr": lr, "loading_s": waited}
 

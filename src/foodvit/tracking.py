@@ -22,7 +22,8 @@ EPOCH_SCALARS = {"train_loss": "train/loss", "train_acc": "train/acc", "val_loss
                  "model_share": "epoch/model_share"}
 
 
-def _writer_class():
+def require_tensorboard():
+    """TensorBoard's SummaryWriter, or a one-line error saying how to install it."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -31,25 +32,19 @@ def _writer_class():
     return SummaryWriter
 
 
-def flat_settings(config: dict, prefix: str = "") -> dict:
-    """A run's settings as flat name -> number/text/bool pairs (what the hparams plugin takes)."""
-    out = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flat_settings(value, f"{name}."))
-        elif isinstance(value, (bool, int, float, str)):
-            out[name] = value
-        elif isinstance(value, (list, tuple)):
-            out[name] = ",".join(map(str, value))
-    return out
+def hparams_of(config: dict) -> dict:
+    """A run's settings as the hparams plugin takes them: flat names, numbers, text or booleans."""
+    from .compare import flatten
+
+    return {name: ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            for name, value in flatten(config).items() if isinstance(value, (bool, int, float, str, list, tuple))}
 
 
 class TensorBoard:
     """The run's event files. Use on_step and after_epoch as the engine's hooks, then finish()."""
 
     def __init__(self, run: Path, steps_per_epoch: int, start_epoch: int = 0) -> None:
-        SummaryWriter = _writer_class()
+        SummaryWriter = require_tensorboard()
         self.steps_per_epoch = steps_per_epoch
         # a resumed run: drop the interrupted run's events after the checkpoint it resumes from
         purge = start_epoch * steps_per_epoch + 1 if start_epoch else None
@@ -80,7 +75,7 @@ class TensorBoard:
         for name, figure in figures.items():
             self.writer.add_figure(name, figure, step, close=False)
         metrics = {"hparam/test_acc": final["acc"], "hparam/test_loss": final["loss"]}
-        experiment, start, end = hparams(flat_settings(config), metrics)
+        experiment, start, end = hparams(hparams_of(config), metrics)
         for summary in (experiment, start, end):
             self.writer.file_writer.add_summary(summary)
         for name, value in metrics.items():

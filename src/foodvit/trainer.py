@@ -37,7 +37,6 @@ from .drloc import WithDenseRelativeLocalization
 from .engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
 from .errors import FoodVitError
 from .files import RunLock
-from .folders import is_food101
 from .model import VisionTransformer
 from .optim import build_ema, build_optimizer, build_scheduler
 from .preprocess import Preprocess, eval_transform, make_preprocess
@@ -130,22 +129,24 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.history: list[dict] = []
         self.start_epoch = 0
-        self.root, classes = self._list_classes()
-        self._build_model(len(classes), saved)
-        self._open_data()
+        if config.train.tensorboard and self.main:
+            from .tracking import require_tensorboard
+
+            require_tensorboard()  # before any photo is read
+        listed = self._list_data()  # not kept: the checked splits replace it (the list of photos is held once)
+        self._build_model(len(listed.classes), saved)
+        self._open_data(listed)
         self._build_loaders()
         self._build_optimisation()
         self.tensorboard = None
 
     # ------------------------------------------------------------------ build steps
 
-    def _list_classes(self) -> tuple[Path, tuple[str, ...]]:
-        """The data's root (downloaded and unpacked by the first process of each machine) and classes."""
-        location, subset = D.split_spec(self.config.data.source)
+    def _list_data(self) -> D.Listed:
+        """The data's files and classes; the first process of each machine downloads or unpacks the
+        source, the others find it in the cache."""
         with self.ctx.main_first():
-            root = D.check_layout(D.resolve(location, quiet=self.quiet))
-        classes = D.list_split(root, "train").classes if is_food101(root) else D.class_names(root / "train")
-        return root, (tuple(sorted(set(subset))) if subset else classes)
+            return D.list_source(self.config.data.source, quiet=self.quiet)
 
     def _build_model(self, num_classes: int, saved: dict | None) -> None:
         """From the checkpoint's architecture and preprocessing when resuming (no download: its
@@ -167,7 +168,7 @@ class Trainer:
             self.trained = WithDenseRelativeLocalization(self.model, c.optim.drloc, c.optim.drloc_pairs)
         self.trained.to(self.device)
 
-    def _open_data(self) -> None:
+    def _open_data(self, listed: D.Listed) -> None:
         """The splits, checked; with the cache on, photos decoded once, as far as the memory budget goes.
         Training photos are decoded and downsized the same way with the cache on or off (kept or
         not): the cache changes the time a run takes, never what it computes."""
@@ -175,7 +176,7 @@ class Trainer:
         budget = D.MemoryBudget(c.data.cache_gb)
         self.train_photos = D.PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache, budget=budget)
         self.eval_cache = D.PhotoCache.transformed(eval_transform(p), budget=budget) if c.data.cache else None
-        self.data = D.open_dataset(c.data.source, strict=c.data.strict, val_fraction=c.data.val_fraction, seed=c.train.seed,
+        self.data = D.open_dataset(listed, strict=c.data.strict, val_fraction=c.data.val_fraction, seed=c.train.seed,
                                    train_fraction=c.data.train_fraction, train_cache=self.train_photos if c.data.cache else None,
                                    eval_cache=self.eval_cache, quiet=self.quiet)
         if self.main:
@@ -183,9 +184,6 @@ class Trainer:
                 for line in split.skipped_summary(self.verbose):
                     print(line, file=sys.stderr)
         self.classes = self.data.classes
-        if len(self.classes) != self.model.config.num_classes:
-            raise RunError(f"the model has {self.model.config.num_classes} classes, the data in {self.data.root} has "
-                           f"{len(self.classes)}; resume with the run's own data (--data) or start a new run")
 
     def _build_loaders(self) -> None:
         """This rank's loaders: its share of each global training batch, its part of each evaluation split."""
@@ -492,20 +490,20 @@ def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = Fal
         from .pretrained import adapt_config
 
         config = adapt_config(config)
-    ctx = context or Context.from_environment(config.train.device, timeout_s)
-    log = log if ctx.is_main else (lambda *a, **k: None)
-    with OnMain(NewRunDirectory(out), ctx):
-        if ctx.is_main:
-            write_text(out / "config.json", config.to_json())
-        trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose, context=ctx)
-        warning = trainer.size_warning()
-        if warning and ctx.is_main:
-            print(warning, file=sys.stderr)
-        processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
-        if not quiet:
-            log(f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
-                f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}{processes}; run directory {out}")
-        return trainer.fit()
+    with contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx:
+        log = log if ctx.is_main else (lambda *a, **k: None)
+        with OnMain(NewRunDirectory(out), ctx):
+            if ctx.is_main:
+                write_text(out / "config.json", config.to_json())
+            trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose, context=ctx)
+            warning = trainer.size_warning()
+            if warning and ctx.is_main:
+                print(warning, file=sys.stderr)
+            processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
+            if not quiet:
+                log(f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
+                    f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}{processes}; run directory {out}")
+            return trainer.fit()
 
 
 def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -528,20 +526,20 @@ def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None 
     The photos come from the source stored with the run; `data` points at the same photos moved
     elsewhere (same classes and number of photos, checked)."""
     out = Path(out)
-    ctx = context or Context.from_environment(_stored_device(out), timeout_s)
-    log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
-    ctx.on_main(_check_is_run, out)
-    with OnMain(RunLock(out), ctx):
-        config, state = ctx.on_main(_read_run, out, data, log) or (None, None)
-        if ctx.distributed:
-            config, state = ctx.broadcast((config, state))
-        trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
-        trainer.restore(state)
-        if data and ctx.is_main:
-            write_text(out / "config.json", config.to_json())
-        log(f"resuming {out} after epoch {trainer.start_epoch} of {config.train.epochs}"
-            + (f" on {ctx.world_size} processes" if ctx.distributed else ""))
-        return trainer.fit()
+    with contextlib.nullcontext(context) if context else Context.from_environment(_stored_device(out), timeout_s) as ctx:
+        log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
+        ctx.on_main(_check_is_run, out)
+        with OnMain(RunLock(out), ctx):
+            config, state = ctx.on_main(_read_run, out, data, log) or (None, None)
+            if ctx.distributed:
+                config, state = ctx.broadcast((config, state))
+            trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
+            trainer.restore(state)
+            if data and ctx.is_main:
+                write_text(out / "config.json", config.to_json())
+            log(f"resuming {out} after epoch {trainer.start_epoch} of {config.train.epochs}"
+                + (f" on {ctx.world_size} processes" if ctx.distributed else ""))
+            return trainer.fit()
 
 
 def _stored_device(out: Path) -> str:
