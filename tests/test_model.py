@@ -352,3 +352,50 @@ def test_frozen_backbone_computes_the_same_features_in_training_mode():
     assert model.training and model.head.training  # the head still trains
     model.eval()
     torch.testing.assert_close(model.forward_features(x)[0], a, rtol=0, atol=0)
+
+
+def test_mimetic_init_gives_identity_like_attention_products():
+    """Deviation 8: W_q,h W_k,h^T is the best rank-d approximation of a Z + b I (so its diagonal is
+    positive and dominates), W_v W_o equals a Z - b I exactly; the rest is the JAX init."""
+    from foodvit.model import MIMETIC_QK, MIMETIC_VO
+
+    config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=48, depth=2, num_heads=3, mlp_dim=96,
+                       pool="gap", pos_embed="sincos2d", init="mimetic")
+    torch.manual_seed(0)
+    model = VisionTransformer(config)
+    D, d = 48, 16
+    for block in model.blocks:
+        w = block.attn.qkv.weight.detach()
+        vo = w[2 * D :].T @ block.attn.proj.weight.detach().T  # W_v W_o in the paper's (x @ W) notation
+        off = vo - torch.diag(vo.diagonal())
+        assert vo.diagonal().mean().item() == pytest.approx(-MIMETIC_VO[1], abs=0.05)
+        assert off.std().item() == pytest.approx(MIMETIC_VO[0] / math.sqrt(D), rel=0.2)  # a Z with N(0, 1/D) entries
+        for h in range(3):
+            q, k = w[h * d : (h + 1) * d], w[D + h * d : D + (h + 1) * d]
+            qk = q.T @ k  # (D, D), rank d
+            assert torch.linalg.matrix_rank(qk).item() == d
+            assert qk.diagonal().mean() > 3 * (qk - torch.diag(qk.diagonal())).abs().mean()
+            assert qk.diagonal().mean() > 0.25 * MIMETIC_QK[1]
+        assert torch.all(block.attn.qkv.bias == 0) and torch.all(block.attn.proj.bias == 0)
+        assert block.mlp.fc1.weight.abs().max() <= math.sqrt(6 / (D + 96))  # the MLP keeps the JAX init
+    # the JAX init has no such structure
+    plain = VisionTransformer(config.replace(init="jax")).blocks[0].attn
+    w = plain.qkv.weight.detach()
+    qk = w[:d].T @ w[D : D + d]
+    assert abs(qk.diagonal().mean()) < (qk - torch.diag(qk.diagonal())).abs().mean()
+
+
+def test_mimetic_init_makes_tokens_attend_to_themselves_at_step_zero():
+    config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=48, depth=2, num_heads=3, mlp_dim=96,
+                       pool="gap", pos_embed="sincos2d")
+    images = torch.randn(2, 3, 32, 32)
+    self_weight = {}
+    for init in ("jax", "mimetic"):
+        torch.manual_seed(0)
+        model = VisionTransformer(config.replace(init=init)).eval()
+        with torch.no_grad():
+            _, attentions = model.forward_with_attention(images)
+        self_weight[init] = attentions[0].diagonal(dim1=-2, dim2=-1).mean().item()
+    tokens = config.num_tokens
+    assert self_weight["jax"] == pytest.approx(1 / tokens, rel=0.5)  # near uniform
+    assert self_weight["mimetic"] > 5 / tokens

@@ -30,9 +30,10 @@ else:  # pragma: no cover
 Pool = Literal["cls", "gap", "seq"]
 PosEmbed = Literal["learned", "sincos2d", "none"]
 Stem = Literal["patch", "conv"]
+Init = Literal["jax", "mimetic"]
 
 # Choices of the text settings, named once (preprocess.py and transforms.py read them from here).
-POOLS, POS_EMBEDS, STEMS = get_args(Pool), get_args(PosEmbed), get_args(Stem)
+POOLS, POS_EMBEDS, STEMS, INITS = get_args(Pool), get_args(PosEmbed), get_args(Stem), get_args(Init)
 RESIZE_MODES = ("crop", "square")
 INTERPOLATIONS = ("bilinear", "bicubic")
 AUGMENT_PRESETS = ("none", "flip", "light", "medium", "strong")
@@ -93,6 +94,7 @@ class ViTConfig:
     stem: Stem = opt("patch", "'patch' (one Conv2d, Eq. 1) or 'conv' (convolutional tokeniser, deviation 5)", choices=STEMS)
     locality: bool = opt(False, "locality self-attention: no self-attention to the own token, learned temperature (deviation 7)")
     layer_norm_eps: float = opt(1e-6, "LayerNorm epsilon (JAX reference: 1e-6)", range=POSITIVE)
+    init: Init = opt("jax", "'jax' (the authors' code) or 'mimetic' (attention starts near pre-trained shape, deviation 8)", choices=INITS)
 
     def __post_init__(self) -> None:
         _check(self)

@@ -33,6 +33,12 @@ option, named here once and cited:
   7. locality=True: locality self-attention (Lee et al. 2021, "Vision Transformer for Small-Size
      Datasets"): a token may not attend to itself (the diagonal of q k^T is masked) and the
      softmax temperature is learned, starting at sqrt(d).
+  8. init="mimetic": mimetic initialisation of the attention (Trockman & Kolter 2023, "Mimetic
+     initialization of self-attention layers"). Pre-trained ViTs have W_q W_k^T close to a
+     multiple of the identity in each head and W_v W_o close to a negative one; this init starts
+     there: W_q,h W_k,h^T is the rank-d part of a Z + b I and W_v W_o = a Z - b I exactly (Z a
+     random D x D matrix with N(0, 1/D) entries), so at step 0 a token attends most to tokens
+     like itself (with sin-cos positions: its neighbours). Training changes nothing else.
 
 Notes (not deviations from the paper's text):
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
@@ -426,6 +432,38 @@ def _init_head(head: nn.Module) -> None:
         nn.init.zeros_(head.bias)
 
 
+MIMETIC_QK = (0.7, 0.7)  # (a, b) of W_q W_k^T ~ a Z + b I: the paper's values for ViT-Tiny
+MIMETIC_VO = (0.4, 0.4)  # (a, b) of W_v W_o ~ a Z - b I
+
+
+@torch.no_grad()
+def mimetic_init_(attn: Attention, qk: tuple[float, float] = MIMETIC_QK, vo: tuple[float, float] = MIMETIC_VO) -> None:
+    """Deviation 8: set U_qkv's query and key rows per head and the value rows with U_msa so that
+    the products mimic a pre-trained ViT's (see the module docstring). In the paper's notation a
+    head's logits are X W_q W_k^T X^T with W_q = (its rows of U_qkv)^T, and the value path is
+    X W_v W_o with W_v = U_qkv's value rows ^T and W_o = U_msa.weight^T. Each product's target M
+    is split as M = U S V^T: W_q = U_k S_k^1/2, W_k = V_k S_k^1/2 (the best rank-d approximation),
+    W_v = U S^1/2, W_o = (V S^1/2)^T. Biases stay zero."""
+    D, h, d = attn.proj.weight.shape[0], attn.num_heads, attn.head_dim
+    weight = attn.qkv.weight  # (3D, D): rows [q heads | k heads | v heads]
+
+    def split(a: float, b: float, sign: float) -> tuple[torch.Tensor, torch.Tensor]:
+        target = a * torch.randn(D, D) / math.sqrt(D) + sign * b * torch.eye(D)
+        u, s, vh = torch.linalg.svd(target)
+        root = s.sqrt()
+        return u * root, vh.T * root  # (D, D) each: left @ right.T == target
+
+    for head in range(h):
+        left, right = split(*qk, +1.0)
+        rows = slice(head * d, (head + 1) * d)
+        weight[rows] = left[:, :d].T.to(weight)  # W_q,h^T: (d, D)
+        weight[D:][rows] = right[:, :d].T.to(weight)  # W_k,h^T
+    left, right = split(*vo, -1.0)
+    weight[2 * D :] = left.T.to(weight)  # W_v^T: (D, D)
+    attn.proj.weight.copy_(right)  # U_msa.weight = W_o^T = (V S^1/2)
+    # W_v W_o = (U S^1/2)(V S^1/2)^T = a Z - b I
+
+
 @torch.no_grad()
 def init_weights(model: VisionTransformer) -> None:
     """Initialise as the authors' JAX code does; each rule names the line it reproduces."""
@@ -447,5 +485,7 @@ def init_weights(model: VisionTransformer) -> None:
             nn.init.xavier_uniform_(fc.weight)  # MlpBlock: kernel_init=xavier_uniform
             nn.init.normal_(fc.bias, std=1e-6)  # MlpBlock: bias_init=normal(stddev=1e-6)
         # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
+        if model.config.init == "mimetic":
+            mimetic_init_(block.attn)
     # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does.
     _init_head(model.head)
