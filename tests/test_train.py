@@ -285,3 +285,34 @@ def test_every_purpose_draws_from_its_own_seed():
     g = torch.Generator().manual_seed(42)
     naive = sorted(str(D.Path(f"{i}.jpg")) for i in torch.randperm(20, generator=g).tolist()[:5])
     assert sorted(str(p) for p, _ in val.samples) != naive
+
+
+def test_test_size_tests_and_saves_the_model_at_a_higher_resolution(photos, tmp_path):
+    """FixRes (--test-size): after training at 32 px the model is rebuilt for 48 px (fixed sin-cos
+    positions recomputed for the 6 x 6 grid), tested there, and saved that way; the report says both."""
+    from dataclasses import replace
+
+    config = small_config(photos, epochs=2, batch_size=8)
+    config = replace(config, vit={**config.vit, "pos_embed": "sincos2d", "pool": "gap"}, data=replace(config.data, test_size=48))
+    out = tmp_path / "r"
+    result = train(config, out, quiet=True)
+    predictor = foodvit.load_predictor(out)
+    assert predictor.model.config.image_size == 48 and predictor.preprocess.image_size == 48
+    assert predictor.preprocess.resize_size == round(48 * 36 / 32)  # the training preprocessing's crop share (32 of 36)
+    evaluation = evaluate_split(predictor, D.open_split(photos, "test"))
+    assert evaluation["accuracy"] == pytest.approx(result.test["acc"]) and evaluation["loss"] == pytest.approx(result.test["loss"], rel=1e-4)
+    # the per-epoch rows were measured at the training size: the 32 px model, not the saved one
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert checkpoint["model_config"]["image_size"] == 32
+    assert "32 px, tested at 48" in (out / "report.md").read_text()
+
+
+def test_test_size_off_the_patch_grid_is_refused_before_training(photos, tmp_path):
+    from dataclasses import replace
+
+    from foodvit.config import ConfigError
+
+    config = small_config(photos, epochs=1)
+    with pytest.raises(ConfigError, match=r"--test-size 44 is not a multiple of the patch size 8; use 40 or 48"):
+        train(replace(config, data=replace(config.data, test_size=44)), tmp_path / "r", quiet=True)
+    assert not (tmp_path / "r").exists()

@@ -169,6 +169,9 @@ class DataConfig:
                            choices=RESIZE_MODES)
     crop_pct: float = opt(0.875, "with resize_mode=crop, crop size / resize size (0.875: 224 from 256)", range=SHARE_ABOVE_0)
     interpolation: str = opt("bilinear", "resize interpolation", choices=INTERPOLATIONS)
+    test_size: int = opt(0, "after training, test and save the model at this resolution, position embeddings resampled "
+                         "(FixRes, Touvron et al. 2019: random crops make objects look larger in training than a centre "
+                         "crop at test; a test size above the training one evens that out); 0 = the training size", range=AT_LEAST_0)
     mean: tuple[float, ...] = opt((), "normalisation mean, three numbers (default: the model's or the weights')", range=Range())
     std: tuple[float, ...] = opt((), "normalisation std, three positive numbers (default: the model's or the weights')", range=POSITIVE)
     augment: str = opt("none", "augmentation preset", choices=AUGMENT_PRESETS)

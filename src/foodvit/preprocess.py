@@ -45,6 +45,11 @@ class Preprocess:
     def from_dict(cls, d: dict) -> "Preprocess":
         return cls(**{**d, "mean": tuple(d["mean"]), "std": tuple(d["std"])})
 
+    def at_size(self, image_size: int) -> "Preprocess":
+        """The same preprocessing for another input size: with 'crop', the same crop share."""
+        resize = image_size if self.mode == "square" else int(round(image_size * self.resize_size / self.image_size))
+        return Preprocess(image_size, max(resize, image_size), self.mode, self.mean, self.std, self.interpolation)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 

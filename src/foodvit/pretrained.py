@@ -253,6 +253,5 @@ def pretrained_model(config: RunConfig, num_classes: int) -> tuple[VisionTransfo
 def _preprocess_for(source: Pretrained, image_size: int, config: RunConfig) -> Preprocess:
     """The weights' preprocessing, scaled to a new resolution when fine-tuning at another size."""
     base = source.preprocess or Preprocess(image_size, int(math.floor(image_size / 0.875)), "crop", DEFAULT_MEAN, DEFAULT_STD)
-    resize = base.resize_size if image_size == base.image_size else int(round(image_size * base.resize_size / base.image_size))
     d = config.data
-    return replace(base, image_size=image_size, resize_size=resize, mean=tuple(d.mean) or base.mean, std=tuple(d.std) or base.std)
+    return replace(base.at_size(image_size), mean=tuple(d.mean) or base.mean, std=tuple(d.std) or base.std)

@@ -35,7 +35,7 @@ from .config import RunConfig, ViTConfig
 from .distributed import DEFAULT_TIMEOUT_S, Context, PeerLost, backend_reason
 from .drloc import WithDenseRelativeLocalization
 from .engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
-from .errors import FoodVitError
+from .errors import ConfigError, FoodVitError
 from .files import RunLock
 from .model import VisionTransformer
 from .optim import build_ema, build_optimizer, build_scheduler
@@ -47,6 +47,7 @@ from .seeds import derive_seed
 from .transforms import batch_mixer, train_transform
 from .variants import create_model, get_variant
 from .viz import most_wrong_figure, predictions_figure
+from .weights import resize_model
 
 
 @contextlib.contextmanager
@@ -158,6 +159,10 @@ class Trainer:
             self.preprocess = Preprocess.from_dict(saved["preprocess"])
         else:
             self.model, self.preprocess = build_model(self.config, num_classes)
+        size, patch = self.config.data.test_size, self.model.config.patch_size
+        if size % patch:
+            lower = size // patch * patch
+            raise ConfigError(f"--test-size {size} is not a multiple of the patch size {patch}; use {lower or patch} or {lower + patch}")
         if self.config.train.freeze_backbone:
             self.model.freeze_backbone()
         # the module the optimiser steps: the ViT, or the ViT with the auxiliary head (training only);
@@ -195,15 +200,17 @@ class Trainer:
         self.train_loader = make_loader(train_ds, c.train.batch_size, train=True, seed=c.train.seed, repeats=c.data.repeated_aug,
                                         workers=c.data.workers, mixer=mixer, pin_memory=pin, rank=ctx.rank, world_size=ctx.world_size)
 
-        def eval_loader(split):
-            ds = D.PhotoDataset(split, None, self.eval_cache) if self.eval_cache else D.PhotoDataset(split, eval_transform(p))
-            # cached photos are finished tensors: workers, started at every evaluation, would only cost time
-            workers = 0 if self.eval_cache else c.data.workers
-            return make_loader(ds, max(c.train.batch_size, EVAL_BATCH_SIZE), train=False, workers=workers, pin_memory=pin,
-                               rank=ctx.rank, world_size=ctx.world_size)
+        self.eval_loaders = {"val": self._eval_loader(self.data.val, p)} if self.data.val is not None else {}
+        self.eval_loaders["test"] = self._eval_loader(self.data.test, p)
 
-        self.eval_loaders = {"val": eval_loader(self.data.val)} if self.data.val is not None else {}
-        self.eval_loaders["test"] = eval_loader(self.data.test)
+    def _eval_loader(self, split, preprocess: Preprocess):
+        """This rank's part of an evaluation split; from the decode cache when it holds this preprocessing's tensors."""
+        c = self.config
+        cached = self.eval_cache is not None and preprocess == self.preprocess
+        ds = D.PhotoDataset(split, None, self.eval_cache) if cached else D.PhotoDataset(split, eval_transform(preprocess))
+        # cached photos are finished tensors: workers, started at every evaluation, would only cost time
+        return make_loader(ds, max(c.train.batch_size, EVAL_BATCH_SIZE), train=False, workers=0 if cached else c.data.workers,
+                           pin_memory=self.device.type == "cuda", rank=self.ctx.rank, world_size=self.ctx.world_size)
 
     def _build_optimisation(self) -> None:
         """DistributedDataParallel between the model and the optimiser, then optimiser, schedule, EMA."""
@@ -340,20 +347,29 @@ class Trainer:
         model = self.eval_model()
         if isinstance(model, torch.optim.swa_utils.AveragedModel):
             model = model.module
-        test = evaluate(model, self.eval_loaders["test"], self.settings, num_classes=len(self.classes), keep_probabilities=True,
-                        gather=self.ctx.gather)
+        model, preprocess = self._at_test_size(model)
+        loader = self.eval_loaders["test"] if preprocess == self.preprocess else self._eval_loader(self.data.test, preprocess)
+        test = evaluate(model, loader, self.settings, num_classes=len(self.classes), keep_probabilities=True, gather=self.ctx.gather)
         test["per_class"] = per_class_accuracy(test["confusion"], self.classes)
         probabilities = test.pop("probabilities")
         if self.main:
-            self._write_results(model, test, probabilities)
+            self._write_results(model, test, probabilities, preprocess)
         self.ctx.barrier()  # the other ranks end when the run directory is complete
         return Result(self.out, self.history, test)
 
-    def _write_results(self, model, test: dict, probabilities: torch.Tensor) -> None:
+    def _at_test_size(self, model: VisionTransformer) -> tuple[VisionTransformer, Preprocess]:
+        """The trained model and its preprocessing at --test-size (FixRes): a copy rebuilt for that
+        resolution, position embeddings resampled (fixed sin-cos ones recomputed for the new grid)."""
+        size = self.config.data.test_size
+        if not size or size == model.config.image_size:
+            return model, self.preprocess
+        return resize_model(model, size).to(self.device).eval(), self.preprocess.at_size(size)
+
+    def _write_results(self, model, test: dict, probabilities: torch.Tensor, preprocess: Preprocess) -> None:
         summary = {"test_acc": test["acc"], "test_loss": test["loss"], "test_n": test["n"], "recipe": self.config.recipe,
                    "epochs": len(self.history), "trained": time.strftime("%Y-%m-%d"), "data": str(self.config.data.source or self.data.root),
                    "train_photos": len(self.data.train)}
-        save_model(self.out, model, self.classes, self.preprocess, {"metrics": summary})
+        save_model(self.out, model, self.classes, preprocess, {"metrics": summary})
         results, truths = self._test_results(probabilities)
         figures = {"curves": plot_curves(self.history), "confusion": plot_confusion(test["confusion"], self.classes),
                    "most_wrong": most_wrong_figure(results, truths)}
@@ -364,7 +380,7 @@ class Trainer:
             counts["val"] = self.data.val.counts()
         params = sum(p.numel() for p in model.parameters())
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        info = {"params": params, "trainable": trainable, "image_size": model.config.image_size,
+        info = {"params": params, "trainable": trainable, "image_size": model.config.image_size, "train_image_size": self.model.config.image_size,
                 "patch_size": model.config.patch_size, "data_root": str(self.data.root), "device": _device_name(self.device),
                 "processes": self.ctx.world_size}
         wrong = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
