@@ -1,6 +1,7 @@
 """Dense relative localization (Liu et al. 2021): offsets, the head, the wrapper, the engine's
 auxiliary loss."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -20,7 +21,7 @@ def test_head_learns_offsets_from_tokens_that_know_their_place():
     torch.manual_seed(0)
     grid, D = 4, 16
     places = torch.randn(grid * grid, D)  # every position a distinct token
-    head = DenseRelativeLocalization(D, grid, pairs=32, hidden=64)
+    head = DenseRelativeLocalization(D, pairs=32, hidden=64)
     tokens = places.expand(8, -1, -1)  # (B, N, D)
     opt = torch.optim.Adam(head.parameters(), lr=3e-3)
     first = head(tokens).item()
@@ -35,14 +36,22 @@ def test_head_learns_offsets_from_tokens_that_know_their_place():
     assert final < 0.05 and first > 0.2
 
 
-def test_head_refuses_a_token_count_off_the_grid():
-    head = DenseRelativeLocalization(8, grid=4)
-    try:
+def test_head_refuses_a_token_count_off_a_square_grid():
+    head = DenseRelativeLocalization(8)
+    with pytest.raises(ValueError, match="a square grid of patch tokens, got 15"):
         head(torch.zeros(2, 15, 8))
-    except ValueError as err:
-        assert "4x4 = 16 patch tokens, got 15" in str(err)
-    else:
-        raise AssertionError("no error")
+
+
+def test_head_reads_the_grid_of_each_batch(monkeypatch):
+    """Progressive resizing trains at a smaller grid first: the offsets are those of the batch's grid."""
+    import foodvit.drloc
+
+    grids = []
+    monkeypatch.setattr(foodvit.drloc, "pair_offsets", lambda a, b, grid: (grids.append(grid), pair_offsets(a, b, grid))[1])
+    head = DenseRelativeLocalization(4, pairs=16, hidden=8)
+    for grid in (3, 5):
+        assert torch.isfinite(head(torch.randn(2, grid * grid, 4)))
+    assert grids == [3, 5]
 
 
 def test_wrapper_gives_the_vits_logits_and_trains_both():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import foodvit
+from foodvit.errors import ConfigError, InputError
 from foodvit.model import VisionTransformer, ViTConfig, sincos_2d_pos_embed
 from foodvit.variants import count_params, get_variant
 
@@ -399,3 +400,26 @@ def test_mimetic_init_makes_tokens_attend_to_themselves_at_step_zero():
     tokens = config.num_tokens
     assert self_weight["jax"] == pytest.approx(1 / tokens, rel=0.5)  # near uniform
     assert self_weight["mimetic"] > 5 / tokens
+
+
+def test_a_sincos_model_takes_a_smaller_input_with_that_grids_positions():
+    """Progressive resizing: set_input_size(16) on a 32 px model (grid 4) feeds 16 px images with the
+    sin-cos embedding of a 2 x 2 grid; back at 32 px the model computes what it did before."""
+    config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
+                       pool="gap", pos_embed="sincos2d")
+    model = VisionTransformer(config).eval()
+    images = torch.randn(2, 3, 32, 32)
+    before = model(images)
+    with pytest.raises(InputError, match="expected 32 x 32 images, got 16 x 16"):
+        model(images[..., :16, :16])
+    model.set_input_size(16)
+    small = images[..., :16, :16]
+    tokens = torch.cat([model.cls_token.expand(2, -1, -1), model.patch_embed(small)], dim=1)  # (2, 1 + 4, 32)
+    expected = tokens + torch.cat([torch.zeros(1, 32), sincos_2d_pos_embed(2, 32)])[None]
+    torch.testing.assert_close(model.embed(small), expected)
+    assert model(small).shape == (2, 3) and model.config.image_size == 32
+    model.set_input_size(32)
+    torch.testing.assert_close(model(images), before)
+    learned = VisionTransformer(config.replace(pos_embed="learned"))
+    with pytest.raises(ConfigError, match="fixed position embeddings"):
+        learned.set_input_size(16)

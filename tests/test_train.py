@@ -316,3 +316,37 @@ def test_test_size_off_the_patch_grid_is_refused_before_training(photos, tmp_pat
     with pytest.raises(ConfigError, match=r"--test-size 44 is not a multiple of the patch size 8; use 40 or 48"):
         train(replace(config, data=replace(config.data, test_size=44)), tmp_path / "r", quiet=True)
     assert not (tmp_path / "r").exists()
+
+
+def test_progressive_resizing_trains_small_first_and_evaluates_at_the_model_size(photos, tmp_path, monkeypatch):
+    """--start-size 16 --start-share 0.5 over 4 epochs: epochs 1-2 train on 16 px batches (resized
+    from the loader's 32 px), epochs 3-4 on 32 px; every evaluation, and the saved model, at 32 px."""
+    from dataclasses import replace
+
+    from foodvit.model import PatchEmbed
+
+    seen = []
+    original = PatchEmbed.forward
+    monkeypatch.setattr(PatchEmbed, "forward", lambda self, x: (seen.append((self.training, x.shape[-1])), original(self, x))[1])
+    config = small_config(photos, epochs=4, batch_size=16)
+    config = replace(config, vit={**config.vit, "pos_embed": "sincos2d", "pool": "gap"},
+                     data=replace(config.data, start_size=16, start_share=0.5), optim=replace(config.optim, drloc=0.5))
+    result = train(config, tmp_path / "r", quiet=True)
+    training = [size for is_training, size in seen if is_training]
+    assert training == [16] * 6 + [32] * 6  # 48 training photos: 3 batches an epoch
+    assert {size for is_training, size in seen if not is_training} == {32}
+    assert foodvit.load_predictor(tmp_path / "r").model.config.image_size == 32
+    assert len(result.history) == 4
+
+
+def test_progressive_resizing_needs_fixed_positions_and_a_size_on_the_patch_grid(photos, tmp_path):
+    from dataclasses import replace
+
+    from foodvit.config import ConfigError
+
+    config = small_config(photos, epochs=1)
+    with pytest.raises(ConfigError, match=r"--start-size \(progressive resizing\) needs fixed position embeddings"):
+        train(replace(config, data=replace(config.data, start_size=16)), tmp_path / "a", quiet=True)
+    config = replace(config, vit={**config.vit, "pos_embed": "sincos2d"})
+    with pytest.raises(ConfigError, match=r"--start-size 20 is not a multiple of the patch size 8; use 16 or 24"):
+        train(replace(config, data=replace(config.data, start_size=20)), tmp_path / "b", quiet=True)

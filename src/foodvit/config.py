@@ -172,6 +172,10 @@ class DataConfig:
     test_size: int = opt(0, "after training, test and save the model at this resolution, position embeddings resampled "
                          "(FixRes, Touvron et al. 2019: random crops make objects look larger in training than a centre "
                          "crop at test; a test size above the training one evens that out); 0 = the training size", range=AT_LEAST_0)
+    start_size: int = opt(0, "progressive resizing (Tan & Le 2021, EfficientNetV2): train the first --start-share of the epochs "
+                          "at this resolution, each batch resized before the model (needs fixed position embeddings); 0 = off",
+                          range=AT_LEAST_0)
+    start_share: float = opt(0.67, "share of the epochs trained at --start-size", range=SHARE)
     mean: tuple[float, ...] = opt((), "normalisation mean, three numbers (default: the model's or the weights')", range=Range())
     std: tuple[float, ...] = opt((), "normalisation std, three positive numbers (default: the model's or the weights')", range=POSITIVE)
     augment: str = opt("none", "augmentation preset", choices=AUGMENT_PRESETS)

@@ -11,6 +11,8 @@ cross-entropy + weight x this loss. Training only: the saved model is the plain 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,22 +30,23 @@ def pair_offsets(first: torch.Tensor, second: torch.Tensor, grid: int) -> torch.
 class DenseRelativeLocalization(nn.Module):
     """The auxiliary head: two tokens in, their relative grid position out. (B, N, D) -> scalar loss."""
 
-    def __init__(self, embed_dim: int, grid: int, pairs: int = 64, hidden: int = 512) -> None:
+    def __init__(self, embed_dim: int, pairs: int = 64, hidden: int = 512) -> None:
         super().__init__()
-        self.grid, self.pairs = grid, pairs
+        self.pairs = pairs
         self.mlp = nn.Sequential(nn.Linear(2 * embed_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                                  nn.Linear(hidden, 2))
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         B, N, D = patches.shape
-        if N != self.grid**2:
-            raise ValueError(f"expected {self.grid}x{self.grid} = {self.grid ** 2} patch tokens, got {N}")
+        grid = math.isqrt(N)  # the grid of this batch: smaller than the model's while progressive resizing trains at a lower size
+        if grid * grid != N:
+            raise ValueError(f"expected a square grid of patch tokens, got {N}")
         index = torch.randint(N, (B, self.pairs, 2), device=patches.device)  # (B, m, 2) flat positions
         tokens = patches.gather(1, index.view(B, 2 * self.pairs, 1).expand(-1, -1, D))  # (B, 2m, D): first, second, first, ...
         predicted = self.mlp(tokens.view(B, self.pairs, 2 * D))  # each pair's two tokens concatenated -> (B, m, 2)
         # the mean over pairs, as a sum over their count: a process whose share of the batch is
         # empty (distributed training) gets 0 and still takes part in the gradient's all-reduce
-        error = F.l1_loss(predicted.float(), pair_offsets(index[..., 0], index[..., 1], self.grid), reduction="sum")
+        error = F.l1_loss(predicted.float(), pair_offsets(index[..., 0], index[..., 1], grid), reduction="sum")
         return error / max(1, predicted.numel())
 
 
@@ -55,7 +58,7 @@ class WithDenseRelativeLocalization(nn.Module):
     def __init__(self, vit: VisionTransformer, weight: float, pairs: int = 64) -> None:
         super().__init__()
         self.vit, self.weight = vit, weight
-        self.drloc = DenseRelativeLocalization(vit.config.embed_dim, vit.config.grid_size, pairs)
+        self.drloc = DenseRelativeLocalization(vit.config.embed_dim, pairs)
 
     def forward(self, images: torch.Tensor):
         if not self.training:

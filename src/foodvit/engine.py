@@ -46,6 +46,7 @@ class StepSettings:
     world_size: int = 1
     input_shape: tuple[int, ...] = ()  # (C, H, W): the model's input, for a process whose share of a batch is empty
     grad_norm: bool = False  # measure the gradient norm every step (for step hooks), also without clipping
+    input_size: int = 0  # progressive resizing: training batches are resized to this side first (0: as loaded)
 
 
 @dataclass
@@ -134,11 +135,14 @@ def train_one_epoch(
         batch = next(batches)
         waited += time.perf_counter() - started
         if batch is None:  # this process's share of a small last batch is empty: it still joins the step
-            images = torch.zeros((0, *s.input_shape), device=s.device)
+            shape = (*s.input_shape[:-2], s.input_size, s.input_size) if s.input_size else s.input_shape
+            images = torch.zeros((0, *shape), device=s.device)
             labels = torch.zeros(0, dtype=torch.long, device=s.device)
         else:
             images = batch[0].to(s.device, non_blocking=True)
             labels = batch[1].to(s.device, non_blocking=True)
+            if s.input_size and images.shape[-1] != s.input_size:  # antialiased, as a photo decoded smaller would be
+                images = F.interpolate(images, size=(s.input_size, s.input_size), mode="bilinear", antialias=True)
         group_end = min(total_batches, (i // s.accum_steps + 1) * s.accum_steps)
         group_size = group_end - (i // s.accum_steps) * s.accum_steps
         n = images.shape[0]

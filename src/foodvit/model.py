@@ -333,8 +333,29 @@ class VisionTransformer(nn.Module):
         if self.config.class_token:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N, D) -> (B, T, D)
         if self.config.pos_embed != "none":
-            x = x + self.pos_embed  # (B, T, D) + (1, T, D)
+            x = x + self._pos_embed_for(images.shape[-1] // self.config.patch_size)  # (B, T, D) + (1, T, D)
         return self.pos_drop(x)
+
+    def _pos_embed_for(self, grid: int) -> torch.Tensor:
+        """E_pos for a grid of patches: the model's own, or while training at a smaller input size
+        (progressive resizing, set_input_size) the fixed sin-cos embedding of that grid."""
+        if grid == self.config.grid_size:
+            return self.pos_embed
+        fixed = sincos_2d_pos_embed(grid, self.config.embed_dim).to(self.pos_embed)
+        return torch.cat([self.pos_embed[:, : self.config.num_prefix_tokens], fixed[None]], dim=1)
+
+    def set_input_size(self, image_size: int) -> "VisionTransformer":
+        """Accept images of another size from now on (progressive resizing trains at a smaller one
+        first); the configuration, and so the saved model, keep the model's own size. Fixed
+        (sin-cos) or no position embeddings only: a learned E_pos has one grid."""
+        if image_size != self.config.image_size:
+            if image_size % self.config.patch_size:
+                raise ConfigError(f"input size {image_size} is not a multiple of the patch size {self.config.patch_size}")
+            if self.config.pos_embed == "learned":
+                raise ConfigError("training at another input size needs fixed position embeddings: use --pos-embed sincos2d "
+                                  "(or none); learned ones exist for one grid")
+        self.patch_embed.image_size = image_size
+        return self
 
     def forward_features(self, images: torch.Tensor, return_attention: bool = False,
                          class_only: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:

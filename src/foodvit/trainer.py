@@ -163,6 +163,13 @@ class Trainer:
         if size % patch:
             lower = size // patch * patch
             raise ConfigError(f"--test-size {size} is not a multiple of the patch size {patch}; use {lower or patch} or {lower + patch}")
+        start = self.config.data.start_size
+        if start and start != self.model.config.image_size:
+            if start % patch:
+                lower = start // patch * patch
+                raise ConfigError(f"--start-size {start} is not a multiple of the patch size {patch}; use {lower or patch} or {lower + patch}")
+            if self.model.config.pos_embed == "learned":
+                raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
         if self.config.train.freeze_backbone:
             self.model.freeze_backbone()
         # the module the optimiser steps: the ViT, or the ViT with the auxiliary head (training only);
@@ -287,9 +294,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
 
+    def input_size(self, epoch: int) -> int:
+        """The resolution epoch (from 0) trains at: --start-size for the first --start-share of the
+        epochs (progressive resizing), then the model's own."""
+        d = self.config.data
+        if d.start_size and epoch < round(d.start_share * self.config.train.epochs):
+            return d.start_size
+        return self.model.config.image_size
+
     def _before_epoch(self, epoch: int) -> None:
         torch.manual_seed(derive_seed(self.config.train.seed, "step", epoch))  # dropout, mixup, drloc pairs of this epoch
         self.train_loader.batch_sampler.set_epoch(epoch)  # its order and augmentation seeds
+        size = self.input_size(epoch)
+        self.model.set_input_size(size)
+        self.settings.input_size = 0 if size == self.model.config.image_size else size
 
     def _after_epoch(self, epoch: int, row: dict) -> None:
         self.history.append(row)
@@ -299,7 +317,10 @@ class Trainer:
         self.log(_epoch_line(row, self.config.train.epochs))
 
     def eval_model(self):
-        return self.ema.module if self.ema is not None else self.model
+        """The model to evaluate (the EMA's, if any), at its own resolution."""
+        if self.ema is not None:
+            return self.ema.module
+        return self.model.set_input_size(self.model.config.image_size)
 
     def _hooks(self) -> FitHooks:
         hooks = FitHooks(before_epoch=[self._before_epoch], after_epoch=[self._after_epoch])
