@@ -12,7 +12,9 @@ accuracy (the runs report their last epoch). Prints a table, and --json writes t
 --cv K: K-fold cross-validation over the training photos alone (folders.cv_folds: stratified, every
 photo validated once per seed). Each fold trains on the other K-1 folds and is evaluated on its own;
 the K folds' predictions together cover every training photo. Reported: accuracy over all
-photos x seeds and its standard error. The test split is never read.
+photos x seeds and its standard error. The test split is never read. --test-sizes 72,80 also scores
+each fold's model rebuilt at those sizes (what --test-size gives); the JSON keeps every photo's result,
+and --paired A.json B.json compares two recipes photo by photo.
 """
 
 from __future__ import annotations
@@ -87,7 +89,30 @@ def _per_class(run: Path) -> dict[str, float]:
     return evaluate_split(predictor, D.open_split(config["data"]["source"] or None, "test"))["per_class"]
 
 
-def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, extra: list[str]) -> dict:
+def fold_predictions(run: Path, held: Path, test_sizes: list[int]) -> dict[int, dict[str, bool]]:
+    """Whether each held-out photo is classified right by the fold's saved model, at its own size
+    (0) and at each of test_sizes: exactly what `foodvit train --test-size S` would have saved and
+    tested (the same model rebuilt at S, its preprocessing scaled), since --test-size changes
+    nothing before the end of training."""
+    from foodvit import datasets as D
+    from foodvit.predictor import Predictor
+    from foodvit.weights import resize_model
+
+    base = Predictor.from_run(run)
+    split = D.open_split(str(held), "test")
+    out = {}
+    for size in [0, *test_sizes]:
+        predictor = base if not size else Predictor(resize_model(base.model, size).eval(), base.classes, base.preprocess.at_size(size))
+        right = {}
+        for path, label in split.samples:
+            probabilities = predictor.probabilities(predictor.prepare(D.load_or_explain(path), str(path))[None])[0]
+            right[f"{Path(path).parent.name}/{Path(path).name}"] = bool(probabilities.argmax() == label)
+        out[size] = right
+    return out
+
+
+def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, extra: list[str],
+           test_sizes: list[int] = ()) -> dict:
     """K-fold CV over the training photos for each seed; each fold's held-out photos are the 'test'
     split of a folder of links made for it, so the run itself never sees the real test photos."""
     from foodvit.folders import cv_folds, scan
@@ -95,6 +120,7 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
 
     train = scan(resolve(data) / "train")
     correct, total, per_seed = 0, 0, []
+    photos: dict[str, dict[str, bool]] = {}  # test size ("0": the run's own) -> "s<seed>/<photo>" -> right
     started = time.perf_counter()
     for seed in seeds:
         seed_correct = 0
@@ -115,11 +141,17 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
             metrics = json.loads((run / "model.json").read_text())["metrics"]
             seed_correct += round(metrics["test_acc"] * metrics["test_n"])
             total += metrics["test_n"]
+            for size, right in fold_predictions(run, folder, list(test_sizes)).items():
+                photos.setdefault(str(size), {}).update({f"s{seed}/{name}": r for name, r in right.items()})
         correct += seed_correct
         per_seed.append(seed_correct / len(train))
         print(f"seed {seed}: cv accuracy {per_seed[-1]:.3f} ({seed_correct}/{len(train)})", file=sys.stderr)
     acc = correct / total
+    if sum(photos["0"].values()) != correct:
+        raise SystemExit(f"re-evaluating the saved fold models gives {sum(photos['0'].values())} right, the runs said {correct}")
+    by_size = {size: sum(right.values()) / len(right) for size, right in photos.items()}
     return {"recipe": recipe, "extra": extra, "folds": k, "seeds": seeds, "per_seed": per_seed, "accuracy": acc,
+            "accuracy_at_test_size": by_size, "photos": photos,
             "standard_error": (acc * (1 - acc) / total) ** 0.5, "predictions": total, "machine": machine(),
             "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - started}
 
@@ -146,6 +178,22 @@ def print_table(result: dict) -> None:
           f"{len(result['seeds'])} seeds; {result['mean_seconds']:.0f} s per run")
 
 
+def print_paired(a: dict, b: dict, names: list[str]) -> None:
+    """B - A photo by photo, each at every test size both scored: the mean difference, its standard
+    error, and the photos only one of them got right."""
+    for size in sorted(set(a["photos"]) & set(b["photos"]), key=int):
+        pa, pb = a["photos"][size], b["photos"][size]
+        if set(pa) != set(pb):
+            raise SystemExit("the two results do not hold the same photos (other folds or seeds)")
+        diffs = [int(pb[k]) - int(pa[k]) for k in pa]
+        mean = statistics.mean(diffs)
+        se = statistics.stdev(diffs) / len(diffs) ** 0.5
+        only_b, only_a = diffs.count(1), diffs.count(-1)
+        label = "own size" if size == "0" else f"test size {size}"
+        print(f"{label}: {names[1]} - {names[0]} = {mean:+.3f} +- {se:.3f} (paired standard error over {len(diffs)} photos; "
+              f"{only_b} right only in the second, {only_a} only in the first)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -159,13 +207,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--val-only", action="store_true", help="tuning: report validation accuracy only, never the test split")
     parser.add_argument("--cv", type=int, metavar="K", help="tuning: K-fold cross-validation over the training photos")
+    parser.add_argument("--test-sizes", default="", help="with --cv: also score each fold's model at these test sizes (what "
+                        "--test-size would give), comma-separated")
+    parser.add_argument("--paired", nargs=2, metavar="JSON", help="compare two --cv results photo by photo (same folds and seeds)")
     args = parser.parse_args(argv)
+    if args.paired:
+        print_paired(*(json.loads(Path(p).read_text()) for p in args.paired), args.paired)
+        return 0
     seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(args.seeds))
     if args.cv:
-        result = run_cv(args.recipe, seeds, args.cv, Path(args.out), args.data, extra)
+        sizes = [int(x) for x in args.test_sizes.split(",") if x]
+        result = run_cv(args.recipe, seeds, args.cv, Path(args.out), args.data, extra, sizes)
         print(f"recipe {result['recipe']} {' '.join(extra)}: {args.cv}-fold CV accuracy {result['accuracy']:.3f} +- "
               f"{result['standard_error']:.3f} (standard error over {result['predictions']} predictions, {len(seeds)} seeds: "
               f"{', '.join(f'{a:.3f}' for a in result['per_seed'])}); {result['seconds']:.0f} s")
+        for size in sizes:
+            print(f"  tested at {size} px (--test-size {size}): {result['accuracy_at_test_size'][str(size)]:.3f}")
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))
         return 0
