@@ -95,19 +95,19 @@ def fold_predictions(run: Path, held: Path, test_sizes: list[int]) -> dict[int, 
     tested (the same model rebuilt at S, its preprocessing scaled), since --test-size changes
     nothing before the end of training."""
     from foodvit import datasets as D
+    from foodvit.inference import predict
     from foodvit.predictor import Predictor
     from foodvit.weights import resize_model
 
     base = Predictor.from_run(run)
     split = D.open_split(str(held), "test")
+    paths = [path for path, _ in split.samples]
+    truths = [split.classes[label] for _, label in split.samples]
     out = {}
     for size in [0, *test_sizes]:
         predictor = base if not size else Predictor(resize_model(base.model, size).eval(), base.classes, base.preprocess.at_size(size))
-        right = {}
-        for path, label in split.samples:
-            probabilities = predictor.probabilities(predictor.prepare(D.load_or_explain(path), str(path))[None])[0]
-            right[f"{Path(path).parent.name}/{Path(path).name}"] = bool(probabilities.argmax() == label)
-        out[size] = right
+        out[size] = {f"{Path(path).parent.name}/{Path(path).name}": result["label"] == truth
+                     for path, truth, result in zip(paths, truths, predict(predictor, paths))}
     return out
 
 

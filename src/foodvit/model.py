@@ -131,6 +131,13 @@ def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> Non
         )
 
 
+def check_on_patch_grid(name: str, size: int, patch_size: int) -> None:
+    """A side length the patches tile exactly, or a ConfigError naming the two nearest that do."""
+    if size % patch_size:
+        lower = size // patch_size * patch_size
+        raise ConfigError(f"{name} {size} is not a multiple of the patch size {patch_size}; use {lower or patch_size} or {lower + patch_size}")
+
+
 def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
     """Deviation 2: fixed 2D sine-cosine position embedding, (N, D), as MoCo v3 builds it.
 
@@ -341,16 +348,20 @@ class VisionTransformer(nn.Module):
         (progressive resizing, set_input_size) the fixed sin-cos embedding of that grid."""
         if grid == self.config.grid_size:
             return self.pos_embed
-        fixed = sincos_2d_pos_embed(grid, self.config.embed_dim).to(self.pos_embed)
-        return torch.cat([self.pos_embed[:, : self.config.num_prefix_tokens], fixed[None]], dim=1)
+        cached = self.__dict__.get("_other_grid_pos_embed")  # built once per grid and device, not at every step
+        if cached is None or cached.shape[1] != self.config.num_prefix_tokens + grid * grid or \
+                (cached.device, cached.dtype) != (self.pos_embed.device, self.pos_embed.dtype):
+            fixed = sincos_2d_pos_embed(grid, self.config.embed_dim).to(self.pos_embed)
+            cached = torch.cat([self.pos_embed[:, : self.config.num_prefix_tokens], fixed[None]], dim=1)  # (1, T', D)
+            self.__dict__["_other_grid_pos_embed"] = cached
+        return cached
 
     def set_input_size(self, image_size: int) -> "VisionTransformer":
         """Accept images of another size from now on (progressive resizing trains at a smaller one
         first); the configuration, and so the saved model, keep the model's own size. Fixed
         (sin-cos) or no position embeddings only: a learned E_pos has one grid."""
         if image_size != self.config.image_size:
-            if image_size % self.config.patch_size:
-                raise ConfigError(f"input size {image_size} is not a multiple of the patch size {self.config.patch_size}")
+            check_on_patch_grid("input size", image_size, self.config.patch_size)
             if self.config.pos_embed == "learned":
                 raise ConfigError("training at another input size needs fixed position embeddings: use --pos-embed sincos2d "
                                   "(or none); learned ones exist for one grid")

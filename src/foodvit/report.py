@@ -97,6 +97,10 @@ def write_report(run: Path, *, config, classes, counts: dict, history: list[dict
     per_class = per_class_accuracy(final["confusion"], classes)
     last = history[-1] if history else {}
     total_seconds = sum(row["seconds"] for row in history)
+    size_line = f"{model_info['image_size']} px, patch {model_info['patch_size']}"
+    trained_at = model_info.get("train_image_size", model_info["image_size"])
+    if trained_at != model_info["image_size"]:  # --test-size
+        size_line += f" (trained at {trained_at} px, tested at {model_info['image_size']})"
     lines = [
         f"# foodvit run: {run.name}",
         "",
@@ -107,9 +111,7 @@ def write_report(run: Path, *, config, classes, counts: dict, history: list[dict
         "|---|---|",
         f"| recipe | `{config.recipe}` |",
         f"| model | {config.model} ({model_info['params']:,} parameters, {model_info['trainable']:,} trained) |",
-        f"| image size | {model_info['image_size']} px, patch {model_info['patch_size']}"
-        + (f" (trained at {trained_at} px, tested at {model_info['image_size']})" if (trained_at := model_info.get('train_image_size',
-           model_info['image_size'])) != model_info['image_size'] else "") + " |",
+        f"| image size | {size_line} |",
         f"| data | `{model_info['data_root']}` |",
         "| photos | " + "; ".join(f"{split}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for split, c in counts.items()) + " |",
         f"| training | {len(history)} epochs, batch {config.train.batch_size} x {config.optim.accum_steps}, "

@@ -37,7 +37,7 @@ from .drloc import WithDenseRelativeLocalization
 from .engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
 from .errors import ConfigError, FoodVitError
 from .files import RunLock
-from .model import VisionTransformer
+from .model import VisionTransformer, check_on_patch_grid
 from .optim import build_ema, build_optimizer, build_scheduler
 from .preprocess import Preprocess, eval_transform, make_preprocess
 from .report import per_class_accuracy, plot_confusion, plot_curves, save_figure, write_report
@@ -159,17 +159,11 @@ class Trainer:
             self.preprocess = Preprocess.from_dict(saved["preprocess"])
         else:
             self.model, self.preprocess = build_model(self.config, num_classes)
-        size, patch = self.config.data.test_size, self.model.config.patch_size
-        if size % patch:
-            lower = size // patch * patch
-            raise ConfigError(f"--test-size {size} is not a multiple of the patch size {patch}; use {lower or patch} or {lower + patch}")
-        start = self.config.data.start_size
-        if start and start != self.model.config.image_size:
-            if start % patch:
-                lower = start // patch * patch
-                raise ConfigError(f"--start-size {start} is not a multiple of the patch size {patch}; use {lower or patch} or {lower + patch}")
-            if self.model.config.pos_embed == "learned":
-                raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
+        d, patch = self.config.data, self.model.config.patch_size
+        check_on_patch_grid("--test-size", d.test_size, patch)  # before training, not after it
+        check_on_patch_grid("--start-size", d.start_size, patch)
+        if d.start_size and d.start_size != self.model.config.image_size and self.model.config.pos_embed == "learned":
+            raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
         if self.config.train.freeze_backbone:
             self.model.freeze_backbone()
         # the module the optimiser steps: the ViT, or the ViT with the auxiliary head (training only);
