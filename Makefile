@@ -13,8 +13,8 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade "pip>=23"
-	$(BIN)/python -m pip install --quiet -e '.[test,serve,export,track]'
+	$(BIN)/python -m pip install --quiet --no-cache-dir --upgrade "pip>=23"
+	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,serve,export,track]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: $(STAMP)

@@ -63,7 +63,8 @@ def free_port() -> int:
 
 def start_server(command: list[str], port: int, cwd=None, env=None, timeout: float = 120.0):
     """Start a server process and wait until GET /health answers; (process, base URL). The caller
-    stops it (stop_server). The process's output goes to a file named in the failure message."""
+    stops it (stop_server). The process's output goes to a temporary file, quoted in the failure
+    message and removed by stop_server."""
     import os
     import subprocess
     import tempfile
@@ -73,12 +74,13 @@ def start_server(command: list[str], port: int, cwd=None, env=None, timeout: flo
 
     log = tempfile.NamedTemporaryFile("w+", prefix="foodvit-server-", suffix=".log", delete=False)
     process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    process.log_path = log.name
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             log.seek(0)
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read()[-3000:]}")
+            raise RuntimeError(f"server exited with {process.returncode} (output in {log.name}):\n{log.read()[-3000:]}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return process, url
@@ -87,15 +89,23 @@ def start_server(command: list[str], port: int, cwd=None, env=None, timeout: flo
         time.sleep(0.3)
     process.kill()
     log.seek(0)
-    raise RuntimeError(f"server did not answer within {timeout:.0f} s:\n{log.read()[-3000:]}")
+    raise RuntimeError(f"server did not answer within {timeout:.0f} s (output in {log.name}):\n{log.read()[-3000:]}")
 
 
 def stop_server(process) -> None:
+    """Stop a server from start_server and remove its output file."""
+    import os
+
     process.terminate()
     try:
         process.wait(timeout=15)
     except Exception:
         process.kill()
+    if getattr(process, "log_path", None):
+        try:
+            os.unlink(process.log_path)
+        except OSError:
+            pass
 
 
 def train_tiny_run(tmp_path_factory, name: str, *, epochs: int = 1, depth: int = 1, n_test: int = 3, size=(64, 80)):
