@@ -182,7 +182,8 @@ from foodvit.config import build_config
 from foodvit.report import plot_curves
 from foodvit.trainer import train
 
-run = tempfile.mkdtemp(prefix="walkthrough-") + "/run"
+workdir = tempfile.TemporaryDirectory(prefix="walkthrough-")  # removed when the kernel exits
+run = workdir.name + "/run"
 config = build_config("default", {"data.source": os.environ.get("FOODVIT_DATA") or "", "train.epochs": 8, "train.seed": 0})
 result = train(config, run, quiet=True, log=lambda *args, **kwargs: None)
 print(f"{len(result.history)} epochs; test accuracy {result.test['acc']:.3f} on {result.test['n']} photos (per image)")
