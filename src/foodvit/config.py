@@ -37,6 +37,7 @@ POOLS, POS_EMBEDS, STEMS, INITS = get_args(Pool), get_args(PosEmbed), get_args(S
 RESIZE_MODES = ("crop", "square")
 INTERPOLATIONS = ("bilinear", "bicubic")
 AUGMENT_PRESETS = ("none", "flip", "light", "medium", "strong")
+TEACHERS = ("resnet18", "resnet34", "resnet50")  # torchvision architectures a run can train as its distillation teacher
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -220,6 +221,10 @@ class OptimConfig:
                        "tokens (Liu et al. 2021: 0.1 for ViTs), 0 = off; skipped with a frozen backbone, which it cannot train",
                        range=AT_LEAST_0)
     drloc_pairs: int = opt(64, "token pairs per image for the dense relative localization loss (Liu et al. 2021: 64)", range=AT_LEAST_1)
+    distill: float = opt(0.0, "weight of hard-label distillation from a CNN teacher that the run trains first on the same "
+                         "photos (DeiT, Touvron et al. 2021), 0 = off; the saved model is the ViT alone", range=AT_LEAST_0)
+    teacher: str = opt("resnet18", "the distillation teacher: a torchvision architecture, random initialisation, trained in the "
+                       "run with its photos, augmentation, optimiser and schedule", choices=TEACHERS)
 
     def __post_init__(self) -> None:
         _check(self)

@@ -25,8 +25,9 @@ from .model import VisionTransformer, ViTConfig
 from .preprocess import Preprocess
 
 # every file a run writes (a failed start removes these, and only these)
+TEACHER_FILE = "teacher.pt"  # a distilled run's CNN teacher (distill.py)
 RUN_FILES = ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "curves.png", "confusion.png",
-             "most_wrong.png", "report.md")
+             "most_wrong.png", "report.md", TEACHER_FILE)
 # *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised
 METRIC_COLUMNS = ("epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds",
                   "images_per_s", "model_share")

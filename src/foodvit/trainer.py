@@ -33,6 +33,7 @@ import torch
 from . import datasets as D
 from .config import RunConfig, ViTConfig
 from .distributed import DEFAULT_TIMEOUT_S, Context, PeerLost, backend_reason
+from .distill import WithDistillation, build_teacher
 from .drloc import WithDenseRelativeLocalization
 from .engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
 from .errors import ConfigError, FoodVitError
@@ -41,7 +42,7 @@ from .model import VisionTransformer, check_on_patch_grid
 from .optim import build_ema, build_optimizer, build_scheduler
 from .preprocess import Preprocess, eval_transform, make_preprocess
 from .report import per_class_accuracy, plot_confusion, plot_curves, save_figure, write_report
-from .run import RUN_FILES, RunError, load_checkpoint, read_config, save_checkpoint, save_model, write_metrics, write_text
+from .run import RUN_FILES, TEACHER_FILE, RunError, load_checkpoint, read_config, save_checkpoint, save_model, write_metrics, write_text
 from .sampling import make_loader
 from .seeds import derive_seed
 from .transforms import batch_mixer, train_transform
@@ -166,12 +167,17 @@ class Trainer:
             raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
         if self.config.train.freeze_backbone:
             self.model.freeze_backbone()
-        # the module the optimiser steps: the ViT, or the ViT with the auxiliary head (training only);
-        # the auxiliary loss trains the encoder: with a frozen one (a feature extractor) it has nothing to train
+        # the module the optimiser steps: the ViT, with the auxiliary head and the distillation loss
+        # if asked (training only); both train the encoder: with a frozen one (a feature extractor)
+        # they have nothing to train
         c = self.config
         self.trained = self.model
+        self.localization = self.distiller = None
         if c.optim.drloc > 0 and not c.train.freeze_backbone:
-            self.trained = WithDenseRelativeLocalization(self.model, c.optim.drloc, c.optim.drloc_pairs)
+            self.trained = self.localization = WithDenseRelativeLocalization(self.model, c.optim.drloc, c.optim.drloc_pairs)
+        if c.optim.distill > 0 and not c.train.freeze_backbone:
+            self.trained = self.distiller = WithDistillation(self.trained, c.optim.distill)  # its teacher comes in fit()
+        self.teacher_history: list[dict] = []
         self.trained.to(self.device)
 
     def _open_data(self, listed: D.Listed) -> None:
@@ -251,7 +257,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "model_config": asdict(self.model.config),
             "preprocess": asdict(self.preprocess),
-            "auxiliary": self.trained.drloc.state_dict() if self.trained is not self.model else None,
+            "auxiliary": self.localization.drloc.state_dict() if self.localization is not None else None,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
@@ -272,8 +278,8 @@ class Trainer:
                            "resume with the same photos, or start a new run")
         try:
             self.model.load_state_dict(state["model"])
-            if self.trained is not self.model:
-                self.trained.drloc.load_state_dict(state["auxiliary"])
+            if self.localization is not None:
+                self.localization.drloc.load_state_dict(state["auxiliary"])
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             first = str(err).strip().splitlines()
@@ -333,6 +339,8 @@ class Trainer:
         hooks = self._hooks()
         with deterministic_algorithms(c.train.deterministic):
             try:
+                if self.distiller is not None:
+                    self.distiller.set_teacher(self._teacher())
                 fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
                     start_epoch=self.start_epoch, settings=self.settings, hooks=hooks, eval_model=self.eval_model,
                     eval_every=c.train.eval_every, show_progress=not self.quiet, num_classes=len(self.classes))
@@ -350,6 +358,37 @@ class Trainer:
             finally:
                 if self.tensorboard is not None:
                     self.tensorboard.close()
+
+    def _teacher(self) -> torch.nn.Module:
+        """The distillation teacher: the run's teacher.pt when it has one (a resumed run), else a
+        CNN trained now from random initialisation on the run's training photos, with its
+        augmentation, optimiser settings, schedule and epochs, then saved there."""
+        c = self.config
+        path = self.out / TEACHER_FILE
+        torch.manual_seed(derive_seed(c.train.seed, "teacher-init"))
+        teacher = build_teacher(c.optim.teacher, len(self.classes)).to(self.device)
+        saved = self.ctx.broadcast(self.ctx.on_main(_read_teacher, path, c.optim.teacher))
+        if saved is None:
+            self.log(f"training the distillation teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
+            optimizer = build_optimizer(teacher, c.optim, self.device)
+            scheduler = build_scheduler(optimizer, c.optim, self.steps_per_epoch, c.train.epochs)
+
+            def before(epoch: int) -> None:
+                torch.manual_seed(derive_seed(c.train.seed, "teacher-step", epoch))
+                self.train_loader.batch_sampler.set_epoch(epoch)
+
+            hooks = FitHooks(before_epoch=[before], after_epoch=[lambda _, row: self.log("teacher " + _epoch_line(row, c.train.epochs))])
+            history = fit(self.ctx.wrap(teacher), self.train_loader, {"test": self.eval_loaders["test"]}, optimizer, scheduler,
+                          epochs=c.train.epochs, settings=replace(self.settings, input_size=0), hooks=hooks,
+                          eval_every=c.train.epochs, show_progress=not self.quiet, num_classes=len(self.classes))
+            saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history}
+            if self.main:
+                save_checkpoint(path, saved)
+        else:
+            teacher.load_state_dict(saved["model"])
+            self.log(f"distillation teacher: {path} ({c.optim.teacher}, trained earlier in this run)")
+        self.teacher_history = list(saved["history"])
+        return teacher
 
     def _kept(self) -> str:
         if self.history:
@@ -384,6 +423,8 @@ class Trainer:
         summary = {"test_acc": test["acc"], "test_loss": test["loss"], "test_n": test["n"], "recipe": self.config.recipe,
                    "epochs": len(self.history), "trained": time.strftime("%Y-%m-%d"), "data": str(self.config.data.source or self.data.root),
                    "train_photos": len(self.data.train)}
+        if self.teacher_history:
+            summary["teacher_test_acc"] = self.teacher_history[-1].get("test_acc")
         save_model(self.out, model, self.classes, preprocess, {"metrics": summary})
         results, truths = self._test_results(probabilities)
         figures = {"curves": plot_curves(self.history), "confusion": plot_confusion(test["confusion"], self.classes),
@@ -399,6 +440,13 @@ class Trainer:
                 "patch_size": model.config.patch_size, "data_root": str(self.data.root), "device": _device_name(self.device),
                 "processes": self.ctx.world_size}
         wrong = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
+        if self.teacher_history:
+            last = self.teacher_history[-1]
+            wrong = ["## Distillation teacher", "",
+                     f"{self.config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
+                     f"({sum(r['seconds'] for r in self.teacher_history):.0f} s): test accuracy {last.get('test_acc', float('nan')):.3f} "
+                     f"(per image). The ViT learned from its labels (weight {self.config.optim.distill:g}); the saved model "
+                     f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.", ""] + wrong
         write_report(self.out, config=self.config, classes=self.classes, counts=counts, history=self.history, final=test,
                      model_info=info, extra_sections=wrong)
         if self.tensorboard is not None:
@@ -411,6 +459,16 @@ class Trainer:
         results = [{"image": str(path), "label": self.classes[i], "probability": p}
                    for (path, _), p, i in zip(self.data.test.samples, top.values.tolist(), top.indices.tolist())]
         return results, [self.classes[label] for _, label in self.data.test.samples]
+
+
+def _read_teacher(path: Path, architecture: str) -> dict | None:
+    """A run's saved distillation teacher, or None when it has none yet."""
+    if not path.is_file():
+        return None
+    state = load_checkpoint(path)
+    if state.get("format") != "foodvit-teacher" or state.get("architecture") != architecture:
+        raise RunError(f"{path} is not this run's {architecture} distillation teacher; remove it to train the teacher again")
+    return state
 
 
 def _is_backend_error(err: RuntimeError) -> bool:

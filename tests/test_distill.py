@@ -1,0 +1,158 @@
+"""Distillation from a CNN teacher (DeiT's hard-label distillation): the loss, the wrapper, and a run
+that trains its teacher first, saves it, reports it, and resumes without training it again."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foodvit.config import RunConfig
+from foodvit.distill import WithDistillation, build_teacher
+from foodvit.drloc import WithDenseRelativeLocalization
+from foodvit.errors import ConfigError
+from foodvit.run import RunError, load_checkpoint
+from foodvit.trainer import resume, train
+from foodvit.variants import create_model
+from helpers import make_photo_folder
+from test_train import small_config
+
+
+class Fixed(nn.Module):
+    """A 'teacher' whose predicted class for each image is given."""
+
+    def __init__(self, classes):
+        super().__init__()
+        self.classes = classes
+
+    def forward(self, x):
+        return F.one_hot(torch.as_tensor(self.classes[: x.shape[0]]), 3).float() * 5
+
+
+def test_loss_is_the_cross_entropy_against_the_teachers_classes():
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
+    wrapped = WithDistillation(vit, weight=0.7, teacher=Fixed([2, 0, 1, 1]))
+    images = torch.randn(4, 3, 32, 32)
+    wrapped.train()
+    logits, extra = wrapped(images)
+    torch.testing.assert_close(logits, vit(images), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(extra, 0.7 * F.cross_entropy(logits, torch.tensor([2, 0, 1, 1])))
+    wrapped.eval()
+    torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
+
+
+def test_teacher_is_frozen_and_outside_the_trained_parameters():
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
+    teacher = build_teacher("resnet18", 3)
+    wrapped = WithDistillation(vit, weight=1.0, teacher=teacher)
+    assert {id(p) for p in wrapped.parameters()} == {id(p) for p in vit.parameters()}
+    assert all(not k.startswith("teacher") for k in wrapped.state_dict())
+    wrapped.train()
+    assert not teacher.training  # batch-norm statistics stay as trained
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    _, extra = wrapped(torch.randn(4, 3, 32, 32))
+    extra.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+    assert vit.head.weight.grad.abs().sum() > 0  # the ViT learns from the teacher (its head starts at zero)
+
+
+def test_adds_to_the_localization_loss():
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
+    localization = WithDenseRelativeLocalization(vit, weight=0.5, pairs=4)
+    wrapped = WithDistillation(localization, weight=2.0, teacher=Fixed([1, 1]))
+    wrapped.train()
+    images = torch.randn(2, 3, 32, 32)
+    torch.manual_seed(1)
+    logits, extra = wrapped(images)
+    torch.manual_seed(1)
+    _, drloc_only = localization(images)  # same pairs drawn
+    torch.testing.assert_close(extra, drloc_only + 2.0 * F.cross_entropy(logits, torch.tensor([1, 1])))
+
+
+def test_an_empty_share_of_a_batch_costs_nothing():
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
+    wrapped = WithDistillation(vit, weight=1.0, teacher=build_teacher("resnet18", 3)).train()
+    _, extra = wrapped(torch.zeros(0, 3, 32, 32))
+    assert extra.item() == 0.0
+
+
+def test_unknown_teacher_and_a_wrapper_without_teacher_are_refused():
+    with pytest.raises(ConfigError, match="--teacher must be one of resnet18"):
+        build_teacher("vgg11", 3)
+    with pytest.raises(ConfigError, match="--teacher must be one of"):
+        RunConfig.from_dict({"optim": {"distill": 1.0, "teacher": "alexnet"}})
+    wrapped = WithDistillation(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), weight=1.0).train()
+    with pytest.raises(RuntimeError, match="needs its teacher"):
+        wrapped(torch.randn(1, 3, 32, 32))
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=8, n_test=4)
+
+
+def distilled(photos, epochs=2):
+    config = small_config(photos, epochs=epochs, batch_size=8)
+    return replace(config, optim=replace(config.optim, distill=1.0, teacher="resnet18"))
+
+
+def test_a_distilled_run_trains_saves_and_reports_its_teacher(photos, tmp_path):
+    out = tmp_path / "run"
+    result = train(distilled(photos), out, quiet=True)
+    teacher = load_checkpoint(out / "teacher.pt")
+    assert teacher["format"] == "foodvit-teacher" and teacher["architecture"] == "resnet18"
+    assert [row["epoch"] for row in teacher["history"]] == [1, 2] and 0 <= teacher["history"][-1]["test_acc"] <= 1
+    card = json.loads((out / "model.json").read_text())
+    assert card["metrics"]["teacher_test_acc"] == teacher["history"][-1]["test_acc"]
+    assert "## Distillation teacher" in (out / "report.md").read_text()
+    state = load_checkpoint(out / "checkpoint.pt")
+    assert not any(k.startswith(("teacher", "layer1", "fc.")) for k in state["model"])  # the checkpoint holds the ViT
+    assert len(result.history) == 2
+
+
+def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
+    whole = train(distilled(photos, epochs=3), tmp_path / "whole", quiet=True)
+    out = tmp_path / "stopped"
+    import foodvit.trainer as T
+
+    calls = {"n": 0}
+    real = T.fit
+
+    def stop_after_two_student_epochs(model, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the student's fit (the teacher's is the first)
+            kwargs = {**kwargs, "epochs": 2}
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(T, "fit", stop_after_two_student_epochs)
+    train(distilled(photos, epochs=3), out, quiet=True)
+    assert len(load_checkpoint(out / "checkpoint.pt")["history"]) == 2
+    monkeypatch.setattr(T, "fit", real)
+    saved_teacher = (out / "teacher.pt").read_bytes()
+    calls_after = {"n": 0}
+
+    def count(model, *args, **kwargs):
+        calls_after["n"] += 1
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(T, "fit", count)
+    resumed = resume(out, quiet=True)
+    assert calls_after["n"] == 1  # the student's epochs only
+    assert (out / "teacher.pt").read_bytes() == saved_teacher
+    assert resumed.test["acc"] == pytest.approx(whole.test["acc"])
+    assert resumed.history[-1]["train_loss"] == pytest.approx(whole.history[-1]["train_loss"], rel=1e-5)
+
+
+def test_a_foreign_teacher_file_is_refused(photos, tmp_path):
+    out = tmp_path / "run"
+    train(distilled(photos, epochs=1), out, quiet=True)
+    state = load_checkpoint(out / "teacher.pt")
+    torch.save({**state, "architecture": "resnet34"}, out / "teacher.pt")
+    with pytest.raises(RunError, match="not this run's resnet18 distillation teacher"):
+        resume(out, quiet=True)
