@@ -120,6 +120,7 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
 
     train = scan(resolve(data) / "train")
     correct, total, per_seed = 0, 0, []
+    teacher_correct = 0  # a distilled recipe's CNN teachers (--distill): their own held-out predictions
     photos: dict[str, dict[str, bool]] = {}  # test size ("0": the run's own) -> "s<seed>/<photo>" -> right
     started = time.perf_counter()
     for seed in seeds:
@@ -140,6 +141,7 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
                     raise SystemExit(f"seed {seed} fold {fold} failed (exit {code})")
             metrics = json.loads((run / "model.json").read_text())["metrics"]
             seed_correct += round(metrics["test_acc"] * metrics["test_n"])
+            teacher_correct += round(metrics.get("teacher_test_acc", 0) * metrics["test_n"])
             total += metrics["test_n"]
             for size, right in fold_predictions(run, folder, list(test_sizes)).items():
                 photos.setdefault(str(size), {}).update({f"s{seed}/{name}": r for name, r in right.items()})
@@ -152,6 +154,7 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
     by_size = {size: sum(right.values()) / len(right) for size, right in photos.items()}
     return {"recipe": recipe, "extra": extra, "folds": k, "seeds": seeds, "per_seed": per_seed, "accuracy": acc,
             "accuracy_at_test_size": by_size, "photos": photos,
+            "teacher_accuracy": teacher_correct / total if "--distill" in extra or teacher_correct else None,
             "standard_error": (acc * (1 - acc) / total) ** 0.5, "predictions": total, "machine": machine(),
             "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - started}
 
@@ -223,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(f'{a:.3f}' for a in result['per_seed'])}); {result['seconds']:.0f} s")
         for size in sizes:
             print(f"  tested at {size} px (--test-size {size}): {result['accuracy_at_test_size'][str(size)]:.3f}")
+        if result["teacher_accuracy"] is not None:
+            print(f"  the distillation teachers on their own: {result['teacher_accuracy']:.3f}")
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))
         return 0
