@@ -156,3 +156,27 @@ def test_a_foreign_teacher_file_is_refused(photos, tmp_path):
     torch.save({**state, "architecture": "resnet34"}, out / "teacher.pt")
     with pytest.raises(RunError, match="not this run's resnet18 distillation teacher"):
         resume(out, quiet=True)
+
+
+def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(photos, tmp_path, monkeypatch):
+    whole = train(distilled(photos, epochs=2), tmp_path / "whole", quiet=True)
+    out = tmp_path / "stopped"
+    import foodvit.trainer as T
+
+    real, calls = T.fit, {"n": 0}
+
+    def interrupt_the_student(model, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(T, "fit", interrupt_the_student)
+    with pytest.raises(KeyboardInterrupt):
+        train(distilled(photos, epochs=2), out, quiet=True)
+    assert (out / "teacher.pt").is_file() and load_checkpoint(out / "checkpoint.pt")["epoch"] == 0
+    monkeypatch.setattr(T, "fit", real)
+    resumed = resume(out, quiet=True)
+    assert [r["epoch"] for r in resumed.history] == [1, 2]
+    assert resumed.test["acc"] == pytest.approx(whole.test["acc"])
+    assert resumed.history[-1]["train_loss"] == pytest.approx(whole.history[-1]["train_loss"], rel=1e-5)

@@ -222,7 +222,8 @@ class OptimConfig:
                        range=AT_LEAST_0)
     drloc_pairs: int = opt(64, "token pairs per image for the dense relative localization loss (Liu et al. 2021: 64)", range=AT_LEAST_1)
     distill: float = opt(0.0, "weight of hard-label distillation from a CNN teacher that the run trains first on the same "
-                         "photos (DeiT, Touvron et al. 2021), 0 = off; the saved model is the ViT alone", range=AT_LEAST_0)
+                         "photos (DeiT, Touvron et al. 2021), 0 = off; the saved model is the ViT alone; skipped with a frozen "
+                         "backbone, which it cannot train", range=AT_LEAST_0)
     teacher: str = opt("resnet18", "the distillation teacher: a torchvision architecture, random initialisation, trained in the "
                        "run with its photos, augmentation, optimiser and schedule", choices=TEACHERS)
 

@@ -384,6 +384,8 @@ class Trainer:
             saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history}
             if self.main:
                 save_checkpoint(path, saved)
+                if not self.history:  # the run is resumable from here: an interruption keeps the trained teacher
+                    save_checkpoint(self.out / "checkpoint.pt", self.state(0))
         else:
             teacher.load_state_dict(saved["model"])
             self.log(f"distillation teacher: {path} ({c.optim.teacher}, trained earlier in this run)")
