@@ -61,7 +61,7 @@ class WithDistillation(nn.Module):
             raise RuntimeError("WithDistillation needs its teacher before training (set_teacher)")
         logits, extra = out if isinstance(out, tuple) else (out, None)
         with torch.no_grad():
-            targets = self.teacher(images).argmax(dim=1) if images.shape[0] else torch.zeros(0, dtype=torch.long, device=images.device)
+            targets = self.teacher(images).argmax(dim=1)  # an empty share gives an empty (0,) tensor
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
         distill = F.cross_entropy(logits.float(), targets, reduction="sum") / max(1, images.shape[0])
         return logits, self.weight * distill + (extra if extra is not None else 0.0)

@@ -426,7 +426,7 @@ class Trainer:
                    "epochs": len(self.history), "trained": time.strftime("%Y-%m-%d"), "data": str(self.config.data.source or self.data.root),
                    "train_photos": len(self.data.train)}
         if self.teacher_history:
-            summary["teacher_test_acc"] = self.teacher_history[-1].get("test_acc")
+            summary["teacher_test_acc"] = self.teacher_history[-1]["test_acc"]
         save_model(self.out, model, self.classes, preprocess, {"metrics": summary})
         results, truths = self._test_results(probabilities)
         figures = {"curves": plot_curves(self.history), "confusion": plot_confusion(test["confusion"], self.classes),
@@ -441,16 +441,16 @@ class Trainer:
         info = {"params": params, "trainable": trainable, "image_size": model.config.image_size, "train_image_size": self.model.config.image_size,
                 "patch_size": model.config.patch_size, "data_root": str(self.data.root), "device": _device_name(self.device),
                 "processes": self.ctx.world_size}
-        wrong = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
+        sections = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
         if self.teacher_history:
-            last = self.teacher_history[-1]
-            wrong = ["## Distillation teacher", "",
+            last = self.teacher_history[-1]  # evaluated on the test split at its last epoch
+            sections = ["## Distillation teacher", "",
                      f"{self.config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
-                     f"({sum(r['seconds'] for r in self.teacher_history):.0f} s): test accuracy {last.get('test_acc', float('nan')):.3f} "
+                     f"({sum(r['seconds'] for r in self.teacher_history):.0f} s): test accuracy {last['test_acc']:.3f} "
                      f"(per image). The ViT learned from its labels (weight {self.config.optim.distill:g}); the saved model "
-                     f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.", ""] + wrong
+                     f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.", ""] + sections
         write_report(self.out, config=self.config, classes=self.classes, counts=counts, history=self.history, final=test,
-                     model_info=info, extra_sections=wrong)
+                     model_info=info, extra_sections=sections)
         if self.tensorboard is not None:
             figures["predictions"] = predictions_figure(results, truths)
             self.tensorboard.finish(config=self.config.to_dict(), final=test, figures=figures, epochs=len(self.history))
