@@ -180,3 +180,103 @@ def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(photo
     assert [r["epoch"] for r in resumed.history] == [1, 2]
     assert resumed.test["acc"] == pytest.approx(whole.test["acc"])
     assert resumed.history[-1]["train_loss"] == pytest.approx(whole.history[-1]["train_loss"], rel=1e-5)
+
+
+# DeiT's distillation token (model.py deviation 9) ----------------------------------------------
+
+
+def token_vit(**changes):
+    torch.manual_seed(0)
+    return create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, distill_token=True, **changes)
+
+
+@pytest.mark.parametrize("pool", ["cls", "gap"])
+def test_the_token_is_a_second_prefix_token_and_prediction_averages_the_two_heads(pool):
+    vit = token_vit(pool=pool).eval()
+    assert vit.config.num_prefix_tokens == 2 and vit.config.num_tokens == 16 + 2
+    images = torch.randn(3, 3, 32, 32)
+    tokens, attentions = vit.forward_features(images, return_attention=True)
+    assert tokens.shape == (3, 18, 192) and attentions[0].shape[-1] == 18  # both tokens attend and are attended to
+    by_hand = (vit.head(vit.pool(tokens)) + vit.head_dist(tokens[:, 1])) / 2  # [class; distillation; patches]
+    torch.testing.assert_close(vit(images), by_hand, rtol=1e-5, atol=1e-5)  # with pool='cls', the last block's fast path too
+    logits, distilled, extra = vit.forward_heads(images)
+    torch.testing.assert_close(logits, vit.head(vit.pool(tokens)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(distilled, vit.head_dist(tokens[:, 1]), rtol=1e-5, atol=1e-5)
+    assert extra is None
+
+
+def test_the_token_starts_apart_from_the_class_token_and_is_not_decayed():
+    vit = token_vit()
+    assert torch.count_nonzero(vit.cls_token) == 0 and 0.005 < vit.dist_token.std().item() < 0.04  # DeiT: N(0, 0.02)
+    assert {"cls_token", "dist_token"} <= vit.no_weight_decay()
+    assert torch.count_nonzero(vit.head_dist.weight) == 0  # zero-initialised like the paper's head
+
+
+def test_with_the_token_the_teacher_trains_the_distillation_head_and_the_labels_the_class_head():
+    vit = token_vit()
+    nn.init.normal_(vit.head_dist.weight, std=0.1)  # as after some training: a zero head passes no gradient back to the token
+    wrapped = WithDistillation(vit, weight=0.7, teacher=Fixed([2, 0, 1, 1])).train()
+    images = torch.randn(4, 3, 32, 32)
+    logits, extra = wrapped(images)
+    torch.manual_seed(0)
+    class_logits, distilled, _ = vit.forward_heads(images)
+    torch.testing.assert_close(logits, class_logits, rtol=1e-5, atol=1e-5)  # the engine's CE against y reads Eq. 4's head
+    torch.testing.assert_close(extra, 0.7 * F.cross_entropy(distilled, torch.tensor([2, 0, 1, 1])), rtol=1e-5, atol=1e-5)
+    extra.backward()
+    assert vit.head.weight.grad is None  # the teacher's term does not reach the class head ...
+    assert vit.head_dist.weight.grad.abs().sum() > 0 and vit.dist_token.grad.abs().sum() > 0  # ... it trains the token's
+
+
+def test_with_the_token_the_localization_loss_still_reads_the_patch_tokens_only():
+    vit = token_vit(pool="gap")
+    localization = WithDenseRelativeLocalization(vit, weight=0.5, pairs=4)
+    wrapped = WithDistillation(localization, weight=1.0, teacher=Fixed([1, 0])).train()
+    images = torch.randn(2, 3, 32, 32)
+    torch.manual_seed(1)
+    _, extra = wrapped(images)
+    tokens, _ = vit.forward_features(images)
+    torch.manual_seed(1)
+    drloc = 0.5 * localization.drloc(tokens[:, 2:])  # 16 patch tokens: a 4 x 4 grid, not 18
+    torch.testing.assert_close(extra, drloc + F.cross_entropy(vit.head_dist(tokens[:, 1]), torch.tensor([1, 0])),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_token_needs_a_teacher(capsys, tmp_path):
+    with pytest.raises(ConfigError, match="--distill-token trains its own head on a teacher's classes: add --distill W"):
+        RunConfig.from_dict({"vit": {"distill_token": True}})
+    with pytest.raises(ConfigError, match="no --freeze-backbone"):
+        RunConfig.from_dict({"vit": {"distill_token": True}, "optim": {"distill": 1.0}, "train": {"freeze_backbone": True}})
+    from foodvit.cli import main
+
+    try:
+        code = main(["train", "--distill-token", "--out", str(tmp_path / "never")])
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and "add --distill W" in err and "Traceback" not in err and not (tmp_path / "never").exists()
+
+
+def test_weights_keep_both_prefix_positions_and_fine_tuning_replaces_both_heads():
+    from foodvit.weights import load_weights
+
+    source = token_vit(pos_embed="learned")
+    bigger = create_model("ViT-Ti/8", num_classes=5, image_size=48, depth=2, distill_token=True, pos_embed="learned")
+    load_weights(bigger, source.state_dict(), skip_head=True)  # timm's names: dist_token, head_dist
+    torch.testing.assert_close(bigger.pos_embed[:, :2], source.pos_embed[:, :2])  # class and distillation positions kept
+    assert bigger.pos_embed.shape == (1, 36 + 2, 192) and torch.equal(bigger.dist_token, source.dist_token)
+    assert bigger.head_dist.weight.shape == (5, 192) and torch.count_nonzero(bigger.head_dist.weight) == 0
+
+
+def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos, tmp_path):
+    from foodvit.run import load_model
+
+    config = distilled(photos, epochs=1)
+    config = replace(config, vit={**config.vit, "distill_token": True})
+    train(config, tmp_path / "run", quiet=True)
+    card = json.loads((tmp_path / "run" / "model.json").read_text())
+    assert card["model"]["distill_token"] is True
+    model = load_model(tmp_path / "run").eval()
+    images = torch.randn(2, 3, model.config.image_size, model.config.image_size)
+    tokens, _ = model.forward_features(images)
+    torch.testing.assert_close(model(images), model.classify(tokens), rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(model.head_dist.weight) > 0  # the distillation head was trained and saved

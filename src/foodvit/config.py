@@ -96,6 +96,8 @@ class ViTConfig:
     locality: bool = opt(False, "locality self-attention: no self-attention to the own token, learned temperature (deviation 7)")
     layer_norm_eps: float = opt(1e-6, "LayerNorm epsilon (JAX reference: 1e-6)", range=POSITIVE)
     init: Init = opt("jax", "'jax' (the authors' code) or 'mimetic' (attention starts near pre-trained shape, deviation 8)", choices=INITS)
+    distill_token: bool = opt(False, "DeiT's distillation token: a second prefix token whose own head learns the teacher's "
+                              "classes (needs --distill); prediction averages the two heads (deviation 9)")
 
     def __post_init__(self) -> None:
         _check(self)
@@ -128,12 +130,12 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: the class token, if any."""
-        return int(self.class_token)
+        """Tokens before the patches: the class token and the distillation token, each if any."""
+        return int(self.class_token) + int(self.distill_token)
 
     @property
     def num_tokens(self) -> int:
-        """T = N + 1 (or N without a class token)."""
+        """T = N + the prefix tokens (N + 1 with the class token alone)."""
         return self.num_patches + self.num_prefix_tokens
 
     @property
@@ -267,6 +269,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_vit(self.vit, "model settings")
+        if self.vit.get("distill_token") and (self.optim.distill <= 0 or self.train.freeze_backbone):
+            raise ConfigError("--distill-token trains its own head on a teacher's classes: add --distill W (e.g. --distill 1) "
+                              "and train the whole model (no --freeze-backbone)")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -12,8 +12,14 @@ photos, augmentation, optimiser and schedule), then the ViT with
 on every augmented batch x: the teacher labels the crop the student sees, which is what it adds
 over the true label (DeiT's hard distillation; W = 1 is DeiT's equal weighting of the two terms,
 doubled). The teacher is saved as teacher.pt in the run (a resumed run loads it instead of training
-it again) and plays no part in prediction: the saved model is the ViT alone. DeiT's separate
-distillation token is not used: the teacher's labels train the ViT's own head.
+it again) and plays no part in prediction: the saved model is the ViT alone.
+
+By default the teacher's labels train the ViT's own head. With --distill-token (DeiT's distillation
+token, model.py deviation 9) they train the token's own head instead:
+
+    loss = CE(head(x), y) + W x CE(head_dist(x), argmax teacher(x))
+
+and the model predicts with the mean of the two heads' logits.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ def build_teacher(name: str, num_classes: int) -> nn.Module:
 
 
 class WithDistillation(nn.Module):
-    """A student trained on a frozen teacher's hard labels besides the true ones. In training mode
-    forward returns (logits, auxiliary loss) as the engine expects, the auxiliary loss being
-    weight x the cross-entropy of the student's logits against the teacher's predicted classes,
-    plus the student's own auxiliary loss if it has one (the localization loss); in eval mode the
-    student's logits alone. The teacher is held outside the module's parameters: the optimiser,
+    """A student trained on a frozen teacher's hard labels besides the true ones. The student is a
+    VisionTransformer or one wrapped for the localization loss: anything with forward_heads(images)
+    -> (logits, distillation-token logits or None, auxiliary loss or None). In training mode forward
+    returns (logits, auxiliary loss) as the engine expects, the auxiliary loss being weight x the
+    cross-entropy of the distillation token's logits (without the token: the logits') against the
+    teacher's predicted classes, plus the student's own auxiliary loss; in eval mode the student's
+    prediction. The teacher is held outside the module's parameters: the optimiser,
     DistributedDataParallel and the checkpoint never see it."""
 
     def __init__(self, student: nn.Module, weight: float, teacher: nn.Module | None = None) -> None:
@@ -54,14 +62,14 @@ class WithDistillation(nn.Module):
         object.__setattr__(self, "teacher", teacher)  # not a submodule: not trained, not saved with the student
 
     def forward(self, images: torch.Tensor):
-        out = self.student(images)
         if not self.training:
-            return out
+            return self.student(images)
         if self.teacher is None:
             raise RuntimeError("WithDistillation needs its teacher before training (set_teacher)")
-        logits, extra = out if isinstance(out, tuple) else (out, None)
+        logits, distilled, extra = self.student.forward_heads(images)  # distilled: the distillation token's head, if any
         with torch.no_grad():
             targets = self.teacher(images).argmax(dim=1)  # an empty share gives an empty (0,) tensor
+        student = logits if distilled is None else distilled
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
-        distill = F.cross_entropy(logits.float(), targets, reduction="sum") / max(1, images.shape[0])
+        distill = F.cross_entropy(student.float(), targets, reduction="sum") / max(1, images.shape[0])
         return logits, self.weight * distill + (extra if extra is not None else 0.0)

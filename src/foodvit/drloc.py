@@ -53,7 +53,7 @@ class DenseRelativeLocalization(nn.Module):
 class WithDenseRelativeLocalization(nn.Module):
     """A ViT trained with the auxiliary task. In training mode forward returns (logits, weight x
     auxiliary loss), which the engine adds to the classification loss; in eval mode the logits
-    alone. The logits are the ViT's own: same tokens, same pooling, same head."""
+    alone. The logits are the ViT's own: same tokens, same pooling, same heads."""
 
     def __init__(self, vit: VisionTransformer, weight: float, pairs: int = 64) -> None:
         super().__init__()
@@ -63,6 +63,12 @@ class WithDenseRelativeLocalization(nn.Module):
     def forward(self, images: torch.Tensor):
         if not self.training:
             return self.vit(images)
+        logits, _, extra = self.forward_heads(images)
+        return logits, extra
+
+    def forward_heads(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Training: Eq. 4's logits, the distillation head's (None without the distillation token;
+        distill.py reads them) and weight x the auxiliary loss."""
         tokens, _ = self.vit.forward_features(images)  # (B, T, D), every token: the auxiliary task reads them all
-        logits = self.vit.head(self.vit.pool(tokens))
-        return logits, self.weight * self.drloc(tokens[:, self.vit.config.num_prefix_tokens:])
+        logits, distilled = self.vit.heads(tokens)
+        return logits, distilled, self.weight * self.drloc(tokens[:, self.vit.config.num_prefix_tokens:])

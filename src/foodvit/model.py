@@ -5,7 +5,8 @@ Appendix B.1 where dropout goes, section 3.2 the position-embedding interpolatio
 
 Shape legend, used in every shape comment below:
     B batch, C channels, H x W image, P patch size, N = HW / P^2 patches,
-    T tokens (N + 1 with the class token, N without), D embed_dim, h num_heads,
+    T tokens (N + the prefix tokens: the class token, and the distillation token of deviation 9),
+    D embed_dim, h num_heads,
     d = D / h head_dim, M mlp_dim.
 
 Deviations from the paper. A model built with the defaults has none of them; each is an
@@ -39,6 +40,12 @@ option, named here once and cited:
      there: W_q,h W_k,h^T is the rank-d part of a Z + b I and W_v W_o = a Z - b I exactly (Z a
      random D x D matrix with N(0, 1/D) entries), so at step 0 a token attends most to tokens
      like itself (with sin-cos positions: its neighbours). Training changes nothing else.
+  9. distill_token=True: DeiT's distillation token (Touvron et al. 2021, "Training data-efficient
+     image transformers & distillation through attention", section 4). A second learned token
+     follows the class token; its output state feeds its own linear head (head_dist), which
+     learns the teacher's classes while Eq. 4's head learns the true ones (distill.py). Both
+     tokens attend and are attended to in every block; prediction is the mean of the two heads'
+     logits, as in DeiT.
 
 Notes (not deviations from the paper's text):
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
@@ -306,6 +313,9 @@ class Block(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
+HEADS = ("head.", "head_dist.")  # parameter-name prefixes of the classifier heads (the head, and deviation 9's)
+
+
 class VisionTransformer(nn.Module):
     """ViT: Eq. 1 (embed), L blocks of Eq. 2-3, Eq. 4 (normalise, pool, classify).
 
@@ -319,6 +329,8 @@ class VisionTransformer(nn.Module):
         self.patch_embed = PatchEmbed(config)
         if config.class_token:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, D))  # x_class
+        if config.distill_token:
+            self.dist_token = nn.Parameter(torch.zeros(1, 1, D))  # deviation 9: DeiT's x_distillation
         if config.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, T, D))  # E_pos, 1D, learnable
         elif config.pos_embed == "sincos2d":  # fixed; the class token's position is zero
@@ -332,13 +344,16 @@ class VisionTransformer(nn.Module):
         if config.pool == "seq":
             self.attn_pool = nn.Linear(D, 1)  # deviation 6: one score per token
         self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        if config.distill_token:
+            self.head_dist = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
         init_weights(self)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos, then dropout. (B, C, H, W) -> (B, T, D)."""
         x = self.patch_embed(images)  # (B, C, H, W) -> (B, N, D)
-        if self.config.class_token:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N, D) -> (B, T, D)
+        prefix = [token for name in ("cls_token", "dist_token") if (token := getattr(self, name, None)) is not None]
+        if prefix:  # [x_class; x_distillation; patches] (DeiT's order): (B, N, D) -> (B, T, D)
+            x = torch.cat([token.expand(x.shape[0], -1, -1) for token in prefix] + [x], dim=1)
         if self.config.pos_embed != "none":
             x = x + self._pos_embed_for(images.shape[-1] // self.config.patch_size)  # (B, T, D) + (1, T, D)
         return self.pos_drop(x)
@@ -374,10 +389,11 @@ class VisionTransformer(nn.Module):
 
         With return_attention=True each block takes the plain attention path and its weights
         (B, h, T, T) are returned, one tensor a layer; the output is the same either way.
-        class_only=True returns only the class token's state, (B, 1, D), and the last block computes
-        nothing else: Eq. 4 reads z_L^0 alone, and no other token's output of the last block
-        reaches it. Every token still serves as a key and value there, so z_L^0 is unchanged while
-        that block's U_msa and MLP run on 1 token instead of T (ViT-B/16: 1/16 fewer FLOPs).
+        class_only=True returns only the prefix tokens' states, (B, 1, D) (the class token; (B, 2, D)
+        with the distillation token), and the last block computes nothing else: Eq. 4 reads z_L^0
+        alone, and no other token's output of the last block reaches it. Every token still serves as
+        a key and value there, so z_L^0 is unchanged while that block's U_msa and MLP run on 1 token
+        instead of T (ViT-B/16: 1/16 fewer FLOPs).
         """
         if class_only and not self.config.class_token:
             raise ValueError("class_only=True needs a model with a class token")
@@ -385,7 +401,8 @@ class VisionTransformer(nn.Module):
         attentions = []
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x, weights = block(x, return_attention, queries=1 if class_only and i == last else None)  # Eq. 2 and 3
+            queries = self.config.num_prefix_tokens if class_only and i == last else None
+            x, weights = block(x, return_attention, queries=queries)  # Eq. 2 and 3
             if weights is not None:
                 attentions.append(weights)
         return self.norm(x), attentions  # LN of Eq. 4
@@ -401,14 +418,34 @@ class VisionTransformer(nn.Module):
         weights = self.attn_pool(patches).softmax(dim=1)  # (B, N, D) -> (B, N, 1)
         return (weights * patches).sum(dim=1)  # (B, N, D) -> (B, D)
 
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The final tokens (B, T, D) -> Eq. 4's logits (B, num_classes), and the distillation head's
+        logits from the distillation token's state (deviation 9), or None without that token."""
+        logits = self.head(self.pool(x))  # Eq. 4: y = LN(z_L^0), then the linear head
+        if not self.config.distill_token:
+            return logits, None
+        return logits, self.head_dist(x[:, self.config.num_prefix_tokens - 1])
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """The final tokens (B, T, D) -> the model's logits (B, num_classes): Eq. 4; with the
+        distillation token, the mean of its head's logits and Eq. 4's (DeiT's prediction)."""
+        logits, distilled = self.heads(x)
+        return logits if distilled is None else (logits + distilled) / 2
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x, _ = self.forward_features(images, class_only=self.config.class_only_last_block)
-        return self.head(self.pool(x))  # Eq. 4: y = LN(z_L^0), then the linear head -> (B, num_classes)
+        return self.classify(x)  # -> (B, num_classes)
+
+    def forward_heads(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        """What training with a teacher reads (distill.py): Eq. 4's logits, the distillation head's
+        (None without the token) and no auxiliary loss."""
+        x, _ = self.forward_features(images, class_only=self.config.class_only_last_block)
+        return *self.heads(x), None
 
     def forward_with_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and the attention weights of every layer, [(B, h, T, T)] * L."""
         x, attentions = self.forward_features(images, return_attention=True)
-        return self.head(self.pool(x)), attentions
+        return self.classify(x), attentions
 
     def set_fused_attention(self, fused: bool) -> "VisionTransformer":
         """Choose scaled_dot_product_attention (True) or the plain math path (False) in every block."""
@@ -419,9 +456,10 @@ class VisionTransformer(nn.Module):
     def reset_head(self, num_classes: int) -> None:
         """A new zero-initialised head, as the paper fine-tunes (section 3.2)."""
         self.config = self.config.replace(num_classes=num_classes)
-        self.head = nn.Linear(self.config.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self.head.to(device=self.norm.weight.device, dtype=self.norm.weight.dtype)
-        _init_head(self.head)
+        for name in ("head", "head_dist") if self.config.distill_token else ("head",):
+            head = nn.Linear(self.config.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+            setattr(self, name, head.to(device=self.norm.weight.device, dtype=self.norm.weight.dtype))
+            _init_head(head)
 
     def freeze_backbone(self) -> None:
         """Train the head only (a feature extractor): every other parameter stops taking gradients,
@@ -429,7 +467,7 @@ class VisionTransformer(nn.Module):
         stays in eval mode even when the model is put in training mode (train()), so dropout,
         stochastic depth and the conv stem's BatchNorm compute the same features every time."""
         for name, p in self.named_parameters():
-            p.requires_grad_(name.startswith("head."))
+            p.requires_grad_(name.startswith(HEADS))
         self.backbone_frozen = True
         self.train(self.training)
 
@@ -437,13 +475,13 @@ class VisionTransformer(nn.Module):
         super().train(mode)
         if getattr(self, "backbone_frozen", False):
             for name, child in self.named_children():
-                if name != "head":
+                if name not in ("head", "head_dist"):
                     child.eval()
         return self
 
     def no_weight_decay(self) -> set[str]:
-        """Parameters an optimiser should not decay: the class token and the position embedding."""
-        return {name for name in ("cls_token", "pos_embed") if name in dict(self.named_parameters())}
+        """Parameters an optimiser should not decay: the class and distillation tokens and the position embedding."""
+        return {name for name in ("cls_token", "dist_token", "pos_embed") if name in dict(self.named_parameters())}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,6 +543,8 @@ def init_weights(model: VisionTransformer) -> None:
         nn.init.normal_(model.pos_embed, std=0.02)  # pos_embedding: initializers.normal(stddev=0.02)
     if model.config.class_token:
         nn.init.zeros_(model.cls_token)  # cls: initializers.zeros
+    if model.config.distill_token:
+        nn.init.trunc_normal_(model.dist_token, std=0.02)  # DeiT's: unlike the zero class token, so the two differ at step 0
     for block in model.blocks:
         # MultiHeadDotProductAttention(kernel_init=xavier_uniform): q, k and v are separate D -> D
         # projections there, so each third of the fused U_qkv gets xavier with fan_in = fan_out = D.
@@ -521,3 +561,5 @@ def init_weights(model: VisionTransformer) -> None:
             mimetic_init_(block.attn)
     # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does.
     _init_head(model.head)
+    if model.config.distill_token:
+        _init_head(model.head_dist)

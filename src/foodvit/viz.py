@@ -205,7 +205,7 @@ def explain(predictor, photo, top_k: int = 3) -> dict:
     model = _torch_model(predictor)
     x = torch.from_numpy(predictor.prepare(photo))[None].to(next(model.parameters()).device)
     tokens, attentions = model.forward_features(x, return_attention=True)
-    probs = model.head(model.pool(tokens)).float().softmax(-1)[0].cpu()
+    probs = model.classify(tokens).float().softmax(-1)[0].cpu()
     c, g = model.config, model.config.grid_size
     readout = pool_readout(model, tokens)  # (1, T)
     last = torch.einsum("t,hts->hs", readout[0], attentions[-1][0].float())[:, c.num_prefix_tokens:].cpu()  # (h, N)

@@ -18,7 +18,7 @@ from torch import nn
 
 from .errors import InputError
 from .files import atomic_write
-from .model import VisionTransformer, ViTConfig, resample_pos_embed
+from .model import HEADS, VisionTransformer, ViTConfig, resample_pos_embed
 
 StateDict = dict[str, torch.Tensor]
 
@@ -197,11 +197,11 @@ def load_weights(
     state = read_weights(source)[0] if isinstance(source, (str, Path)) else source
     state, layout = to_foodvit(state)
     if skip_head:
-        state = {k: v for k, v in state.items() if not k.startswith("head.")}
+        state = {k: v for k, v in state.items() if not k.startswith(HEADS)}
     own = model.state_dict()
     if "pos_embed" in state and "pos_embed" in own and state["pos_embed"].shape != own["pos_embed"].shape:
         state["pos_embed"] = _resample_for(model.config, state["pos_embed"], resample_mode)
-    missing = [k for k in own if k not in state and not (skip_head and k.startswith("head."))]
+    missing = [k for k in own if k not in state and not (skip_head and k.startswith(HEADS))]
     unexpected = [k for k in state if k not in own]
     wrong = [f"{k}: file {tuple(state[k].shape)}, model {tuple(own[k].shape)}" for k in state if k in own and state[k].shape != own[k].shape]
     if missing or unexpected or wrong:
