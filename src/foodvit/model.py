@@ -475,7 +475,7 @@ class VisionTransformer(nn.Module):
         super().train(mode)
         if getattr(self, "backbone_frozen", False):
             for name, child in self.named_children():
-                if name not in ("head", "head_dist"):
+                if not f"{name}.".startswith(HEADS):
                     child.eval()
         return self
 
