@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from foodvit.cli import main as foodvit
+from foodvit.cli.main import main as foodvit
+from foodvit.data.folders import open_split
 
 
 def cpu_name() -> str:
@@ -80,13 +81,12 @@ def run_seeds(recipe: str, seeds: list[int], out: Path, data: str | None, extra:
 
 
 def _per_class(run: Path) -> dict[str, float]:
-    from foodvit import datasets as D
-    from foodvit.inference import evaluate_split
-    from foodvit.predictor import Predictor
+    from foodvit.deploy.inference import evaluate_split
+    from foodvit.deploy.predictor import Predictor
 
     config = json.loads((run / "config.json").read_text())
     predictor = Predictor.from_run(run)
-    return evaluate_split(predictor, D.open_split(config["data"]["source"] or None, "test"))["per_class"]
+    return evaluate_split(predictor, open_split(config["data"]["source"] or None, "test"))["per_class"]
 
 
 def fold_predictions(run: Path, held: Path, test_sizes: list[int]) -> dict[int, dict[str, bool]]:
@@ -94,13 +94,12 @@ def fold_predictions(run: Path, held: Path, test_sizes: list[int]) -> dict[int, 
     (0) and at each of test_sizes: exactly what `foodvit train --test-size S` would have saved and
     tested (the same model rebuilt at S, its preprocessing scaled), since --test-size changes
     nothing before the end of training."""
-    from foodvit import datasets as D
-    from foodvit.inference import predict
-    from foodvit.predictor import Predictor
-    from foodvit.weights import resize_model
+    from foodvit.deploy.inference import predict
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.model.weights import resize_model
 
     base = Predictor.from_run(run)
-    split = D.open_split(str(held), "test")
+    split = open_split(str(held), "test")
     paths = [path for path, _ in split.samples]
     truths = [split.classes[label] for _, label in split.samples]
     out = {}
@@ -115,8 +114,8 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
            test_sizes: list[int] = ()) -> dict:
     """K-fold CV over the training photos for each seed; each fold's held-out photos are the 'test'
     split of a folder of links made for it, so the run itself never sees the real test photos."""
-    from foodvit.folders import cv_folds, scan
-    from foodvit.sources import resolve
+    from foodvit.data.folders import cv_folds, scan
+    from foodvit.data.sources import resolve
 
     train = scan(resolve(data) / "train")
     correct, total, per_seed = 0, 0, []

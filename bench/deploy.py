@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from foodvit import datasets as D
 from foodvit.config import build_config
-from foodvit.export import export, relative_difference
-from foodvit.inference import evaluate_split
-from foodvit.predictor import Predictor, TorchBackend
-from foodvit.run import save_model
-from foodvit.trainer import build_model
+from foodvit.data.folders import open_split
+from foodvit.deploy.export import export, relative_difference
+from foodvit.deploy.inference import evaluate_split
+from foodvit.deploy.predictor import Predictor, TorchBackend
+from foodvit.rundir.directory import save_model
+from foodvit.training.trainer import build_model
 
 CLASSES = ["pizza", "steak", "sushi"]
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     run = Path(args.run)
     source = args.data or json.loads((run / "config.json").read_text())["data"]["source"] or None
-    split = D.open_split(source, "test")
+    split = open_split(source, "test")
     photos = [path.read_bytes() for path, _ in (split.samples * (args.photos // len(split.samples) + 1))[: args.photos]]
     print(f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | "
           f"{len(photos)} photos for latency, {len(split)} test photos")

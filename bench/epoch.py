@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from foodvit.config import load_recipe
-from foodvit.engine import train_one_epoch
-from foodvit.trainer import Trainer
+from foodvit.training.engine import train_one_epoch
+from foodvit.training.trainer import Trainer
 
 
 class TimedBatches:

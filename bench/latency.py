@@ -3,7 +3,7 @@
     python bench/latency.py                                  # ViT-B/16, 3 classes, the test photos
     python bench/latency.py --models ViT-B/16 ViT-Ti/16 --photos 20 --rounds 5
 
-Each implementation (foodvit, timm, torchvision) runs the same `foodvit.inference.predict`: read
+Each implementation (foodvit, timm, torchvision) runs the same `foodvit.deploy.inference.predict`: read
 the JPEG from disk, decode, resize and crop to 224, normalise, forward pass, softmax, top-k, one
 photo at a time (batch 1). Rounds are interleaved across implementations; each figure is the
 median seconds per photo. The model-only column is the forward pass alone on a ready tensor.
@@ -23,13 +23,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import PEERS, build, implementations, machine  # noqa: E402
 
-from foodvit import datasets as D  # noqa: E402
-from foodvit.inference import predict  # noqa: E402
-from foodvit.predictor import Predictor  # noqa: E402
-from foodvit.transforms import make_preprocess  # noqa: E402
+from foodvit.data.folders import Split, open_split
+from foodvit.data.transforms import make_preprocess  # noqa: E402
+from foodvit.deploy.inference import predict  # noqa: E402
+from foodvit.deploy.predictor import Predictor  # noqa: E402
 
 
-def spread_photos(split: D.Split, n: int) -> list[Path]:
+def spread_photos(split: Split, n: int) -> list[Path]:
     """n photos spread evenly over the split (so every class is in)."""
     step = max(1, len(split.samples) // n)
     return [path for path, _ in split.samples[::step][:n]]
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
 
-    split = D.open_split(args.data, "test")
+    split = open_split(args.data, "test")
     photos, classes = spread_photos(split, args.photos), list(split.classes)
     where = machine(torch.device("cpu"))
     print(f"{where} | {time.strftime('%Y-%m-%d')} | {len(photos)} photos, {len(classes)} classes, batch 1, fp32")

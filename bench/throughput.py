@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 import foodvit
-from foodvit.variants import count_macs, get_variant
+from foodvit.model.variants import count_macs, get_variant
 
 PEERS = {  # paper name -> (timm name, torchvision builder or None)
     "ViT-Ti/16": ("vit_tiny_patch16_224", None),
@@ -179,7 +179,7 @@ def where_time_goes(step, device: torch.device, steps: int = 3) -> str:
 def check(name: str, args) -> str:
     """Before timing: ours, given timm's weights, computes timm's function on this device. fp32 (TF32
     off) against timm, and under the benchmark's dtype each against a float64 CPU reference."""
-    from foodvit.weights import load_weights
+    from foodvit.model.weights import load_weights
 
     device = torch.device(args.device)
     torch.manual_seed(0)

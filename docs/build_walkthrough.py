@@ -26,10 +26,9 @@ import torch, torch.nn.functional as F
 from IPython.display import Image, display
 
 import foodvit
-from foodvit import viz
-from foodvit.folders import open_split
-from foodvit.photos import load_rgb
-from foodvit.preprocess import make_preprocess, to_array
+from foodvit.data.folders import open_split
+from foodvit.data.photos import load_rgb
+from foodvit.data.preprocess import make_preprocess, to_array
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -47,8 +46,8 @@ print(f"{len(test)} test photos, classes {list(test.classes)}; this one: {photo_
     (MD, """## 1. An image is worth 16 x 16 words: patches (Eq. 1, `x_p`)
 
 ViT-B/16 reads a 224 x 224 image as a 14 x 14 grid of 16 x 16 patches: N = HW / P^2 = 196.
-`foodvit.viz.patches_figure` draws the grid over the crop the model would see."""),
-    (CODE, """show(viz.patches_figure(photo, image_size=224, patch_size=16))"""),
+`foodvit.viz.figures.patches_figure` draws the grid over the crop the model would see."""),
+    (CODE, """show(patches_figure(photo, image_size=224, patch_size=16))"""),
     (MD, """The patches are flattened (P^2 * C = 768 numbers each) and multiplied by one matrix **E** (Eq. 1).
 foodvit computes `x_p E` as a single `Conv2d` with kernel = stride = P (`PatchEmbed` in
 `src/foodvit/model.py`). Here the same numbers come from cutting the patches out by hand and using
@@ -109,13 +108,13 @@ print("max |by hand - Block.forward| =", f"{(z1_by_hand - z1).abs().max().item()
 assert torch.allclose(z1_by_hand, z1, atol=1e-4) and torch.allclose(attention, weights, atol=1e-5)"""),
     (MD, """What does head 1 of block 0 look at from the class token? Its row of the attention matrix over the
 196 patches, laid back on the 14 x 14 grid. (This model has random weights; section 7 shows a trained one.)"""),
-    (CODE, """from foodvit.preprocess import model_view
-from foodvit.report import subplots
+    (CODE, """from foodvit.data.preprocess import model_view
+from foodvit.viz.plotting import subplots
 
 crop = model_view(preprocess, photo)                                 # the 224 x 224 crop, uint8
 fig, axes = subplots(1, 2, figsize=(8, 4))
 axes[0].imshow(crop.permute(1, 2, 0).numpy()); axes[0].set_title("the model's crop")
-axes[1].imshow(viz.overlay_array(crop, attention[0, 0, 0, 1:].reshape(14, 14)))
+axes[1].imshow(overlay_array(crop, attention[0, 0, 0, 1:].reshape(14, 14)))
 axes[1].set_title("block 0, head 1: class token's attention")
 for ax in axes: ax.axis("off")
 show(fig)"""),
@@ -179,8 +178,10 @@ localization loss: `src/foodvit/recipes/default.toml`). The full recipe trains 1
 minutes on 2 CPU cores); here a few epochs show the mechanics and the curves."""),
     (CODE, """import tempfile
 from foodvit.config import build_config
-from foodvit.report import plot_curves
-from foodvit.trainer import train
+from foodvit.training.report import plot_curves
+from foodvit.training.trainer import train
+from foodvit.viz.attention import attention_distances_over
+from foodvit.viz.figures import attention_distance_figure, explain_figure, filters_figure, overlay_array, patches_figure, pos_similarity_figure
 
 workdir = tempfile.TemporaryDirectory(prefix="walkthrough-")  # removed when the kernel exits
 run = workdir.name + "/run"
@@ -196,19 +197,19 @@ transfer-learning chapter), one command fine-tunes torchvision's ImageNet ViT-B/
 ## 7. Inside the trained model
 
 Attention rollout (Abnar & Zuidema 2020) over the crop the model saw, read out through the model's own
-pooling (here the mean of the patch tokens), with the top-3 probabilities (`foodvit.viz.explain_figure`,
+pooling (here the mean of the patch tokens), with the top-3 probabilities (`foodvit.viz.figures.explain_figure`,
 through a `foodvit.Predictor`):"""),
     (CODE, """predictor = foodvit.load_predictor(run)
-show(viz.explain_figure(predictor, photo))"""),
+show(explain_figure(predictor, photo))"""),
     (MD, """Figure 7 of the paper has three panels: the principal components of the patch-embedding filters E
 (left), the similarity of the position embeddings (centre), and the mean attention distance of each
 head against depth (right). The default recipe uses fixed sin-cos positions, so the centre panel shows
 their (unlearned) similarity structure; the paper's learned embeddings come to look much like it."""),
     (CODE, """trained = predictor.model
-show(viz.filters_figure(trained))
-show(viz.pos_similarity_figure(trained))
+show(filters_figure(trained))
+show(pos_similarity_figure(trained))
 images = torch.stack([torch.from_numpy(predictor.prepare(load_rgb(p))) for p, _ in test.samples[::8]])
-show(viz.attention_distance_figure(viz.attention_distances_over(trained, images), trained.config.image_size))"""),
+show(attention_distance_figure(attention_distances_over(trained, images), trained.config.image_size))"""),
     (MD, """That is the whole model: Eq. 1 in `PatchEmbed` and `VisionTransformer.embed`, Eq. 2 and 3 in `Block`
 (with `Attention` and `MLP`), Eq. 4 in `VisionTransformer.pool` and `head`, Table 1 in `variants.py`.
 From here: `foodvit train` for the full recipe, `foodvit serve` for a demo of your run, `foodvit

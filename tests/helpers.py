@@ -110,7 +110,7 @@ def stop_server(process) -> None:
 
 def train_tiny_run(tmp_path_factory, name: str, *, epochs: int = 1, depth: int = 1, n_test: int = 3, size=(64, 80)):
     """A tiny recipe run (32 px) trained on generated photos through the command line: (run, photos)."""
-    from foodvit.cli import main
+    from foodvit.cli.main import main
 
     photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=n_test, size=size)
     out = tmp_path_factory.mktemp("runs") / name

@@ -7,7 +7,7 @@ import pytest
 from helpers import make_photo_folder
 from PIL import Image
 
-from foodvit.cli import main
+from foodvit.cli.main import main
 from foodvit.config import RunConfig, list_recipes, load_recipe
 
 
@@ -28,7 +28,7 @@ def test_errors_are_one_line_with_what_to_do(capsys):
 
 
 def test_every_recipe_loads_and_builds_its_optimiser():
-    from foodvit.optim import param_groups
+    from foodvit.training.optim import param_groups
 
     assert {"course", "paper", "tiny", "default"} <= set(list_recipes())
     for name in list_recipes():
@@ -206,7 +206,7 @@ def test_bad_images_and_outputs_are_one_line(run, capsys, tmp_path):
 
 
 def test_internal_bugs_keep_their_traceback_and_debug_shows_every_one(monkeypatch, capsys):
-    import foodvit.cli as cli
+    import foodvit.cli.main as cli
 
     def broken(args):
         raise ZeroDivisionError("a bug")
@@ -237,7 +237,7 @@ def test_boolean_settings_are_flags_with_a_no_form_and_still_take_true_false():
 
 
 def test_every_option_and_positional_has_help():
-    from foodvit.cli import build_parser
+    from foodvit.cli.main import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
@@ -252,7 +252,7 @@ def test_help_and_listings_import_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from foodvit.cli import main\n"
+    code = ("import sys; from foodvit.cli.main import main\n"
             "for argv in (['models'], ['recipes']): main(argv)\n"
             "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'timm') if m in sys.modules)\n"
@@ -272,7 +272,7 @@ def test_quiet_still_names_the_run_directory_and_the_result(tmp_path, capsys):
 
 
 def test_ctrl_c_names_the_directory_to_resume_even_without_out(tmp_path, capsys, monkeypatch):
-    import foodvit.trainer as trainer
+    import foodvit.training.trainer as trainer
 
     photos = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
     monkeypatch.chdir(tmp_path)

@@ -12,9 +12,13 @@ import torch
 from helpers import make_photo, make_photo_folder
 from PIL import Image
 
-from foodvit import datasets as D
-from foodvit import sampling as S
-from foodvit.transforms import batch_mixer, make_preprocess, train_transform
+from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_dataset
+from foodvit.data.folders import scan
+from foodvit.data.photos import PhotoError, load_or_explain, load_rgb
+from foodvit.data.sampling import Collate, EpochSampler, make_loader
+from foodvit.data.sources import DEFAULT_URL, default_source, resolve
+from foodvit.data.transforms import batch_mixer, make_preprocess, train_transform
+from foodvit.errors import DataError
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +37,7 @@ def _zip(folder, zip_path, prefix=""):
 
 def test_folder_source_is_scanned(tmp_path):
     root = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
-    ds = D.open_dataset(root)
+    ds = open_dataset(root)
     assert ds.classes == ("pizza", "steak", "sushi")
     assert len(ds.train) == 12 and len(ds.test) == 6
     assert ds.train.counts() == {"pizza": 4, "steak": 4, "sushi": 4}
@@ -43,10 +47,10 @@ def test_folder_source_is_scanned(tmp_path):
 def test_local_zip_is_unpacked_once(tmp_path, prefix):
     root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
     archive = _zip(root, tmp_path / "set.zip", prefix)
-    first = D.resolve(archive)
+    first = resolve(archive)
     assert (first / "train" / "pizza").is_dir()
     stamp = (first / "train" / "pizza" / "000.jpg").stat().st_mtime_ns
-    again = D.resolve(archive)
+    again = resolve(archive)
     assert again == first and (again / "train" / "pizza" / "000.jpg").stat().st_mtime_ns == stamp
 
 
@@ -56,8 +60,8 @@ def test_zip_with_escaping_member_is_refused_and_writes_nothing(tmp_path, member
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("train/pizza/a.jpg", b"x")
         z.writestr(member, b"owned")
-    with pytest.raises(D.DataError, match="unsafe member"):
-        D.resolve(archive)
+    with pytest.raises(DataError, match="unsafe member"):
+        resolve(archive)
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "bad.zip"]
     assert written == []  # nothing unpacked, inside the cache or out of it
     assert not (tmp_path.parent / "evil.txt").exists()
@@ -71,34 +75,34 @@ def test_zip_without_train_and_test_is_explained(tmp_path):
     archive = tmp_path / "flat.zip"
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("photos/pizza/a.jpg", b"x")
-    with pytest.raises(D.DataError, match=r"flat\.zip holds no train/ and test/ folders.*ImageFolder"):
-        D.resolve(archive)
+    with pytest.raises(DataError, match=r"flat\.zip holds no train/ and test/ folders.*ImageFolder"):
+        resolve(archive)
 
 
 def test_missing_folder_and_non_zip_file(tmp_path):
-    with pytest.raises(D.DataError, match=r"nowhere does not exist.*train/<class>"):
-        D.resolve(tmp_path / "nowhere")
+    with pytest.raises(DataError, match=r"nowhere does not exist.*train/<class>"):
+        resolve(tmp_path / "nowhere")
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(D.DataError, match="not a zip"):
-        D.resolve(tmp_path / "notes.txt")
+    with pytest.raises(DataError, match="not a zip"):
+        resolve(tmp_path / "notes.txt")
     (tmp_path / "only_train" / "train" / "a").mkdir(parents=True)
-    with pytest.raises(D.DataError, match=r"only_train has no test/ folder"):
-        D.open_dataset(tmp_path / "only_train")
+    with pytest.raises(DataError, match=r"only_train has no test/ folder"):
+        open_dataset(tmp_path / "only_train")
 
 
 def test_empty_class_folder_is_named(tmp_path):
     root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
     (root / "train" / "ramen").mkdir()
     (root / "test" / "ramen").mkdir()
-    with pytest.raises(D.DataError, match=r"class folder .*train/ramen has no readable photos"):
-        D.open_dataset(root)
+    with pytest.raises(DataError, match=r"class folder .*train/ramen has no readable photos"):
+        open_dataset(root)
 
 
 def test_train_test_class_mismatch_is_named(tmp_path):
     root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
     make_photo(root / "train" / "ramen" / "x.jpg", (0, 0, 255))
-    with pytest.raises(D.DataError, match=r"only in train/: \['ramen'\]; only in test/: none"):
-        D.open_dataset(root)
+    with pytest.raises(DataError, match=r"only in train/: \['ramen'\]; only in test/: none"):
+        open_dataset(root)
 
 
 def test_corrupt_and_non_image_files_are_skipped_with_their_names(tmp_path, recwarn):
@@ -107,7 +111,7 @@ def test_corrupt_and_non_image_files_are_skipped_with_their_names(tmp_path, recw
     (root / "train" / "steak" / "notes.txt").write_text("bought at the market")
     good = root / "train" / "sushi" / "000.jpg"
     (root / "train" / "sushi" / "truncated.jpg").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
-    ds = D.open_dataset(root, train_cache=D.PhotoCache.decoded(64))
+    ds = open_dataset(root, train_cache=PhotoCache.decoded(64))
     skipped = " ".join(ds.train.skipped)
     assert "broken.jpg" in skipped and "notes.txt" in skipped and "truncated.jpg" in skipped
     assert len(ds.train) == 9 and len(ds.train.skipped) == 3
@@ -116,8 +120,8 @@ def test_corrupt_and_non_image_files_are_skipped_with_their_names(tmp_path, recw
     assert summary.startswith("skipped 3 unreadable file(s) in ") and "and 2 more (--verbose lists them)" in summary
     assert len(ds.train.skipped_summary(verbose=True)) == 3
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
-    with pytest.raises(D.DataError, match=r"unreadable file .*broken\.jpg.* and 2 more; --strict refuses them"):
-        D.open_dataset(root, strict=True)
+    with pytest.raises(DataError, match=r"unreadable file .*broken\.jpg.* and 2 more; --strict refuses them"):
+        open_dataset(root, strict=True)
 
 
 def test_hidden_folders_are_not_scanned(tmp_path):
@@ -125,7 +129,7 @@ def test_hidden_folders_are_not_scanned(tmp_path):
     make_photo(root / "train" / "pizza" / ".thumbs" / "small.jpg", (1, 2, 3))
     (root / "train" / "pizza" / ".ipynb_checkpoints").mkdir()
     (root / "train" / "pizza" / ".ipynb_checkpoints" / "x.txt").write_text("not a photo")
-    split = D.scan(root / "train")
+    split = scan(root / "train")
     assert len(split) == 6 and split.skipped == ()
     assert not any(".thumbs" in str(path) for path, _ in split.samples)
 
@@ -136,9 +140,9 @@ def test_decompression_bomb_is_refused_by_name_and_skipped_in_a_folder(tmp_path)
     bomb = root / "train" / "steak" / "bomb.png"
     Image.new("1", (10_000, 9_000)).save(bomb)  # 90 megapixels in a few kilobytes
     assert bomb.stat().st_size < 200_000
-    with pytest.raises(D.PhotoError, match=r"bomb\.png is 10000 x 9000 = 90 megapixels, over the limit of 89"):
-        D.load_or_explain(bomb)
-    split = D.scan(root / "train")
+    with pytest.raises(PhotoError, match=r"bomb\.png is 10000 x 9000 = 90 megapixels, over the limit of 89"):
+        load_or_explain(bomb)
+    split = scan(root / "train")
     assert len(split) == 6 and "bomb.png" in split.skipped[0] and "megapixels" in split.skipped[0]
 
 
@@ -146,12 +150,12 @@ def test_photos_of_every_mode_become_rgb(tmp_path):
     for mode in ("L", "RGBA", "CMYK", "P", "LA", "I;16", "1"):
         fmt = "TIFF" if mode in ("CMYK", "I;16") else "PNG"
         path = make_photo(tmp_path / f"{mode.replace(';', '_')}.{fmt.lower()}", (200, 100, 50), mode=mode, fmt=fmt)
-        image = D.load_rgb(path)
+        image = load_rgb(path)
         assert image.mode == "RGB" and image.size == (48, 40), mode
     # transparency is laid over white, not black
     clear = Image.new("RGBA", (8, 8), (0, 0, 0, 0))
     clear.save(tmp_path / "clear.png")
-    assert D.load_rgb(tmp_path / "clear.png").getpixel((3, 3)) == (255, 255, 255)
+    assert load_rgb(tmp_path / "clear.png").getpixel((3, 3)) == (255, 255, 255)
 
 
 def test_exif_orientation_is_applied(tmp_path):
@@ -159,12 +163,12 @@ def test_exif_orientation_is_applied(tmp_path):
     exif = image.getexif()
     exif[0x0112] = 6  # rotate 90 degrees clockwise to display
     image.save(tmp_path / "phone.jpg", exif=exif)
-    assert D.load_rgb(tmp_path / "phone.jpg").size == (10, 30)
+    assert load_rgb(tmp_path / "phone.jpg").size == (10, 30)
 
 
 def test_decoded_cache_limits_the_shorter_side(tmp_path):
     path = make_photo(tmp_path / "big.jpg", (10, 20, 30), size=(200, 300))
-    cache = D.PhotoCache.decoded(50)
+    cache = PhotoCache.decoded(50)
     tensor = cache.get(path)
     assert tensor.dtype == torch.uint8 and tensor.shape == (3, 50, 75)
     assert cache.get(path) is tensor  # decoded once
@@ -172,27 +176,27 @@ def test_decoded_cache_limits_the_shorter_side(tmp_path):
 
 def test_validation_split_is_per_class_disjoint_and_reproducible(tmp_path):
     root = make_photo_folder(tmp_path / "p", n_train=10, n_test=1)
-    ds = D.open_dataset(root, val_fraction=0.2, seed=3)
+    ds = open_dataset(root, val_fraction=0.2, seed=3)
     assert ds.val.counts() == {"pizza": 2, "steak": 2, "sushi": 2}
     assert not set(ds.val.samples) & set(ds.train.samples)
     assert len(ds.train) + len(ds.val) == 30
-    assert D.open_dataset(root, val_fraction=0.2, seed=3).val == ds.val
-    assert D.open_dataset(root, val_fraction=0.2, seed=4).val != ds.val
+    assert open_dataset(root, val_fraction=0.2, seed=3).val == ds.val
+    assert open_dataset(root, val_fraction=0.2, seed=4).val != ds.val
 
 
 def test_epoch_sampler_order_depends_only_on_seed_and_epoch():
-    a, b = S.EpochSampler(10, seed=1), S.EpochSampler(10, seed=1)
+    a, b = EpochSampler(10, seed=1), EpochSampler(10, seed=1)
     a.set_epoch(3)
     b.set_epoch(3)
     assert list(a) == list(b) and sorted(a) == list(range(10))
     b.set_epoch(4)
     assert list(a) != list(b)
-    repeated = S.EpochSampler(5, seed=0, repeats=3)
+    repeated = EpochSampler(5, seed=0, repeats=3)
     assert len(repeated) == 15 and sorted(repeated) == sorted(list(range(5)) * 3)
 
 
 def test_per_sample_seeds_keep_the_order_and_give_every_position_its_own_seed():
-    plain, seeded = S.EpochSampler(10, seed=1, repeats=2), S.EpochSampler(10, seed=1, repeats=2, per_sample_seeds=True)
+    plain, seeded = EpochSampler(10, seed=1, repeats=2), EpochSampler(10, seed=1, repeats=2, per_sample_seeds=True)
     plain.set_epoch(3)
     seeded.set_epoch(3)
     pairs = list(seeded)
@@ -205,8 +209,8 @@ def test_per_sample_seeds_keep_the_order_and_give_every_position_its_own_seed():
 
 def _augmenting_loader(photos, workers, mixer):
     p = make_preprocess(16, (0.5,) * 3, (0.5,) * 3)
-    dataset = D.PhotoDataset(D.scan(photos / "train"), train_transform(p, "medium"), D.PhotoCache.decoded(32))
-    return S.make_loader(dataset, 4, train=True, seed=7, workers=workers, mixer=mixer)
+    dataset = PhotoDataset(scan(photos / "train"), train_transform(p, "medium"), PhotoCache.decoded(32))
+    return make_loader(dataset, 4, train=True, seed=7, workers=workers, mixer=mixer)
 
 
 def _epoch(loader, epoch):
@@ -241,7 +245,7 @@ def test_a_seeded_photo_is_augmented_the_same_way_and_leaves_the_process_stream_
 
 
 def test_the_mixing_collate_can_be_sent_to_spawned_workers():
-    collate = S.Collate(batch_mixer(3, mixup=0.8, cutmix=1.0, prob=0.5))
+    collate = Collate(batch_mixer(3, mixup=0.8, cutmix=1.0, prob=0.5))
     batch = [(torch.rand(3, 8, 8), label) for label in (0, 1, 2, 1)]
     copy = pickle.loads(pickle.dumps(collate))  # spawn and forkserver pickle the collate function
     torch.manual_seed(5)
@@ -274,9 +278,9 @@ def test_download_goes_to_the_cache_once(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_port}/data/pizza_steak_sushi.zip"
-        first = D.resolve(url, quiet=True)
+        first = resolve(url, quiet=True)
         assert (first / "test" / "sushi" / "000.jpg").is_file()
-        assert D.resolve(url, quiet=True) == first
+        assert resolve(url, quiet=True) == first
         assert _ZipHandler.hits == 1
         assert not list((tmp_path / "cache").rglob("*.part"))
     finally:
@@ -290,31 +294,31 @@ def test_unreachable_download_fails_fast_and_leaves_nothing(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     started = time.monotonic()
-    with pytest.raises(D.DataError, match=r"could not download .*--data /path/to/folder_or\.zip"):
-        D.resolve(f"http://127.0.0.1:{port}/pizza_steak_sushi.zip", quiet=True)
+    with pytest.raises(DataError, match=r"could not download .*--data /path/to/folder_or\.zip"):
+        resolve(f"http://127.0.0.1:{port}/pizza_steak_sushi.zip", quiet=True)
     assert time.monotonic() - started < 10
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
 
 
 def test_default_source_is_the_course_zip_unless_foodvit_data_is_set(monkeypatch, tmp_path):
-    assert D.default_source() == D.DEFAULT_URL
-    assert D.DEFAULT_URL.endswith("mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip")
+    assert default_source() == DEFAULT_URL
+    assert DEFAULT_URL.endswith("mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip")
     monkeypatch.setenv("FOODVIT_DATA", str(tmp_path))
-    assert D.default_source() == str(tmp_path)
+    assert default_source() == str(tmp_path)
 
 
 def test_real_foodvision_mini_is_read(real_data):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the real set has no unreadable files
-        ds = D.open_dataset(real_data)
+        ds = open_dataset(real_data)
     assert len(ds.train) == 225 and len(ds.test) == 75
     assert ds.test.counts() == {"pizza": 25, "steak": 19, "sushi": 31}
 
 
 def test_cross_validation_folds_partition_the_photos_stratified_and_reproducible(tmp_path):
-    from foodvit.folders import cv_folds
+    from foodvit.data.folders import cv_folds
 
-    split = D.scan(make_photo_folder(tmp_path / "p", n_train=11, n_test=1) / "train")  # 3 classes x 11 photos
+    split = scan(make_photo_folder(tmp_path / "p", n_train=11, n_test=1) / "train")  # 3 classes x 11 photos
     folds = cv_folds(split, 5, seed=0)
     held = [path for _, val in folds for path, _ in val.samples]
     assert sorted(held) == sorted(path for path, _ in split.samples)  # every photo validated exactly once
@@ -325,7 +329,7 @@ def test_cross_validation_folds_partition_the_photos_stratified_and_reproducible
     assert sorted(len(val) for _, val in folds) == [6, 6, 7, 7, 7]  # 33 photos: fold sizes differ by at most one
     assert [v.samples for _, v in cv_folds(split, 5, seed=0)] == [v.samples for _, v in folds]
     assert [v.samples for _, v in cv_folds(split, 5, seed=1)] != [v.samples for _, v in folds]
-    with pytest.raises(D.DataError, match="2 <= folds <= photos"):
+    with pytest.raises(DataError, match="2 <= folds <= photos"):
         cv_folds(split, 1, seed=0)
 
 
@@ -353,25 +357,25 @@ def make_food101(root, classes=("apple_pie", "pizza", "steak", "sushi"), n_train
 def test_food101_is_read_from_its_split_files_with_a_class_subset_and_a_training_fraction(tmp_path, monkeypatch):
     monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
     make_food101(tmp_path / "cache" / "food101" / "food-101")
-    full = D.open_dataset("food101")
+    full = open_dataset("food101")
     assert full.classes == ("apple_pie", "pizza", "steak", "sushi") and len(full.train) == 40 and len(full.test) == 16
-    subset = D.open_dataset("food101:sushi,pizza,steak", train_fraction=0.5, seed=3)
+    subset = open_dataset("food101:sushi,pizza,steak", train_fraction=0.5, seed=3)
     assert subset.classes == ("pizza", "steak", "sushi")
     assert subset.train.counts() == {"pizza": 5, "steak": 5, "sushi": 5} and subset.test.counts() == {"pizza": 4, "steak": 4, "sushi": 4}
     assert all(path.parent.name == subset.classes[label] for path, label in subset.train.samples + subset.test.samples)
-    again = D.open_dataset("food101:pizza,steak,sushi", train_fraction=0.5, seed=3)
-    other = D.open_dataset("food101:pizza,steak,sushi", train_fraction=0.5, seed=4)
+    again = open_dataset("food101:pizza,steak,sushi", train_fraction=0.5, seed=3)
+    other = open_dataset("food101:pizza,steak,sushi", train_fraction=0.5, seed=4)
     assert again.train.samples == subset.train.samples and other.train.samples != subset.train.samples
-    with pytest.raises(D.DataError, match=r"no class ramen in .*images; its classes are apple_pie, pizza"):
-        D.open_dataset("food101:pizza,ramen")
-    with pytest.raises(D.DataError, match="names no classes"):
-        D.open_dataset("food101:")
+    with pytest.raises(DataError, match=r"no class ramen in .*images; its classes are apple_pie, pizza"):
+        open_dataset("food101:pizza,ramen")
+    with pytest.raises(DataError, match="names no classes"):
+        open_dataset("food101:")
 
 
 def test_training_on_a_food101_layout_subset(tmp_path, monkeypatch):
     import json
 
-    from foodvit.cli import main
+    from foodvit.cli.main import main
 
     monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
     make_food101(tmp_path / "cache" / "food101" / "food-101", n_train=8, n_test=3)
@@ -388,11 +392,11 @@ def test_training_on_a_food101_layout_subset(tmp_path, monkeypatch):
 def test_the_photo_cache_keeps_photos_only_within_its_memory_budget(tmp_path):
     photos = make_photo_folder(tmp_path / "photos", n_train=4, size=(40, 48))
     one_photo = 3 * 16 * 19  # decoded to a shorter side of 16 px: (3, 16, 19) uint8
-    budget = D.MemoryBudget(gib=2.5 * one_photo / 2**30)
-    cache = D.PhotoCache.decoded(16, budget=budget)
-    ds = D.open_dataset(photos, train_cache=cache)
+    budget = MemoryBudget(gib=2.5 * one_photo / 2**30)
+    cache = PhotoCache.decoded(16, budget=budget)
+    ds = open_dataset(photos, train_cache=cache)
     assert len(cache.items) == 2 and cache.full and cache.nbytes() == 2 * one_photo
-    uncached = D.PhotoCache.decoded(16, keep=False)
+    uncached = PhotoCache.decoded(16, keep=False)
     for path, _ in ds.train.samples:  # kept or not, the same photo
         assert torch.equal(cache.get(path), uncached.get(path))
     assert len(cache.items) == 2  # a full cache stays as it is
@@ -412,6 +416,6 @@ def test_food101_without_internet_says_how_to_use_a_copy(tmp_path, monkeypatch):
 
     monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(torchvision.datasets, "Food101", Offline)
-    with pytest.raises(D.DataError, match=r"could not download Food-101 \(no route to host\).*--data /path/to/food-101"):
-        D.resolve("food101:pizza")
+    with pytest.raises(DataError, match=r"could not download Food-101 \(no route to host\).*--data /path/to/food-101"):
+        resolve("food101:pizza")
     assert calls == [(str(tmp_path / "cache" / "food101"), "train", True)]  # torchvision's own download, into the cache

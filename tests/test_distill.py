@@ -7,17 +7,17 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import make_photo_folder
+from test_train import small_config
 from torch import nn
 
 from foodvit.config import RunConfig
-from foodvit.distill import WithDistillation, build_teacher
-from foodvit.drloc import WithDenseRelativeLocalization
 from foodvit.errors import ConfigError
-from foodvit.run import RunError, load_checkpoint
-from foodvit.trainer import resume, train
-from foodvit.variants import create_model
-from helpers import make_photo_folder
-from test_train import small_config
+from foodvit.model.variants import create_model
+from foodvit.rundir.directory import RunError, load_checkpoint
+from foodvit.training.distill import WithDistillation, build_teacher
+from foodvit.training.drloc import WithDenseRelativeLocalization
+from foodvit.training.trainer import resume, train
 
 
 class Fixed(nn.Module):
@@ -119,7 +119,7 @@ def test_a_distilled_run_trains_saves_and_reports_its_teacher(photos, tmp_path):
 def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
     whole = train(distilled(photos, epochs=3), tmp_path / "whole", quiet=True)
     out = tmp_path / "stopped"
-    import foodvit.trainer as T
+    import foodvit.training.trainer as T
 
     calls = {"n": 0}
     real = T.fit
@@ -161,7 +161,7 @@ def test_a_foreign_teacher_file_is_refused(photos, tmp_path):
 def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(photos, tmp_path, monkeypatch):
     whole = train(distilled(photos, epochs=2), tmp_path / "whole", quiet=True)
     out = tmp_path / "stopped"
-    import foodvit.trainer as T
+    import foodvit.training.trainer as T
 
     real, calls = T.fit, {"n": 0}
 
@@ -246,7 +246,7 @@ def test_the_token_needs_a_teacher(capsys, tmp_path):
         RunConfig.from_dict({"vit": {"distill_token": True}})
     with pytest.raises(ConfigError, match="no --freeze-backbone"):
         RunConfig.from_dict({"vit": {"distill_token": True}, "optim": {"distill": 1.0}, "train": {"freeze_backbone": True}})
-    from foodvit.cli import main
+    from foodvit.cli.main import main
 
     try:
         code = main(["train", "--distill-token", "--out", str(tmp_path / "never")])
@@ -257,7 +257,7 @@ def test_the_token_needs_a_teacher(capsys, tmp_path):
 
 
 def test_weights_keep_both_prefix_positions_and_fine_tuning_replaces_both_heads():
-    from foodvit.weights import load_weights
+    from foodvit.model.weights import load_weights
 
     source = token_vit(pos_embed="learned")
     bigger = create_model("ViT-Ti/8", num_classes=5, image_size=48, depth=2, distill_token=True, pos_embed="learned")
@@ -268,7 +268,7 @@ def test_weights_keep_both_prefix_positions_and_fine_tuning_replaces_both_heads(
 
 
 def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos, tmp_path):
-    from foodvit.run import load_model
+    from foodvit.rundir.directory import load_model
 
     config = distilled(photos, epochs=1)
     config = replace(config, vit={**config.vit, "distill_token": True})

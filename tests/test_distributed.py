@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import free_port, make_photo_folder
 
-from foodvit.cli import main
-from foodvit.predictor import Predictor
-from foodvit.sampling import EpochSampler, ShardedBatchSampler, make_loader, share
+from foodvit.cli.main import main
+from foodvit.data.sampling import EpochSampler, ShardedBatchSampler, make_loader, share
+from foodvit.deploy.predictor import Predictor
 
 # 33 training photos in global batches of 8: the last batch holds one photo, so rank 0's share of
 # it is empty; accumulation over 2 batches exercises no_sync

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from foodvit.drloc import DenseRelativeLocalization, WithDenseRelativeLocalization, pair_offsets
-from foodvit.engine import train_one_epoch
-from foodvit.variants import create_model
+from foodvit.model.variants import create_model
+from foodvit.training.drloc import DenseRelativeLocalization, WithDenseRelativeLocalization, pair_offsets
+from foodvit.training.engine import train_one_epoch
 
 
 def test_pair_offsets_are_row_and_column_differences_over_the_grid():
@@ -44,10 +44,10 @@ def test_head_refuses_a_token_count_off_a_square_grid():
 
 def test_head_reads_the_grid_of_each_batch(monkeypatch):
     """Progressive resizing trains at a smaller grid first: the offsets are those of the batch's grid."""
-    import foodvit.drloc
+    import foodvit.training.drloc
 
     grids = []
-    monkeypatch.setattr(foodvit.drloc, "pair_offsets", lambda a, b, grid: (grids.append(grid), pair_offsets(a, b, grid))[1])
+    monkeypatch.setattr(foodvit.training.drloc, "pair_offsets", lambda a, b, grid: (grids.append(grid), pair_offsets(a, b, grid))[1])
     head = DenseRelativeLocalization(4, pairs=16, hidden=8)
     for grid in (3, 5):
         assert torch.isfinite(head(torch.randn(2, grid * grid, 4)))

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from foodvit.config import OptimConfig
-from foodvit.engine import StepSettings, TrainingDiverged, evaluate, fit, train_one_epoch
-from foodvit.optim import build_ema, build_optimizer, lr_factor, param_groups
+from foodvit.training.engine import StepSettings, TrainingDiverged, evaluate, fit, train_one_epoch
+from foodvit.training.optim import build_ema, build_optimizer, lr_factor, param_groups
 
 
 class Fixed(nn.Module):

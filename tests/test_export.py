@@ -13,9 +13,9 @@ pytest.importorskip("onnxscript", reason="the export tests need the export extra
 
 from helpers import train_tiny_run  # noqa: E402
 
-from foodvit.cli import main  # noqa: E402
-from foodvit.export import relative_difference  # noqa: E402
-from foodvit.predictor import Predictor  # noqa: E402
+from foodvit.cli.main import main  # noqa: E402
+from foodvit.deploy.export import relative_difference  # noqa: E402
+from foodvit.deploy.predictor import Predictor  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_predicting_from_onnx_needs_no_torch(onnx_file, run):
         "        raise ImportError('torch is not installed here')\n"
         "    return real(name, *args, **kwargs)\n"
         "builtins.__import__ = guard\n"
-        "from foodvit.cli import main\n"
+        "from foodvit.cli.main import main\n"
         f"code = main(['predict', {str(onnx_file)!r}, {str(photo)!r}, '--json'])\n"
         "assert not any(m.split('.')[0] == 'torch' for m in sys.modules), 'torch was imported'\n"
         "sys.exit(code)\n"

@@ -7,8 +7,8 @@ import torch
 
 import foodvit
 from foodvit.errors import ConfigError, InputError
-from foodvit.model import VisionTransformer, ViTConfig, sincos_2d_pos_embed
-from foodvit.variants import count_params, get_variant
+from foodvit.model.variants import count_params, get_variant
+from foodvit.model.vit import VisionTransformer, ViTConfig, sincos_2d_pos_embed
 
 
 def tiny(**overrides) -> VisionTransformer:
@@ -175,7 +175,7 @@ def test_no_position_embedding_option():
 
 
 def test_stochastic_depth_is_identity_in_eval_and_drops_whole_samples_in_training():
-    from foodvit.model import DropPath
+    from foodvit.model.vit import DropPath
 
     dp = DropPath(0.5)
     x = torch.ones(1000, 4, 8)
@@ -238,7 +238,7 @@ def test_cls_pooling_without_class_token_is_refused():
 def test_mac_count_matches_the_reference_and_torch_flop_counter():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from foodvit.variants import count_macs
+    from foodvit.model.variants import count_macs
 
     assert count_macs(get_variant("ViT-B/16").config()) == pytest.approx(17.56e9, rel=1e-3)  # REFERENCE
     assert count_macs(get_variant("ViT-B/16").config(), executed=True) == pytest.approx(16.46e9, rel=1e-3)
@@ -358,7 +358,7 @@ def test_frozen_backbone_computes_the_same_features_in_training_mode():
 def test_mimetic_init_gives_identity_like_attention_products():
     """Deviation 8: W_q,h W_k,h^T is the best rank-d approximation of a Z + b I (so its diagonal is
     positive and dominates), W_v W_o equals a Z - b I exactly; the rest is the JAX init."""
-    from foodvit.model import MIMETIC_QK, MIMETIC_VO
+    from foodvit.model.vit import MIMETIC_QK, MIMETIC_VO
 
     config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=48, depth=2, num_heads=3, mlp_dim=96,
                        pool="gap", pos_embed="sincos2d", init="mimetic")

@@ -8,8 +8,8 @@ import torch
 from helpers import make_photo_folder
 
 from foodvit.config import load_recipe
-from foodvit.optim import param_groups
-from foodvit.trainer import Trainer
+from foodvit.training.optim import param_groups
+from foodvit.training.trainer import Trainer
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ from helpers import make_photo_folder, randomize_
 from PIL import Image
 
 import foodvit
-from foodvit.cli import main
-from foodvit.pretrained import PretrainedError, infer_variant, resolve
-from foodvit.transforms import eval_transform
-from foodvit.weights import from_torchvision
+from foodvit.cli.main import main
+from foodvit.data.transforms import eval_transform
+from foodvit.model.pretrained import PretrainedError, infer_variant, resolve
+from foodvit.model.weights import from_torchvision
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,13 @@ import torch
 from helpers import make_photo_folder
 
 import foodvit
-from foodvit import datasets as D
-from foodvit.cli import main
+from foodvit.cli.main import main
 from foodvit.config import build_config, load_recipe
+from foodvit.data.sources import resolve
+from foodvit.errors import DataError
 from foodvit.files import RunLock
-from foodvit.run import RunError
-from foodvit.trainer import resume, train
+from foodvit.rundir.directory import RunError
+from foodvit.training.trainer import resume, train
 
 SMALL = {"image_size": 32, "depth": 1}
 
@@ -100,11 +101,11 @@ def test_a_failed_start_leaves_nothing_behind(tmp_path):
     empty = tmp_path / "nodata"
     empty.mkdir()
     out = tmp_path / "runs" / "demo"
-    with pytest.raises(D.DataError):
+    with pytest.raises(DataError):
         train(small(empty), out, quiet=True)
     assert not out.exists()  # not even config.json
     (tmp_path / "keep").mkdir()
-    with pytest.raises(D.DataError):
+    with pytest.raises(DataError):
         train(small(empty), tmp_path / "keep", quiet=True)
     assert (tmp_path / "keep").is_dir() and not any((tmp_path / "keep").iterdir())  # the user's folder stays
 
@@ -128,22 +129,22 @@ def test_unpacked_zips_respect_the_umask_and_bad_zips_leave_nothing(photos, tmp_
             archive.write(path, path.relative_to(photos.parent))
     old = os.umask(0o022)
     try:
-        root = D.resolve(good)
+        root = resolve(good)
     finally:
         os.umask(old)
     assert stat.S_IMODE(root.parent.stat().st_mode) == 0o755
     flat = tmp_path / "flat.zip"
     with zipfile.ZipFile(flat, "w") as archive:
         archive.writestr("pizza/1.jpg", b"x")
-    with pytest.raises(D.DataError, match="holds no train/ and test/ folders"):
-        D.resolve(flat)
+    with pytest.raises(DataError, match="holds no train/ and test/ folders"):
+        resolve(flat)
     corrupt = tmp_path / "corrupt.zip"
     data = bytearray(good.read_bytes())
     member = data.find(b"\xff\xd8")  # the first JPEG's bytes, stored inside the zip
     data[member + 200: member + 260] = bytes(60)
     corrupt.write_bytes(bytes(data))
-    with pytest.raises(D.DataError, match=r"corrupt\.zip is a damaged zip .*download it again"):
-        D.resolve(corrupt)
+    with pytest.raises(DataError, match=r"corrupt\.zip is a damaged zip .*download it again"):
+        resolve(corrupt)
     unpacked = sorted(p.name for p in (tmp_path / "cache" / "data").iterdir())
     assert len(unpacked) == 1 and unpacked[0].startswith("good-")  # nothing of the failed ones stays
 

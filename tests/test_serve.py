@@ -19,7 +19,7 @@ httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip in
 from conftest import REAL_DATA  # noqa: E402
 from helpers import free_port, start_server, stop_server, train_tiny_run  # noqa: E402
 
-from foodvit.cli import main  # noqa: E402
+from foodvit.cli.main import main  # noqa: E402
 
 UPLOAD_LIMIT_MB = 1.0
 
@@ -162,8 +162,8 @@ def test_batcher_batches_concurrent_inputs_and_answers_each_its_own():
     import torch
 
     import foodvit
-    from foodvit.preprocess import make_preprocess
-    from foodvit.serve import Batcher
+    from foodvit.data.preprocess import make_preprocess
+    from foodvit.deploy.serve import Batcher
 
     torch.manual_seed(0)
     model = foodvit.create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1).eval()
@@ -223,7 +223,7 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
     try:
         photo = sorted((run[1] / "test" / "sushi").iterdir())[0]
         answer = post(url, photo.read_bytes()).json()
-        from foodvit.predictor import Predictor
+        from foodvit.deploy.predictor import Predictor
 
         expected = Predictor.from_run(out).classify(photo)
         assert answer["label"] == expected["label"]

@@ -7,12 +7,12 @@ import json
 import pytest
 from helpers import make_photo_folder
 
-from foodvit.cli import main
+from foodvit.cli.main import main
 
 pytest.importorskip("tensorboard", reason="the TensorBoard test needs the track extra: pip install -e '.[track]'")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from foodvit.tracking import EPOCH_SCALARS  # noqa: E402
+from foodvit.training.tracking import EPOCH_SCALARS  # noqa: E402
 
 ARGS = ["--recipe", "tiny", "--image-size", "32", "--depth", "1", "--batch-size", "8", "--quiet"]
 

@@ -13,12 +13,13 @@ import torch
 from helpers import make_photo_folder
 
 import foodvit
-from foodvit import datasets as D
 from foodvit.config import load_recipe
-from foodvit.engine import TrainingDiverged
-from foodvit.inference import evaluate_split, predict
-from foodvit.run import RunError
-from foodvit.trainer import resume, train
+from foodvit.data.datasets import Path
+from foodvit.data.folders import Split, open_split
+from foodvit.deploy.inference import evaluate_split, predict
+from foodvit.rundir.directory import RunError
+from foodvit.training.engine import TrainingDiverged
+from foodvit.training.trainer import resume, train
 
 SMALL = {"image_size": 32, "depth": 2}  # ViT-Ti/8 at 32 px, 2 blocks: an epoch in well under a second
 
@@ -72,7 +73,7 @@ def test_trained_model_loads_evaluates_and_predicts(trained, photos):
     assert predictor.preprocess.image_size == 32 and not predictor.model.training
     assert not hasattr(foodvit.load_model(out), "class_names")  # the bare module: nothing attached to it
     # evaluating the saved model gives exactly the number the run reported
-    evaluation = evaluate_split(predictor, D.open_split(photos, "test"))
+    evaluation = evaluate_split(predictor, open_split(photos, "test"))
     assert evaluation["accuracy"] == result.test["acc"] and evaluation["n"] == 18
     assert sum(map(sum, evaluation["confusion"])) == 18
     photo = sorted((photos / "test" / "sushi").iterdir())[0]
@@ -111,7 +112,7 @@ def test_one_or_two_loader_workers_train_the_same_run(photos, tmp_path):
 
 @pytest.mark.parametrize("cache", [True, False])
 def test_training_workers_stay_up_and_cached_evaluation_needs_none(photos, tmp_path, cache):
-    from foodvit.trainer import Trainer
+    from foodvit.training.trainer import Trainer
 
     trainer = Trainer(small_config(photos, workers=2, cache=cache), tmp_path / "run", quiet=True)
     assert trainer.train_loader.num_workers == 2 and trainer.train_loader.persistent_workers
@@ -127,7 +128,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     # --deterministic: on a GPU, bf16 attention and gather backward add with atomics, and without it
     # two uninterrupted runs already differ by rounding (seen on an H100); the resumed run reads it
     # back from the run's config. On the CPU it changes nothing.
-    args = [sys.executable, "-m", "foodvit.cli", "train", "--recipe", "tiny", "--data", str(photos), "--epochs", "6",
+    args = [sys.executable, "-m", "foodvit.cli.main", "train", "--recipe", "tiny", "--data", str(photos), "--epochs", "6",
             "--image-size", "32", "--depth", "2", "--batch-size", "6", "--ema", "0.9", "--drloc", "0.1",
             "--deterministic", "true", "--quiet"]
     full = subprocess.run(args + ["--out", str(tmp_path / "full")], capture_output=True, text=True, timeout=300)
@@ -146,7 +147,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     assert 1 <= done < 6  # killed mid-run, with at least one finished epoch on disk
     assert not (victim / "model.safetensors").exists()
 
-    resumed = subprocess.run([sys.executable, "-m", "foodvit.cli", "train", "--resume", str(victim), "--quiet"],
+    resumed = subprocess.run([sys.executable, "-m", "foodvit.cli.main", "train", "--resume", str(victim), "--quiet"],
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert _metrics(victim / "metrics.csv") == _metrics(tmp_path / "full" / "metrics.csv")
@@ -155,7 +156,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
 
 
 def test_resume_refuses_changes_and_missing_runs(tmp_path):
-    from foodvit.cli import main
+    from foodvit.cli.main import main
 
     assert main(["train", "--resume", str(tmp_path), "--lr", "0.1"]) == 2
     with pytest.raises(RunError, match="holds no foodvit run"):
@@ -180,7 +181,7 @@ def test_a_run_of_an_older_version_resumes_without_the_settings_added_since(phot
 
 
 def test_nan_loss_keeps_the_last_good_checkpoint(photos, tmp_path, monkeypatch):
-    from foodvit.model import VisionTransformer
+    from foodvit.model.vit import VisionTransformer
 
     calls = {"n": 0}
     original = VisionTransformer.forward
@@ -228,7 +229,7 @@ def test_tiny_recipe_trains_one_epoch_on_foodvision_mini(real_data, tmp_path):
 
 
 def test_deterministic_mode_is_scoped_to_the_block(monkeypatch):
-    from foodvit.trainer import deterministic_algorithms
+    from foodvit.training.trainer import deterministic_algorithms
 
     before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
@@ -275,15 +276,15 @@ def test_every_purpose_draws_from_its_own_seed():
     assert len(seeds) == len(PURPOSES) * 200  # no two streams start alike
     assert derive_seed(42, "order", 3) == derive_seed(42, "order", 3) and 0 <= derive_seed(7, "init") < 2**63
     # the validation split is not drawn from the stream that initialises the model or orders the photos
-    from foodvit.datasets import split_validation
-    from foodvit.sampling import EpochSampler
+    from foodvit.data.datasets import split_validation
+    from foodvit.data.sampling import EpochSampler
 
     g = torch.Generator().manual_seed(42)
     assert torch.randperm(20, generator=g).tolist() != list(EpochSampler(20, 42))
-    split = D.Split(D.Path("."), ("a",), tuple((D.Path(f"{i}.jpg"), 0) for i in range(20)))
+    split = Split(Path("."), ("a",), tuple((Path(f"{i}.jpg"), 0) for i in range(20)))
     _, val = split_validation(split, 0.25, 42)
     g = torch.Generator().manual_seed(42)
-    naive = sorted(str(D.Path(f"{i}.jpg")) for i in torch.randperm(20, generator=g).tolist()[:5])
+    naive = sorted(str(Path(f"{i}.jpg")) for i in torch.randperm(20, generator=g).tolist()[:5])
     assert sorted(str(p) for p, _ in val.samples) != naive
 
 
@@ -299,7 +300,7 @@ def test_test_size_tests_and_saves_the_model_at_a_higher_resolution(photos, tmp_
     predictor = foodvit.load_predictor(out)
     assert predictor.model.config.image_size == 48 and predictor.preprocess.image_size == 48
     assert predictor.preprocess.resize_size == round(48 * 36 / 32)  # the training preprocessing's crop share (32 of 36)
-    evaluation = evaluate_split(predictor, D.open_split(photos, "test"))
+    evaluation = evaluate_split(predictor, open_split(photos, "test"))
     assert evaluation["accuracy"] == pytest.approx(result.test["acc"]) and evaluation["loss"] == pytest.approx(result.test["loss"], rel=1e-4)
     # the per-epoch rows were measured at the training size: the 32 px model, not the saved one
     checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
@@ -323,7 +324,7 @@ def test_progressive_resizing_trains_small_first_and_evaluates_at_the_model_size
     from the loader's 32 px), epochs 3-4 on 32 px; every evaluation, and the saved model, at 32 px."""
     from dataclasses import replace
 
-    from foodvit.model import PatchEmbed
+    from foodvit.model.vit import PatchEmbed
 
     seen = []
     original = PatchEmbed.forward

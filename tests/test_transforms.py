@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from foodvit.transforms import PRESETS, Preprocess, batch_mixer, eval_transform, make_preprocess, train_transform
+from foodvit.data.transforms import PRESETS, Preprocess, batch_mixer, eval_transform, make_preprocess, train_transform
 
 
 def photo(w=120, h=90):

@@ -9,8 +9,18 @@ from helpers import make_photo_folder, randomize_
 from PIL import Image
 
 import foodvit
-from foodvit import viz
-from foodvit.cli import main
+from foodvit.cli.main import main
+from foodvit.data.preprocess import eval_transform, make_preprocess
+from foodvit.data.sources import resolve
+from foodvit.viz.attention import (
+    attention_distances_over,
+    attention_rollout,
+    explain,
+    filter_components,
+    mean_attention_distance,
+    position_similarity,
+    rollout_map,
+)
 
 
 def _model(**overrides):
@@ -22,25 +32,25 @@ def test_rollout_rows_are_distributions_and_the_map_fills_the_grid():
     model = _model()
     with torch.no_grad():
         _, attentions = model.forward_with_attention(torch.randn(2, 3, 32, 32))
-    rollout = viz.attention_rollout(attentions)
+    rollout = attention_rollout(attentions)
     assert rollout.shape == (2, 17, 17)
     torch.testing.assert_close(rollout.sum(-1), torch.ones(2, 17))
-    heat = viz.rollout_map(rollout, 1, 4)
+    heat = rollout_map(rollout, 1, 4)
     assert heat.shape == (2, 4, 4)
     torch.testing.assert_close(heat.flatten(1).sum(-1), torch.ones(2))
     gap = _model(class_token=False, pool="gap")
     with torch.no_grad():
         _, attentions = gap.forward_with_attention(torch.randn(1, 3, 32, 32))
-    assert viz.rollout_map(viz.attention_rollout(attentions), 0, 4).shape == (1, 4, 4)
+    assert rollout_map(attention_rollout(attentions), 0, 4).shape == (1, 4, 4)
 
 
 def test_rollout_of_identity_attention_is_the_identity():
     eye = torch.eye(5).expand(1, 2, 5, 5)
-    torch.testing.assert_close(viz.attention_rollout([eye, eye, eye]), torch.eye(5)[None])
+    torch.testing.assert_close(attention_rollout([eye, eye, eye]), torch.eye(5)[None])
 
 
 def test_position_similarity_is_one_on_the_diagonal_and_symmetric():
-    sim = viz.position_similarity(_model().pos_embed, 1)
+    sim = position_similarity(_model().pos_embed, 1)
     assert sim.shape == (16, 16)
     torch.testing.assert_close(sim.diagonal(), torch.ones(16))
     torch.testing.assert_close(sim, sim.T)
@@ -51,20 +61,20 @@ def test_mean_attention_distance_of_identity_and_uniform_attention():
     # a 2 x 2 grid of 4-px patches: centres (0,0), (0,4), (4,0), (4,4); from any patch the
     # distances are 0, 4, 4 and 4*sqrt(2), so uniform attention averages (8 + 4*sqrt(2)) / 4.
     uniform = torch.full((3, 2, 5, 5), 1 / 5)  # (B, h, T, T) with a class token
-    d = viz.mean_attention_distance([uniform, uniform], num_prefix_tokens=1, grid=2, patch_size=4)
+    d = mean_attention_distance([uniform, uniform], num_prefix_tokens=1, grid=2, patch_size=4)
     assert d.shape == (2, 2)
     torch.testing.assert_close(d, torch.full((2, 2), (8 + 4 * math.sqrt(2)) / 4))
 
     model = _model()
     identity = torch.eye(17).expand(2, 3, 17, 17)
     model.forward_with_attention = lambda x: (None, [identity[: len(x)]] * 3)  # attention forced to the identity
-    distances = viz.attention_distances_over(model, torch.randn(5, 3, 32, 32), batch_size=2)
+    distances = attention_distances_over(model, torch.randn(5, 3, 32, 32), batch_size=2)
     assert distances.shape == (3, 3) and torch.count_nonzero(distances) == 0
 
 
 def test_filter_components_are_orthonormal():
     model = _model()
-    components, explained = viz.filter_components(model.patch_embed.proj.weight, 28)
+    components, explained = filter_components(model.patch_embed.proj.weight, 28)
     assert components.shape == (28, 3, 8, 8)
     flat = components.flatten(1)
     torch.testing.assert_close(flat @ flat.T, torch.eye(28), atol=1e-5, rtol=0)
@@ -85,7 +95,7 @@ def tiny_run(tmp_path_factory):
     data = REAL_DATA or str(make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=4, size=(120, 150)))
     out = tmp_path_factory.mktemp("runs") / "tiny"
     assert main(["train", "--recipe", "tiny", "--data", data, "--out", str(out), "--epochs", "1", "--quiet"]) == 0
-    photo = sorted((foodvit.sources.resolve(data) / "test" / "pizza").iterdir())[0]
+    photo = sorted((resolve(data) / "test" / "pizza").iterdir())[0]
     return out, photo
 
 
@@ -118,14 +128,14 @@ def test_explain_reads_attention_through_the_models_pooling():
     # a class token kept but not pooled (the default recipe): the picture must show what the pooled
     # patch tokens attend to, not the class token's row
     model = _model(pool="gap")
-    preprocess = foodvit.preprocess.make_preprocess(32, (0.5,) * 3, (0.5,) * 3)
+    preprocess = make_preprocess(32, (0.5,) * 3, (0.5,) * 3)
     predictor = foodvit.Predictor(model, ["a", "b", "c"], preprocess)
     photo = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8))
-    result = viz.explain(predictor, photo)
-    x = foodvit.preprocess.eval_transform(preprocess)(photo)[None]
+    result = explain(predictor, photo)
+    x = eval_transform(preprocess)(photo)[None]
     with torch.no_grad():
         logits, attentions = model.forward_with_attention(x)
-    rollout = viz.attention_rollout(attentions)  # (1, 17, 17), token 0 the class token
+    rollout = attention_rollout(attentions)  # (1, 17, 17), token 0 the class token
     patch_mean = rollout[:, 1:].mean(dim=1)[:, 1:]
     torch.testing.assert_close(result["rollout"], (patch_mean / patch_mean.sum()).reshape(4, 4))
     class_row = rollout[:, 0, 1:] / rollout[:, 0, 1:].sum()
@@ -136,6 +146,6 @@ def test_explain_reads_attention_through_the_models_pooling():
     assert [label for label, _ in result["top_k"]][0] == predictor.classes[logits.argmax().item()]
     cls_model = _model()  # pool='cls': the class token's row, as before
     with torch.no_grad():
-        cls_rollout = viz.attention_rollout(cls_model.forward_with_attention(x)[1])
+        cls_rollout = attention_rollout(cls_model.forward_with_attention(x)[1])
     row = cls_rollout[:, 0, 1:]
-    torch.testing.assert_close(viz.explain(foodvit.Predictor(cls_model, predictor.classes, preprocess), photo)["rollout"], (row / row.sum()).reshape(4, 4))
+    torch.testing.assert_close(explain(foodvit.Predictor(cls_model, predictor.classes, preprocess), photo)["rollout"], (row / row.sum()).reshape(4, 4))

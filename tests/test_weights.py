@@ -8,8 +8,9 @@ from helpers import randomize_, rel_diff
 from torchvision.models.vision_transformer import interpolate_embeddings
 
 import foodvit
-from foodvit.model import resample_pos_embed
-from foodvit.weights import (
+from foodvit.model.vit import resample_pos_embed
+from foodvit.model.weights import (
+    config_from_metadata,
     detect_layout,
     export_weights,
     from_torchvision,
@@ -101,7 +102,7 @@ def test_foodvit_files_carry_their_config(tmp_path):
     path = save_weights(model, tmp_path / "model.safetensors", {"class_names": ["a", "b", "c", "d"]})
     state, meta = read_weights(path)
     assert meta["format"] == "foodvit"
-    assert foodvit.weights.config_from_metadata(meta) == model.config
+    assert config_from_metadata(meta) == model.config
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert not list(tmp_path.glob("*.tmp"))  # written atomically
 

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import FoodVitError
+from foodvit.errors import FoodVitError
 
 # public name -> module that defines it
 _LAZY = {
-    "Predictor": "predictor",
+    "Predictor": "deploy.predictor",
     "ViTConfig": "config",
-    "VisionTransformer": "model",
-    "resample_pos_embed": "model",
-    "create_model": "variants",
-    "get_variant": "variants",
-    "list_models": "variants",
-    "export_weights": "weights",
-    "load_weights": "weights",
-    "resize_model": "weights",
-    "save_weights": "weights",
+    "VisionTransformer": "model.vit",
+    "resample_pos_embed": "model.vit",
+    "create_model": "model.variants",
+    "get_variant": "model.variants",
+    "list_models": "model.variants",
+    "export_weights": "model.weights",
+    "load_weights": "model.weights",
+    "resize_model": "model.weights",
+    "save_weights": "model.weights",
 }
 
 __all__ = ["FoodVitError", "load_model", "load_predictor", *_LAZY]
@@ -48,13 +48,13 @@ def __dir__() -> list[str]:
 def load_model(run, device: str | None = None):
     """A trained run's model (an nn.Module in eval mode). For predictions with the run's classes
     and preprocessing use foodvit.load_predictor."""
-    from .run import load_model as _load
+    from foodvit.rundir.directory import load_model as _load
 
     return _load(run, device=device)
 
 
 def load_predictor(run, device: str | None = None):
     """A trained run's Predictor: classify(photo), classify_many(photos), .classes, .preprocess."""
-    from .predictor import Predictor
+    from foodvit.deploy.predictor import Predictor
 
     return Predictor.from_run(run, device=device)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from .errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, Range, check_value
+from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, Range, check_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -487,7 +487,7 @@ def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | d
         kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
         config = replace(config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}})
     if config.train.pretrained:
-        from .pretrained import adapt_config  # reads the weights' description (PyTorch)
+        from foodvit.model.pretrained import adapt_config  # reads the weights' description (PyTorch)
 
         config = adapt_config(config, explicit_model=model)
     return config

@@ -11,7 +11,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from .errors import RunError
+from foodvit.errors import RunError
 
 
 def current_umask() -> int:

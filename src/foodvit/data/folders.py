@@ -1,0 +1,226 @@
+"""A folder of labelled photos as splits: the classes (subfolders), their photos checked one by
+one (unreadable files skipped or, strict, refused). No PyTorch: evaluation with an exported model
+scans folders without it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from foodvit.data.photos import IMAGE_EXTENSIONS, PhotoError, check_image
+from foodvit.data.sources import LAYOUT, resolve
+from foodvit.errors import DataError
+
+
+@dataclass(frozen=True)
+class Split:
+    """The photos of one split: (path, class index) pairs and the class names."""
+
+    root: Path
+    classes: tuple[str, ...]
+    samples: tuple[tuple[Path, int], ...]
+    skipped: tuple[str, ...] = ()  # "path: why" for each file left out as unreadable
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def skipped_summary(self, verbose: bool = False) -> list[str]:
+        """One line saying how many files were skipped (and, verbose, a line for each); [] if none."""
+        if not self.skipped:
+            return []
+        first = self.skipped[0]
+        more = "" if len(self.skipped) == 1 else f" and {len(self.skipped) - 1} more" + ("" if verbose else " (--verbose lists them)")
+        lines = [f"skipped {len(self.skipped)} unreadable file(s) in {self.root}: {first}{more}"]
+        return lines + [f"  {line}" for line in self.skipped[1:]] if verbose else lines
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(self.classes, 0)
+        for _, label in self.samples:
+            out[self.classes[label]] += 1
+        return out
+
+
+def class_names(folder: Path) -> tuple[str, ...]:
+    """The class folders of a split, sorted (their index is the label)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder; expected {LAYOUT}")
+    classes = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")))
+    if not classes:
+        raise DataError(f"{folder} has no class folders; expected {LAYOUT}")
+    return classes
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The files of one split and their class indices, not yet checked (a folder of class folders,
+    or Food-101's meta/<split>.json)."""
+
+    root: Path
+    classes: tuple[str, ...]
+    files: tuple[tuple[Path, int], ...]
+
+
+def list_folder(folder: Path) -> Listing:
+    """The classes (subfolders, sorted) of a folder and every file in them."""
+    folder = Path(folder)
+    classes = class_names(folder)
+    return Listing(folder, classes, tuple((path, index) for index, name in enumerate(classes) for path in _photo_files(folder / name)))
+
+
+def is_food101(root: Path) -> bool:
+    """Whether root is laid out as Food-101: images/<class>/<id>.jpg with meta/train.json and meta/test.json."""
+    return (root / "images").is_dir() and (root / "meta" / "train.json").is_file() and (root / "meta" / "test.json").is_file()
+
+
+def list_food101(root: Path, split: str) -> Listing:
+    """A Food-101 split: meta/<split>.json maps each class to its photos' ids ("<class>/<id>"),
+    the photos are images/<id>.jpg (the dataset's official split)."""
+    meta = root / "meta" / f"{split}.json"
+    try:
+        entries = json.loads(meta.read_text())
+        if not isinstance(entries, dict) or not all(isinstance(v, list) for v in entries.values()):
+            raise ValueError("expected an object of class -> list of photo ids")
+    except (OSError, ValueError) as err:
+        raise DataError(f"{meta} is not Food-101's split file ({err}); download the data set again") from None
+    classes = tuple(sorted(entries))
+    files = tuple((root / "images" / f"{entry}.jpg", index) for index, name in enumerate(classes) for entry in entries[name])
+    return Listing(root / "images", classes, files)
+
+
+def list_split(root: Path, split: str) -> Listing:
+    """<root>/<split>/<class>/..., or Food-101's split when root is laid out as Food-101."""
+    return list_food101(root, split) if is_food101(root) else list_folder(root / split)
+
+
+def keep_classes(listing: Listing, names: tuple[str, ...]) -> Listing:
+    """Only the named classes (re-indexed in sorted order), e.g. pizza, steak and sushi of Food-101."""
+    unknown = [n for n in names if n not in listing.classes]
+    if unknown:
+        shown = ", ".join(listing.classes[:8]) + (f" ... ({len(listing.classes)} in all)" if len(listing.classes) > 8 else "")
+        raise DataError(f"no class {', '.join(unknown)} in {listing.root}; its classes are {shown}")
+    kept = tuple(sorted(set(names)))
+    index = {listing.classes.index(name): i for i, name in enumerate(kept)}
+    return Listing(listing.root, kept, tuple((path, index[label]) for path, label in listing.files if label in index))
+
+
+def subsample(listing: Listing, fraction: float, seed: int) -> Listing:
+    """A reproducible `fraction` of each class (at least one photo), in the listing's order."""
+    import numpy as np
+
+    from foodvit.seeds import derive_seed
+
+    if not 0 < fraction <= 1:
+        raise DataError(f"the training fraction must be in (0, 1], got {fraction}")
+    if fraction == 1:
+        return listing
+    rng = np.random.default_rng(derive_seed(seed, "subset"))
+    chosen = set()
+    for label in range(len(listing.classes)):
+        positions = [i for i, (_, y) in enumerate(listing.files) if y == label]
+        take = max(1, round(fraction * len(positions))) if positions else 0
+        chosen.update(positions[i] for i in rng.permutation(len(positions))[:take])
+    return Listing(listing.root, listing.classes, tuple(f for i, f in enumerate(listing.files) if i in chosen))
+
+
+def check(listing: Listing, *, strict: bool = False, decode=None, quiet: bool = True) -> Split:
+    """Each file's header checked (and, with `decode`, e.g. the decode cache's prefill, the photo
+    fully decoded, which catches truncated files and fills the cache in the same pass); unreadable
+    files are skipped (or, strict, refused)."""
+    samples, bad = [], []
+    files = listing.files
+    show = not quiet and (decode is not None or len(files) >= 2000)
+    for path, index in tqdm(files, desc=f"reading {listing.root.name}/", disable=not show, leave=False, unit="photo"):
+        problem = check_image(path)
+        if problem is None and decode is not None:
+            try:
+                decode(path)
+            except PhotoError as err:  # the cache's loader says what it could not read
+                problem = err.reason
+        if problem:
+            bad.append(f"{path}: {problem}")
+        else:
+            samples.append((path, index))
+    present = {label for _, label in samples}
+    for index, name in enumerate(listing.classes):
+        if index not in present:
+            raise DataError(f"class folder {listing.root / name} has no readable photos; add photos or remove the folder")
+    if bad and strict:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise DataError(f"unreadable file {bad[0]}{more}; --strict refuses them (without it they are skipped)")
+    return Split(listing.root, listing.classes, tuple(samples), tuple(bad))
+
+
+def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True) -> Split:
+    """A folder of class folders, every photo checked (see check)."""
+    return check(list_folder(folder), strict=strict, decode=decode, quiet=quiet)
+
+
+def _photo_files(folder: Path) -> list[Path]:
+    """Every file under folder, sorted, leaving out hidden files and everything in hidden folders
+    (.thumbs/, .ipynb_checkpoints/, ...)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+
+
+def check_layout(root: Path) -> Path:
+    """root, if it holds train/ and test/ (or is laid out as Food-101); else a DataError that says what is expected."""
+    if is_food101(root):
+        return root
+    missing = [name for name in ("train", "test") if not (root / name).is_dir()]
+    if missing:
+        raise DataError(f"{root} has no {' or '.join(f'{m}/' for m in missing)} folder; training expects {LAYOUT}")
+    return root
+
+
+def open_split(source: str | None, split: str = "test", *, strict: bool = False) -> Split:
+    """One split for evaluation: <root>/<split>/<class>/..., or a folder of class folders."""
+    root = resolve(source)
+    if is_food101(root):
+        return check(list_food101(root, split), strict=strict)
+    if (root / split).is_dir():
+        return scan(root / split, strict=strict)
+    if (root / "train").is_dir() or (root / "test").is_dir():
+        raise DataError(f"{root} has no {split}/ folder; expected {LAYOUT}, or a folder whose subfolders are the classes")
+    return scan(root, strict=strict)
+
+
+def cv_folds(split: Split, k: int, seed: int) -> list[tuple[Split, Split]]:
+    """k-fold cross-validation over a split: k (train, validation) pairs whose validation parts
+    partition the photos (each photo validated exactly once), stratified by class (each class dealt
+    round-robin over the folds in a seeded random order), reproducible from the seed."""
+    import numpy as np
+
+    from foodvit.seeds import derive_seed
+
+    if not 2 <= k <= len(split):
+        raise DataError(f"cross-validation needs 2 <= folds <= photos ({len(split)}), got {k}")
+    rng = np.random.default_rng(derive_seed(seed, "validation", k))
+    fold_of: dict[Path, int] = {}
+    offset = 0
+    for label in range(len(split.classes)):
+        items = [path for path, y in split.samples if y == label]
+        for rank, i in enumerate(rng.permutation(len(items))):
+            fold_of[items[i]] = (offset + rank) % k  # continue the rotation across classes: folds stay balanced in size
+        offset += len(items)
+    folds = []
+    for fold in range(k):
+        held = tuple(s for s in split.samples if fold_of[s[0]] == fold)
+        kept = tuple(s for s in split.samples if fold_of[s[0]] != fold)
+        folds.append((Split(split.root, split.classes, kept), Split(split.root, split.classes, held)))
+    return folds
+
+
+def first_photos(source: str | Path | None, classes, per_class: int, split: str = "test") -> list[Path]:
+    """The first `per_class` photos (by name) of each class in <source>/<split>/, when the source
+    is a local folder at hand; [] otherwise (nothing is downloaded). For examples and parity checks."""
+    folder = Path(source) / split if source else None
+    if folder is None or not folder.is_dir():
+        return []
+    found = []
+    for name in classes:
+        photos = sorted(p for p in (folder / name).glob("*") if p.suffix.lower() in IMAGE_EXTENSIONS) if (folder / name).is_dir() else []
+        found += photos[:per_class]
+    return found

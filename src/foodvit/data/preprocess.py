@@ -1,0 +1,125 @@
+"""What the model expects of a photo (Preprocess), and the evaluation preprocessing itself.
+
+The evaluation path (resize, centre-crop, scale to [0, 1], normalise) runs on Pillow and NumPy
+alone, so that predicting needs neither torchvision nor, until the model runs, PyTorch. It
+computes exactly what torchvision's transforms do to a PIL photo (tests/test_transforms.py
+compares the two): Pillow resizes in both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from foodvit.config import INTERPOLATIONS, RESIZE_MODES
+from foodvit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How a photo becomes the model's input; stored with every trained run and weights file.
+
+    mode 'crop': resize the shorter side to resize_size, then centre-crop image_size (torchvision's
+    weights: 256 then 224). mode 'square': resize both sides to image_size (the course).
+    """
+
+    image_size: int
+    resize_size: int
+    mode: str = "crop"
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    interpolation: str = "bilinear"
+
+    def __post_init__(self) -> None:
+        if self.mode not in RESIZE_MODES:
+            raise ConfigError(f"preprocessing mode must be one of {', '.join(RESIZE_MODES)}, got {self.mode!r}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}")
+        if self.image_size < 1:
+            raise ConfigError(f"image size must be >= 1, got {self.image_size}")
+        if self.mode == "crop" and self.resize_size < self.image_size:
+            raise ConfigError(f"resize size {self.resize_size} is smaller than the crop {self.image_size}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Preprocess":
+        return cls(**{**d, "mean": tuple(d["mean"]), "std": tuple(d["std"])})
+
+    def at_size(self, image_size: int) -> "Preprocess":
+        """The same preprocessing for another input size: with 'crop', the same crop share."""
+        resize = image_size if self.mode == "square" else int(round(image_size * self.resize_size / self.image_size))
+        return Preprocess(image_size, max(resize, image_size), self.mode, self.mean, self.std, self.interpolation)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def make_preprocess(image_size: int, mean, std, mode: str = "crop", crop_pct: float = 0.875, interpolation: str = "bilinear") -> Preprocess:
+    resize = image_size if mode == "square" else int(math.floor(image_size / crop_pct + 1e-9))  # as timm: 224 / 0.875 = 256
+    return Preprocess(image_size, resize, mode, tuple(mean), tuple(std), interpolation)
+
+
+def resample_filter(interpolation: str):
+    """Pillow's filter for an interpolation name."""
+    from PIL import Image
+
+    return {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}[interpolation]
+
+
+def shorter_side_to(size: tuple[int, int], shorter: int) -> tuple[int, int]:
+    """(width, height) with the shorter side at `shorter` px and the longer in proportion, rounded
+    down (as torchvision computes it)."""
+    w, h = size
+    short, long = (w, h) if w <= h else (h, w)
+    new_long = int(shorter * long / short)
+    return (shorter, new_long) if w <= h else (new_long, shorter)
+
+
+def crop_view(p: Preprocess, photo):
+    """The part of a PIL photo the model sees, at the model's size (a PIL image).
+
+    'crop': the shorter side resized to resize_size (the longer in proportion, rounded down), then
+    the centre image_size x image_size; 'square': both sides resized to image_size.
+    """
+    if p.mode == "square":
+        return photo.resize((p.image_size, p.image_size), resample=resample_filter(p.interpolation))
+    size = shorter_side_to(photo.size, p.resize_size)
+    if size != photo.size:
+        photo = photo.resize(size, resample=resample_filter(p.interpolation))
+    left = int(round((size[0] - p.image_size) / 2.0))
+    top = int(round((size[1] - p.image_size) / 2.0))
+    return photo.crop((left, top, left + p.image_size, top + p.image_size))
+
+
+def to_array(p: Preprocess, photo):
+    """A PIL RGB photo -> the model's input as a float32 NumPy array (3, S, S), normalised."""
+    import numpy as np
+
+    pixels = np.asarray(crop_view(p, photo), dtype=np.float32) / np.float32(255)  # (S, S, 3) in [0, 1]
+    mean, std = np.asarray(p.mean, dtype=np.float32), np.asarray(p.std, dtype=np.float32)
+    return np.ascontiguousarray(((pixels - mean) / std).transpose(2, 0, 1))  # (S, S, 3) -> (3, S, S)
+
+
+class EvalTransform:
+    """The deterministic evaluation preprocessing, PIL photo -> float tensor (3, S, S). A class so
+    that loader workers started by spawn can receive it."""
+
+    def __init__(self, p: Preprocess) -> None:
+        self.preprocess = p
+
+    def __call__(self, photo):
+        import torch
+
+        return torch.from_numpy(to_array(self.preprocess, photo))
+
+
+def eval_transform(p: Preprocess) -> EvalTransform:
+    return EvalTransform(p)
+
+
+def model_view(p: Preprocess, photo):
+    """What the model sees of a photo, before scaling and normalisation: uint8 tensor (3, S, S)."""
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(crop_view(p, photo), dtype=np.uint8).transpose(2, 0, 1)))

@@ -1,0 +1,137 @@
+"""Where photos come from: a URL of a zip, a local zip, a folder in torchvision's ImageFolder
+layout, or Food-101 (`food101`, `food101:pizza,steak,sushi`); downloads and unpacks once into a
+cache. No PyTorch (Food-101's download alone uses torchvision, imported then)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.error
+import urllib.request
+import zipfile
+import zlib
+from pathlib import Path, PurePosixPath
+
+from foodvit.errors import DataError
+from foodvit.files import atomic_folder
+from foodvit.files import download as download_file
+
+DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
+LAYOUT = "<root>/train/<class>/*.jpg and <root>/test/<class>/*.jpg (torchvision's ImageFolder layout)"
+
+
+def cache_dir() -> Path:
+    """Where downloads and unpacked zips go: $FOODVIT_CACHE, else ~/.cache/foodvit."""
+    return Path(os.environ.get("FOODVIT_CACHE") or Path.home() / ".cache" / "foodvit")
+
+
+FOOD101 = "food101"
+
+
+def split_spec(source: str | os.PathLike | None) -> tuple[str | None, tuple[str, ...] | None]:
+    """(source, class subset): `food101:pizza,steak,sushi` is Food-101's pizza, steak and sushi."""
+    if source is None:
+        return None, None
+    text = str(source)
+    if text.startswith(FOOD101 + ":"):
+        names = tuple(n.strip() for n in text[len(FOOD101) + 1:].split(",") if n.strip())
+        if not names:
+            raise DataError(f"{text!r} names no classes; write food101:pizza,steak,sushi (or food101 for all 101)")
+        return FOOD101, names
+    return text, None
+
+
+def food101(*, quiet: bool = False) -> Path:
+    """Food-101 (Bossard et al. 2014: 101 classes, 750 train and 250 test photos each, 5 GB) in the
+    cache, downloaded and checked by torchvision the first time."""
+    base = cache_dir() / "food101"
+    root = base / "food-101"
+    if (root / "images").is_dir() and (root / "meta").is_dir():
+        return root
+    if not quiet:
+        print(f"downloading Food-101 (5 GB) into {base} (once)", flush=True)
+    try:
+        from torchvision.datasets import Food101
+
+        Food101(str(base), split="train", download=True)
+    except (urllib.error.URLError, OSError, RuntimeError, TimeoutError) as err:
+        raise DataError(f"could not download Food-101 ({getattr(err, 'reason', err)}); with it downloaded elsewhere, "
+                        f"unpack it into {base} (so that {root / 'meta'} exists) or pass --data /path/to/food-101") from err
+    return root
+
+
+def default_source() -> str:
+    return os.environ.get("FOODVIT_DATA") or DEFAULT_URL
+
+
+def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, quiet: bool = False) -> Path:
+    """A local folder for a source: downloads and unzips as needed, skipping what is cached."""
+    source = str(split_spec(source)[0] or default_source())
+    if source == FOOD101:
+        return food101(quiet=quiet)
+    if source.startswith(("http://", "https://")):
+        return extract(download(source, timeout=timeout, quiet=quiet))
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataError(f"data source {path} does not exist; expected a folder laid out as {LAYOUT}, a .zip of one, or a URL")
+    if path.is_file():
+        if not zipfile.is_zipfile(path):
+            raise DataError(f"{path} is a file but not a zip; expected a folder laid out as {LAYOUT}, or a .zip of one")
+        return extract(path)
+    return path
+
+
+def download(url: str, *, timeout: float = 20.0, quiet: bool = False) -> Path:
+    """Download into the cache once. The file appears only when complete (temporary name, then rename)."""
+    name = PurePosixPath(urllib.request.urlparse(url).path).name or "download"
+    target = cache_dir() / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
+    if target.is_file():
+        return target
+    try:
+        return download_file(url, target, timeout=timeout, quiet=quiet)
+    except (urllib.error.URLError, OSError, TimeoutError) as err:
+        reason = getattr(err, "reason", err)
+        raise DataError(
+            f"could not download {url} ({reason}). Without internet, point at local data instead: "
+            f"--data /path/to/folder_or.zip, or set FOODVIT_DATA"
+        ) from err
+
+
+def extract(zip_path: Path) -> Path:
+    """Unpack a zip into the cache (once) and return the folder holding train/ and test/.
+
+    Members that would land outside the target (absolute paths, '..') are refused before anything
+    is written; unpacking goes to a temporary folder that is renamed only when complete and laid
+    out as expected, so a corrupt or wrongly laid out zip leaves nothing in the cache.
+    """
+    zip_path = Path(zip_path)
+    stat = zip_path.stat()
+    key = hashlib.sha1(f"{zip_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    target = cache_dir() / "data" / f"{zip_path.stem}-{key}"
+    if target.is_dir():
+        return _root_of(target, zip_path)
+    try:
+        with zipfile.ZipFile(zip_path) as archive:
+            for member in archive.namelist():
+                parts = PurePosixPath(member.replace("\\", "/")).parts
+                if member.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
+                    raise DataError(f"{zip_path} holds an unsafe member {member!r} (absolute or '..' path); refusing to unpack it")
+
+            def unpack(tmp: Path) -> None:
+                archive.extractall(tmp)
+                _root_of(tmp, zip_path)  # laid out as expected, or nothing is kept
+
+            atomic_folder(target, unpack)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as err:
+        raise DataError(f"{zip_path} is a damaged zip ({type(err).__name__}: {err}); download it again or unpack it "
+                        "yourself and pass the folder") from err
+    return _root_of(target, zip_path)
+
+
+def _root_of(folder: Path, origin: Path) -> Path:
+    """The folder with train/ and test/ inside an unpacked zip (at the top or one level down)."""
+    candidates = [folder] + sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    for candidate in candidates:
+        if (candidate / "train").is_dir() and (candidate / "test").is_dir():
+            return candidate
+    raise DataError(f"{origin} holds no train/ and test/ folders; expected a zip of {LAYOUT}")

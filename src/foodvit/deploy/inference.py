@@ -1,0 +1,84 @@
+"""Using a trained model through its Predictor: evaluate it on a split, predict photos, draw a
+prediction. Nothing here needs PyTorch: the Predictor's backend runs the model."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from foodvit.data.photos import PhotoError, load_or_explain
+from foodvit.errors import DataError
+
+
+def evaluate_split(predictor, split, batch_size: int = 64) -> dict:
+    """accuracy (per image), loss (mean cross-entropy), n, per_class {class: accuracy}, confusion
+    (rows = true class), computed from the Predictor's probabilities in batches."""
+    if list(split.classes) != list(predictor.classes):
+        raise DataError(f"{split.root} has classes {list(split.classes)}, the model was trained on {list(predictor.classes)}; "
+                        "evaluate on a folder with the same class folders")
+    k = len(predictor.classes)
+    confusion = np.zeros((k, k), dtype=np.int64)
+    loss = 0.0
+    for start in range(0, len(split.samples), batch_size):
+        chunk = split.samples[start : start + batch_size]
+        batch = np.stack([predictor.prepare(load_or_explain(path), str(path)) for path, _ in chunk])
+        probabilities = predictor.probabilities(batch)
+        labels = np.array([label for _, label in chunk])
+        loss -= float(np.log(np.maximum(probabilities[np.arange(len(chunk)), labels], 1e-300)).sum())
+        np.add.at(confusion, (labels, probabilities.argmax(axis=1)), 1)
+    n = int(confusion.sum())
+    totals = confusion.sum(axis=1)
+    per_class = {name: float(confusion[i, i] / totals[i]) if totals[i] else float("nan") for i, name in enumerate(split.classes)}
+    return {"accuracy": float(np.trace(confusion) / max(n, 1)), "loss": loss / max(n, 1), "n": n, "per_class": per_class,
+            "confusion": confusion.tolist()}
+
+
+def predict(predictor, images: list[str | Path], top_k: int = 3) -> list[dict]:
+    """One result per photo, in order: image, label, probability, probabilities, top_k [[label,
+    probability], ...], seconds (decode, preprocessing and forward pass: what a user waits for);
+    or, for a photo that cannot be used, image and error (what is wrong), and the others are still
+    predicted."""
+    results = []
+    for image in images:
+        try:
+            results.append({"image": str(image), **predictor.classify(_local(image), top_k=top_k, name=str(image))})
+        except DataError as err:
+            results.append({"image": str(image), "error": str(err)})
+    return results
+
+
+def _local(image: str | Path) -> Path:
+    """A local photo's path; URLs are refused with a message that says what to do."""
+    text = str(image)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
+        raise PhotoError(text, f"is a URL: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file")
+    path = Path(image)
+    if not path.exists():
+        raise PhotoError(path, "does not exist")
+    if path.is_dir():
+        raise PhotoError(path, f"is a folder; pass photo files (e.g. {path}/*.jpg)")
+    return path
+
+
+def plot_predictions(images: list[str | Path], results: list[dict], columns: int = 4):
+    """The course's pred_and_plot_image: each photo titled with its label and probability."""
+    import math
+
+    from foodvit.viz.plotting import subplots
+
+    n = len(results)
+    cols = min(columns, n)
+    rows = math.ceil(n / cols)
+    fig, axes = subplots(rows, cols, figsize=(4.5 * cols, 4.8 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, image, result in zip(axes.flat, images, results):
+        if "error" in result:
+            ax.text(0.5, 0.5, f"{Path(str(image)).name}\ncould not be read", ha="center", va="center", fontsize=10)
+            continue
+        ax.imshow(load_or_explain(Path(image)))
+        ax.set_title(f"Pred: {result['label']} | Prob: {result['probability']:.3f}", fontsize=11)
+    fig.tight_layout()
+    return fig

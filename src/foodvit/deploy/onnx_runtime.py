@@ -1,0 +1,57 @@
+"""An exported ONNX model as a Predictor backend, run by ONNX Runtime, without PyTorch.
+
+A foodvit .onnx file carries what predicting needs in its metadata (export.py writes it):
+foodvit.classes, foodvit.data.preprocess and foodvit.card (JSON). Decoding and preprocessing are Pillow
+and NumPy (photos.py, preprocess.py), so `foodvit predict model.onnx photo.jpg` and `foodvit
+evaluate model.onnx` import neither torch nor torchvision: install `foodvit[onnx]`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from foodvit.errors import RunError
+
+META_PREFIX = "foodvit."
+
+
+class OnnxBackend:
+    """ONNX Runtime session: float32 batch (B, 3, S, S) -> logits (B, classes)."""
+
+    def __init__(self, path: str | Path, threads: int | None = None) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise RunError("running an .onnx model needs ONNX Runtime: pip install 'foodvit[onnx]'") from None
+        path = Path(path)
+        if not path.is_file():
+            raise RunError(f"{path} does not exist; give an .onnx file written by foodvit export")
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime raises its own Fail / InvalidProtobuf / InvalidGraph types
+            raise RunError(f"{path} is not a readable ONNX model ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                           "export it again with foodvit export") from None
+        self.input = self.session.get_inputs()[0].name
+        self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
+        self.path = path
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {self.input: batch})[0]
+
+    def description(self) -> tuple[list[str], dict, dict]:
+        """(classes, preprocessing dict, card) from the file's metadata, or a RunError when the
+        file was not exported by foodvit."""
+        try:
+            classes = json.loads(self.metadata[META_PREFIX + "classes"])
+            preprocess = json.loads(self.metadata[META_PREFIX + "preprocess"])
+            card = json.loads(self.metadata.get(META_PREFIX + "card", "{}"))
+        except (KeyError, json.JSONDecodeError):
+            raise RunError(f"{self.path} is an ONNX model but not one exported by foodvit: its metadata has no class names "
+                           "and preprocessing; export a run with foodvit export RUN --format onnx") from None
+        return classes, preprocess, card

@@ -1,0 +1,106 @@
+"""The demo page (Gradio Blocks) that serve.py mounts at /: a photo in; the top-k probabilities as
+bars, the time taken, the attention rollout over the crop the model saw, and a model card out.
+
+It classifies through the same Service as POST /predict (same decoding, same batches), so the page
+and the API give the same answer for the same photo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from foodvit.data.photos import PhotoError, decode
+
+OVERLAY_SIZE = 224  # px: the attention picture is shown at least this large
+
+def model_card(predictor) -> str:
+    """A short model card in Markdown: model, size, recipe, classes, test accuracy, data, date."""
+    card, metrics = predictor.card, predictor.card.get("metrics", {})
+    model = card.get("model", {})
+    rows = [("model", f"ViT, {_count(model.get('depth'), 'block')}, D={model.get('embed_dim', '?')}, "
+                      f"{_count(model.get('num_heads'), 'head')}, patch {model.get('patch_size', '?')}, "
+                      f"{predictor.preprocess.image_size} px input"),
+            ("parameters", f"{card['params'] / 1e6:.2f} M" if card.get("params") else "unknown"),
+            ("recipe", f"`{metrics['recipe']}`, {_count(metrics.get('epochs'), 'epoch')}" if metrics.get("recipe") else "unknown"),
+            ("classes", ", ".join(predictor.classes))]
+    if "test_acc" in metrics:
+        n = metrics.get("test_n")
+        correct = f" ({round(metrics['test_acc'] * n)}/{n} photos)" if n else ""
+        rows.append(("test accuracy", f"{metrics['test_acc']:.3f}{correct}, per image"))
+    if metrics.get("data"):
+        photos = f", {metrics['train_photos']} training photos" if metrics.get("train_photos") else ""
+        rows.append(("training data", f"`{metrics['data']}`{photos}"))
+    if metrics.get("trained"):
+        rows.append(("trained", metrics["trained"]))
+    return "### Model card\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in rows)
+
+
+def _count(n, word: str) -> str:
+    return f"{n if n is not None else '?'} {word}{'' if n == 1 else 's'}"
+
+
+def probability_table(answer: dict) -> str:
+    """The probabilities to three decimals, best first, and the time taken."""
+    lines = ["| class | probability |", "|---|---|"]
+    lines += [f"| {label} | {p:.3f} |" for label, p in sorted(answer["probabilities"].items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines) + f"\n\nanswered in **{answer['seconds'] * 1000:.0f} ms** (decoding, preprocessing and the model)"
+
+
+def attention_overlay(predictor, photo):
+    """The attention rollout over exactly the crop the model saw, as an RGB array; None without a
+    PyTorch model (an exported file)."""
+    if predictor.model is None:
+        return None
+    from PIL import Image
+
+    from foodvit.data.preprocess import model_view
+    from foodvit.viz.attention import explain
+    from foodvit.viz.figures import overlay_array
+
+    picture = Image.fromarray(overlay_array(model_view(predictor.preprocess, photo), explain(predictor, photo)["rollout"]))
+    if picture.width < OVERLAY_SIZE:  # a small model's crop, enlarged so that people can see it
+        picture = picture.resize((OVERLAY_SIZE, OVERLAY_SIZE), Image.Resampling.NEAREST)
+    return picture
+
+
+def build_page(service, examples: Sequence[Path] = ()):
+    import gradio as gr
+
+    predictor = service.predictor
+
+    def classify(path: str | None):
+        if not path:
+            raise gr.Error("no photo yet: upload one, paste one or take one with the webcam")
+        name = Path(path).name
+        try:
+            photo = decode(Path(path), name)
+            answer = service.classify(photo, name)
+        except PhotoError as err:
+            raise gr.Error(f"{name} {err.reason}") from None
+        label = {c: p for c, p in answer["probabilities"].items()}
+        return label, probability_table(answer), attention_overlay(predictor, photo)
+
+    title = f"foodvit: {', '.join(predictor.classes)}"
+    with gr.Blocks(title=title, analytics_enabled=False) as page:
+        gr.Markdown(f"# {title}\nA Vision Transformer (Dosovitskiy et al., 2021) trained with foodvit. "
+                    "Give it a photo: it answers with the probability of each class and shows where it looked.")
+        with gr.Row(equal_height=False):
+            with gr.Column(min_width=300):
+                image = gr.Image(type="filepath", image_mode=None, sources=["upload", "clipboard", "webcam"], label="photo",
+                                 elem_id="foodvit-photo")
+                button = gr.Button("Classify", variant="primary", elem_id="foodvit-classify")
+                if examples:
+                    gr.Examples(examples=[[str(p)] for p in examples], inputs=[image], label="examples from the test photos")
+            with gr.Column(min_width=300):
+                label = gr.Label(num_top_classes=min(service.top_k, len(predictor.classes)), label="prediction",
+                                 elem_id="foodvit-label")
+                table = gr.Markdown(elem_id="foodvit-probabilities")
+                overlay = gr.Image(label="attention rollout over the model's crop (Abnar & Zuidema 2020)", interactive=False,
+                                   type="pil", height=OVERLAY_SIZE + 40, elem_id="foodvit-attention")
+        gr.Markdown(model_card(predictor), elem_id="foodvit-card")
+        gr.Markdown("API: `POST /predict` with the photo in the form field `file`; `GET /health`.")
+        outputs = [label, table, overlay]
+        button.click(classify, inputs=[image], outputs=outputs, api_name="classify")
+        image.upload(classify, inputs=[image], outputs=outputs, api_name=False)
+    return page

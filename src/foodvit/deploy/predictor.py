@@ -1,0 +1,160 @@
+"""The Predictor: a trained model, its preprocessing and its class names, behind one interface.
+
+Everything that uses a trained model goes through it: `foodvit predict` and `evaluate`, `explain`,
+the server (serve.py) and the exports. A photo (a PIL image, the bytes of an image file, or a
+path) is decoded and checked by photos.py, preprocessed by preprocess.py (Pillow and NumPy), and
+classified by a backend: a function from a float32 batch (B, 3, S, S) to logits (B, classes).
+
+    predictor = Predictor.from_run("runs/demo")
+    predictor.classify("pizza.jpg")       # {"label", "probability", "probabilities", "top_k", "seconds"}
+    predictor.classify_many([b1, b2])     # one forward pass for the batch
+
+This module imports no PyTorch itself: the PyTorch backend loads it when a run is opened, so that
+a backend without PyTorch (ONNX Runtime) can use the same Predictor.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from foodvit.data.photos import PhotoError, decode
+from foodvit.data.preprocess import Preprocess, to_array
+
+Logits = Callable[[np.ndarray], np.ndarray]
+
+
+class TorchBackend:
+    """A PyTorch model as a backend: NumPy batch in, NumPy logits out, under inference_mode."""
+
+    def __init__(self, model, device=None) -> None:
+        import torch
+
+        self.model = model.eval()
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.model.to(self.device)
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            return self.model(torch.from_numpy(batch).to(self.device)).float().cpu().numpy()
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64 (stable: the row maximum subtracted first)."""
+    z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class Predictor:
+    """Photos in, class probabilities out, for one trained model.
+
+    backend: a function from a float32 array (B, 3, S, S) to logits (B, len(classes)), or a
+    PyTorch module (wrapped in TorchBackend). `model` is the PyTorch module when there is one
+    (explain and the pictures need it), else None. `card`: what is known about the model (its
+    model.json: architecture, classes, preprocessing, final metrics).
+    """
+
+    def __init__(self, backend, classes: Sequence[str], preprocess: Preprocess, card: dict | None = None) -> None:
+        self.model = None
+        if not callable(backend) or hasattr(backend, "parameters"):  # a PyTorch module
+            backend = TorchBackend(backend)
+        if isinstance(backend, TorchBackend):
+            self.model = backend.model
+        self.backend: Logits = backend
+        self.classes = list(classes)
+        self.preprocess = preprocess
+        self.card = dict(card or {})
+
+    @classmethod
+    def from_run(cls, run: str | Path, device=None) -> Predictor:
+        """The trained model of a run directory (or a foodvit .safetensors file with its model.json)."""
+        from foodvit.rundir.directory import read_trained
+
+        model, classes, preprocess, card = read_trained(run)
+        return cls(TorchBackend(model, device or "cpu"), classes, preprocess, card)
+
+    @classmethod
+    def from_onnx(cls, path: str | Path, threads: int | None = None) -> Predictor:
+        """An .onnx file written by `foodvit export`, run by ONNX Runtime (no PyTorch)."""
+        from foodvit.deploy.onnx_runtime import OnnxBackend
+
+        backend = OnnxBackend(path, threads)
+        classes, preprocess, card = backend.description()
+        return cls(backend, classes, Preprocess.from_dict(preprocess), card)
+
+    @classmethod
+    def open(cls, where: str | Path, device=None) -> Predictor:
+        """A run directory or foodvit .safetensors file (PyTorch), or an exported .onnx file."""
+        if str(where).lower().endswith(".onnx"):
+            return cls.from_onnx(where)
+        return cls.from_run(where, device)
+
+    # ------------------------------------------------------------------------------ the steps
+
+    @property
+    def name(self) -> str:
+        """A short name for people: the variant or recipe and the size, e.g. 'default recipe, 5.4M parameters'."""
+        metrics = self.card.get("metrics", {})
+        model = self.card.get("model", {})
+        what = f"{metrics['recipe']} recipe" if metrics.get("recipe") else "ViT"
+        size = f"{model.get('depth')} blocks, D={model.get('embed_dim')}" if model else ""
+        params = f", {self.card['params'] / 1e6:.1f}M parameters" if self.card.get("params") else ""
+        return f"{what} ({size}{params})" if size else what
+
+    @property
+    def data_source(self) -> str:
+        """Where the model's photos came from (its card, written by training), else FOODVIT_DATA; "" if neither."""
+        import os
+
+        return self.card.get("metrics", {}).get("data") or os.environ.get("FOODVIT_DATA") or ""
+
+    def prepare(self, photo, name: str = "the photo") -> np.ndarray:
+        """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used."""
+        return to_array(self.preprocess, decode(photo, name))
+
+    def logits(self, batch: np.ndarray) -> np.ndarray:
+        """Logits (B, classes) of a prepared batch (B, 3, S, S)."""
+        return np.asarray(self.backend(np.ascontiguousarray(batch, dtype=np.float32)))
+
+    def probabilities(self, batch: np.ndarray) -> np.ndarray:
+        return softmax(self.logits(batch))
+
+    def result(self, probabilities: np.ndarray, seconds: float, top_k: int = 3) -> dict:
+        """The answer for one photo from its probabilities: label, probability, probabilities
+        {class: p} in the classes' order, top_k [[label, p], ...] best first, seconds."""
+        order = np.argsort(-probabilities, kind="stable")[: max(1, min(top_k, len(self.classes)))]
+        ranked = [[self.classes[i], float(probabilities[i])] for i in order]
+        return {"label": ranked[0][0], "probability": ranked[0][1],
+                "probabilities": {c: float(p) for c, p in zip(self.classes, probabilities)}, "top_k": ranked, "seconds": seconds}
+
+    # ------------------------------------------------------------------------------ the uses
+
+    def classify(self, photo, top_k: int = 3, name: str = "the photo") -> dict:
+        """One photo's answer (see result); seconds covers decoding, preprocessing and the forward
+        pass: what a user waits for. A PhotoError if the photo cannot be used."""
+        started = time.perf_counter()
+        x = self.prepare(photo, name)[None]
+        probabilities = self.probabilities(x)[0]
+        return self.result(probabilities, time.perf_counter() - started, top_k)
+
+    def classify_many(self, photos: Sequence, top_k: int = 3, names: Sequence[str] | None = None) -> list[dict]:
+        """Many photos in one forward pass. One answer per photo, in order; a photo that cannot be
+        used gets {"error": why} and the others are still classified. seconds: the whole batch."""
+        started = time.perf_counter()
+        names = list(names) if names is not None else [f"photo {i + 1}" for i in range(len(photos))]
+        inputs, errors = [], {}
+        for i, (photo, name) in enumerate(zip(photos, names)):
+            try:
+                inputs.append(self.prepare(photo, name))
+            except PhotoError as err:
+                errors[i] = str(err)
+        probabilities = self.probabilities(np.stack(inputs)) if inputs else np.empty((0, len(self.classes)))
+        seconds = time.perf_counter() - started
+        good = iter(probabilities)
+        return [{"error": errors[i]} if i in errors else self.result(next(good), seconds, top_k) for i in range(len(photos))]

@@ -1,0 +1,96 @@
+"""`foodvit export-space RUN DIR`: a folder ready for a Hugging Face Space.
+
+    DIR/app.py            serves the demo and the API (foodvit.deploy.serve) from model/: `python app.py`
+    DIR/requirements.txt  what the Space installs (no torchvision, no timm)
+    DIR/model/            model.safetensors + model.json (architecture, classes, preprocessing, metrics)
+    DIR/examples/         a few of the run's test photos
+    DIR/foodvit/          this foodvit package itself, so the Space needs nothing unpublished
+    DIR/README.md         the Space's metadata (sdk: gradio, app_file: app.py) and a model card
+
+The folder runs offline: app.py listens on 127.0.0.1:7860 unless GRADIO_SERVER_NAME /
+GRADIO_SERVER_PORT say otherwise (a Space sets GRADIO_SERVER_NAME=0.0.0.0).
+"""
+
+from __future__ import annotations
+
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+from foodvit.errors import RunError
+from foodvit.files import atomic_folder
+
+# what app.py imports at run time, by distribution name
+REQUIREMENTS = ("torch", "numpy", "pillow", "safetensors", "matplotlib", "tqdm", "gradio", "fastapi", "uvicorn", "python-multipart")
+
+APP = '''"""The foodvit demo of this Space: the page at /, POST /predict, GET /health. Run: python app.py"""
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the foodvit package shipped beside this file
+
+from foodvit.deploy.serve import serve  # noqa: E402
+
+if __name__ == "__main__":
+    examples = sorted(p for p in (HERE / "examples").glob("*") if p.is_file())
+    serve(HERE / "model", host=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+          port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), example_photos=examples)
+'''
+
+
+def _version(name: str) -> str:
+    try:
+        return f">={metadata.version(name)}"
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _readme(predictor, classes: list[str]) -> str:
+    from foodvit.deploy.page import model_card
+
+    title = "FoodVision Mini" if set(classes) == {"pizza", "steak", "sushi"} else f"foodvit: {', '.join(classes[:4])}"
+    gradio = metadata.version("gradio") if _version("gradio") else "5.0.0"
+    return "\n".join([
+        "---", f"title: {title}", "emoji: 🍕", "colorFrom: red", "colorTo: yellow", "sdk: gradio", f"sdk_version: {gradio}",
+        "app_file: app.py", "pinned: false", "license: mit", "---", "",
+        f"# {title}", "",
+        f"A Vision Transformer trained with foodvit to tell {', '.join(classes)} apart. The page takes a photo and shows the "
+        "probability of each class, the time taken and the attention rollout over the part of the photo the model saw.", "",
+        "Run it here: `pip install -r requirements.txt && python app.py`, then open http://127.0.0.1:7860/. "
+        "The JSON API: `curl -F file=@photo.jpg http://127.0.0.1:7860/predict`.", "",
+        model_card(predictor), "",
+    ])
+
+
+def export_space(run: str | Path, folder: str | Path, examples_per_class: int = 2) -> Path:
+    """Write the Space folder (new or empty: anything else is refused and left untouched)."""
+    import foodvit
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import run_examples
+
+    run, folder = Path(run), Path(folder)
+    if not (run / "model.safetensors").is_file():
+        raise RunError(f"{run} holds no trained model (model.safetensors); export a finished run directory")
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise RunError(f"{folder} exists and is not an empty folder; export-space writes only into a new or empty folder")
+    predictor = Predictor.from_run(run)
+    examples = run_examples(predictor, per_class=examples_per_class)
+    package = Path(foodvit.__file__).parent
+
+    def fill(tmp: Path) -> None:
+        (tmp / "model").mkdir()
+        for name in ("model.safetensors", "model.json"):
+            if (run / name).is_file():
+                shutil.copy2(run / name, tmp / "model" / name)
+        (tmp / "examples").mkdir()
+        for i, photo in enumerate(examples):
+            shutil.copy2(photo, tmp / "examples" / f"{i:02d}-{photo.parent.name}{photo.suffix.lower()}")
+        shutil.copytree(package, tmp / "foodvit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        (tmp / "app.py").write_text(APP)
+        (tmp / "requirements.txt").write_text("\n".join(f"{name}{_version(name)}" for name in REQUIREMENTS) + "\n")
+        (tmp / "README.md").write_text(_readme(predictor, predictor.classes))
+
+    return atomic_folder(folder, fill)

@@ -1,0 +1,565 @@
+"""The Vision Transformer of Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021).
+
+Read it beside the paper: section 3.1 and Figure 1 give Eq. 1-4, Appendix A the attention,
+Appendix B.1 where dropout goes, section 3.2 the position-embedding interpolation.
+
+Shape legend, used in every shape comment below:
+    B batch, C channels, H x W image, P patch size, N = HW / P^2 patches,
+    T tokens (N + the prefix tokens: the class token, and the distillation token of deviation 9),
+    D embed_dim, h num_heads,
+    d = D / h head_dim, M mlp_dim.
+
+Deviations from the paper. A model built with the defaults has none of them; each is an
+option, named here once and cited:
+  1. pool="gap": global average pooling of the encoder's output tokens instead of the class
+     token (the paper compares both in App. D.3; Beyer et al. 2022, "Better plain ViT baselines").
+  2. pos_embed="sincos2d": fixed 2D sine-cosine position embeddings instead of learned 1D ones,
+     in the convention of MoCo v3 (Chen, Xie & He 2021; its build_2d_sincos_position_embedding):
+     row channels first, frequencies 1 / 10000^(k / (D/4)), a zero embedding for the class
+     token. Beyer et al. 2022 (big_vision's posemb_sincos_2d) use the same idea with column
+     channels first and frequencies reaching 1/10000 exactly; the two are not interchangeable
+     for pre-trained weights. pos_embed="none": no position embedding (the paper's Table 8 ablation).
+  3. class_token=False: no class token; needs pool="gap" (Beyer et al. 2022). With pool="gap"
+     and the class token kept (the default recipe), the token is not pooled but still attends
+     and is attended to: an extra global token, as in MoCo v3's ViTs; the recipe was chosen
+     on validation with it, and foodvit keeps it there deliberately.
+  4. drop_path > 0: stochastic depth on each residual branch, rate growing linearly with depth
+     (Huang et al. 2016, as used by DeiT, Touvron et al. 2021).
+  5. stem="conv": a convolutional tokeniser (conv 3x3, ReLU, max-pool, repeated) in place of the
+     single patchify Conv2d, from Compact Convolutional Transformers (Hassani et al. 2021) and
+     "Early convolutions help transformers see better" (Xiao et al. 2021). The patch size P is
+     then the tokeniser's total stride.
+  6. pool="seq": sequence pooling, an attention-weighted mean of the output tokens with weights
+     from a learned Linear(D, 1) (Hassani et al. 2021, CCT).
+  7. locality=True: locality self-attention (Lee et al. 2021, "Vision Transformer for Small-Size
+     Datasets"): a token may not attend to itself (the diagonal of q k^T is masked) and the
+     softmax temperature is learned, starting at sqrt(d).
+  8. init="mimetic": mimetic initialisation of the attention (Trockman & Kolter 2023, "Mimetic
+     initialization of self-attention layers"). Pre-trained ViTs have W_q W_k^T close to a
+     multiple of the identity in each head and W_v W_o close to a negative one; this init starts
+     there: W_q,h W_k,h^T is the rank-d part of a Z + b I and W_v W_o = a Z - b I exactly (Z a
+     random D x D matrix with N(0, 1/D) entries), so at step 0 a token attends most to tokens
+     like itself (with sin-cos positions: its neighbours). Training changes nothing else.
+  9. distill_token=True: DeiT's distillation token (Touvron et al. 2021, "Training data-efficient
+     image transformers & distillation through attention", section 4). A second learned token
+     follows the class token; its output state feeds its own linear head (head_dist), which
+     learns the teacher's classes while Eq. 4's head learns the true ones (distill.py). Both
+     tokens attend and are attended to in every block; prediction is the mean of the two heads'
+     logits, as in DeiT.
+
+Notes (not deviations from the paper's text):
+  - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
+    tanh approximation (they differ by under 1e-3 per activation).
+  - LayerNorm epsilon is 1e-6, the JAX reference's value (torchvision and timm agree).
+  - With the class token pooled (Eq. 4), forward() computes the last block for the class token
+    only (all tokens still serve as its keys and values): the same logits and gradients, 6% fewer
+    FLOPs for ViT-B/16. forward_features() returns every token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foodvit.config import ViTConfig
+from foodvit.errors import ConfigError, InputError
+
+# ---------------------------------------------------------------------------------------------
+# Eq. 1: patch embedding, class token, position embedding
+# ---------------------------------------------------------------------------------------------
+
+
+class PatchEmbed(nn.Module):
+    """x_p^i E of Eq. 1: cut the image into N patches of P x P and project each to D.
+
+    One Conv2d with kernel = stride = P is exactly a shared Linear applied to every flattened
+    patch, computed without materialising the patches.
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.image_size, self.in_channels = config.image_size, config.in_channels
+        C, D, P = config.in_channels, config.embed_dim, config.patch_size
+        if config.stem == "conv":  # deviation 5: the stem does the striding, E is a 1x1 projection
+            self.stem = ConvStem(C, D, P)
+            self.proj = nn.Conv2d(D, D, kernel_size=1)
+        else:
+            self.stem = None
+            self.proj = nn.Conv2d(C, D, kernel_size=P, stride=P)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        check_images(images, self.image_size, self.in_channels)
+        x = images if self.stem is None else self.stem(images)  # conv stem: (B, C, H, W) -> (B, D, H/P, W/P)
+        x = self.proj(x)  # (B, C, H, W) -> (B, D, H/P, W/P)
+        return x.flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
+
+
+class ConvStem(nn.Module):
+    """Deviation 5: convolutional tokeniser (CCT, Hassani et al. 2021; BatchNorm as Xiao et al. 2021).
+
+    log2(P) stages of [conv 3x3, BatchNorm, ReLU, max-pool 3x3 stride 2], widths doubling up to D,
+    so the total stride is P and the token grid is the same H/P x W/P as the patchify stem.
+    """
+
+    def __init__(self, in_channels: int, embed_dim: int, patch_size: int) -> None:
+        super().__init__()
+        stages = int(math.log2(patch_size))
+        widths = [in_channels] + [max(embed_dim // 2 ** (stages - 1 - i), 16) for i in range(stages)]
+        layers: list[nn.Module] = []
+        for c_in, c_out in zip(widths[:-1], widths[1:]):
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)]
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.layers(images)  # (B, C, H, W) -> (B, D, H/P, W/P)
+
+
+def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> None:
+    """Refuse inputs the model was not built for, saying what to do about it."""
+    if images.ndim != 4:
+        raise InputError(
+            f"expected a batch of images shaped (B, {in_channels}, {image_size}, {image_size}), got a tensor of "
+            f"shape {tuple(images.shape)}; add a batch dimension with images.unsqueeze(0)"
+        )
+    _, C, H, W = images.shape
+    if C != in_channels:
+        raise InputError(
+            f"expected {in_channels} channels, got {C} (shape {tuple(images.shape)}); convert images to RGB, "
+            f"e.g. PIL's image.convert('RGB'), or build the model with in_channels={C}"
+        )
+    if (H, W) != (image_size, image_size):
+        raise InputError(
+            f"expected {image_size} x {image_size} images, got {H} x {W}; resize them to {image_size} "
+            f"(the model's preprocessing does this) or rebuild the model for {H} px with "
+            f"foodvit.resize_model(model, {H})"
+        )
+
+
+def check_on_patch_grid(name: str, size: int, patch_size: int) -> None:
+    """A side length the patches tile exactly, or a ConfigError naming the two nearest that do."""
+    if size % patch_size:
+        lower = size // patch_size * patch_size
+        raise ConfigError(f"{name} {size} is not a multiple of the patch size {patch_size}; use {lower or patch_size} or {lower + patch_size}")
+
+
+def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Deviation 2: fixed 2D sine-cosine position embedding, (N, D), as MoCo v3 builds it.
+
+    For patch (r, c) and k < D/4, with omega_k = 1 / temperature^(k / (D/4)): channel k is
+    sin(r omega_k), D/4 + k is cos(r omega_k), D/2 + k is sin(c omega_k), 3D/4 + k is cos(c omega_k)
+    (Vaswani et al. 2017's encoding, once per axis).
+    """
+    if embed_dim % 4:
+        raise ConfigError(f"sincos2d position embedding needs embed_dim divisible by 4, got {embed_dim}")
+    rows, cols = torch.meshgrid(torch.arange(grid_size, dtype=torch.float64), torch.arange(grid_size, dtype=torch.float64), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(embed_dim // 4, dtype=torch.float64) / (embed_dim // 4))
+    rows = rows.flatten()[:, None] * omega[None, :]  # (N, D/4)
+    cols = cols.flatten()[:, None] * omega[None, :]  # (N, D/4)
+    return torch.cat([rows.sin(), rows.cos(), cols.sin(), cols.cos()], dim=1).float()  # (N, D)
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor,
+    grid_size: int | tuple[int, int],
+    num_prefix_tokens: int = 1,
+    mode: str = "bicubic",
+    align_corners: bool = False,
+    antialias: bool = False,
+) -> torch.Tensor:
+    """Section 3.2: 2D-interpolate patch position embeddings to a new grid; keep the class position.
+
+    (1, prefix + g_old^2, D) -> (1, prefix + g_new^2, D). The old grid must be square.
+    torchvision resamples with mode='bicubic', align_corners=True; timm with bicubic and
+    align_corners=False (the default here).
+    """
+    new_h, new_w = (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
+    _, T, D = pos_embed.shape
+    old = math.isqrt(T - num_prefix_tokens)
+    if old * old != T - num_prefix_tokens:
+        raise InputError(
+            f"position embedding of {T} tokens with {num_prefix_tokens} prefix token(s) does not hold a square "
+            f"grid of patches; was it trained with{'out' if num_prefix_tokens else ''} a class token?"
+        )
+    if (old, old) == (new_h, new_w):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    grid = grid.float().reshape(1, old, old, D).permute(0, 3, 1, 2)  # (1, N, D) -> (1, D, g, g)
+    kwargs = {"align_corners": align_corners} if mode in ("bilinear", "bicubic") else {}
+    grid = F.interpolate(grid, size=(new_h, new_w), mode=mode, antialias=antialias, **kwargs)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_h * new_w, D)  # (1, D, g', g') -> (1, N', D)
+    return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Eq. 2 and 3: the encoder block
+# ---------------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """MSA of Eq. 2, as Appendix A defines it.
+
+    One fused projection U_qkv (D -> 3D, with bias), softmax(q k^T / sqrt(d)) v for each of the
+    h heads, heads concatenated, output projection U_msa (D -> D), then dropout (App. B.1).
+    `fused=True` computes the middle with torch's scaled_dot_product_attention (flash or
+    memory-efficient kernels where available); the plain path below it is the same math, written
+    out, and is the one that can hand back the attention weights.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, attn_dropout: float = 0.0, dropout: float = 0.0,
+                 locality: bool = False) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scale = self.head_dim**-0.5  # 1 / sqrt(d)
+        self.attn_dropout = attn_dropout
+        self.fused = True
+        if locality:  # deviation 7: a learned temperature tau in softmax(q k^T / tau), starting at sqrt(d)
+            self.temperature = nn.Parameter(torch.tensor(self.head_dim**0.5))
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim)  # U_qkv
+        self.proj = nn.Linear(embed_dim, embed_dim)  # U_msa
+        self.proj_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False,
+                queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, T, D) -> (B, Q, D): every token attends to all T tokens; queries=Q keeps only the first
+        Q tokens' outputs (Q = T by default), computing no others."""
+        B, T, D = x.shape
+        h, d = self.num_heads, self.head_dim
+        qkv = self.qkv(x).reshape(B, T, 3, h, d).permute(2, 0, 3, 1, 4)  # (B, T, 3D) -> (3, B, h, T, d)
+        q, k, v = qkv.unbind(0)  # each (B, h, T, d)
+        if queries is not None:
+            q = q[:, :, :queries]  # (B, h, T, d) -> (B, h, Q, d); k and v keep all T tokens
+        Q = q.shape[2]
+        p = self.attn_dropout if self.training else 0.0
+        scale, mask = self.scale, None  # mask: True where attention is allowed
+        if hasattr(self, "temperature"):  # deviation 7: softmax(q k^T / tau), no token attending to itself
+            q, scale = q / self.temperature, 1.0
+            mask = ~torch.eye(Q, T, dtype=torch.bool, device=x.device)  # (Q, T), False where query i meets key i
+        weights = None
+        if self.fused and not return_attention:
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)  # (B, h, Q, d)
+        else:
+            weights = (q * scale) @ k.transpose(-2, -1)  # (B, h, Q, d) @ (B, h, d, T) -> (B, h, Q, T)
+            if mask is not None:
+                weights = weights.masked_fill(~mask, float("-inf"))
+            weights = weights.softmax(dim=-1)
+            x = F.dropout(weights, p, self.training) @ v  # (B, h, Q, T) @ (B, h, T, d) -> (B, h, Q, d)
+        x = x.transpose(1, 2).reshape(B, Q, D)  # (B, h, Q, d) -> (B, Q, h, d) -> (B, Q, D)
+        return self.proj_drop(self.proj(x)), weights
+
+
+class MLP(nn.Module):
+    """The MLP of Eq. 3: Linear(D, M), GELU, Dropout, Linear(M, D), Dropout."""
+
+    def __init__(self, embed_dim: int, mlp_dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dim, mlp_dim)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(mlp_dim, embed_dim)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))  # (B, T, D) -> (B, T, M) -> (B, T, D)
+
+
+class DropPath(nn.Module):
+    """Deviation 4: stochastic depth. In training, drop a sample's whole residual branch with
+    probability p and scale the kept ones by 1 / (1 - p); identity in eval."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)  # one draw per sample
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Block(nn.Module):
+    """One pre-norm encoder layer: Eq. 2 then Eq. 3, a residual after each."""
+
+    def __init__(self, config: ViTConfig, drop_path: float = 0.0) -> None:
+        super().__init__()
+        D, eps = config.embed_dim, config.layer_norm_eps
+        self.norm1 = nn.LayerNorm(D, eps=eps)
+        self.attn = Attention(D, config.num_heads, config.attn_dropout, config.dropout, config.locality)
+        self.norm2 = nn.LayerNorm(D, eps=eps)
+        self.mlp = MLP(D, config.mlp_dim, config.dropout)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False,
+                queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, T, D) -> (B, T, D), or (B, Q, D) with queries=Q: only the first Q tokens' outputs."""
+        a, weights = self.attn(self.norm1(x), return_attention, queries)
+        if queries is not None:
+            x = x[:, :queries]  # the residual stream of the tokens still computed
+        x = x + self.drop_path(a)  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
+        x = x + self.drop_path(self.mlp(self.norm2(x)))  # Eq. 3: z_l = MLP(LN(z'_l)) + z'_l
+        return x, weights
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole model, Eq. 1 -> Eq. 4
+# ---------------------------------------------------------------------------------------------
+
+
+HEADS = ("head.", "head_dist.")  # parameter-name prefixes of the classifier heads (the head, and deviation 9's)
+
+
+class VisionTransformer(nn.Module):
+    """ViT: Eq. 1 (embed), L blocks of Eq. 2-3, Eq. 4 (normalise, pool, classify).
+
+    forward(images (B, C, H, W)) -> logits (B, num_classes).
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        D, T = config.embed_dim, config.num_tokens
+        self.patch_embed = PatchEmbed(config)
+        if config.class_token:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, D))  # x_class
+        if config.distill_token:
+            self.dist_token = nn.Parameter(torch.zeros(1, 1, D))  # deviation 9: DeiT's x_distillation
+        if config.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, T, D))  # E_pos, 1D, learnable
+        elif config.pos_embed == "sincos2d":  # fixed; the class token's position is zero
+            fixed = torch.cat([torch.zeros(config.num_prefix_tokens, D), sincos_2d_pos_embed(config.grid_size, D)])
+            self.register_buffer("pos_embed", fixed[None], persistent=False)  # (1, T, D)
+        self.pos_drop = nn.Dropout(config.dropout)  # App. B.1: "directly after adding positional- to patch embeddings"
+        L = config.depth
+        rates = [config.drop_path * i / (L - 1) if L > 1 else config.drop_path for i in range(L)]  # linear in depth, as DeiT
+        self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
+        self.norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
+        if config.pool == "seq":
+            self.attn_pool = nn.Linear(D, 1)  # deviation 6: one score per token
+        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        if config.distill_token:
+            self.head_dist = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        init_weights(self)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos, then dropout. (B, C, H, W) -> (B, T, D)."""
+        x = self.patch_embed(images)  # (B, C, H, W) -> (B, N, D)
+        prefix = [token for name in ("cls_token", "dist_token") if (token := getattr(self, name, None)) is not None]
+        if prefix:  # [x_class; x_distillation; patches] (DeiT's order): (B, N, D) -> (B, T, D)
+            x = torch.cat([token.expand(x.shape[0], -1, -1) for token in prefix] + [x], dim=1)
+        if self.config.pos_embed != "none":
+            x = x + self._pos_embed_for(images.shape[-1] // self.config.patch_size)  # (B, T, D) + (1, T, D)
+        return self.pos_drop(x)
+
+    def _pos_embed_for(self, grid: int) -> torch.Tensor:
+        """E_pos for a grid of patches: the model's own, or while training at a smaller input size
+        (progressive resizing, set_input_size) the fixed sin-cos embedding of that grid."""
+        if grid == self.config.grid_size:
+            return self.pos_embed
+        cached = self.__dict__.get("_other_grid_pos_embed")  # built once per grid and device, not at every step
+        if cached is None or cached.shape[1] != self.config.num_prefix_tokens + grid * grid or \
+                (cached.device, cached.dtype) != (self.pos_embed.device, self.pos_embed.dtype):
+            fixed = sincos_2d_pos_embed(grid, self.config.embed_dim).to(self.pos_embed)
+            cached = torch.cat([self.pos_embed[:, : self.config.num_prefix_tokens], fixed[None]], dim=1)  # (1, T', D)
+            self.__dict__["_other_grid_pos_embed"] = cached
+        return cached
+
+    def set_input_size(self, image_size: int) -> "VisionTransformer":
+        """Accept images of another size from now on (progressive resizing trains at a smaller one
+        first); the configuration, and so the saved model, keep the model's own size. Fixed
+        (sin-cos) or no position embeddings only: a learned E_pos has one grid."""
+        if image_size != self.config.image_size:
+            check_on_patch_grid("input size", image_size, self.config.patch_size)
+            if self.config.pos_embed == "learned":
+                raise ConfigError("training at another input size needs fixed position embeddings: use --pos-embed sincos2d "
+                                  "(or none); learned ones exist for one grid")
+        self.patch_embed.image_size = image_size
+        return self
+
+    def forward_features(self, images: torch.Tensor, return_attention: bool = False,
+                         class_only: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eq. 1-3 and the final LayerNorm of Eq. 4 on every token: (B, C, H, W) -> (B, T, D).
+
+        With return_attention=True each block takes the plain attention path and its weights
+        (B, h, T, T) are returned, one tensor a layer; the output is the same either way.
+        class_only=True returns only the prefix tokens' states, (B, 1, D) (the class token; (B, 2, D)
+        with the distillation token), and the last block computes nothing else: Eq. 4 reads z_L^0
+        alone, and no other token's output of the last block reaches it. Every token still serves as
+        a key and value there, so z_L^0 is unchanged while that block's U_msa and MLP run on 1 token
+        instead of T (ViT-B/16: 1/16 fewer FLOPs).
+        """
+        if class_only and not self.config.class_token:
+            raise ValueError("class_only=True needs a model with a class token")
+        x = self.embed(images)
+        attentions = []
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            queries = self.config.num_prefix_tokens if class_only and i == last else None
+            x, weights = block(x, return_attention, queries=queries)  # Eq. 2 and 3
+            if weights is not None:
+                attentions.append(weights)
+        return self.norm(x), attentions  # LN of Eq. 4
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 4's z_L^0: the class token's state (B, T, D) -> (B, D); or the patch-token mean
+        (deviation 1); or their attention-weighted mean (deviation 6)."""
+        if self.config.pool == "cls":
+            return x[:, 0]
+        patches = x[:, self.config.num_prefix_tokens :]  # (B, N, D)
+        if self.config.pool == "gap":
+            return patches.mean(dim=1)
+        weights = self.attn_pool(patches).softmax(dim=1)  # (B, N, D) -> (B, N, 1)
+        return (weights * patches).sum(dim=1)  # (B, N, D) -> (B, D)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The final tokens (B, T, D) -> Eq. 4's logits (B, num_classes), and the distillation head's
+        logits from the distillation token's state (deviation 9), or None without that token."""
+        logits = self.head(self.pool(x))  # Eq. 4: y = LN(z_L^0), then the linear head
+        if not self.config.distill_token:
+            return logits, None
+        return logits, self.head_dist(x[:, self.config.num_prefix_tokens - 1])
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """The final tokens (B, T, D) -> the model's logits (B, num_classes): Eq. 4; with the
+        distillation token, the mean of its head's logits and Eq. 4's (DeiT's prediction)."""
+        logits, distilled = self.heads(x)
+        return logits if distilled is None else (logits + distilled) / 2
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x, _ = self.forward_features(images, class_only=self.config.class_only_last_block)
+        return self.classify(x)  # -> (B, num_classes)
+
+    def forward_heads(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        """What training with a teacher reads (distill.py): Eq. 4's logits, the distillation head's
+        (None without the token) and no auxiliary loss."""
+        x, _ = self.forward_features(images, class_only=self.config.class_only_last_block)
+        return *self.heads(x), None
+
+    def forward_with_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits and the attention weights of every layer, [(B, h, T, T)] * L."""
+        x, attentions = self.forward_features(images, return_attention=True)
+        return self.classify(x), attentions
+
+    def set_fused_attention(self, fused: bool) -> "VisionTransformer":
+        """Choose scaled_dot_product_attention (True) or the plain math path (False) in every block."""
+        for block in self.blocks:
+            block.attn.fused = fused
+        return self
+
+    def reset_head(self, num_classes: int) -> None:
+        """A new zero-initialised head, as the paper fine-tunes (section 3.2)."""
+        self.config = self.config.replace(num_classes=num_classes)
+        for name in ("head", "head_dist") if self.config.distill_token else ("head",):
+            head = nn.Linear(self.config.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+            setattr(self, name, head.to(device=self.norm.weight.device, dtype=self.norm.weight.dtype))
+            _init_head(head)
+
+    def freeze_backbone(self) -> None:
+        """Train the head only (a feature extractor): every other parameter stops taking gradients,
+        so the optimiser holds no state for them and backward stops at the head; and the backbone
+        stays in eval mode even when the model is put in training mode (train()), so dropout,
+        stochastic depth and the conv stem's BatchNorm compute the same features every time."""
+        for name, p in self.named_parameters():
+            p.requires_grad_(name.startswith(HEADS))
+        self.backbone_frozen = True
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> "VisionTransformer":
+        super().train(mode)
+        if getattr(self, "backbone_frozen", False):
+            for name, child in self.named_children():
+                if not f"{name}.".startswith(HEADS):
+                    child.eval()
+        return self
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters an optimiser should not decay: the class and distillation tokens and the position embedding."""
+        return {name for name in ("cls_token", "dist_token", "pos_embed") if name in dict(self.named_parameters())}
+
+
+# ---------------------------------------------------------------------------------------------
+# Initialisation: the official JAX reference (google-research/vision_transformer, models_vit.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def lecun_normal_(tensor: torch.Tensor) -> torch.Tensor:
+    """Flax's lecun_normal: truncated normal (+-2 std) with variance 1 / fan_in after truncation."""
+    fan_in = tensor[0].numel()
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # the std of a unit normal truncated at +-2
+    return nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)
+
+
+def _init_head(head: nn.Module) -> None:
+    if isinstance(head, nn.Linear):
+        nn.init.zeros_(head.weight)  # JAX: Dense(num_classes, kernel_init=zeros); the paper fine-tunes from a zero head
+        nn.init.zeros_(head.bias)
+
+
+MIMETIC_QK = (0.7, 0.7)  # (a, b) of W_q W_k^T ~ a Z + b I: the paper's values for ViT-Tiny
+MIMETIC_VO = (0.4, 0.4)  # (a, b) of W_v W_o ~ a Z - b I
+
+
+@torch.no_grad()
+def mimetic_init_(attn: Attention, qk: tuple[float, float] = MIMETIC_QK, vo: tuple[float, float] = MIMETIC_VO) -> None:
+    """Deviation 8: set U_qkv's query and key rows per head and the value rows with U_msa so that
+    the products mimic a pre-trained ViT's (see the module docstring). In the paper's notation a
+    head's logits are X W_q W_k^T X^T with W_q = (its rows of U_qkv)^T, and the value path is
+    X W_v W_o with W_v = U_qkv's value rows ^T and W_o = U_msa.weight^T. Each product's target M
+    is split as M = U S V^T: W_q = U_k S_k^1/2, W_k = V_k S_k^1/2 (the best rank-d approximation),
+    W_v = U S^1/2, W_o = (V S^1/2)^T. Biases stay zero."""
+    D, h, d = attn.proj.weight.shape[0], attn.num_heads, attn.head_dim
+    weight = attn.qkv.weight  # (3D, D): rows [q heads | k heads | v heads]
+
+    def split(a: float, b: float, sign: float) -> tuple[torch.Tensor, torch.Tensor]:
+        target = a * torch.randn(D, D) / math.sqrt(D) + sign * b * torch.eye(D)
+        u, s, vh = torch.linalg.svd(target)
+        root = s.sqrt()
+        return u * root, vh.T * root  # (D, D) each: left @ right.T == target
+
+    for head in range(h):
+        left, right = split(*qk, +1.0)
+        rows = slice(head * d, (head + 1) * d)
+        weight[rows] = left[:, :d].T.to(weight)  # W_q,h^T: (d, D)
+        weight[D:][rows] = right[:, :d].T.to(weight)  # W_k,h^T
+    left, right = split(*vo, -1.0)
+    weight[2 * D :] = left.T.to(weight)  # W_v^T: (D, D)
+    attn.proj.weight.copy_(right)  # U_msa.weight = W_o^T = (V S^1/2)
+    # W_v W_o = (U S^1/2)(V S^1/2)^T = a Z - b I
+
+
+@torch.no_grad()
+def init_weights(model: VisionTransformer) -> None:
+    """Initialise as the authors' JAX code does; each rule names the line it reproduces."""
+    lecun_normal_(model.patch_embed.proj.weight)  # embedding: nn.Conv default kernel_init = lecun_normal
+    nn.init.zeros_(model.patch_embed.proj.bias)  # ... and bias_init = zeros
+    if model.config.pos_embed == "learned":
+        nn.init.normal_(model.pos_embed, std=0.02)  # pos_embedding: initializers.normal(stddev=0.02)
+    if model.config.class_token:
+        nn.init.zeros_(model.cls_token)  # cls: initializers.zeros
+    if model.config.distill_token:
+        nn.init.trunc_normal_(model.dist_token, std=0.02)  # DeiT's: unlike the zero class token, so the two differ at step 0
+    for block in model.blocks:
+        # MultiHeadDotProductAttention(kernel_init=xavier_uniform): q, k and v are separate D -> D
+        # projections there, so each third of the fused U_qkv gets xavier with fan_in = fan_out = D.
+        for chunk in block.attn.qkv.weight.chunk(3, dim=0):
+            nn.init.xavier_uniform_(chunk)
+        nn.init.zeros_(block.attn.qkv.bias)  # flax's bias_init = zeros
+        nn.init.xavier_uniform_(block.attn.proj.weight)  # the attention's output projection, same kernel_init
+        nn.init.zeros_(block.attn.proj.bias)
+        for fc in (block.mlp.fc1, block.mlp.fc2):
+            nn.init.xavier_uniform_(fc.weight)  # MlpBlock: kernel_init=xavier_uniform
+            nn.init.normal_(fc.bias, std=1e-6)  # MlpBlock: bias_init=normal(stddev=1e-6)
+        # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
+        if model.config.init == "mimetic":
+            mimetic_init_(block.attn)
+    # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does.
+    _init_head(model.head)
+    if model.config.distill_token:
+        _init_head(model.head_dist)

@@ -1,0 +1,101 @@
+"""`foodvit compare RUN...`: runs side by side in the terminal, for people without TensorBoard:
+the settings in which they differ, then their final metrics. Reads config.json, metrics.csv and
+model.json only (no PyTorch), so it is instant and works on a finished or an interrupted run."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from foodvit.errors import RunError
+
+METRICS = (("epochs", "epochs"), ("train_loss", "train loss"), ("train_acc", "train acc"), ("val_acc", "val acc"),
+           ("test_loss", "test loss"), ("test_acc", "test acc"), ("seconds", "time (s)"), ("images_per_s", "images/s"),
+           ("model_share", "model step share"))
+
+
+def flatten(values: dict, prefix: str = "") -> dict:
+    """{"optim": {"lr": 1e-3}} -> {"optim.lr": 1e-3}."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def read_run(run: Path) -> tuple[dict, dict]:
+    """A run's flat settings and its final metrics (the last epoch's row, the final test result when
+    the run finished, the total time)."""
+    config_path = run / "config.json"
+    if not config_path.is_file():
+        raise RunError(f"{run} holds no foodvit run (no config.json); give run directories written by foodvit train")
+    try:
+        settings = flatten(json.loads(config_path.read_text()))
+    except (OSError, ValueError) as err:
+        raise RunError(f"cannot read {config_path} ({err})") from None
+    rows = []
+    if (run / "metrics.csv").is_file():
+        with (run / "metrics.csv").open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    metrics: dict = {}
+    if rows:
+        last = rows[-1]
+        metrics = {key: last.get(key) for key, _ in METRICS if last.get(key)}
+        metrics["epochs"] = last.get("epoch")
+        metrics["seconds"] = sum(float(r["seconds"]) for r in rows if r.get("seconds"))
+        metrics["images_per_s"] = last.get("images_per_s") or None
+    model_json = run / "model.json"
+    if model_json.is_file():
+        try:
+            final = json.loads(model_json.read_text()).get("metrics", {})
+            metrics.update({k: final[k] for k in ("test_acc", "test_loss") if k in final})
+        except (OSError, ValueError):
+            pass
+    else:
+        total = settings.get("train.epochs")
+        metrics["epochs"] = f"{metrics.get('epochs', 0)}/{total} (unfinished)"
+    return settings, metrics
+
+
+def _show(value) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "()"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if isinstance(value, bool):
+        return str(value)
+    if number.is_integer() and abs(number) < 1e9:
+        return str(int(number))
+    return f"{number:.4g}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def compare_runs(runs: list[Path]) -> str:
+    """The settings that differ between the runs, then their final metrics, as two tables."""
+    read = [read_run(Path(run)) for run in runs]
+    names = [Path(run).name or str(run) for run in runs]
+    keys = sorted(set().union(*(settings for settings, _ in read)))
+    differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s, _ in read}) > 1]
+    parts = []
+    if len(runs) > 1:
+        if differing:
+            parts.append(table(["setting", *names], [[k, *(_show(s.get(k)) for s, _ in read)] for k in differing]))
+        else:
+            parts.append("same settings in every run")
+    else:
+        parts.append(table(["setting", names[0]], [[k, _show(read[0][0][k])] for k in keys]))
+    metric_rows = [[label, *(_show(m.get(key)) for _, m in read)] for key, label in METRICS if any(m.get(key) is not None for _, m in read)]
+    parts.append(table(["metric", *names], metric_rows))
+    return "\n\n".join(parts)

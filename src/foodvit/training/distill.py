@@ -1,0 +1,75 @@
+"""Distillation from a convolutional teacher trained on the same photos (Touvron et al. 2021, "Training
+data-efficient image transformers & distillation through attention" (DeiT), section 5: hard-label
+distillation).
+
+A CNN's locality and translation equivariance are what a ViT lacks on small data; a CNN trained
+from scratch on the same few hundred photos classifies better than the ViT does. With --distill W,
+the run first trains the teacher (a torchvision architecture, random initialisation, the run's own
+photos, augmentation, optimiser and schedule), then the ViT with
+
+    loss = CE(student(x), y) + W x CE(student(x), argmax teacher(x))
+
+on every augmented batch x: the teacher labels the crop the student sees, which is what it adds
+over the true label (DeiT's hard distillation; W = 1 is DeiT's equal weighting of the two terms,
+doubled). The teacher is saved as teacher.pt in the run (a resumed run loads it instead of training
+it again) and plays no part in prediction: the saved model is the ViT alone.
+
+By default the teacher's labels train the ViT's own head. With --distill-token (DeiT's distillation
+token, model.py deviation 9) they train the token's own head instead:
+
+    loss = CE(head(x), y) + W x CE(head_dist(x), argmax teacher(x))
+
+and the model predicts with the mean of the two heads' logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foodvit.config import TEACHERS
+from foodvit.errors import ConfigError
+
+
+def build_teacher(name: str, num_classes: int) -> nn.Module:
+    """A torchvision classifier with random weights (no download, nothing pre-trained)."""
+    import torchvision
+
+    if name not in TEACHERS:
+        raise ConfigError(f"--teacher must be one of {', '.join(TEACHERS)}, got {name!r}")
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+
+
+class WithDistillation(nn.Module):
+    """A student trained on a frozen teacher's hard labels besides the true ones. The student is a
+    VisionTransformer or one wrapped for the localization loss: anything with forward_heads(images)
+    -> (logits, distillation-token logits or None, auxiliary loss or None). In training mode forward
+    returns (logits, auxiliary loss) as the engine expects, the auxiliary loss being weight x the
+    cross-entropy of the distillation token's logits (without the token: the logits') against the
+    teacher's predicted classes, plus the student's own auxiliary loss; in eval mode the student's
+    prediction. The teacher is held outside the module's parameters: the optimiser,
+    DistributedDataParallel and the checkpoint never see it."""
+
+    def __init__(self, student: nn.Module, weight: float, teacher: nn.Module | None = None) -> None:
+        super().__init__()
+        self.student, self.weight = student, weight
+        self.set_teacher(teacher)
+
+    def set_teacher(self, teacher: nn.Module | None) -> None:
+        if teacher is not None:
+            teacher.eval().requires_grad_(False)
+        object.__setattr__(self, "teacher", teacher)  # not a submodule: not trained, not saved with the student
+
+    def forward(self, images: torch.Tensor):
+        if not self.training:
+            return self.student(images)
+        if self.teacher is None:
+            raise RuntimeError("WithDistillation needs its teacher before training (set_teacher)")
+        logits, distilled, extra = self.student.forward_heads(images)  # distilled: the distillation token's head, if any
+        with torch.no_grad():
+            targets = self.teacher(images).argmax(dim=1)  # an empty share gives an empty (0,) tensor
+        student = logits if distilled is None else distilled
+        # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
+        distill = F.cross_entropy(student.float(), targets, reduction="sum") / max(1, images.shape[0])
+        return logits, self.weight * distill + (extra if extra is not None else 0.0)

@@ -1,0 +1,74 @@
+"""Dense relative localization (Liu et al., "Efficient Training of Visual Transformers with Small
+Datasets", NeurIPS 2021): an auxiliary self-supervised task for training from scratch on small data.
+
+From the final patch-token grid (k x k tokens after the last LayerNorm), sample pairs of
+positions (i, j) and (p, h) in each image; a small MLP reads the two tokens, concatenated, and
+predicts their offset ((i - p) / k, (j - h) / k); the loss is the L1 distance to the true offset.
+To solve it the tokens must keep where they came from and what lies around them: the spatial
+knowledge a ViT otherwise learns only from large data. The classification loss becomes
+cross-entropy + weight x this loss. Training only: the saved model is the plain ViT.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foodvit.model.vit import VisionTransformer
+
+
+def pair_offsets(first: torch.Tensor, second: torch.Tensor, grid: int) -> torch.Tensor:
+    """Row and column offset of flat grid positions first - second, over the grid side: (...) -> (..., 2)."""
+    rows = torch.div(first, grid, rounding_mode="floor") - torch.div(second, grid, rounding_mode="floor")
+    cols = first % grid - second % grid
+    return torch.stack([rows, cols], dim=-1).float() / grid
+
+
+class DenseRelativeLocalization(nn.Module):
+    """The auxiliary head: two tokens in, their relative grid position out. (B, N, D) -> scalar loss."""
+
+    def __init__(self, embed_dim: int, pairs: int = 64, hidden: int = 512) -> None:
+        super().__init__()
+        self.pairs = pairs
+        self.mlp = nn.Sequential(nn.Linear(2 * embed_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, 2))
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        B, N, D = patches.shape
+        grid = math.isqrt(N)  # the grid of this batch: smaller than the model's while progressive resizing trains at a lower size
+        if grid * grid != N:
+            raise ValueError(f"expected a square grid of patch tokens, got {N}")
+        index = torch.randint(N, (B, self.pairs, 2), device=patches.device)  # (B, m, 2) flat positions
+        tokens = patches.gather(1, index.view(B, 2 * self.pairs, 1).expand(-1, -1, D))  # (B, 2m, D): first, second, first, ...
+        predicted = self.mlp(tokens.view(B, self.pairs, 2 * D))  # each pair's two tokens concatenated -> (B, m, 2)
+        # the mean over pairs, as a sum over their count: a process whose share of the batch is
+        # empty (distributed training) gets 0 and still takes part in the gradient's all-reduce
+        error = F.l1_loss(predicted.float(), pair_offsets(index[..., 0], index[..., 1], grid), reduction="sum")
+        return error / max(1, predicted.numel())
+
+
+class WithDenseRelativeLocalization(nn.Module):
+    """A ViT trained with the auxiliary task. In training mode forward returns (logits, weight x
+    auxiliary loss), which the engine adds to the classification loss; in eval mode the logits
+    alone. The logits are the ViT's own: same tokens, same pooling, same heads."""
+
+    def __init__(self, vit: VisionTransformer, weight: float, pairs: int = 64) -> None:
+        super().__init__()
+        self.vit, self.weight = vit, weight
+        self.drloc = DenseRelativeLocalization(vit.config.embed_dim, pairs)
+
+    def forward(self, images: torch.Tensor):
+        if not self.training:
+            return self.vit(images)
+        logits, _, extra = self.forward_heads(images)
+        return logits, extra
+
+    def forward_heads(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Training: Eq. 4's logits, the distillation head's (None without the distillation token;
+        distill.py reads them) and weight x the auxiliary loss."""
+        tokens, _ = self.vit.forward_features(images)  # (B, T, D), every token: the auxiliary task reads them all
+        logits, distilled = self.vit.heads(tokens)
+        return logits, distilled, self.weight * self.drloc(tokens[:, self.vit.config.num_prefix_tokens:])

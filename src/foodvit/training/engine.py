@@ -1,0 +1,288 @@
+"""The training loop: train one epoch, evaluate, fit. It knows nothing of ViTs or photos: any
+classifier, any loader of (inputs, labels) with labels as class indices or as soft targets (B, K).
+A model may return (logits, auxiliary loss) in training mode; the auxiliary loss is added to the
+cross-entropy (e.g. drloc.py's dense relative localization).
+
+Accuracy is per image: correct predictions over images seen, never a mean of batch means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from foodvit.errors import FoodVitError
+
+
+class TrainingDiverged(FoodVitError, RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+@dataclass
+class StepSettings:
+    """How each optimisation step is taken, and, for distributed training, how this process
+    combines with the others (distributed.Context gives reduce and world_size; one process: the
+    identity and 1)."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    accum_steps: int = 1
+    clip_grad: float = 0.0
+    label_smoothing: float = 0.0
+    amp: bool = False  # bf16 autocast (CUDA)
+    sync_every: int = 1  # check the loss for NaN every N steps (a host sync on GPUs)
+    reduce: Callable[[torch.Tensor], torch.Tensor] = _identity  # the sum over processes
+    world_size: int = 1
+    input_shape: tuple[int, ...] = ()  # (C, H, W): the model's input, for a process whose share of a batch is empty
+    grad_norm: bool = False  # measure the gradient norm every step (for step hooks), also without clipping
+    input_size: int = 0  # progressive resizing: training batches are resized to this side first (0: as loaded)
+
+
+@dataclass
+class StepInfo:
+    """What a step hook sees after each optimiser step. loss is this process's share of the step
+    (a tensor: reading it waits for the GPU); running_loss and running_acc are the epoch's so far
+    over all processes, as of the last NaN check."""
+
+    epoch: int
+    step: int  # optimiser steps so far in this epoch
+    steps: int  # optimiser steps in the epoch
+    loss: torch.Tensor
+    lr: float
+    grad_norm: torch.Tensor | None
+    running_loss: float
+    running_acc: float
+    model: nn.Module
+
+
+def autocast(settings: StepSettings):
+    if settings.amp and settings.device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _hard(labels: torch.Tensor) -> torch.Tensor:
+    """Class indices, also from soft targets (mixup, cutmix): the dominant class."""
+    return labels.argmax(dim=1) if labels.ndim == 2 else labels
+
+
+def _no_sync(model: nn.Module, skip: bool):
+    """DistributedDataParallel all-reduces gradients in every backward; during accumulation only the
+    group's last micro-batch needs it."""
+    return model.no_sync() if skip and hasattr(model, "no_sync") else contextlib.nullcontext()
+
+
+class ProgressBar:
+    """The step hook behind the progress bar: optimiser steps, with the epoch's running loss and accuracy."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.bar = tqdm(total=total, desc=label, leave=False, unit="step")
+
+    def __call__(self, info: StepInfo) -> None:
+        self.bar.set_postfix(loss=f"{info.running_loss:.3f}", acc=f"{info.running_acc:.3f}", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    scheduler=None,
+    settings: StepSettings | None = None,
+    *,
+    on_step: Iterable[Callable[[StepInfo], None]] = (),
+    progress: str | None = None,
+    epoch: int = 0,
+) -> dict[str, float]:
+    """One pass over `loader`. Returns, per image: train_loss, the plain cross-entropy of the
+    predictions against the photos' classes (the dominant class of a mixed photo), without label
+    smoothing or auxiliary loss, so that it compares with the evaluation loss; train_objective,
+    what the optimiser minimised (label smoothing, mixed targets and any auxiliary loss included);
+    train_acc; n; lr; loading_s, the seconds spent waiting for the loader.
+
+    Distributed (settings.reduce, world_size): the loader gives this process's share of each
+    global batch (None for an empty share), and each share's loss is scaled so that the gradient
+    DistributedDataParallel averages is the global batch's mean, whatever the shares' sizes: a run
+    on N processes takes the steps of a run on one. Every metric is summed over processes."""
+    s = settings or StepSettings()
+    model.train()
+    total_batches = len(loader)
+    steps = math.ceil(total_batches / s.accum_steps)
+    sums = torch.zeros(4, device=s.device, dtype=torch.float64)  # plain cross-entropy, objective, correct, images
+    totals = [0.0, 0.0, 0.0, 0.0]  # the sums over all processes, as of the last check (always done after the last batch)
+    lr = optimizer.param_groups[0]["lr"]
+    bar = ProgressBar(progress, steps) if progress is not None else None
+    hooks = list(on_step) + ([bar] if bar is not None else [])
+    optimizer.zero_grad(set_to_none=True)
+    waited = 0.0  # seconds spent waiting for batches: the loader's share of the epoch
+    batches = iter(loader)
+    for i in range(total_batches):
+        started = time.perf_counter()
+        batch = next(batches)
+        waited += time.perf_counter() - started
+        if batch is None:  # this process's share of a small last batch is empty: it still joins the step
+            shape = (*s.input_shape[:-2], s.input_size, s.input_size) if s.input_size else s.input_shape
+            images = torch.zeros((0, *shape), device=s.device)
+            labels = torch.zeros(0, dtype=torch.long, device=s.device)
+        else:
+            images = batch[0].to(s.device, non_blocking=True)
+            labels = batch[1].to(s.device, non_blocking=True)
+            if s.input_size and images.shape[-1] != s.input_size:  # antialiased, as a photo decoded smaller would be
+                images = F.interpolate(images, size=(s.input_size, s.input_size), mode="bilinear", antialias=True)
+        group_end = min(total_batches, (i // s.accum_steps + 1) * s.accum_steps)
+        group_size = group_end - (i // s.accum_steps) * s.accum_steps
+        n = images.shape[0]
+        global_n = s.reduce(torch.tensor([float(n)], device=s.device)) if s.world_size > 1 else n
+        with _no_sync(model, i + 1 != group_end), autocast(s):
+            out = model(images)
+            logits, extra = out if isinstance(out, tuple) else (out, None)
+            loss_sum = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum")
+            objective_sum = loss_sum if extra is None else loss_sum + extra * n
+            # DistributedDataParallel averages over processes: scale by world_size / global images
+            (objective_sum * (s.world_size / (global_n * group_size))).backward()
+        hard = _hard(labels)
+        with torch.no_grad():
+            plain = F.cross_entropy(logits.detach().float(), hard, reduction="sum")
+            correct = (logits.detach().argmax(dim=1) == hard).sum()
+        sums += torch.stack([plain.double(), objective_sum.detach().double(), correct.double(),
+                             torch.tensor(float(n), device=s.device, dtype=torch.float64)])
+        if (i + 1) % s.sync_every == 0 or i + 1 == total_batches:
+            totals = s.reduce(sums).tolist()  # every process sees the same sums: they stop together on NaN
+            if not (math.isfinite(totals[0]) and math.isfinite(totals[1])):
+                raise TrainingDiverged(f"the loss became {totals[1] / max(totals[3], 1)} at step {i + 1} of {total_batches}")
+        if i + 1 == group_end:
+            grad_norm = None
+            if s.clip_grad > 0:
+                grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.clip_grad)
+            elif s.grad_norm:
+                grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
+            if hooks:
+                seen = max(totals[3], 1)
+                info = StepInfo(epoch, (i // s.accum_steps) + 1, steps, plain.detach() / max(n, 1), lr, grad_norm,
+                                totals[0] / seen, totals[2] / seen, model)
+                for hook in hooks:
+                    hook(info)
+    if bar is not None:
+        bar.close()
+    plain_sum, objective_sum, correct_sum, seen = totals
+    return {"train_loss": plain_sum / max(seen, 1), "train_objective": objective_sum / max(seen, 1),
+            "train_acc": correct_sum / max(seen, 1), "n": int(seen), "lr": lr, "loading_s": waited}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Iterable, settings: StepSettings | None = None, num_classes: int | None = None,
+             progress: str | None = None, keep_probabilities: bool = False, gather=None) -> dict:
+    """Loss (mean per image), accuracy (per image), n, and the confusion matrix (rows = true class);
+    with keep_probabilities, also every sample's class probabilities (n, K), in loader order.
+
+    Distributed: each process evaluates its own part of the photos (sampling.make_loader), the sums
+    are added over processes (settings.reduce) and the probabilities gathered in rank order
+    (`gather`: distributed.Context.gather), so every photo counts once. num_classes is then needed
+    (a process may have no photos)."""
+    s = settings or StepSettings()
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64)  # loss, correct, images
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64) if num_classes else None
+    kept = []
+    for images, labels in tqdm(loader, desc=progress, disable=progress is None, leave=False, unit="batch"):
+        images, labels = images.to(s.device), labels.to(s.device)
+        with autocast(s):
+            logits = model(images).float()
+        k = logits.shape[1]
+        if confusion is None:
+            confusion = torch.zeros(k, k, dtype=torch.int64)
+        predictions = logits.argmax(dim=1)
+        sums += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(), (predictions == labels).sum().item(),
+                              labels.numel()], dtype=torch.float64)
+        confusion += torch.bincount((labels * k + predictions).cpu(), minlength=k * k).reshape(k, k)
+        if keep_probabilities:
+            kept.append(logits.softmax(dim=-1).cpu())
+    if s.world_size > 1:
+        if confusion is None:
+            raise ValueError("distributed evaluation needs num_classes (a process may have no photos)")
+        sums = s.reduce(sums.to(s.device)).cpu()
+        confusion = s.reduce(confusion.to(s.device)).cpu()
+    loss_sum, correct, seen = sums.tolist()
+    if seen == 0:
+        raise ValueError("nothing to evaluate: the loader is empty")
+    result = {"loss": loss_sum / seen, "acc": correct / seen, "n": int(seen), "confusion": confusion}
+    if keep_probabilities:
+        mine = torch.cat(kept) if kept else torch.zeros(0, confusion.shape[0])
+        result["probabilities"] = torch.cat(gather(mine)) if gather is not None and s.world_size > 1 else mine
+    return result
+
+
+@dataclass
+class FitHooks:
+    """What happens around the loop: before each epoch (seeding, sampler order), after each
+    optimiser step (EMA, TensorBoard: a StepInfo), after each epoch (metrics, checkpoint, report)."""
+
+    before_epoch: list[Callable[[int], None]] = field(default_factory=list)
+    on_step: list[Callable[[StepInfo], None]] = field(default_factory=list)
+    after_epoch: list[Callable[[int, dict], None]] = field(default_factory=list)
+
+
+def fit(
+    model: nn.Module,
+    train_loader,
+    eval_loaders: dict[str, Iterable],
+    optimizer: torch.optim.Optimizer,
+    scheduler=None,
+    *,
+    epochs: int,
+    start_epoch: int = 0,
+    settings: StepSettings | None = None,
+    hooks: FitHooks | None = None,
+    eval_model: Callable[[], nn.Module] | None = None,
+    eval_every: int = 1,
+    show_progress: bool = True,
+    num_classes: int | None = None,
+) -> list[dict]:
+    """Train from start_epoch to epochs; after each, evaluate on every named loader (val, test).
+
+    Each epoch's row: epoch, train_loss, train_objective, train_acc, <name>_loss, <name>_acc, lr,
+    seconds, images_per_s, model_share (the share of the training time not spent waiting for
+    batches; on several processes, rank 0's). eval_model() gives the model to evaluate (e.g. the EMA); default: the
+    trained model.
+    """
+    hooks = hooks or FitHooks()
+    history = []
+    for epoch in range(start_epoch, epochs):
+        for hook in hooks.before_epoch:
+            hook(epoch)
+        started = time.perf_counter()
+        label = f"epoch {epoch + 1}/{epochs}" if show_progress else None
+        row = {"epoch": epoch + 1, **train_one_epoch(model, train_loader, optimizer, scheduler, settings,
+                                                     on_step=hooks.on_step, progress=label, epoch=epoch)}
+        trained_s = time.perf_counter() - started
+        row["images_per_s"] = row.pop("n") / max(trained_s, 1e-9)
+        row["model_share"] = 1 - row.pop("loading_s") / max(trained_s, 1e-9)  # of the training time, not waiting for data
+        if (epoch + 1) % eval_every == 0 or epoch + 1 == epochs:
+            target = eval_model() if eval_model else model
+            for name, loader in eval_loaders.items():
+                result = evaluate(target, loader, settings, num_classes=num_classes)
+                row[f"{name}_loss"], row[f"{name}_acc"] = result["loss"], result["acc"]
+        row["seconds"] = time.perf_counter() - started
+        history.append(row)
+        for hook in hooks.after_epoch:
+            hook(epoch, row)
+    return history
