@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from foodvit.cli.main import main as foodvit
-from foodvit.data.folders import open_split
+from foodvit.data.datasource import DataSource
 
 
 def cpu_name() -> str:
@@ -86,7 +86,7 @@ def _per_class(run: Path) -> dict[str, float]:
 
     config = json.loads((run / "config.json").read_text())
     predictor = Predictor.from_run(run)
-    return evaluate_split(predictor, open_split(config["data"]["source"] or None, "test"))["per_class"]
+    return evaluate_split(predictor, DataSource.parse(config["data"]["source"] or None).open_split("test"))["per_class"]
 
 
 def fold_predictions(run: Path, held: Path, test_sizes: list[int]) -> dict[int, dict[str, bool]]:
@@ -99,7 +99,7 @@ def fold_predictions(run: Path, held: Path, test_sizes: list[int]) -> dict[int, 
     from foodvit.model.weights import resize_model
 
     base = Predictor.from_run(run)
-    split = open_split(str(held), "test")
+    split = DataSource.parse(str(held)).open_split("test")
     paths = [path for path, _ in split.samples]
     truths = [split.classes[label] for _, label in split.samples]
     out = {}

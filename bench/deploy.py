@@ -28,13 +28,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from foodvit.config import build_config
-from foodvit.data.folders import open_split
+from foodvit.cli.options import build_config
+from foodvit.data.datasource import DataSource
 from foodvit.deploy.export import export, relative_difference
 from foodvit.deploy.inference import evaluate_split
-from foodvit.deploy.predictor import Predictor, TorchBackend
-from foodvit.rundir.directory import save_model
-from foodvit.training.trainer import build_model
+from foodvit.deploy.predictor import Predictor
+from foodvit.deploy.torch_backend import TorchBackend
+from foodvit.model.build import build_model
+from foodvit.rundir.trained import save_model
 
 CLASSES = ["pizza", "steak", "sushi"]
 
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     run = Path(args.run)
     source = args.data or json.loads((run / "config.json").read_text())["data"]["source"] or None
-    split = open_split(source, "test")
+    split = DataSource.parse(source).open_split("test")
     photos = [path.read_bytes() for path, _ in (split.samples * (args.photos // len(split.samples) + 1))[: args.photos]]
     print(f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | "
           f"{len(photos)} photos for latency, {len(split)} test photos")

@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import PEERS, build, implementations, machine  # noqa: E402
 
-from foodvit.data.folders import Split, open_split
+from foodvit.data.datasource import DataSource
+from foodvit.data.folders import Split
 from foodvit.data.transforms import make_preprocess  # noqa: E402
 from foodvit.deploy.inference import predict  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
 
-    split = open_split(args.data, "test")
+    split = DataSource.parse(args.data).open_split("test")
     photos, classes = spread_photos(split, args.photos), list(split.classes)
     where = machine(torch.device("cpu"))
     print(f"{where} | {time.strftime('%Y-%m-%d')} | {len(photos)} photos, {len(classes)} classes, batch 1, fp32")

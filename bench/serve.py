@@ -29,10 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import free_port, start_server, stop_server  # noqa: E402
 
-from foodvit.config import build_config  # noqa: E402
-from foodvit.data.folders import open_split
-from foodvit.rundir.directory import save_model  # noqa: E402
-from foodvit.training.trainer import build_model  # noqa: E402
+from foodvit.cli.options import build_config  # noqa: E402
+from foodvit.data.datasource import DataSource
+from foodvit.model.build import build_model  # noqa: E402
+from foodvit.rundir.trained import save_model  # noqa: E402
 
 CLASSES = ["pizza", "steak", "sushi"]
 
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
 
-    split = open_split(args.data, "test")
+    split = DataSource.parse(args.data).open_split("test")
     photo = split.samples[0][0].read_bytes()
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores | {time.strftime('%Y-%m-%d')} | "
           f"photo {split.samples[0][0].name} ({len(photo) / 1000:.0f} kB), {args.seconds:g} s per row")

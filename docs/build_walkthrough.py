@@ -26,7 +26,7 @@ import torch, torch.nn.functional as F
 from IPython.display import Image, display
 
 import foodvit
-from foodvit.data.folders import open_split
+from foodvit.data.datasource import DataSource
 from foodvit.data.photos import load_rgb
 from foodvit.data.preprocess import make_preprocess, to_array
 
@@ -39,7 +39,7 @@ def show(fig):
     fig.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
     display(Image(data=buffer.getvalue()))
 
-test = open_split(os.environ.get("FOODVIT_DATA") or None, "test")
+test = DataSource.parse(os.environ.get("FOODVIT_DATA") or None).open_split("test")
 photo_path = next(path for path, label in test.samples if test.classes[label] == "pizza")
 photo = load_rgb(photo_path)
 print(f"{len(test)} test photos, classes {list(test.classes)}; this one: {photo_path.name}, {photo.size[0]} x {photo.size[1]} px")"""),
@@ -108,7 +108,7 @@ print("max |by hand - Block.forward| =", f"{(z1_by_hand - z1).abs().max().item()
 assert torch.allclose(z1_by_hand, z1, atol=1e-4) and torch.allclose(attention, weights, atol=1e-5)"""),
     (MD, """What does head 1 of block 0 look at from the class token? Its row of the attention matrix over the
 196 patches, laid back on the 14 x 14 grid. (This model has random weights; section 7 shows a trained one.)"""),
-    (CODE, """from foodvit.data.preprocess import model_view
+    (CODE, """from foodvit.data.transforms import model_view
 from foodvit.viz.plotting import subplots
 
 crop = model_view(preprocess, photo)                                 # the 224 x 224 crop, uint8
@@ -177,7 +177,7 @@ sin-cos positions, augmentation, label smoothing, AdamW with warmup and cosine d
 localization loss: `src/foodvit/recipes/default.toml`). The full recipe trains 100 epochs (about 6
 minutes on 2 CPU cores); here a few epochs show the mechanics and the curves."""),
     (CODE, """import tempfile
-from foodvit.config import build_config
+from foodvit.cli.options import build_config
 from foodvit.training.report import plot_curves
 from foodvit.training.trainer import train
 from foodvit.viz.attention import attention_distances_over

@@ -55,7 +55,7 @@ def test_bad_recipe_files_are_explained(tmp_path):
 def test_command_line_overrides_every_section(tmp_path):
     import argparse
 
-    from foodvit.config import add_config_options, apply_overrides
+    from foodvit.cli.options import add_config_options, apply_overrides
 
     parser = argparse.ArgumentParser()
     add_config_options(parser)
@@ -224,7 +224,7 @@ def test_internal_bugs_keep_their_traceback_and_debug_shows_every_one(monkeypatc
 def test_boolean_settings_are_flags_with_a_no_form_and_still_take_true_false():
     import argparse
 
-    from foodvit.config import add_config_options
+    from foodvit.cli.options import add_config_options
 
     parser = argparse.ArgumentParser()
     add_config_options(parser)
@@ -305,7 +305,7 @@ def test_drawing_changes_no_global_matplotlib_state():
     import sys
 
     code = ("import matplotlib; before = matplotlib.get_backend()\n"
-            "from foodvit.report import plot_curves\n"
+            "from foodvit.training.report import plot_curves\n"
             "import matplotlib.pyplot as plt\n"
             "fig = plot_curves([{'epoch': 1, 'train_loss': 1.0, 'train_acc': 0.5, 'test_loss': 1.1, 'test_acc': 0.4}])\n"
             "print('SAME', matplotlib.get_backend() == before, 'OPEN', len(plt.get_fignums()))")

@@ -12,9 +12,9 @@ from test_train import small_config
 from torch import nn
 
 from foodvit.config import RunConfig
-from foodvit.errors import ConfigError
+from foodvit.errors import ConfigError, RunError
 from foodvit.model.variants import create_model
-from foodvit.rundir.directory import RunError, load_checkpoint
+from foodvit.rundir.directory import load_checkpoint
 from foodvit.training.distill import WithDistillation, build_teacher
 from foodvit.training.drloc import WithDenseRelativeLocalization
 from foodvit.training.trainer import resume, train
@@ -268,7 +268,7 @@ def test_weights_keep_both_prefix_positions_and_fine_tuning_replaces_both_heads(
 
 
 def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos, tmp_path):
-    from foodvit.rundir.directory import load_model
+    from foodvit.rundir.trained import load_model
 
     config = distilled(photos, epochs=1)
     config = replace(config, vit={**config.vit, "distill_token": True})

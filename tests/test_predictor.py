@@ -10,7 +10,8 @@ from PIL import Image
 
 import foodvit
 from foodvit.data.photos import MAX_PIXELS, PhotoError, decode
-from foodvit.data.preprocess import eval_transform, make_preprocess
+from foodvit.data.preprocess import make_preprocess
+from foodvit.data.transforms import eval_transform
 
 CLASSES = ["pizza", "steak", "sushi"]
 
@@ -83,7 +84,7 @@ def test_modes_are_converted_and_other_types_refused():
 
 
 def test_a_run_with_mismatched_files_is_refused_at_load(tmp_path, predictor):
-    from foodvit.rundir.directory import save_model
+    from foodvit.rundir.trained import save_model
 
     save_model(tmp_path, predictor.model, CLASSES, predictor.preprocess)
     assert foodvit.load_predictor(tmp_path).classes == CLASSES

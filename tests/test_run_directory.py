@@ -16,11 +16,11 @@ from helpers import make_photo_folder
 
 import foodvit
 from foodvit.cli.main import main
-from foodvit.config import build_config, load_recipe
+from foodvit.cli.options import build_config
+from foodvit.config import load_recipe
 from foodvit.data.sources import resolve
-from foodvit.errors import DataError
-from foodvit.files import RunLock
-from foodvit.rundir.directory import RunError
+from foodvit.errors import DataError, RunError
+from foodvit.rundir.directory import RunLock, training_now
 from foodvit.training.trainer import resume, train
 
 SMALL = {"image_size": 32, "depth": 1}
@@ -80,21 +80,25 @@ def test_out_naming_a_file_or_an_unwritable_place_is_one_line(photos, tmp_path, 
         assert "choose a writable --out" in capsys.readouterr().err
 
 
-def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(photos, tmp_path):
+def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_free(photos, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # another process holds the run's lock (an OS lock: the kernel frees it when that process dies)
+    holder = subprocess.Popen([sys.executable, "-c", f"from foodvit.rundir.directory import RunLock; lock = RunLock({str(out)!r}).acquire(); "
+                               "print('held', flush=True); import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
-        (out / RunLock.NAME).write_text(f"{sleeper.pid} {os.uname().nodename}\n")
-        with pytest.raises(RunError, match=rf"in use by another foodvit process \(pid {sleeper.pid}"):
+        assert holder.stdout.readline().strip() == "held"
+        assert training_now(out).startswith(f"pid {holder.pid} on ")
+        with pytest.raises(RunError, match=rf"in use by another foodvit process \(pid {holder.pid} on "):
             train(small(photos), out, quiet=True)
-        assert sorted(p.name for p in out.iterdir()) == [RunLock.NAME]  # nothing written beside the lock
+        assert sorted(p.name for p in out.iterdir()) == [RunLock.NAME, RunLock.OWNER]  # nothing written beside the lock
     finally:
-        sleeper.kill()
-        sleeper.wait()
-    # the owner is gone: the lock is stale, the run goes ahead and releases it when done
+        holder.kill()  # kill -9: no clean-up of its own
+        holder.wait()
+    # its process is gone, so is its lock: the run goes ahead, and releases the lock when done
+    assert training_now(out) is None
     train(small(photos), out, quiet=True)
-    assert not (out / RunLock.NAME).exists() and (out / "model.safetensors").is_file()
+    assert training_now(out) is None and not (out / RunLock.OWNER).exists() and (out / "model.safetensors").is_file()
 
 
 def test_a_failed_start_leaves_nothing_behind(tmp_path):
@@ -118,7 +122,7 @@ def test_run_files_respect_the_umask(photos, tmp_path):
         os.umask(old)
     for name in ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "report.md", "curves.png"):
         assert stat.S_IMODE((tmp_path / "run" / name).stat().st_mode) == 0o644, name
-    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]  # no temporary file left
+    assert [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".")] == [RunLock.NAME]  # no temporary file left
 
 
 def test_unpacked_zips_respect_the_umask_and_bad_zips_leave_nothing(photos, tmp_path, monkeypatch):
@@ -245,3 +249,52 @@ def test_python_train_adapts_a_pretrained_config_as_the_command_line_does(tmp_pa
     assert config.model == "ViT-Ti/16" and "image_size" not in config.vit and "depth" not in config.vit
     given = build_config("default", {"train.pretrained": str(weights), "vit.image_size": 64})
     assert given.vit["image_size"] == 64  # a size the user asks for is kept (positions are resampled)
+
+
+def test_a_tensorboard_run_that_fails_before_its_first_checkpoint_leaves_nothing(photos, tmp_path, monkeypatch, capsys):
+    # seam bug: RUN/tensorboard/ stayed behind and the next `train --out RUN` was refused
+    pytest.importorskip("tensorboard")
+    import foodvit.training.trainer as trainer
+
+    def diverge(*args, **kwargs):
+        raise trainer.TrainingDiverged("the loss is NaN")
+
+    out = tmp_path / "runs" / "tb"
+    monkeypatch.setattr(trainer, "fit", diverge)
+    with pytest.raises(trainer.TrainingDiverged):
+        train(small(photos, tensorboard=True), out, quiet=True)
+    assert not out.exists()
+    monkeypatch.undo()
+    train(small(photos, tensorboard=True), out, quiet=True)
+    assert (out / "model.safetensors").is_file() and any((out / "tensorboard").iterdir())
+
+
+def test_resuming_a_finished_run_changes_nothing(photos, tmp_path, capsys):
+    out = tmp_path / "done"
+    train(small(photos), out, quiet=True)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert main(["train", "--resume", str(out)]) == 2
+    assert "is finished (1 of 1 epochs, model saved); nothing to resume and nothing was changed" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_compare_refuses_a_broken_model_json(photos, tmp_path, capsys):
+    # it used to leave the run's test metrics out without a word
+    out = tmp_path / "cmp"
+    train(small(photos), out, quiet=True)
+    (out / "model.json").write_text("{not json")
+    assert main(["compare", str(out)]) == 2
+    assert f"{out / 'model.json'} is not readable JSON" in capsys.readouterr().err
+
+
+def test_serving_a_run_being_trained_says_so(photos, tmp_path):
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.rundir.directory import RunLock
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    with RunLock(out):
+        with pytest.raises(RunError, match=rf"is being trained right now \(pid {os.getpid()} on "):
+            Predictor.from_run(out)
+    with pytest.raises(RunError, match="resume an unfinished run"):
+        Predictor.from_run(out)

@@ -15,9 +15,10 @@ from helpers import make_photo_folder
 import foodvit
 from foodvit.config import load_recipe
 from foodvit.data.datasets import Path
-from foodvit.data.folders import Split, open_split
+from foodvit.data.datasource import DataSource
+from foodvit.data.folders import Split
 from foodvit.deploy.inference import evaluate_split, predict
-from foodvit.rundir.directory import RunError
+from foodvit.errors import RunError
 from foodvit.training.engine import TrainingDiverged
 from foodvit.training.trainer import resume, train
 
@@ -73,7 +74,7 @@ def test_trained_model_loads_evaluates_and_predicts(trained, photos):
     assert predictor.preprocess.image_size == 32 and not predictor.model.training
     assert not hasattr(foodvit.load_model(out), "class_names")  # the bare module: nothing attached to it
     # evaluating the saved model gives exactly the number the run reported
-    evaluation = evaluate_split(predictor, open_split(photos, "test"))
+    evaluation = evaluate_split(predictor, DataSource.parse(photos).open_split("test"))
     assert evaluation["accuracy"] == result.test["acc"] and evaluation["n"] == 18
     assert sum(map(sum, evaluation["confusion"])) == 18
     photo = sorted((photos / "test" / "sushi").iterdir())[0]
@@ -128,7 +129,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     # --deterministic: on a GPU, bf16 attention and gather backward add with atomics, and without it
     # two uninterrupted runs already differ by rounding (seen on an H100); the resumed run reads it
     # back from the run's config. On the CPU it changes nothing.
-    args = [sys.executable, "-m", "foodvit.cli.main", "train", "--recipe", "tiny", "--data", str(photos), "--epochs", "6",
+    args = [sys.executable, "-m", "foodvit", "train", "--recipe", "tiny", "--data", str(photos), "--epochs", "6",
             "--image-size", "32", "--depth", "2", "--batch-size", "6", "--ema", "0.9", "--drloc", "0.1",
             "--deterministic", "true", "--quiet"]
     full = subprocess.run(args + ["--out", str(tmp_path / "full")], capture_output=True, text=True, timeout=300)
@@ -147,7 +148,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     assert 1 <= done < 6  # killed mid-run, with at least one finished epoch on disk
     assert not (victim / "model.safetensors").exists()
 
-    resumed = subprocess.run([sys.executable, "-m", "foodvit.cli.main", "train", "--resume", str(victim), "--quiet"],
+    resumed = subprocess.run([sys.executable, "-m", "foodvit", "train", "--resume", str(victim), "--quiet"],
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert _metrics(victim / "metrics.csv") == _metrics(tmp_path / "full" / "metrics.csv")
@@ -229,7 +230,7 @@ def test_tiny_recipe_trains_one_epoch_on_foodvision_mini(real_data, tmp_path):
 
 
 def test_deterministic_mode_is_scoped_to_the_block(monkeypatch):
-    from foodvit.training.trainer import deterministic_algorithms
+    from foodvit.training.engine import deterministic_algorithms
 
     before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
@@ -300,7 +301,7 @@ def test_test_size_tests_and_saves_the_model_at_a_higher_resolution(photos, tmp_
     predictor = foodvit.load_predictor(out)
     assert predictor.model.config.image_size == 48 and predictor.preprocess.image_size == 48
     assert predictor.preprocess.resize_size == round(48 * 36 / 32)  # the training preprocessing's crop share (32 of 36)
-    evaluation = evaluate_split(predictor, open_split(photos, "test"))
+    evaluation = evaluate_split(predictor, DataSource.parse(photos).open_split("test"))
     assert evaluation["accuracy"] == pytest.approx(result.test["acc"]) and evaluation["loss"] == pytest.approx(result.test["loss"], rel=1e-4)
     # the per-epoch rows were measured at the training size: the 32 px model, not the saved one
     checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)

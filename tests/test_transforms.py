@@ -5,7 +5,8 @@ import pytest
 import torch
 from PIL import Image
 
-from foodvit.data.transforms import PRESETS, Preprocess, batch_mixer, eval_transform, make_preprocess, train_transform
+from foodvit.data.preprocess import Preprocess, make_preprocess
+from foodvit.data.transforms import PRESETS, batch_mixer, eval_transform, train_transform
 
 
 def photo(w=120, h=90):

@@ -10,8 +10,9 @@ from PIL import Image
 
 import foodvit
 from foodvit.cli.main import main
-from foodvit.data.preprocess import eval_transform, make_preprocess
+from foodvit.data.preprocess import make_preprocess
 from foodvit.data.sources import resolve
+from foodvit.data.transforms import eval_transform
 from foodvit.viz.attention import (
     attention_distances_over,
     attention_rollout,

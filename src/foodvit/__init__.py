@@ -35,9 +35,11 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
-    try:  # a submodule, e.g. foodvit.viz, imported on first use
+    try:  # a sub-package or module, e.g. foodvit.data, imported on first use
         return importlib.import_module(f".{name}", __name__)
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as err:
+        if err.name != f"{__name__}.{name}":  # the module exists but something it needs is missing (torchvision, ...)
+            raise
         raise AttributeError(f"module 'foodvit' has no attribute {name!r}") from None
 
 
@@ -48,13 +50,14 @@ def __dir__() -> list[str]:
 def load_model(run, device: str | None = None):
     """A trained run's model (an nn.Module in eval mode). For predictions with the run's classes
     and preprocessing use foodvit.load_predictor."""
-    from foodvit.rundir.directory import load_model as _load
+    from foodvit.rundir.trained import load_model as _load
 
     return _load(run, device=device)
 
 
 def load_predictor(run, device: str | None = None):
-    """A trained run's Predictor: classify(photo), classify_many(photos), .classes, .preprocess."""
+    """A trained model's Predictor (a run directory, or an exported .onnx): classify(photo),
+    classify_many(photos), .classes, .preprocess."""
     from foodvit.deploy.predictor import Predictor
 
-    return Predictor.from_run(run, device=device)
+    return Predictor.open(run, device=device)

@@ -1,18 +1,15 @@
-"""Settings: the model's (ViTConfig) and a run's (RunConfig), frozen dataclasses; recipes that
-set their defaults; command-line options generated from the fields (never written out one by one).
-
-Resolution order: dataclass defaults < recipe file < command-line options. The resolved
-configuration is saved with every run (config.json) and checkpoint.
+"""Settings as plain data: the model's (ViTConfig) and a run's (RunConfig), frozen dataclasses, and
+the recipes (TOML files) that set their defaults.
 
 Every number's allowed range and every text setting's choices are named once, in the field's
-metadata: the dataclasses check them when built (from a recipe, a config.json or Python) and the
-command line checks them as it parses, with the same message. This module imports no PyTorch, so
-that `foodvit --help` and the settings stay fast.
+metadata: the dataclasses check them when built (from a recipe, a config.json or Python), and the
+command line (cli/options.py, which generates one option per field) checks them as it parses, with
+the same message. This module imports no PyTorch and knows nothing of argparse or of pre-trained
+weights: it is the ground the other layers stand on.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -52,17 +49,17 @@ def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | No
     return field(default=default, metadata=meta)
 
 
-def _flag(f) -> str:
+def flag_of(f) -> str:
     return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
 
 
 def _check_field(f, value) -> None:
     """A ConfigError unless value lies in the field's range and among its choices (its metadata)."""
     if f.metadata.get("range") is not None:
-        check_value(_flag(f), value, f.metadata["range"])
+        check_value(flag_of(f), value, f.metadata["range"])
     choices = f.metadata.get("choices")
     if choices and value not in choices:
-        raise ConfigError(f"{_flag(f)} must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(f"{flag_of(f)} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def _check(settings) -> None:
@@ -357,137 +354,3 @@ def _check_vit(values: dict, where: str) -> None:
         raise ConfigError(f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     for name, value in values.items():
         _check_field(known[name], value)
-
-
-# ------------------------------------------------------------------------------------ command line
-
-
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in TRUE_WORDS:
-        return True
-    if lowered in FALSE_WORDS:
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-class BoolFlag(argparse.BooleanOptionalAction):
-    """--name turns a setting on, --no-name off; --name true/false is still accepted."""
-
-    def __init__(self, option_strings, dest, **kwargs) -> None:
-        super().__init__(option_strings, dest, **kwargs)
-        self.nargs = "?"
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        if option_string.startswith("--no-"):
-            if values is not None:
-                parser.error(f"{option_string} takes no value")
-            setattr(namespace, self.dest, False)
-            return
-        try:
-            setattr(namespace, self.dest, True if values is None else parse_bool(values))
-        except argparse.ArgumentTypeError as err:
-            parser.error(f"argument {option_string}: {err}")
-
-
-def number_type(kind: type, allowed: Range | None = None, several: bool = False):
-    """An argparse type: a number (or comma-separated numbers) of `kind`, checked against `allowed`."""
-
-    def parse(text: str):
-        try:
-            values = tuple(kind(v) for v in text.replace(" ", "").split(",") if v) if several else kind(text)
-        except ValueError:
-            what = "comma-separated numbers" if several else ("a whole number" if kind is int else "a number")
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if allowed is not None:
-            try:
-                check_value("value", values, allowed)
-            except ConfigError:
-                raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}") from None
-        return values
-
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
-
-
-def _arg_type(f):
-    """The option's parser, from the field's default (every field has one) and its range."""
-    default, allowed = f.default, f.metadata.get("range")
-    if isinstance(default, tuple):
-        return number_type(float, allowed, several=True)
-    if isinstance(default, (int, float)):
-        return number_type(type(default), allowed)
-    return str
-
-
-def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """One option per field of ViTConfig (model), DataConfig, OptimConfig and TrainConfig."""
-    seen: set[str] = set()
-    groups = [("model", VIT_OPTIONS, "vit")] + [(name, fields(cls), name) for name, cls in SECTIONS.items()]
-    for title, group_fields, dest_prefix in groups:
-        group = parser.add_argument_group(f"{title} settings (override the recipe)")
-        for f in group_fields:
-            flag = _flag(f)
-            if flag in seen:
-                raise RuntimeError(f"duplicate option {flag}: config field names must be unique across sections")
-            seen.add(flag)
-            help_text, dest, choices = f.metadata.get("help", ""), f"{dest_prefix}.{f.name}", f.metadata.get("choices")
-            if isinstance(f.default, bool):
-                group.add_argument(flag, dest=dest, action=BoolFlag, default=None, help=help_text, metavar="true|false")
-                continue
-            allowed = f.metadata.get("range")
-            if allowed is not None and allowed != Range():
-                help_text += f" [{allowed}]"
-            group.add_argument(flag, dest=dest, type=_arg_type(f), choices=choices, default=None, help=help_text,
-                               metavar=None if choices else f.name.upper())
-
-
-def apply_overrides(config: RunConfig, args: argparse.Namespace | dict, model: str | None = None) -> RunConfig:
-    """The recipe's config with every option the user gave: an argparse namespace, or a dict of
-    "section.name" -> value ("vit.depth", "optim.lr", ...)."""
-    given = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    changes: dict[str, dict] = {"vit": dict(config.vit), **{name: {} for name in SECTIONS}}
-    for dest, value in given.items():
-        if value is None or "." not in dest:
-            continue
-        section, name = dest.split(".", 1)
-        if section in changes:
-            changes[section][name] = value
-    return replace(
-        config,
-        model=model or config.model,
-        vit=changes["vit"],
-        **{name: replace(getattr(config, name), **changes[name]) for name in SECTIONS},
-    )
-
-
-def given_overrides(args: argparse.Namespace) -> list[str]:
-    """The config options present on a command line (for refusing them with --resume)."""
-    return [dest for dest, value in vars(args).items() if value is not None and "." in dest]
-
-
-# Regularisation settings a from-scratch recipe keeps when it is used with pre-trained weights: its
-# other model settings (size, pooling, 64 px ...) are not meant for the weights.
-TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
-
-
-def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | dict | None = None,
-                 model: str | None = None) -> RunConfig:
-    """A run's settings as `foodvit train` resolves them: the recipe, then the overrides
-    ("section.name" -> value, or an argparse namespace), then, with pre-trained weights, the model
-    that the weights dictate (pretrained.adapt_config; a `model` that disagrees stops the run)."""
-    base = load_recipe(recipe)
-    config = apply_overrides(base, overrides or {}, model=model)
-    if config.train.pretrained and not base.train.pretrained:
-        given = vars(overrides) if isinstance(overrides, argparse.Namespace) else dict(overrides or {})
-        kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
-        config = replace(config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}})
-    if config.train.pretrained:
-        from foodvit.model.pretrained import adapt_config  # reads the weights' description (PyTorch)
-
-        config = adapt_config(config, explicit_model=model)
-    return config

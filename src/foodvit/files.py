@@ -1,4 +1,4 @@
-"""Writing files safely: atomically, with the user's umask, and one writer per run directory.
+"""Writing files safely: atomically, with the user's umask; downloads that appear only when complete.
 
 No PyTorch here: the data layer, the run directory and the command line all use it.
 """
@@ -8,10 +8,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 from pathlib import Path
-
-from foodvit.errors import RunError
 
 
 def current_umask() -> int:
@@ -85,69 +82,3 @@ def atomic_folder(target: Path, fill) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
-
-
-class LockedError(RunError):
-    """Another live process holds the lock."""
-
-
-class RunLock:
-    """One writer per run directory: a lock file holding the owner's pid and host, created
-    exclusively. A lock whose process is gone (same host) is stale and taken over."""
-
-    NAME = ".foodvit.lock"
-
-    def __init__(self, folder: str | os.PathLike) -> None:
-        self.path = Path(folder) / self.NAME
-        self.held = False
-
-    def acquire(self) -> "RunLock":
-        me = f"{os.getpid()} {socket.gethostname()}\n"
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            except FileExistsError:
-                owner = self._owner()
-                if owner is not None and self._alive(*owner):
-                    pid, host = owner
-                    raise LockedError(
-                        f"{self.path.parent} is in use by another foodvit process (pid {pid} on {host}); "
-                        f"wait for it to finish or choose another --out (if no process writes there, delete {self.path})"
-                    ) from None
-                self.path.unlink(missing_ok=True)  # stale: its process is gone
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(me)
-            self.held = True
-            return self
-        raise LockedError(f"could not lock {self.path.parent}: another process keeps taking {self.path.name}")
-
-    def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
-
-    def __enter__(self) -> "RunLock":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-    def _owner(self) -> tuple[int, str] | None:
-        try:
-            pid, host = self.path.read_text().split()
-            return int(pid), host
-        except (OSError, ValueError):
-            return None  # unreadable or half-written: treat as stale
-
-    @staticmethod
-    def _alive(pid: int, host: str) -> bool:
-        if host != socket.gethostname():
-            return True  # another machine's process: cannot tell, so respect it
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True  # exists, owned by someone else
-        return True

@@ -17,7 +17,8 @@ from foodvit.errors import AT_LEAST_1, POSITIVE, FoodVitError, Range
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from foodvit.config import ConfigError, build_config, given_overrides
+    from foodvit.cli.options import build_config, given_overrides
+    from foodvit.errors import ConfigError
     from foodvit.training.trainer import default_out, resume, train
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 alone speaks
@@ -47,12 +48,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from foodvit.data.folders import open_split
     from foodvit.deploy.inference import evaluate_split
     from foodvit.deploy.predictor import Predictor
 
     predictor = Predictor.open(args.run)  # a run directory, or an exported .onnx (then no PyTorch is loaded)
-    split = open_split(args.data or _run_source(args.run, predictor), args.split, strict=args.strict)
+    split = _evaluation_source(args.run, args.data, predictor).open_split(args.split, strict=args.strict)
     for line in split.skipped_summary(args.verbose):
         print(line, file=sys.stderr)
     result = evaluate_split(predictor, split)
@@ -66,16 +66,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_source(run: str, predictor=None) -> str | None:
-    """The data source stored with a run directory, or named in an exported file's model card
-    when that folder is at hand (None: the default source)."""
-    config = Path(run) / "config.json"
-    if not config.is_file():
-        data = (predictor.card.get("metrics", {}).get("data") if predictor is not None else None) or ""
-        return data if data and Path(data).is_dir() else None
-    from foodvit.rundir.directory import read_config
+def _evaluation_source(run: str, data: str | None, predictor):
+    """The photos to evaluate a model on: --data; else, for a run directory, the source stored with
+    it (its class subset included); for an exported file, the first of its own data and
+    $FOODVIT_DATA that is at hand (an export never starts a download)."""
+    from foodvit.data.datasource import DataSource
+    from foodvit.errors import DataError
 
-    return read_config(config).data.source or None
+    if data:
+        return DataSource.parse(data)
+    config = Path(run) / "config.json"
+    if config.is_file():
+        from foodvit.rundir.directory import read_config
+
+        return DataSource.parse(read_config(config).data.source)
+    for source in predictor.data_sources():
+        if source.root_at_hand() is not None:
+            return source
+    raise DataError(f"the photos {Path(run).name} was trained on are not at hand here; name them with --data PATH "
+                    "(a folder with test/<class>/, or a folder of class folders)")
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -107,7 +116,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def _writable(path: str) -> Path:
     """An output file's path, or a one-line error before any work is lost to an unwritable place."""
-    from foodvit.rundir.directory import RunError
+    from foodvit.errors import RunError
 
     out = Path(path)
     if out.is_dir():
@@ -123,19 +132,18 @@ def _writable(path: str) -> Path:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from foodvit.data.folders import check, is_food101, keep_classes, list_split
-    from foodvit.data.sources import resolve, split_spec
+    from foodvit.data.datasource import DataSource
+    from foodvit.data.folders import check, is_food101
 
-    location, classes = split_spec(args.source)
-    root = resolve(location)
+    source = DataSource.parse(args.source)
+    root = source.root()
     if args.print_path:
         print(root)
         return 0
-    print(f"data: {root}" + (" (Food-101 layout)" if is_food101(root) else ""))
+    print(f"data: {root}" + (" (Food-101 layout)" if is_food101(root) else "") + (f", classes {', '.join(source.classes)}" if source.classes else ""))
     for split in ("train", "test"):
         if is_food101(root) or (root / split).is_dir():
-            listing = list_split(root, split)
-            s = check(keep_classes(listing, classes) if classes else listing, quiet=False)
+            s = check(source.listing(split, root), quiet=False)
             print(f"  {split}: {len(s)} photos, {len(s.classes)} classes; " + ", ".join(f"{k} {v}" for k, v in list(s.counts().items())[:12])
                   + (" ..." if len(s.classes) > 12 else ""))
             for line in s.skipped_summary(args.verbose):
@@ -185,10 +193,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import torch
 
-    from foodvit.data.folders import open_split
     from foodvit.data.photos import load_or_explain
     from foodvit.deploy.predictor import Predictor
-    from foodvit.rundir.directory import RunError
+    from foodvit.errors import RunError
     from foodvit.viz.attention import attention_distances_over
     from foodvit.viz.figures import attention_distance_figure, filters_figure, pos_similarity_figure
     from foodvit.viz.plotting import save_figure
@@ -209,7 +216,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     else:
         print(f"pos_similarity.png: skipped, the model's position embedding is {model.config.pos_embed!r}, not learned, "
               "so there is nothing learned to compare", file=sys.stderr)
-    split = open_split(args.data or _run_source(args.run), args.split)
+    split = _evaluation_source(args.run, args.data, predictor).open_split(args.split)
     photos = split.samples[:: max(1, len(split.samples) // args.images)][: args.images]  # spread over the classes
     images = torch.stack([torch.from_numpy(predictor.prepare(load_or_explain(path), str(path))) for path, _ in photos])
     distances = attention_distances_over(model, images)
@@ -234,7 +241,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from foodvit.deploy.serve import serve
 
     if not Path(args.run).exists():
-        from foodvit.rundir.directory import RunError
+        from foodvit.errors import RunError
 
         raise RunError(f"{args.run} does not exist; give a run directory written by foodvit train (or an exported Space's model/ folder)")
     serve(args.run, host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, top_k=args.top_k,
@@ -304,20 +311,20 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 def number(allowed: Range):
     """argparse type: a float in range, refused with the range otherwise."""
-    from foodvit.config import number_type
+    from foodvit.cli.options import number_type
 
     return number_type(float, allowed)
 
 
 def count(allowed: Range = AT_LEAST_1):
     """An argparse type for a whole number in a range, with the range in its message."""
-    from foodvit.config import number_type
+    from foodvit.cli.options import number_type
 
     return number_type(int, allowed)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from foodvit.config import add_config_options
+    from foodvit.cli.options import add_config_options
 
     parser = argparse.ArgumentParser(prog="foodvit", description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos.")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of every error")

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from foodvit.data.folders import Listing, Split, check, check_layout, keep_classes, list_split, subsample
+from foodvit.data.datasource import DataSource, Listed
+from foodvit.data.folders import Split, check
 from foodvit.data.photos import load_or_explain
-from foodvit.data.sources import resolve, split_spec
 from foodvit.errors import DataError
 from foodvit.seeds import derive_seed
 
@@ -37,47 +37,17 @@ class DataSet:
         return self.train.classes
 
 
-@dataclass(frozen=True)
-class Listed:
-    """A source's train and test files, listed but not yet checked or decoded (the classes are
-    known from here on: the model's head can be built before any photo is read)."""
-
-    root: Path
-    train: Listing
-    test: Listing
-
-    @property
-    def classes(self) -> tuple[str, ...]:
-        return self.train.classes
-
-
-def list_source(source: str | os.PathLike | None = None, *, quiet: bool = False) -> Listed:
-    """Resolve a source (downloading or unpacking it if needed; `food101:a,b` keeps those classes)
-    and list its train and test splits, which must have the same classes."""
-    location, classes = split_spec(source)
-    root = check_layout(resolve(location, quiet=quiet))
-    train, test = list_split(root, "train"), list_split(root, "test")
-    if train.classes != test.classes:
-        only_train = sorted(set(train.classes) - set(test.classes))
-        only_test = sorted(set(test.classes) - set(train.classes))
-        raise DataError(
-            f"train and test classes differ in {root}: only in train/: {only_train or 'none'}; only in test/: {only_test or 'none'}; "
-            "give both splits the same class folders"
-        )
-    if classes:
-        train, test = keep_classes(train, classes), keep_classes(test, classes)
-    return Listed(root, train, test)
-
-
-def open_dataset(source: "str | os.PathLike | Listed | None" = None, *, strict: bool = False, val_fraction: float = 0.0,
+def open_dataset(source: "DataSource | Listed | str | os.PathLike | None" = None, *, strict: bool = False, val_fraction: float = 0.0,
                  seed: int = 0, train_fraction: float = 1.0, train_cache: "PhotoCache | None" = None,
                  eval_cache: "PhotoCache | None" = None, quiet: bool = False) -> DataSet:
-    """Check a source's train and test splits (a source, or what list_source made of it), filling
-    the caches if given (which also fully decodes the photos they keep, so unreadable ones are found
-    before training starts). train_fraction keeps that share of each training class."""
-    listed = source if isinstance(source, Listed) else list_source(source, quiet=quiet)
-    train_files = subsample(listed.train, train_fraction, seed) if train_fraction < 1 else listed.train
-    train = check(train_files, strict=strict, decode=train_cache.prefill if train_cache else None, quiet=quiet)
+    """Check a source's train and test splits (a DataSource, its text, or what DataSource.listed made
+    of it), filling the caches if given (which also fully decodes the photos they keep, so unreadable
+    ones are found before training starts). With a text, train_fraction keeps that share of each
+    training class (a DataSource carries its own)."""
+    if not isinstance(source, (DataSource, Listed)):
+        source = DataSource.parse(source, train_fraction)
+    listed = source if isinstance(source, Listed) else source.listed(seed=seed, quiet=quiet)
+    train = check(listed.train, strict=strict, decode=train_cache.prefill if train_cache else None, quiet=quiet)
     test = check(listed.test, strict=strict, decode=eval_cache.prefill if eval_cache else None, quiet=quiet)
     val = None
     if val_fraction > 0:

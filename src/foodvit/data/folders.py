@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from foodvit.data.photos import IMAGE_EXTENSIONS, PhotoError, check_image
-from foodvit.data.sources import LAYOUT, resolve
+from foodvit.data.photos import PhotoError, check_image
+from foodvit.data.sources import LAYOUT
 from foodvit.errors import DataError
 
 
@@ -175,18 +175,6 @@ def check_layout(root: Path) -> Path:
     return root
 
 
-def open_split(source: str | None, split: str = "test", *, strict: bool = False) -> Split:
-    """One split for evaluation: <root>/<split>/<class>/..., or a folder of class folders."""
-    root = resolve(source)
-    if is_food101(root):
-        return check(list_food101(root, split), strict=strict)
-    if (root / split).is_dir():
-        return scan(root / split, strict=strict)
-    if (root / "train").is_dir() or (root / "test").is_dir():
-        raise DataError(f"{root} has no {split}/ folder; expected {LAYOUT}, or a folder whose subfolders are the classes")
-    return scan(root, strict=strict)
-
-
 def cv_folds(split: Split, k: int, seed: int) -> list[tuple[Split, Split]]:
     """k-fold cross-validation over a split: k (train, validation) pairs whose validation parts
     partition the photos (each photo validated exactly once), stratified by class (each class dealt
@@ -211,16 +199,3 @@ def cv_folds(split: Split, k: int, seed: int) -> list[tuple[Split, Split]]:
         kept = tuple(s for s in split.samples if fold_of[s[0]] != fold)
         folds.append((Split(split.root, split.classes, kept), Split(split.root, split.classes, held)))
     return folds
-
-
-def first_photos(source: str | Path | None, classes, per_class: int, split: str = "test") -> list[Path]:
-    """The first `per_class` photos (by name) of each class in <source>/<split>/, when the source
-    is a local folder at hand; [] otherwise (nothing is downloaded). For examples and parity checks."""
-    folder = Path(source) / split if source else None
-    if folder is None or not folder.is_dir():
-        return []
-    found = []
-    for name in classes:
-        photos = sorted(p for p in (folder / name).glob("*") if p.suffix.lower() in IMAGE_EXTENSIONS) if (folder / name).is_dir() else []
-        found += photos[:per_class]
-    return found

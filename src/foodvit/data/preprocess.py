@@ -98,28 +98,3 @@ def to_array(p: Preprocess, photo):
     pixels = np.asarray(crop_view(p, photo), dtype=np.float32) / np.float32(255)  # (S, S, 3) in [0, 1]
     mean, std = np.asarray(p.mean, dtype=np.float32), np.asarray(p.std, dtype=np.float32)
     return np.ascontiguousarray(((pixels - mean) / std).transpose(2, 0, 1))  # (S, S, 3) -> (3, S, S)
-
-
-class EvalTransform:
-    """The deterministic evaluation preprocessing, PIL photo -> float tensor (3, S, S). A class so
-    that loader workers started by spawn can receive it."""
-
-    def __init__(self, p: Preprocess) -> None:
-        self.preprocess = p
-
-    def __call__(self, photo):
-        import torch
-
-        return torch.from_numpy(to_array(self.preprocess, photo))
-
-
-def eval_transform(p: Preprocess) -> EvalTransform:
-    return EvalTransform(p)
-
-
-def model_view(p: Preprocess, photo):
-    """What the model sees of a photo, before scaling and normalisation: uint8 tensor (3, S, S)."""
-    import numpy as np
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(crop_view(p, photo), dtype=np.uint8).transpose(2, 0, 1)))

@@ -28,24 +28,11 @@ def cache_dir() -> Path:
 FOOD101 = "food101"
 
 
-def split_spec(source: str | os.PathLike | None) -> tuple[str | None, tuple[str, ...] | None]:
-    """(source, class subset): `food101:pizza,steak,sushi` is Food-101's pizza, steak and sushi."""
-    if source is None:
-        return None, None
-    text = str(source)
-    if text.startswith(FOOD101 + ":"):
-        names = tuple(n.strip() for n in text[len(FOOD101) + 1:].split(",") if n.strip())
-        if not names:
-            raise DataError(f"{text!r} names no classes; write food101:pizza,steak,sushi (or food101 for all 101)")
-        return FOOD101, names
-    return text, None
-
-
 def food101(*, quiet: bool = False) -> Path:
     """Food-101 (Bossard et al. 2014: 101 classes, 750 train and 250 test photos each, 5 GB) in the
     cache, downloaded and checked by torchvision the first time."""
-    base = cache_dir() / "food101"
-    root = base / "food-101"
+    root = food101_root()
+    base = root.parent
     if (root / "images").is_dir() and (root / "meta").is_dir():
         return root
     if not quiet:
@@ -60,13 +47,18 @@ def food101(*, quiet: bool = False) -> Path:
     return root
 
 
+def food101_root() -> Path:
+    """Where Food-101 lies in the cache once downloaded."""
+    return cache_dir() / "food101" / "food-101"
+
+
 def default_source() -> str:
     return os.environ.get("FOODVIT_DATA") or DEFAULT_URL
 
 
 def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, quiet: bool = False) -> Path:
     """A local folder for a source: downloads and unzips as needed, skipping what is cached."""
-    source = str(split_spec(source)[0] or default_source())
+    source = str(source or default_source())
     if source == FOOD101:
         return food101(quiet=quiet)
     if source.startswith(("http://", "https://")):
@@ -81,10 +73,20 @@ def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, q
     return path
 
 
+def _download_target(url: str) -> Path:
+    name = PurePosixPath(urllib.request.urlparse(url).path).name or "download"
+    return cache_dir() / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
+
+
+def cached_download(url: str) -> Path | None:
+    """The cached copy of url, if it was downloaded before; None otherwise (nothing is fetched)."""
+    target = _download_target(url)
+    return target if target.is_file() else None
+
+
 def download(url: str, *, timeout: float = 20.0, quiet: bool = False) -> Path:
     """Download into the cache once. The file appears only when complete (temporary name, then rename)."""
-    name = PurePosixPath(urllib.request.urlparse(url).path).name or "download"
-    target = cache_dir() / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
+    target = _download_target(url)
     if target.is_file():
         return target
     try:

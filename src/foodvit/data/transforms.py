@@ -8,7 +8,7 @@ import torch
 from torchvision.transforms import InterpolationMode, v2
 
 from foodvit.config import AUGMENT_PRESETS as PRESETS
-from foodvit.data.preprocess import Preprocess, eval_transform, make_preprocess, model_view  # noqa: F401  (re-exported)
+from foodvit.data.preprocess import Preprocess, crop_view, to_array
 from foodvit.errors import ConfigError
 
 _INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
@@ -83,3 +83,28 @@ class BatchMixer:
         if self.prob < 1.0 and torch.rand(()) >= self.prob:
             return images, torch.nn.functional.one_hot(labels, self.num_classes).float()
         return self.mix(images, labels)
+
+
+# ------------------------------------------------------------------ evaluation, as tensors
+
+
+class EvalTransform:
+    """The deterministic evaluation preprocessing, PIL photo -> float tensor (3, S, S). A class so
+    that loader workers started by spawn can receive it."""
+
+    def __init__(self, p: Preprocess) -> None:
+        self.preprocess = p
+
+    def __call__(self, photo):
+        return torch.from_numpy(to_array(self.preprocess, photo))
+
+
+def eval_transform(p: Preprocess) -> EvalTransform:
+    return EvalTransform(p)
+
+
+def model_view(p: Preprocess, photo):
+    """What the model sees of a photo, before scaling and normalisation: uint8 tensor (3, S, S)."""
+    import numpy as np
+
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(crop_view(p, photo), dtype=np.uint8).transpose(2, 0, 1)))

@@ -40,18 +40,17 @@ class ExportError(FoodVitError, RuntimeError):
 def metadata(predictor) -> dict[str, str]:
     """What a file needs to predict on its own: class names, preprocessing, model card (JSON strings)."""
     card = {k: v for k, v in predictor.card.items() if k in ("model", "metrics", "params", "format")}
-    return {"foodvit.classes": json.dumps(predictor.classes), "foodvit.data.preprocess": predictor.preprocess.to_json(),
+    return {"foodvit.classes": json.dumps(predictor.classes), "foodvit.preprocess": predictor.preprocess.to_json(),
             "foodvit.card": json.dumps(card), "foodvit.version": "1"}
 
 
 def parity_inputs(predictor, photos=()) -> np.ndarray:
     """Prepared real photos for the parity check: those given, else the run's test photos."""
-    from foodvit.data.folders import first_photos
     from foodvit.data.photos import load_or_explain
 
     chosen = [Path(p) for p in photos][:PARITY_PHOTOS]
     if not chosen:
-        chosen = first_photos(predictor.data_source, predictor.classes, max(1, PARITY_PHOTOS // len(predictor.classes)))
+        chosen = predictor.photos_at_hand(max(1, PARITY_PHOTOS // len(predictor.classes)))
     if not chosen:
         raise ExportError("no photos for the parity check: the run's test photos are not at hand; "
                           "name a few with --photos (or set FOODVIT_DATA)")

@@ -1,7 +1,7 @@
 """An exported ONNX model as a Predictor backend, run by ONNX Runtime, without PyTorch.
 
 A foodvit .onnx file carries what predicting needs in its metadata (export.py writes it):
-foodvit.classes, foodvit.data.preprocess and foodvit.card (JSON). Decoding and preprocessing are Pillow
+foodvit.classes, foodvit.preprocess and foodvit.card (JSON). Decoding and preprocessing are Pillow
 and NumPy (photos.py, preprocess.py), so `foodvit predict model.onnx photo.jpg` and `foodvit
 evaluate model.onnx` import neither torch nor torchvision: install `foodvit[onnx]`.
 """

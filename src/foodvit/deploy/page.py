@@ -54,7 +54,7 @@ def attention_overlay(predictor, photo):
         return None
     from PIL import Image
 
-    from foodvit.data.preprocess import model_view
+    from foodvit.data.transforms import model_view
     from foodvit.viz.attention import explain
     from foodvit.viz.figures import overlay_array
 

@@ -27,23 +27,6 @@ from foodvit.data.preprocess import Preprocess, to_array
 Logits = Callable[[np.ndarray], np.ndarray]
 
 
-class TorchBackend:
-    """A PyTorch model as a backend: NumPy batch in, NumPy logits out, under inference_mode."""
-
-    def __init__(self, model, device=None) -> None:
-        import torch
-
-        self.model = model.eval()
-        self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.model.to(self.device)
-
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        import torch
-
-        with torch.inference_mode():
-            return self.model(torch.from_numpy(batch).to(self.device)).float().cpu().numpy()
-
-
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax in float64 (stable: the row maximum subtracted first)."""
     z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
@@ -61,11 +44,11 @@ class Predictor:
     """
 
     def __init__(self, backend, classes: Sequence[str], preprocess: Preprocess, card: dict | None = None) -> None:
-        self.model = None
         if not callable(backend) or hasattr(backend, "parameters"):  # a PyTorch module
+            from foodvit.deploy.torch_backend import TorchBackend  # only for a PyTorch model: the ONNX path never loads torch
+
             backend = TorchBackend(backend)
-        if isinstance(backend, TorchBackend):
-            self.model = backend.model
+        self.model = getattr(backend, "model", None)  # the PyTorch module when there is one (explain, pictures)
         self.backend: Logits = backend
         self.classes = list(classes)
         self.preprocess = preprocess
@@ -74,10 +57,9 @@ class Predictor:
     @classmethod
     def from_run(cls, run: str | Path, device=None) -> Predictor:
         """The trained model of a run directory (or a foodvit .safetensors file with its model.json)."""
-        from foodvit.rundir.directory import read_trained
+        from foodvit.deploy.torch_backend import open_run  # only for a run directory: the ONNX path never loads torch
 
-        model, classes, preprocess, card = read_trained(run)
-        return cls(TorchBackend(model, device or "cpu"), classes, preprocess, card)
+        return cls(*open_run(run, device))
 
     @classmethod
     def from_onnx(cls, path: str | Path, threads: int | None = None) -> Predictor:
@@ -107,12 +89,24 @@ class Predictor:
         params = f", {self.card['params'] / 1e6:.1f}M parameters" if self.card.get("params") else ""
         return f"{what} ({size}{params})" if size else what
 
-    @property
-    def data_source(self) -> str:
-        """Where the model's photos came from (its card, written by training), else FOODVIT_DATA; "" if neither."""
+    def data_sources(self) -> list:
+        """Where photos of the model's classes may be found: the source it was trained on (its card),
+        then $FOODVIT_DATA; each a DataSource."""
         import os
 
-        return self.card.get("metrics", {}).get("data") or os.environ.get("FOODVIT_DATA") or ""
+        from foodvit.data.datasource import DataSource
+
+        texts = [self.card.get("metrics", {}).get("data"), os.environ.get("FOODVIT_DATA")]
+        return [DataSource.parse(text) for text in dict.fromkeys(t for t in texts if t)]
+
+    def photos_at_hand(self, per_class: int, split: str = "test") -> list[Path]:
+        """The first photos of each of the model's classes from the first of data_sources() that is
+        at hand and holds them all; [] if none (nothing is downloaded). For examples and parity checks."""
+        for source in self.data_sources():
+            photos = source.first_photos(per_class, split, classes=self.classes)
+            if photos:
+                return photos
+        return []
 
     def prepare(self, photo, name: str = "the photo") -> np.ndarray:
         """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used."""

@@ -256,10 +256,8 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
 
 
 def run_examples(predictor: Predictor, per_class: int = EXAMPLES_PER_CLASS) -> list[Path]:
-    """A few of the model's test photos, when its data is a local folder at hand; else none."""
-    from foodvit.data.folders import first_photos
-
-    return first_photos(predictor.data_source, predictor.classes, per_class)
+    """A few of the model's test photos, when its data (or $FOODVIT_DATA's) is at hand; else none."""
+    return predictor.photos_at_hand(per_class)
 
 
 def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 7860, max_batch: int = 16, max_wait_ms: float = 5.0,

@@ -21,7 +21,7 @@ from foodvit.errors import RunError
 from foodvit.files import atomic_folder
 
 # what app.py imports at run time, by distribution name
-REQUIREMENTS = ("torch", "numpy", "pillow", "safetensors", "matplotlib", "tqdm", "gradio", "fastapi", "uvicorn", "python-multipart")
+REQUIREMENTS = ("torch", "numpy", "pillow", "safetensors", "matplotlib", "tqdm", "filelock", "gradio", "fastapi", "uvicorn", "python-multipart")
 
 APP = '''"""The foodvit demo of this Space: the page at /, POST /predict, GET /health. Run: python app.py"""
 

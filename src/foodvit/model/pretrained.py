@@ -111,6 +111,7 @@ def _timm_state_dict(name: str) -> dict[str, torch.Tensor]:
     an offline machine fail within seconds instead.
     """
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError
     from timm.models import get_pretrained_cfg
 
     from foodvit.model.weights import read_weights
@@ -126,7 +127,7 @@ def _timm_state_dict(name: str) -> dict[str, torch.Tensor]:
     _probe("https://huggingface.co")
     try:
         path = hf_hub_download(repo, "model.safetensors")
-    except Exception:  # older uploads carry a .bin only
+    except EntryNotFoundError:  # older uploads carry a .bin only (a network error is not that: it propagates)
         path = hf_hub_download(repo, "pytorch_model.bin")
     return read_weights(path)[0]
 

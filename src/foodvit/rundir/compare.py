@@ -26,6 +26,19 @@ def flatten(values: dict, prefix: str = "") -> dict:
     return out
 
 
+def _canonical(value) -> str:
+    """A setting as JSON text, so that equal settings compare equal (a tuple and a list alike)."""
+    return json.dumps(value, sort_keys=True)
+
+
+def differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
+    """(key, a's value, b's value) for every setting that differs between two nested config dicts,
+    keys flattened ("optim.lr")."""
+    flat_a, flat_b = flatten(a), flatten(b)
+    return [(key, flat_a.get(key), flat_b.get(key)) for key in sorted(set(flat_a) | set(flat_b))
+            if _canonical(flat_a.get(key)) != _canonical(flat_b.get(key))]
+
+
 def read_run(run: Path) -> tuple[dict, dict]:
     """A run's flat settings and its final metrics (the last epoch's row, the final test result when
     the run finished, the total time)."""
@@ -50,10 +63,14 @@ def read_run(run: Path) -> tuple[dict, dict]:
     model_json = run / "model.json"
     if model_json.is_file():
         try:
-            final = json.loads(model_json.read_text()).get("metrics", {})
-            metrics.update({k: final[k] for k in ("test_acc", "test_loss") if k in final})
-        except (OSError, ValueError):
-            pass
+            card = json.loads(model_json.read_text())
+            final = card.get("metrics", {}) if isinstance(card, dict) else None
+        except (OSError, ValueError) as err:
+            raise RunError(f"{model_json} is not readable JSON ({err}); restore it (training writes it with the model) "
+                           "or leave that run out of the comparison") from None
+        if not isinstance(final, dict):
+            raise RunError(f"{model_json} is not the model card training writes (no metrics object); restore it or leave that run out")
+        metrics.update({k: final[k] for k in ("test_acc", "test_loss") if k in final})
     else:
         total = settings.get("train.epochs")
         metrics["epochs"] = f"{metrics.get('epochs', 0)}/{total} (unfinished)"
@@ -87,7 +104,7 @@ def compare_runs(runs: list[Path]) -> str:
     read = [read_run(Path(run)) for run in runs]
     names = [Path(run).name or str(run) for run in runs]
     keys = sorted(set().union(*(settings for settings, _ in read)))
-    differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s, _ in read}) > 1]
+    differing = [k for k in keys if len({_canonical(s.get(k)) for s, _ in read}) > 1]
     parts = []
     if len(runs) > 1:
         if differing:

@@ -1,12 +1,15 @@
-"""A run directory and what lives in it.
+"""A run directory, the one place that creates, locks, reads and checks it.
 
     config.json        the resolved RunConfig
     metrics.csv        one row per epoch
     checkpoint.pt      everything needed to resume (written atomically after every epoch)
-    model.safetensors  the trained model's state dict (foodvit layout)
-    model.json         beside it: model config, class names, preprocessing, final metrics
-    curves.png, confusion.png, most_wrong.png, report.md
-    .foodvit.lock      while a process writes the run (files.RunLock)
+    model.safetensors  the trained model (rundir/trained.py), model.json beside it
+    curves.png, confusion.png, most_wrong.png, report.md, teacher.pt, tensorboard/
+    .foodvit.lock      flock-ed while a process writes the run (an empty file that stays); .foodvit.owner says which
+
+A run directory is the user's: a new run goes only into a new or empty folder, one process at a
+time writes it, a run that fails before its first checkpoint leaves the folder as it was found,
+and a resumed run continues with exactly the settings it started with.
 """
 
 from __future__ import annotations
@@ -14,23 +17,155 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
+import socket
+import time
+from dataclasses import replace
 from pathlib import Path
 
-import torch
+from filelock import FileLock, Timeout
 
 from foodvit.config import RunConfig
-from foodvit.data.preprocess import Preprocess
-from foodvit.errors import ConfigError, RunError
-from foodvit.files import atomic_write, write_text  # noqa: F401  (write_text re-exported)
-from foodvit.model.vit import VisionTransformer, ViTConfig
+from foodvit.data.datasource import DataSource
+from foodvit.errors import ConfigError, FoodVitError, RunError
+from foodvit.files import atomic_write
+from foodvit.rundir.compare import differences
 
-# every file a run writes (a failed start removes these, and only these)
-TEACHER_FILE = "teacher.pt"  # a distilled run's CNN teacher (distill.py)
+TEACHER_FILE = "teacher.pt"  # a distilled run's CNN teacher (training/distill.py)
+TENSORBOARD = "tensorboard"  # --tensorboard's event files (training/tracking.py)
+# every file and folder a run writes (a failed start removes these, and only these)
 RUN_FILES = ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "curves.png", "confusion.png",
              "most_wrong.png", "report.md", TEACHER_FILE)
+RUN_FOLDERS = (TENSORBOARD,)
 # *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised
 METRIC_COLUMNS = ("epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds",
                   "images_per_s", "model_share")
+
+
+# ------------------------------------------------------------------------------------ one writer
+
+
+class LockedError(RunError):
+    """Another live process holds the run's lock."""
+
+
+class RunLock:
+    """One writer per run directory: an OS lock (filelock's flock) on .foodvit.lock, which the
+    kernel releases when its process dies, so there are no stale locks and no race between
+    creating the file and writing it. Who holds it is written beside it (.foodvit.owner), for the
+    message only: filelock truncates the lock file on every attempt, so it cannot carry that."""
+
+    NAME = ".foodvit.lock"
+    OWNER = ".foodvit.owner"
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / self.NAME
+        self.lock = FileLock(self.path, timeout=0)
+
+    def acquire(self) -> "RunLock":
+        try:
+            self.lock.acquire()
+        except Timeout:
+            raise LockedError(f"{self.folder} is in use by another foodvit process ({self.holder() or 'owner unknown'}); "
+                              "wait for it to finish or choose another --out") from None
+        (self.folder / self.OWNER).write_text(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}\n")
+        return self
+
+    def release(self) -> None:
+        if self.lock.is_locked:
+            (self.folder / self.OWNER).unlink(missing_ok=True)
+            self.lock.release()
+
+    def remove(self) -> None:
+        """Release, and remove the lock's own files (a start that leaves the folder as it found it)."""
+        self.release()
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def holder(self) -> str | None:
+        """'pid N on HOST, since T' while a live process holds the lock, else None."""
+        probe = FileLock(self.path, timeout=0)
+        if not self.path.exists():
+            return None
+        try:
+            probe.acquire()
+        except Timeout:
+            try:
+                return (self.folder / self.OWNER).read_text().strip() or "owner unknown"
+            except OSError:
+                return "owner unknown"
+        probe.release()
+        return None
+
+
+def training_now(folder: str | os.PathLike) -> str | None:
+    """Which process is training the run in folder right now ('pid N on HOST, since T'), or None."""
+    return RunLock(folder).holder() if Path(folder).is_dir() else None
+
+
+# ------------------------------------------------------------------------------------ a new run
+
+
+def default_out() -> Path:
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+class NewRunDirectory:
+    """A new run's folder, for the time of its start: created (or an empty one taken), locked, and,
+    if the run fails before its first checkpoint, left as it was found (nothing to resume)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.created = Path(out), False
+        self.lock = RunLock(self.out)
+
+    def __enter__(self) -> "NewRunDirectory":
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise RunError(f"--out {out} is a file; a run directory is a folder: choose another --out")
+        self.created = not out.exists()
+        self.lock_was_there = self.lock.path.exists()
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()
+        except FoodVitError:
+            raise
+        except OSError as err:
+            self._forget()
+            raise RunError(f"cannot write to {out} ({err.strerror or err}); choose a writable --out") from None
+        others = sorted(p.name for p in out.iterdir() if p.name not in (RunLock.NAME, RunLock.OWNER))
+        if others:
+            self.lock.release() if self.lock_was_there else self.lock.remove()  # the user's folder as it was
+            if "checkpoint.pt" in others or "model.safetensors" in others:
+                raise RunError(f"{out} already holds a run; continue it with `foodvit train --resume {out}` or choose another --out")
+            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raise RunError(f"{out} is not empty ({shown}) and holds no foodvit run; foodvit writes a new run only into a new "
+                           "or empty folder, so that nothing of yours is overwritten: choose another --out")
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        if kind is not None and not (self.out / "checkpoint.pt").exists():
+            self._forget()
+        else:
+            self.lock.release()
+
+    def _forget(self) -> None:
+        """Remove what this start wrote (foodvit's own files and folders only), and the folder if it made it."""
+        self.lock.remove()
+        for name in RUN_FILES:
+            (self.out / name).unlink(missing_ok=True)
+        for name in RUN_FOLDERS:
+            shutil.rmtree(self.out / name, ignore_errors=True)
+        if self.created and self.out.is_dir() and not any(self.out.iterdir()):
+            self.out.rmdir()
+
+
+# ------------------------------------------------------------------------------------ files
 
 
 def write_metrics(path: Path, history: list[dict]) -> Path:
@@ -45,7 +180,7 @@ def write_metrics(path: Path, history: list[dict]) -> Path:
 
 
 def read_config(path: Path) -> RunConfig:
-    """A run's config.json, or a RunError that names the file and what is wrong with it."""
+    """A run's config.json, or a RunError that names the file once and says what is wrong with it."""
     try:
         values = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as err:
@@ -55,82 +190,85 @@ def read_config(path: Path) -> RunConfig:
     try:
         return RunConfig.from_dict(values, where=str(path))
     except (ConfigError, TypeError) as err:
-        raise RunError(f"{path}: {err}") from None
+        message = str(err)
+        raise RunError(message if message.startswith(str(path)) else f"{path}: {message}") from None
 
 
 def save_checkpoint(path: Path, state: dict) -> Path:
+    import torch
+
     return atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: Path) -> dict:
+    import torch
+
     path = Path(path)
     if not path.is_file():
         raise RunError(f"{path} does not exist: nothing to resume (a run writes it after its first epoch)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
+    except Exception as err:  # torch.load raises many kinds for a damaged or foreign file; all mean the same here
         raise RunError(f"{path} is not a readable foodvit checkpoint ({type(err).__name__}: {err})") from err
 
 
-def model_card(config: ViTConfig, classes, preprocess: Preprocess, extra: dict | None = None) -> dict:
-    return {"format": "foodvit", "model": config.__dict__, "classes": list(classes), "preprocess": json.loads(preprocess.to_json()),
-            **(extra or {})}
+# ------------------------------------------------------------------------------------ a stored run
 
 
-def save_model(run: Path, model: VisionTransformer, classes, preprocess: Preprocess, extra: dict | None = None) -> Path:
-    """model.safetensors (the model's own state dict) and model.json beside it."""
-    from foodvit.model.weights import save_weights
-
-    run = Path(run)
-    card = model_card(model.config, classes, preprocess, extra)
-    save_weights(model, run / "model.safetensors", {"classes": card["classes"], "preprocess": card["preprocess"]})
-    write_text(run / "model.json", json.dumps(card, indent=2))
-    return run / "model.safetensors"
+def with_source(config: RunConfig) -> RunConfig:
+    """The config with the data source it will really use (FOODVIT_DATA's, or the course's URL,
+    when none is given), so that config.json says where the photos came from."""
+    if config.data.source:
+        return config
+    return replace(config, data=replace(config.data, source=str(DataSource.default())))
 
 
-def _read_card(path: Path) -> dict:
+def stored_device(out: Path) -> str:
+    """The device setting a run was started with (to pick this process's device before reading the run)."""
     try:
-        card = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunError(f"{path} is not readable JSON ({err}); training writes it with the model: train again or restore it") from None
-    if not isinstance(card, dict):
-        raise RunError(f"{path} holds a JSON {type(card).__name__}, not the model card object training writes")
-    return card
+        return read_config(out / "config.json").train.device
+    except FoodVitError:
+        return "auto"  # read_for_resume says what is wrong
 
 
-def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], Preprocess, dict]:
-    """The trained model of a run directory (or a foodvit .safetensors file), in eval mode on the
-    CPU, with its class names, preprocessing and model card (model.json, plus "params")."""
-    from foodvit.model.weights import config_from_metadata, load_weights, read_weights
-
-    run = Path(run)
-    weights = run / "model.safetensors" if run.is_dir() else run
-    if not weights.is_file():
-        hint = " (training writes it when it finishes; resume an unfinished run with foodvit train --resume DIR)" if run.is_dir() else ""
-        raise RunError(f"no trained model at {weights}{hint}")
-    state, meta = read_weights(weights)
-    card_path = weights.with_name("model.json")
-    card = _read_card(card_path) if card_path.is_file() else {}
-    try:
-        config = ViTConfig(**card["model"]) if "model" in card else config_from_metadata(meta)
-    except TypeError as err:
-        raise RunError(f"{card_path} describes a model this foodvit does not build ({err}); was it written by another version?") from None
-    if config is None:
-        raise RunError(f"{weights} carries no model configuration: it is not a foodvit model file; "
-                       "load foreign weights with foodvit.load_weights(foodvit.create_model(...), path)")
-    classes = card.get("classes") or json.loads(meta.get("classes", "[]"))
-    preprocess = card.get("preprocess") or json.loads(meta.get("preprocess", "null"))
-    if not classes or not preprocess:
-        raise RunError(f"{weights} lacks class names or preprocessing; it was not written by foodvit train")
-    if len(classes) != config.num_classes:
-        raise RunError(f"{weights}: {len(classes)} class names for a model with {config.num_classes} outputs; the files do not belong together")
-    model = load_weights(VisionTransformer(config), state).eval()
-    card = {**card, "model": config.__dict__, "classes": list(classes), "preprocess": preprocess,
-            "params": sum(p.numel() for p in model.parameters())}
-    return model, list(classes), Preprocess.from_dict(preprocess), card
+def check_is_run(out: Path) -> None:
+    if not (out / "config.json").is_file():
+        raise RunError(f"{out} holds no foodvit run (no config.json); start one with foodvit train --out {out}")
 
 
-def load_model(run: str | os.PathLike, device: str | torch.device | None = None) -> VisionTransformer:
-    """The trained model (an nn.Module in eval mode) of a run directory or foodvit .safetensors
-    file. Its class names and preprocessing come with foodvit.Predictor.from_run(run)."""
-    return read_trained(run)[0].to(device or "cpu")
+def read_for_resume(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
+    """A run's settings and last checkpoint, checked against each other; a finished run is refused
+    (resuming it would train nothing and only rewrite its results)."""
+    config_path = out / "config.json"
+    config = read_config(config_path)
+    state = load_checkpoint(out / "checkpoint.pt")
+    if state.get("config") is not None:
+        # the stored settings through today's defaults: settings added since the run started are not edits
+        try:
+            stored = RunConfig.from_dict(state["config"]).to_dict()
+        except (FoodVitError, TypeError):
+            stored = state["config"]
+        changed = differences(stored, config.to_dict())
+        if changed:
+            shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed)
+            raise RunError(f"{config_path} differs from the settings the run started with ({shown}); "
+                           "a resumed run continues with its own settings: undo the edit, or start a new run with --out")
+    if int(state.get("epoch", 0)) >= config.train.epochs and (out / "model.safetensors").is_file():
+        raise RunError(f"{out} is finished ({config.train.epochs} of {config.train.epochs} epochs, model saved); nothing to "
+                       f"resume and nothing was changed: evaluate it with `foodvit evaluate {out}`, or train more in a new run with --out")
+    if data:
+        log(f"data: {data} (given with --resume; the run started with {config.data.source or 'the default source'})")
+        config = replace(config, data=replace(config.data, source=str(data)))
+    elif config.data.source:
+        log(f"data: {config.data.source} (stored with the run)")
+    else:  # runs of older versions stored "" for the default source
+        config = with_source(config)
+        log(f"data: {config.data.source} (the run stored no source; the default now)")
+    return config, state
+
+
+def resume_command(out: Path) -> str:
+    """How to continue a run, in the launcher it was started with."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"resume with `torchrun --nproc_per_node N -m foodvit train --resume {out}` (any number of processes)"
+    return f"resume with `foodvit train --resume {out}`"

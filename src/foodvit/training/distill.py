@@ -24,12 +24,19 @@ and the model predicts with the mean of the two heads' logits.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from foodvit.config import TEACHERS
-from foodvit.errors import ConfigError
+from foodvit.errors import ConfigError, RunError
+from foodvit.rundir.directory import TEACHER_FILE, load_checkpoint, save_checkpoint
+from foodvit.seeds import derive_seed
+from foodvit.training.engine import FitHooks, epoch_line, fit
+from foodvit.training.optim import build_optimizer, build_scheduler
 
 
 def build_teacher(name: str, num_classes: int) -> nn.Module:
@@ -73,3 +80,47 @@ class WithDistillation(nn.Module):
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
         distill = F.cross_entropy(student.float(), targets, reduction="sum") / max(1, images.shape[0])
         return logits, self.weight * distill + (extra if extra is not None else 0.0)
+
+
+def read_teacher(path: Path, architecture: str) -> dict | None:
+    """A run's saved distillation teacher, or None when it has none yet."""
+    if not path.is_file():
+        return None
+    state = load_checkpoint(path)
+    if state.get("format") != "foodvit-teacher" or state.get("architecture") != architecture:
+        raise RunError(f"{path} is not this run's {architecture} distillation teacher; remove it to train the teacher again")
+    return state
+
+
+def train_or_load_teacher(trainer) -> torch.nn.Module:
+    """The distillation teacher: the run's teacher.pt when it has one (a resumed run), else a
+    CNN trained now from random initialisation on the run's training photos, with its
+    augmentation, optimiser settings, schedule and epochs, then saved there."""
+    c = trainer.config
+    path = trainer.out / TEACHER_FILE
+    torch.manual_seed(derive_seed(c.train.seed, "teacher-init"))
+    teacher = build_teacher(c.optim.teacher, len(trainer.classes)).to(trainer.device)
+    saved = trainer.ctx.broadcast(trainer.ctx.on_main(read_teacher, path, c.optim.teacher))
+    if saved is None:
+        trainer.log(f"training the distillation teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
+        optimizer = build_optimizer(teacher, c.optim, trainer.device)
+        scheduler = build_scheduler(optimizer, c.optim, trainer.steps_per_epoch, c.train.epochs)
+
+        def before(epoch: int) -> None:
+            torch.manual_seed(derive_seed(c.train.seed, "teacher-step", epoch))
+            trainer.train_loader.batch_sampler.set_epoch(epoch)
+
+        hooks = FitHooks(before_epoch=[before], after_epoch=[lambda _, row: trainer.log("teacher " + epoch_line(row, c.train.epochs))])
+        history = fit(trainer.ctx.wrap(teacher), trainer.train_loader, {"test": trainer.eval_loaders["test"]}, optimizer, scheduler,
+                      epochs=c.train.epochs, settings=replace(trainer.settings, input_size=0), hooks=hooks,
+                      eval_every=c.train.epochs, show_progress=not trainer.quiet, num_classes=len(trainer.classes))
+        saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history}
+        if trainer.main:
+            save_checkpoint(path, saved)
+            if not trainer.history:  # the run is resumable from here: an interruption keeps the trained teacher
+                save_checkpoint(trainer.out / "checkpoint.pt", trainer.state(0))
+    else:
+        teacher.load_state_dict(saved["model"])
+        trainer.log(f"distillation teacher: {path} ({c.optim.teacher}, trained earlier in this run)")
+    trainer.teacher_history = list(saved["history"])
+    return teacher

@@ -170,18 +170,18 @@ class Context:
         are averaged over ranks during backward."""
         if not self.distributed:
             return module
-        import warnings
-
         from torch.nn.parallel import DistributedDataParallel
 
-        # a share of one photo gives the class token a gradient that is a view (expand over a batch
-        # of 1 is no copy): DDP copies it into its bucket and warns about performance, needlessly
-        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=ids)
 
     def close(self) -> None:
-        """Leave the process group (several processes); with one, nothing to do."""
+        """Leave the process group (several processes) and give SIGTERM its previous handler back;
+        with one process, nothing to do."""
+        previous = self.__dict__.pop("_previous_sigterm", None)
+        if previous is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGTERM, previous)
         if self.distributed and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
@@ -200,7 +200,7 @@ class Context:
             raise PeerLost(f"rank {self.rank}: stopped by the launcher (torchrun ends every process when one fails)")
 
         with contextlib.suppress(ValueError):  # not in the main thread: leave the handler as it is
-            signal.signal(signal.SIGTERM, stop)
+            self.__dict__["_previous_sigterm"] = signal.signal(signal.SIGTERM, stop)
 
 
 def backend_reason(err: BaseException) -> str:
@@ -209,3 +209,22 @@ def backend_reason(err: BaseException) -> str:
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
     return text.split(". ")[0][:160]
+
+
+def is_backend_error(err: RuntimeError) -> bool:
+    """Whether a RuntimeError comes from the process group's transport (a peer gone, a timeout)."""
+    text = str(err).lower()
+    return isinstance(err, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer"))
+
+
+class OnMain:
+    """A context manager entered and left by rank 0 alone; an error entering it stops every rank."""
+
+    def __init__(self, manager, ctx: Context) -> None:
+        self.manager, self.ctx = manager, ctx
+
+    def __enter__(self):
+        return self.ctx.on_main(self.manager.__enter__)
+
+    def __exit__(self, *exc):
+        return self.manager.__exit__(*exc) if self.ctx.is_main else None

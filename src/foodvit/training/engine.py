@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -286,3 +287,44 @@ def fit(
         for hook in hooks.after_epoch:
             hook(epoch, row)
     return history
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool = True):
+    """Within the block, deterministic algorithms only, so that GPU training repeats exactly:
+    without this, kernels that add in a varying order (attention and gather backward with atomics)
+    make two runs, or a run and its resume, differ by rounding. The process's previous settings
+    come back afterwards, CUBLAS_WORKSPACE_CONFIG included (cuBLAS reads it when its first handle
+    is made, so it is set, if unset, before the block's first matrix product on the GPU)."""
+    if not enabled:
+        yield
+        return
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0])
+        torch.backends.cudnn.benchmark = previous[1]
+        if workspace is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+
+
+def epoch_line(row: dict, epochs: int) -> str:
+    parts = [f"epoch {row['epoch']:>3}/{epochs}", f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f}"]
+    for split in ("val", "test"):
+        if row.get(f"{split}_acc") is not None:
+            parts.append(f"{split} loss {row[f'{split}_loss']:.4f} acc {row[f'{split}_acc']:.3f}")
+    parts += [f"lr {row['lr']:.2e}", f"{row['seconds']:.1f} s"]
+    return " | ".join(parts)
+
+
+def own_random_state(device: torch.device):
+    """A block that seeds and draws from PyTorch's random streams (CPU and this GPU) and gives the
+    caller's state back when it ends: a training run seeds its own streams without resetting a
+    notebook's."""
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    return torch.random.fork_rng(devices=devices)

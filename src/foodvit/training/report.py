@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import torch
 
+from foodvit.data.datasource import DataSource
 from foodvit.files import write_text
-from foodvit.viz.plotting import integer_ticks, subplots
+from foodvit.rundir.directory import TEACHER_FILE
+from foodvit.rundir.trained import save_model
+from foodvit.viz.figures import most_wrong_figure, predictions_figure
+from foodvit.viz.plotting import integer_ticks, save_figure, subplots
 
 
 def plot_curves(history: list[dict]):
@@ -106,3 +112,56 @@ def write_report(run: Path, *, config, classes, counts: dict, history: list[dict
               "`checkpoint.pt` (resume).", ""]
     return write_text(run / "report.md", "\n".join(lines))
 
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def test_results(probabilities: torch.Tensor, split, classes) -> tuple[list[dict], list[str]]:
+    """Each test photo's prediction (as predict gives it) and its true class."""
+    top = probabilities.max(dim=1)
+    results = [{"image": str(path), "label": classes[i], "probability": p}
+               for (path, _), p, i in zip(split.samples, top.values.tolist(), top.indices.tolist())]
+    return results, [classes[label] for _, label in split.samples]
+
+
+def write_results(out: Path, *, config, data, model, trainable: int, train_size: int, preprocess, test: dict,
+                  probabilities: torch.Tensor, history: list[dict], teacher_history: list[dict], device: torch.device,
+                  processes: int, tensorboard=None) -> None:
+    """What a finished run leaves (rank 0): model.safetensors and model.json, the figures, report.md,
+    and TensorBoard's final images and hparams."""
+    classes = data.classes
+    source = DataSource.parse(config.data.source, config.data.train_fraction)
+    summary = {"test_acc": test["acc"], "test_loss": test["loss"], "test_n": test["n"], "recipe": config.recipe,
+               "epochs": len(history), "trained": time.strftime("%Y-%m-%d"), "data": str(config.data.source or data.root),
+               "data_name": source.name, "train_photos": len(data.train)}
+    if teacher_history:
+        summary["teacher_test_acc"] = teacher_history[-1]["test_acc"]
+    save_model(out, model, classes, preprocess, {"metrics": summary})
+    results, truths = test_results(probabilities, data.test, classes)
+    figures = {"curves": plot_curves(history), "confusion": plot_confusion(test["confusion"], classes),
+               "most_wrong": most_wrong_figure(results, truths)}
+    for name, figure in figures.items():
+        save_figure(figure, out / f"{name}.png")
+    counts = {"train": data.train.counts(), "test": data.test.counts()}
+    if data.val is not None:
+        counts["val"] = data.val.counts()
+    info = {"params": sum(p.numel() for p in model.parameters()), "trainable": trainable, "image_size": model.config.image_size,
+            "train_image_size": train_size, "patch_size": model.config.patch_size, "data_root": str(data.root),
+            "device": device_name(device), "processes": processes}
+    sections = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
+    if teacher_history:
+        last = teacher_history[-1]  # evaluated on the test split at its last epoch
+        sections = ["## Distillation teacher", "",
+                    f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
+                    f"({sum(r['seconds'] for r in teacher_history):.0f} s): test accuracy {last['test_acc']:.3f} "
+                    f"(per image). The ViT learned from its labels (weight {config.optim.distill:g}); the saved model "
+                    f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.", ""] + sections
+    write_report(out, config=config, classes=classes, counts=counts, history=history, final=test, model_info=info,
+                 extra_sections=sections)
+    if tensorboard is not None:
+        figures["predictions"] = predictions_figure(results, truths)
+        tensorboard.finish(config=config.to_dict(), final=test, figures=figures, epochs=len(history))

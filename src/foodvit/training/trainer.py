@@ -12,94 +12,61 @@ Reproducibility: every random stream (model initialisation, validation split, ph
 augmentation, the rest of a step) has its own seed derived from the run seed (seeds.py), those
 of epoch e from (seed, purpose, e), and a checkpoint is written after every epoch, so a resumed run
 finishes exactly as an uninterrupted one would (on the CPU), on as many processes as it likes.
-
-The run directory is the user's: a new run goes only into a new or empty folder, one process at
-a time writes it (a lock file), a run that fails before its first checkpoint leaves nothing
-behind, and a resumed run continues with exactly the settings, data and model it started with.
+The seeding happens on the Trainer's own copy of PyTorch's random state (engine.own_random_state):
+the caller's, a notebook's say, is as it was afterwards. The run directory's rules (new or empty
+folder, one writer, nothing left by a failed start) live in rundir/directory.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
-import time
-from dataclasses import asdict, dataclass, replace
+import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from foodvit.config import RunConfig, ViTConfig
-from foodvit.data.datasets import Listed, MemoryBudget, PhotoCache, PhotoDataset, list_source, open_dataset
-from foodvit.data.preprocess import Preprocess, eval_transform, make_preprocess
+from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_dataset
+from foodvit.data.datasource import DataSource, Listed
+from foodvit.data.preprocess import Preprocess
 from foodvit.data.sampling import make_loader
-from foodvit.data.sources import default_source
-from foodvit.data.transforms import batch_mixer, train_transform
-from foodvit.errors import ConfigError, FoodVitError
-from foodvit.files import RunLock
-from foodvit.model.variants import create_model, get_variant
+from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
+from foodvit.errors import ConfigError, FoodVitError, RunError
+from foodvit.files import write_text
+from foodvit.model.build import build_model
 from foodvit.model.vit import VisionTransformer, check_on_patch_grid
 from foodvit.model.weights import resize_model
 from foodvit.rundir.directory import (
-    RUN_FILES,
-    TEACHER_FILE,
-    RunError,
-    load_checkpoint,
-    read_config,
+    NewRunDirectory,
+    RunLock,
+    check_is_run,
+    default_out,
+    read_for_resume,
+    resume_command,
     save_checkpoint,
-    save_model,
+    stored_device,
+    with_source,
     write_metrics,
-    write_text,
 )
 from foodvit.seeds import derive_seed
-from foodvit.training.distill import WithDistillation, build_teacher
-from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, PeerLost, backend_reason
+from foodvit.training.distill import WithDistillation, train_or_load_teacher
+from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, backend_reason, is_backend_error
 from foodvit.training.drloc import WithDenseRelativeLocalization
-from foodvit.training.engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
+from foodvit.training.engine import (
+    FitHooks,
+    StepSettings,
+    TrainingDiverged,
+    deterministic_algorithms,
+    epoch_line,
+    evaluate,
+    fit,
+    own_random_state,
+)
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
-from foodvit.training.report import per_class_accuracy, plot_confusion, plot_curves, write_report
-from foodvit.viz.figures import most_wrong_figure, predictions_figure
-from foodvit.viz.plotting import save_figure
-
-
-@contextlib.contextmanager
-def deterministic_algorithms(enabled: bool = True):
-    """Within the block, deterministic algorithms only, so that GPU training repeats exactly:
-    without this, kernels that add in a varying order (attention and gather backward with atomics)
-    make two runs, or a run and its resume, differ by rounding. The process's previous settings
-    come back afterwards. cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it starts, so the Trainer sets
-    it (if unset) before its first matrix product on the GPU."""
-    if not enabled:
-        yield
-        return
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0])
-        torch.backends.cudnn.benchmark = previous[1]
-
-
-def default_preprocess(config: RunConfig) -> Preprocess:
-    """Preprocessing from the model's registry entry (size, normalisation) and the data settings."""
-    variant = get_variant(config.model)
-    d = config.data
-    image_size = config.vit.get("image_size", variant.image_size)
-    return make_preprocess(image_size, d.mean or variant.mean, d.std or variant.std, d.resize_mode, d.crop_pct, d.interpolation)
-
-
-def build_model(config: RunConfig, num_classes: int) -> tuple[VisionTransformer, Preprocess]:
-    """The model to train and its preprocessing (from pre-trained weights when given)."""
-    if config.train.pretrained:
-        from foodvit.model.pretrained import pretrained_model
-
-        return pretrained_model(config, num_classes)
-    vit = dict(config.vit)
-    image_size = vit.pop("image_size", get_variant(config.model).image_size)
-    return create_model(config.model, num_classes=num_classes, image_size=image_size, **vit), default_preprocess(config)
+from foodvit.training.report import per_class_accuracy, write_results
 
 
 @dataclass
@@ -120,13 +87,6 @@ def train_decode_size(p: Preprocess) -> int:
     return max(p.resize_size, 2 * p.image_size)
 
 
-def resume_command(out: Path) -> str:
-    """How to continue a run, in the launcher it was started with."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return f"resume with `torchrun --nproc_per_node N -m foodvit train --resume {out}` (any number of processes)"
-    return f"resume with `foodvit train --resume {out}`"
-
-
 class Trainer:
     """One run on this process: built step by step from a config (and, when resuming, its
     checkpoint), then fitted. Under torchrun every rank builds one; rank 0 alone writes."""
@@ -139,8 +99,6 @@ class Trainer:
         self.quiet = quiet or not self.main  # progress bars and lines on rank 0 only
         self.log = (lambda *a, **k: None) if self.quiet else log
         self.device = self.ctx.device
-        if config.train.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.history: list[dict] = []
         self.start_epoch = 0
         if config.train.tensorboard and self.main:
@@ -160,13 +118,17 @@ class Trainer:
         """The data's files and classes; the first process of each machine downloads or unpacks the
         source, the others find it in the cache."""
         with self.ctx.main_first():
-            return list_source(self.config.data.source, quiet=self.quiet)
+            return DataSource.parse(self.config.data.source, self.config.data.train_fraction).listed(seed=self.config.train.seed, quiet=self.quiet)
 
     def _build_model(self, num_classes: int, saved: dict | None) -> None:
         """From the checkpoint's architecture and preprocessing when resuming (no download: its
         weights replace any pre-trained ones anyway), else from the config (and the weights).
         The same seed on every rank: every process starts from the same weights."""
-        torch.manual_seed(derive_seed(self.config.train.seed, "init"))  # model (and auxiliary head) initialisation
+        with own_random_state(self.device):
+            torch.manual_seed(derive_seed(self.config.train.seed, "init"))  # model (and auxiliary head) initialisation
+            self._build_modules(num_classes, saved)
+
+    def _build_modules(self, num_classes: int, saved: dict | None) -> None:
         if saved is not None and saved.get("model_config") and saved.get("preprocess"):
             self.model = VisionTransformer(ViTConfig(**saved["model_config"]))
             self.preprocess = Preprocess.from_dict(saved["preprocess"])
@@ -201,7 +163,7 @@ class Trainer:
         self.train_photos = PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache, budget=budget)
         self.eval_cache = PhotoCache.transformed(eval_transform(p), budget=budget) if c.data.cache else None
         self.data = open_dataset(listed, strict=c.data.strict, val_fraction=c.data.val_fraction, seed=c.train.seed,
-                                   train_fraction=c.data.train_fraction, train_cache=self.train_photos if c.data.cache else None,
+                                   train_cache=self.train_photos if c.data.cache else None,
                                    eval_cache=self.eval_cache, quiet=self.quiet)
         if self.main:
             for split in (self.data.train, self.data.test):
@@ -326,7 +288,7 @@ class Trainer:
         if self.main:
             write_metrics(self.out / "metrics.csv", self.history)
             save_checkpoint(self.out / "checkpoint.pt", self.state(epoch + 1))
-        self.log(_epoch_line(row, self.config.train.epochs))
+        self.log(epoch_line(row, self.config.train.epochs))
 
     def eval_model(self):
         """The model to evaluate (the EMA's, if any), at its own resolution."""
@@ -349,10 +311,13 @@ class Trainer:
     def fit(self) -> Result:
         c = self.config
         hooks = self._hooks()
-        with deterministic_algorithms(c.train.deterministic):
+        with deterministic_algorithms(c.train.deterministic), own_random_state(self.device), warnings.catch_warnings():
+            # a share of one photo gives the class token a gradient that is a view (expand over a batch
+            # of 1 is no copy): DDP copies it into its bucket and warns about performance, needlessly
+            warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
             try:
                 if self.distiller is not None:
-                    self.distiller.set_teacher(self._teacher())
+                    self.distiller.set_teacher(train_or_load_teacher(self))
                 fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
                     start_epoch=self.start_epoch, settings=self.settings, hooks=hooks, eval_model=self.eval_model,
                     eval_every=c.train.eval_every, show_progress=not self.quiet, num_classes=len(self.classes))
@@ -363,46 +328,13 @@ class Trainer:
             except PeerLost as err:
                 raise PeerLost(f"{err}; {self._kept()}: {resume_command(self.out)}") from None
             except RuntimeError as err:
-                if not self.ctx.distributed or isinstance(err, FoodVitError) or not _is_backend_error(err):
+                if not self.ctx.distributed or isinstance(err, FoodVitError) or not is_backend_error(err):
                     raise
                 raise PeerLost(f"rank {self.ctx.rank}: lost contact with the other training processes ({backend_reason(err)}); "
                                f"{self._kept()}: {resume_command(self.out)}") from None
             finally:
                 if self.tensorboard is not None:
                     self.tensorboard.close()
-
-    def _teacher(self) -> torch.nn.Module:
-        """The distillation teacher: the run's teacher.pt when it has one (a resumed run), else a
-        CNN trained now from random initialisation on the run's training photos, with its
-        augmentation, optimiser settings, schedule and epochs, then saved there."""
-        c = self.config
-        path = self.out / TEACHER_FILE
-        torch.manual_seed(derive_seed(c.train.seed, "teacher-init"))
-        teacher = build_teacher(c.optim.teacher, len(self.classes)).to(self.device)
-        saved = self.ctx.broadcast(self.ctx.on_main(_read_teacher, path, c.optim.teacher))
-        if saved is None:
-            self.log(f"training the distillation teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
-            optimizer = build_optimizer(teacher, c.optim, self.device)
-            scheduler = build_scheduler(optimizer, c.optim, self.steps_per_epoch, c.train.epochs)
-
-            def before(epoch: int) -> None:
-                torch.manual_seed(derive_seed(c.train.seed, "teacher-step", epoch))
-                self.train_loader.batch_sampler.set_epoch(epoch)
-
-            hooks = FitHooks(before_epoch=[before], after_epoch=[lambda _, row: self.log("teacher " + _epoch_line(row, c.train.epochs))])
-            history = fit(self.ctx.wrap(teacher), self.train_loader, {"test": self.eval_loaders["test"]}, optimizer, scheduler,
-                          epochs=c.train.epochs, settings=replace(self.settings, input_size=0), hooks=hooks,
-                          eval_every=c.train.epochs, show_progress=not self.quiet, num_classes=len(self.classes))
-            saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history}
-            if self.main:
-                save_checkpoint(path, saved)
-                if not self.history:  # the run is resumable from here: an interruption keeps the trained teacher
-                    save_checkpoint(self.out / "checkpoint.pt", self.state(0))
-        else:
-            teacher.load_state_dict(saved["model"])
-            self.log(f"distillation teacher: {path} ({c.optim.teacher}, trained earlier in this run)")
-        self.teacher_history = list(saved["history"])
-        return teacher
 
     def _kept(self) -> str:
         if self.history:
@@ -421,7 +353,11 @@ class Trainer:
         test["per_class"] = per_class_accuracy(test["confusion"], self.classes)
         probabilities = test.pop("probabilities")
         if self.main:
-            self._write_results(model, test, probabilities, preprocess)
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            write_results(self.out, config=self.config, data=self.data, model=model, trainable=trainable, train_size=self.model.config.image_size,
+                          preprocess=preprocess, test=test, probabilities=probabilities, history=self.history,
+                          teacher_history=self.teacher_history, device=self.device, processes=self.ctx.world_size,
+                          tensorboard=self.tensorboard)
         self.ctx.barrier()  # the other ranks end when the run directory is complete
         return Result(self.out, self.history, test)
 
@@ -432,154 +368,6 @@ class Trainer:
         if not size or size == model.config.image_size:
             return model, self.preprocess
         return resize_model(model, size).to(self.device).eval(), self.preprocess.at_size(size)
-
-    def _write_results(self, model, test: dict, probabilities: torch.Tensor, preprocess: Preprocess) -> None:
-        summary = {"test_acc": test["acc"], "test_loss": test["loss"], "test_n": test["n"], "recipe": self.config.recipe,
-                   "epochs": len(self.history), "trained": time.strftime("%Y-%m-%d"), "data": str(self.config.data.source or self.data.root),
-                   "train_photos": len(self.data.train)}
-        if self.teacher_history:
-            summary["teacher_test_acc"] = self.teacher_history[-1]["test_acc"]
-        save_model(self.out, model, self.classes, preprocess, {"metrics": summary})
-        results, truths = self._test_results(probabilities)
-        figures = {"curves": plot_curves(self.history), "confusion": plot_confusion(test["confusion"], self.classes),
-                   "most_wrong": most_wrong_figure(results, truths)}
-        for name, figure in figures.items():
-            save_figure(figure, self.out / f"{name}.png")
-        counts = {"train": self.data.train.counts(), "test": self.data.test.counts()}
-        if self.data.val is not None:
-            counts["val"] = self.data.val.counts()
-        params = sum(p.numel() for p in model.parameters())
-        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        info = {"params": params, "trainable": trainable, "image_size": model.config.image_size, "train_image_size": self.model.config.image_size,
-                "patch_size": model.config.patch_size, "data_root": str(self.data.root), "device": _device_name(self.device),
-                "processes": self.ctx.world_size}
-        sections = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
-        if self.teacher_history:
-            last = self.teacher_history[-1]  # evaluated on the test split at its last epoch
-            sections = ["## Distillation teacher", "",
-                     f"{self.config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
-                     f"({sum(r['seconds'] for r in self.teacher_history):.0f} s): test accuracy {last['test_acc']:.3f} "
-                     f"(per image). The ViT learned from its labels (weight {self.config.optim.distill:g}); the saved model "
-                     f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.", ""] + sections
-        write_report(self.out, config=self.config, classes=self.classes, counts=counts, history=self.history, final=test,
-                     model_info=info, extra_sections=sections)
-        if self.tensorboard is not None:
-            figures["predictions"] = predictions_figure(results, truths)
-            self.tensorboard.finish(config=self.config.to_dict(), final=test, figures=figures, epochs=len(self.history))
-
-    def _test_results(self, probabilities: torch.Tensor) -> tuple[list[dict], list[str]]:
-        """Each test photo's prediction (as predict gives it) and its true class."""
-        top = probabilities.max(dim=1)
-        results = [{"image": str(path), "label": self.classes[i], "probability": p}
-                   for (path, _), p, i in zip(self.data.test.samples, top.values.tolist(), top.indices.tolist())]
-        return results, [self.classes[label] for _, label in self.data.test.samples]
-
-
-def _read_teacher(path: Path, architecture: str) -> dict | None:
-    """A run's saved distillation teacher, or None when it has none yet."""
-    if not path.is_file():
-        return None
-    state = load_checkpoint(path)
-    if state.get("format") != "foodvit-teacher" or state.get("architecture") != architecture:
-        raise RunError(f"{path} is not this run's {architecture} distillation teacher; remove it to train the teacher again")
-    return state
-
-
-def _is_backend_error(err: RuntimeError) -> bool:
-    """Whether a RuntimeError comes from the process group's transport (a peer gone, a timeout)."""
-    import torch.distributed as dist
-
-    text = str(err).lower()
-    return isinstance(err, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer"))
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import os
-
-    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
-
-
-def _epoch_line(row: dict, epochs: int) -> str:
-    parts = [f"epoch {row['epoch']:>3}/{epochs}", f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f}"]
-    for split in ("val", "test"):
-        if row.get(f"{split}_acc") is not None:
-            parts.append(f"{split} loss {row[f'{split}_loss']:.4f} acc {row[f'{split}_acc']:.3f}")
-    parts += [f"lr {row['lr']:.2e}", f"{row['seconds']:.1f} s"]
-    return " | ".join(parts)
-
-
-def default_out() -> Path:
-    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-
-
-def with_source(config: RunConfig) -> RunConfig:
-    """The config with the data source it will really use (FOODVIT_DATA's, or the course's URL,
-    when none is given), so that config.json says where the photos came from."""
-    if config.data.source:
-        return config
-    return replace(config, data=replace(config.data, source=default_source()))
-
-
-class NewRunDirectory:
-    """A new run's folder, for the time of its start: created (or an empty one taken), locked, and,
-    if the run fails before its first checkpoint, left as it was found (nothing to resume)."""
-
-    def __init__(self, out: Path) -> None:
-        self.out, self.created = Path(out), False
-        self.lock = RunLock(self.out)
-
-    def __enter__(self) -> "NewRunDirectory":
-        out = self.out
-        if out.exists() and not out.is_dir():
-            raise RunError(f"--out {out} is a file; a run directory is a folder: choose another --out")
-        self.created = not out.exists()
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            self.lock.acquire()
-        except FoodVitError:
-            raise
-        except OSError as err:
-            self._forget()
-            raise RunError(f"cannot write to {out} ({err.strerror or err}); choose a writable --out") from None
-        others = sorted(p.name for p in out.iterdir() if p.name != RunLock.NAME)
-        if others:
-            self.lock.release()
-            if "checkpoint.pt" in others or "model.safetensors" in others:
-                raise RunError(f"{out} already holds a run; continue it with `foodvit train --resume {out}` or choose another --out")
-            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-            raise RunError(f"{out} is not empty ({shown}) and holds no foodvit run; foodvit writes a new run only into a new "
-                           "or empty folder, so that nothing of yours is overwritten: choose another --out")
-        return self
-
-    def __exit__(self, kind, error, tb) -> None:
-        self.lock.release()
-        if kind is not None and not (self.out / "checkpoint.pt").exists():
-            self._forget()
-
-    def _forget(self) -> None:
-        """Remove what this start wrote (foodvit's own files only), and the folder if it made it."""
-        for name in RUN_FILES:
-            (self.out / name).unlink(missing_ok=True)
-        if self.created:
-            try:
-                self.out.rmdir()  # only if empty
-            except OSError:
-                pass
-
-
-class OnMain:
-    """A context manager entered and left by rank 0 alone; an error entering it stops every rank."""
-
-    def __init__(self, manager, ctx: Context) -> None:
-        self.manager, self.ctx = manager, ctx
-
-    def __enter__(self):
-        return self.ctx.on_main(self.manager.__enter__)
-
-    def __exit__(self, *exc):
-        return self.manager.__exit__(*exc) if self.ctx.is_main else None
 
 
 def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = False, log=print, verbose: bool = False,
@@ -609,18 +397,6 @@ def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = Fal
             return trainer.fit()
 
 
-def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """'key: a -> b' for every setting that differs between two nested config dicts."""
-    out = []
-    for key in sorted(set(a) | set(b)):
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) and isinstance(y, dict):
-            out += config_differences(x, y, f"{prefix}{key}.")
-        elif (list(x) if isinstance(x, tuple) else x) != (list(y) if isinstance(y, tuple) else y):
-            out.append(f"{prefix}{key}: {x!r} -> {y!r}")
-    return out
-
-
 def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None = None, verbose: bool = False,
            context: Context | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
     """Finish the run in `out` from its last checkpoint, exactly as configured when it started, on
@@ -629,11 +405,11 @@ def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None 
     The photos come from the source stored with the run; `data` points at the same photos moved
     elsewhere (same classes and number of photos, checked)."""
     out = Path(out)
-    with contextlib.nullcontext(context) if context else Context.from_environment(_stored_device(out), timeout_s) as ctx:
+    with contextlib.nullcontext(context) if context else Context.from_environment(stored_device(out), timeout_s) as ctx:
         log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
-        ctx.on_main(_check_is_run, out)
+        ctx.on_main(check_is_run, out)
         with OnMain(RunLock(out), ctx):
-            config, state = ctx.on_main(_read_run, out, data, log) or (None, None)
+            config, state = ctx.on_main(read_for_resume, out, data, log) or (None, None)
             if ctx.distributed:
                 config, state = ctx.broadcast((config, state))
             trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
@@ -643,42 +419,3 @@ def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None 
             log(f"resuming {out} after epoch {trainer.start_epoch} of {config.train.epochs}"
                 + (f" on {ctx.world_size} processes" if ctx.distributed else ""))
             return trainer.fit()
-
-
-def _stored_device(out: Path) -> str:
-    """The device setting a run was started with (to pick this process's device before reading the run)."""
-    try:
-        return read_config(out / "config.json").train.device
-    except FoodVitError:
-        return "auto"  # the checks in _read_run say what is wrong
-
-
-def _check_is_run(out: Path) -> None:
-    if not (out / "config.json").is_file():
-        raise RunError(f"{out} holds no foodvit run (no config.json); start one with foodvit train --out {out}")
-
-
-def _read_run(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
-    """A run's settings and last checkpoint, checked against each other."""
-    config_path = out / "config.json"
-    config = read_config(config_path)
-    state = load_checkpoint(out / "checkpoint.pt")
-    if state.get("config") is not None:
-        # the stored settings through today's defaults: settings added since the run started are not edits
-        try:
-            stored = RunConfig.from_dict(state["config"]).to_dict()
-        except (FoodVitError, TypeError):
-            stored = state["config"]
-        differences = config_differences(stored, config.to_dict())
-        if differences:
-            raise RunError(f"{config_path} differs from the settings the run started with ({'; '.join(differences)}); "
-                           "a resumed run continues with its own settings: undo the edit, or start a new run with --out")
-    if data:
-        log(f"data: {data} (given with --resume; the run started with {config.data.source or 'the default source'})")
-        config = replace(config, data=replace(config.data, source=str(data)))
-    elif config.data.source:
-        log(f"data: {config.data.source} (stored with the run)")
-    else:  # runs of older versions stored "" for the default source
-        config = with_source(config)
-        log(f"data: {config.data.source} (the run stored no source; the default now)")
-    return config, state

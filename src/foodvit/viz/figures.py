@@ -38,7 +38,7 @@ def patches_figure(photo, image_size: int = 224, patch_size: int = 16, preproces
         raise ConfigError(f"image size {image_size} is not divisible by patch size {patch_size}; "
                          f"use --image-size {image_size // patch_size * patch_size or patch_size}")
     if preprocess is not None:
-        from foodvit.data.preprocess import model_view
+        from foodvit.data.transforms import model_view
 
         image = model_view(preprocess, photo)
         image_size = image.shape[-1]
@@ -112,7 +112,7 @@ def _overlay(ax, image: torch.Tensor, heat: torch.Tensor, title: str) -> None:
 
 def explain_figure(predictor, photo, top_k: int = 3, show_heads: bool = False):
     """The photo, its top-k probabilities as bars, and the attention rollout over it."""
-    from foodvit.data.preprocess import model_view
+    from foodvit.data.transforms import model_view
 
     result = explain(predictor, photo, top_k)
     image = model_view(predictor.preprocess, photo)  # the heat map belongs to exactly this view

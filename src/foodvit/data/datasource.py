@@ -1,0 +1,155 @@
+"""A data source, parsed once: where the photos are, which classes are kept, and which share of
+each training class. Every command that reads photos takes one (training, evaluate, data,
+inspect, export's parity photos, the server's examples), so the rules live here once.
+
+    DataSource.parse("food101:pizza,steak,sushi")     Food-101 (downloaded once), three classes
+    DataSource.parse("/data/food-101:pizza,steak")    a local Food-101 folder, two classes
+    DataSource.parse("/data/photos")                  a folder with train/<class>/ and test/<class>/
+    DataSource.parse("photos.zip"), DataSource.parse("https://.../pizza_steak_sushi.zip")
+    DataSource.parse(None)                            $FOODVIT_DATA, else the course's zip
+
+No PyTorch (Food-101's download alone uses torchvision, imported then).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from foodvit.data.folders import Listing, Split, check, check_layout, is_food101, keep_classes, list_folder, list_split, subsample
+from foodvit.data.photos import IMAGE_EXTENSIONS
+from foodvit.data.sources import FOOD101, LAYOUT, cached_download, default_source, extract, food101_root, resolve
+from foodvit.errors import DataError
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A source's train and test files, listed but not yet checked or decoded (the classes are
+    known from here on: the model's head can be built before any photo is read)."""
+
+    root: Path
+    train: Listing
+    test: Listing
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.train.classes
+
+
+@dataclass(frozen=True)
+class DataSource:
+    location: str  # a URL of a zip, a local zip or folder, or "food101"
+    classes: tuple[str, ...] | None = None  # the classes kept (all when None)
+    train_fraction: float = 1.0  # the share of each training class used (drawn with the run's seed)
+    _roots: dict = field(default_factory=dict, compare=False, repr=False)  # the resolved folder, once
+
+    @classmethod
+    def parse(cls, text: str | os.PathLike | None, train_fraction: float = 1.0) -> DataSource:
+        """`LOCATION` or `LOCATION:class,class` (Food-101, downloaded or a local folder laid out as it);
+        empty or None: the default source."""
+        text = str(text or "") or default_source()
+        head, sep, tail = text.rpartition(":")
+        # a class list follows the last colon, after food101 or an existing path (never a URL's "//host")
+        if sep and head and "/" not in tail and "\\" not in tail and (head == FOOD101 or Path(head).expanduser().exists()):
+            names = tuple(n.strip() for n in tail.split(",") if n.strip())
+            if not names:
+                raise DataError(f"{text!r} names no classes after the colon; write {head}:pizza,steak,sushi (or {head} for all)")
+            return cls(head, names, train_fraction)
+        return cls(text, None, train_fraction)
+
+    @classmethod
+    def default(cls) -> DataSource:
+        return cls.parse(None)
+
+    def __str__(self) -> str:
+        return self.location + (":" + ",".join(self.classes) if self.classes else "")
+
+    @property
+    def name(self) -> str:
+        """The data set's name for people (a model card, a page), never a machine path:
+        'pizza_steak_sushi', 'Food-101 (pizza, steak, sushi)'."""
+        if self.location == FOOD101:
+            stem = "Food-101"
+        else:
+            stem = PurePosixPath(self.location.replace("\\", "/").rstrip("/")).name
+            stem = stem[:-4] if stem.lower().endswith(".zip") else stem
+        return f"{stem} ({', '.join(self.classes)})" if self.classes else stem
+
+    # ------------------------------------------------------------------ where the folder is
+
+    def root(self, *, quiet: bool = False, timeout: float = 20.0) -> Path:
+        """The local folder, downloading or unpacking it the first time."""
+        if "root" not in self._roots:
+            self._roots["root"] = resolve(self.location, timeout=timeout, quiet=quiet)
+        return self._roots["root"]
+
+    def root_at_hand(self) -> Path | None:
+        """The local folder when no download is needed (a folder, a zip, a download or Food-101
+        already in the cache), else None."""
+        if "root" in self._roots:
+            return self._roots["root"]
+        if self.location == FOOD101:
+            root = food101_root()
+            return root if root.is_dir() else None
+        if self.location.startswith(("http://", "https://")):
+            downloaded = cached_download(self.location)
+            return extract(downloaded) if downloaded is not None else None
+        path = Path(self.location).expanduser()
+        return self.root() if path.exists() else None
+
+    # ------------------------------------------------------------------ what it holds
+
+    def listed(self, *, seed: int = 0, quiet: bool = False) -> Listed:
+        """The train and test splits' files (the same classes in both), the class subset kept and
+        train_fraction of each training class drawn with the seed."""
+        root = check_layout(self.root(quiet=quiet))
+        train, test = list_split(root, "train"), list_split(root, "test")
+        if train.classes != test.classes:
+            only_train = sorted(set(train.classes) - set(test.classes))
+            only_test = sorted(set(test.classes) - set(train.classes))
+            raise DataError(f"train and test classes differ in {root}: only in train/: {only_train or 'none'}; only in test/: "
+                            f"{only_test or 'none'}; give both splits the same class folders")
+        if self.classes:
+            train, test = keep_classes(train, self.classes), keep_classes(test, self.classes)
+        if self.train_fraction < 1:
+            train = subsample(train, self.train_fraction, seed)
+        return Listed(root, train, test)
+
+    def listing(self, split: str = "test", root: Path | None = None) -> Listing:
+        """One split's files, the class subset kept: <root>/<split>/<class>/..., Food-101's split, or,
+        for a folder without train/ and test/, its class folders themselves."""
+        root = root or self.root()
+        if is_food101(root) or (root / split).is_dir():
+            listing = list_split(root, split)
+        elif (root / "train").is_dir() or (root / "test").is_dir():
+            raise DataError(f"{root} has no {split}/ folder; expected {LAYOUT}, or a folder whose subfolders are the classes")
+        else:
+            listing = list_folder(root)
+        return keep_classes(listing, self.classes) if self.classes else listing
+
+    def open_split(self, split: str = "test", *, strict: bool = False, quiet: bool = True) -> Split:
+        """One split for evaluation, every photo checked (unreadable ones skipped, or refused with strict)."""
+        return check(self.listing(split), strict=strict, quiet=quiet)
+
+    def first_photos(self, per_class: int, split: str = "test", classes=None) -> list[Path]:
+        """The first `per_class` photos (by name) of each class of a split (of `classes`, in their
+        order, when given: [] unless the source has every one of them), when the source is at hand
+        without a download; [] otherwise. For a page's examples and an export's parity check."""
+        root = self.root_at_hand()
+        if root is None:
+            return []
+        try:
+            listing = self.listing(split, root)
+        except DataError:
+            return []
+        wanted = list(classes) if classes is not None else list(listing.classes)
+        if not set(wanted) <= set(listing.classes):
+            return []
+        found = []
+        for name in wanted:
+            label = listing.classes.index(name)
+            photos = sorted(p for p, y in listing.files if y == label and p.suffix.lower() in IMAGE_EXTENSIONS)
+            found += photos[:per_class]
+        return found
+

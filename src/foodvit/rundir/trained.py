@@ -1,0 +1,84 @@
+"""A run's trained model: model.safetensors (the state dict, foodvit layout) and model.json beside
+it (the model card: architecture, class names, preprocessing, final metrics). Training writes them
+when it finishes; every use of a trained model reads them through here (deploy/predictor.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from foodvit.config import ViTConfig
+from foodvit.data.preprocess import Preprocess
+from foodvit.errors import RunError
+from foodvit.files import write_text
+from foodvit.model.vit import VisionTransformer
+from foodvit.rundir.directory import training_now
+
+
+def model_card(config: ViTConfig, classes, preprocess: Preprocess, extra: dict | None = None) -> dict:
+    return {"format": "foodvit", "model": config.__dict__, "classes": list(classes), "preprocess": json.loads(preprocess.to_json()),
+            **(extra or {})}
+
+
+def save_model(run: Path, model: VisionTransformer, classes, preprocess: Preprocess, extra: dict | None = None) -> Path:
+    """model.safetensors (the model's own state dict) and model.json beside it."""
+    from foodvit.model.weights import save_weights
+
+    run = Path(run)
+    card = model_card(model.config, classes, preprocess, extra)
+    save_weights(model, run / "model.safetensors", {"classes": card["classes"], "preprocess": card["preprocess"]})
+    write_text(run / "model.json", json.dumps(card, indent=2))
+    return run / "model.safetensors"
+
+
+def _read_card(path: Path) -> dict:
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunError(f"{path} is not readable JSON ({err}); training writes it with the model: train again or restore it") from None
+    if not isinstance(card, dict):
+        raise RunError(f"{path} holds a JSON {type(card).__name__}, not the model card object training writes")
+    return card
+
+
+def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], Preprocess, dict]:
+    """The trained model of a run directory (or a foodvit .safetensors file), in eval mode on the
+    CPU, with its class names, preprocessing and model card (model.json, plus "params")."""
+    from foodvit.model.weights import config_from_metadata, load_weights, read_weights
+
+    run = Path(run)
+    weights = run / "model.safetensors" if run.is_dir() else run
+    if not weights.is_file():
+        if run.is_dir() and (holder := training_now(run)):
+            raise RunError(f"{run} is being trained right now ({holder}); its model is written when training finishes: wait for it")
+        hint = " (training writes it when it finishes; resume an unfinished run with foodvit train --resume DIR)" if run.is_dir() else ""
+        raise RunError(f"no trained model at {weights}{hint}")
+    state, meta = read_weights(weights)
+    card_path = weights.with_name("model.json")
+    card = _read_card(card_path) if card_path.is_file() else {}
+    try:
+        config = ViTConfig(**card["model"]) if "model" in card else config_from_metadata(meta)
+    except TypeError as err:
+        raise RunError(f"{card_path} describes a model this foodvit does not build ({err}); was it written by another version?") from None
+    if config is None:
+        raise RunError(f"{weights} carries no model configuration: it is not a foodvit model file; "
+                       "load foreign weights with foodvit.load_weights(foodvit.create_model(...), path)")
+    classes = card.get("classes") or json.loads(meta.get("classes", "[]"))
+    preprocess = card.get("preprocess") or json.loads(meta.get("preprocess", "null"))
+    if not classes or not preprocess:
+        raise RunError(f"{weights} lacks class names or preprocessing; it was not written by foodvit train")
+    if len(classes) != config.num_classes:
+        raise RunError(f"{weights}: {len(classes)} class names for a model with {config.num_classes} outputs; the files do not belong together")
+    model = load_weights(VisionTransformer(config), state).eval()
+    card = {**card, "model": config.__dict__, "classes": list(classes), "preprocess": preprocess,
+            "params": sum(p.numel() for p in model.parameters())}
+    return model, list(classes), Preprocess.from_dict(preprocess), card
+
+
+def load_model(run: str | os.PathLike, device: str | torch.device | None = None) -> VisionTransformer:
+    """The trained model (an nn.Module in eval mode) of a run directory or foodvit .safetensors
+    file. Its class names and preprocessing come with foodvit.Predictor.from_run(run)."""
+    return read_trained(run)[0].to(device or "cpu")

@@ -1,0 +1,86 @@
+"""The house rules: the layer contracts (import-linter), the public names, and no process-wide
+side effects from library code."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import make_photo_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    return subprocess.run([str(LINT), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_layer_contracts_hold():
+    result = lint(ROOT, ROOT / "src")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 3 kept, 0 broken." in result.stdout
+
+
+def test_a_wrong_import_breaks_the_contracts(tmp_path):
+    # the model layer reaching up into training, and the Predictor importing torch at module level
+    shutil.copytree(ROOT / "src" / "foodvit", tmp_path / "src" / "foodvit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    vit = tmp_path / "src" / "foodvit" / "model" / "vit.py"
+    vit.write_text(vit.read_text() + "\nfrom foodvit.training import engine  # noqa\n")
+    predictor = tmp_path / "src" / "foodvit" / "deploy" / "predictor.py"
+    predictor.write_text(predictor.read_text() + "\nimport torch  # noqa\n")
+    result = lint(tmp_path, tmp_path / "src")
+    assert result.returncode != 0
+    assert "foodvit.model.vit -> foodvit.training.engine" in result.stdout
+    assert "foodvit.deploy.predictor -> torch" in result.stdout
+    assert "Contracts: 0 kept, 3 broken." in result.stdout  # the layers, torch-free and model-knows-nothing contracts
+
+
+def test_a_missing_dependency_is_not_reported_as_a_missing_attribute():
+    # a submodule that exists but cannot import something it needs says so (it used to be "no attribute")
+    code = ("import sys; sys.modules['tomllib'] = None; sys.modules['tomli'] = None\n"
+            "import foodvit\n"
+            "try:\n    foodvit.config\nexcept ModuleNotFoundError as err:\n    print('missing', err.name)\n"
+            "try:\n    foodvit.no_such_thing\nexcept AttributeError as err:\n    print('attribute', err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "missing tomllib" in out.stdout or "missing tomli" in out.stdout
+    assert "attribute module 'foodvit' has no attribute 'no_such_thing'" in out.stdout
+
+
+def test_training_leaves_the_process_as_it_found_it(tmp_path):
+    # a notebook's random state, warning filters, signal handlers and environment are its own
+    from foodvit.cli.options import build_config
+    from foodvit.training.trainer import train
+
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2, size=(40, 40))
+    config = build_config("tiny", {"data.source": str(photos), "train.epochs": 1, "vit.image_size": 32, "vit.depth": 1,
+                                   "train.deterministic": True, "optim.drloc": 0.5})
+    torch.manual_seed(1234)
+    rng = torch.get_rng_state()
+    filters, handler, environ = list(warnings.filters), signal.getsignal(signal.SIGTERM), dict(os.environ)
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    train(config, tmp_path / "run", quiet=True)
+    assert torch.equal(torch.get_rng_state(), rng)  # the run seeded its own copy of the streams
+    assert warnings.filters == filters
+    assert signal.getsignal(signal.SIGTERM) is handler
+    assert dict(os.environ) == environ  # CUBLAS_WORKSPACE_CONFIG of --deterministic included
+    assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (threads, deterministic)
+    assert torch.rand(3).tolist() == (torch.manual_seed(1234), torch.rand(3))[1].tolist()
+
+
+@pytest.mark.parametrize("module", ["foodvit.config", "foodvit.data.datasource", "foodvit.data.folders", "foodvit.data.photos",
+                                    "foodvit.deploy.predictor", "foodvit.rundir.compare"])
+def test_torch_free_modules_load_without_torch(module):
+    # what the contracts say statically, at run time: with torch unimportable these modules still load
+    code = f"import sys; sys.modules['torch'] = None; sys.modules['torchvision'] = None\nimport {module}\nprint('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
