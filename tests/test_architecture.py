@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import make_photo_folder
 
 ROOT = Path(__file__).resolve().parents[1]

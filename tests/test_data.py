@@ -13,11 +13,13 @@ from helpers import make_photo, make_photo_folder
 from PIL import Image
 
 from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_dataset
+from foodvit.data.datasource import DataSource
 from foodvit.data.folders import scan
 from foodvit.data.photos import PhotoError, load_or_explain, load_rgb
 from foodvit.data.sampling import Collate, EpochSampler, make_loader
 from foodvit.data.sources import DEFAULT_URL, default_source, resolve
-from foodvit.data.transforms import batch_mixer, make_preprocess, train_transform
+from foodvit.data.preprocess import make_preprocess
+from foodvit.data.transforms import batch_mixer, train_transform
 from foodvit.errors import DataError
 
 
@@ -417,5 +419,5 @@ def test_food101_without_internet_says_how_to_use_a_copy(tmp_path, monkeypatch):
     monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(torchvision.datasets, "Food101", Offline)
     with pytest.raises(DataError, match=r"could not download Food-101 \(no route to host\).*--data /path/to/food-101"):
-        resolve("food101:pizza")
+        DataSource.parse("food101:pizza").root()
     assert calls == [(str(tmp_path / "cache" / "food101"), "train", True)]  # torchvision's own download, into the cache

@@ -8,12 +8,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import make_photo, make_photo_folder
 
 from foodvit.cli.main import main
 from foodvit.data.datasource import DataSource
 from foodvit.deploy.predictor import Predictor
 from foodvit.errors import DataError
-from helpers import make_photo, make_photo_folder
 
 CLASSES4 = ("pizza", "ramen", "steak", "sushi")
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1", "--quiet"]

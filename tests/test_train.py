@@ -245,13 +245,24 @@ def test_deterministic_mode_is_scoped_to_the_block(monkeypatch):
 
 
 def test_deterministic_run_configures_cublas_before_its_first_product(monkeypatch, photos, tmp_path):
+    import foodvit.training.trainer as trainer
+
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen, real_fit = [], trainer.fit
+
+    def fit(*args, **kwargs):  # what the training loop runs under
+        seen.append((os.environ.get("CUBLAS_WORKSPACE_CONFIG"), torch.are_deterministic_algorithms_enabled()))
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "fit", fit)
     config = small_config(photos, epochs=1, batch_size=16)
     from dataclasses import replace
 
     train(replace(config, train=replace(config.train, deterministic=True)), tmp_path / "det", quiet=True)
-    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # cuBLAS refuses deterministic mode without it
-    assert not torch.are_deterministic_algorithms_enabled()
+    assert seen == [(":4096:8", True)]  # cuBLAS refuses deterministic mode without it
+    # and the process is given back as it was: no variable left set, deterministic mode off
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ and not torch.are_deterministic_algorithms_enabled()
+
 
 def test_cache_on_or_off_is_the_same_experiment(photos, tmp_path):
     # before, the cached path resized every photo once more than the uncached one: another experiment
@@ -277,7 +288,7 @@ def test_every_purpose_draws_from_its_own_seed():
     assert len(seeds) == len(PURPOSES) * 200  # no two streams start alike
     assert derive_seed(42, "order", 3) == derive_seed(42, "order", 3) and 0 <= derive_seed(7, "init") < 2**63
     # the validation split is not drawn from the stream that initialises the model or orders the photos
-    from foodvit.data.datasets import split_validation
+    from foodvit.data.folders import split_validation
     from foodvit.data.sampling import EpochSampler
 
     g = torch.Generator().manual_seed(42)

@@ -17,10 +17,8 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from foodvit.data.datasource import DataSource, Listed
-from foodvit.data.folders import Split, check
+from foodvit.data.folders import Split, check, split_validation
 from foodvit.data.photos import load_or_explain
-from foodvit.errors import DataError
-from foodvit.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -53,23 +51,6 @@ def open_dataset(source: "DataSource | Listed | str | os.PathLike | None" = None
     if val_fraction > 0:
         train, val = split_validation(train, val_fraction, seed)
     return DataSet(listed.root, train, test, val)
-
-
-def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:
-    """Hold out `fraction` of each class (at least one photo) as a validation split, reproducibly."""
-    if not 0 < fraction < 1:
-        raise DataError(f"val_fraction must be between 0 and 1, got {fraction}")
-    g = torch.Generator().manual_seed(derive_seed(seed, "validation"))
-    keep, held = [], []
-    for label in range(len(train.classes)):
-        items = [s for s in train.samples if s[1] == label]
-        order = torch.randperm(len(items), generator=g).tolist()
-        n_val = max(1, round(fraction * len(items)))
-        if n_val >= len(items):
-            raise DataError(f"class {train.classes[label]} has {len(items)} photo(s): too few to hold out a validation share")
-        held += [items[i] for i in order[:n_val]]
-        keep += [items[i] for i in order[n_val:]]
-    return Split(train.root, train.classes, tuple(sorted(keep))), Split(train.root, train.classes, tuple(sorted(held)))
 
 
 # ---------------------------------------------------------------------------------------- datasets

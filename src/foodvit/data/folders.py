@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from foodvit.data.photos import PhotoError, check_image
 from foodvit.data.sources import LAYOUT
 from foodvit.errors import DataError
+from foodvit.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -107,23 +108,43 @@ def keep_classes(listing: Listing, names: tuple[str, ...]) -> Listing:
     return Listing(listing.root, kept, tuple((path, index[label]) for path, label in listing.files if label in index))
 
 
-def subsample(listing: Listing, fraction: float, seed: int) -> Listing:
-    """A reproducible `fraction` of each class (at least one photo), in the listing's order."""
+def shuffled_by_class(items, num_classes: int, seed: int, purpose: str, *keys: int) -> list[list[int]]:
+    """For each class, the positions of its items ((path, label) pairs) in a seeded random order: the
+    one rule behind every per-class draw (the training subset, the validation split, the folds)."""
     import numpy as np
 
-    from foodvit.seeds import derive_seed
+    rng = np.random.default_rng(derive_seed(seed, purpose, *keys))
+    orders = []
+    for label in range(num_classes):
+        positions = [i for i, (_, y) in enumerate(items) if y == label]
+        orders.append([positions[i] for i in rng.permutation(len(positions))])
+    return orders
 
+
+def subsample(listing: Listing, fraction: float, seed: int) -> Listing:
+    """A reproducible `fraction` of each class (at least one photo), in the listing's order."""
     if not 0 < fraction <= 1:
         raise DataError(f"the training fraction must be in (0, 1], got {fraction}")
     if fraction == 1:
         return listing
-    rng = np.random.default_rng(derive_seed(seed, "subset"))
     chosen = set()
-    for label in range(len(listing.classes)):
-        positions = [i for i, (_, y) in enumerate(listing.files) if y == label]
-        take = max(1, round(fraction * len(positions))) if positions else 0
-        chosen.update(positions[i] for i in rng.permutation(len(positions))[:take])
+    for order in shuffled_by_class(listing.files, len(listing.classes), seed, "subset"):
+        chosen.update(order[: max(1, round(fraction * len(order))) if order else 0])
     return Listing(listing.root, listing.classes, tuple(f for i, f in enumerate(listing.files) if i in chosen))
+
+
+def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:
+    """Hold out `fraction` of each class (at least one photo) as a validation split, reproducibly."""
+    if not 0 < fraction < 1:
+        raise DataError(f"val_fraction must be between 0 and 1, got {fraction}")
+    keep, held = [], []
+    for label, order in enumerate(shuffled_by_class(train.samples, len(train.classes), seed, "validation")):
+        n_val = max(1, round(fraction * len(order)))
+        if n_val >= len(order):
+            raise DataError(f"class {train.classes[label]} has {len(order)} photo(s): too few to hold out a validation share")
+        held += [train.samples[i] for i in order[:n_val]]
+        keep += [train.samples[i] for i in order[n_val:]]
+    return Split(train.root, train.classes, tuple(sorted(keep))), Split(train.root, train.classes, tuple(sorted(held)))
 
 
 def check(listing: Listing, *, strict: bool = False, decode=None, quiet: bool = True) -> Split:
@@ -179,20 +200,14 @@ def cv_folds(split: Split, k: int, seed: int) -> list[tuple[Split, Split]]:
     """k-fold cross-validation over a split: k (train, validation) pairs whose validation parts
     partition the photos (each photo validated exactly once), stratified by class (each class dealt
     round-robin over the folds in a seeded random order), reproducible from the seed."""
-    import numpy as np
-
-    from foodvit.seeds import derive_seed
-
     if not 2 <= k <= len(split):
         raise DataError(f"cross-validation needs 2 <= folds <= photos ({len(split)}), got {k}")
-    rng = np.random.default_rng(derive_seed(seed, "validation", k))
     fold_of: dict[Path, int] = {}
     offset = 0
-    for label in range(len(split.classes)):
-        items = [path for path, y in split.samples if y == label]
-        for rank, i in enumerate(rng.permutation(len(items))):
-            fold_of[items[i]] = (offset + rank) % k  # continue the rotation across classes: folds stay balanced in size
-        offset += len(items)
+    for order in shuffled_by_class(split.samples, len(split.classes), seed, "validation", k):
+        for rank, i in enumerate(order):
+            fold_of[split.samples[i][0]] = (offset + rank) % k  # continue the rotation across classes: folds stay balanced in size
+        offset += len(order)
     folds = []
     for fold in range(k):
         held = tuple(s for s in split.samples if fold_of[s[0]] == fold)

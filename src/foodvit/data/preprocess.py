@@ -54,8 +54,14 @@ class Preprocess:
         return json.dumps(asdict(self))
 
 
+def resize_for_crop(image_size: int, crop_pct: float) -> int:
+    """The shorter side to resize to before a centre crop of image_size that keeps crop_pct of it
+    (as timm: 224 / 0.875 = 256, rounded down)."""
+    return int(math.floor(image_size / crop_pct + 1e-9))
+
+
 def make_preprocess(image_size: int, mean, std, mode: str = "crop", crop_pct: float = 0.875, interpolation: str = "bilinear") -> Preprocess:
-    resize = image_size if mode == "square" else int(math.floor(image_size / crop_pct + 1e-9))  # as timm: 224 / 0.875 = 256
+    resize = image_size if mode == "square" else resize_for_crop(image_size, crop_pct)
     return Preprocess(image_size, resize, mode, tuple(mean), tuple(std), interpolation)
 
 

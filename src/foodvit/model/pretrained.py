@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from foodvit.config import RunConfig
-from foodvit.data.preprocess import Preprocess
+from foodvit.data.preprocess import Preprocess, make_preprocess
 from foodvit.errors import FoodVitError
 from foodvit.model.variants import DEFAULT_MEAN, DEFAULT_STD, IMAGENET_MEAN, IMAGENET_STD, SIZES, create_model, get_variant
 from foodvit.model.vit import VisionTransformer, ViTConfig
@@ -159,8 +159,7 @@ def _preprocess_from_timm(name: str) -> tuple[str, int, Preprocess]:
         raise PretrainedError(f"timm knows no pre-trained weights {name!r}; see timm.list_pretrained('vit_*')")
     size = cfg.input_size[-1]
     interpolation = cfg.interpolation if cfg.interpolation in ("bilinear", "bicubic") else "bicubic"
-    resize = int(math.floor(size / cfg.crop_pct))
-    return variant, size, Preprocess(size, resize, "crop", tuple(cfg.mean), tuple(cfg.std), interpolation)
+    return variant, size, make_preprocess(size, tuple(cfg.mean), tuple(cfg.std), "crop", cfg.crop_pct, interpolation)
 
 
 def infer_variant(state: dict[str, torch.Tensor]) -> tuple[str, int]:
@@ -253,6 +252,6 @@ def pretrained_model(config: RunConfig, num_classes: int) -> tuple[VisionTransfo
 
 def _preprocess_for(source: Pretrained, image_size: int, config: RunConfig) -> Preprocess:
     """The weights' preprocessing, scaled to a new resolution when fine-tuning at another size."""
-    base = source.preprocess or Preprocess(image_size, int(math.floor(image_size / 0.875)), "crop", DEFAULT_MEAN, DEFAULT_STD)
+    base = source.preprocess or make_preprocess(image_size, DEFAULT_MEAN, DEFAULT_STD)
     d = config.data
     return replace(base.at_size(image_size), mean=tuple(d.mean) or base.mean, std=tuple(d.std) or base.std)

@@ -101,10 +101,7 @@ def overlay_array(image: torch.Tensor, heat: torch.Tensor, alpha: float = 0.45):
 
 
 def _overlay(ax, image: torch.Tensor, heat: torch.Tensor, title: str) -> None:
-    size = image.shape[-1]
-    up = F.interpolate(heat[None, None], size=(size, size), mode="bilinear", align_corners=False)[0, 0]
-    ax.imshow(image.permute(1, 2, 0).numpy())
-    ax.imshow(up.numpy(), cmap="jet", alpha=0.45)
+    ax.imshow(overlay_array(image, heat))  # the same picture the demo page shows
     ax.set_title(title, fontsize=10)
     ax.axis("off")
 
