@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from foodvit.data.photos import PhotoError, decode
+from foodvit.data.photos import MAX_PIXELS, PhotoError, decode
 from foodvit.data.preprocess import Preprocess, to_array
 
 Logits = Callable[[np.ndarray], np.ndarray]
@@ -114,9 +114,14 @@ class Predictor:
 
         return self.card.get("metrics", {}).get("data") or os.environ.get("FOODVIT_DATA") or ""
 
-    def prepare(self, photo, name: str = "the photo") -> np.ndarray:
-        """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used."""
-        return to_array(self.preprocess, decode(photo, name))
+    def prepare(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None) -> np.ndarray:
+        """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used.
+        A photo file far larger than the model needs is decoded reduced (photos.decode's
+        reduce_to: the preprocessing's resize size); max_pixels and budget (a DecodeBudget):
+        the server's limits."""
+        p = self.preprocess
+        needs = p.resize_size if p.mode == "crop" else p.image_size
+        return to_array(p, decode(photo, name, max_pixels=max_pixels, reduce_to=needs, budget=budget))
 
     def logits(self, batch: np.ndarray) -> np.ndarray:
         """Logits (B, classes) of a prepared batch (B, 3, S, S)."""
