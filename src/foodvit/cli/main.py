@@ -238,7 +238,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         raise RunError(f"{args.run} does not exist; give a run directory written by foodvit train (or an exported Space's model/ folder)")
     serve(args.run, host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, top_k=args.top_k,
-          max_upload_mb=args.max_upload_mb, threads=args.threads, examples=not args.no_examples)
+          max_upload_mb=args.max_upload_mb, max_megapixels=args.max_megapixels, threads=args.threads, examples=not args.no_examples)
     return 0
 
 
@@ -414,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long the first request of a batch waits for others, in ms (default 5)")
     p.add_argument("--max-upload-mb", type=number(Range(0, lo_open=True)), default=10.0,
                    help="uploads over this size are refused with 413 (default 10 MB)")
+    p.add_argument("--max-megapixels", type=number(Range(0, 89.4, lo_open=True)), default=50.0,
+                   help="photos over this many pixels are refused with 413 before they are decoded (default 50, "
+                        "a 48-megapixel phone's photos pass; the model needs far fewer, and larger photos are decoded reduced)")
     p.add_argument("--top-k", type=count(), default=3, help="how many classes each answer ranks (default 3)")
     p.add_argument("--threads", type=count(), help="PyTorch threads for the model (default: PyTorch's choice for this machine)")
     p.add_argument("--no-examples", action="store_true", help="no example photos on the page (default: one per class "

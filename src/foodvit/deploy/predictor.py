@@ -114,14 +114,16 @@ class Predictor:
 
         return self.card.get("metrics", {}).get("data") or os.environ.get("FOODVIT_DATA") or ""
 
-    def prepare(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None) -> np.ndarray:
-        """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used.
-        A photo file far larger than the model needs is decoded reduced (photos.decode's
-        reduce_to: the preprocessing's resize size); max_pixels and budget (a DecodeBudget):
-        the server's limits."""
+    def decode(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None):
+        """One photo as an RGB PIL image, a photo file far larger than the model needs decoded
+        reduced (photos.decode's reduce_to: the preprocessing's resize size); max_pixels and
+        budget (a DecodeBudget): the server's limits. A PhotoError if it cannot be used."""
         p = self.preprocess
-        needs = p.resize_size if p.mode == "crop" else p.image_size
-        return to_array(p, decode(photo, name, max_pixels=max_pixels, reduce_to=needs, budget=budget))
+        return decode(photo, name, max_pixels=max_pixels, reduce_to=p.resize_size if p.mode == "crop" else p.image_size, budget=budget)
+
+    def prepare(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None) -> np.ndarray:
+        """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used (see decode)."""
+        return to_array(self.preprocess, self.decode(photo, name, max_pixels=max_pixels, budget=budget))
 
     def logits(self, batch: np.ndarray) -> np.ndarray:
         """Logits (B, classes) of a prepared batch (B, 3, S, S)."""
