@@ -40,7 +40,7 @@ class ExportError(FoodVitError, RuntimeError):
 def metadata(predictor) -> dict[str, str]:
     """What a file needs to predict on its own: class names, preprocessing, model card (JSON strings)."""
     card = {k: v for k, v in predictor.card.items() if k in ("model", "metrics", "params", "format")}
-    return {"foodvit.classes": json.dumps(predictor.classes), "foodvit.data.preprocess": predictor.preprocess.to_json(),
+    return {"foodvit.classes": json.dumps(predictor.classes), "foodvit.preprocess": predictor.preprocess.to_json(),
             "foodvit.card": json.dumps(card), "foodvit.version": "1"}
 
 
