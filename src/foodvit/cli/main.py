@@ -256,8 +256,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         _need("export", "onnx", "onnxruntime", "onnxscript")
     from foodvit.deploy.export import export
 
-    out = _writable(args.out)
-    result = export(args.run, out, args.format, args.quantize, args.opset, photos=args.photos or ())
+    result = export(args.run, args.out, args.format, args.quantize, args.opset, photos=args.photos or (), force=args.force)
     what = args.format + (f" {args.quantize}" if args.quantize else "")
     print(f"{result['path']}: {what}, {result['bytes'] / 1e6:.1f} MB; parity on {result['photos']} photos: max relative logit "
           f"difference {result['parity']:.2e}, same top class on {result['agreement']:.0%}")
@@ -394,7 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "file predicts without PyTorch: foodvit predict model.onnx photo.jpg (pip install 'foodvit[onnx]').")
     p.add_argument("run", help="a trained run directory")
     p.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "exported-program"], help="default onnx")
-    p.add_argument("--out", required=True, metavar="FILE", help="the file to write, e.g. model.onnx")
+    p.add_argument("--out", required=True, metavar="FILE", help="the file to write, named for its format: model.onnx (onnx), "
+                                                                "model.pt (torchscript), model.pt2 (exported-program)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists (default: refuse)")
     p.add_argument("--quantize", choices=["int8"], help="ONNX only: int8 weights (ONNX Runtime's dynamic quantisation)")
     p.add_argument("--opset", type=count(Range(18, 30)), help="ONNX opset (default: the exporter's)")
     p.add_argument("--photos", nargs="+", metavar="PHOTO", help="photos for the parity check (default: the run's test photos)")

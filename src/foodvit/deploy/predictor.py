@@ -51,6 +51,42 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def exported_kind(path: str | Path) -> str | None:
+    """'ONNX', 'TorchScript' or 'torch.export' for a file `foodvit export` writes, else None."""
+    import zipfile
+
+    path = Path(path)
+    if path.suffix.lower() == ".onnx":
+        return "ONNX"
+    if not path.is_file() or not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
+    if any("/code/__torch__/" in n or n.endswith("/constants.pkl") for n in names):  # TorchScript keeps the model's code
+        return "TorchScript"
+    if any(n.endswith("/archive_format") for n in names):  # torch.export's archive (.pt2)
+        return "torch.export"
+    return None
+
+
+def check_not_exported(path: str | Path) -> None:
+    """A RunError that says what reads an exported file, where a run directory (PyTorch) is needed."""
+    from foodvit.errors import RunError
+
+    kind = exported_kind(path)
+    if kind == "ONNX":
+        raise RunError(f"{path} is an ONNX export: foodvit predict and foodvit evaluate take it; this command needs the "
+                       "trained run directory (or its model.safetensors) it was exported from")
+    if kind is not None:
+        load = "torch.jit.load(path)" if kind == "TorchScript" else "torch.export.load(path).module()"
+        raise RunError(f"{path} is a {kind} export (foodvit export --format {'torchscript' if kind == 'TorchScript' else 'exported-program'}), "
+                       f"which foodvit does not read back: use the run directory it was exported from, or an .onnx export "
+                       f"(foodvit export RUN --out model.onnx), or load it in PyTorch with {load}")
+
+
 class Predictor:
     """Photos in, class probabilities out, for one trained model.
 
@@ -73,8 +109,11 @@ class Predictor:
 
     @classmethod
     def from_run(cls, run: str | Path, device=None) -> Predictor:
-        """The trained model of a run directory (or a foodvit .safetensors file with its model.json)."""
+        """The trained model of a run directory (or a foodvit .safetensors file with its model.json).
+        An exported file (ONNX, TorchScript, torch.export) is refused with what reads it."""
         from foodvit.rundir.directory import read_trained
+
+        check_not_exported(run)
 
         model, classes, preprocess, card = read_trained(run)
         return cls(TorchBackend(model, device or "cpu"), classes, preprocess, card)
