@@ -216,6 +216,8 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
     assert readme.startswith("---\ntitle: FoodVision Mini\n") and "sdk: gradio" in readme and "app_file: app.py" in readme
     assert "torchvision" not in (space / "requirements.txt").read_text() and "gradio>=" in (space / "requirements.txt").read_text()
     assert len(list((space / "examples").iterdir())) == 3  # one per class
+    published = (space / "model" / "model.json").read_text() + readme
+    assert str(run[1]) not in published and json.loads((space / "model" / "model.json").read_text())["metrics"]["data"] == run[1].name
     assert main(["export-space", str(out), str(space)]) == 2  # not empty: refused, left as it was
     port = free_port()
     process, url = start_server([sys.executable, "app.py"], port, cwd=space,
