@@ -253,7 +253,7 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
     app.add_exception_handler(StarletteHTTPException, _http_error)
 
     for path, allowed in API_METHODS.items():
-        others = [m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE") if m not in allowed + ("HEAD",) * ("GET" in allowed)]
+        others = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE") if m not in allowed]
 
         async def _wrong_method(request: Request, allowed=allowed):
             how = " with the photo in the form field 'file' (e.g. curl -F file=@photo.jpg URL/predict)" if "POST" in allowed else ""
@@ -286,8 +286,8 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
         demo = build_page(service, examples, cache=page_cache)
         # the example photos themselves, never their folders: other files beside them are not served
         app = gr.mount_gradio_app(app, demo, path="/", max_file_size=max_bytes, show_error=True,
-                                  allowed_paths=sorted(str(Path(p).resolve()) for p in examples), footer_links=["api"])
-        app.routes[-1].app.add_exception_handler(StarletteHTTPException, _http_error)  # the page's 404s in the same shape
+                                  allowed_paths=sorted(str(Path(p).resolve()) for p in examples), footer_links=["api"],
+                                  app_kwargs={"exception_handlers": {StarletteHTTPException: _http_error}})  # its 404s in our shape
     return BodyLimit(app, max_bytes), service
 
 
