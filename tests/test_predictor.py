@@ -154,6 +154,13 @@ def test_decode_budget_keeps_concurrent_reservations_within_its_bytes():
     assert 40 <= peak[0] <= 100 and budget.used == 0
 
 
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_memory_is_given_back_after_a_large_decode():
+    from foodvit.data.photos import release_memory
+
+    assert release_memory() is True
+
+
 def test_modes_are_converted_and_other_types_refused():
     rgba = Image.new("RGBA", (8, 8), (0, 0, 0, 0))
     assert decode(rgba).getpixel((1, 1)) == (255, 255, 255)  # transparent laid over white
