@@ -354,6 +354,10 @@ def test_serve_says_the_port_is_taken_or_the_host_bad_in_one_line_before_anythin
     captured = capsys.readouterr()
     assert "serving" not in captured.out and captured.err.count("\n") == 1
     assert captured.err.startswith("foodvit serve: error: --host bad..host: cannot resolve it") and "Traceback" not in captured.err
+    from foodvit.deploy.serve import listening_socket
+
+    with listening_socket("localhost", 0) as sock:  # the family uvicorn would pick for the name: IPv4
+        assert sock.getsockname()[0] == "127.0.0.1"
 
 
 def test_the_model_card_names_the_data_set_and_its_photos_not_a_path():

@@ -303,7 +303,9 @@ def listening_socket(host: str, port: int) -> socket.socket:
     when the name does not resolve, the address is not this machine's or the port is taken. Bound
     before anything is loaded or printed, so that the server never says where it serves in vain."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        # the family as uvicorn picks it: IPv6 for an address with colons, else IPv4 (localhost is 127.0.0.1)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     except (socket.gaierror, UnicodeError, ValueError) as err:  # UnicodeError: an IDNA-invalid name such as bad..host
         reason = err.strerror if isinstance(err, socket.gaierror) else "not a valid host name"
         raise FoodVitError(f"--host {host}: cannot resolve it ({reason}); give an address of this machine, "
