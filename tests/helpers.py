@@ -118,3 +118,32 @@ def train_tiny_run(tmp_path_factory, name: str, *, epochs: int = 1, depth: int =
                  "--image-size", "32", "--depth", str(depth), "--quiet"])
     assert code == 0
     return out, photos
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn in a thread of the test process on 127.0.0.1 (for what a test
+    must configure beyond the command line); `with ServerThread(app) as url: ...`."""
+
+    def __init__(self, app) -> None:
+        import threading
+
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the server thread did not start")
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)

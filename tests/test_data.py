@@ -16,9 +16,9 @@ from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_d
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import scan
 from foodvit.data.photos import PhotoError, load_or_explain, load_rgb
+from foodvit.data.preprocess import make_preprocess
 from foodvit.data.sampling import Collate, EpochSampler, make_loader
 from foodvit.data.sources import DEFAULT_URL, default_source, resolve
-from foodvit.data.preprocess import make_preprocess
 from foodvit.data.transforms import batch_mixer, train_transform
 from foodvit.errors import DataError
 

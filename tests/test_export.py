@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 pytest.importorskip("onnxscript", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 
-from helpers import train_tiny_run  # noqa: E402
+from helpers import free_port, train_tiny_run  # noqa: E402
 
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.deploy.export import relative_difference  # noqa: E402
@@ -148,3 +148,51 @@ def test_bad_exports_and_foreign_files_are_one_line(run, tmp_path, capsys):
     assert "not one exported by foodvit" in capsys.readouterr().err
     assert main(["predict", str(tmp_path / "missing.onnx"), "photo.jpg"]) == 2
     assert "missing.onnx does not exist" in capsys.readouterr().err
+
+
+def test_the_destination_is_checked_before_anything(run, tmp_path, capsys):
+    out, _ = run
+    capsys.readouterr()
+    cases = [
+        (["--format", "torchscript", "--out", str(tmp_path / "x.onnx")],
+         f"--out {tmp_path / 'x.onnx'}: --format torchscript writes a .pt file, and what opens it looks for that name; "
+         f"use --out {tmp_path / 'x.pt'}, or --format onnx to write the file x.onnx is named for"),
+        (["--out", str(tmp_path / "m.txt")], f"use --out {tmp_path / 'm.onnx'}"),
+        (["--format", "exported-program", "--out", str(tmp_path / "m.pt")], "writes a .pt2 file"),
+        (["--out", "/sys/m.onnx"], "cannot write m.onnx into /sys ("),
+        (["--out", str(tmp_path)], f"--out {tmp_path} is a folder; give a file name, e.g. {tmp_path / 'model.onnx'}"),
+    ]
+    for flags, message in cases:
+        assert main(["export", str(out), *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "x.onnx").exists() and not (tmp_path / "m.txt").exists()
+
+
+def test_an_existing_file_is_overwritten_only_with_force(run, tmp_path, capsys):
+    out, _ = run
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"keep me")
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "torchscript", "--out", str(path)]) == 2
+    assert f"--out {path} exists; add --force to overwrite it" in capsys.readouterr().err and path.read_bytes() == b"keep me"
+    assert main(["export", str(out), "--format", "torchscript", "--out", str(path), "--force"]) == 0
+    assert path.read_bytes() != b"keep me"
+    # a TorchScript export is not a run: foodvit predict says so, and what to do, instead of a weights_only error
+    assert main(["predict", str(path), str(sorted((run[1] / "test").rglob("*.jpg"))[0])]) == 2
+    err = capsys.readouterr().err
+    assert f"{path} is a TorchScript export (foodvit export --format torchscript), which foodvit does not read back" in err
+    assert "weights_only" not in err and "torch.jit.load(path)" in err
+
+
+def test_commands_that_need_a_run_say_which_take_an_onnx_file(onnx_file, run, tmp_path, capsys):
+    _, photos = run
+    photo = str(sorted((photos / "test").rglob("*.jpg"))[0])
+    expected = f"{onnx_file} is an ONNX export: foodvit predict and foodvit evaluate take it; this command needs the trained run directory"
+    capsys.readouterr()
+    for argv in (["explain", str(onnx_file), photo, "--out", str(tmp_path / "e.png")],
+                 ["export", str(onnx_file), "--out", str(tmp_path / "again.onnx")],
+                 ["serve", str(onnx_file), "--port", str(free_port())]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert expected in err and "expected a .safetensors" not in err, err

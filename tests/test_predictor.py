@@ -76,6 +76,92 @@ def test_a_decompression_bomb_in_bytes_is_refused_from_its_header():
         decode(buffer.getvalue(), "bomb.png")
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_a_bomb_is_refused_with_one_limit_in_megapixels_and_what_to_do(tmp_path):
+    buffer = io.BytesIO()
+    Image.new("1", (20_000, 10_000)).save(buffer, format="PNG")  # over twice the limit: Pillow itself refuses it at open
+    (tmp_path / "bomb.png").write_bytes(buffer.getvalue())
+    for source in (buffer.getvalue(), tmp_path / "bomb.png"):
+        with pytest.raises(PhotoError, match=r"is 200 megapixels, over the limit of 89\.5 megapixels .*resize it below the limit") as caught:
+            decode(source, "bomb.png")
+        assert "178956970" not in str(caught.value) and "exceeds" not in str(caught.value) and caught.value.kind == "too large"
+    small = io.BytesIO()
+    Image.new("1", (3_000, 2_000)).save(small, format="PNG")
+    with pytest.raises(PhotoError, match=r"is 3000 x 2000 = 6 megapixels, over the limit of 5 megapixels"):
+        decode(small.getvalue(), "big.png", max_pixels=5_000_000)  # a server's lower limit, in the same words
+
+
+def test_an_empty_file_is_called_empty_as_bytes_and_as_a_path(tmp_path, capsys):
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    for source in (b"", tmp_path / "empty.jpg"):
+        with pytest.raises(PhotoError, match=r"is empty \(0 bytes\); expected a JPEG, PNG") as caught:
+            decode(source, "empty.jpg")
+        assert caught.value.kind == "empty"
+
+
+def test_predict_on_an_empty_photo_says_empty_through_the_cli(tmp_path, predictor, capsys):
+    from foodvit.cli.main import main
+    from foodvit.rundir.directory import save_model
+
+    save_model(tmp_path, predictor.model, CLASSES, predictor.preprocess)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    assert main(["predict", str(tmp_path), str(tmp_path / "empty.jpg")]) == 1
+    assert f"{tmp_path / 'empty.jpg'} is empty (0 bytes)" in capsys.readouterr().err
+
+
+def _large_photo(size, fmt):
+    """A smooth photo (a gradient with a few shapes, as photos are) saved as `fmt`, upscaled from small."""
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 255, (12, 16, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(small).resize(size, Image.Resampling.BICUBIC).save(buffer, format=fmt, quality=95)
+    return buffer.getvalue()
+
+
+def test_a_photo_far_larger_than_the_model_needs_is_decoded_reduced_to_the_same_input(predictor):
+    from foodvit.data.photos import REDUCE_FLOOR, reduction
+    from foodvit.data.preprocess import to_array
+
+    p = predictor.preprocess
+    assert reduction((1200, 1000), p.resize_size) == 1  # a normal photo: decoded whole, as before
+    normal = _jpeg(size=(1200, 1000))
+    np.testing.assert_array_equal(predictor.prepare(normal), to_array(p, Image.open(io.BytesIO(normal)).convert("RGB")))
+    for fmt in ("JPEG", "PNG"):
+        data = _large_photo((4 * REDUCE_FLOOR + 100, 2 * REDUCE_FLOOR + 50), fmt)
+        whole = to_array(p, Image.open(io.BytesIO(data)).convert("RGB"))
+        assert decode(data, reduce_to=p.resize_size).size[1] < 2 * REDUCE_FLOOR  # reduced...
+        assert np.abs(predictor.prepare(data) - whole).max() <= 2 / 255 + 1e-6  # ...and no pixel of the model's input off by more than one level
+        np.testing.assert_allclose(predictor.probabilities(predictor.prepare(data)[None]), predictor.probabilities(whole[None]), atol=5e-3)
+
+
+def test_decode_budget_keeps_concurrent_reservations_within_its_bytes():
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from foodvit.data.photos import DecodeBudget
+
+    budget, peak, lock = DecodeBudget(100), [0], threading.Lock()
+
+    def hold(n):
+        with budget.reserve(n):
+            with lock:
+                peak[0] = max(peak[0], budget.used)
+            time.sleep(0.01)
+        return n
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert sum(pool.map(hold, [40] * 8 + [500])) == 820  # each is let through, the largest alone
+    assert 40 <= peak[0] <= 100 and budget.used == 0
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_memory_is_given_back_after_a_large_decode():
+    from foodvit.data.photos import release_memory
+
+    assert release_memory() is True
+
+
 def test_modes_are_converted_and_other_types_refused():
     rgba = Image.new("RGBA", (8, 8), (0, 0, 0, 0))
     assert decode(rgba).getpixel((1, 1)) == (255, 255, 255)  # transparent laid over white

@@ -17,7 +17,7 @@ pytest.importorskip("gradio", reason="the server tests need the serve extra: pip
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")
 
 from conftest import REAL_DATA  # noqa: E402
-from helpers import free_port, start_server, stop_server, train_tiny_run  # noqa: E402
+from helpers import ServerThread, free_port, start_server, stop_server, train_tiny_run  # noqa: E402
 
 from foodvit.cli.main import main  # noqa: E402
 
@@ -91,7 +91,7 @@ BAD_UPLOADS = [
     ("empty.jpg", lambda p: b"", 400, "is empty (0 bytes)"),
     ("truncated.jpg", _truncated, 415, "damaged or truncated"),
     ("drawing.svg", lambda p: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>', 415, "not an image Pillow can read"),
-    ("bomb.png", lambda p: _bomb(), 413, "over the limit of 89"),
+    ("bomb.png", lambda p: _bomb(), 413, "is 90 megapixels, over the limit of 50 megapixels (a decompression bomb?); if it is a real photo, resize it"),
     ("huge.jpg", lambda p: np.random.default_rng(0).bytes(int(UPLOAD_LIMIT_MB * 1e6) + 50_000), 413, f"larger than the limit of {UPLOAD_LIMIT_MB:g} MB"),
 ]
 
@@ -216,6 +216,8 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
     assert readme.startswith("---\ntitle: FoodVision Mini\n") and "sdk: gradio" in readme and "app_file: app.py" in readme
     assert "torchvision" not in (space / "requirements.txt").read_text() and "gradio>=" in (space / "requirements.txt").read_text()
     assert len(list((space / "examples").iterdir())) == 3  # one per class
+    published = (space / "model" / "model.json").read_text() + readme
+    assert str(run[1]) not in published and json.loads((space / "model" / "model.json").read_text())["metrics"]["data"] == run[1].name
     assert main(["export-space", str(out), str(space)]) == 2  # not empty: refused, left as it was
     port = free_port()
     process, url = start_server([sys.executable, "app.py"], port, cwd=space,
@@ -231,3 +233,145 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
         assert "examples" in httpx.get(url + "/").text or httpx.get(url + "/").status_code == 200
     finally:
         stop_server(process)
+
+
+def test_wrong_methods_are_405_and_unknown_paths_404_in_the_error_shape(server):
+    wrong = httpx.get(server + "/predict")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json() == {"error": "/predict does not answer GET; send POST with the photo in the form field 'file' "
+                                     "(e.g. curl -F file=@photo.jpg URL/predict)"}
+    wrong = httpx.post(server + "/health")
+    assert wrong.status_code == 405 and wrong.json() == {"error": "/health does not answer POST; send GET"}
+    missing = httpx.get(server + "/nowhere")
+    assert missing.status_code == 404 and set(missing.json()) == {"error"} and "POST /predict" in missing.json()["error"]
+
+
+def _page_error(client, data: bytes, name: str, tmp_path) -> str:
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(AppError) as caught:
+        client.predict(handle_file(str(tmp_path / name)), api_name="/classify")
+    return str(caught.value)
+
+
+def test_the_page_answers_bad_photos_with_the_apis_one_line_messages(server, run, tmp_path):
+    gradio_client = pytest.importorskip("gradio_client")
+    client = gradio_client.Client(server + "/", verbose=False)
+    photo = photos_to_try(run)[0]
+    for name, make, status, message in BAD_UPLOADS[:5]:  # not the one over the upload size: Gradio refuses it before foodvit sees it
+        data = make(photo)
+        shown = _page_error(client, data, name, tmp_path)
+        assert shown == post(server, data, name).json()["error"], name  # word for word the JSON API's
+        assert message in shown and "/tmp" not in shown and "gradio" not in shown.lower() and "\n" not in shown
+        assert "remove or replace it" not in shown  # training-data advice has no place here
+
+
+def test_a_file_beside_the_example_photos_is_not_served(server, run):
+    _, photos = run
+    example, neighbour = sorted((photos / "test" / "pizza").iterdir())[:2]
+    assert httpx.get(f"{server}/gradio_api/file={example.resolve()}").status_code == 200
+    assert httpx.get(f"{server}/gradio_api/file={neighbour.resolve()}").status_code in (403, 404)
+
+
+def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
+    gradio_client = pytest.importorskip("gradio_client")
+    import time
+
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import create_app
+
+    out, photos = run
+    cache = tmp_path / "gradio"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
+    app, _ = create_app(Predictor.from_run(out), examples=(), page_cache=(1, 1))
+    uploads = sorted((photos / "test").rglob("*.jpg"))[:6]
+    with ServerThread(app) as url:
+        client = gradio_client.Client(url + "/", verbose=False)
+        for photo in uploads:
+            client.predict(gradio_client.handle_file(str(photo)), api_name="/classify")
+        files = [p for p in cache.rglob("*") if p.is_file()]
+        assert len(files) >= len(uploads)  # each upload, and each attention picture shown, is in the cache...
+        deadline = time.monotonic() + 10
+        while [p for p in cache.rglob("*") if p.is_file()] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p for p in cache.rglob("*") if p.is_file()] == []  # ...and deleted a second after
+
+
+def _memory_of(pid: int, stop: threading.Event, peak: list) -> None:
+    import psutil
+
+    process = psutil.Process(pid)
+    while not stop.is_set():
+        peak[0] = max(peak[0], process.memory_info().rss)
+        stop.wait(0.02)
+
+
+def test_forty_tiny_uploads_of_huge_photos_at_once_keep_the_server_within_its_memory(run):
+    pytest.importorskip("psutil")
+    out, _ = run
+    buffer = io.BytesIO()
+    Image.new("1", (9_000, 9_000)).save(buffer, format="PNG")  # 81 megapixels in 10 KB
+    huge = buffer.getvalue()
+    port = free_port()
+    # --max-megapixels 89: let them be decoded, to measure the reduced decoding and the budget
+    process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(out), "--port", str(port), "--threads", "1",
+                                 "--max-megapixels", "89", "--no-examples"], port)
+    import psutil
+
+    stop, peak = threading.Event(), [0]
+    watcher = threading.Thread(target=_memory_of, args=(process.pid, stop, peak))
+    try:
+        before = psutil.Process(process.pid).memory_info().rss
+        watcher.start()
+        with ThreadPoolExecutor(max_workers=40) as pool:
+            answers = list(pool.map(lambda i: post(url, huge, f"huge-{i}.png"), range(40)))
+        stop.set()
+        watcher.join()
+        after = psutil.Process(process.pid).memory_info().rss
+        assert [a.status_code for a in answers] == [200] * 40
+        assert peak[0] < 1.5e9, f"the server reached {peak[0] / 1e9:.2f} GB"  # 2.3 GB without malloc_trim; before reduced decoding, killed for memory at 14.6 GB
+        assert after < before + 0.25e9, f"{after / 1e9:.2f} GB after, {before / 1e9:.2f} GB before"  # given back (2.2 GB without malloc_trim)
+    finally:
+        stop.set()
+        stop_server(process)
+
+
+def test_serve_says_the_port_is_taken_or_the_host_bad_in_one_line_before_anything(run, capsys):
+    import socket
+
+    out, _ = run
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(out), "--port", str(port)]) == 2
+    captured = capsys.readouterr()
+    assert "serving" not in captured.out
+    assert captured.err == f"foodvit serve: error: cannot listen on 127.0.0.1:{port}: the port is in use (another server?); choose another --port\n"
+    assert main(["serve", str(out), "--host", "bad..host", "--port", str(free_port())]) == 2
+    captured = capsys.readouterr()
+    assert "serving" not in captured.out and captured.err.count("\n") == 1
+    assert captured.err.startswith("foodvit serve: error: --host bad..host: cannot resolve it") and "Traceback" not in captured.err
+    from foodvit.deploy.serve import listening_socket
+
+    with listening_socket("localhost", 0) as sock:  # the family uvicorn would pick for the name: IPv4
+        assert sock.getsockname()[0] == "127.0.0.1"
+
+
+def test_the_model_card_names_the_data_set_and_its_photos_not_a_path():
+    from foodvit.deploy.page import data_name, model_card
+
+    assert data_name("/home/someone/data/pizza_steak_sushi") == "pizza_steak_sushi"
+    assert data_name("https://example.org/files/pizza_steak_sushi.zip") == "pizza_steak_sushi"
+    assert data_name("C:\\Users\\someone\\pizza_steak_sushi\\") == "pizza_steak_sushi"
+    assert data_name("food101:pizza,steak") == "food101:pizza,steak"
+
+    class Card:  # what model_card reads of a Predictor
+        classes = ["pizza", "steak", "sushi"]
+        preprocess = type("P", (), {"image_size": 32})()
+        card = {"metrics": {"data": "/home/someone/data/pizza_steak_sushi", "train_photos": 225, "test_n": 75, "test_acc": 0.8}}
+
+    card = model_card(Card())
+    assert "- **training data**: `pizza_steak_sushi`, 225 training photos, 75 test photos" in card and "/home" not in card

@@ -245,7 +245,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         raise RunError(f"{args.run} does not exist; give a run directory written by foodvit train (or an exported Space's model/ folder)")
     serve(args.run, host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, top_k=args.top_k,
-          max_upload_mb=args.max_upload_mb, threads=args.threads, examples=not args.no_examples)
+          max_upload_mb=args.max_upload_mb, max_megapixels=args.max_megapixels, threads=args.threads, examples=not args.no_examples)
     return 0
 
 
@@ -263,8 +263,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         _need("export", "onnx", "onnxruntime", "onnxscript")
     from foodvit.deploy.export import export
 
-    out = _writable(args.out)
-    result = export(args.run, out, args.format, args.quantize, args.opset, photos=args.photos or ())
+    result = export(args.run, args.out, args.format, args.quantize, args.opset, photos=args.photos or (), force=args.force)
     what = args.format + (f" {args.quantize}" if args.quantize else "")
     print(f"{result['path']}: {what}, {result['bytes'] / 1e6:.1f} MB; parity on {result['photos']} photos: max relative logit "
           f"difference {result['parity']:.2e}, same top class on {result['agreement']:.0%}")
@@ -401,7 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "file predicts without PyTorch: foodvit predict model.onnx photo.jpg (pip install 'foodvit[onnx]').")
     p.add_argument("run", help="a trained run directory")
     p.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "exported-program"], help="default onnx")
-    p.add_argument("--out", required=True, metavar="FILE", help="the file to write, e.g. model.onnx")
+    p.add_argument("--out", required=True, metavar="FILE", help="the file to write, named for its format: model.onnx (onnx), "
+                                                                "model.pt (torchscript), model.pt2 (exported-program)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists (default: refuse)")
     p.add_argument("--quantize", choices=["int8"], help="ONNX only: int8 weights (ONNX Runtime's dynamic quantisation)")
     p.add_argument("--opset", type=count(Range(18, 30)), help="ONNX opset (default: the exporter's)")
     p.add_argument("--photos", nargs="+", metavar="PHOTO", help="photos for the parity check (default: the run's test photos)")
@@ -421,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long the first request of a batch waits for others, in ms (default 5)")
     p.add_argument("--max-upload-mb", type=number(Range(0, lo_open=True)), default=10.0,
                    help="uploads over this size are refused with 413 (default 10 MB)")
+    p.add_argument("--max-megapixels", type=number(Range(0, 89.4, lo_open=True)), default=50.0,
+                   help="photos over this many pixels are refused with 413 before they are decoded (default 50, "
+                        "a 48-megapixel phone's photos pass; the model needs far fewer, and larger photos are decoded reduced)")
     p.add_argument("--top-k", type=count(), default=3, help="how many classes each answer ranks (default 3)")
     p.add_argument("--threads", type=count(), help="PyTorch threads for the model (default: PyTorch's choice for this machine)")
     p.add_argument("--no-examples", action="store_true", help="no example photos on the page (default: one per class "

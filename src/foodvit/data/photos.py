@@ -9,8 +9,12 @@ becomes a PhotoError that names the photo and says what is wrong.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
+import math
 import os
+import re
+import threading
 import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -24,6 +28,15 @@ ACCEPTED = "a JPEG, PNG, WebP, BMP, GIF or TIFF photo"
 # is decoded (a "decompression bomb": a small file that decodes to gigabytes).
 MAX_PIXELS = 89_478_485
 
+# Reduced decoding (decode(..., reduce_to=N)): a photo is decoded at an integer fraction of its size
+# only when its shorter side stays at least REDUCE_MARGIN x N and at least REDUCE_FLOOR px, so that
+# the model's own resize still shrinks it several times over (what it sees changes by no more than
+# rounding) and photos up to REDUCE_FLOOR px on the shorter side are decoded exactly as before.
+REDUCE_MARGIN = 4
+REDUCE_FLOOR = 1024
+# Decodes that needed this many bytes or more give the freed memory back to the system afterwards.
+TRIM_AFTER_BYTES = 32 * 2**20
+
 
 class PhotoError(DataError):
     """One photo that cannot be used: `path`, `reason` (the message is the two together) and `kind`:
@@ -32,6 +45,22 @@ class PhotoError(DataError):
     def __init__(self, path, reason: str, kind: str = "unreadable") -> None:
         super().__init__(f"{path} {reason}")
         self.path, self.reason, self.kind = path, reason, kind
+
+
+def megapixels(pixels: float) -> str:
+    """A pixel count for people: 90, 89.5, 0.3 (megapixels, one decimal at most)."""
+    return f"{round(pixels / 1e6, 1):g}"
+
+
+def too_large(name, pixels: int, limit: int, size: tuple[int, int] | None = None) -> PhotoError:
+    """The one message for a photo over the pixel limit: its size and the limit, both in megapixels."""
+    dims = f"{size[0]} x {size[1]} = " if size else ""
+    return PhotoError(name, f"is {dims}{megapixels(pixels)} megapixels, over the limit of {megapixels(limit)} megapixels "
+                      "(a decompression bomb?); if it is a real photo, resize it below the limit and try again", "too large")
+
+
+def empty(name) -> PhotoError:
+    return PhotoError(name, f"is empty (0 bytes); expected {ACCEPTED}", "empty")
 
 
 def limit_pixels() -> None:
@@ -44,17 +73,21 @@ def limit_pixels() -> None:
 
 
 @contextlib.contextmanager
-def open_photo(source: str | os.PathLike | io.BytesIO, name=None):
-    """Image.open with the pixel limit enforced from the header, before any decoding; every way a
-    file can fail to open becomes a PhotoError that names the photo (`name`, else the path) and
-    what is wrong. (No warnings.catch_warnings here: it changes process-wide state and is not
-    safe in a server's threads; see limit_pixels.)"""
+def open_photo(source: str | os.PathLike | io.BytesIO, name=None, max_pixels: int = MAX_PIXELS):
+    """Image.open with the pixel limit (max_pixels, at most MAX_PIXELS) enforced from the header,
+    before any decoding; every way a file can fail to open becomes a PhotoError that names the
+    photo (`name`, else the path) and what is wrong. (No warnings.catch_warnings here: it changes
+    process-wide state and is not safe in a server's threads; see limit_pixels.)"""
     name = source if name is None else name
+    limit = min(max_pixels, MAX_PIXELS)
+    if _is_empty(source):  # Pillow would call it "not an image": say what it is
+        raise empty(name)
     try:
         image = Image.open(source)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise PhotoError(name, f"is over the limit of {MAX_PIXELS / 1e6:.0f} megapixels ({err}); a decompression bomb? "
-                         "resize it if it is a real photo", "too large") from None
+        # Pillow refuses before foodvit sees the header; its message holds the pixel count
+        found = re.search(r"\((\d+) pixels\)", str(err))
+        raise too_large(name, int(found.group(1)) if found else 2 * MAX_PIXELS + 1, limit) from None
     except UnidentifiedImageError:
         raise PhotoError(name, f"is not an image Pillow can read; expected {ACCEPTED}") from None
     except (OSError, SyntaxError, ValueError) as err:
@@ -62,10 +95,18 @@ def open_photo(source: str | os.PathLike | io.BytesIO, name=None):
                          f"expected a complete image file: {ACCEPTED}") from None
     with image:
         w, h = image.size
-        if w * h > MAX_PIXELS:
-            raise PhotoError(name, f"is {w} x {h} = {w * h / 1e6:.0f} megapixels, over the limit of {MAX_PIXELS / 1e6:.0f} "
-                             "(a decompression bomb?); resize it if it is a real photo", "too large")
+        if w * h > limit:
+            raise too_large(name, w * h, limit, (w, h))
         yield image
+
+
+def _is_empty(source) -> bool:
+    if isinstance(source, io.BytesIO):
+        return source.getbuffer().nbytes == 0
+    try:
+        return os.path.getsize(source) == 0
+    except (OSError, TypeError):  # missing or not a path: Image.open says what is wrong
+        return False
 
 
 def load_rgb(path: str | os.PathLike | io.BytesIO, name=None) -> Image.Image:
@@ -112,25 +153,114 @@ def load_or_explain(path: str | os.PathLike) -> Image.Image:
         raise PhotoError(path, f"cannot be read ({err}); remove or replace it") from err
 
 
-def decode(photo, name: str = "the photo") -> Image.Image:
+def decode(photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, reduce_to: int | None = None,
+           budget: DecodeBudget | None = None) -> Image.Image:
     """An RGB PIL image from a PIL image, the bytes of an image file, or a file path; a PhotoError
-    that says what is wrong and what is accepted otherwise (empty, truncated, not an image, ...)."""
+    that says what is wrong and what is accepted otherwise (empty, truncated, not an image, over
+    max_pixels, ...).
+
+    reduce_to: the shortest side the user of the photo needs (a model's resize size); a photo far
+    larger is decoded at an integer fraction of its size (see REDUCE_MARGIN), JPEGs by their
+    decoder's own scaling, so that a large photo never exists at full size in memory. budget: a
+    DecodeBudget that the decoding waits on, so that concurrent decodes share a memory bound.
+    """
     if isinstance(photo, Image.Image):
-        if photo.width * photo.height > MAX_PIXELS:
-            raise PhotoError(name, f"is {photo.width} x {photo.height}, over the limit of {MAX_PIXELS / 1e6:.0f} megapixels", "too large")
+        if photo.width * photo.height > min(max_pixels, MAX_PIXELS):
+            raise too_large(name, photo.width * photo.height, min(max_pixels, MAX_PIXELS), photo.size)
         return photo if photo.mode == "RGB" else as_rgb(photo)
     if isinstance(photo, (bytes, bytearray, memoryview)):
-        if len(photo) == 0:
-            raise PhotoError(name, f"is empty (0 bytes); expected {ACCEPTED}", "empty")
+        source = io.BytesIO(photo)
+    elif isinstance(photo, (str, os.PathLike)):
+        source, name = photo, (photo if name == "the photo" else name)
+    else:
+        raise PhotoError(name, f"is a {type(photo).__name__}; expected a PIL image, the bytes of an image file or a path")
+    with open_photo(source, name, max_pixels) as image:
+        factor = reduction(image.size, reduce_to)
+        if factor > 1 and image.format == "JPEG":  # the decoder scales by 1/2, 1/4 or 1/8 while decoding
+            image.draft(None, (image.width // factor, image.height // factor))
+            factor = reduction(image.size, reduce_to)  # what is left to do after the decoder's scaling
+        cost = decode_cost(image, factor)
+        with budget.reserve(cost) if budget is not None else contextlib.nullcontext():
+            try:
+                rgb = as_rgb(_reduced(image, factor))
+            except (OSError, ValueError, SyntaxError) as err:  # raised while decoding: truncated or corrupt data
+                raise PhotoError(name, f"is damaged or truncated ({err}); expected a complete image file: {ACCEPTED}") from None
+            finally:
+                image.close()  # its full-size pixels go now, while the budget still counts them
+    if cost >= TRIM_AFTER_BYTES:
+        release_memory()
+    return rgb
+
+
+def _reduced(image: Image.Image, factor: int) -> Image.Image:
+    """The loaded image shrunk by an integer factor (box averages), in a mode Image.reduce takes;
+    modes it does not take (16-bit grayscale) are left whole."""
+    image.load()
+    if factor <= 1:
+        return image
+    if image.mode == "1":
+        image = image.convert("L")
+    elif image.mode in ("P", "PA"):
+        image = image.convert("RGBA")
+    return image.reduce(factor) if image.mode in _REDUCIBLE else image
+
+
+_REDUCIBLE = ("L", "LA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "I", "F", "La", "RGBa")
+
+
+def reduction(size: tuple[int, int], reduce_to: int | None) -> int:
+    """The integer factor a photo of `size` may be shrunk by for a user that needs `reduce_to` px
+    on the shorter side: 1 (not at all) unless the photo is far larger (REDUCE_MARGIN, REDUCE_FLOOR)."""
+    if not reduce_to:
+        return 1
+    keep = max(REDUCE_MARGIN * reduce_to, REDUCE_FLOOR)
+    return max(1, min(size) // keep)
+
+
+def decode_cost(image: Image.Image, factor: int = 1) -> int:
+    """Bytes that decoding an opened (not yet loaded) photo takes at its peak: the decoded pixels
+    (Pillow keeps 1 to 4 bytes a pixel by mode), a converted copy, and the RGB result."""
+    stored = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "LA": 2, "PA": 2}.get(image.mode, 4)
+    pixels = image.width * image.height
+    return pixels * (stored + 4) + math.ceil(pixels / factor**2) * 4 * 2
+
+
+class DecodeBudget:
+    """A memory budget shared by concurrent decodes: a semaphore counted in bytes. reserve(n)
+    waits until n bytes are free; a decode larger than the whole budget waits until it is alone."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.used = max(1, int(max_bytes)), 0
+        self._free = threading.Condition()
+
+    @contextlib.contextmanager
+    def reserve(self, n: int):
+        n = min(int(n), self.max_bytes)
+        with self._free:
+            self._free.wait_for(lambda: self.used + n <= self.max_bytes)
+            self.used += n
         try:
-            return load_rgb(io.BytesIO(photo), name)
-        except PhotoError:
-            raise
-        except (OSError, ValueError, SyntaxError) as err:  # raised while decoding: truncated or corrupt data
-            raise PhotoError(name, f"is damaged or truncated ({err}); expected a complete image file: {ACCEPTED}") from None
-    if isinstance(photo, (str, os.PathLike)):
-        return load_or_explain(photo)
-    raise PhotoError(name, f"is a {type(photo).__name__}; expected a PIL image, the bytes of an image file or a path")
+            yield
+        finally:
+            with self._free:
+                self.used -= n
+                self._free.notify_all()
+
+
+def release_memory() -> bool:
+    """Give memory freed after a large decode back to the system (glibc's malloc_trim): the C
+    allocator otherwise keeps it for the process, and a server's resident size stays at its peak.
+    False where there is no glibc (macOS, Windows, musl)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    return bool(_malloc_trim and _malloc_trim(0) is not None)
+
+
+_malloc_trim = None
 
 
 def check_image(path) -> str | None:

@@ -9,7 +9,9 @@ that predicts without foodvit's PyTorch code.
     torchscript       torch.jit.trace; the same metadata as extra files
     exported-program  torch.export; the same metadata as extra files
 
-Every export is checked right away against the PyTorch model on real photos (the run's test photos
+The destination is checked before anything is loaded: its name must end as its format's files do
+(SUFFIXES), an existing file is overwritten only with force=True (--force), and its folder must
+take a new file. Every export is checked right away against the PyTorch model on real photos (the run's test photos
 when at hand, else the photos given): the largest logit difference relative to the largest logit
 is printed; fp32 above 1e-4 fails the export and leaves no file behind. Needs `foodvit[export]`.
 """
@@ -24,10 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from foodvit.errors import FoodVitError, RunError
+from foodvit.errors import FoodVitError
 from foodvit.files import atomic_write
 
 FORMATS = ("onnx", "torchscript", "exported-program")
+SUFFIXES = {"onnx": ".onnx", "torchscript": ".pt", "exported-program": ".pt2"}  # what opens each file looks for these
 QUANTIZE = ("int8",)
 PARITY_LIMIT = 1e-4  # fp32: max |logit difference| / max |logit|
 PARITY_PHOTOS = 8
@@ -57,14 +60,37 @@ def parity_inputs(predictor, photos=()) -> np.ndarray:
     return np.stack([predictor.prepare(load_or_explain(p), str(p)) for p in chosen])
 
 
+def check_destination(out: Path, fmt: str, force: bool = False) -> None:
+    """An ExportError, before any work, unless `out` is named as a `fmt` file, is new (or force)
+    and its folder takes a new file. Missing folders are created."""
+    suffix = SUFFIXES[fmt]
+    if out.is_dir():
+        raise ExportError(f"--out {out} is a folder; give a file name, e.g. {out / ('model' + suffix)}")
+    if out.suffix.lower() != suffix:
+        other = next((f for f, s in SUFFIXES.items() if s == out.suffix.lower()), None)
+        also = f", or --format {other} to write the file {out.name} is named for" if other else ""
+        raise ExportError(f"--out {out}: --format {fmt} writes a {suffix} file, and what opens it looks for that name; "
+                          f"use --out {out.with_suffix(suffix)}{also}")
+    if out.exists() and not force:
+        raise ExportError(f"--out {out} exists; add --force to overwrite it, or choose another name")
+    folder = out.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".foodvit-export-check-"):
+            pass  # the real test of a place (os.access says yes for root in /sys or on a read-only mount)
+    except OSError as err:
+        raise ExportError(f"cannot write {out.name} into {folder} ({err.strerror or type(err).__name__}); choose another --out") from None
+
+
 def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
     """max |a - b| / max |b|: the parity measure (b: the PyTorch model's logits)."""
     return float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-12))
 
 
 def export(run: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | None = None, opset: int | None = None,
-           photos=(), quiet: bool = False) -> dict:
-    """Export a run; returns {"path", "format", "quantize", "bytes", "parity", "agreement"}."""
+           photos=(), quiet: bool = False, force: bool = False) -> dict:
+    """Export a run; returns {"path", "format", "quantize", "bytes", "parity", "agreement"}. An
+    existing `out` is overwritten only with force=True."""
     from foodvit.deploy.predictor import Predictor
 
     if fmt not in FORMATS:
@@ -72,8 +98,7 @@ def export(run: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | 
     if quantize is not None and (quantize not in QUANTIZE or fmt != "onnx"):
         raise ExportError(f"--quantize {quantize} is not available for {fmt}; int8 quantisation is for --format onnx")
     out = Path(out)
-    if out.is_dir():
-        raise RunError(f"--out {out} is a folder; give a file name, e.g. {out / 'model.onnx'}")
+    check_destination(out, fmt, force)
     predictor = Predictor.from_run(run)
     inputs = parity_inputs(predictor, photos)
     reference = predictor.logits(inputs).astype(np.float64)

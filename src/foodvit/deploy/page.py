@@ -1,8 +1,10 @@
 """The demo page (Gradio Blocks) that serve.py mounts at /: a photo in; the top-k probabilities as
 bars, the time taken, the attention rollout over the crop the model saw, and a model card out.
 
-It classifies through the same Service as POST /predict (same decoding, same batches), so the page
-and the API give the same answer for the same photo.
+It classifies through the same Service as POST /predict (same decoding, same limits, same batches),
+so the page and the API give the same answer, or the same one-line error, for the same photo: the
+photo component hands over the uploaded file undecoded, and foodvit decodes it.
+Uploads and the pictures shown are deleted from Gradio's cache after PAGE_CACHE[1] seconds.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from foodvit.data.photos import PhotoError, decode
+from foodvit.data.photos import PhotoError
 
 OVERLAY_SIZE = 224  # px: the attention picture is shown at least this large
+# Gradio's delete_cache (frequency, age) in seconds: every 10 minutes, the uploads and pictures
+# older than 30 minutes are deleted (a page that stays open longer shows a photo that is gone).
+PAGE_CACHE = (600, 1800)
+
 
 def model_card(predictor) -> str:
     """A short model card in Markdown: model, size, recipe, classes, test accuracy, data, date."""
@@ -29,11 +35,25 @@ def model_card(predictor) -> str:
         correct = f" ({round(metrics['test_acc'] * n)}/{n} photos)" if n else ""
         rows.append(("test accuracy", f"{metrics['test_acc']:.3f}{correct}, per image"))
     if metrics.get("data"):
-        photos = f", {metrics['train_photos']} training photos" if metrics.get("train_photos") else ""
-        rows.append(("training data", f"`{metrics['data']}`{photos}"))
+        counts = [f"{metrics[k]} {what} photos" for k, what in (("train_photos", "training"), ("test_n", "test")) if metrics.get(k)]
+        rows.append(("training data", f"`{data_name(metrics['data'])}`" + "".join(f", {c}" for c in counts)))
     if metrics.get("trained"):
         rows.append(("trained", metrics["trained"]))
     return "### Model card\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in rows)
+
+
+def data_name(source: str) -> str:
+    """A data source's name without where it lies on the trainer's machine (a card is published
+    with an exported Space): the folder's, file's or URL's last name, e.g. pizza_steak_sushi, or
+    the Food-101 spec itself (food101:pizza,steak)."""
+    text = str(source).rstrip("/\\")
+    if "/" not in text and "\\" not in text:
+        return text  # already a name: food101, food101:pizza,steak
+    last = text.replace("\\", "/").split("?")[0].rsplit("/", 1)[-1]
+    for suffix in (".zip", ".tar.gz", ".tgz", ".tar"):
+        if last.lower().endswith(suffix):
+            return last[: -len(suffix)]
+    return last
 
 
 def _count(n, word: str) -> str:
@@ -64,31 +84,43 @@ def attention_overlay(predictor, photo):
     return picture
 
 
-def build_page(service, examples: Sequence[Path] = ()):
+def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | None = None):
+    """The page's Blocks. cache: Gradio's delete_cache (frequency, age) in seconds, PAGE_CACHE by default."""
     import gradio as gr
+
+    from foodvit.deploy.serve import safe_name
 
     predictor = service.predictor
 
     def classify(path: str | None):
         if not path:
             raise gr.Error("no photo yet: upload one, paste one or take one with the webcam")
-        name = Path(path).name
+        name = safe_name(Path(path).name)
         try:
-            photo = decode(Path(path), name)
+            data = Path(path).read_bytes()
+        except OSError:
+            raise gr.Error(f"{name} is no longer on the server; upload it again") from None
+        try:
+            photo = predictor.decode(data, name, max_pixels=service.max_pixels, budget=service.budget)
             answer = service.classify(photo, name)
         except PhotoError as err:
-            raise gr.Error(f"{name} {err.reason}") from None
+            raise gr.Error(str(err), print_exception=False) from None
         label = {c: p for c, p in answer["probabilities"].items()}
         return label, probability_table(answer), attention_overlay(predictor, photo)
 
     title = f"foodvit: {', '.join(predictor.classes)}"
-    with gr.Blocks(title=title, analytics_enabled=False) as page:
+    with gr.Blocks(title=title, analytics_enabled=False, delete_cache=cache or PAGE_CACHE) as page:
         gr.Markdown(f"# {title}\nA Vision Transformer (Dosovitskiy et al., 2021) trained with foodvit. "
                     "Give it a photo: it answers with the probability of each class and shows where it looked.")
         with gr.Row(equal_height=False):
             with gr.Column(min_width=300):
                 image = gr.Image(type="filepath", image_mode=None, sources=["upload", "clipboard", "webcam"], label="photo",
                                  elem_id="foodvit-photo")
+                # gr.Image in the browser (upload, paste, webcam), but the upload handed over as its file path,
+                # undecoded: gr.Image's own preprocessing opens it with Pillow and answers a bad file with its own
+                # error, which names the server's cache path. (On the instance: a subclass of a Gradio component
+                # makes Gradio write a .pyi stub beside this module.)
+                image.preprocess = lambda payload: None if payload is None else payload.path
                 button = gr.Button("Classify", variant="primary", elem_id="foodvit-classify")
                 if examples:
                     gr.Examples(examples=[[str(p)] for p in examples], inputs=[image], label="examples from the test photos")

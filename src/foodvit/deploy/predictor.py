@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from foodvit.data.photos import PhotoError, decode
+from foodvit.data.photos import MAX_PIXELS, PhotoError, decode
 from foodvit.data.preprocess import Preprocess, to_array
 
 Logits = Callable[[np.ndarray], np.ndarray]
@@ -32,6 +32,42 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def exported_kind(path: str | Path) -> str | None:
+    """'ONNX', 'TorchScript' or 'torch.export' for a file `foodvit export` writes, else None."""
+    import zipfile
+
+    path = Path(path)
+    if path.suffix.lower() == ".onnx":
+        return "ONNX"
+    if not path.is_file() or not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
+    if any("/code/__torch__/" in n or n.endswith("/constants.pkl") for n in names):  # TorchScript keeps the model's code
+        return "TorchScript"
+    if any(n.endswith("/archive_format") for n in names):  # torch.export's archive (.pt2)
+        return "torch.export"
+    return None
+
+
+def check_not_exported(path: str | Path) -> None:
+    """A RunError that says what reads an exported file, where a run directory (PyTorch) is needed."""
+    from foodvit.errors import RunError
+
+    kind = exported_kind(path)
+    if kind == "ONNX":
+        raise RunError(f"{path} is an ONNX export: foodvit predict and foodvit evaluate take it; this command needs the "
+                       "trained run directory (or its model.safetensors) it was exported from")
+    if kind is not None:
+        load = "torch.jit.load(path)" if kind == "TorchScript" else "torch.export.load(path).module()"
+        raise RunError(f"{path} is a {kind} export (foodvit export --format {'torchscript' if kind == 'TorchScript' else 'exported-program'}), "
+                       f"which foodvit does not read back: use the run directory it was exported from, or an .onnx export "
+                       f"(foodvit export RUN --out model.onnx), or load it in PyTorch with {load}")
 
 
 class Predictor:
@@ -56,9 +92,11 @@ class Predictor:
 
     @classmethod
     def from_run(cls, run: str | Path, device=None) -> Predictor:
-        """The trained model of a run directory (or a foodvit .safetensors file with its model.json)."""
+        """The trained model of a run directory (or a foodvit .safetensors file with its model.json).
+        An exported file (ONNX, TorchScript, torch.export) is refused with what reads it."""
         from foodvit.deploy.torch_backend import open_run  # only for a run directory: the ONNX path never loads torch
 
+        check_not_exported(run)
         return cls(*open_run(run, device))
 
     @classmethod
@@ -108,9 +146,16 @@ class Predictor:
                 return photos
         return []
 
-    def prepare(self, photo, name: str = "the photo") -> np.ndarray:
-        """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used."""
-        return to_array(self.preprocess, decode(photo, name))
+    def decode(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None):
+        """One photo as an RGB PIL image, a photo file far larger than the model needs decoded
+        reduced (photos.decode's reduce_to: the preprocessing's resize size); max_pixels and
+        budget (a DecodeBudget): the server's limits. A PhotoError if it cannot be used."""
+        p = self.preprocess
+        return decode(photo, name, max_pixels=max_pixels, reduce_to=p.resize_size if p.mode == "crop" else p.image_size, budget=budget)
+
+    def prepare(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None) -> np.ndarray:
+        """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used (see decode)."""
+        return to_array(self.preprocess, self.decode(photo, name, max_pixels=max_pixels, budget=budget))
 
     def logits(self, batch: np.ndarray) -> np.ndarray:
         """Logits (B, classes) of a prepared batch (B, 3, S, S)."""

@@ -10,15 +10,20 @@ The page is Gradio mounted on a FastAPI app, served by uvicorn. The model is loa
 Predictor; requests are decoded in worker threads and their inputs batched by a Batcher (a queue
 that collects inputs for a few milliseconds, up to a batch size) that runs the forward passes on
 one thread. Bad input is answered 4xx with {"error": what was wrong and what is accepted}: never a
-5xx, never a blocked server. Needs the serve extra: pip install 'foodvit[serve]'.
+5xx, never a blocked server. Memory is bounded whatever is uploaded: photos over --max-megapixels
+are refused from their header, larger photos than the model needs are decoded reduced, and
+concurrent decodes share a budget of DECODE_BUDGET_MB (photos.DecodeBudget). Needs the serve
+extra: pip install 'foodvit[serve]'.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the endpoints' annotations (UploadFile) at run time
 
 import asyncio
 import concurrent.futures
+import errno
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -26,11 +31,17 @@ from pathlib import Path
 
 import numpy as np
 
-from foodvit.data.photos import ACCEPTED, PhotoError, limit_pixels
+from foodvit.data.photos import ACCEPTED, DecodeBudget, PhotoError
 from foodvit.deploy.predictor import Predictor
 from foodvit.errors import FoodVitError
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
+# Uploads over this many pixels are refused from their header. The model needs a few hundred pixels
+# a side; 50 lets through the full-resolution photos of 48- and 50-megapixel phone cameras.
+DEFAULT_MAX_MEGAPIXELS = 50.0
+# Bytes that concurrent decodes may hold at once (photos.DecodeBudget): with the server's own
+# ~0.7 GB, uploads cannot take it past about 1.2 GB however many arrive together.
+DECODE_BUDGET_MB = 384
 EXAMPLES_PER_CLASS = 1
 
 
@@ -101,8 +112,10 @@ class Service:
     """What the API and the page share: the Predictor, the Batcher and the limits."""
 
     def __init__(self, predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float = 5.0, top_k: int = 3,
-                 max_upload_bytes: int = int(DEFAULT_MAX_UPLOAD_MB * 1e6)) -> None:
+                 max_upload_bytes: int = int(DEFAULT_MAX_UPLOAD_MB * 1e6), max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
+                 decode_budget_mb: float = DECODE_BUDGET_MB) -> None:
         self.predictor, self.top_k, self.max_upload_bytes = predictor, top_k, max_upload_bytes
+        self.max_pixels, self.budget = int(max_megapixels * 1e6), DecodeBudget(int(decode_budget_mb * 2**20))
         self._decoding, self._lock = 0, threading.Lock()  # requests accepted and not yet queued for the model
         self.batcher = Batcher(predictor, max_batch, max_wait_ms / 1000, arriving=lambda: self._decoding)
 
@@ -111,7 +124,7 @@ class Service:
         with self._lock:
             self._decoding += 1
         try:
-            x = self.predictor.prepare(photo, name)
+            x = self.predictor.prepare(photo, name, max_pixels=self.max_pixels, budget=self.budget)
             return self.batcher.submit(x)
         finally:
             with self._lock:
@@ -199,20 +212,27 @@ class _TooLarge(Exception):
     pass
 
 
+# the API's paths and the methods each answers; other methods get 405 (else the page mounted at /
+# would answer them 404 Not Found)
+API_METHODS = {"/predict": ("POST",), "/health": ("GET",)}
+
+
 def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float = 5.0, top_k: int = 3,
-               max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, examples: Sequence[Path] = (), page: bool = True):
-    """The FastAPI application: /predict and /health, and the Gradio page mounted at /."""
+               max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
+               examples: Sequence[Path] = (), page: bool = True, page_cache: tuple[int, int] | None = None):
+    """The FastAPI application: /predict and /health, and the Gradio page mounted at / (page_cache:
+    see page.build_page)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the machine
     from fastapi import FastAPI, File, Request, UploadFile
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    limit_pixels()
     size = predictor.preprocess.image_size
     predictor.probabilities(np.zeros((1, 3, size, size), np.float32))  # warm-up: the first visitor waits no longer than others
     max_bytes = int(max_upload_mb * 1e6)
-    service = Service(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_bytes=max_bytes)
+    service = Service(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_bytes=max_bytes,
+                      max_megapixels=max_megapixels)
     app = FastAPI(title="foodvit", description=f"{predictor.name}: {', '.join(predictor.classes)}")
     app.state.service = service
 
@@ -221,12 +241,26 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
         return JSONResponse({"error": "expected a multipart form with the photo in the field 'file' "
                                       "(e.g. curl -F file=@photo.jpg http://HOST:PORT/predict)"}, status_code=422)
 
-    @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException):
         message = str(err.detail).rstrip(".")
         if request.url.path == "/predict" and err.status_code == 400:  # e.g. the multipart parser's "Invalid multipart data"
             message += "; expected a multipart form with the photo in the field 'file' (e.g. curl -F file=@photo.jpg URL/predict)"
+        if err.status_code == 404 and message == "Not Found":
+            message = (f"nothing at {request.method} {request.url.path}: the page is GET /, the API POST /predict "
+                       "(the photo in the form field 'file') and GET /health")
         return JSONResponse({"error": message}, status_code=err.status_code, headers=getattr(err, "headers", None))
+
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+
+    for path, allowed in API_METHODS.items():
+        others = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE") if m not in allowed]
+
+        async def _wrong_method(request: Request, allowed=allowed):
+            how = " with the photo in the form field 'file' (e.g. curl -F file=@photo.jpg URL/predict)" if "POST" in allowed else ""
+            return JSONResponse({"error": f"{request.url.path} does not answer {request.method}; send {' or '.join(allowed)}{how}"},
+                                status_code=405, headers={"Allow": ", ".join(allowed)})
+
+        app.add_api_route(path, _wrong_method, methods=others, include_in_schema=False)
 
     @app.exception_handler(PhotoError)
     async def _bad_photo(request: Request, err: PhotoError):
@@ -249,9 +283,11 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
 
         from foodvit.deploy.page import build_page
 
-        demo = build_page(service, examples)
+        demo = build_page(service, examples, cache=page_cache)
+        # the example photos themselves, never their folders: other files beside them are not served
         app = gr.mount_gradio_app(app, demo, path="/", max_file_size=max_bytes, show_error=True,
-                                  allowed_paths=sorted({str(Path(p).parent) for p in examples}), footer_links=["api"])
+                                  allowed_paths=sorted(str(Path(p).resolve()) for p in examples), footer_links=["api"],
+                                  app_kwargs={"exception_handlers": {StarletteHTTPException: _http_error}})  # its 404s in our shape
     return BodyLimit(app, max_bytes), service
 
 
@@ -260,25 +296,58 @@ def run_examples(predictor: Predictor, per_class: int = EXAMPLES_PER_CLASS) -> l
     return predictor.photos_at_hand(per_class)
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, for uvicorn to listen on; a FoodVitError that says what to do
+    when the name does not resolve, the address is not this machine's or the port is taken. Bound
+    before anything is loaded or printed, so that the server never says where it serves in vain."""
+    try:
+        # the family as uvicorn picks it: IPv6 for an address with colons, else IPv4 (localhost is 127.0.0.1)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError, ValueError) as err:  # UnicodeError: an IDNA-invalid name such as bad..host
+        reason = err.strerror if isinstance(err, socket.gaierror) else "not a valid host name"
+        raise FoodVitError(f"--host {host}: cannot resolve it ({reason}); give an address of this machine, "
+                           "e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every network)") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a port in TIME_WAIT is free
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise FoodVitError(f"cannot listen on {host}:{port}: the port is in use (another server?); choose another --port") from None
+        if err.errno == errno.EADDRNOTAVAIL:
+            raise FoodVitError(f"cannot listen on {host}:{port}: {host} is not an address of this machine; "
+                               "use 127.0.0.1 or 0.0.0.0") from None
+        if err.errno == errno.EACCES:
+            raise FoodVitError(f"cannot listen on {host}:{port}: ports below 1024 need administrator rights; "
+                               "choose a --port from 1024 up") from None
+        raise FoodVitError(f"cannot listen on {host}:{port} ({err.strerror or err}); choose another --host or --port") from None
+    return sock
+
+
 def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 7860, max_batch: int = 16, max_wait_ms: float = 5.0,
-          top_k: int = 3, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, threads: int | None = None, examples: bool = True,
-          example_photos: Sequence[Path] | None = None, log_level: str = "warning") -> None:
+          top_k: int = 3, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
+          threads: int | None = None, examples: bool = True, example_photos: Sequence[Path] | None = None,
+          log_level: str = "warning") -> None:
     """Load the run once and serve it until interrupted. The page's examples: example_photos if
-    given, else (examples=True) one photo per class from the run's test split when at hand."""
+    given, else (examples=True) one photo per class from the run's test photos when at hand."""
     import uvicorn
 
-    predictor = Predictor.from_run(run)
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    shown = list(example_photos) if example_photos is not None else run_examples(predictor) if examples else []
-    app, _ = create_app(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_mb=max_upload_mb,
-                        examples=shown)
-    print(f"serving {predictor.name} from {run} at http://{host}:{port}/  (API: POST /predict, GET /health; Ctrl+C stops)",
-          flush=True)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5)
+    sock = listening_socket(host, port)
     try:
-        uvicorn.Server(config).run()
-    except OSError as err:  # the port is taken, the address is not ours
-        raise FoodVitError(f"cannot listen on {host}:{port} ({err.strerror or err}); choose another --port") from None
+        predictor = Predictor.from_run(run)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        shown = list(example_photos) if example_photos is not None else run_examples(predictor) if examples else []
+        app, _ = create_app(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_mb=max_upload_mb,
+                            max_megapixels=max_megapixels, examples=shown)
+        where = f"[{host}]" if ":" in host else host
+        print(f"serving {predictor.name} from {run} at http://{where}:{port}/  (API: POST /predict, GET /health; Ctrl+C stops)",
+              flush=True)
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

@@ -2,7 +2,8 @@
 
     DIR/app.py            serves the demo and the API (foodvit.deploy.serve) from model/: `python app.py`
     DIR/requirements.txt  what the Space installs (no torchvision, no timm)
-    DIR/model/            model.safetensors + model.json (architecture, classes, preprocessing, metrics)
+    DIR/model/            model.safetensors + model.json (architecture, classes, preprocessing, metrics;
+                          the training data by its name only, not where it lay on the trainer's machine)
     DIR/examples/         a few of the run's test photos
     DIR/foodvit/          this foodvit package itself, so the Space needs nothing unpublished
     DIR/README.md         the Space's metadata (sdk: gradio, app_file: app.py) and a model card
@@ -13,6 +14,7 @@ GRADIO_SERVER_PORT say otherwise (a Space sets GRADIO_SERVER_NAME=0.0.0.0).
 
 from __future__ import annotations
 
+import json
 import shutil
 from importlib import metadata
 from pathlib import Path
@@ -65,6 +67,16 @@ def _readme(predictor, classes: list[str]) -> str:
     ])
 
 
+def published_card(card: dict) -> dict:
+    """A model card fit to publish: the training data named (page.data_name), not its local path."""
+    from foodvit.deploy.page import data_name
+
+    metrics = dict(card.get("metrics", {}))
+    if metrics.get("data"):
+        metrics["data"] = data_name(metrics["data"])
+    return {**{k: v for k, v in card.items() if k != "params"}, "metrics": metrics}
+
+
 def export_space(run: str | Path, folder: str | Path, examples_per_class: int = 2) -> Path:
     """Write the Space folder (new or empty: anything else is refused and left untouched)."""
     import foodvit
@@ -82,9 +94,9 @@ def export_space(run: str | Path, folder: str | Path, examples_per_class: int = 
 
     def fill(tmp: Path) -> None:
         (tmp / "model").mkdir()
-        for name in ("model.safetensors", "model.json"):
-            if (run / name).is_file():
-                shutil.copy2(run / name, tmp / "model" / name)
+        shutil.copy2(run / "model.safetensors", tmp / "model" / "model.safetensors")
+        if (run / "model.json").is_file():
+            (tmp / "model" / "model.json").write_text(json.dumps(published_card(predictor.card), indent=2))
         (tmp / "examples").mkdir()
         for i, photo in enumerate(examples):
             shutil.copy2(photo, tmp / "examples" / f"{i:02d}-{photo.parent.name}{photo.suffix.lower()}")
