@@ -101,7 +101,7 @@ def test_an_empty_file_is_called_empty_as_bytes_and_as_a_path(tmp_path, capsys):
 
 def test_predict_on_an_empty_photo_says_empty_through_the_cli(tmp_path, predictor, capsys):
     from foodvit.cli.main import main
-    from foodvit.rundir.directory import save_model
+    from foodvit.rundir.trained import save_model
 
     save_model(tmp_path, predictor.model, CLASSES, predictor.preprocess)
     (tmp_path / "empty.jpg").write_bytes(b"")
