@@ -313,3 +313,29 @@ def test_drawing_changes_no_global_matplotlib_state():
                          env={**__import__("os").environ, "MPLBACKEND": "svg"})
     assert out.returncode == 0, out.stderr
     assert "SAME True OPEN 0" in out.stdout
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--lr", "nan"], "argument --lr: must be > 0, got nan"),
+    (["train", "--train-fraction", "nan"], "argument --train-fraction: must be in (0, 1], got nan"),
+    (["train", "--lr", "inf"], "argument --lr: must be > 0, got inf"),
+    (["train", "--cache-gb", "0"], "must be > 0, got 0; for no cache at all, use --no-cache"),
+    (["serve", "run", "--max-upload-mb", "nan"], "argument --max-upload-mb: must be > 0, got nan"),
+])
+def test_nan_and_infinity_are_refused_in_one_line(argv, message, capsys):
+    # NaN passed every range check: --train-fraction nan trained on all photos and wrote NaN into config.json
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_nan_in_python_settings_is_refused():
+    from foodvit.config import DataConfig, OptimConfig
+    from foodvit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--train-fraction must be in \\(0, 1\\], got nan"):
+        DataConfig(train_fraction=float("nan"))
+    with pytest.raises(ConfigError, match="--lr must be > 0, got inf"):
+        OptimConfig(lr=float("inf"))

@@ -189,7 +189,7 @@ class DataConfig:
     cache: bool = opt(True, "decode each photo once and keep it in memory (small data sets; JPEG decoding dominates CPU time); "
                       "on or off, a run computes exactly the same")
     cache_gb: float = opt(4.0, "memory budget of that cache in GiB, per process: photos past it are decoded each time they are used",
-                          range=POSITIVE)
+                          range=Range(0, lo_open=True, hint="for no cache at all, use --no-cache"))
     workers: int = opt(0, "DataLoader worker processes, kept up between epochs (0: load in the training process; "
                        "on a GPU try 4-8); any number from 1 up gives the same run", range=AT_LEAST_0)
     strict: bool = opt(False, "refuse corrupt or non-image files instead of skipping them")

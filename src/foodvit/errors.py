@@ -8,6 +8,7 @@ settings (config.py) and the command line can use it without loading PyTorch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -21,14 +22,18 @@ class ConfigError(FoodVitError, ValueError):
 
 @dataclass(frozen=True)
 class Range:
-    """The allowed values of a number: lo <= x <= hi, either end open or absent."""
+    """The allowed values of a number: lo <= x <= hi, either end open or absent; never NaN or an
+    infinity (no setting means either). hint: what to do instead, added to the message."""
 
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False
     hi_open: bool = False
+    hint: str = ""
 
     def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
         if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
             return False
         if self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi):
@@ -58,7 +63,7 @@ def check_value(flag: str, value, allowed: Range) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(f"{flag} must be a number {allowed}, got {v!r}")
         if v not in allowed:
-            raise ConfigError(f"{flag} must be {allowed}, got {v:g}")
+            raise ConfigError(f"{flag} must be {allowed}, got {v:g}" + (f"; {allowed.hint}" if allowed.hint else ""))
 
 
 class InputError(FoodVitError, ValueError):

@@ -60,7 +60,7 @@ def number_type(kind: type, allowed: Range | None = None, several: bool = False)
             try:
                 check_value("value", values, allowed)
             except ConfigError:
-                raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}") from None
+                raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}" + (f"; {allowed.hint}" if allowed.hint else "")) from None
         return values
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
