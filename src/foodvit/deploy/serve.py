@@ -21,7 +21,6 @@ extra: pip install 'foodvit[serve]'.
 import asyncio
 import concurrent.futures
 import errno
-import os
 import queue
 import socket
 import threading
@@ -222,7 +221,6 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
                examples: Sequence[Path] = (), page: bool = True, page_cache: tuple[int, int] | None = None):
     """The FastAPI application: /predict and /health, and the Gradio page mounted at / (page_cache:
     see page.build_page)."""
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the machine
     from fastapi import FastAPI, File, Request, UploadFile
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
@@ -328,19 +326,15 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 7860, max_batch: int = 16, max_wait_ms: float = 5.0,
           top_k: int = 3, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
-          threads: int | None = None, examples: bool = True, example_photos: Sequence[Path] | None = None,
-          log_level: str = "warning") -> None:
+          examples: bool = True, example_photos: Sequence[Path] | None = None, log_level: str = "warning") -> None:
     """Load the run once and serve it until interrupted. The page's examples: example_photos if
-    given, else (examples=True) one photo per class from the run's test photos when at hand."""
+    given, else (examples=True) one photo per class from the run's test photos when at hand.
+    What is process-wide (PyTorch's threads, Gradio's analytics) is the entry point's to set."""
     import uvicorn
 
     sock = listening_socket(host, port)
     try:
         predictor = Predictor.from_run(run)
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
         shown = list(example_photos) if example_photos is not None else run_examples(predictor) if examples else []
         app, _ = create_app(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_mb=max_upload_mb,
                             max_megapixels=max_megapixels, examples=shown)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the foodvit package shipped beside this file
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the machine but the answers
 
 from foodvit.deploy.serve import serve  # noqa: E402
 
