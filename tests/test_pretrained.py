@@ -150,3 +150,23 @@ def test_offline_training_run_says_what_to_do(offline, capsys):
     photos = make_photo_folder(offline / "p", n_train=1, n_test=1)
     assert main(["train", "--pretrained", "torchvision:IMAGENET1K_V1", "--data", str(photos), "--out", str(offline / "r")]) == 2
     assert "pass a local weights file instead" in capsys.readouterr().err
+
+
+def test_a_network_error_is_not_taken_for_a_missing_safetensors_file(monkeypatch):
+    # the .bin fallback used to catch every Exception: a time-out was reported as the .bin's failure
+    import huggingface_hub
+
+    import foodvit.model.pretrained as P
+
+    asked = []
+
+    def download(repo, filename, **kwargs):
+        asked.append(filename)
+        raise TimeoutError("read timed out")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, filename, **kwargs: None)
+    monkeypatch.setattr(P, "_probe", lambda url: None)
+    with pytest.raises(TimeoutError, match="read timed out"):
+        P._timm_state_dict("vit_tiny_patch16_224.augreg_in21k_ft_in1k")
+    assert asked == ["model.safetensors"]  # no second try at the .bin for a network error
