@@ -298,3 +298,21 @@ def test_serving_a_run_being_trained_says_so(photos, tmp_path):
             Predictor.from_run(out)
     with pytest.raises(RunError, match="resume an unfinished run"):
         Predictor.from_run(out)
+
+
+def test_a_lock_whose_owner_is_not_yet_written_is_still_respected(photos, tmp_path):
+    # the old lock read its file for the owner's pid: created but not yet written, it looked stale and
+    # was taken over (two writers). The OS lock does not depend on what the file says.
+    out = tmp_path / "race"
+    out.mkdir()
+    code = (f"from pathlib import Path; from foodvit.rundir.directory import RunLock; lock = RunLock({str(out)!r}).acquire(); "
+            f"(Path({str(out)!r}) / RunLock.OWNER).unlink(); (Path({str(out)!r}) / RunLock.NAME).write_text(''); "
+            "print('held', flush=True); import time; time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunError, match=r"in use by another foodvit process \(owner unknown\)"):
+            train(small(photos), out, quiet=True)
+    finally:
+        holder.kill()
+        holder.wait()
