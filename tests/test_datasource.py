@@ -130,3 +130,13 @@ def test_export_of_a_url_run_needs_no_photos_option(url_run, tmp_path, monkeypat
     assert main(["evaluate", str(tmp_path / "m.onnx")]) == 2
     assert "are not at hand here; name them with --data" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "empty-cache", ignore_errors=True)
+
+
+def test_export_space_says_when_it_has_no_examples(url_run, tmp_path, monkeypatch, capsys):
+    # it used to write an empty examples/ without a word
+    run, _, _ = url_run
+    monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("FOODVIT_DATA", raising=False)
+    assert main(["export-space", str(run), str(tmp_path / "space")]) == 0
+    assert "note: no example photos: the run's photos are not at hand here" in capsys.readouterr().err
+    assert not any((tmp_path / "space" / "examples").iterdir())

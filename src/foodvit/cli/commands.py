@@ -255,6 +255,9 @@ def cmd_export_space(args: argparse.Namespace) -> int:
     from foodvit.deploy.space import export_space
 
     folder = export_space(args.run, args.folder, examples_per_class=args.examples)
+    if args.examples and not any((Path(folder) / "examples").iterdir()):
+        print("note: no example photos: the run's photos are not at hand here (set FOODVIT_DATA to a folder of them, "
+              "or copy a few photos into the Space's examples/)", file=sys.stderr)
     print(f"Space ready in {folder}: cd {folder} && python app.py  (offline, http://127.0.0.1:7860/); "
           "to publish, push the folder to a Hugging Face Space")
     return 0
