@@ -204,8 +204,18 @@ def test_conv_stem_keeps_the_token_grid():
 
 
 def test_image_size_not_divisible_by_patch_size_names_both():
-    with pytest.raises(ValueError, match=r"image size 250 is not divisible by patch size 16.*--image-size 240 or 256"):
+    with pytest.raises(ValueError, match=r"image size 250 is not a multiple of the patch size 16; use 240 or 256"):
         foodvit.create_model("ViT-B/16", image_size=250)
+
+
+def test_the_patch_grid_rule_names_the_nearest_sizes_on_the_grid():
+    from foodvit.config import check_on_patch_grid
+
+    check_on_patch_grid("image size", 224, 16)  # on the grid: nothing to say
+    with pytest.raises(ConfigError, match=r"^--start-size 20 is not a multiple of the patch size 8; use 16 or 24$"):
+        check_on_patch_grid("--start-size", 20, 8)
+    with pytest.raises(ConfigError, match=r"^image size 10 is not a multiple of the patch size 16; use 16$"):
+        check_on_patch_grid("image size", 10, 16)  # below one patch: no size 0 to suggest
 
 
 def test_wrong_input_size_and_channels_are_explained():

@@ -121,7 +121,7 @@ def test_each_picture_command_writes_a_real_png(tiny_run, tmp_path):
 def test_patch_grid_errors_name_both_sizes(tmp_path, capsys):
     Image.new("RGB", (50, 40), (1, 2, 3)).save(tmp_path / "p.png")
     assert main(["patches", str(tmp_path / "p.png"), "--image-size", "100", "--patch-size", "16", "--out", str(tmp_path / "x.png")]) == 2
-    assert "image size 100 is not divisible by patch size 16" in capsys.readouterr().err
+    assert "image size 100 is not a multiple of the patch size 16; use 96 or 112" in capsys.readouterr().err
 
 
 def test_explain_reads_attention_through_the_models_pooling():

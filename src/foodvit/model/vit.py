@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import ViTConfig
+from foodvit.config import ViTConfig, check_on_patch_grid
 from foodvit.errors import ConfigError, InputError
 
 # ---------------------------------------------------------------------------------------------
@@ -136,13 +136,6 @@ def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> Non
             f"(the model's preprocessing does this) or rebuild the model for {H} px with "
             f"foodvit.resize_model(model, {H})"
         )
-
-
-def check_on_patch_grid(name: str, size: int, patch_size: int) -> None:
-    """A side length the patches tile exactly, or a ConfigError naming the two nearest that do."""
-    if size % patch_size:
-        lower = size // patch_size * patch_size
-        raise ConfigError(f"{name} {size} is not a multiple of the patch size {patch_size}; use {lower or patch_size} or {lower + patch_size}")
 
 
 def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:

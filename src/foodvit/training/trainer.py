@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from foodvit.config import RunConfig, ViTConfig
+from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
 from foodvit.data.datasets import Listed, MemoryBudget, PhotoCache, PhotoDataset, list_source, open_dataset
 from foodvit.data.preprocess import Preprocess, eval_transform, make_preprocess
 from foodvit.data.sampling import make_loader
@@ -39,7 +39,7 @@ from foodvit.data.transforms import batch_mixer, train_transform
 from foodvit.errors import ConfigError, FoodVitError
 from foodvit.files import RunLock
 from foodvit.model.variants import create_model, get_variant
-from foodvit.model.vit import VisionTransformer, check_on_patch_grid
+from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
 from foodvit.rundir.directory import (
     RUN_FILES,
