@@ -14,6 +14,7 @@ from torch import nn
 from foodvit.config import RunConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
+from foodvit.model.vit import Heads
 from foodvit.rundir.directory import RunError, load_checkpoint
 from foodvit.training.distill import WithDistillation, build_teacher
 from foodvit.training.drloc import WithDenseRelativeLocalization
@@ -199,10 +200,11 @@ def test_the_token_is_a_second_prefix_token_and_prediction_averages_the_two_head
     assert tokens.shape == (3, 18, 192) and attentions[0].shape[-1] == 18  # both tokens attend and are attended to
     by_hand = (vit.head(vit.pool(tokens)) + vit.head_dist(tokens[:, 1])) / 2  # [class; distillation; patches]
     torch.testing.assert_close(vit(images), by_hand, rtol=1e-5, atol=1e-5)  # with pool='cls', the last block's fast path too
-    logits, distilled, extra = vit.forward_heads(images)
-    torch.testing.assert_close(logits, vit.head(vit.pool(tokens)), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(distilled, vit.head_dist(tokens[:, 1]), rtol=1e-5, atol=1e-5)
-    assert extra is None
+    heads = vit.forward_heads(images)
+    torch.testing.assert_close(heads.logits, vit.head(vit.pool(tokens)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(heads.distilled, vit.head_dist(tokens[:, 1]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(heads.prediction(), by_hand, rtol=1e-5, atol=1e-5)
+    assert type(heads) is Heads  # the two heads, by name, and no auxiliary loss from the plain ViT
 
 
 def test_the_token_starts_apart_from_the_class_token_and_is_not_decayed():
@@ -219,9 +221,9 @@ def test_with_the_token_the_teacher_trains_the_distillation_head_and_the_labels_
     images = torch.randn(4, 3, 32, 32)
     logits, extra = wrapped(images)
     torch.manual_seed(0)
-    class_logits, distilled, _ = vit.forward_heads(images)
-    torch.testing.assert_close(logits, class_logits, rtol=1e-5, atol=1e-5)  # the engine's CE against y reads Eq. 4's head
-    torch.testing.assert_close(extra, 0.7 * F.cross_entropy(distilled, torch.tensor([2, 0, 1, 1])), rtol=1e-5, atol=1e-5)
+    heads = vit.forward_heads(images)
+    torch.testing.assert_close(logits, heads.logits, rtol=1e-5, atol=1e-5)  # the engine's CE against y reads Eq. 4's head
+    torch.testing.assert_close(extra, 0.7 * F.cross_entropy(heads.distilled, torch.tensor([2, 0, 1, 1])), rtol=1e-5, atol=1e-5)
     extra.backward()
     assert vit.head.weight.grad is None  # the teacher's term does not reach the class head ...
     assert vit.head_dist.weight.grad.abs().sum() > 0 and vit.dist_token.grad.abs().sum() > 0  # ... it trains the token's

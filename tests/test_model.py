@@ -433,3 +433,17 @@ def test_a_sincos_model_takes_a_smaller_input_with_that_grids_positions():
     learned = VisionTransformer(config.replace(pos_embed="learned"))
     with pytest.raises(ConfigError, match="fixed position embeddings"):
         learned.set_input_size(16)
+
+
+def test_the_heads_are_named_and_without_the_token_the_prediction_is_eq4s_head():
+    from foodvit.model.vit import Heads
+
+    model = tiny(num_classes=3).eval()
+    torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would give zeros whatever it read
+    images = torch.randn(2, 3, model.config.image_size, model.config.image_size)
+    tokens, _ = model.forward_features(images)
+    heads = model.heads(tokens)
+    assert type(heads) is Heads and heads.distilled is None
+    torch.testing.assert_close(heads.logits, model.head(tokens[:, 0]))  # Eq. 4 on the class token
+    torch.testing.assert_close(heads.prediction(), heads.logits, rtol=0, atol=0)
+    torch.testing.assert_close(model.forward_heads(images).logits, model(images), rtol=1e-5, atol=1e-5)

@@ -59,6 +59,7 @@ Notes (not deviations from the paper's text):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -309,6 +310,18 @@ class Block(nn.Module):
 HEADS = ("head.", "head_dist.")  # parameter-name prefixes of the classifier heads (the head, and deviation 9's)
 
 
+@dataclass(frozen=True)
+class Heads:
+    """What the classifier heads read from the final tokens, by name: each (B, num_classes)."""
+
+    logits: torch.Tensor  # Eq. 4: the head on the pooled state
+    distilled: torch.Tensor | None  # deviation 9: the distillation token's head; None without the token
+
+    def prediction(self) -> torch.Tensor:
+        """The model's logits: Eq. 4's, or with the distillation token the mean of the two heads' (DeiT)."""
+        return self.logits if self.distilled is None else (self.logits + self.distilled) / 2
+
+
 class VisionTransformer(nn.Module):
     """ViT: Eq. 1 (embed), L blocks of Eq. 2-3, Eq. 4 (normalise, pool, classify).
 
@@ -411,29 +424,27 @@ class VisionTransformer(nn.Module):
         weights = self.attn_pool(patches).softmax(dim=1)  # (B, N, D) -> (B, N, 1)
         return (weights * patches).sum(dim=1)  # (B, N, D) -> (B, D)
 
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The final tokens (B, T, D) -> Eq. 4's logits (B, num_classes), and the distillation head's
-        logits from the distillation token's state (deviation 9), or None without that token."""
+    def heads(self, x: torch.Tensor) -> Heads:
+        """The final tokens (B, T, D) -> Eq. 4's logits and the distillation head's, from the
+        distillation token's state (deviation 9; None without that token)."""
         logits = self.head(self.pool(x))  # Eq. 4: y = LN(z_L^0), then the linear head
         if not self.config.distill_token:
-            return logits, None
-        return logits, self.head_dist(x[:, self.config.num_prefix_tokens - 1])
+            return Heads(logits, None)
+        return Heads(logits, self.head_dist(x[:, self.config.num_prefix_tokens - 1]))  # the token follows x_class
 
     def classify(self, x: torch.Tensor) -> torch.Tensor:
         """The final tokens (B, T, D) -> the model's logits (B, num_classes): Eq. 4; with the
         distillation token, the mean of its head's logits and Eq. 4's (DeiT's prediction)."""
-        logits, distilled = self.heads(x)
-        return logits if distilled is None else (logits + distilled) / 2
+        return self.heads(x).prediction()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x, _ = self.forward_features(images, class_only=self.config.class_only_last_block)
         return self.classify(x)  # -> (B, num_classes)
 
-    def forward_heads(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-        """What training with a teacher reads (distill.py): Eq. 4's logits, the distillation head's
-        (None without the token) and no auxiliary loss."""
+    def forward_heads(self, images: torch.Tensor) -> Heads:
+        """Both heads' logits, which training with a teacher reads (distill.py): (B, C, H, W) -> Heads."""
         x, _ = self.forward_features(images, class_only=self.config.class_only_last_block)
-        return *self.heads(x), None
+        return self.heads(x)
 
     def forward_with_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and the attention weights of every layer, [(B, h, T, T)] * L."""
