@@ -465,24 +465,6 @@ class VisionTransformer(nn.Module):
             setattr(self, name, head.to(device=self.norm.weight.device, dtype=self.norm.weight.dtype))
             _init_head(head)
 
-    def freeze_backbone(self) -> None:
-        """Train the head only (a feature extractor): every other parameter stops taking gradients,
-        so the optimiser holds no state for them and backward stops at the head; and the backbone
-        stays in eval mode even when the model is put in training mode (train()), so dropout,
-        stochastic depth and the conv stem's BatchNorm compute the same features every time."""
-        for name, p in self.named_parameters():
-            p.requires_grad_(name.startswith(HEADS))
-        self.backbone_frozen = True
-        self.train(self.training)
-
-    def train(self, mode: bool = True) -> "VisionTransformer":
-        super().train(mode)
-        if getattr(self, "backbone_frozen", False):
-            for name, child in self.named_children():
-                if not f"{name}.".startswith(HEADS):
-                    child.eval()
-        return self
-
     def no_weight_decay(self) -> set[str]:
         """Parameters an optimiser should not decay: the class and distillation tokens and the position embedding."""
         return {name for name in ("cls_token", "dist_token", "pos_embed") if name in dict(self.named_parameters())}

@@ -57,6 +57,7 @@ from foodvit.training.distill import WithDistillation, build_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, PeerLost, backend_reason
 from foodvit.training.drloc import WithDenseRelativeLocalization
 from foodvit.training.engine import FitHooks, StepSettings, TrainingDiverged, evaluate, fit
+from foodvit.training.freezing import freeze_backbone
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.report import per_class_accuracy, plot_confusion, plot_curves, write_report
 from foodvit.viz.figures import most_wrong_figure, predictions_figure
@@ -178,7 +179,7 @@ class Trainer:
         if d.start_size and d.start_size != self.model.config.image_size and self.model.config.pos_embed == "learned":
             raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
         if self.config.train.freeze_backbone:
-            self.model.freeze_backbone()
+            freeze_backbone(self.model)
         # the module the optimiser steps: the ViT, with the auxiliary head and the distillation loss
         # if asked (training only); both train the encoder: with a frozen one (a feature extractor)
         # they have nothing to train
