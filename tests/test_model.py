@@ -394,26 +394,31 @@ def test_mimetic_init_makes_tokens_attend_to_themselves_at_step_zero():
 
 
 def test_a_sincos_model_takes_a_smaller_input_with_that_grids_positions():
-    """Progressive resizing: set_input_size(16) on a 32 px model (grid 4) feeds 16 px images with the
-    sin-cos embedding of a 2 x 2 grid; back at 32 px the model computes what it did before."""
+    """Progressive resizing's model side: given the sin-cos embedding of a 2 x 2 grid (pos_embed_for_grid),
+    a 32 px model (grid 4) embeds 16 px images with it; without it, the model's own size alone, and
+    nothing in the model changes: 32 px images give what they gave before."""
     config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
                        pool="gap", pos_embed="sincos2d")
     model = VisionTransformer(config).eval()
     images = torch.randn(2, 3, 32, 32)
     before = model(images)
-    with pytest.raises(InputError, match="expected 32 x 32 images, got 16 x 16"):
-        model(images[..., :16, :16])
-    model.set_input_size(16)
     small = images[..., :16, :16]
+    with pytest.raises(InputError, match="expected 32 x 32 images, got 16 x 16"):
+        model(small)
+    pos_embed = model.pos_embed_for_grid(2)
     tokens = torch.cat([model.cls_token.expand(2, -1, -1), model.patch_embed(small)], dim=1)  # (2, 1 + 4, 32)
     expected = tokens + torch.cat([torch.zeros(1, 32), sincos_2d_pos_embed(2, 32)])[None]
-    torch.testing.assert_close(model.embed(small), expected)
-    assert model(small).shape == (2, 3) and model.config.image_size == 32
-    model.set_input_size(32)
-    torch.testing.assert_close(model(images), before)
+    torch.testing.assert_close(model.embed(small, pos_embed), expected)
+    assert model(small, pos_embed=pos_embed).shape == (2, 3) and model.config.image_size == 32
+    with pytest.raises(InputError, match="expected 16 x 16 images, got 32 x 32"):
+        model(images, pos_embed=pos_embed)  # the images must fit the grid they are given positions for
+    torch.testing.assert_close(model(images), before, rtol=0, atol=0)
+    assert "_other_grid_pos_embed" not in model.__dict__ and not hasattr(model, "set_input_size")  # no state in the model
     learned = VisionTransformer(config.replace(pos_embed="learned"))
     with pytest.raises(ConfigError, match="fixed position embeddings"):
-        learned.set_input_size(16)
+        learned.pos_embed_for_grid(2)
+    unplaced = VisionTransformer(config.replace(pos_embed="none")).eval()  # no position embedding: any grid adds nothing
+    torch.testing.assert_close(unplaced.pos_embed_for_grid(2), torch.zeros(1, 5, 32), rtol=0, atol=0)
 
 
 def test_the_heads_are_named_and_without_the_token_the_prediction_is_eq4s_head():

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foodvit.model.vit import Heads, VisionTransformer
+from foodvit.training.resizing import AnyGrid
 
 
 def pair_offsets(first: torch.Tensor, second: torch.Tensor, grid: int) -> torch.Tensor:
@@ -63,7 +64,7 @@ class WithDenseRelativeLocalization(nn.Module):
     auxiliary loss), which the engine adds to the classification loss; in eval mode the logits
     alone. The logits are the ViT's own: same tokens, same pooling, same heads."""
 
-    def __init__(self, vit: VisionTransformer, weight: float, pairs: int = 64) -> None:
+    def __init__(self, vit: VisionTransformer | AnyGrid, weight: float, pairs: int = 64) -> None:
         super().__init__()
         self.vit, self.weight = vit, weight
         self.drloc = DenseRelativeLocalization(vit.config.embed_dim, pairs)

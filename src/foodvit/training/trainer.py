@@ -60,6 +60,7 @@ from foodvit.training.engine import FitHooks, StepSettings, TrainingDiverged, ev
 from foodvit.training.freezing import freeze_backbone
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.report import per_class_accuracy, plot_confusion, plot_curves, write_report
+from foodvit.training.resizing import AnyGrid
 from foodvit.viz.figures import most_wrong_figure, predictions_figure
 from foodvit.viz.plotting import save_figure
 
@@ -184,10 +185,11 @@ class Trainer:
         # if asked (training only); both train the encoder: with a frozen one (a feature extractor)
         # they have nothing to train
         c = self.config
-        self.trained = self.model
+        resizing = bool(d.start_size) and d.start_size != self.model.config.image_size  # smaller batches first: any grid
+        self.trained = AnyGrid(self.model) if resizing else self.model
         self.localization = self.distiller = None
         if c.optim.drloc > 0 and not c.train.freeze_backbone:
-            self.trained = self.localization = WithDenseRelativeLocalization(self.model, c.optim.drloc, c.optim.drloc_pairs)
+            self.trained = self.localization = WithDenseRelativeLocalization(self.trained, c.optim.drloc, c.optim.drloc_pairs)
         if c.optim.distill > 0 and not c.train.freeze_backbone:
             self.trained = self.distiller = WithDistillation(self.trained, c.optim.distill)  # its teacher comes in fit()
         self.teacher_history: list[dict] = []
@@ -319,7 +321,6 @@ class Trainer:
         torch.manual_seed(derive_seed(self.config.train.seed, "step", epoch))  # dropout, mixup, drloc pairs of this epoch
         self.train_loader.batch_sampler.set_epoch(epoch)  # its order and augmentation seeds
         size = self.input_size(epoch)
-        self.model.set_input_size(size)
         self.settings.input_size = 0 if size == self.model.config.image_size else size
 
     def _after_epoch(self, epoch: int, row: dict) -> None:
@@ -333,7 +334,7 @@ class Trainer:
         """The model to evaluate (the EMA's, if any), at its own resolution."""
         if self.ema is not None:
             return self.ema.module
-        return self.model.set_input_size(self.model.config.image_size)
+        return self.model
 
     def _hooks(self) -> FitHooks:
         hooks = FitHooks(before_epoch=[self._before_epoch], after_epoch=[self._after_epoch])
