@@ -24,7 +24,7 @@ def test_summary_ends_with_the_total(capsys):
 
 def test_errors_are_one_line_with_what_to_do(capsys):
     assert main(["summary", "ViT-B/16", "--image-size", "250"]) == 2
-    assert "image size 250 is not divisible by patch size 16; use --image-size 240 or 256" in capsys.readouterr().err
+    assert "image size 250 is not a multiple of the patch size 16; use 240 or 256" in capsys.readouterr().err
 
 
 def test_every_recipe_loads_and_builds_its_optimiser():

@@ -14,6 +14,7 @@ from torch import nn
 from foodvit.config import RunConfig
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.variants import create_model
+from foodvit.model.vit import Heads
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.training.distill import WithDistillation, build_teacher
 from foodvit.training.drloc import WithDenseRelativeLocalization
@@ -130,10 +131,14 @@ def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos
             kwargs = {**kwargs, "epochs": 2}
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(T, "fit", stop_after_two_student_epochs)
+    import foodvit.training.distill as D  # the teacher's fit runs there
+
+    for module in (T, D):
+        monkeypatch.setattr(module, "fit", stop_after_two_student_epochs)
     train(distilled(photos, epochs=3), out, quiet=True)
     assert len(load_checkpoint(out / "checkpoint.pt")["history"]) == 2
-    monkeypatch.setattr(T, "fit", real)
+    for module in (T, D):
+        monkeypatch.setattr(module, "fit", real)
     saved_teacher = (out / "teacher.pt").read_bytes()
     calls_after = {"n": 0}
 
@@ -141,7 +146,8 @@ def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos
         calls_after["n"] += 1
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(T, "fit", count)
+    for module in (T, D):
+        monkeypatch.setattr(module, "fit", count)
     resumed = resume(out, quiet=True)
     assert calls_after["n"] == 1  # the student's epochs only
     assert (out / "teacher.pt").read_bytes() == saved_teacher
@@ -152,6 +158,7 @@ def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos
 def test_a_foreign_teacher_file_is_refused(photos, tmp_path):
     out = tmp_path / "run"
     train(distilled(photos, epochs=1), out, quiet=True)
+    (out / "model.safetensors").unlink()  # as a run stopped before writing its model (a finished run is not resumed)
     state = load_checkpoint(out / "teacher.pt")
     torch.save({**state, "architecture": "resnet34"}, out / "teacher.pt")
     with pytest.raises(RunError, match="not this run's resnet18 distillation teacher"):
@@ -171,11 +178,15 @@ def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(photo
             raise KeyboardInterrupt
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(T, "fit", interrupt_the_student)
+    import foodvit.training.distill as D  # the teacher's fit runs there
+
+    for module in (T, D):
+        monkeypatch.setattr(module, "fit", interrupt_the_student)
     with pytest.raises(KeyboardInterrupt):
         train(distilled(photos, epochs=2), out, quiet=True)
     assert (out / "teacher.pt").is_file() and load_checkpoint(out / "checkpoint.pt")["epoch"] == 0
-    monkeypatch.setattr(T, "fit", real)
+    for module in (T, D):
+        monkeypatch.setattr(module, "fit", real)
     resumed = resume(out, quiet=True)
     assert [r["epoch"] for r in resumed.history] == [1, 2]
     assert resumed.test["acc"] == pytest.approx(whole.test["acc"])
@@ -199,10 +210,11 @@ def test_the_token_is_a_second_prefix_token_and_prediction_averages_the_two_head
     assert tokens.shape == (3, 18, 192) and attentions[0].shape[-1] == 18  # both tokens attend and are attended to
     by_hand = (vit.head(vit.pool(tokens)) + vit.head_dist(tokens[:, 1])) / 2  # [class; distillation; patches]
     torch.testing.assert_close(vit(images), by_hand, rtol=1e-5, atol=1e-5)  # with pool='cls', the last block's fast path too
-    logits, distilled, extra = vit.forward_heads(images)
-    torch.testing.assert_close(logits, vit.head(vit.pool(tokens)), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(distilled, vit.head_dist(tokens[:, 1]), rtol=1e-5, atol=1e-5)
-    assert extra is None
+    heads = vit.forward_heads(images)
+    torch.testing.assert_close(heads.logits, vit.head(vit.pool(tokens)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(heads.distilled, vit.head_dist(tokens[:, 1]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(heads.prediction(), by_hand, rtol=1e-5, atol=1e-5)
+    assert type(heads) is Heads  # the two heads, by name, and no auxiliary loss from the plain ViT
 
 
 def test_the_token_starts_apart_from_the_class_token_and_is_not_decayed():
@@ -219,9 +231,9 @@ def test_with_the_token_the_teacher_trains_the_distillation_head_and_the_labels_
     images = torch.randn(4, 3, 32, 32)
     logits, extra = wrapped(images)
     torch.manual_seed(0)
-    class_logits, distilled, _ = vit.forward_heads(images)
-    torch.testing.assert_close(logits, class_logits, rtol=1e-5, atol=1e-5)  # the engine's CE against y reads Eq. 4's head
-    torch.testing.assert_close(extra, 0.7 * F.cross_entropy(distilled, torch.tensor([2, 0, 1, 1])), rtol=1e-5, atol=1e-5)
+    heads = vit.forward_heads(images)
+    torch.testing.assert_close(logits, heads.logits, rtol=1e-5, atol=1e-5)  # the engine's CE against y reads Eq. 4's head
+    torch.testing.assert_close(extra, 0.7 * F.cross_entropy(heads.distilled, torch.tensor([2, 0, 1, 1])), rtol=1e-5, atol=1e-5)
     extra.backward()
     assert vit.head.weight.grad is None  # the teacher's term does not reach the class head ...
     assert vit.head_dist.weight.grad.abs().sum() > 0 and vit.dist_token.grad.abs().sum() > 0  # ... it trains the token's

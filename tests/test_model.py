@@ -204,8 +204,18 @@ def test_conv_stem_keeps_the_token_grid():
 
 
 def test_image_size_not_divisible_by_patch_size_names_both():
-    with pytest.raises(ValueError, match=r"image size 250 is not divisible by patch size 16.*--image-size 240 or 256"):
+    with pytest.raises(ValueError, match=r"image size 250 is not a multiple of the patch size 16; use 240 or 256"):
         foodvit.create_model("ViT-B/16", image_size=250)
+
+
+def test_the_patch_grid_rule_names_the_nearest_sizes_on_the_grid():
+    from foodvit.config import check_on_patch_grid
+
+    check_on_patch_grid("image size", 224, 16)  # on the grid: nothing to say
+    with pytest.raises(ConfigError, match=r"^--start-size 20 is not a multiple of the patch size 8; use 16 or 24$"):
+        check_on_patch_grid("--start-size", 20, 8)
+    with pytest.raises(ConfigError, match=r"^image size 10 is not a multiple of the patch size 16; use 16$"):
+        check_on_patch_grid("image size", 10, 16)  # below one patch: no size 0 to suggest
 
 
 def test_wrong_input_size_and_channels_are_explained():
@@ -336,25 +346,6 @@ def test_sincos_position_embedding_follows_moco_v3():
                 assert got == pytest.approx(expected, abs=1e-6)
 
 
-def test_frozen_backbone_computes_the_same_features_in_training_mode():
-    torch.manual_seed(0)
-    model = VisionTransformer(ViTConfig(image_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64,
-                                        num_classes=3, dropout=0.5, attn_dropout=0.5, drop_path=0.5, stem="conv"))
-    model.freeze_backbone()
-    model.train()  # what the training loop does every epoch
-    bn = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    assert bn and not any(m.training for m in bn)
-    running = [m.running_mean.clone() for m in bn]
-    x = torch.randn(4, 3, 32, 32)
-    a, _ = model.forward_features(x)
-    b, _ = model.forward_features(x)
-    torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout, no dropped paths, BatchNorm in eval
-    assert all(torch.equal(r, m.running_mean) for r, m in zip(running, bn))  # statistics untouched
-    assert model.training and model.head.training  # the head still trains
-    model.eval()
-    torch.testing.assert_close(model.forward_features(x)[0], a, rtol=0, atol=0)
-
-
 def test_mimetic_init_gives_identity_like_attention_products():
     """Deviation 8: W_q,h W_k,h^T is the best rank-d approximation of a Z + b I (so its diagonal is
     positive and dominates), W_v W_o equals a Z - b I exactly; the rest is the JAX init."""
@@ -403,23 +394,42 @@ def test_mimetic_init_makes_tokens_attend_to_themselves_at_step_zero():
 
 
 def test_a_sincos_model_takes_a_smaller_input_with_that_grids_positions():
-    """Progressive resizing: set_input_size(16) on a 32 px model (grid 4) feeds 16 px images with the
-    sin-cos embedding of a 2 x 2 grid; back at 32 px the model computes what it did before."""
+    """Progressive resizing's model side: given the sin-cos embedding of a 2 x 2 grid (pos_embed_for_grid),
+    a 32 px model (grid 4) embeds 16 px images with it; without it, the model's own size alone, and
+    nothing in the model changes: 32 px images give what they gave before."""
     config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
                        pool="gap", pos_embed="sincos2d")
     model = VisionTransformer(config).eval()
     images = torch.randn(2, 3, 32, 32)
     before = model(images)
-    with pytest.raises(InputError, match="expected 32 x 32 images, got 16 x 16"):
-        model(images[..., :16, :16])
-    model.set_input_size(16)
     small = images[..., :16, :16]
+    with pytest.raises(InputError, match="expected 32 x 32 images, got 16 x 16"):
+        model(small)
+    pos_embed = model.pos_embed_for_grid(2)
     tokens = torch.cat([model.cls_token.expand(2, -1, -1), model.patch_embed(small)], dim=1)  # (2, 1 + 4, 32)
     expected = tokens + torch.cat([torch.zeros(1, 32), sincos_2d_pos_embed(2, 32)])[None]
-    torch.testing.assert_close(model.embed(small), expected)
-    assert model(small).shape == (2, 3) and model.config.image_size == 32
-    model.set_input_size(32)
-    torch.testing.assert_close(model(images), before)
+    torch.testing.assert_close(model.embed(small, pos_embed), expected)
+    assert model(small, pos_embed=pos_embed).shape == (2, 3) and model.config.image_size == 32
+    with pytest.raises(InputError, match="expected 16 x 16 images, got 32 x 32"):
+        model(images, pos_embed=pos_embed)  # the images must fit the grid they are given positions for
+    torch.testing.assert_close(model(images), before, rtol=0, atol=0)
+    assert "_other_grid_pos_embed" not in model.__dict__ and not hasattr(model, "set_input_size")  # no state in the model
     learned = VisionTransformer(config.replace(pos_embed="learned"))
     with pytest.raises(ConfigError, match="fixed position embeddings"):
-        learned.set_input_size(16)
+        learned.pos_embed_for_grid(2)
+    unplaced = VisionTransformer(config.replace(pos_embed="none")).eval()  # no position embedding: any grid adds nothing
+    torch.testing.assert_close(unplaced.pos_embed_for_grid(2), torch.zeros(1, 5, 32), rtol=0, atol=0)
+
+
+def test_the_heads_are_named_and_without_the_token_the_prediction_is_eq4s_head():
+    from foodvit.model.vit import Heads
+
+    model = tiny(num_classes=3).eval()
+    torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would give zeros whatever it read
+    images = torch.randn(2, 3, model.config.image_size, model.config.image_size)
+    tokens, _ = model.forward_features(images)
+    heads = model.heads(tokens)
+    assert type(heads) is Heads and heads.distilled is None
+    torch.testing.assert_close(heads.logits, model.head(tokens[:, 0]))  # Eq. 4 on the class token
+    torch.testing.assert_close(heads.prediction(), heads.logits, rtol=0, atol=0)
+    torch.testing.assert_close(model.forward_heads(images).logits, model(images), rtol=1e-5, atol=1e-5)

@@ -122,7 +122,7 @@ def test_each_picture_command_writes_a_real_png(tiny_run, tmp_path):
 def test_patch_grid_errors_name_both_sizes(tmp_path, capsys):
     Image.new("RGB", (50, 40), (1, 2, 3)).save(tmp_path / "p.png")
     assert main(["patches", str(tmp_path / "p.png"), "--image-size", "100", "--patch-size", "16", "--out", str(tmp_path / "x.png")]) == 2
-    assert "image size 100 is not divisible by patch size 16" in capsys.readouterr().err
+    assert "image size 100 is not a multiple of the patch size 16; use 96 or 112" in capsys.readouterr().err
 
 
 def test_explain_reads_attention_through_the_models_pooling():
@@ -150,3 +150,23 @@ def test_explain_reads_attention_through_the_models_pooling():
         cls_rollout = attention_rollout(cls_model.forward_with_attention(x)[1])
     row = cls_rollout[:, 0, 1:]
     torch.testing.assert_close(explain(foodvit.Predictor(cls_model, predictor.classes, preprocess), photo)["rollout"], (row / row.sum()).reshape(4, 4))
+
+
+def test_explain_with_the_distillation_token_reads_both_tokens_as_the_prediction_does():
+    # prediction averages Eq. 4's head (the class token) and the distillation token's head: the
+    # picture must read both rows, not the class token's alone
+    model = _model(distill_token=True)
+    preprocess = make_preprocess(32, (0.5,) * 3, (0.5,) * 3)
+    predictor = foodvit.Predictor(model, ["a", "b", "c"], preprocess)
+    photo = Image.fromarray(np.random.default_rng(1).integers(0, 255, (40, 40, 3), dtype=np.uint8))
+    result = explain(predictor, photo)
+    with torch.no_grad():
+        _, attentions = model.forward_with_attention(eval_transform(preprocess)(photo)[None])
+    rollout = attention_rollout(attentions)  # (1, 18, 18): class token, distillation token, 16 patches
+    both = (rollout[:, 0, 2:] + rollout[:, 1, 2:]) / 2
+    torch.testing.assert_close(result["rollout"], (both / both.sum()).reshape(4, 4))
+    class_row = rollout[:, 0, 2:] / rollout[:, 0, 2:].sum()
+    assert not torch.allclose(result["rollout"], class_row.reshape(4, 4), atol=1e-3)
+    last = (attentions[-1][0, :, 0, 2:] + attentions[-1][0, :, 1, 2:]) / 2  # (h, N)
+    torch.testing.assert_close(result["heads"], (last / last.sum(-1, keepdim=True)).reshape(-1, 4, 4))
+    assert result["read_by"] == "the class token and the distillation token"

@@ -104,12 +104,7 @@ class ViTConfig:
                 f"each head gets d = D / h channels; pick num_heads from the divisors of "
                 f"{self.embed_dim} (e.g. {_divisors_near(self.embed_dim, self.num_heads)})"
             )
-        if self.image_size % self.patch_size:
-            lower = self.image_size // self.patch_size * self.patch_size
-            raise ConfigError(
-                f"image size {self.image_size} is not divisible by patch size {self.patch_size}; "
-                f"use --image-size {lower or self.patch_size} or {lower + self.patch_size}"
-            )
+        check_on_patch_grid("image size", self.image_size, self.patch_size)
         if not self.class_token and self.pool == "cls":
             raise ConfigError("pool='cls' needs the class token: set class_token=True or pool='gap' or 'seq'")
         if self.stem == "conv" and self.patch_size & (self.patch_size - 1):
@@ -143,6 +138,16 @@ class ViTConfig:
 
     def replace(self, **changes) -> "ViTConfig":
         return replace(self, **changes)
+
+
+def check_on_patch_grid(name: str, size: int, patch_size: int) -> None:
+    """The patch-grid rule, written once: a side length the P x P patches tile exactly, or a
+    ConfigError naming the two nearest that do (the model, the trainer's sizes and the patch
+    figure all ask here)."""
+    if size % patch_size:
+        lower = size // patch_size * patch_size
+        nearest = f"{lower} or {lower + patch_size}" if lower else f"{patch_size}"  # below one patch: one choice
+        raise ConfigError(f"{name} {size} is not a multiple of the patch size {patch_size}; use {nearest}")
 
 
 def _divisors_near(n: int, target: int) -> str:

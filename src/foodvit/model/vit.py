@@ -54,11 +54,16 @@ Notes (not deviations from the paper's text):
   - With the class token pooled (Eq. 4), forward() computes the last block for the class token
     only (all tokens still serve as its keys and values): the same logits and gradients, 6% fewer
     FLOPs for ViT-B/16. forward_features() returns every token.
+  - The model keeps one input size (its config's). forward(images, pos_embed=...) embeds a batch of
+    another patch grid with that grid's E_pos (pos_embed_for_grid: with fixed sin-cos or no position
+    embeddings any grid has one), for progressive resizing's smaller first epochs; the training side
+    (training/resizing.py) chooses and keeps them, as it keeps a frozen backbone (training/freezing.py).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -81,7 +86,6 @@ class PatchEmbed(nn.Module):
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
-        self.image_size, self.in_channels = config.image_size, config.in_channels
         C, D, P = config.in_channels, config.embed_dim, config.patch_size
         if config.stem == "conv":  # deviation 5: the stem does the striding, E is a 1x1 projection
             self.stem = ConvStem(C, D, P)
@@ -91,7 +95,6 @@ class PatchEmbed(nn.Module):
             self.proj = nn.Conv2d(C, D, kernel_size=P, stride=P)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        check_images(images, self.image_size, self.in_channels)
         x = images if self.stem is None else self.stem(images)  # conv stem: (B, C, H, W) -> (B, D, H/P, W/P)
         x = self.proj(x)  # (B, C, H, W) -> (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
@@ -136,13 +139,6 @@ def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> Non
             f"(the model's preprocessing does this) or rebuild the model for {H} px with "
             f"foodvit.resize_model(model, {H})"
         )
-
-
-def check_on_patch_grid(name: str, size: int, patch_size: int) -> None:
-    """A side length the patches tile exactly, or a ConfigError naming the two nearest that do."""
-    if size % patch_size:
-        lower = size // patch_size * patch_size
-        raise ConfigError(f"{name} {size} is not a multiple of the patch size {patch_size}; use {lower or patch_size} or {lower + patch_size}")
 
 
 def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -316,6 +312,18 @@ class Block(nn.Module):
 HEADS = ("head.", "head_dist.")  # parameter-name prefixes of the classifier heads (the head, and deviation 9's)
 
 
+@dataclass(frozen=True)
+class Heads:
+    """What the classifier heads read from the final tokens, by name: each (B, num_classes)."""
+
+    logits: torch.Tensor  # Eq. 4: the head on the pooled state
+    distilled: torch.Tensor | None  # deviation 9: the distillation token's head; None without the token
+
+    def prediction(self) -> torch.Tensor:
+        """The model's logits: Eq. 4's, or with the distillation token the mean of the two heads' (DeiT)."""
+        return self.logits if self.distilled is None else (self.logits + self.distilled) / 2
+
+
 class VisionTransformer(nn.Module):
     """ViT: Eq. 1 (embed), L blocks of Eq. 2-3, Eq. 4 (normalise, pool, classify).
 
@@ -348,43 +356,43 @@ class VisionTransformer(nn.Module):
             self.head_dist = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
         init_weights(self)
 
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos, then dropout. (B, C, H, W) -> (B, T, D)."""
+    def embed(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
+        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos, then dropout. (B, C, H, W) -> (B, T, D).
+
+        pos_embed: E_pos of another patch grid, (1, T', D), for images of that grid's side
+        (progressive resizing trains at a smaller one; pos_embed_for_grid builds it). By default the
+        model's own, for images of its own side.
+        """
+        c = self.config
+        side = c.image_size if pos_embed is None else math.isqrt(pos_embed.shape[1] - c.num_prefix_tokens) * c.patch_size  # T' = prefix + (H/P)^2
+        check_images(images, side, c.in_channels)
         x = self.patch_embed(images)  # (B, C, H, W) -> (B, N, D)
         prefix = [token for name in ("cls_token", "dist_token") if (token := getattr(self, name, None)) is not None]
         if prefix:  # [x_class; x_distillation; patches] (DeiT's order): (B, N, D) -> (B, T, D)
             x = torch.cat([token.expand(x.shape[0], -1, -1) for token in prefix] + [x], dim=1)
-        if self.config.pos_embed != "none":
-            x = x + self._pos_embed_for(images.shape[-1] // self.config.patch_size)  # (B, T, D) + (1, T, D)
+        if pos_embed is not None:
+            x = x + pos_embed  # (B, T', D) + (1, T', D)
+        elif c.pos_embed != "none":
+            x = x + self.pos_embed  # (B, T, D) + (1, T, D)
         return self.pos_drop(x)
 
-    def _pos_embed_for(self, grid: int) -> torch.Tensor:
-        """E_pos for a grid of patches: the model's own, or while training at a smaller input size
-        (progressive resizing, set_input_size) the fixed sin-cos embedding of that grid."""
-        if grid == self.config.grid_size:
-            return self.pos_embed
-        cached = self.__dict__.get("_other_grid_pos_embed")  # built once per grid and device, not at every step
-        if cached is None or cached.shape[1] != self.config.num_prefix_tokens + grid * grid or \
-                (cached.device, cached.dtype) != (self.pos_embed.device, self.pos_embed.dtype):
-            fixed = sincos_2d_pos_embed(grid, self.config.embed_dim).to(self.pos_embed)
-            cached = torch.cat([self.pos_embed[:, : self.config.num_prefix_tokens], fixed[None]], dim=1)  # (1, T', D)
-            self.__dict__["_other_grid_pos_embed"] = cached
-        return cached
+    def pos_embed_for_grid(self, grid: int) -> torch.Tensor:
+        """E_pos for a grid x grid patches other than the model's own, (1, prefix + grid^2, D), on the
+        model's device: the fixed sin-cos embedding of that grid after the prefix tokens' positions
+        (deviation 2), or zeros without position embeddings. Computed anew at every call; a caller
+        that embeds many batches at one grid keeps it (training/resizing.py)."""
+        c = self.config
+        if c.pos_embed == "learned":
+            raise ConfigError("training at another input size needs fixed position embeddings: use --pos-embed sincos2d "
+                              "(or none); learned ones exist for one grid")
+        like = self.norm.weight  # the model's device and dtype
+        if c.pos_embed == "none":
+            return like.new_zeros(1, c.num_prefix_tokens + grid * grid, c.embed_dim)  # adds nothing; names the grid
+        fixed = sincos_2d_pos_embed(grid, c.embed_dim).to(self.pos_embed)  # (N', D)
+        return torch.cat([self.pos_embed[:, : c.num_prefix_tokens], fixed[None]], dim=1)  # (1, T', D)
 
-    def set_input_size(self, image_size: int) -> "VisionTransformer":
-        """Accept images of another size from now on (progressive resizing trains at a smaller one
-        first); the configuration, and so the saved model, keep the model's own size. Fixed
-        (sin-cos) or no position embeddings only: a learned E_pos has one grid."""
-        if image_size != self.config.image_size:
-            check_on_patch_grid("input size", image_size, self.config.patch_size)
-            if self.config.pos_embed == "learned":
-                raise ConfigError("training at another input size needs fixed position embeddings: use --pos-embed sincos2d "
-                                  "(or none); learned ones exist for one grid")
-        self.patch_embed.image_size = image_size
-        return self
-
-    def forward_features(self, images: torch.Tensor, return_attention: bool = False,
-                         class_only: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward_features(self, images: torch.Tensor, return_attention: bool = False, class_only: bool = False,
+                         pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Eq. 1-3 and the final LayerNorm of Eq. 4 on every token: (B, C, H, W) -> (B, T, D).
 
         With return_attention=True each block takes the plain attention path and its weights
@@ -393,11 +401,11 @@ class VisionTransformer(nn.Module):
         with the distillation token), and the last block computes nothing else: Eq. 4 reads z_L^0
         alone, and no other token's output of the last block reaches it. Every token still serves as
         a key and value there, so z_L^0 is unchanged while that block's U_msa and MLP run on 1 token
-        instead of T (ViT-B/16: 1/16 fewer FLOPs).
+        instead of T (ViT-B/16: 1/16 fewer FLOPs). pos_embed: another grid's E_pos (see embed).
         """
         if class_only and not self.config.class_token:
             raise ValueError("class_only=True needs a model with a class token")
-        x = self.embed(images)
+        x = self.embed(images, pos_embed)
         attentions = []
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
@@ -418,29 +426,27 @@ class VisionTransformer(nn.Module):
         weights = self.attn_pool(patches).softmax(dim=1)  # (B, N, D) -> (B, N, 1)
         return (weights * patches).sum(dim=1)  # (B, N, D) -> (B, D)
 
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The final tokens (B, T, D) -> Eq. 4's logits (B, num_classes), and the distillation head's
-        logits from the distillation token's state (deviation 9), or None without that token."""
+    def heads(self, x: torch.Tensor) -> Heads:
+        """The final tokens (B, T, D) -> Eq. 4's logits and the distillation head's, from the
+        distillation token's state (deviation 9; None without that token)."""
         logits = self.head(self.pool(x))  # Eq. 4: y = LN(z_L^0), then the linear head
         if not self.config.distill_token:
-            return logits, None
-        return logits, self.head_dist(x[:, self.config.num_prefix_tokens - 1])
+            return Heads(logits, None)
+        return Heads(logits, self.head_dist(x[:, self.config.num_prefix_tokens - 1]))  # the token follows x_class
 
     def classify(self, x: torch.Tensor) -> torch.Tensor:
         """The final tokens (B, T, D) -> the model's logits (B, num_classes): Eq. 4; with the
         distillation token, the mean of its head's logits and Eq. 4's (DeiT's prediction)."""
-        logits, distilled = self.heads(x)
-        return logits if distilled is None else (logits + distilled) / 2
+        return self.heads(x).prediction()
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x, _ = self.forward_features(images, class_only=self.config.class_only_last_block)
-        return self.classify(x)  # -> (B, num_classes)
+    def forward(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, C, H, W) -> logits (B, num_classes); pos_embed: another grid's E_pos (see embed)."""
+        return self.forward_heads(images, pos_embed).prediction()
 
-    def forward_heads(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-        """What training with a teacher reads (distill.py): Eq. 4's logits, the distillation head's
-        (None without the token) and no auxiliary loss."""
-        x, _ = self.forward_features(images, class_only=self.config.class_only_last_block)
-        return *self.heads(x), None
+    def forward_heads(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None) -> Heads:
+        """Both heads' logits, which training with a teacher reads (distill.py): (B, C, H, W) -> Heads."""
+        x, _ = self.forward_features(images, class_only=self.config.class_only_last_block, pos_embed=pos_embed)
+        return self.heads(x)
 
     def forward_with_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and the attention weights of every layer, [(B, h, T, T)] * L."""
@@ -460,24 +466,6 @@ class VisionTransformer(nn.Module):
             head = nn.Linear(self.config.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
             setattr(self, name, head.to(device=self.norm.weight.device, dtype=self.norm.weight.dtype))
             _init_head(head)
-
-    def freeze_backbone(self) -> None:
-        """Train the head only (a feature extractor): every other parameter stops taking gradients,
-        so the optimiser holds no state for them and backward stops at the head; and the backbone
-        stays in eval mode even when the model is put in training mode (train()), so dropout,
-        stochastic depth and the conv stem's BatchNorm compute the same features every time."""
-        for name, p in self.named_parameters():
-            p.requires_grad_(name.startswith(HEADS))
-        self.backbone_frozen = True
-        self.train(self.training)
-
-    def train(self, mode: bool = True) -> "VisionTransformer":
-        super().train(mode)
-        if getattr(self, "backbone_frozen", False):
-            for name, child in self.named_children():
-                if not f"{name}.".startswith(HEADS):
-                    child.eval()
-        return self
 
     def no_weight_decay(self) -> set[str]:
         """Parameters an optimiser should not decay: the class and distillation tokens and the position embedding."""

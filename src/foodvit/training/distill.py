@@ -35,6 +35,7 @@ from foodvit.config import TEACHERS
 from foodvit.errors import ConfigError, RunError
 from foodvit.rundir.directory import TEACHER_FILE, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
+from foodvit.training.drloc import HeadsAndLoss
 from foodvit.training.engine import FitHooks, epoch_line, fit
 from foodvit.training.optim import build_optimizer, build_scheduler
 
@@ -50,8 +51,8 @@ def build_teacher(name: str, num_classes: int) -> nn.Module:
 
 class WithDistillation(nn.Module):
     """A student trained on a frozen teacher's hard labels besides the true ones. The student is a
-    VisionTransformer or one wrapped for the localization loss: anything with forward_heads(images)
-    -> (logits, distillation-token logits or None, auxiliary loss or None). In training mode forward
+    VisionTransformer or one wrapped for the localization loss: anything whose forward_heads(images)
+    gives Heads (the localization wrapper's HeadsAndLoss adds its auxiliary loss). In training mode forward
     returns (logits, auxiliary loss) as the engine expects, the auxiliary loss being weight x the
     cross-entropy of the distillation token's logits (without the token: the logits') against the
     teacher's predicted classes, plus the student's own auxiliary loss; in eval mode the student's
@@ -73,13 +74,15 @@ class WithDistillation(nn.Module):
             return self.student(images)
         if self.teacher is None:
             raise RuntimeError("WithDistillation needs its teacher before training (set_teacher)")
-        logits, distilled, extra = self.student.forward_heads(images)  # distilled: the distillation token's head, if any
+        heads = self.student.forward_heads(images)
         with torch.no_grad():
             targets = self.teacher(images).argmax(dim=1)  # an empty share gives an empty (0,) tensor
-        student = logits if distilled is None else distilled
+        student = heads.logits if heads.distilled is None else heads.distilled  # the token's own head, if any
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
         distill = F.cross_entropy(student.float(), targets, reduction="sum") / max(1, images.shape[0])
-        return logits, self.weight * distill + (extra if extra is not None else 0.0)
+        auxiliary = heads.auxiliary if isinstance(heads, HeadsAndLoss) else 0.0  # the localization loss, when wrapped for it
+        return heads.logits, self.weight * distill + auxiliary
+
 
 
 def read_teacher(path: Path, architecture: str) -> dict | None:

@@ -12,12 +12,14 @@ cross-entropy + weight x this loss. Training only: the saved model is the plain 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.model.vit import VisionTransformer
+from foodvit.model.vit import Heads, VisionTransformer
+from foodvit.training.resizing import AnyGrid
 
 
 def pair_offsets(first: torch.Tensor, second: torch.Tensor, grid: int) -> torch.Tensor:
@@ -50,12 +52,19 @@ class DenseRelativeLocalization(nn.Module):
         return error / max(1, predicted.numel())
 
 
+@dataclass(frozen=True)
+class HeadsAndLoss(Heads):
+    """The ViT's heads and, computed from the same tokens, weight x the localization loss (a scalar)."""
+
+    auxiliary: torch.Tensor
+
+
 class WithDenseRelativeLocalization(nn.Module):
     """A ViT trained with the auxiliary task. In training mode forward returns (logits, weight x
     auxiliary loss), which the engine adds to the classification loss; in eval mode the logits
     alone. The logits are the ViT's own: same tokens, same pooling, same heads."""
 
-    def __init__(self, vit: VisionTransformer, weight: float, pairs: int = 64) -> None:
+    def __init__(self, vit: VisionTransformer | AnyGrid, weight: float, pairs: int = 64) -> None:
         super().__init__()
         self.vit, self.weight = vit, weight
         self.drloc = DenseRelativeLocalization(vit.config.embed_dim, pairs)
@@ -63,12 +72,13 @@ class WithDenseRelativeLocalization(nn.Module):
     def forward(self, images: torch.Tensor):
         if not self.training:
             return self.vit(images)
-        logits, _, extra = self.forward_heads(images)
-        return logits, extra
+        out = self.forward_heads(images)
+        return out.logits, out.auxiliary
 
-    def forward_heads(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Training: Eq. 4's logits, the distillation head's (None without the distillation token;
-        distill.py reads them) and weight x the auxiliary loss."""
+    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
+        """Training: the ViT's heads (distill.py reads the distillation token's) and weight x the
+        auxiliary loss, from one forward pass."""
         tokens, _ = self.vit.forward_features(images)  # (B, T, D), every token: the auxiliary task reads them all
-        logits, distilled = self.vit.heads(tokens)
-        return logits, distilled, self.weight * self.drloc(tokens[:, self.vit.config.num_prefix_tokens:])
+        heads = self.vit.heads(tokens)
+        auxiliary = self.weight * self.drloc(tokens[:, self.vit.config.num_prefix_tokens:])
+        return HeadsAndLoss(heads.logits, heads.distilled, auxiliary)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from foodvit.config import RunConfig, ViTConfig
+from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
 from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_dataset
 from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.preprocess import Preprocess
@@ -37,7 +37,7 @@ from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
 from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import write_text
 from foodvit.model.build import build_model
-from foodvit.model.vit import VisionTransformer, check_on_patch_grid
+from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
 from foodvit.rundir.directory import (
     NewRunDirectory,
@@ -65,8 +65,10 @@ from foodvit.training.engine import (
     fit,
     own_random_state,
 )
+from foodvit.training.freezing import freeze_backbone
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.report import per_class_accuracy, write_results
+from foodvit.training.resizing import AnyGrid
 
 
 @dataclass
@@ -140,15 +142,16 @@ class Trainer:
         if d.start_size and d.start_size != self.model.config.image_size and self.model.config.pos_embed == "learned":
             raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
         if self.config.train.freeze_backbone:
-            self.model.freeze_backbone()
+            freeze_backbone(self.model)
         # the module the optimiser steps: the ViT, with the auxiliary head and the distillation loss
         # if asked (training only); both train the encoder: with a frozen one (a feature extractor)
         # they have nothing to train
         c = self.config
-        self.trained = self.model
+        resizing = bool(d.start_size) and d.start_size != self.model.config.image_size  # smaller batches first: any grid
+        self.trained = AnyGrid(self.model) if resizing else self.model
         self.localization = self.distiller = None
         if c.optim.drloc > 0 and not c.train.freeze_backbone:
-            self.trained = self.localization = WithDenseRelativeLocalization(self.model, c.optim.drloc, c.optim.drloc_pairs)
+            self.trained = self.localization = WithDenseRelativeLocalization(self.trained, c.optim.drloc, c.optim.drloc_pairs)
         if c.optim.distill > 0 and not c.train.freeze_backbone:
             self.trained = self.distiller = WithDistillation(self.trained, c.optim.distill)  # its teacher comes in fit()
         self.teacher_history: list[dict] = []
@@ -280,7 +283,6 @@ class Trainer:
         torch.manual_seed(derive_seed(self.config.train.seed, "step", epoch))  # dropout, mixup, drloc pairs of this epoch
         self.train_loader.batch_sampler.set_epoch(epoch)  # its order and augmentation seeds
         size = self.input_size(epoch)
-        self.model.set_input_size(size)
         self.settings.input_size = 0 if size == self.model.config.image_size else size
 
     def _after_epoch(self, epoch: int, row: dict) -> None:
@@ -294,7 +296,7 @@ class Trainer:
         """The model to evaluate (the EMA's, if any), at its own resolution."""
         if self.ema is not None:
             return self.ema.module
-        return self.model.set_input_size(self.model.config.image_size)
+        return self.model
 
     def _hooks(self) -> FitHooks:
         hooks = FitHooks(before_epoch=[self._before_epoch], after_epoch=[self._after_epoch])

@@ -53,9 +53,11 @@ def rollout_map(rollout: torch.Tensor, num_prefix_tokens: int, grid: int, readou
 
 @torch.no_grad()
 def pool_readout(model, tokens: torch.Tensor) -> torch.Tensor:
-    """The weight Eq. 4's pooling gives each output token, (B, T, D) -> (B, T): one-hot on the class
-    token (pool='cls'), uniform over the patch tokens (pool='gap'), or the learned sequence-pooling
-    weights (pool='seq'). Attention maps read through it show what the classified vector sees."""
+    """The weight the prediction gives each output token, (B, T, D) -> (B, T). Eq. 4's pooling: one-hot
+    on the class token (pool='cls'), uniform over the patch tokens (pool='gap'), or the learned
+    sequence-pooling weights (pool='seq'); with the distillation token (deviation 9), whose head the
+    prediction averages with Eq. 4's, half on that token and half on the pooling. Attention maps read
+    through it show what the predicted logits see."""
     c = model.config
     B, T, _ = tokens.shape
     readout = torch.zeros(B, T, device=tokens.device)
@@ -65,11 +67,18 @@ def pool_readout(model, tokens: torch.Tensor) -> torch.Tensor:
         readout[:, c.num_prefix_tokens:] = 1 / (T - c.num_prefix_tokens)
     else:
         readout[:, c.num_prefix_tokens:] = model.attn_pool(tokens[:, c.num_prefix_tokens:]).float().softmax(dim=1)[..., 0]
+    if c.distill_token:  # prediction = (Eq. 4's logits + the distillation head's) / 2 (Heads.prediction)
+        readout /= 2
+        readout[:, c.num_prefix_tokens - 1] = 0.5  # the distillation token follows the class token
     return readout
 
 
-
 POOL_WORDS = {"cls": "the class token", "gap": "the mean of the patch tokens", "seq": "the sequence-pooled patch tokens"}
+
+
+def read_by(config) -> str:
+    """What pool_readout reads, in words, for a figure's title."""
+    return POOL_WORDS[config.pool] + (" and the distillation token" if config.distill_token else "")
 
 
 
@@ -132,8 +141,9 @@ def feature_maps(model, x: torch.Tensor, n: int = 5) -> torch.Tensor:
 @torch.no_grad()
 def explain(predictor, photo, top_k: int = 3) -> dict:
     """Probabilities, the attention rollout map and, per head, the last layer's attention, both read
-    out through the model's pooling (pool_readout): the class token's row for pool='cls', the
-    mean of the patch tokens' rows for pool='gap', the learned weights for pool='seq'.
+    out as the prediction reads the tokens (pool_readout): the class token's row for pool='cls', the
+    mean of the patch tokens' rows for pool='gap', the learned weights for pool='seq'; with the
+    distillation token, the mean of that and the token's own row.
     predictor: a Predictor with a PyTorch model; photo: a PIL image."""
     model = _torch_model(predictor)
     x = torch.from_numpy(predictor.prepare(photo))[None].to(next(model.parameters()).device)
@@ -146,7 +156,7 @@ def explain(predictor, photo, top_k: int = 3) -> dict:
     top = probs.topk(min(top_k, probs.numel()))
     return {"top_k": [(predictor.classes[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())],
             "rollout": rollout_map(attention_rollout(attentions), c.num_prefix_tokens, g, readout)[0].cpu(), "heads": heads,
-            "input": x[0].cpu(), "read_by": POOL_WORDS[c.pool]}
+            "input": x[0].cpu(), "read_by": read_by(c)}
 
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from foodvit.config import check_on_patch_grid
 from foodvit.errors import ConfigError
 from foodvit.viz.attention import explain, filter_components, position_similarity
 from foodvit.viz.plotting import integer_ticks, new_figure, subplots
@@ -34,9 +35,7 @@ def _resized(photo, image_size: int) -> torch.Tensor:
 def patches_figure(photo, image_size: int = 224, patch_size: int = 16, preprocess=None):
     """The course's patchify plot: the resized photo, and the same cut into its patch grid with
     row and column numbers. With a model's preprocessing, exactly the view the model gets."""
-    if image_size % patch_size:
-        raise ConfigError(f"image size {image_size} is not divisible by patch size {patch_size}; "
-                         f"use --image-size {image_size // patch_size * patch_size or patch_size}")
+    check_on_patch_grid("image size", image_size, patch_size)
     if preprocess is not None:
         from foodvit.data.transforms import model_view
 
