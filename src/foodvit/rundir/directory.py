@@ -267,6 +267,17 @@ def read_for_resume(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
     return config, state
 
 
+def check_same_data(state: dict, classes, counts: dict[str, int], root: Path) -> None:
+    """A checkpoint resumes only on the photos it was trained on: the same classes and counts."""
+    if list(state["classes"]) != list(classes):
+        raise RunError(f"the checkpoint was trained on classes {state['classes']}, the data in {root} has "
+                       f"{list(classes)}; resume with the run's own data (--data) or start a new run")
+    photos = state.get("photos")
+    if photos is not None and photos != counts:
+        raise RunError(f"the run was trained on {photos['train']} train / {photos['test']} test photos, the data in "
+                       f"{root} has {counts['train']} / {counts['test']}; resume with the same photos, or start a new run")
+
+
 def resume_command(out: Path) -> str:
     """How to continue a run, in the launcher it was started with."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -165,3 +165,17 @@ def write_results(out: Path, *, config, data, model, trainable: int, train_size:
     if tensorboard is not None:
         figures["predictions"] = predictions_figure(results, truths)
         tensorboard.finish(config=config.to_dict(), final=test, figures=figures, epochs=len(history))
+
+
+LARGE_MODEL_PARAMS = 20_000_000  # above this, say what a run will cost before it starts
+
+
+def size_note(config, params: int, device: torch.device) -> str | None:
+    """A word before a long CPU run or a large checkpoint (ViT-B/16: minutes an epoch, 1 GB)."""
+    if params < LARGE_MODEL_PARAMS:
+        return None
+    moments = {"adam": 2, "adamw": 2, "sgd": 1}[config.optim.optimizer]
+    checkpoint_gb = params * 4 * (1 + moments) / 1e9  # fp32 weights and optimiser state
+    slow = (" On a CPU each epoch takes minutes (the course recipe, ViT-B/16: about 3.5 minutes an epoch of "
+            "FoodVision Mini's 225 photos on 2 cores).") if device.type == "cpu" else ""
+    return f"note: {config.model} has {params / 1e6:.1f} M parameters; checkpoint.pt will hold about {checkpoint_gb:.1f} GB.{slow}"

@@ -39,18 +39,7 @@ from foodvit.files import write_text
 from foodvit.model.build import build_model
 from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
-from foodvit.rundir.directory import (
-    NewRunDirectory,
-    RunLock,
-    check_is_run,
-    default_out,
-    read_for_resume,
-    resume_command,
-    save_checkpoint,
-    stored_device,
-    with_source,
-    write_metrics,
-)
+from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training.distill import WithDistillation, train_or_load_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, backend_reason, is_backend_error
@@ -67,7 +56,7 @@ from foodvit.training.engine import (
 )
 from foodvit.training.freezing import freeze_backbone
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
-from foodvit.training.report import per_class_accuracy, write_results
+from foodvit.training.report import per_class_accuracy, size_note, write_results
 from foodvit.training.resizing import AnyGrid
 
 
@@ -78,7 +67,6 @@ class Result:
     test: dict  # loss, acc, n, confusion, per_class
 
 
-LARGE_MODEL_PARAMS = 20_000_000  # above this, say what a run will cost before it starts
 EVAL_BATCH_SIZE = 64  # evaluation batches at least this large: no gradients, so memory allows it
 GPU_SYNC_EVERY = 25  # on a GPU, check the loss for NaN every this many steps (each check waits for the GPU)
 
@@ -210,18 +198,6 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, c.optim, self.steps_per_epoch, c.train.epochs)
         self.ema = build_ema(self.model, c.optim.ema)
 
-    def size_warning(self) -> str | None:
-        """A word before a long CPU run or a large checkpoint (ViT-B/16: minutes an epoch, 1 GB)."""
-        params = sum(p.numel() for p in self.trained.parameters())
-        if params < LARGE_MODEL_PARAMS:
-            return None
-        moments = {"adam": 2, "adamw": 2, "sgd": 1}[self.config.optim.optimizer]
-        checkpoint_gb = params * 4 * (1 + moments) / 1e9  # fp32 weights and optimiser state
-        slow = (" On a CPU each epoch takes minutes (the course recipe, ViT-B/16: about 3.5 minutes an epoch of "
-                "FoodVision Mini's 225 photos on 2 cores).") if self.device.type == "cpu" else ""
-        return (f"note: {self.config.model} has {params / 1e6:.1f} M parameters; checkpoint.pt will hold about "
-                f"{checkpoint_gb:.1f} GB.{slow}")
-
     # ------------------------------------------------------------------ checkpoints
 
     def photo_counts(self) -> dict[str, int]:
@@ -245,14 +221,7 @@ class Trainer:
         }
 
     def restore(self, state: dict) -> None:
-        if list(state["classes"]) != list(self.classes):
-            raise RunError(f"the checkpoint was trained on classes {state['classes']}, the data in {self.data.root} has "
-                           f"{list(self.classes)}; resume with the run's own data (--data) or start a new run")
-        photos = state.get("photos")
-        if photos is not None and photos != self.photo_counts():
-            raise RunError(f"the run was trained on {photos['train']} train / {photos['test']} test photos, the data in "
-                           f"{self.data.root} has {self.photo_counts()['train']} / {self.photo_counts()['test']}; "
-                           "resume with the same photos, or start a new run")
+        rundir.check_same_data(state, self.classes, self.photo_counts(), self.data.root)
         try:
             self.model.load_state_dict(state["model"])
             if self.localization is not None:
@@ -288,8 +257,8 @@ class Trainer:
     def _after_epoch(self, epoch: int, row: dict) -> None:
         self.history.append(row)
         if self.main:
-            write_metrics(self.out / "metrics.csv", self.history)
-            save_checkpoint(self.out / "checkpoint.pt", self.state(epoch + 1))
+            rundir.write_metrics(self.out / "metrics.csv", self.history)
+            rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(epoch + 1))
         self.log(epoch_line(row, self.config.train.epochs))
 
     def eval_model(self):
@@ -328,12 +297,12 @@ class Trainer:
                 raise TrainingDiverged(f"{err} in epoch {len(self.history) + 1}; training stopped and {self._kept()}. "
                                        "Lower --lr, add --clip-grad 1.0 or --warmup-epochs, then start a new run.") from None
             except PeerLost as err:
-                raise PeerLost(f"{err}; {self._kept()}: {resume_command(self.out)}") from None
+                raise PeerLost(f"{err}; {self._kept()}: {rundir.resume_command(self.out)}") from None
             except RuntimeError as err:
                 if not self.ctx.distributed or isinstance(err, FoodVitError) or not is_backend_error(err):
                     raise
                 raise PeerLost(f"rank {self.ctx.rank}: lost contact with the other training processes ({backend_reason(err)}); "
-                               f"{self._kept()}: {resume_command(self.out)}") from None
+                               f"{self._kept()}: {rundir.resume_command(self.out)}") from None
             finally:
                 if self.tensorboard is not None:
                     self.tensorboard.close()
@@ -377,19 +346,19 @@ def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = Fal
     """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). With
     pre-trained weights, the model is the one the weights dictate (pretrained.adapt_config).
     Under torchrun every rank calls this with the same arguments; rank 0 writes the run."""
-    out = Path(out) if out else default_out()
-    config = with_source(config)
+    out = Path(out) if out else rundir.default_out()
+    config = rundir.with_source(config)
     if config.train.pretrained:
         from foodvit.model.pretrained import adapt_config
 
         config = adapt_config(config)
     with contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx:
         log = log if ctx.is_main else (lambda *a, **k: None)
-        with OnMain(NewRunDirectory(out), ctx):
+        with OnMain(rundir.NewRunDirectory(out), ctx):
             if ctx.is_main:
                 write_text(out / "config.json", config.to_json())
             trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose, context=ctx)
-            warning = trainer.size_warning()
+            warning = size_note(config, sum(p.numel() for p in trainer.trained.parameters()), trainer.device)
             if warning and ctx.is_main:
                 print(warning, file=sys.stderr)
             processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
@@ -407,11 +376,11 @@ def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None 
     The photos come from the source stored with the run; `data` points at the same photos moved
     elsewhere (same classes and number of photos, checked)."""
     out = Path(out)
-    with contextlib.nullcontext(context) if context else Context.from_environment(stored_device(out), timeout_s) as ctx:
+    with contextlib.nullcontext(context) if context else Context.from_environment(rundir.stored_device(out), timeout_s) as ctx:
         log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
-        ctx.on_main(check_is_run, out)
-        with OnMain(RunLock(out), ctx):
-            config, state = ctx.on_main(read_for_resume, out, data, log) or (None, None)
+        ctx.on_main(rundir.check_is_run, out)
+        with OnMain(rundir.RunLock(out), ctx):
+            config, state = ctx.on_main(rundir.read_for_resume, out, data, log) or (None, None)
             if ctx.distributed:
                 config, state = ctx.broadcast((config, state))
             trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
