@@ -214,7 +214,7 @@ def test_internal_bugs_keep_their_traceback_and_debug_shows_every_one(monkeypatc
     monkeypatch.setattr(cli, "cmd_models", broken)
     with pytest.raises(ZeroDivisionError):  # not swallowed into a one-line message
         main(["models"])
-    with pytest.raises(Exception, match="image size 250 is not divisible"):
+    with pytest.raises(Exception, match="image size 250 is not a multiple of the patch size 16"):
         main(["--debug", "summary", "ViT-B/16", "--image-size", "250"])
 
 

@@ -16,7 +16,8 @@ from foodvit.errors import FoodVitError
 def cmd_train(args: argparse.Namespace) -> int:
     from foodvit.cli.options import build_config, given_overrides
     from foodvit.errors import ConfigError
-    from foodvit.training.trainer import default_out, resume, train
+    from foodvit.rundir.directory import default_out
+    from foodvit.training.trainer import resume, train
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 alone speaks
     say = (lambda text: print(text, file=sys.stderr)) if main_process else (lambda text: None)
