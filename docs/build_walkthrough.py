@@ -28,7 +28,9 @@ from IPython.display import Image, display
 import foodvit
 from foodvit.data.folders import open_split
 from foodvit.data.photos import load_rgb
-from foodvit.data.preprocess import make_preprocess, to_array
+from foodvit.data.preprocess import make_preprocess, model_view, to_array
+from foodvit.viz.figures import attention_distance_figure, explain_figure, filters_figure, overlay_array, patches_figure, pos_similarity_figure
+from foodvit.viz.plotting import subplots
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -108,10 +110,7 @@ print("max |by hand - Block.forward| =", f"{(z1_by_hand - z1).abs().max().item()
 assert torch.allclose(z1_by_hand, z1, atol=1e-4) and torch.allclose(attention, weights, atol=1e-5)"""),
     (MD, """What does head 1 of block 0 look at from the class token? Its row of the attention matrix over the
 196 patches, laid back on the 14 x 14 grid. (This model has random weights; section 7 shows a trained one.)"""),
-    (CODE, """from foodvit.data.preprocess import model_view
-from foodvit.viz.plotting import subplots
-
-crop = model_view(preprocess, photo)                                 # the 224 x 224 crop, uint8
+    (CODE, """crop = model_view(preprocess, photo)                                 # the 224 x 224 crop, uint8
 fig, axes = subplots(1, 2, figsize=(8, 4))
 axes[0].imshow(crop.permute(1, 2, 0).numpy()); axes[0].set_title("the model's crop")
 axes[1].imshow(overlay_array(crop, attention[0, 0, 0, 1:].reshape(14, 14)))
@@ -181,7 +180,6 @@ from foodvit.config import build_config
 from foodvit.training.report import plot_curves
 from foodvit.training.trainer import train
 from foodvit.viz.attention import attention_distances_over
-from foodvit.viz.figures import attention_distance_figure, explain_figure, filters_figure, overlay_array, patches_figure, pos_similarity_figure
 
 workdir = tempfile.TemporaryDirectory(prefix="walkthrough-")  # removed when the kernel exits
 run = workdir.name + "/run"
