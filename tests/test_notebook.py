@@ -21,6 +21,8 @@ def _printed(cell) -> str:
 
 def test_walkthrough_runs_and_its_outputs_are_current(real_data, monkeypatch):
     monkeypatch.setenv("FOODVIT_DATA", str(real_data))
+    # one thread in the kernel: beside the suite's two workers, two threads on two cores spin (a tiny step 8x slower)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     committed = nbformat.read(NOTEBOOK, as_version=4)
     executed = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(executed, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
