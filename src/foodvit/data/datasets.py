@@ -1,10 +1,10 @@
-"""The data sets a run trains and evaluates on (PyTorch): a source opened as train/test (and
+"""The data sets a run trains and evaluates on (PyTorch): a DataSource opened as train/test (and
 validation) splits, the photos as tensors, and the in-memory cache of decoded photos.
 
-The data layer, one concern a module: sources.py (where photos come from: download, unzip,
-Food-101), folders.py (a split's files listed, subset and checked), photos.py (decoding one photo
-safely), this module, and sampling.py (which photos each step and each process sees, the loaders).
-The torch-free names are re-exported here for convenience.
+The rest of the data layer, one concern a module: datasource.py (a source parsed once),
+sources.py (download, unzip, Food-101), folders.py (a split's files listed, subset and checked),
+photos.py (decoding one photo safely), preprocess.py (a photo at evaluation, Pillow + NumPy),
+transforms.py (augmentation), sampling.py (which photos each step and each process sees).
 """
 
 from __future__ import annotations
