@@ -25,7 +25,7 @@ from throughput import PEERS, build, implementations, machine  # noqa: E402
 
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split
-from foodvit.data.transforms import make_preprocess  # noqa: E402
+from foodvit.data.preprocess import make_preprocess  # noqa: E402
 from foodvit.deploy.inference import predict  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
 
