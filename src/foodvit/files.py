@@ -47,7 +47,11 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha256_prefix: str | None = None) -> Path:
     """Download url to target with a progress bar; the connection times out by itself (nothing
     process-wide changes), the file appears only when complete and, with sha256_prefix, only if its
-    SHA-256 starts so. Errors are the network's (OSError) or a ValueError for a damaged file."""
+    SHA-256 starts so. Errors are the network's (OSError) or a ValueError for a damaged file.
+
+    Our own rather than torch.hub.download_url_to_file, which does the same hash check: that one
+    has no connection time-out (offline it can hang instead of failing in seconds) and would load
+    PyTorch into the data layer, which stays torch-free."""
     import hashlib
     import urllib.request
 
