@@ -87,8 +87,12 @@ def _evaluation_source(run: str, data: str | None, predictor):
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from foodvit.deploy.inference import predict
+    from foodvit.deploy.labelling import PhotoList
     from foodvit.deploy.predictor import Predictor
 
+    if args.out:
+        return _label(args)
+    args.images = list(PhotoList(args.images, args.files_from))  # folders and the list file expanded: a few photos, printed at the end
     predictor = Predictor.open(args.run)  # a run directory, or an exported .onnx (then no PyTorch is loaded)
     results = predict(predictor, args.images, top_k=args.top_k)
     if args.plot:
@@ -110,6 +114,30 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot: {args.plot}")
     return 1 if failed else 0
+
+
+def _label(args: argparse.Namespace) -> int:
+    """predict --out: every photo a row in a CSV / JSONL file, batched, resumable (deploy/labelling.py)."""
+    from foodvit.deploy.labelling import PhotoList, Predictions, check_out, label, model_identity
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.errors import ConfigError
+
+    if args.json or args.plot:
+        raise ConfigError(f"--out writes every photo's row to {args.out}; {'--json' if args.json else '--plot'} is for a few photos "
+                          "printed or drawn: drop one of them")
+    out = check_out(args.out)
+    photos = PhotoList(args.images, args.files_from)
+    predictor = Predictor.open(args.run)  # a run directory, or an exported .onnx (then no PyTorch is loaded)
+    predictions = Predictions(out, model_identity(args.run, predictor.classes), args.top_k)
+    try:
+        done = label(predictor, photos, predictions, top_k=args.top_k, batch_size=args.batch_size, workers=args.workers,
+                     quiet=args.quiet)
+    finally:
+        predictions.close()
+    labelled = done.written + done.failed
+    print(f"{out}: {done.written} photos labelled, {done.failed} could not be read (rows with an error), {done.skipped} already "
+          f"there; {labelled / max(done.seconds, 1e-9):.1f} photos/s", file=sys.stderr)
+    return 1 if done.failed else 0
 
 
 def _writable(path: str) -> Path:

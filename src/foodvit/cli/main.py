@@ -82,14 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", **verbose)
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("predict", help="classify photos with a trained run",
-                       description="Classify local photo files. A photo that cannot be read is reported and skipped "
-                                   "(exit status 1); URLs are not read: download the photo first.")
+    p = sub.add_parser("predict", help="classify photos with a trained run: a few, or whole folders into a CSV / JSONL file",
+                       description="Classify local photos: files, folders (every photo under them, hidden ones left out) or a "
+                                   "list file. A photo that cannot be read is reported and skipped (exit status 1); URLs are "
+                                   "not read: download the photo first. With --out, rows are written a batch at a time and "
+                                   "running the same command again continues where it stopped; under torchrun each process "
+                                   "labels its share and the first merges them.")
     p.add_argument("run", help="a run directory (or its model.safetensors), or an exported .onnx file")
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="photo files (JPEG, PNG, WebP, ...)")
+    p.add_argument("images", nargs="*", metavar="IMAGE", help="photo files (JPEG, PNG, WebP, ...) or folders of them")
+    p.add_argument("--files-from", metavar="FILE", help="also the photos listed in FILE, one path a line (- reads standard input)")
     p.add_argument("--top-k", type=count(), default=3, help="how many classes to list per photo, most probable first (default 3)")
     p.add_argument("--plot", metavar="FILE", help="save the photos with their labels and probabilities as a PNG")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per photo (with 'error' for a skipped one)")
+    p.add_argument("--out", metavar="FILE", help="write a row per photo to FILE, .csv or .jsonl, as each batch finishes "
+                                                 "(path, label, probability, top_k, error); an existing FILE of the same model is "
+                                                 "continued: the photos already in it are skipped")
+    p.add_argument("--batch-size", type=count(), default=64, help="with --out: photos per forward pass (default 64)")
+    p.add_argument("--workers", type=count(Range(0)), default=2,
+                   help="with --out: threads decoding photos while the model runs (default 2; 0 decodes in line)")
+    p.add_argument("--quiet", action="store_true", help="with --out: no progress bar")
+    p.add_argument("--dist-timeout", type=number(POSITIVE), default=600, metavar="SECONDS",
+                   help="under torchrun: how long the first process waits for the others' parts (default 600)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("patches", help="a photo cut into the model's patch grid (and the patch embedding's feature maps)")

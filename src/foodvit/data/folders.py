@@ -5,12 +5,14 @@ scans folders without it."""
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from foodvit.data.photos import PhotoError, check_image
+from foodvit.data.photos import IMAGE_EXTENSIONS, PhotoError, check_image
 from foodvit.data.sources import LAYOUT
 from foodvit.errors import DataError
 from foodvit.seeds import derive_seed
@@ -184,6 +186,24 @@ def _photo_files(folder: Path) -> list[Path]:
     """Every file under folder, sorted, leaving out hidden files and everything in hidden folders
     (.thumbs/, .ipynb_checkpoints/, ...)."""
     return sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+
+
+def walk_photos(folder: Path) -> Iterator[Path]:
+    """The photos under folder (by suffix, IMAGE_EXTENSIONS, as training reads them), one at a time
+    in sorted path order, leaving out hidden files and folders as _photo_files does. Lazy: one
+    directory's names are held at a time, so a folder of millions of photos costs no more memory
+    than its largest directory. Symbolic links to folders are not followed (as rglob)."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as err:
+        raise DataError(f"cannot list {folder} ({err.strerror or err}); check that it exists and is readable") from None
+    for entry in entries:  # sorted by name, folders in place: the same order as sorting the whole paths
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            yield from walk_photos(Path(entry.path))
+        elif entry.is_file() and os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+            yield Path(entry.path)
 
 
 def check_layout(root: Path) -> Path:

@@ -43,13 +43,13 @@ def predict(predictor, images: list[str | Path], top_k: int = 3) -> list[dict]:
     results = []
     for image in images:
         try:
-            results.append({"image": str(image), **predictor.classify(_local(image), top_k=top_k, name=str(image))})
+            results.append({"image": str(image), **predictor.classify(local_photo(image), top_k=top_k, name=str(image))})
         except DataError as err:
             results.append({"image": str(image), "error": str(err)})
     return results
 
 
-def _local(image: str | Path) -> Path:
+def local_photo(image: str | Path) -> Path:
     """A local photo's path; URLs are refused with a message that says what to do."""
     text = str(image)
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):

@@ -1,0 +1,289 @@
+"""Labelling a whole collection of photos: `foodvit predict RUN FOLDER --out predictions.csv`.
+
+Photos stream through in batches: listed lazily (folders walked in sorted order, a list file read
+line by line), decoded in a pool of threads (Pillow releases the GIL while it decodes, so threads
+serve both backends and the ONNX path never needs PyTorch's DataLoader), classified with one
+forward pass per batch by the Predictor, and written a batch at a time as complete lines with one
+write, flush and fsync. An interrupted run so loses at most the batch in flight, never leaves half
+a row behind, and a re-run of the same command skips the photos already in the file. A sidecar
+`<out>.meta.json` names the model (its classes and a hash of its weights), so that predictions of
+two models are never mixed in one file. No PyTorch here.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import hashlib
+import io
+import itertools
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from foodvit.data.folders import walk_photos
+from foodvit.data.photos import IMAGE_EXTENSIONS
+from foodvit.deploy.inference import local_photo
+from foodvit.errors import DataError, RunError
+from foodvit.files import write_text
+
+COLUMNS = ("path", "label", "probability", "top_k", "error")
+FORMATS = (".csv", ".jsonl")
+AHEAD = 2  # batches decoded ahead of the forward pass: enough to keep it busy, and memory stays a few batches
+
+
+class PhotoList:
+    """The photos to label, in a fixed order: each input in turn (a photo file as given, a folder's
+    photos walked in sorted path order by data/folders.py's rules), then the lines of a list file
+    ('-': standard input). Iterated lazily, as text paths; an input that does not exist stays in
+    the list and gets an error row. A folder without photos, or a list file that cannot be read,
+    is refused here, before any work."""
+
+    def __init__(self, inputs: Iterable[str | os.PathLike] = (), list_file: str | os.PathLike | None = None) -> None:
+        self.inputs = [str(i) for i in inputs]
+        self.list_file = None if list_file is None else str(list_file)
+        for item in self.inputs:
+            if Path(item).is_dir() and next(walk_photos(Path(item)), None) is None:
+                raise DataError(f"{item} holds no photos (files named {', '.join(IMAGE_EXTENSIONS)}, hidden ones left out); "
+                                "give a folder of photos or photo files")
+        if self.list_file not in (None, "-") and not os.access(self.list_file, os.R_OK):
+            why = "does not exist" if not Path(self.list_file).exists() else "cannot be read"
+            raise DataError(f"the list file {self.list_file} {why}; give a text file with one photo path a line (or - for standard input)")
+        if not self.inputs and self.list_file is None:
+            raise DataError("no photos given; name photo files or folders, or a list file with --files-from")
+
+    def __iter__(self) -> Iterator[str]:
+        for item in self.inputs:
+            if Path(item).is_dir():
+                yield from (str(p) for p in walk_photos(Path(item)))
+            else:
+                yield item
+        if self.list_file == "-":
+            yield from _lines(sys.stdin)
+        elif self.list_file is not None:
+            with open(self.list_file, encoding="utf-8") as lines:
+                yield from _lines(lines)
+
+    def count(self) -> int | None:
+        """How many photos (one more pass over the folders and the list file); None when the list
+        comes from standard input, which can be read once only."""
+        return None if self.list_file == "-" else sum(1 for _ in self)
+
+
+def _lines(stream) -> Iterator[str]:
+    for line in stream:
+        line = line.rstrip("\r\n")
+        if line.strip():
+            yield line
+
+
+# ------------------------------------------------------------------------------ the output file
+
+
+def model_identity(where: str | os.PathLike, classes) -> dict:
+    """What makes two runs of `predict` the same model: its classes and the SHA-256 of its weights
+    file (a run directory's model.safetensors, or the .onnx / .safetensors file itself)."""
+    where = Path(where)
+    weights = where / "model.safetensors" if where.is_dir() else where
+    digest = hashlib.sha256()
+    with open(weights, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return {"model": str(where), "classes": list(classes), "sha256": digest.hexdigest()}
+
+
+def check_out(out: str | os.PathLike) -> Path:
+    """The --out path if it can be written as predictions (.csv or .jsonl, a file, in a folder that
+    can be written), else a RunError that says what to do; checked before the model is opened."""
+    out = Path(out)
+    if out.suffix.lower() not in FORMATS:
+        raise RunError(f"--out {out}: predictions are written as .csv or .jsonl (chosen by the suffix); "
+                       f"use e.g. --out {out.with_suffix('.csv')}")
+    if out.is_dir():
+        raise RunError(f"--out {out} is a folder; give a file name, e.g. {out / 'predictions.csv'}")
+    folder = out.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"cannot create the folder {folder} for {out.name} ({err.strerror or err}); choose another --out") from None
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise RunError(f"cannot write {out} (read-only or not yours); choose another --out")
+    return out
+
+
+def meta_path(out: Path) -> Path:
+    return out.with_name(out.name + ".meta.json")
+
+
+class Predictions:
+    """A predictions file opened for appending: one row a photo, CSV (a header, then COLUMNS;
+    top_k as JSON text) or JSON Lines (an object a line, "error" only for a photo that could not
+    be read). Opening it drops a partial last line (what a killed run may leave), reads the paths
+    already in it (done), and refuses a file of another model or --top-k."""
+
+    def __init__(self, out: Path, identity: dict, top_k: int) -> None:
+        self.path, self.csv = Path(out), Path(out).suffix.lower() == ".csv"
+        meta = {**identity, "top_k": top_k}
+        meta_file = meta_path(self.path)
+        has_rows = self.path.exists() and self.path.stat().st_size > 0
+        if has_rows:
+            try:
+                stored = json.loads(meta_file.read_text())
+            except (OSError, ValueError):
+                raise RunError(f"{self.path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "
+                               "choose another --out, or delete it") from None
+            if {k: stored.get(k) for k in ("classes", "sha256")} != {k: meta[k] for k in ("classes", "sha256")}:
+                raise RunError(f"{self.path} holds predictions of another model ({stored.get('model')}, weights sha256 "
+                               f"{str(stored.get('sha256'))[:12]}...); choose another --out for {identity['model']}, or delete it to start over")
+            if stored.get("top_k") != top_k:
+                raise RunError(f"{self.path} was written with --top-k {stored.get('top_k')}; use the same --top-k to continue it, "
+                               "or another --out")
+        else:
+            write_text(meta_file, json.dumps(meta, indent=1) + "\n")
+        self.done = self._recover() if has_rows else set()
+        self.file = open(self.path, "ab")
+        if self.file.tell() == 0 and self.csv:
+            self._write(self._encode([dict(zip(COLUMNS, COLUMNS))]))
+
+    def _recover(self) -> set[str]:
+        """Truncate the file after its last complete line and return the paths of its rows."""
+        with open(self.path, "rb+") as f:
+            data = f.read()
+            end = data.rfind(b"\n") + 1
+            if end < len(data):
+                f.truncate(end)
+        text = data[:end].decode("utf-8")
+        if self.csv:
+            rows = csv.reader(io.StringIO(text, newline=""))
+            header = next(rows, None)
+            if header is not None and tuple(header) != COLUMNS:
+                raise RunError(f"{self.path} is not a foodvit predictions file (its header is not {','.join(COLUMNS)}); "
+                               "choose another --out")
+            return {row[0] for row in rows if row}
+        return {json.loads(line)["path"] for line in text.splitlines() if line}
+
+    def _encode(self, rows: list[dict]) -> bytes:
+        if not self.csv:
+            return "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
+        text = io.StringIO(newline="")
+        writer = csv.writer(text, lineterminator="\n")
+        for row in rows:
+            top = row.get("top_k")
+            writer.writerow([row["path"], row.get("label", ""), row.get("probability", ""),
+                             json.dumps(top) if isinstance(top, list) else (top or ""), row.get("error", "")])
+        return text.getvalue().encode("utf-8")
+
+    def _write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.file.flush()
+        os.fsync(self.file.fileno())  # on disk before the next batch starts: a crash loses at most the batch in flight
+
+    def write(self, rows: list[dict]) -> None:
+        """Append rows as complete lines, in one write."""
+        if rows:
+            self._write(self._encode(rows))
+
+    def close(self) -> None:
+        self.file.close()
+
+
+# ------------------------------------------------------------------------------ the work
+
+
+@dataclass
+class Labelled:
+    """What a labelling run did: photos written (with a label), failed (an error row), skipped
+    (already in the file), and the seconds it took."""
+
+    written: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+
+
+def batches(items: Iterable, size: int) -> Iterator[list]:
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+def prepared(predictor, paths: Iterable[list[str]], workers: int) -> Iterator[tuple[list[str], list]]:
+    """For each batch of paths, (paths, inputs): each input the model's array (3, S, S) or the
+    DataError that says why the photo cannot be used. workers > 0: decoded by that many threads,
+    up to AHEAD batches ahead of the caller; 0: decoded here, one at a time."""
+
+    def prepare(path: str):
+        try:
+            return predictor.prepare(local_photo(path), path)
+        except DataError as err:
+            return err
+
+    if workers == 0:
+        for chunk in paths:
+            yield chunk, [prepare(p) for p in chunk]
+        return
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="foodvit-decode")
+    try:
+        ahead: collections.deque = collections.deque()
+        for chunk in itertools.chain(paths, [None] * AHEAD):
+            if chunk is not None:
+                ahead.append((chunk, [pool.submit(prepare, p) for p in chunk]))
+            if len(ahead) > AHEAD or (chunk is None and ahead):
+                done, futures = ahead.popleft()
+                yield done, [f.result() for f in futures]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # interrupted: the decodes not yet started are dropped
+
+
+def rows_of(predictor, paths: list[str], inputs: list, top_k: int) -> list[dict]:
+    """One row a photo, in order: path, label, probability, top_k [[label, p], ...]; or path and
+    error. One forward pass for the photos that could be decoded."""
+    good = [x for x in inputs if isinstance(x, np.ndarray)]
+    probabilities = iter(predictor.probabilities(np.stack(good)) if good else ())
+    rows = []
+    for path, x in zip(paths, inputs):
+        if isinstance(x, np.ndarray):
+            answer = predictor.result(next(probabilities), 0.0, top_k)
+            rows.append({"path": path, "label": answer["label"], "probability": answer["probability"], "top_k": answer["top_k"]})
+        else:
+            rows.append({"path": path, "error": str(x)})
+    return rows
+
+
+def label(predictor, photos: PhotoList, out: Predictions, *, top_k: int = 3, batch_size: int = 64, workers: int = 2,
+          quiet: bool = False, share=None) -> Labelled:
+    """Label every photo of `photos` not already in `out`, a batch at a time (see the module's
+    docstring). share(i): whether the i-th photo is this process's to label (default: all)."""
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    summary = Labelled()
+    bar = tqdm(total=None if quiet else photos.count(), unit="photo", desc="labelling", disable=quiet, dynamic_ncols=True)
+
+    def todo() -> Iterator[str]:
+        for i, path in enumerate(photos):
+            if share is not None and not share(i):
+                continue
+            if path in out.done:
+                summary.skipped += 1
+                bar.update(1)  # already labelled: done, and tqdm's smoothed rate soon forgets the burst
+                continue
+            yield path
+
+    with bar:
+        for paths, inputs in prepared(predictor, batches(todo(), batch_size), workers):
+            rows = rows_of(predictor, paths, inputs, top_k)
+            out.write(rows)
+            failed = sum("error" in r for r in rows)
+            summary.failed += failed
+            summary.written += len(rows) - failed
+            bar.update(len(rows))
+    summary.seconds = time.perf_counter() - started
+    return summary
