@@ -103,12 +103,14 @@ def check_out(out: str | os.PathLike) -> Path:
     """The --out path if it can be written as predictions (.csv or .jsonl, a file, in a folder that
     can be written), else a RunError that says what to do; checked before the model is opened."""
     out = Path(out)
+    if out.is_dir():
+        raise RunError(f"--out {out} is a folder; give a file name, e.g. {out / 'predictions.csv'}")
     if out.suffix.lower() not in FORMATS:
         raise RunError(f"--out {out}: predictions are written as .csv or .jsonl (chosen by the suffix); "
                        f"use e.g. --out {out.with_suffix('.csv')}")
-    if out.is_dir():
-        raise RunError(f"--out {out} is a folder; give a file name, e.g. {out / 'predictions.csv'}")
     folder = out.parent
+    if folder.exists() and not folder.is_dir():
+        raise RunError(f"cannot write {out.name} into {folder}: it is a file, not a folder; choose another --out")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:

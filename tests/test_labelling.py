@@ -1,0 +1,205 @@
+"""`foodvit predict RUN FOLDER --out predictions.csv`: a collection labelled in batches into CSV or
+JSON Lines, resumable after a kill, refused when the file holds another model's rows."""
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import make_photo, train_tiny_run
+
+from foodvit.cli.main import main
+from foodvit.deploy.predictor import Predictor
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out, _ = train_tiny_run(tmp_path_factory, "labeller")
+    return out
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """Photos in nested folders, with what a folder walk must leave out (hidden files and folders,
+    files of other kinds) and one damaged photo, which must get an error row."""
+    root = tmp_path_factory.mktemp("tree")
+    for i, name in enumerate(["a/1.jpg", "a/b/2.png", "a/b/3.JPG", "c.jpeg", "z/4.webp"]):
+        make_photo(root / name, (40 * i, 120, 200 - 30 * i), size=(20, 24), seed=i)
+    make_photo(root / ".hidden.jpg", (1, 2, 3), size=(20, 24))
+    make_photo(root / ".cache" / "5.jpg", (1, 2, 3), size=(20, 24))
+    (root / "notes.txt").write_text("not a photo")
+    (root / "a" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    return root
+
+
+EXPECTED = ["a/1.jpg", "a/b/2.png", "a/b/3.JPG", "a/broken.jpg", "c.jpeg", "z/4.webp"]  # sorted by path, as training lists
+
+
+def read_rows(path):
+    """The rows of a CSV or JSONL predictions file as dicts (top_k parsed, empty CSV cells left out)."""
+    if str(path).endswith(".jsonl"):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    rows = []
+    for row in csv.DictReader(io.StringIO(path.read_text(), newline="")):
+        row = {k: v for k, v in row.items() if v != ""}
+        if "probability" in row:
+            row["probability"], row["top_k"] = float(row["probability"]), json.loads(row["top_k"])
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_folder_tree_is_labelled_row_by_row_as_classify_labels_each_photo(run, tree, tmp_path, suffix, capsys):
+    out = tmp_path / f"predictions{suffix}"
+    assert main(["predict", str(run), str(tree), "--out", str(out), "--batch-size", "4", "--workers", "2", "--top-k", "2",
+                 "--quiet"]) == 1  # a photo could not be read: reported, the rest labelled
+    err = capsys.readouterr().err
+    assert f"{out}: 5 photos labelled, 1 could not be read" in err and "Traceback" not in err
+    rows = read_rows(out)
+    assert [r["path"] for r in rows] == [str(tree / p) for p in EXPECTED]
+    predictor = Predictor.open(run)
+    for row in rows:
+        if row["path"].endswith("broken.jpg"):
+            assert set(row) == {"path", "error"} and row["error"].startswith(f"{tree / 'a' / 'broken.jpg'} is not an image")
+            continue
+        alone = predictor.classify(row["path"], top_k=2)
+        assert "error" not in row and row["label"] == alone["label"]
+        assert row["probability"] == pytest.approx(alone["probability"], abs=1e-6)
+        assert [label for label, _ in row["top_k"]] == [label for label, _ in alone["top_k"]]
+        assert [p for _, p in row["top_k"]] == pytest.approx([p for _, p in alone["top_k"]], abs=1e-6)
+
+
+def test_list_files_and_standard_input_name_photos_and_missing_ones_get_error_rows(run, tree, tmp_path, monkeypatch, capsys):
+    listed = tmp_path / "list.txt"
+    listed.write_text(f"{tree / 'c.jpeg'}\n\n{tmp_path / 'missing.jpg'}\n{tree / 'a' / '1.jpg'}\n")
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", str(run), "--files-from", str(listed), "--out", str(out), "--quiet"]) == 1
+    rows = read_rows(out)
+    assert [r["path"] for r in rows] == [str(tree / "c.jpeg"), str(tmp_path / "missing.jpg"), str(tree / "a" / "1.jpg")]
+    assert rows[1] == {"path": str(tmp_path / "missing.jpg"), "error": f"{tmp_path / 'missing.jpg'} does not exist"}
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{tree / 'z' / '4.webp'}\n"))
+    assert main(["predict", str(run), "--files-from", "-", "--out", str(out), "--quiet"]) == 0
+    assert [r["path"] for r in read_rows(out)][-1] == str(tree / "z" / "4.webp")
+    capsys.readouterr()
+    # without --out a folder is expanded too, and printed as a few photos always were
+    assert main(["predict", str(run), str(tree / "a" / "b")]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [str(tree / "a/b/2.png"), str(tree / "a/b/3.JPG")]
+
+
+def test_a_rerun_skips_what_is_done_and_drops_a_partial_last_row(run, tree, tmp_path, capsys):
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(run), str(tree / "a"), "--out", str(out), "--quiet"]) == 1
+    whole = out.read_text()
+    lines = whole.splitlines(keepends=True)
+    out.write_text("".join(lines[:-1]) + lines[-1][:15])  # as a kill in the middle of the last write would leave it
+    capsys.readouterr()
+    assert main(["predict", str(run), str(tree / "a"), "--out", str(out), "--quiet"]) == 1  # the last photo is the damaged one
+    assert "0 photos labelled, 1 could not be read (rows with an error), 3 already there" in capsys.readouterr().err
+    assert out.read_text() == whole
+
+
+def test_an_out_file_of_another_model_or_top_k_is_refused_not_mixed(run, tree, tmp_path, capsys):
+    import shutil
+
+    from foodvit.rundir.trained import save_model
+
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(run), str(tree / "c.jpeg"), "--out", str(out), "--quiet"]) == 0
+    before = out.read_text()
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    predictor = Predictor.from_run(run)
+    with __import__("torch").no_grad():
+        next(predictor.model.parameters()).add_(0.5)  # the same architecture and classes, other weights
+    save_model(other, predictor.model, predictor.classes, predictor.preprocess)
+    capsys.readouterr()
+    assert main(["predict", str(other), str(tree / "z"), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"foodvit predict: error: {out} holds predictions of another model ({run}, weights sha256" in err
+    assert err.count("\n") == 1
+    assert main(["predict", str(run), str(tree / "z"), "--out", str(out), "--top-k", "1", "--quiet"]) == 2
+    assert f"{out} was written with --top-k 3; use the same --top-k" in capsys.readouterr().err
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("name,score\nx,1\n")
+    assert main(["predict", str(run), str(tree / "z"), "--out", str(foreign), "--quiet"]) == 2
+    assert f"{foreign} exists and was not written by foodvit predict" in capsys.readouterr().err
+    assert out.read_text() == before and foreign.read_text() == "name,score\nx,1\n"
+
+
+@pytest.mark.slow  # a second process that imports PyTorch: several seconds
+def test_a_run_killed_mid_way_and_run_again_labels_every_photo_exactly_once(run, tmp_path):
+    photos = tmp_path / "many"
+    for i in range(240):
+        make_photo(photos / f"{i // 60}" / f"{i:03d}.png", (i, 100, 200), size=(8, 8), seed=i, fmt="PNG")
+    out = tmp_path / "p.csv"
+    argv = ["predict", str(run), str(photos), "--out", str(out), "--batch-size", "4", "--workers", "1", "--quiet"]
+    # each forward pass slowed down, so that the kill lands in the middle of the run whatever the machine
+    script = ("import sys, time\n"
+              "from foodvit.deploy.predictor import Predictor\n"
+              "forward = Predictor.probabilities\n"
+              "Predictor.probabilities = lambda self, batch: (time.sleep(0.03), forward(self, batch))[1]\n"
+              "from foodvit.cli.main import main\n"
+              f"sys.exit(main({argv!r}))\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None and (not out.exists() or out.read_text().count("\n") < 60):
+        time.sleep(0.02)
+    assert child.poll() is None, f"the run ended before it was killed: {child.stderr.read().decode()[-2000:]}"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stderr.close()
+    killed = out.read_bytes()
+    assert 60 <= killed.count(b"\n") < 241 and killed.endswith(b"\n")  # whole lines only: one write a batch
+    assert main(argv) == 0
+    paths = [r["path"] for r in read_rows(out)]
+    assert paths[: killed.count(b"\n") - 1] == [r["path"] for r in read_rows_bytes(killed)]
+    assert sorted(paths) == sorted(str(p) for p in photos.rglob("*.png")) and len(set(paths)) == 240
+
+
+def read_rows_bytes(data: bytes):
+    return list(csv.DictReader(io.StringIO(data.decode(), newline="")))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    (["--batch-size", "nan"], "argument --batch-size: expected a whole number, got 'nan'"),
+    (["--workers", "-1"], "argument --workers: must be >= 0, got -1"),
+    (["--dist-timeout", "nan"], "argument --dist-timeout: must be > 0, got nan"),
+])
+def test_bad_options_are_one_line(run, tree, tmp_path, argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", str(run), str(tree), "--out", str(tmp_path / "p.csv"), *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_bad_inputs_and_outputs_are_one_line_and_write_nothing(run, tree, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    make_photo(empty / ".hidden" / "1.jpg", (1, 2, 3), size=(8, 8))
+    (empty / "readme.txt").parent.mkdir(exist_ok=True)
+    (empty / "readme.txt").write_text("x")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = str(tmp_path / "p.csv")
+    for argv, message in [
+        ([str(empty), "--out", out], f"{empty} holds no photos (files named .jpg"),
+        ([str(empty)], f"{empty} holds no photos"),
+        (["--files-from", str(tmp_path / "nope.txt"), "--out", out], f"the list file {tmp_path / 'nope.txt'} does not exist"),
+        (["--out", out], "no photos given; name photo files or folders, or a list file with --files-from"),
+        ([str(tree), "--out", str(blocker / "p.csv")], f"cannot write p.csv into {blocker}: it is a file, not a folder"),
+        ([str(tree), "--out", str(tmp_path / "p.txt")], "predictions are written as .csv or .jsonl"),
+        ([str(tree), "--out", str(tmp_path)], f"--out {tmp_path} is a folder"),
+        ([str(tree), "--out", out, "--json"], "--json is for a few photos"),
+    ]:
+        assert main(["predict", str(run), *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("foodvit predict: error: ") and message in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "p.txt").exists()
