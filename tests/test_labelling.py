@@ -203,3 +203,37 @@ def test_bad_inputs_and_outputs_are_one_line_and_write_nothing(run, tree, tmp_pa
         err = capsys.readouterr().err
         assert err.startswith("foodvit predict: error: ") and message in err and err.count("\n") == 1, (argv, err)
     assert not (tmp_path / "p.csv").exists() and not (tmp_path / "p.txt").exists()
+
+
+@pytest.fixture(scope="module")
+def onnx_file(run, tmp_path_factory):
+    pytest.importorskip("onnxruntime", reason="the .onnx test needs the export extra: pip install -e '.[export]'")
+    pytest.importorskip("onnxscript", reason="the .onnx test needs the export extra: pip install -e '.[export]'")
+    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
+    assert main(["export", str(run), "--out", str(path)]) == 0
+    return path
+
+
+@pytest.mark.slow  # an export and a second process
+def test_an_onnx_file_labels_a_folder_without_torch_and_gives_the_runs_rows(run, onnx_file, tree, tmp_path):
+    out, reference = tmp_path / "onnx.jsonl", tmp_path / "run.jsonl"
+    script = ("import builtins, sys\n"
+              "real = builtins.__import__\n"
+              "def guard(name, *args, **kwargs):\n"
+              "    if name.split('.')[0] in ('torch', 'torchvision', 'timm'):\n"
+              "        raise ImportError('torch is not installed here')\n"
+              "    return real(name, *args, **kwargs)\n"
+              "builtins.__import__ = guard\n"
+              "from foodvit.cli.main import main\n"
+              f"code = main(['predict', {str(onnx_file)!r}, {str(tree)!r}, '--out', {str(out)!r}, '--workers', '2', '--quiet'])\n"
+              "assert not any(m.split('.')[0] == 'torch' for m in sys.modules), 'torch was imported'\n"
+              "sys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr  # the damaged photo: an error row, the others labelled
+    assert main(["predict", str(run), str(tree), "--out", str(reference), "--quiet"]) == 1
+    got, expected = read_rows(out), read_rows(reference)
+    assert [r["path"] for r in got] == [r["path"] for r in expected] == [str(tree / p) for p in EXPECTED]
+    for a, b in zip(got, expected):
+        assert a.get("label") == b.get("label") and a.get("error") == b.get("error")
+        assert a.get("probability", 0) == pytest.approx(b.get("probability", 0), abs=1e-5)
+    assert json.loads((tmp_path / "onnx.jsonl.meta.json").read_text())["model"] == str(onnx_file)
