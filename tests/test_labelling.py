@@ -237,3 +237,20 @@ def test_an_onnx_file_labels_a_folder_without_torch_and_gives_the_runs_rows(run,
         assert a.get("label") == b.get("label") and a.get("error") == b.get("error")
         assert a.get("probability", 0) == pytest.approx(b.get("probability", 0), abs=1e-5)
     assert json.loads((tmp_path / "onnx.jsonl.meta.json").read_text())["model"] == str(onnx_file)
+
+
+@pytest.mark.slow  # torchrun and two processes that import PyTorch
+def test_two_processes_under_torchrun_write_the_rows_of_one(run, tree, tmp_path):
+    one, two = tmp_path / "one.csv", tmp_path / "two.csv"
+    assert main(["predict", str(run), str(tree), "--out", str(one), "--quiet"]) == 1  # the damaged photo
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "foodvit",
+               "predict", str(run), str(tree), "--out", str(two), "--batch-size", "2", "--quiet"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and f"{two}: 5 photos labelled, 1 could not be read" in done.stderr, done.stderr[-3000:]
+    a, b = read_rows(one), read_rows(two)
+    assert [r["path"] for r in b] == [r["path"] for r in a] == [str(tree / p) for p in EXPECTED]  # the input's order
+    for x, y in zip(a, b):
+        assert y.get("label") == x.get("label") and y.get("error") == x.get("error")
+        assert y.get("probability", 0) == pytest.approx(x.get("probability", 0), abs=1e-6)
+        assert [p for _, p in y.get("top_k", [])] == pytest.approx([p for _, p in x.get("top_k", [])], abs=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.csv", "one.csv.meta.json", "two.csv", "two.csv.meta.json"]  # parts merged and gone

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import collections
 import csv
+import glob
 import hashlib
+import heapq
 import io
 import itertools
 import json
@@ -124,52 +126,63 @@ def meta_path(out: Path) -> Path:
     return out.with_name(out.name + ".meta.json")
 
 
+def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
+    """Whether a predictions file already holds rows; a RunError if they are not this model's and
+    this --top-k's (its sidecar meta says whose they are), so that two models' rows never mix."""
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    meta_file = meta_path(path)
+    try:
+        stored = json.loads(meta_file.read_text())
+    except (OSError, ValueError):
+        raise RunError(f"{path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "
+                       "choose another --out, or delete it") from None
+    if [stored.get("classes"), stored.get("sha256")] != [identity["classes"], identity["sha256"]]:
+        raise RunError(f"{path} holds predictions of another model ({stored.get('model')}, weights sha256 "
+                       f"{str(stored.get('sha256'))[:12]}...); choose another --out for {identity['model']}, or delete it to start over")
+    if stored.get("top_k") != top_k:
+        raise RunError(f"{path} was written with --top-k {stored.get('top_k')}; use the same --top-k to continue it, or another --out")
+    return True
+
+
+def complete_lines(path: Path) -> str:
+    """The text of a file up to its last newline: a row cut short by a kill is not a row."""
+    data = path.read_bytes()
+    return data[: data.rfind(b"\n") + 1].decode("utf-8")
+
+
+def read_done(path: Path) -> set[str]:
+    """The paths of the complete rows of a predictions file (CSV or JSONL); set() if there is none."""
+    if not path.exists():
+        return set()
+    text = complete_lines(path)
+    if path.suffix.lower() == ".csv":
+        rows = csv.reader(io.StringIO(text, newline=""))
+        header = next(rows, None)
+        if header is not None and tuple(header) != COLUMNS:
+            raise RunError(f"{path} is not a foodvit predictions file (its header is not {','.join(COLUMNS)}); choose another --out")
+        return {row[0] for row in rows if row}
+    return {json.loads(line)["path"] for line in text.splitlines() if line}
+
+
 class Predictions:
     """A predictions file opened for appending: one row a photo, CSV (a header, then COLUMNS;
     top_k as JSON text) or JSON Lines (an object a line, "error" only for a photo that could not
-    be read). Opening it drops a partial last line (what a killed run may leave), reads the paths
-    already in it (done), and refuses a file of another model or --top-k."""
+    be read). Opening it refuses a file of another model or --top-k (check_written_by), drops a
+    partial last line (what a killed run may leave) and reads the paths already in it (done)."""
 
     def __init__(self, out: Path, identity: dict, top_k: int) -> None:
         self.path, self.csv = Path(out), Path(out).suffix.lower() == ".csv"
-        meta = {**identity, "top_k": top_k}
-        meta_file = meta_path(self.path)
-        has_rows = self.path.exists() and self.path.stat().st_size > 0
-        if has_rows:
-            try:
-                stored = json.loads(meta_file.read_text())
-            except (OSError, ValueError):
-                raise RunError(f"{self.path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "
-                               "choose another --out, or delete it") from None
-            if {k: stored.get(k) for k in ("classes", "sha256")} != {k: meta[k] for k in ("classes", "sha256")}:
-                raise RunError(f"{self.path} holds predictions of another model ({stored.get('model')}, weights sha256 "
-                               f"{str(stored.get('sha256'))[:12]}...); choose another --out for {identity['model']}, or delete it to start over")
-            if stored.get("top_k") != top_k:
-                raise RunError(f"{self.path} was written with --top-k {stored.get('top_k')}; use the same --top-k to continue it, "
-                               "or another --out")
+        if check_written_by(self.path, identity, top_k):
+            keep = len(complete_lines(self.path).encode("utf-8"))
+            if keep < self.path.stat().st_size:
+                os.truncate(self.path, keep)
         else:
-            write_text(meta_file, json.dumps(meta, indent=1) + "\n")
-        self.done = self._recover() if has_rows else set()
+            write_text(meta_path(self.path), json.dumps({**identity, "top_k": top_k}, indent=1) + "\n")
+        self.done = read_done(self.path)
         self.file = open(self.path, "ab")
         if self.file.tell() == 0 and self.csv:
             self._write(self._encode([dict(zip(COLUMNS, COLUMNS))]))
-
-    def _recover(self) -> set[str]:
-        """Truncate the file after its last complete line and return the paths of its rows."""
-        with open(self.path, "rb+") as f:
-            data = f.read()
-            end = data.rfind(b"\n") + 1
-            if end < len(data):
-                f.truncate(end)
-        text = data[:end].decode("utf-8")
-        if self.csv:
-            rows = csv.reader(io.StringIO(text, newline=""))
-            header = next(rows, None)
-            if header is not None and tuple(header) != COLUMNS:
-                raise RunError(f"{self.path} is not a foodvit predictions file (its header is not {','.join(COLUMNS)}); "
-                               "choose another --out")
-            return {row[0] for row in rows if row}
-        return {json.loads(line)["path"] for line in text.splitlines() if line}
 
     def _encode(self, rows: list[dict]) -> bytes:
         if not self.csv:
@@ -216,25 +229,26 @@ def batches(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def prepared(predictor, paths: Iterable[list[str]], workers: int) -> Iterator[tuple[list[str], list]]:
-    """For each batch of paths, (paths, inputs): each input the model's array (3, S, S) or the
-    DataError that says why the photo cannot be used. workers > 0: decoded by that many threads,
-    up to AHEAD batches ahead of the caller; 0: decoded here, one at a time."""
+def prepared(predictor, chunks: Iterable[list[tuple[int, str]]], workers: int) -> Iterator[tuple[list[tuple[int, str]], list]]:
+    """For each batch of (index, path), (the batch, inputs): each input the model's array (3, S, S)
+    or the DataError that says why the photo cannot be used. workers > 0: decoded by that many
+    threads, up to AHEAD batches ahead of the caller; 0: decoded here, one at a time."""
 
-    def prepare(path: str):
+    def prepare(item: tuple[int, str]):
+        path = item[1]
         try:
             return predictor.prepare(local_photo(path), path)
         except DataError as err:
             return err
 
     if workers == 0:
-        for chunk in paths:
+        for chunk in chunks:
             yield chunk, [prepare(p) for p in chunk]
         return
     pool = ThreadPoolExecutor(workers, thread_name_prefix="foodvit-decode")
     try:
         ahead: collections.deque = collections.deque()
-        for chunk in itertools.chain(paths, [None] * AHEAD):
+        for chunk in itertools.chain(chunks, [None] * AHEAD):
             if chunk is not None:
                 ahead.append((chunk, [pool.submit(prepare, p) for p in chunk]))
             if len(ahead) > AHEAD or (chunk is None and ahead):
@@ -260,32 +274,144 @@ def rows_of(predictor, paths: list[str], inputs: list, top_k: int) -> list[dict]
 
 
 def label(predictor, photos: PhotoList, out: Predictions, *, top_k: int = 3, batch_size: int = 64, workers: int = 2,
-          quiet: bool = False, share=None) -> Labelled:
-    """Label every photo of `photos` not already in `out`, a batch at a time (see the module's
-    docstring). share(i): whether the i-th photo is this process's to label (default: all)."""
+          quiet: bool = False, share=None, done: set[str] | None = None) -> Labelled:
+    """Label every photo of `photos` not already done, a batch at a time, into `out` (see the
+    module's docstring). share(i): whether the i-th photo is this process's to label (default all);
+    its rows then carry "index", the photo's place in the list, for the merge. done: the paths to
+    skip (default: out's rows); a photo listed twice is labelled once."""
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
     summary = Labelled()
-    bar = tqdm(total=None if quiet else photos.count(), unit="photo", desc="labelling", disable=quiet, dynamic_ncols=True)
+    done = out.done if done is None else done
+    total = None if quiet or photos.list_file == "-" else sum(1 for i, _ in enumerate(photos) if share is None or share(i))
+    bar = tqdm(total=total, unit="photo", desc="labelling", disable=quiet, dynamic_ncols=True)
 
-    def todo() -> Iterator[str]:
+    def todo() -> Iterator[tuple[int, str]]:
         for i, path in enumerate(photos):
             if share is not None and not share(i):
                 continue
-            if path in out.done:
+            if path in done:
                 summary.skipped += 1
                 bar.update(1)  # already labelled: done, and tqdm's smoothed rate soon forgets the burst
                 continue
-            yield path
+            done.add(path)
+            yield i, path
 
     with bar:
-        for paths, inputs in prepared(predictor, batches(todo(), batch_size), workers):
-            rows = rows_of(predictor, paths, inputs, top_k)
+        for chunk, inputs in prepared(predictor, batches(todo(), batch_size), workers):
+            rows = rows_of(predictor, [path for _, path in chunk], inputs, top_k)
+            if share is not None:
+                rows = [{"index": i, **row} for (i, _), row in zip(chunk, rows)]
             out.write(rows)
             failed = sum("error" in r for r in rows)
             summary.failed += failed
             summary.written += len(rows) - failed
             bar.update(len(rows))
     summary.seconds = time.perf_counter() - started
+    return summary
+
+
+# ------------------------------------------------------------------------------ many processes
+
+
+def part_path(out: Path, rank: int, world: int) -> Path:
+    return out.with_name(f"{out.name}.part-{rank}-of-{world}.jsonl")
+
+
+def part_files(out: Path) -> list[Path]:
+    """Every process's part file of `out`, of this run or of an interrupted one (another world size too)."""
+    return sorted(out.parent.glob(glob.escape(out.name) + ".part-*-of-*.jsonl"))
+
+
+def label_share(predictor, photos: PhotoList, out: Path, identity: dict, *, rank: int, world: int, top_k: int = 3,
+                batch_size: int = 64, workers: int = 2, quiet: bool = False, timeout: float = 600.0) -> Labelled:
+    """One of `world` processes (torchrun's RANK and WORLD_SIZE) labelling `photos` into `out`.
+
+    The i-th photo is rank i % world's; each rank writes its rows (with their index) to its own
+    part file, a batch at a time as label() does. Rank 0 then waits until every photo not already
+    in `out` is in some part file (it reads them as they grow: no PyTorch needed, so the ONNX path
+    works the same; a process that stops for good stops torchrun, and rank 0 with it), merges the
+    parts into `out` in the photos' order and removes them. Rows already in `out`, or in the parts
+    of an interrupted run, are not labelled again; so a merge cut short is finished by re-running.
+    Returns rank 0's count of all that was merged; another rank's, of its own share."""
+    out = Path(out)
+    check_written_by(out, identity, top_k)  # every rank refuses another model's file alike
+    main = Predictions(out, identity, top_k) if rank == 0 else None  # rank 0 alone writes out
+    done = set(main.done) if main is not None else read_done(out)
+    for part in part_files(out):
+        check_written_by(part, identity, top_k)
+        done |= read_done(part)
+    mine = Predictions(part_path(out, rank, world), identity, top_k)
+    try:
+        own = label(predictor, photos, mine, top_k=top_k, batch_size=batch_size, workers=workers, quiet=quiet,
+                    share=lambda i: i % world == rank, done=done)
+    finally:
+        mine.close()
+    if main is None:
+        return own
+    try:
+        listed, missing = 0, set()
+        for path in photos:
+            listed += 1
+            if path not in main.done:
+                missing.add(path)
+        skipped = listed - len(missing)
+        wait_for_parts(out, missing, timeout)
+        merged = merge_parts(main, part_files(out))
+    finally:
+        main.close()
+    merged.skipped, merged.seconds = skipped, own.seconds
+    return merged
+
+
+def wait_for_parts(out: Path, missing: set[str], timeout: float, poll: float = 0.1) -> None:
+    """Until every path of `missing` has a complete row in a part file of `out`; a RunError after
+    `timeout` seconds. Each part is read on from where the last look stopped."""
+    read: dict[Path, int] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for part in part_files(out):
+            with open(part, "rb") as f:
+                f.seek(read.get(part, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            read[part] = read.get(part, 0) + end
+            for line in data[:end].splitlines():
+                missing.discard(json.loads(line)["path"])
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RunError(f"{len(missing)} photos (e.g. {next(iter(missing))}) were not labelled by the other processes within "
+                           f"{timeout:g} s; run the same command again to continue (--dist-timeout waits longer)")
+        time.sleep(poll)
+
+
+def merge_parts(out: Predictions, parts: list[Path], chunk: int = 1024) -> Labelled:
+    """The part files' rows appended to `out` in the photos' order (each part is in that order:
+    a k-way merge, one row of each part in memory), a path already in `out` left out; then the
+    parts are removed."""
+
+    def rows(part: Path) -> Iterator[dict]:
+        with open(part, encoding="utf-8") as lines:
+            for line in lines:
+                if line.endswith("\n"):
+                    yield json.loads(line)
+
+    summary, buffer = Labelled(), []
+    for row in heapq.merge(*(rows(p) for p in parts), key=lambda r: r["index"]):
+        if row["path"] in out.done:
+            continue
+        del row["index"]
+        out.done.add(row["path"])
+        buffer.append(row)
+        summary.failed += "error" in row
+        summary.written += "error" not in row
+        if len(buffer) >= chunk:
+            out.write(buffer)
+            buffer = []
+    out.write(buffer)
+    for part in parts:
+        part.unlink(missing_ok=True)
+        meta_path(part).unlink(missing_ok=True)
     return summary
