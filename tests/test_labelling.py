@@ -162,6 +162,17 @@ def test_a_run_killed_mid_way_and_run_again_labels_every_photo_exactly_once(run,
     assert sorted(paths) == sorted(str(p) for p in photos.rglob("*.png")) and len(set(paths)) == 240
 
 
+def assert_same_rows(got, expected, tolerance):
+    """The same photos in the same order with the same labels and errors, probabilities within tolerance
+    (a photo's logits differ in the last bits with the batch it was in)."""
+    assert [r["path"] for r in got] == [r["path"] for r in expected]
+    for a, b in zip(got, expected):
+        assert set(a) == set(b) and a.get("label") == b.get("label") and a.get("error") == b.get("error")
+        assert [label for label, _ in a.get("top_k", [])] == [label for label, _ in b.get("top_k", [])]
+        assert [a.get("probability", 0)] + [p for _, p in a.get("top_k", [])] == \
+            pytest.approx([b.get("probability", 0)] + [p for _, p in b.get("top_k", [])], abs=tolerance)
+
+
 def read_rows_bytes(data: bytes):
     return list(csv.DictReader(io.StringIO(data.decode(), newline="")))
 
@@ -231,11 +242,8 @@ def test_an_onnx_file_labels_a_folder_without_torch_and_gives_the_runs_rows(run,
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr  # the damaged photo: an error row, the others labelled
     assert main(["predict", str(run), str(tree), "--out", str(reference), "--quiet"]) == 1
-    got, expected = read_rows(out), read_rows(reference)
-    assert [r["path"] for r in got] == [r["path"] for r in expected] == [str(tree / p) for p in EXPECTED]
-    for a, b in zip(got, expected):
-        assert a.get("label") == b.get("label") and a.get("error") == b.get("error")
-        assert a.get("probability", 0) == pytest.approx(b.get("probability", 0), abs=1e-5)
+    assert [r["path"] for r in read_rows(out)] == [str(tree / p) for p in EXPECTED]
+    assert_same_rows(read_rows(out), read_rows(reference), 1e-5)
     assert json.loads((tmp_path / "onnx.jsonl.meta.json").read_text())["model"] == str(onnx_file)
 
 
@@ -247,10 +255,42 @@ def test_two_processes_under_torchrun_write_the_rows_of_one(run, tree, tmp_path)
                "predict", str(run), str(tree), "--out", str(two), "--batch-size", "2", "--quiet"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 1 and f"{two}: 5 photos labelled, 1 could not be read" in done.stderr, done.stderr[-3000:]
-    a, b = read_rows(one), read_rows(two)
-    assert [r["path"] for r in b] == [r["path"] for r in a] == [str(tree / p) for p in EXPECTED]  # the input's order
-    for x, y in zip(a, b):
-        assert y.get("label") == x.get("label") and y.get("error") == x.get("error")
-        assert y.get("probability", 0) == pytest.approx(x.get("probability", 0), abs=1e-6)
-        assert [p for _, p in y.get("top_k", [])] == pytest.approx([p for _, p in x.get("top_k", [])], abs=1e-6)
+    assert [r["path"] for r in read_rows(two)] == [str(tree / p) for p in EXPECTED]  # the input's order
+    assert_same_rows(read_rows(two), read_rows(one), 1e-6)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.csv", "one.csv.meta.json", "two.csv", "two.csv.meta.json"]  # parts merged and gone
+
+
+def test_the_parts_of_an_interrupted_many_process_run_are_merged_not_labelled_again(run, tree, tmp_path):
+    import threading
+
+    from foodvit.deploy.labelling import PhotoList, Predictions, label, label_share, model_identity, part_path
+
+    predictor = Predictor.open(run)
+    identity = model_identity(run, predictor.classes)
+    one = Predictions(tmp_path / "one.jsonl", identity, 3)
+    label(predictor, PhotoList([tree]), one, workers=0, quiet=True)
+    one.close()
+    out = tmp_path / "two.jsonl"
+    # an earlier run on 3 processes was killed after rank 2 wrote its share (photos 2 and 5) and a partial row
+    stale = Predictions(part_path(out, 2, 3), identity, 3)
+    stale.write([{"index": i, **row} for i, row in enumerate(read_rows(tmp_path / "one.jsonl")) if i % 3 == 2])
+    stale.file.write(b'{"index": 8, "pa')
+    stale.close()
+    calls = []
+    forward = predictor.probabilities
+    predictor.probabilities = lambda batch: calls.append(len(batch)) or forward(batch)
+    results = {}
+
+    def rank(r):
+        results[r] = label_share(predictor, PhotoList([tree]), out, identity, rank=r, world=2, batch_size=2, workers=1,
+                                 quiet=True, timeout=60)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(calls) == 3  # of the 6 photos: 2 were in the stale part, 1 cannot be read
+    assert (results[0].written, results[0].failed, results[0].skipped) == (5, 1, 0)
+    assert_same_rows(read_rows(out), read_rows(tmp_path / "one.jsonl"), 1e-6)  # in the input's order, each photo once
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl", "one.jsonl.meta.json", "two.jsonl", "two.jsonl.meta.json"]
