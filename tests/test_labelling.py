@@ -294,3 +294,16 @@ def test_the_parts_of_an_interrupted_many_process_run_are_merged_not_labelled_ag
     assert (results[0].written, results[0].failed, results[0].skipped) == (5, 1, 0)
     assert_same_rows(read_rows(out), read_rows(tmp_path / "one.jsonl"), 1e-6)  # in the input's order, each photo once
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl", "one.jsonl.meta.json", "two.jsonl", "two.jsonl.meta.json"]
+
+
+def test_ctrl_c_says_the_finished_batches_are_kept_and_how_to_go_on(run, tree, tmp_path, monkeypatch, capsys):
+    import foodvit.deploy.labelling as labelling
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(labelling, "label", interrupted)
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(run), str(tree), "--out", str(out), "--quiet"]) == 130
+    assert capsys.readouterr().err == (f"\ninterrupted: every finished batch is kept in {out}; "
+                                       "run the same command again to label the rest\n")

@@ -216,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
             else:
                 print("\ninterrupted before the first epoch finished: nothing was saved", file=sys.stderr)
+        elif args.command == "predict" and getattr(args, "out", None):
+            print(f"\ninterrupted: every finished batch is kept in {args.out}; run the same command again to label the rest",
+                  file=sys.stderr)
         else:
             print("\ninterrupted", file=sys.stderr)
         return 130
