@@ -102,8 +102,8 @@ def test_same_seed_same_run_and_new_run_refuses_an_old_directory(photos, tmp_pat
 def test_one_or_two_loader_workers_train_the_same_run(photos, tmp_path):
     # each photo is augmented from its own seed when workers load the data, and the workers stay up
     # between epochs: how many there are changes nothing, mixup (drawn in the workers) included
-    runs = [train(small_config(photos, epochs=3, batch_size=8, workers=w, mixup=0.8), tmp_path / f"w{w}", quiet=True)
-            for w in (1, 2)]
+    runs = [train(small_config(photos, epochs=2, batch_size=8, workers=w, mixup=0.8), tmp_path / f"w{w}", quiet=True)
+            for w in (1, 2)]  # two epochs: the second is the one the kept-up workers load
     strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
     assert strip(runs[0].history) == strip(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "w1"), foodvit.load_model(tmp_path / "w2")
@@ -198,6 +198,7 @@ def test_nan_loss_keeps_the_last_good_checkpoint(photos, tmp_path, monkeypatch):
     assert len(_metrics(tmp_path / "nan" / "metrics.csv")) == 1
 
 
+@pytest.mark.slow  # ViT-B/16 at 224 and a 1 GB checkpoint; the other recipes train at 32 px throughout this file
 def test_course_recipe_runs_one_epoch(tmp_path, capsys):
     # The course's settings unchanged (ViT-B/16 at 224, Adam 3e-3, wd 0.3 on everything), on 6 photos.
     from dataclasses import replace
