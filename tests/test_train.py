@@ -124,6 +124,7 @@ def _metrics(path):
     return [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in csv.DictReader(path.open())]
 
 
+@pytest.mark.slow  # three Pythons; test_distill resumes interrupted runs in-process to the uninterrupted one
 def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     # --deterministic: on a GPU, bf16 attention and gather backward add with atomics, and without it
     # two uninterrupted runs already differ by rounding (seen on an H100); the resumed run reads it
