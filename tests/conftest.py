@@ -10,13 +10,18 @@ import torch
 # 8-epoch tiny training took 1.2 s of CPU with one thread, 7.6 s with two, beside another process).
 THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 torch.set_num_threads(THREADS)
-os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))  # the servers and command lines the tests start
 
 # Read once, before any test's monkeypatching of the environment.
 REAL_DATA = os.environ.get("FOODVIT_DATA")
 
 # The upload limit of the shared server: small, so that test_serve can send a body over it cheaply.
 UPLOAD_LIMIT_MB = 1.0
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name == "test_notebook.py":  # executes the whole walkthrough over FoodVision Mini: minutes
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -134,10 +134,11 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
             "--deterministic", "true", "--quiet"]
     # the uninterrupted run goes on beside the victim (three Pythons one after another were this test's
     # wall time); should an assertion below fail first, it still ends by itself after its 6 epochs
-    full = subprocess.Popen(args + ["--out", str(tmp_path / "full")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one core each, the same threads for all three runs
+    full = subprocess.Popen(args + ["--out", str(tmp_path / "full")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     victim = tmp_path / "killed"
-    proc = subprocess.Popen(args + ["--out", str(victim)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(args + ["--out", str(victim)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not (victim / "checkpoint.pt").exists():
         assert proc.poll() is None, proc.stderr.read().decode()
@@ -152,7 +153,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     assert full.returncode == 0, err
 
     resumed = subprocess.run([sys.executable, "-m", "foodvit.cli.main", "train", "--resume", str(victim), "--quiet"],
-                             capture_output=True, text=True, timeout=300)
+                             env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert _metrics(victim / "metrics.csv") == _metrics(tmp_path / "full" / "metrics.csv")
     a, b = foodvit.load_model(victim), foodvit.load_model(tmp_path / "full")
