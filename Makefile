@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo test venv clean bench notebook
+.PHONY: demo test test-fast venv clean bench notebook
 
 venv: $(STAMP)
 
@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2  # two workers on the two cores
+
+# The inner loop: the suite without the tests marked slow (torchrun, the browser, kill -9, ViT-B/16 at full
+# size); every module is still exercised. `make test` stays the one that counts.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 # Train the default recipe on the default data ($$FOODVIT_DATA, else the course's zip), evaluate it
 # on the test split, and predict the first test photo.

@@ -8,7 +8,6 @@ download is never used: the test points Playwright at /usr/bin/chromium.
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,16 +20,11 @@ if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
                 "(or set FOODVIT_CHROMIUM to a Chromium binary)", allow_module_level=True)
 
 import httpx  # noqa: E402
-from helpers import free_port, start_server, stop_server, train_tiny_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    run, photos = train_tiny_run(tmp_path_factory, "page")
-    port = free_port()
-    process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(run), "--port", str(port), "--threads", "1"], port)
-    yield url, photos
-    stop_server(process)
+def served(shared_run, shared_server):
+    return shared_server, shared_run[1]  # the server test_serve uses too, and the run's photos
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +41,7 @@ def _shown_probabilities(page) -> dict[str, float]:
             for i in range(rows.count())}
 
 
+@pytest.mark.slow  # a browser: Chromium's start and Gradio's page; the HTTP tests cover the answers
 @pytest.mark.parametrize("viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["desktop", "phone"])
 def test_upload_shows_the_same_answer_as_the_api(served, browser, viewport, tmp_path):
     url, photos = served

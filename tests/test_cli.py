@@ -71,13 +71,8 @@ def test_command_line_overrides_every_section(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=3)
-    out = tmp_path_factory.mktemp("runs") / "cli"
-    code = main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(out), "--epochs", "1",
-                 "--image-size", "32", "--depth", "1", "--quiet"])
-    assert code == 0
-    return out, photos
+def run(shared_run):
+    return shared_run  # the tiny recipe, one epoch, 32 px, one block; 6 train and 3 test photos a class
 
 
 def test_evaluate_json_contract(run, capsys):

@@ -81,6 +81,7 @@ def test_global_batches_are_cut_into_shares_that_add_up_to_the_one_process_batch
     assert sum(parts, []) == list(range(10))
 
 
+@pytest.mark.slow  # torchrun starts a Python for each rank; the sharding itself is tested above
 def test_two_processes_train_the_run_of_one_and_only_rank_0_writes(photos, one_process, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
@@ -98,6 +99,7 @@ def test_two_processes_train_the_run_of_one_and_only_rank_0_writes(photos, one_p
     assert "2 processes" in (two / "report.md").read_text()
 
 
+@pytest.mark.slow  # torchrun starts a Python for each rank; the sharding itself is tested above
 def test_two_nodes_joined_by_the_c10d_rendezvous_train_the_same_run(photos, one_process, tmp_path):
     port = free_port()
     command = torchrun("--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
@@ -138,6 +140,7 @@ def _rank_of(pid: int) -> int | None:
     return int(ranks[0]) if ranks else None
 
 
+@pytest.mark.slow  # torchrun on 2, then 3 processes
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the ranks' processes through Linux's /proc")
 def test_a_killed_rank_stops_the_other_with_a_message_and_resume_finishes_the_run(tmp_path):
     photos = make_photo_folder(tmp_path / "photos", n_train=30, n_test=4, size=(36, 40))

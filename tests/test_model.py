@@ -59,9 +59,9 @@ def test_every_listed_variant_builds_with_expected_shapes(name):
 
 
 def test_shapes_at_every_step_of_vit_b16():
-    torch.manual_seed(0)
-    model = foodvit.create_model("ViT-B/16", num_classes=3).eval()
-    images = torch.randn(1, 3, 224, 224)
+    with torch.device("meta"):  # shapes only: no 86 M weights to draw, no arithmetic
+        model = foodvit.create_model("ViT-B/16", num_classes=3).eval()
+        images = torch.empty(1, 3, 224, 224)
     with torch.no_grad():
         patches = model.patch_embed(images)
         tokens = model.embed(images)
@@ -84,7 +84,7 @@ def test_names_are_parsed_in_several_spellings():
 
 def test_init_follows_the_jax_reference():
     torch.manual_seed(0)
-    model = foodvit.create_model("ViT-S/16", num_classes=10)
+    model = foodvit.create_model("ViT-S/16", num_classes=10, depth=1)  # block 0 is checked; the others draw alike
     D = model.config.embed_dim
     assert torch.count_nonzero(model.head.weight) == 0 and torch.count_nonzero(model.head.bias) == 0
     assert torch.count_nonzero(model.cls_token) == 0

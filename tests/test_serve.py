@@ -16,27 +16,20 @@ pytest.importorskip("fastapi", reason="the server tests need the serve extra: pi
 pytest.importorskip("gradio", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")
 
-from conftest import REAL_DATA  # noqa: E402
-from helpers import ServerThread, free_port, start_server, stop_server, train_tiny_run  # noqa: E402
+from conftest import REAL_DATA, UPLOAD_LIMIT_MB  # noqa: E402
+from helpers import ServerThread, free_port, start_server, stop_server  # noqa: E402
 
 from foodvit.cli.main import main  # noqa: E402
 
-UPLOAD_LIMIT_MB = 1.0
+
+@pytest.fixture(scope="module")
+def run(shared_run):
+    return shared_run
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return train_tiny_run(tmp_path_factory, "served")
-
-
-@pytest.fixture(scope="module")
-def server(run):
-    out, _ = run
-    port = free_port()
-    process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(out), "--port", str(port),
-                                 "--max-upload-mb", str(UPLOAD_LIMIT_MB), "--threads", "1"], port)
-    yield url
-    stop_server(process)
+def server(shared_server):
+    return shared_server  # serving run, with an upload limit of UPLOAD_LIMIT_MB
 
 
 def photos_to_try(run) -> list[Path]:

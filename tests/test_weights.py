@@ -31,34 +31,49 @@ def _same_outputs(ours, theirs, image_size, batch=2, seed=0):
     assert b.std() > 0  # the comparison is not between constant outputs
 
 
-@pytest.mark.parametrize("tv_name,ours_name,image_size", [
-    ("vit_b_16", "ViT-B/16", 224),
-    ("vit_b_32", "ViT-B/32", 224),
-    ("vit_b_32", "ViT-B/32", 384),
+def _torchvision_vit(name, depth=None, **kwargs):
+    """torchvision's model `name`; with a depth, its architecture (patch size, width, heads, MLP, all
+    read from torchvision's own builder) cut to that many blocks: every block is the same code, so
+    two show the parity of twelve at a sixth of the cost."""
+    build = getattr(torchvision.models, name)
+    if depth is None:
+        return build(**kwargs)
+    with torch.device("meta"):  # the reference's settings, without building its weights
+        full = build(**kwargs)
+    return torchvision.models.VisionTransformer(num_layers=depth, patch_size=full.patch_size, hidden_dim=full.hidden_dim,
+                                                mlp_dim=full.mlp_dim, num_heads=full.encoder.layers[0].num_heads, **kwargs)
+
+
+@pytest.mark.parametrize("tv_name,ours_name,image_size,depth", [
+    pytest.param("vit_b_16", "ViT-B/16", 224, None, marks=pytest.mark.slow),  # the one full-size ViT-B/16 parity
+    ("vit_b_32", "ViT-B/32", 224, 2),
+    ("vit_b_32", "ViT-B/32", 384, 2),
 ])
-def test_equal_to_torchvision(tv_name, ours_name, image_size):
+def test_equal_to_torchvision(tv_name, ours_name, image_size, depth):
     torch.manual_seed(0)
-    theirs = randomize_(getattr(torchvision.models, tv_name)(image_size=image_size, num_classes=7))
-    ours = foodvit.load_weights(foodvit.create_model(ours_name, num_classes=7, image_size=image_size), theirs.state_dict())
+    theirs = randomize_(_torchvision_vit(tv_name, depth, image_size=image_size, num_classes=7))
+    ours = foodvit.create_model(ours_name, num_classes=7, image_size=image_size, **({"depth": depth} if depth else {}))
+    ours = foodvit.load_weights(ours, theirs.state_dict())
     _same_outputs(ours, theirs, image_size)
 
 
-@pytest.mark.parametrize("timm_name,ours_name,image_size", [
-    ("vit_base_patch16_224", "ViT-B/16", 224),
-    ("vit_small_patch16_224", "ViT-S/16", 224),
-    ("vit_tiny_patch16_224", "ViT-Ti/16", 224),
-    ("vit_small_patch16_224", "ViT-S/16", 288),
+@pytest.mark.parametrize("timm_name,ours_name,image_size,depth", [  # two blocks show what twelve do (see _torchvision_vit)
+    ("vit_base_patch16_224", "ViT-B/16", 224, 2),
+    ("vit_small_patch16_224", "ViT-S/16", 224, 2),
+    ("vit_tiny_patch16_224", "ViT-Ti/16", 224, None),
+    ("vit_small_patch16_224", "ViT-S/16", 288, 2),
 ])
-def test_equal_to_timm(timm_name, ours_name, image_size):
+def test_equal_to_timm(timm_name, ours_name, image_size, depth):
     torch.manual_seed(0)
-    theirs = randomize_(timm.create_model(timm_name, pretrained=False, num_classes=5, img_size=image_size))
-    ours = foodvit.load_weights(foodvit.create_model(ours_name, num_classes=5, image_size=image_size), theirs.state_dict())
+    cut = {"depth": depth} if depth else {}
+    theirs = randomize_(timm.create_model(timm_name, pretrained=False, num_classes=5, img_size=image_size, **cut))
+    ours = foodvit.load_weights(foodvit.create_model(ours_name, num_classes=5, image_size=image_size, **cut), theirs.state_dict())
     _same_outputs(ours, theirs, image_size)
 
 
 def test_export_round_trip_gives_back_identical_tensors():
-    tv = randomize_(torchvision.models.vit_b_32(num_classes=3)).state_dict()
-    ours = foodvit.load_weights(foodvit.create_model("ViT-B/32", num_classes=3), tv)
+    tv = randomize_(_torchvision_vit("vit_b_32", 2, image_size=224, num_classes=3)).state_dict()
+    ours = foodvit.load_weights(foodvit.create_model("ViT-B/32", num_classes=3, depth=2), tv)
     back = export_weights(ours, "torchvision")
     assert back.keys() == tv.keys()
     assert all(torch.equal(back[k], tv[k]) for k in tv)
@@ -86,14 +101,14 @@ def test_layouts_are_detected():
 def test_load_from_files_of_each_format(tmp_path, suffix):
     from safetensors.torch import save_file
 
-    source = randomize_(torchvision.models.vit_b_32(image_size=64, num_classes=3))
+    source = randomize_(_torchvision_vit("vit_b_32", 2, image_size=64, num_classes=3))
     path = tmp_path / f"weights{suffix}"
     state = source.state_dict()
     if suffix == ".safetensors":
         save_file({k: v.contiguous() for k, v in state.items()}, str(path))
     else:  # training checkpoints often nest the weights and carry DDP prefixes
         torch.save({"model": {f"module.{k}": v for k, v in state.items()}, "epoch": 3}, path)
-    ours = foodvit.load_weights(foodvit.create_model("ViT-B/32", image_size=64, num_classes=3), path)
+    ours = foodvit.load_weights(foodvit.create_model("ViT-B/32", image_size=64, num_classes=3, depth=2), path)
     _same_outputs(ours, source, 64)
 
 
@@ -159,7 +174,7 @@ def test_model_at_224_accepts_weights_trained_at_384_and_back():
 
 def test_torch_transformer_encoder_layer_stack_agrees():
     torch.manual_seed(0)
-    model = randomize_(foodvit.create_model("ViT-S/16", num_classes=3, image_size=96)).eval()
+    model = randomize_(foodvit.create_model("ViT-S/16", num_classes=3, image_size=96, depth=3)).eval()
     stack = to_torch_encoder(model).eval()
     x = torch.randn(2, 3, 96, 96)
     with torch.no_grad():
@@ -172,6 +187,6 @@ def test_torch_transformer_encoder_layer_stack_agrees():
 
 
 def test_from_torchvision_accepts_old_mlp_names():
-    tv = torchvision.models.vit_b_32(image_size=64, num_classes=2).state_dict()
+    tv = _torchvision_vit("vit_b_32", 2, image_size=64, num_classes=2).state_dict()
     old = {k.replace("mlp.0.", "mlp.linear_1.").replace("mlp.3.", "mlp.linear_2."): v for k, v in tv.items()}
     assert from_torchvision(old).keys() == from_torchvision(tv).keys()
