@@ -359,3 +359,22 @@ def _check_vit(values: dict, where: str) -> None:
         raise ConfigError(f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     for name, value in values.items():
         _check_field(known[name], value)
+
+
+def setting_field(key: str):
+    """The field behind a setting named "section.name" (vit.depth, optim.lr, ...), as the command
+    line's overrides name them; a ConfigError for an unknown one, listing its section's names."""
+    section, _, name = key.partition(".")
+    known = {f.name: f for f in VIT_OPTIONS} if section == "vit" else {f.name: f for f in fields(SECTIONS[section])} \
+        if section in SECTIONS else None
+    if known is None:
+        raise ConfigError(f"unknown setting {key!r}: the sections are vit, {', '.join(SECTIONS)}")
+    if name not in known:
+        raise ConfigError(f"unknown setting {key!r}; {section} has {', '.join(sorted(known))}")
+    return known[name]
+
+
+def check_setting(key: str, value) -> None:
+    """A ConfigError unless value is allowed for the setting "section.name": the same range and
+    choices check, and message, as the command line's."""
+    _check_field(setting_field(key), value)
