@@ -378,3 +378,17 @@ def check_setting(key: str, value) -> None:
     """A ConfigError unless value is allowed for the setting "section.name": the same range and
     choices check, and message, as the command line's."""
     _check_field(setting_field(key), value)
+
+
+def with_settings(config: RunConfig, values: dict) -> RunConfig:
+    """config with the settings named "section.name" (vit.depth, optim.lr, ...) replaced, each
+    checked as the command line checks it (e.g. a tuning trial's sampled settings)."""
+    vit, sections = dict(config.vit), {name: {} for name in SECTIONS}
+    for key, value in values.items():
+        check_setting(key, value)
+        section, name = key.split(".", 1)
+        if section == "vit":
+            vit[name] = value
+        else:
+            sections[section][name] = value
+    return replace(config, vit=vit, **{name: replace(getattr(config, name), **changes) for name, changes in sections.items()})

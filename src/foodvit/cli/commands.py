@@ -68,14 +68,16 @@ def cmd_cv(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     _need("tune", "optuna")
-    from foodvit.cli.options import given_overrides
+    import optuna
+
+    from foodvit.cli.options import build_config
     from foodvit.tuning.search import parse_budget, tune
 
-    overrides = {dest: getattr(args, dest) for dest in given_overrides(args)}
-    report = tune(args.out, recipe=args.recipe or "default", overrides=overrides, model=args.model, trials=args.trials,
-                  budget_s=parse_budget(args.budget) if args.budget else None, space_file=args.space, folds=args.folds,
-                  storage=args.storage, progress=not args.quiet)
-    print(report)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command prints its own line per trial
+    config = build_config(args.recipe or "default", args, model=args.model)
+    log = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
+    print(tune(args.out, config, trials=args.trials, budget_s=parse_budget(args.budget) if args.budget else None,
+               space_file=args.space, folds=args.folds, storage=args.storage, log=log))
     return 0
 
 

@@ -232,7 +232,7 @@ def open_study(folder: Path, identity: dict) -> None:
             raise StudyError(f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
                              "choose another --out")
         return
-    if folder.is_dir() and any(folder.iterdir()):
+    if folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):  # not another starter's temporary file
         raise StudyError(f"{folder} is not empty and holds no study; choose a new or empty --out")
     write_text(path, json.dumps(identity, indent=1))
 
