@@ -317,7 +317,7 @@ class Objective:
         after FAILURES_IN_A_ROW failures in a row."""
         from optuna.trial import TrialState
 
-        state = trial.state.name.lower()
+        state = trial.state.name.lower() + (" (the budget ended)" if trial.user_attrs.get("stopped") == "budget" else "")
         value = f" {trial.value:.3f}" if trial.value is not None else ""
         why = f": {trial.user_attrs['error']}" if trial.state == TrialState.FAIL and "error" in trial.user_attrs else ""
         folds = len(trial.user_attrs.get("fold_accuracy", []))
@@ -377,15 +377,20 @@ def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, b
     settings["data"] = {k: v for k, v in settings["data"].items() if k != "source"}
     cv.open_study(study_dir, {"kind": "tune", "data": cv.fingerprint(split), "classes": list(split.classes), "folds": folds,
                               "seed": base.train.seed, "space": space_table(space), "settings": settings})
-    # TPE unseeded: processes sharing a study would otherwise propose the same settings
-    study = optuna.create_study(storage=_storage(study_dir, storage), study_name=STUDY_NAME, direction="maximize",
-                                sampler=optuna.samplers.TPESampler(),
-                                pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
-                                load_if_exists=True)
-    if not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
-        start = base_values(base)
-        study.enqueue_trial({key: start[key] for key in space}, user_attrs={"baseline": True}, skip_if_exists=True)
-    _requeue_interrupted(study)
+    from filelock import FileLock
+
+    # one process at a time opens the study: Optuna's first creation of its tables is not safe
+    # against a second process doing the same, nor is enqueuing the starting recipe exactly once
+    with FileLock(study_dir / ".open.lock", timeout=300):
+        # TPE unseeded: processes sharing a study would otherwise propose the same settings
+        study = optuna.create_study(storage=_storage(study_dir, storage), study_name=STUDY_NAME, direction="maximize",
+                                    sampler=optuna.samplers.TPESampler(),
+                                    pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+                                    load_if_exists=True)
+        if not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
+            start = base_values(base)
+            study.enqueue_trial({key: start[key] for key in space}, user_attrs={"baseline": True})
+        _requeue_interrupted(study)
     objective = Objective(study_dir, base, space, split, folds, budget_s=budget_s, started=started, log=log)
     with warnings.catch_warnings():
         # a starting value outside a user's range is tried as it is (the first trial): Optuna's warning says so needlessly
@@ -474,6 +479,8 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
         accs = " ".join(f"{a:.2f}" for a in t.user_attrs.get("fold_accuracy", []))
         seconds = f"{t.duration.total_seconds():.0f}" if t.duration else "--"
         note = f" ({t.user_attrs['error'][:80]})" if t.state == TrialState.FAIL and "error" in t.user_attrs else ""
+        if t.user_attrs.get("stopped") == "budget":
+            note = " (the budget ended)"
         rows.append(f"| {t.number} | {t.state.name.lower()}{note} | {value} | {accs} | {changed} | {seconds} |")
     lines = ["# Tuning study", "", f"Starting recipe: {base.recipe}; {folds}-fold CV over the training photos (seed "
              f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.", "", summary[0], ""]
