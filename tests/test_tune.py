@@ -19,7 +19,7 @@ from foodvit.cli.options import build_config  # noqa: E402
 from foodvit.config import load_recipe  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import cv  # noqa: E402
-from foodvit.tuning.search import parse_budget, tune  # noqa: E402
+from foodvit.tuning.search import Param, parse_budget, tune  # noqa: E402
 
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
 TINY_OVERRIDES = {"train.epochs": 1, "vit.image_size": 32, "vit.depth": 1}
@@ -157,6 +157,32 @@ def test_tune_prunes_records_a_crashed_trial_and_writes_a_recipe_that_trains(pho
     other = make_photo_folder(tmp_path / "other", n_train=5, n_test=1)
     with pytest.raises(StudyError, match="something else"):
         tune(study_dir, build_config("tiny", {"data.source": str(other), **TINY_OVERRIDES}), trials=1, space_file=space, folds=2)
+
+
+def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_finished_fold(photos, tmp_path, monkeypatch):
+    import foodvit.training.trainer as trainer
+
+    real_train, started, interrupt = trainer.train, [], [True]
+
+    def train(config, out, **kwargs):
+        started.append(f"{Path(out).parent.name}/{Path(out).name}")
+        if len(started) == 2 and interrupt[0]:
+            raise KeyboardInterrupt  # Ctrl-C as the trial's second fold starts
+        return real_train(config, out, **kwargs)
+
+    monkeypatch.setattr(trainer, "train", train)
+    base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+    space = {"optim.lr": Param("optim.lr", 1e-4, 1e-2, log=True)}
+    study_dir = tmp_path / "study"
+    with pytest.raises(KeyboardInterrupt):
+        tune(study_dir, base, trials=1, space=space, folds=2, log=lambda line: None)
+    interrupt[0] = False
+    tune(study_dir, base, trials=1, space=space, folds=2, log=lambda line: None)
+    assert started == ["trial-0000/fold-0", "trial-0000/fold-1", "trial-0000/fold-1"]  # fold 0 was not trained again
+    study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
+    interrupted, again = study.trials
+    assert (interrupted.state.name, again.state.name) == ("FAIL", "COMPLETE")
+    assert again.params == interrupted.params and again.user_attrs["dir"] == "trial-0000" and again.user_attrs["baseline"]
 
 
 @pytest.mark.parametrize("text, message", [
