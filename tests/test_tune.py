@@ -227,3 +227,15 @@ def test_two_processes_with_one_trial_each_share_one_sqlite_study(photos, tmp_pa
     study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1  # the starting recipe ran once
+
+
+@pytest.mark.parametrize("recipe", ["default", "tiny", "course", "paper"])
+def test_the_default_space_holds_the_starting_recipe_and_only_valid_models(recipe):
+    from foodvit.tuning.search import base_values, default_space
+
+    base = build_config(recipe)
+    start, space = base_values(base), default_space(base)
+    assert all(p.contains(start[key]) for key, p in space.items())  # the first trial is the recipe itself
+    assert all(width % start["vit.num_heads"] == 0 for width in space["vit.embed_dim"].choices)
+    sizes = space["vit.image_size"]
+    assert sizes.low % start["vit.patch_size"] == 0 and sizes.step == start["vit.patch_size"]

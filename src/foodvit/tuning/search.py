@@ -103,7 +103,8 @@ def default_space(config: RunConfig) -> dict[str, Param]:
     widths = sorted({w for w in (width // 2, width, width + width // 2, 2 * width) if w >= heads and w % heads == 0})
     return {p.key: p for p in (
         Param("optim.lr", lr / 5, lr * 5, log=True),
-        Param("optim.weight_decay", min(1e-3, v["optim.weight_decay"] or 1e-3), max(0.3, v["optim.weight_decay"]), log=True),
+        # on a log scale unless the recipe starts at 0, which a log scale cannot hold
+        Param("optim.weight_decay", min(1e-3, v["optim.weight_decay"]), max(0.3, v["optim.weight_decay"]), log=v["optim.weight_decay"] > 0),
         Param("data.augment", choices=AUGMENT_PRESETS),
         Param("vit.depth", max(1, depth // 2), depth + max(1, depth // 2)),
         Param("vit.embed_dim", choices=tuple(widths)),
