@@ -73,7 +73,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from foodvit.cli.options import build_config
     from foodvit.tuning.search import parse_budget, tune
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the command prints its own line per trial
+    # the command prints its own line per trial, a failed one's error included (Optuna's warning adds a traceback)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     config = build_config(args.recipe or "default", args, model=args.model)
     log = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
     print(tune(args.out, config, trials=args.trials, budget_s=parse_budget(args.budget) if args.budget else None,

@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
             else:
                 print("\ninterrupted before the first epoch finished: nothing was saved", file=sys.stderr)
+        elif args.command in ("cv", "tune") and getattr(args, "out", None):
+            print(f"\ninterrupted: finished folds are kept in {args.out}; run the same command again to go on", file=sys.stderr)
         else:
             print("\ninterrupted", file=sys.stderr)
         return 130
