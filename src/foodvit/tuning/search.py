@@ -344,7 +344,7 @@ def _storage(study_dir: Path, url: str | None):
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # SQLite: wait for the other process's write
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna marks the heartbeat experimental
-        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=60, grace_period=180,
+        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=30, grace_period=90,
                           heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
 
 
@@ -482,6 +482,8 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
         note = f" ({t.user_attrs['error'][:80]})" if t.state == TrialState.FAIL and "error" in t.user_attrs else ""
         if t.user_attrs.get("stopped") == "budget":
             note = " (the budget ended)"
+        if t.user_attrs.get("dir", f"trial-{t.number:04d}") != f"trial-{t.number:04d}":
+            note += f" (runs {t.user_attrs['dir']} again, its finished folds kept)"
         rows.append(f"| {t.number} | {t.state.name.lower()}{note} | {value} | {accs} | {changed} | {seconds} |")
     lines = ["# Tuning study", "", f"Starting recipe: {base.recipe}; {folds}-fold CV over the training photos (seed "
              f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.", "", summary[0], ""]
