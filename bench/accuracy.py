@@ -11,7 +11,7 @@ accuracy (the runs report their last epoch). Prints a table, and --json writes t
 
 --cv K: K-fold cross-validation over the training photos alone, through `foodvit cv` (tuning/cv.py;
 folders.cv_folds: stratified, every photo validated once per seed; the study folder is
---out/<recipe>-cv<K>, resumed when rerun). Each fold trains on the other K-1 folds and is evaluated on its own;
+--out/<recipe>-cv<K>[-<hash of the options>], resumed when rerun). Each fold trains on the other K-1 folds and is evaluated on its own;
 the K folds' predictions together cover every training photo. Reported: accuracy over the photos
 (each photo's share right over the seeds) and its standard error. The test split is never read. --test-sizes 72,80 also scores
 each fold's model rebuilt at those sizes (what --test-size gives); the JSON keeps every photo's result,
@@ -21,6 +21,7 @@ and --paired A.json B.json compares two recipes photo by photo.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -119,7 +120,9 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
     recipe's teachers."""
     if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
         raise SystemExit("--cv runs consecutive seeds (foodvit cv --seed S --seeds N): give --seeds N or consecutive --seed-list")
-    study = out / f"{Path(recipe).stem}-cv{k}"
+    # one study folder per recipe and options: a rerun resumes it, other options get their own
+    tag = "-" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:8] if extra else ""
+    study = out / f"{Path(recipe).stem}-cv{k}{tag}"
     started = time.perf_counter()
     code = foodvit(["cv", "--recipe", recipe, "--folds", str(k), "--seed", str(seeds[0]), "--seeds", str(len(seeds)),
                     "--out", str(study), "--quiet", *extra] + (["--data", data] if data else []))
