@@ -208,6 +208,32 @@ def test_tune_refuses_a_budget_smaller_than_one_fold(photos, tmp_path, capsys):
     assert "is less than one fold takes here" in err and "a trial of 2 folds needs about" in err
 
 
+def test_no_fold_starts_that_would_end_past_the_budget(photos, tmp_path, monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    import foodvit.tuning.search as search
+
+    offset = [0.0]
+    monkeypatch.setattr(search, "time", SimpleNamespace(time=lambda: time.time() + offset[0]))
+    real_run_fold = cv.run_fold
+
+    def run_fold(*args, **kwargs):
+        result = real_run_fold(*args, **kwargs)
+        offset[0] = 1000.0  # the clock jumps to the end of the budget while fold 0 finishes
+        return result
+
+    monkeypatch.setattr(cv, "run_fold", run_fold)
+    base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+    study_dir = tmp_path / "study"
+    summary = tune(study_dir, base, trials=3, budget_s=1000, space={"optim.lr": Param("optim.lr", 1e-4, 1e-2, log=True)},
+                   folds=2, log=lambda line: None)
+    study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["PRUNED"] and study.trials[0].user_attrs["stopped"] == "budget"
+    assert not (study_dir / "trial-0000" / "fold-1").exists() and "no trial has finished yet" in summary
+    assert "the budget ended" in (study_dir / "tune.md").read_text()
+
+
 def test_budget_parsing():
     assert [parse_budget(t) for t in ("2h", "45m", "90s", "1h30m", "600")] == [7200, 2700, 90, 5400, 600]
     with pytest.raises(Exception, match="such as 2h"):
