@@ -25,7 +25,6 @@ over the training photos (cv.py), so the test split plays no part in the choice.
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 import time
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from foodvit.config import AUGMENT_PRESETS, INITS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field, with_settings
-from foodvit.errors import ConfigError, FoodVitError, StudyError
+from foodvit.errors import ConfigError, StudyError
 from foodvit.files import write_text
 from foodvit.rundir import directory as rundir
 from foodvit.tuning import cv
