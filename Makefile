@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --no-cache-dir --upgrade "pip>=23"
-	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,serve,export,track]'
+	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,serve,export,track,tune]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: $(STAMP)

@@ -9,10 +9,11 @@ accuracy (the runs report their last epoch). Prints a table, and --json writes t
 
     python bench/accuracy.py --recipe default --seeds 2 --cv 5      # the tuning protocol: no test photo used
 
---cv K: K-fold cross-validation over the training photos alone (folders.cv_folds: stratified, every
-photo validated once per seed). Each fold trains on the other K-1 folds and is evaluated on its own;
-the K folds' predictions together cover every training photo. Reported: accuracy over all
-photos x seeds and its standard error. The test split is never read. --test-sizes 72,80 also scores
+--cv K: K-fold cross-validation over the training photos alone, through `foodvit cv` (tuning/cv.py;
+folders.cv_folds: stratified, every photo validated once per seed; the study folder is
+--out/<recipe>-cv<K>[-<hash of the options>], resumed when rerun). Each fold trains on the other K-1 folds and is evaluated on its own;
+the K folds' predictions together cover every training photo. Reported: accuracy over the photos
+(each photo's share right over the seeds) and its standard error. The test split is never read. --test-sizes 72,80 also scores
 each fold's model rebuilt at those sizes (what --test-size gives); the JSON keeps every photo's result,
 and --paired A.json B.json compares two recipes photo by photo.
 """
@@ -20,6 +21,7 @@ and --paired A.json B.json compares two recipes photo by photo.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -112,49 +114,41 @@ def fold_predictions(run: Path, held: Path, test_sizes: list[int]) -> dict[int, 
 
 def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, extra: list[str],
            test_sizes: list[int] = ()) -> dict:
-    """K-fold CV over the training photos for each seed; each fold's held-out photos are the 'test'
-    split of a folder of links made for it, so the run itself never sees the real test photos."""
-    from foodvit.data.folders import cv_folds, scan
-    from foodvit.data.sources import resolve
-
-    train = scan(resolve(data) / "train")
-    correct, total, per_seed = 0, 0, []
-    teacher_correct = 0  # a distilled recipe's CNN teachers (--distill): their own held-out predictions
-    photos: dict[str, dict[str, bool]] = {}  # test size ("0": the run's own) -> "s<seed>/<photo>" -> right
+    """K-fold CV over the training photos for each seed: `foodvit cv` (tuning/cv.py: fold folders
+    of links whose test/ is the held-out fold, so no run sees the real test photos; finished folds
+    kept), plus what only this benchmark asks: each fold's model at other test sizes and a distilled
+    recipe's teachers."""
+    if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
+        raise SystemExit("--cv runs consecutive seeds (foodvit cv --seed S --seeds N): give --seeds N or consecutive --seed-list")
+    # one study folder per recipe and options: a rerun resumes it, other options get their own
+    tag = "-" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:8] if extra else ""
+    study = out / f"{Path(recipe).stem}-cv{k}{tag}"
     started = time.perf_counter()
-    for seed in seeds:
-        seed_correct = 0
-        for fold, (kept, held) in enumerate(cv_folds(train, k, seed)):
-            folder = out / f"cv{k}-s{seed}-f{fold}-data"
-            if not folder.is_dir():
-                for split_name, part in (("train", kept), ("test", held)):
-                    for path, label in part.samples:
-                        link = folder / split_name / train.classes[label] / path.name
-                        link.parent.mkdir(parents=True, exist_ok=True)
-                        link.symlink_to(path.resolve())
-            run = out / f"{Path(recipe).stem}-cv{k}-s{seed}-f{fold}"
-            if not (run / "model.json").is_file():
-                code = foodvit(["train", "--recipe", recipe, "--seed", str(seed), "--out", str(run), "--quiet",
-                                "--data", str(folder), *extra])
-                if code != 0:
-                    raise SystemExit(f"seed {seed} fold {fold} failed (exit {code})")
-            metrics = json.loads((run / "model.json").read_text())["metrics"]
-            seed_correct += round(metrics["test_acc"] * metrics["test_n"])
-            teacher_correct += round(metrics.get("teacher_test_acc", 0) * metrics["test_n"])
-            total += metrics["test_n"]
-            for size, right in fold_predictions(run, folder, list(test_sizes)).items():
-                photos.setdefault(str(size), {}).update({f"s{seed}/{name}": r for name, r in right.items()})
-        correct += seed_correct
-        per_seed.append(seed_correct / len(train))
-        print(f"seed {seed}: cv accuracy {per_seed[-1]:.3f} ({seed_correct}/{len(train)})", file=sys.stderr)
-    acc = correct / total
-    if sum(photos["0"].values()) != correct:
-        raise SystemExit(f"re-evaluating the saved fold models gives {sum(photos['0'].values())} right, the runs said {correct}")
-    by_size = {size: sum(right.values()) / len(right) for size, right in photos.items()}
-    return {"recipe": recipe, "extra": extra, "folds": k, "seeds": seeds, "per_seed": per_seed, "accuracy": acc,
-            "accuracy_at_test_size": by_size, "photos": photos,
+    code = foodvit(["cv", "--recipe", recipe, "--folds", str(k), "--seed", str(seeds[0]), "--seeds", str(len(seeds)),
+                    "--out", str(study), "--quiet", *extra] + (["--data", data] if data else []))
+    if code != 0:
+        raise SystemExit(f"foodvit cv failed (exit {code})")
+    result = json.loads((study / "cv.json").read_text())
+    photos = {"0": result["photos"]}  # test size ("0": the run's own) -> "s<seed>/<class>/<photo>" -> right
+    total = sum(f["n"] for f in result["folds"])
+    teacher_correct = 0
+    for f in result["folds"]:
+        run = study / (f"fold-{f['fold']}" if len(seeds) == 1 else f"seed-{f['seed']}/fold-{f['fold']}")
+        metrics = json.loads((run / "model.json").read_text())["metrics"]
+        teacher_correct += round(metrics.get("teacher_test_acc", 0) * metrics["test_n"])
+        if test_sizes:
+            held = study / "folds" / f"seed-{f['seed']}" / f"fold-{f['fold']}"
+            for size, right in fold_predictions(run, held, list(test_sizes)).items():
+                if size:
+                    photos.setdefault(str(size), {}).update({f"s{f['seed']}/{name}": r for name, r in right.items()})
+    per_seed = [sum(f["correct"] for f in result["folds"] if f["seed"] == seed) / sum(f["n"] for f in result["folds"] if f["seed"] == seed)
+                for seed in seeds]
+    for seed, acc in zip(seeds, per_seed):
+        print(f"seed {seed}: cv accuracy {acc:.3f}", file=sys.stderr)
+    return {"recipe": recipe, "extra": extra, "folds": k, "seeds": seeds, "per_seed": per_seed, "accuracy": result["accuracy"],
+            "accuracy_at_test_size": {size: sum(right.values()) / len(right) for size, right in photos.items()}, "photos": photos,
             "teacher_accuracy": teacher_correct / total if "--distill" in extra or teacher_correct else None,
-            "standard_error": (acc * (1 - acc) / total) ** 0.5, "predictions": total, "machine": machine(),
+            "standard_error": result["standard_error"], "predictions": total, "machine": machine(),
             "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - started}
 
 

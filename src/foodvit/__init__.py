@@ -24,6 +24,8 @@ _LAZY = {
     "load_weights": "model.weights",
     "resize_model": "model.weights",
     "save_weights": "model.weights",
+    "cross_validate": "tuning.cv",
+    "tune": "tuning.search",
 }
 
 __all__ = ["FoodVitError", "load_model", "load_predictor", *_LAZY]

@@ -359,3 +359,36 @@ def _check_vit(values: dict, where: str) -> None:
         raise ConfigError(f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     for name, value in values.items():
         _check_field(known[name], value)
+
+
+def setting_field(key: str):
+    """The field behind a setting named "section.name" (vit.depth, optim.lr, ...), as the command
+    line's overrides name them; a ConfigError for an unknown one, listing its section's names."""
+    section, _, name = key.partition(".")
+    known = {f.name: f for f in VIT_OPTIONS} if section == "vit" else {f.name: f for f in fields(SECTIONS[section])} \
+        if section in SECTIONS else None
+    if known is None:
+        raise ConfigError(f"unknown setting {key!r}: the sections are vit, {', '.join(SECTIONS)}")
+    if name not in known:
+        raise ConfigError(f"unknown setting {key!r}; {section} has {', '.join(sorted(known))}")
+    return known[name]
+
+
+def check_setting(key: str, value) -> None:
+    """A ConfigError unless value is allowed for the setting "section.name": the same range and
+    choices check, and message, as the command line's."""
+    _check_field(setting_field(key), value)
+
+
+def with_settings(config: RunConfig, values: dict) -> RunConfig:
+    """config with the settings named "section.name" (vit.depth, optim.lr, ...) replaced, each
+    checked as the command line checks it (e.g. a tuning trial's sampled settings)."""
+    vit, sections = dict(config.vit), {name: {} for name in SECTIONS}
+    for key, value in values.items():
+        check_setting(key, value)
+        section, name = key.split(".", 1)
+        if section == "vit":
+            vit[name] = value
+        else:
+            sections[section][name] = value
+    return replace(config, vit=vit, **{name: replace(getattr(config, name), **changes) for name, changes in sections.items()})

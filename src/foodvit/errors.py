@@ -77,3 +77,8 @@ class RunError(FoodVitError, ValueError):
 
 class DataError(FoodVitError, ValueError):
     """A data source or photo that cannot be used as it is; the message says what to do."""
+
+
+class StudyError(FoodVitError, ValueError):
+    """A cross-validation or tuning study that cannot be used as asked (another data set or space
+    in its folder, a budget too small for one fold); the message says what to do."""

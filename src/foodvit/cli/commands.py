@@ -45,6 +45,43 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cv(args: argparse.Namespace) -> int:
+    from foodvit.errors import ConfigError
+
+    if args.compare:
+        from foodvit.tuning.cv import compare_studies
+
+        print(compare_studies(*args.compare)[1])
+        return 0
+    if not args.out:
+        raise ConfigError("foodvit cv needs --out STUDY (a folder for the fold runs), or --compare STUDY_A STUDY_B")
+    from foodvit.cli.options import build_config
+    from foodvit.tuning.cv import cross_validate
+
+    config = build_config(args.recipe or "default", args, model=args.model)
+    result = cross_validate(config, args.out, folds=args.folds, seeds=args.seeds, progress=not args.quiet)
+    for f in result.folds:
+        print(f"  seed {f['seed']} fold {f['fold']}: {f['accuracy']:.3f} ({f['correct']}/{f['n']})", file=sys.stderr)
+    print(f"{result.line()}; {Path(args.out) / 'cv.md'}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    _need("tune", "optuna")
+    import optuna
+
+    from foodvit.cli.options import build_config
+    from foodvit.tuning.search import parse_budget, tune
+
+    # the command prints its own line per trial, a failed one's error included (Optuna's warning adds a traceback)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    config = build_config(args.recipe or "default", args, model=args.model)
+    log = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
+    print(tune(args.out, config, trials=args.trials, budget_s=parse_budget(args.budget) if args.budget else None,
+               space_file=args.space, folds=args.folds, storage=args.storage, log=log))
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from foodvit.deploy.inference import evaluate_split
     from foodvit.deploy.predictor import Predictor

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from foodvit.cli.commands import (
     cmd_compare,
+    cmd_cv,
     cmd_data,
     cmd_evaluate,
     cmd_explain,
@@ -27,6 +28,7 @@ from foodvit.cli.commands import (
     cmd_serve,
     cmd_summary,
     cmd_train,
+    cmd_tune,
 )
 from foodvit.errors import AT_LEAST_1, POSITIVE, FoodVitError, Range
 
@@ -67,6 +69,42 @@ def build_parser() -> argparse.ArgumentParser:
                    help="under torchrun: how long a process waits for the others before it stops with a message (default 600)")
     add_config_options(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("cv", help="k-fold cross-validation of a recipe over the training photos alone (never the test split)",
+                       description="Each fold is a normal run inside STUDY (STUDY/fold-0, ...) trained on the other folds and "
+                                   "scored on its own; every held-out photo's prediction is kept. Writes STUDY/cv.json, cv.md and "
+                                   "predictions.jsonl. An interrupted study resumes: finished folds are kept. "
+                                   "--compare A B pairs two studies photo by photo.")
+    p.add_argument("--out", metavar="STUDY", help="the study folder (new, empty, or this same study to resume)")
+    p.add_argument("--folds", type=count(Range(2)), default=5, help="folds (default 5)")
+    p.add_argument("--seeds", type=count(), default=1, help="repeat with this many seeds (the recipe's seed and on; default 1)")
+    p.add_argument("--compare", nargs=2, metavar="STUDY", help="pair two finished studies photo by photo (no training)")
+    p.add_argument("--recipe", help="a recipe name (see `foodvit recipes`) or a .toml file")
+    p.add_argument("--model", help="a paper name, e.g. ViT-Ti/8 (default: the recipe's)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_config_options(p)
+    p.set_defaults(func=cmd_cv)
+
+    p = sub.add_parser("tune", help="search settings for your photos with Optuna (TPE, pruning by fold), scored by k-fold CV",
+                       description="Each trial is a k-fold cross-validation (over the training photos alone) of the recipe "
+                                   "with sampled settings; a trial whose running mean accuracy after a fold is below the median "
+                                   "of earlier trials at that fold is pruned. The study lives in STUDY/study.db (SQLite): "
+                                   "rerun the command to resume or add trials, from several processes at once if you like. "
+                                   "Writes STUDY/best.toml (foodvit train --recipe STUDY/best.toml), tune.md and plots.")
+    p.add_argument("--out", required=True, metavar="STUDY", help="the study folder (new, empty, or this same study to continue)")
+    p.add_argument("--trials", type=count(), help="trials this command runs (default: until --budget, else 20)")
+    p.add_argument("--budget", metavar="TIME", help="wall-clock time for this command, e.g. 2h, 45m, 90s, 1h30m: no trial "
+                                                    "starts or continues past it")
+    p.add_argument("--space", metavar="FILE", help="a TOML search space (default: lr, weight decay, augmentation, depth, width, "
+                                                   "image size, drloc, init, drop_path, epochs around the recipe's values)")
+    p.add_argument("--folds", type=count(Range(2)), default=3, help="folds per trial (default 3)")
+    p.add_argument("--storage", metavar="URL", help="an Optuna RDB URL instead of STUDY/study.db, e.g. "
+                                                    "postgresql://user@host/db or mysql://user@host/db (many machines, one study)")
+    p.add_argument("--recipe", help="the starting recipe (its values are the first trial; default: default)")
+    p.add_argument("--model", help="a paper name, e.g. ViT-Ti/8 (default: the recipe's)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or per-trial lines")
+    add_config_options(p)
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("compare", help="several runs side by side: the settings that differ and the final metrics",
                        description="For people without TensorBoard: each run's differing settings and its final metrics, as a table.")
@@ -219,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "predict" and getattr(args, "out", None):
             print(f"\ninterrupted: every finished batch is kept in {args.out}; run the same command again to label the rest",
                   file=sys.stderr)
+        elif args.command in ("cv", "tune") and getattr(args, "out", None):
+            print(f"\ninterrupted: finished folds are kept in {args.out}; run the same command again to go on", file=sys.stderr)
         else:
             print("\ninterrupted", file=sys.stderr)
         return 130

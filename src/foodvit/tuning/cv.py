@@ -1,0 +1,307 @@
+"""k-fold cross-validation of a recipe over the TRAINING photos alone (`foodvit cv`).
+
+    STUDY/study.json          what the study is (data fingerprint, folds, seeds, settings): a rerun
+                              with anything else is refused, never mixed in
+    STUDY/folds/seed-S/fold-K/{train,test}/<class>/...   links to the photos: train = the kept
+                              folds, test = the held-out one (what a fold's run evaluates on)
+    STUDY/fold-K/             a normal run directory (STUDY/seed-S/fold-K/ with several seeds)
+    STUDY/fold-K.json         the fold's result, every held-out photo's prediction included
+    STUDY/cv.json, cv.md, predictions.jsonl   the study's result
+
+The real test split is never listed, let alone read: the photos come from <root>/train (or
+Food-101's meta/train.json) and each fold's run sees only its fold folder. A fold whose result
+file exists is not trained again; one whose run was interrupted is resumed from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from foodvit.config import RunConfig
+from foodvit.data.datasource import DataSource
+from foodvit.data.folders import Split, check, cv_folds, keep_classes, list_split
+from foodvit.errors import StudyError
+from foodvit.files import write_text
+from foodvit.rundir import directory as rundir
+from foodvit.rundir.compare import differences
+
+STUDY_FILE = "study.json"
+
+
+# ------------------------------------------------------------------------------------ the photos
+
+
+def training_photos(config: RunConfig) -> Split:
+    """The training split of the config's data source (class subset kept), every photo checked;
+    the test split is not touched, not even listed."""
+    source = DataSource.parse(config.data.source)
+    root = source.root(quiet=True)
+    listing = list_split(root, "train")
+    if source.classes:
+        listing = keep_classes(listing, source.classes)
+    return check(listing, strict=config.data.strict)
+
+
+def photo_key(split: Split, path: Path) -> str:
+    """A photo's name in a study, 'class/file' (a nested file's folders joined by '__'): the same
+    photo has the same key in every study of the same data, so two studies pair photo by photo."""
+    parts = Path(path).relative_to(split.root).parts
+    return parts[0] + "/" + "__".join(parts[1:])
+
+
+def fingerprint(split: Split) -> str:
+    """Which photos a study is about: their keys and sizes (moving the folder changes nothing)."""
+    digest = hashlib.sha256()
+    for path, label in sorted(split.samples):
+        digest.update(f"{split.classes[label]}:{photo_key(split, path)}:{path.stat().st_size}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def check_folds(split: Split, k: int) -> None:
+    """Every class must have a photo in every held-out fold, else a fold's run sees a class with no test photo."""
+    if k < 2:
+        raise StudyError(f"cross-validation needs at least 2 folds, got {k}")
+    for name, n in split.counts().items():
+        if n < k:
+            raise StudyError(f"class {name} has {n} training photo(s), fewer than the {k} folds: every fold holds out at "
+                             f"least one photo of each class; use --folds {max(2, min(split.counts().values()))} or fewer, "
+                             "or add photos")
+
+
+def fold_folders(split: Split, k: int, seed: int, where: Path) -> list[Path]:
+    """One folder per fold, train/ = the other folds, test/ = this one, of links to the photos;
+    made once (in a temporary folder renamed into place, so a concurrent or killed maker leaves
+    no half folder) and reused by every run on the same seed."""
+    folders = []
+    for index, (kept, held) in enumerate(cv_folds(split, k, seed)):
+        folder = where / f"seed-{seed}" / f"fold-{index}"
+        folders.append(folder)
+        if folder.is_dir():
+            continue
+        tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for name, part in (("train", kept), ("test", held)):
+            for path, _ in part.samples:
+                link = tmp / name / photo_key(split, path)
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(Path(path).resolve())
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process made it first: theirs holds the same links
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folders
+
+
+# ------------------------------------------------------------------------------------ one fold
+
+
+def _predictions(run: Path, folder: Path) -> list[dict]:
+    """Every held-out photo's prediction by the fold's saved model, through the Predictor (as any
+    use of a trained model)."""
+    import numpy as np
+
+    from foodvit.data.folders import scan
+    from foodvit.data.photos import load_or_explain
+    from foodvit.deploy.predictor import Predictor
+
+    predictor = Predictor.from_run(run)
+    held = scan(folder / "test")
+    out = []
+    for start in range(0, len(held.samples), 64):
+        chunk = held.samples[start : start + 64]
+        probabilities = predictor.probabilities(np.stack([predictor.prepare(load_or_explain(p), str(p)) for p, _ in chunk]))
+        for (path, label), p in zip(chunk, probabilities):
+            guess = int(p.argmax())
+            out.append({"photo": photo_key(held, path), "label": held.classes[label], "predicted": predictor.classes[guess],
+                        "right": guess == label, "probability": round(float(p[guess]), 6)})
+    return out
+
+
+def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int, quiet: bool = True) -> dict:
+    """A fold's result: trained (or resumed, or read when finished), then its held-out photos predicted."""
+    from foodvit.training.trainer import resume, train
+
+    result_file = run.with_name(run.name + ".json")
+    if result_file.is_file():
+        return json.loads(result_file.read_text())
+    started = time.perf_counter()
+    if not (run / "model.json").is_file():
+        if (run / "checkpoint.pt").is_file():
+            resume(run, quiet=quiet, log=lambda *a, **k: None)
+        else:
+            _clear_unstarted(run)
+            fold_config = replace(config, data=replace(config.data, source=str(folder)), train=replace(config.train, seed=seed))
+            train(fold_config, run, quiet=quiet, log=lambda *a, **k: None)
+    predictions = _predictions(run, folder)
+    metrics = json.loads((run / "model.json").read_text())["metrics"]
+    right = sum(p["right"] for p in predictions)
+    if right != round(metrics["test_acc"] * metrics["test_n"]) or len(predictions) != metrics["test_n"]:
+        raise RuntimeError(f"{run}: the saved model gets {right}/{len(predictions)} held-out photos right, its run said "
+                           f"{metrics['test_acc']:.4f} of {metrics['test_n']}")
+    result = {"seed": seed, "fold": fold, "run": run.name, "n": len(predictions), "correct": right,
+              "accuracy": right / len(predictions), "per_class": _per_class(predictions),
+              "seconds": round(time.perf_counter() - started, 2), "predictions": predictions}
+    write_text(result_file, json.dumps(result, indent=1))
+    return result
+
+
+def _clear_unstarted(run: Path) -> None:
+    """A run killed before its first checkpoint (kill -9: no clean-up ran) leaves its config.json:
+    foodvit's own files of that start are removed, so the fold starts again."""
+    if not run.is_dir():
+        return
+    holder = rundir.training_now(run)
+    if holder:
+        raise StudyError(f"{run} is being trained by another process ({holder}); wait for it or use another study folder")
+    for name in (*rundir.RUN_FILES, rundir.RunLock.NAME, rundir.RunLock.OWNER):
+        (run / name).unlink(missing_ok=True)
+
+
+def _per_class(predictions: list[dict]) -> dict[str, float]:
+    classes = sorted({p["label"] for p in predictions})
+    return {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in classes}
+
+
+# ------------------------------------------------------------------------------------ a study
+
+
+@dataclass
+class CvResult:
+    accuracy: float
+    standard_error: float
+    n: int  # photos (each predicted once per seed)
+    per_class: dict[str, float]
+    folds: list[dict]  # each fold's result without its predictions
+
+    def line(self) -> str:
+        k, seeds = len({f["fold"] for f in self.folds}), len({f["seed"] for f in self.folds})
+        return (f"{k}-fold CV" + (f" x {seeds} seeds" if seeds > 1 else "") + f" accuracy {self.accuracy:.3f} +- {self.standard_error:.3f} (standard error over "
+                f"{self.n} photos); " + ", ".join(f"{c} {a:.3f}" for c, a in self.per_class.items()))
+
+
+def summarise(fold_results: list[dict]) -> CvResult:
+    """Accuracy over the photos (each photo's share right over the seeds) and its standard error."""
+    by_photo: dict[str, list[bool]] = {}
+    for result in fold_results:
+        for p in result["predictions"]:
+            by_photo.setdefault(p["photo"], []).append(p["right"])
+    shares = [statistics.mean(r) for r in by_photo.values()]
+    accuracy = statistics.mean(shares)
+    se = statistics.stdev(shares) / math.sqrt(len(shares)) if len(shares) > 1 else float("nan")
+    per_class = _per_class([p for r in fold_results for p in r["predictions"]])
+    folds = [{k: v for k, v in r.items() if k != "predictions"} for r in fold_results]
+    return CvResult(accuracy, se, len(shares), per_class, folds)
+
+
+def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, folds: int, seeds: list[int], quiet: bool = True,
+           progress: bool = False, after_fold=None) -> tuple[CvResult, list[dict]]:
+    """Each seed's folds, each a run in `runs`; after_fold(index, results so far) after each (the
+    tuner reports and prunes there). The results and every fold's full result."""
+    from tqdm.auto import tqdm
+
+    check_folds(split, folds)
+    todo = [(seed, index, folder) for seed in seeds for index, folder in enumerate(fold_folders(split, folds, seed, folds_dir))]
+    results = []
+    with tqdm(todo, desc="folds", unit="fold", disable=not progress, leave=False) as bar:
+        for step, (seed, index, folder) in enumerate(bar):
+            run = runs / (f"fold-{index}" if len(seeds) == 1 else f"seed-{seed}/fold-{index}")
+            results.append(run_fold(config, run, folder, seed=seed, fold=index, quiet=quiet))
+            bar.set_postfix(acc=f"{summarise(results).accuracy:.3f}")
+            if after_fold is not None:
+                after_fold(step, results)
+    return summarise(results), results
+
+
+def open_study(folder: Path, identity: dict) -> None:
+    """Make folder a study of `identity`, or check that it already is one: another data set,
+    folds, seeds or settings are refused, never mixed in."""
+    path = folder / STUDY_FILE
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        changed = differences(stored, identity)
+        if changed:
+            shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed[:4])
+            raise StudyError(f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
+                             "choose another --out")
+        return
+    if folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):  # not another starter's temporary file
+        raise StudyError(f"{folder} is not empty and holds no study; choose a new or empty --out")
+    write_text(path, json.dumps(identity, indent=1))
+
+
+def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seeds: int = 1, quiet: bool = True,
+                   progress: bool = False) -> CvResult:
+    """`foodvit cv`: the config's k-fold CV over its training photos, seeds config.train.seed and on,
+    in the study folder (resumed if it holds this same study)."""
+    study = Path(study)
+    config = rundir.with_source(config)
+    split = training_photos(config)
+    check_folds(split, folds)
+    seed_list = [config.train.seed + i for i in range(seeds)]
+    settings = config.to_dict()
+    settings["data"] = {k: v for k, v in settings["data"].items() if k != "source"}  # the photos are named by their fingerprint
+    open_study(study, {"kind": "cv", "data": fingerprint(split), "classes": list(split.classes), "folds": folds,
+                       "seeds": seed_list, "settings": settings})
+    result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet,
+                                  progress=progress)
+    write_study(study, config, result, fold_results)
+    return result
+
+
+def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: list[dict]) -> None:
+    """cv.json (the result and every prediction), predictions.jsonl, cv.md."""
+    photos = {f"s{r['seed']}/{p['photo']}": p["right"] for r in fold_results for p in r["predictions"]}
+    write_text(study / "cv.json", json.dumps({"recipe": config.recipe, "accuracy": result.accuracy,
+                                              "standard_error": result.standard_error, "n": result.n,
+                                              "per_class": result.per_class, "folds": result.folds, "photos": photos}, indent=1))
+    write_text(study / "predictions.jsonl", "".join(json.dumps({"seed": r["seed"], "fold": r["fold"], **p}) + "\n"
+                                                    for r in fold_results for p in r["predictions"]))
+    classes = list(result.per_class)
+    lines = [f"# Cross-validation: {config.recipe}", "", result.line(), "",
+             "| seed | fold | photos | accuracy | " + " | ".join(classes) + " | seconds |",
+             "|---|---|---|---|" + "---|" * len(classes) + "---|"]
+    for f in result.folds:
+        lines.append(f"| {f['seed']} | {f['fold']} | {f['n']} | {f['accuracy']:.3f} | "
+                     + " | ".join(f"{f['per_class'].get(c, float('nan')):.3f}" for c in classes) + f" | {f['seconds']:.0f} |")
+    write_text(study / "cv.md", "\n".join(lines) + "\n")
+
+
+# ------------------------------------------------------------------------------------ two studies
+
+
+def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
+    """B - A photo by photo (the same photos, seeds and folds): the mean difference, its standard
+    error, and the photos only one of them got right."""
+    if set(a) != set(b):
+        raise StudyError(f"the two studies do not hold the same photos ({len(set(a) ^ set(b))} differ): compare studies of the "
+                         "same data, folds and seeds")
+    diffs = [int(b[k]) - int(a[k]) for k in sorted(a)]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return {"difference": statistics.mean(diffs), "standard_error": se, "n": len(diffs),
+            "only_a": sorted(k for k in a if a[k] and not b[k]), "only_b": sorted(k for k in a if b[k] and not a[k])}
+
+
+def read_study(study: str | Path) -> dict:
+    path = Path(study) / "cv.json"
+    if not path.is_file():
+        raise StudyError(f"{study} holds no finished cross-validation (no cv.json); run `foodvit cv --out {study}` to finish it")
+    return json.loads(path.read_text())
+
+
+def compare_line(result: dict, name_a: str, name_b: str) -> str:
+    return (f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} (paired standard error over "
+            f"{result['n']} predictions; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})")
+
+
+def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
+    result = paired(read_study(a)["photos"], read_study(b)["photos"])
+    return result, compare_line(result, str(a), str(b))
+

@@ -1,0 +1,517 @@
+"""`foodvit tune`: a search over a recipe's settings with Optuna, each trial scored by k-fold CV
+over the training photos (cv.py), so the test split plays no part in the choice.
+
+- Sampler: TPE (Optuna's TPESampler), unseeded: processes sharing a study must not propose the same settings.
+- Pruning: a fold is a step. After each fold the trial reports its running mean accuracy, and
+  Optuna's MedianPruner stops it when that is below the median of earlier trials at the same
+  fold. Every trial uses the same folds (the recipe's seed picks them), so the comparison at a
+  fold is over the same photos. The median rather than successive halving: halving's rungs are
+  built for a resource that grows geometrically (epochs 1, 3, 9, ...) and keep only the top third
+  at each, which on 3-5 noisy folds of a few dozen photos throws good settings away; the median
+  prunes only a trial that is behind half of the others, and waits for n_startup_trials finished
+  trials and for the second fold before it judges.
+- The starting recipe (its values for every searched setting) is the first trial (enqueued),
+  so the last line of the report compares the best trial with it on the same photos (paired).
+- Storage: Optuna's RDB storage, SQLite in STUDY/study.db by default: every finished trial is in
+  the database, a rerun continues the study, and several processes can share it. A trial killed
+  by Ctrl-C or kill -9 is run again (with its parameters) by the next process, in its own folder,
+  whose finished folds are kept (heartbeat + RetryHeartbeatStaleTrialCallback, Optuna's own).
+
+    STUDY/study.db   STUDY/folds/ (the fold folders, shared by all trials)
+    STUDY/trial-0003/fold-0/ ...   a trial's fold runs (cv.py's layout)
+    STUDY/best.toml  STUDY/tune.md  STUDY/history.png  STUDY/importance.png  STUDY/slice.png
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from foodvit.config import AUGMENT_PRESETS, INITS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field, with_settings
+from foodvit.errors import ConfigError, StudyError
+from foodvit.files import write_text
+from foodvit.rundir import directory as rundir
+from foodvit.tuning import cv
+
+STUDY_NAME = "foodvit"
+FAILURES_IN_A_ROW = 3  # a process stops after this many failed trials in a row: something is wrong beyond one setting
+
+
+class BudgetError(StudyError):
+    """The budget cannot fit even one fold."""
+
+
+# ------------------------------------------------------------------------------------ the space
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched setting: a range (low, high; log scale; step for whole numbers) or choices."""
+
+    key: str  # "optim.lr"
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: int | None = None
+    choices: tuple | None = None
+
+    def suggest(self, trial):
+        if self.choices is not None:
+            return trial.suggest_categorical(self.key, list(self.choices))
+        if isinstance(self.low, int) and isinstance(self.high, int):
+            return trial.suggest_int(self.key, self.low, self.high, step=self.step or 1, log=self.log)
+        return trial.suggest_float(self.key, float(self.low), float(self.high), log=self.log)
+
+    def contains(self, value) -> bool:
+        if self.choices is not None:
+            return value in self.choices
+        return self.low <= value <= self.high
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in (("low", self.low), ("high", self.high), ("log", self.log or None), ("step", self.step),
+                                  ("choices", list(self.choices) if self.choices is not None else None)) if v is not None}
+
+
+def base_values(config: RunConfig) -> dict:
+    """Every setting's value in a config, by "section.name", the model's from its variant and overrides."""
+    from dataclasses import asdict
+
+    from foodvit.model.variants import get_variant
+
+    variant = get_variant(config.model)
+    vit = asdict(variant.config(image_size=config.vit.get("image_size"), **{k: v for k, v in config.vit.items() if k != "image_size"}))
+    values = {f"vit.{k}": v for k, v in vit.items()}
+    for name in SECTIONS:
+        values.update({f"{name}.{k}": v for k, v in asdict(getattr(config, name)).items()})
+    return values
+
+
+def default_space(config: RunConfig) -> dict[str, Param]:
+    """Ranges around the starting recipe's values (each contains them): lr, weight decay,
+    augmentation, depth, width (multiples of the heads: every head keeps D/h channels; the MLP
+    follows at the recipe's ratio), image size (on the patch grid), drloc weight, init,
+    drop_path, epochs."""
+    v = base_values(config)
+    patch, heads, width, grid = v["vit.patch_size"], v["vit.num_heads"], v["vit.embed_dim"], v["vit.image_size"] // v["vit.patch_size"]
+    depth, epochs, lr = v["vit.depth"], v["train.epochs"], v["optim.lr"]
+    widths = sorted({w for w in (width // 2, width, width + width // 2, 2 * width) if w >= heads and w % heads == 0})
+    return {p.key: p for p in (
+        Param("optim.lr", lr / 5, lr * 5, log=True),
+        # on a log scale unless the recipe starts at 0, which a log scale cannot hold
+        Param("optim.weight_decay", min(1e-3, v["optim.weight_decay"]), max(0.3, v["optim.weight_decay"]), log=v["optim.weight_decay"] > 0),
+        Param("data.augment", choices=AUGMENT_PRESETS),
+        Param("vit.depth", max(1, depth // 2), depth + max(1, depth // 2)),
+        Param("vit.embed_dim", choices=tuple(widths)),
+        Param("vit.image_size", patch * max(1, grid // 2), patch * (grid + max(1, grid // 2)), step=patch),
+        Param("optim.drloc", 0.0, max(1.0, v["optim.drloc"])),
+        Param("vit.init", choices=INITS),
+        Param("vit.drop_path", 0.0, max(0.3, v["vit.drop_path"])),
+        Param("train.epochs", max(1, epochs // 2), epochs + max(1, epochs // 2)),
+    )}
+
+
+SPACE_KEYS = {"low", "high", "log", "step", "choices"}
+
+
+def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
+    """A TOML space file: a table per section, each setting a table of low/high (log, step) or
+    choices, e.g. `[optim] lr = {low = 1e-4, high = 1e-2, log = true}`. Unknown settings and
+    values the command line would refuse are refused here, in one line naming the file."""
+    from foodvit.config import tomllib
+
+    path = Path(path)
+    try:
+        tables = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read the space file {path} ({err.strerror or err})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"space file {path} is not valid TOML: {err}") from None
+    try:
+        space = {}
+        for section, settings in tables.items():
+            if not isinstance(settings, dict):
+                raise ConfigError(f"{section} is not a table; write [vit], [data], [optim] or [train] tables of settings")
+            for name, spec in settings.items():
+                key = f"{section}.{name}"
+                space[key] = _param(key, spec, config)
+        if not space:
+            raise ConfigError("no settings to search; e.g. [optim] lr = {low = 1e-4, high = 1e-2, log = true}")
+        return space
+    except ConfigError as err:
+        raise ConfigError(f"space file {path}: {err}") from None
+
+
+def _param(key: str, spec, config: RunConfig) -> Param:
+    f = setting_field(key)  # unknown settings refused here
+    if key == "train.seed":
+        raise ConfigError("train.seed cannot be searched: the seed picks the folds, which every trial shares")
+    if key == "data.source":
+        raise ConfigError("data.source cannot be searched: a study is about one data set")
+    if not isinstance(spec, dict) or not spec or set(spec) - SPACE_KEYS:
+        raise ConfigError(f"{key} must be a table of low and high (and log, step) or of choices, e.g. {{low = 1, high = 4}}")
+    if "choices" in spec:
+        choices = spec["choices"]
+        if set(spec) != {"choices"} or not isinstance(choices, list) or not choices:
+            raise ConfigError(f"{key}: choices must be a non-empty list, alone")
+        for c in choices:
+            check_setting(key, c)
+        param = Param(key, choices=tuple(choices))
+    else:
+        if not {"low", "high"} <= set(spec):
+            raise ConfigError(f"{key} needs both low and high (or choices)")
+        low, high = spec["low"], spec["high"]
+        whole = isinstance(f.default, int) and not isinstance(f.default, bool)
+        if isinstance(f.default, (bool, str, tuple)):
+            raise ConfigError(f"{key} is not a number: give its choices, e.g. {{choices = [...]}}")
+        for bound in (low, high):
+            if whole and not isinstance(bound, int):
+                raise ConfigError(f"{key} is a whole number: low and high must be whole numbers, got {bound!r}")
+            check_setting(key, bound)
+        if not low < high:
+            raise ConfigError(f"{key}: low must be below high, got {low} and {high}")
+        log = bool(spec.get("log", False))
+        if log and low <= 0:
+            raise ConfigError(f"{key}: a log scale needs low > 0, got {low}")
+        step = spec.get("step")
+        if step is not None and (not whole or not isinstance(step, int) or step < 1):
+            raise ConfigError(f"{key}: step is for whole-number settings and must be a whole number >= 1, got {step!r}")
+        if key == "vit.image_size":
+            patch = base_values(config)["vit.patch_size"]
+            check_on_patch_grid(f"{key} low", low, patch)
+            check_on_patch_grid(f"{key} high", high, patch)
+            step = step or patch
+            check_on_patch_grid(f"{key} step", step, patch)
+        param = Param(key, low if whole else float(low), high if whole else float(high), log, step)
+    if key == "vit.embed_dim":
+        heads = base_values(config)["vit.num_heads"]
+        values = param.choices or range(param.low, param.high + 1, param.step or 1)
+        bad = [w for w in values if w % heads]
+        if bad:
+            raise ConfigError(f"{key}: width {bad[0]} is not a multiple of the {heads} heads (each head gets D / h channels); "
+                              f"give choices that are, e.g. {{choices = [{heads * 32}, {heads * 64}]}}")
+    return param
+
+
+def space_table(space: dict[str, Param]) -> dict:
+    return {key: p.to_dict() for key, p in sorted(space.items())}
+
+
+# ------------------------------------------------------------------------------------ a trial
+
+
+def trial_overrides(params: dict, base: RunConfig) -> dict:
+    """A trial's settings as build_config overrides; a searched width takes the MLP along at the
+    recipe's ratio (Table 1: M = 4 D) unless the MLP width is searched itself."""
+    overrides = dict(params)
+    if "vit.embed_dim" in params and "vit.mlp_dim" not in params:
+        v = base_values(base)
+        overrides["vit.mlp_dim"] = round(params["vit.embed_dim"] * v["vit.mlp_dim"] / v["vit.embed_dim"])
+    return overrides
+
+
+class TrialCrashed(Exception):
+    """A trial that failed for a reason of its own (a diverged run, settings that do not combine):
+    Optuna records it as failed and the study goes on."""
+
+
+def parse_budget(text: str) -> float:
+    """'2h', '45m', '90s', '1h30m', '600' (seconds) -> seconds."""
+    cleaned = text.strip().lower().replace(" ", "")
+    if re.fullmatch(r"\d+(\.\d+)?", cleaned):
+        seconds = float(cleaned)
+    else:
+        parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", cleaned)
+        if not parts or not any(parts.groups()):
+            raise ConfigError(f"--budget takes a time such as 2h, 45m, 90s or 1h30m, got {text!r}")
+        h, m, s = (float(g or 0) for g in parts.groups())
+        seconds = 3600 * h + 60 * m + s
+    if seconds <= 0:
+        raise ConfigError(f"--budget must be positive, got {text!r}")
+    return seconds
+
+
+def _seconds(s: float) -> str:
+    return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
+
+
+class Objective:
+    """One trial: sampled settings over the starting recipe, k-fold CV in the trial's folder, the
+    running mean accuracy reported after each fold (Optuna prunes there), the budget checked
+    between folds."""
+
+    def __init__(self, study_dir: Path, base: RunConfig, space: dict[str, Param], split, folds: int, *,
+                 budget_s: float | None, started: float, log) -> None:
+        self.study_dir, self.base, self.space, self.split, self.folds = study_dir, base, space, split, folds
+        self.budget_s, self.deadline = budget_s, (started + budget_s) if budget_s else None
+        self.log = log
+        self.failures = 0  # failed trials in a row, in this process
+
+    def folder(self, trial) -> Path:
+        """The trial's folder; a trial run again after its process was killed (Optuna's
+        RetryHeartbeatStaleTrialCallback, or an interrupted trial enqueued again) takes over its
+        predecessor's, finished folds and all."""
+        from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna marks it experimental
+            previous = RetryHeartbeatStaleTrialCallback.retried_trial_number(trial.study.trials[trial.number])
+        if previous is None:
+            previous = trial.user_attrs.get("retries")
+        if previous is not None:
+            name = trial.study.trials[previous].user_attrs.get("dir")
+            if name:
+                return self.study_dir / name
+        return self.study_dir / f"trial-{trial.number:04d}"
+
+    def __call__(self, trial) -> float:
+        import optuna
+
+        folder = self.folder(trial)
+        trial.set_user_attr("dir", folder.name)
+        params = {key: p.suggest(trial) for key, p in self.space.items()}
+        try:
+            config = with_settings(self.base, trial_overrides(params, self.base))
+        except ConfigError as err:
+            trial.set_user_attr("error", str(err))
+            raise TrialCrashed(str(err)) from None
+
+        def after_fold(step: int, results: list[dict]) -> None:
+            running = cv.summarise(results).accuracy
+            trial.report(running, step)
+            trial.set_user_attr("fold_accuracy", [r["accuracy"] for r in results])
+            seconds = [r["seconds"] for r in results]
+            if self.budget_s and step == 0 and seconds[0] > self.budget_s:
+                raise BudgetError(f"--budget {_seconds(self.budget_s)} is less than one fold takes here ({seconds[0]:.0f} s, "
+                                  f"fold 0 of trial {trial.number}); a trial of {self.folds} folds needs about "
+                                  f"{_seconds(self.folds * seconds[0])}: give a larger --budget, or fewer --folds")
+            if step + 1 >= self.folds:
+                return
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"running mean {running:.3f} after fold {step} is below the pruner's mark")
+            if self.deadline and time.time() + sum(seconds) / len(seconds) > self.deadline:
+                trial.set_user_attr("stopped", "budget")
+                trial.study.stop()
+                raise optuna.TrialPruned(f"the budget ends before fold {step + 1} would")
+
+        try:
+            result, fold_results = cv.run_cv(config, folder, self.study_dir / "folds", self.split, folds=self.folds,
+                                             seeds=[self.base.train.seed], after_fold=after_fold)
+        except (optuna.TrialPruned, BudgetError):
+            raise
+        except KeyboardInterrupt:
+            trial.set_user_attr("interrupted", True)  # the next process runs it again, in this folder
+            raise
+        except Exception as err:
+            trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:1000])
+            raise TrialCrashed(f"{type(err).__name__}: {err}") from err
+        cv.write_study(folder, config, result, fold_results)
+        return result.accuracy
+
+    def after_trial(self, study, trial) -> None:
+        """A line per trial; the study stops when the next trial would not fit the budget, or
+        after FAILURES_IN_A_ROW failures in a row."""
+        from optuna.trial import TrialState
+
+        state = trial.state.name.lower() + (" (the budget ended)" if trial.user_attrs.get("stopped") == "budget" else "")
+        value = f" {trial.value:.3f}" if trial.value is not None else ""
+        why = f": {trial.user_attrs['error']}" if trial.state == TrialState.FAIL and "error" in trial.user_attrs else ""
+        folds = len(trial.user_attrs.get("fold_accuracy", []))
+        self.log(f"trial {trial.number}: {state}{value} after {folds} of {self.folds} folds{why}")
+        self.failures = self.failures + 1 if trial.state == TrialState.FAIL else 0
+        if self.failures >= FAILURES_IN_A_ROW:
+            study.stop()
+        if self.deadline and trial.state == TrialState.COMPLETE and trial.duration is not None:
+            if time.time() + trial.duration.total_seconds() > self.deadline:
+                study.stop()
+
+
+# ------------------------------------------------------------------------------------ a study
+
+
+def _storage(study_dir: Path, url: str | None):
+    """Optuna's RDB storage: SQLite in the study folder unless a URL is given. The heartbeat
+    marks a trial whose process died (kill -9) as failed after grace_period, and the retry
+    callback enqueues it again."""
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    url = url or f"sqlite:///{(study_dir / 'study.db').resolve()}"
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # SQLite: wait for the other process's write
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna marks the heartbeat experimental
+        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=30, grace_period=90,
+                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+
+
+def _requeue_interrupted(study) -> None:
+    """Trials stopped by Ctrl-C are run again (same settings, same folder) by the next process."""
+    from optuna.trial import TrialState
+
+    retried = {t.user_attrs.get("retries") for t in study.trials}
+    for t in study.trials:
+        if t.state == TrialState.FAIL and t.user_attrs.get("interrupted") and t.number not in retried:
+            study.enqueue_trial(t.params, user_attrs={"retries": t.number, **({"baseline": True} if t.user_attrs.get("baseline") else {})})
+
+
+def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, budget_s: float | None = None,
+         space_file: str | Path | None = None, space: dict[str, Param] | None = None, folds: int = 3, storage: str | None = None,
+         pruner=None, log=None) -> str:
+    """Search settings around `base` (the starting recipe with its options) by k-fold CV over the
+    training photos; `trials` trials in this call (default: until the budget, else 20). Writes the
+    report and returns its summary lines."""
+    import optuna
+
+    started = time.time()
+    log = log or (lambda text: print(text, file=sys.stderr))
+    study_dir = Path(study_dir)
+    base = rundir.with_source(base)
+    split = cv.training_photos(base)
+    cv.check_folds(split, folds)
+    if space is None:
+        space = read_space(space_file, base) if space_file else default_space(base)
+    settings = base.to_dict()
+    settings["data"] = {k: v for k, v in settings["data"].items() if k != "source"}
+    cv.open_study(study_dir, {"kind": "tune", "data": cv.fingerprint(split), "classes": list(split.classes), "folds": folds,
+                              "seed": base.train.seed, "space": space_table(space), "settings": settings})
+    from filelock import FileLock
+
+    # one process at a time opens the study: Optuna's first creation of its tables is not safe
+    # against a second process doing the same, nor is enqueuing the starting recipe exactly once
+    with FileLock(study_dir / ".open.lock", timeout=300):
+        # TPE unseeded: processes sharing a study would otherwise propose the same settings
+        study = optuna.create_study(storage=_storage(study_dir, storage), study_name=STUDY_NAME, direction="maximize",
+                                    sampler=optuna.samplers.TPESampler(),
+                                    pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+                                    load_if_exists=True)
+        if not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
+            start = base_values(base)
+            study.enqueue_trial({key: start[key] for key in space}, user_attrs={"baseline": True})
+        _requeue_interrupted(study)
+    objective = Objective(study_dir, base, space, split, folds, budget_s=budget_s, started=started, log=log)
+    with warnings.catch_warnings():
+        # a starting value outside a user's range is tried as it is (the first trial): Optuna's warning says so needlessly
+        warnings.filterwarnings("ignore", message=".*out of the range.*|.*is out of range.*")
+        study.optimize(objective, n_trials=trials if trials else (None if budget_s else 20), timeout=budget_s,
+                       catch=(TrialCrashed,), callbacks=[objective.after_trial])
+    if objective.failures >= FAILURES_IN_A_ROW:
+        last = study.trials[-1].user_attrs.get("error", "see tune.md")
+        write_report(study, study_dir, base, space, folds)
+        raise StudyError(f"{FAILURES_IN_A_ROW} trials in a row failed, the last with {last}; the study stopped")
+    return write_report(study, study_dir, base, space, folds)
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def recipe_toml(config: RunConfig, header: str) -> str:
+    """A recipe file of the config (load_recipe reads it back): every setting but the data source,
+    which stays a command-line choice."""
+    from dataclasses import asdict
+
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (tuple, list)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)  # a TOML basic string
+
+    lines = [f"# {line}" for line in header.splitlines()] + [f"model = {value(config.model)}", ""]
+    tables = {"vit": dict(config.vit), **{name: asdict(getattr(config, name)) for name in SECTIONS}}
+    tables["data"].pop("source")
+    for name, table in tables.items():
+        lines += [f"[{name}]"] + [f"{k} = {value(v)}" for k, v in table.items()] + [""]
+    return "\n".join(lines) + "\n"
+
+
+def _trial_photos(study_dir: Path, trial) -> dict[str, bool] | None:
+    path = study_dir / trial.user_attrs.get("dir", "") / "cv.json"
+    return json.loads(path.read_text())["photos"] if trial.user_attrs.get("dir") and path.is_file() else None
+
+
+def _plots(study, study_dir: Path, space: dict[str, Param], completed: int) -> list[str]:
+    """Optuna's matplotlib plots as PNGs: the optimisation history, the parameter importances (2
+    or more finished trials), a slice plot."""
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as ov
+
+    from foodvit.viz.plotting import save_figure
+
+    wanted = [("history.png", lambda: ov.plot_optimization_history(study)), ("slice.png", lambda: ov.plot_slice(study, params=list(space)))]
+    if completed >= 2:
+        wanted.insert(1, ("importance.png", lambda: ov.plot_param_importances(study)))
+    written = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+        for name, draw in wanted:
+            try:
+                axes = draw()
+            except (ValueError, RuntimeError, ZeroDivisionError) as err:  # e.g. importances of parameters that never varied
+                written.append(f"{name}: not drawn ({err})")
+                continue
+            figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
+            save_figure(figure, study_dir / name)
+            plt.close(figure)  # Optuna draws through pyplot: its figures are closed, not left in pyplot's list
+            written.append(name)
+    return written
+
+
+def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param], folds: int) -> str:
+    """best.toml, tune.md and the plots; returns the summary: the best trial and, last, the paired
+    comparison of the best with the starting recipe on the same photos."""
+    from optuna.trial import TrialState
+
+    all_trials = study.get_trials(deepcopy=False)
+    completed = [t for t in all_trials if t.state == TrialState.COMPLETE]
+    counts = {state: sum(t.state == state for t in all_trials) for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+    summary = [f"{len(all_trials)} trials in {study_dir}: {counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
+               f"{counts[TrialState.FAIL]} failed"]
+    rows = ["| trial | state | CV accuracy | fold accuracies | settings | seconds |", "|---|---|---|---|---|---|"]
+    start = base_values(base)
+    for t in all_trials:
+        changed = ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(k)) or "(the starting recipe)"
+        value = f"{t.value:.3f}" if t.value is not None else "--"
+        accs = " ".join(f"{a:.2f}" for a in t.user_attrs.get("fold_accuracy", []))
+        seconds = f"{t.duration.total_seconds():.0f}" if t.duration else "--"
+        note = f" ({t.user_attrs['error'][:80]})" if t.state == TrialState.FAIL and "error" in t.user_attrs else ""
+        if t.user_attrs.get("stopped") == "budget":
+            note = " (the budget ended)"
+        if t.user_attrs.get("dir", f"trial-{t.number:04d}") != f"trial-{t.number:04d}":
+            note += f" (runs {t.user_attrs['dir']} again, its finished folds kept)"
+        rows.append(f"| {t.number} | {t.state.name.lower()}{note} | {value} | {accs} | {changed} | {seconds} |")
+    lines = ["# Tuning study", "", f"Starting recipe: {base.recipe}; {folds}-fold CV over the training photos (seed "
+             f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.", "", summary[0], ""]
+    if completed:
+        best = study.best_trial
+        config = with_settings(base, trial_overrides(best.params, base))
+        header = (f"foodvit tune: the best of {len(completed)} finished trials in {study_dir} (trial {best.number}), "
+                  f"{folds}-fold CV accuracy {best.value:.3f} over the training photos; train with\n"
+                  f"foodvit train --recipe {study_dir / 'best.toml'}")
+        write_text(study_dir / "best.toml", recipe_toml(config, header))
+        summary.append(f"best: trial {best.number}, CV accuracy {best.value:.3f}; recipe {study_dir / 'best.toml'}")
+        lines += [summary[-1], ""]
+        lines += [f"![{name}]({name})" for name in _plots(study, study_dir, space, len(completed)) if name.endswith(".png")] + [""]
+        baseline = next((t for t in completed if t.user_attrs.get("baseline")), None)
+        if baseline is None:
+            summary.append("the starting recipe's trial has not finished: no paired comparison yet")
+        elif baseline.number == best.number:
+            summary.append(f"the starting recipe (trial {best.number}) is the best found")
+        else:
+            a, b = _trial_photos(study_dir, baseline), _trial_photos(study_dir, best)
+            result = cv.paired(a, b)
+            summary.append("best vs starting recipe, same folds: " + cv.compare_line(result, f"trial {baseline.number} (start)",
+                                                                                       f"trial {best.number} (best)"))
+    else:
+        summary.append("no trial has finished yet: no best recipe")
+    lines += rows + ["", summary[-1], ""]
+    write_text(study_dir / "tune.md", "\n".join(lines))
+    return "\n".join(summary)
+
+
+def _short(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,267 @@
+"""foodvit cv and foodvit tune (tuning/cv.py, tuning/search.py): k-fold CV over the training photos
+alone, resumed fold by fold; an Optuna study with pruning by fold, failed trials, SQLite shared by
+processes; the bad inputs refused in one line. Tiny runs: the tiny recipe at 32 px, depth 1, 1
+epoch, on 4 generated photos a class, 2 folds."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import make_photo_folder
+
+optuna = pytest.importorskip("optuna")
+
+from foodvit.cli.main import main  # noqa: E402
+from foodvit.cli.options import build_config  # noqa: E402
+from foodvit.config import load_recipe  # noqa: E402
+from foodvit.errors import StudyError  # noqa: E402
+from foodvit.tuning import cv  # noqa: E402
+from foodvit.tuning.search import Param, parse_budget, tune  # noqa: E402
+
+TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
+TINY_OVERRIDES = {"train.epochs": 1, "vit.image_size": 32, "vit.depth": 1}
+
+
+def poisoned_copy(photos: Path, where: Path) -> Path:
+    """The same training photos; a test split of non-images and a class the training split lacks:
+    anything that read it would fail or change its results."""
+    shutil.copytree(photos / "train", where / "train")
+    for name in ("pizza", "steak", "sushi", "burger"):
+        (where / "test" / name).mkdir(parents=True)
+        (where / "test" / name / "000.jpg").write_bytes(b"poison: not a photo")
+    return where
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2)
+
+
+@pytest.fixture(scope="module")
+def cv_study(tmp_path_factory, photos):
+    """A 2-fold study interrupted (Ctrl-C) while its second fold starts, then run again: the runs
+    each attempt started."""
+    import foodvit.training.trainer as trainer
+
+    study = tmp_path_factory.mktemp("studies") / "a"
+    real_train, started = trainer.train, []
+
+    def train(config, out, **kwargs):
+        started.append(Path(out).name)
+        if len(started) == 2 and interrupt:
+            raise KeyboardInterrupt
+        return real_train(config, out, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer, "train", train)
+        interrupt = True
+        first = main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *TINY])
+        fold0 = (study / "fold-0" / "model.safetensors").stat().st_mtime_ns
+        after_interrupt = list(started)
+        interrupt = False
+        second = main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *TINY])
+    return {"study": study, "first": first, "second": second, "after_interrupt": after_interrupt, "started": started,
+            "fold0_mtime": fold0}
+
+
+def test_cv_writes_per_fold_results_and_resumes_without_retraining_a_finished_fold(cv_study, photos, capsys):
+    study = cv_study["study"]
+    assert cv_study["first"] == 130 and cv_study["after_interrupt"] == ["fold-0", "fold-1"]
+    assert cv_study["second"] == 0
+    assert cv_study["started"] == ["fold-0", "fold-1", "fold-1"]  # the rerun trained fold 1 alone
+    assert (study / "fold-0" / "model.safetensors").stat().st_mtime_ns == cv_study["fold0_mtime"]
+    result = json.loads((study / "cv.json").read_text())
+    assert [f["fold"] for f in result["folds"]] == [0, 1]
+    assert all(set(f["per_class"]) == {"pizza", "steak", "sushi"} for f in result["folds"])
+    # every training photo held out exactly once, no test photo anywhere
+    predictions = [json.loads(line) for line in (study / "predictions.jsonl").read_text().splitlines()]
+    train_photos = sorted(f"{p.parent.name}/{p.name}" for p in (photos / "train").rglob("*.jpg"))
+    assert sorted(p["photo"] for p in predictions) == train_photos
+    assert result["accuracy"] == pytest.approx(sum(p["right"] for p in predictions) / len(predictions))
+    assert sum(f["n"] for f in result["folds"]) == 12 and "+-" in (study / "cv.md").read_text()
+    # each fold is a normal run evaluated on its held-out photos alone
+    fold_config = json.loads((study / "fold-1" / "config.json").read_text())
+    assert Path(fold_config["data"]["source"]) == study / "folds" / "seed-42" / "fold-1"
+
+
+def test_cv_never_reads_the_test_split_and_compare_pairs_two_studies(cv_study, photos, tmp_path, capsys):
+    poisoned = poisoned_copy(photos, tmp_path / "poisoned")
+    study_b = tmp_path / "b"
+    assert main(["cv", "--data", str(poisoned), "--folds", "2", "--out", str(study_b), "--quiet", *TINY]) == 0
+    a, b = (json.loads((s / "cv.json").read_text()) for s in (cv_study["study"], study_b))
+    assert a["photos"] == b["photos"] and a["accuracy"] == b["accuracy"]
+    capsys.readouterr()
+    assert main(["cv", "--compare", str(cv_study["study"]), str(study_b)]) == 0
+    line = capsys.readouterr().out
+    assert "+0.000" in line and "0 right only in" in line
+    # a made-up disagreement shows as the photos only one study got right
+    result = cv.paired({"x/1": True, "x/2": False, "x/3": True}, {"x/1": True, "x/2": True, "x/3": False})
+    assert result["only_a"] == ["x/3"] and result["only_b"] == ["x/2"] and result["difference"] == 0
+
+
+def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study, photos, capsys):
+    assert main(["cv", "--data", str(photos), "--folds", "5", "--out", str(cv_study["study"].parent / "c"), *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "has 4 training photo(s), fewer than the 5 folds" in err
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(cv_study["study"]), *TINY, "--lr", "0.01"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds a study of something else" in err and "optim.lr" in err
+
+
+class PruneTrialOne(optuna.pruners.BasePruner):
+    """Prunes trial 1 at its first report: a pruner whose mark that trial cannot reach."""
+
+    def prune(self, study, trial) -> bool:
+        return trial.number == 1
+
+
+def test_tune_prunes_records_a_crashed_trial_and_writes_a_recipe_that_trains(photos, tmp_path, monkeypatch, capsys):
+    poisoned = poisoned_copy(photos, tmp_path / "poisoned")  # the test split is never read by the search either
+    space = tmp_path / "space.toml"
+    space.write_text('[optim]\nlr = {low = 1e-4, high = 1e-2, log = true}\n[train]\nepochs = {low = 1, high = 2}\n')
+    base = build_config("tiny", {"data.source": str(poisoned), **TINY_OVERRIDES})
+    real_run_fold = cv.run_fold
+
+    def run_fold(config, run, folder, **kwargs):
+        if run.parent.name == "trial-0002":
+            raise RuntimeError("a crash of this trial alone")
+        return real_run_fold(config, run, folder, **kwargs)
+
+    monkeypatch.setattr(cv, "run_fold", run_fold)
+    lines = []
+    study_dir = tmp_path / "study"
+    summary = tune(study_dir, base, trials=4, space_file=space, folds=2, pruner=PruneTrialOne(), log=lines.append)
+    study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE", "PRUNED", "FAIL", "COMPLETE"]
+    first, pruned, crashed = study.trials[:3]
+    assert first.params == {"optim.lr": 1e-3, "train.epochs": 1} and first.user_attrs["baseline"]  # the starting recipe
+    folds = json.loads((study_dir / "trial-0000" / "cv.json").read_text())["folds"]
+    assert first.intermediate_values == {0: folds[0]["accuracy"], 1: (folds[0]["accuracy"] + folds[1]["accuracy"]) / 2}
+    assert (study_dir / "trial-0001" / "fold-0.json").is_file() and not (study_dir / "trial-0001" / "fold-1").exists()
+    assert "a crash of this trial alone" in crashed.user_attrs["error"]
+    assert "trial 2: fail" in " ".join(lines) and summary.splitlines()[0].endswith("2 complete, 1 pruned, 1 failed")
+    for name in ("history.png", "importance.png", "slice.png", "tune.md"):
+        assert (study_dir / name).stat().st_size > 0
+    assert "best vs starting recipe" in summary.splitlines()[-1] or "starting recipe (trial 0) is the best" in summary
+    recipe = load_recipe(str(study_dir / "best.toml"))
+    assert recipe.optim.lr == pytest.approx(study.best_params["optim.lr"]) and recipe.train.epochs == study.best_params["train.epochs"]
+    assert main(["train", "--recipe", str(study_dir / "best.toml"), "--data", str(photos), "--out", str(tmp_path / "best"),
+                 "--quiet", "--epochs", "1"]) == 0
+    # the same folder with another space, or other photos: refused, not mixed in
+    with pytest.raises(StudyError, match="something else.*space"):
+        tune(study_dir, base, trials=1, folds=2, log=lines.append)
+    other = make_photo_folder(tmp_path / "other", n_train=5, n_test=1)
+    with pytest.raises(StudyError, match="something else"):
+        tune(study_dir, build_config("tiny", {"data.source": str(other), **TINY_OVERRIDES}), trials=1, space_file=space, folds=2)
+
+
+def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_finished_fold(photos, tmp_path, monkeypatch):
+    import foodvit.training.trainer as trainer
+
+    real_train, started, interrupt = trainer.train, [], [True]
+
+    def train(config, out, **kwargs):
+        started.append(f"{Path(out).parent.name}/{Path(out).name}")
+        if len(started) == 2 and interrupt[0]:
+            raise KeyboardInterrupt  # Ctrl-C as the trial's second fold starts
+        return real_train(config, out, **kwargs)
+
+    monkeypatch.setattr(trainer, "train", train)
+    base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+    space = {"optim.lr": Param("optim.lr", 1e-4, 1e-2, log=True)}
+    study_dir = tmp_path / "study"
+    with pytest.raises(KeyboardInterrupt):
+        tune(study_dir, base, trials=1, space=space, folds=2, log=lambda line: None)
+    interrupt[0] = False
+    tune(study_dir, base, trials=1, space=space, folds=2, log=lambda line: None)
+    assert started == ["trial-0000/fold-0", "trial-0000/fold-1", "trial-0000/fold-1"]  # fold 0 was not trained again
+    study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
+    interrupted, again = study.trials
+    assert (interrupted.state.name, again.state.name) == ("FAIL", "COMPLETE")
+    assert again.params == interrupted.params and again.user_attrs["dir"] == "trial-0000" and again.user_attrs["baseline"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[optim]\nfoo = {low = 1, high = 2}\n", "unknown setting 'optim.foo'"),
+    ("[optim]\nlr = {low = -1.0, high = 0.1}\n", "--lr must be > 0, got -1"),
+    ("[vit]\nimage_size = {low = 30, high = 64}\n", "not a multiple of the patch size 8"),
+    ("[train]\nepochs = {low = 5, high = 2}\n", "low must be below high"),
+    ("[data]\naugment = {choices = [\"flip\", \"wild\"]}\n", "--augment must be one of"),
+    ("[vit]\nembed_dim = {choices = [96, 100]}\n", "width 100 is not a multiple of the 3 heads"),
+])
+def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
+    space = tmp_path / "space.toml"
+    space.write_text(text)
+    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--space", str(space), "--folds", "2", *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and str(space) in err
+    assert not (tmp_path / "s").exists()  # refused before anything was written
+
+
+def test_tune_refuses_a_budget_smaller_than_one_fold(photos, tmp_path, capsys):
+    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--budget", "0.05s", "--folds", "2", *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is less than one fold takes here" in err and "a trial of 2 folds needs about" in err
+
+
+def test_no_fold_starts_that_would_end_past_the_budget(photos, tmp_path, monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    import foodvit.tuning.search as search
+
+    offset = [0.0]
+    monkeypatch.setattr(search, "time", SimpleNamespace(time=lambda: time.time() + offset[0]))
+    real_run_fold = cv.run_fold
+
+    def run_fold(*args, **kwargs):
+        result = real_run_fold(*args, **kwargs)
+        offset[0] = 1000.0  # the clock jumps to the end of the budget while fold 0 finishes
+        return result
+
+    monkeypatch.setattr(cv, "run_fold", run_fold)
+    base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+    study_dir = tmp_path / "study"
+    summary = tune(study_dir, base, trials=3, budget_s=1000, space={"optim.lr": Param("optim.lr", 1e-4, 1e-2, log=True)},
+                   folds=2, log=lambda line: None)
+    study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["PRUNED"] and study.trials[0].user_attrs["stopped"] == "budget"
+    assert not (study_dir / "trial-0000" / "fold-1").exists() and "no trial has finished yet" in summary
+    assert "the budget ended" in (study_dir / "tune.md").read_text()
+
+
+def test_budget_parsing():
+    assert [parse_budget(t) for t in ("2h", "45m", "90s", "1h30m", "600")] == [7200, 2700, 90, 5400, 600]
+    with pytest.raises(Exception, match="such as 2h"):
+        parse_budget("two hours")
+
+
+@pytest.mark.slow
+def test_two_processes_with_one_trial_each_share_one_sqlite_study(photos, tmp_path):
+    study_dir = tmp_path / "study"
+    space = tmp_path / "space.toml"
+    space.write_text("[optim]\nlr = {low = 1e-4, high = 1e-2, log = true}\n")
+    command = [sys.executable, "-m", "foodvit", "tune", "--data", str(photos), "--out", str(study_dir), "--trials", "1",
+               "--folds", "2", "--space", str(space), "--quiet", *TINY]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1  # the starting recipe ran once
+
+
+@pytest.mark.parametrize("recipe", ["default", "tiny", "course", "paper"])
+def test_the_default_space_holds_the_starting_recipe_and_only_valid_models(recipe):
+    from foodvit.tuning.search import base_values, default_space
+
+    base = build_config(recipe)
+    start, space = base_values(base), default_space(base)
+    assert all(p.contains(start[key]) for key, p in space.items())  # the first trial is the recipe itself
+    assert all(width % start["vit.num_heads"] == 0 for width in space["vit.embed_dim"].choices)
+    sizes = space["vit.image_size"]
+    assert sizes.low % start["vit.patch_size"] == 0 and sizes.step == start["vit.patch_size"]
