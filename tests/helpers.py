@@ -147,3 +147,23 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)
+
+
+def run_without_torch(argv: list[str], timeout: float = 120.0):
+    """`foodvit ARGV` in a fresh Python where importing torch, torchvision or timm fails, checking at
+    the end that none was loaded: the proof that a path is torch-free (subprocess.CompletedProcess)."""
+    import subprocess
+    import sys
+
+    script = ("import builtins, sys\n"
+              "real = builtins.__import__\n"
+              "def guard(name, *args, **kwargs):\n"
+              "    if name.split('.')[0] in ('torch', 'torchvision', 'timm'):\n"
+              "        raise ImportError('torch is not installed here')\n"
+              "    return real(name, *args, **kwargs)\n"
+              "builtins.__import__ = guard\n"
+              "from foodvit.cli.main import main\n"
+              f"code = main({list(map(str, argv))!r})\n"
+              "assert not any(m.split('.')[0] == 'torch' for m in sys.modules), 'torch was imported'\n"
+              "sys.exit(code)\n")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)

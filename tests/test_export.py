@@ -2,8 +2,6 @@
 here, checked against the PyTorch model; predicting from an .onnx file without PyTorch."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,7 +9,7 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 pytest.importorskip("onnxscript", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 
-from helpers import free_port  # noqa: E402
+from helpers import free_port, run_without_torch  # noqa: E402
 
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.deploy.export import relative_difference  # noqa: E402
@@ -70,20 +68,7 @@ def test_evaluate_and_predict_on_the_onnx_file_equal_those_on_the_run(run, onnx_
 def test_predicting_from_onnx_needs_no_torch(onnx_file, run):
     _, photos = run
     photo = sorted((photos / "test" / "sushi").iterdir())[0]
-    script = (
-        "import builtins, json, sys\n"
-        "real = builtins.__import__\n"
-        "def guard(name, *args, **kwargs):\n"
-        "    if name.split('.')[0] in ('torch', 'torchvision', 'timm'):\n"
-        "        raise ImportError('torch is not installed here')\n"
-        "    return real(name, *args, **kwargs)\n"
-        "builtins.__import__ = guard\n"
-        "from foodvit.cli.main import main\n"
-        f"code = main(['predict', {str(onnx_file)!r}, {str(photo)!r}, '--json'])\n"
-        "assert not any(m.split('.')[0] == 'torch' for m in sys.modules), 'torch was imported'\n"
-        "sys.exit(code)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = run_without_torch(["predict", onnx_file, photo, "--json"])
     assert result.returncode == 0, result.stderr
     [answer] = json.loads(result.stdout)
     assert answer["label"] in ("pizza", "steak", "sushi") and answer["image"] == str(photo)

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from helpers import make_photo, train_tiny_run
+from helpers import make_photo, run_without_torch, train_tiny_run
 
 from foodvit.cli.main import main
 from foodvit.deploy.predictor import Predictor
@@ -228,18 +228,7 @@ def onnx_file(run, tmp_path_factory):
 @pytest.mark.slow  # an export and a second process
 def test_an_onnx_file_labels_a_folder_without_torch_and_gives_the_runs_rows(run, onnx_file, tree, tmp_path):
     out, reference = tmp_path / "onnx.jsonl", tmp_path / "run.jsonl"
-    script = ("import builtins, sys\n"
-              "real = builtins.__import__\n"
-              "def guard(name, *args, **kwargs):\n"
-              "    if name.split('.')[0] in ('torch', 'torchvision', 'timm'):\n"
-              "        raise ImportError('torch is not installed here')\n"
-              "    return real(name, *args, **kwargs)\n"
-              "builtins.__import__ = guard\n"
-              "from foodvit.cli.main import main\n"
-              f"code = main(['predict', {str(onnx_file)!r}, {str(tree)!r}, '--out', {str(out)!r}, '--workers', '2', '--quiet'])\n"
-              "assert not any(m.split('.')[0] == 'torch' for m in sys.modules), 'torch was imported'\n"
-              "sys.exit(code)\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = run_without_torch(["predict", onnx_file, tree, "--out", out, "--workers", "2", "--quiet"])
     assert result.returncode == 1, result.stderr  # the damaged photo: an error row, the others labelled
     assert main(["predict", str(run), str(tree), "--out", str(reference), "--quiet"]) == 1
     assert [r["path"] for r in read_rows(out)] == [str(tree / p) for p in EXPECTED]
