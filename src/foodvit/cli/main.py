@@ -30,26 +30,30 @@ from foodvit.cli.commands import (
     cmd_train,
     cmd_tune,
 )
+from foodvit.cli.options import add_config_options, number_type
 from foodvit.errors import AT_LEAST_1, POSITIVE, FoodVitError, Range
 
 
 def number(allowed: Range):
     """argparse type: a float in range, refused with the range otherwise."""
-    from foodvit.cli.options import number_type
 
     return number_type(float, allowed)
 
 
 def count(allowed: Range = AT_LEAST_1):
     """An argparse type for a whole number in a range, with the range in its message."""
-    from foodvit.cli.options import number_type
 
     return number_type(int, allowed)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from foodvit.cli.options import add_config_options
+def recipe_options(parser: argparse.ArgumentParser, recipe_help: str) -> None:
+    """What train, cv and tune share: a recipe, a model, and an option per setting over them."""
+    parser.add_argument("--recipe", help=recipe_help)
+    parser.add_argument("--model", help="a paper name, e.g. ViT-B/16, ViT-Ti/8 (default: the recipe's)")
+    add_config_options(parser)
 
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="foodvit", description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos.")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of every error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -58,8 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model; writes a run directory with report, metrics and model",
                        description="Train from a recipe (default: the best small-data recipe). Any setting can be overridden. "
                                    "Boolean settings are flags with a --no- form (--freeze-backbone, --no-cache); true/false also work.")
-    p.add_argument("--recipe", help="a recipe name (see `foodvit recipes`) or a .toml file")
-    p.add_argument("--model", help="a paper name, e.g. ViT-B/16, ViT-Ti/8 (default: the recipe's)")
     p.add_argument("--out", help="run directory, a new or empty folder (default: runs/<date>-<time>)")
     p.add_argument("--resume", metavar="DIR", help="finish the interrupted run in DIR, with its own settings and data "
                                                    "(--data: the same photos moved elsewhere)")
@@ -67,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", **verbose)
     p.add_argument("--dist-timeout", type=number(POSITIVE), default=600, metavar="SECONDS",
                    help="under torchrun: how long a process waits for the others before it stops with a message (default 600)")
-    add_config_options(p)
+    recipe_options(p, "a recipe name (see `foodvit recipes`) or a .toml file")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("cv", help="k-fold cross-validation of a recipe over the training photos alone (never the test split)",
@@ -79,10 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=count(Range(2)), default=5, help="folds (default 5)")
     p.add_argument("--seeds", type=count(), default=1, help="repeat with this many seeds (the recipe's seed and on; default 1)")
     p.add_argument("--compare", nargs=2, metavar="STUDY", help="pair two finished studies photo by photo (no training)")
-    p.add_argument("--recipe", help="a recipe name (see `foodvit recipes`) or a .toml file")
-    p.add_argument("--model", help="a paper name, e.g. ViT-Ti/8 (default: the recipe's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_config_options(p)
+    recipe_options(p, "a recipe name (see `foodvit recipes`) or a .toml file")
     p.set_defaults(func=cmd_cv)
 
     p = sub.add_parser("tune", help="search settings for your photos with Optuna (TPE, pruning by fold), scored by k-fold CV",
@@ -100,10 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=count(Range(2)), default=3, help="folds per trial (default 3)")
     p.add_argument("--storage", metavar="URL", help="an Optuna RDB URL instead of STUDY/study.db, e.g. "
                                                     "postgresql://user@host/db or mysql://user@host/db (many machines, one study)")
-    p.add_argument("--recipe", help="the starting recipe (its values are the first trial; default: default)")
-    p.add_argument("--model", help="a paper name, e.g. ViT-Ti/8 (default: the recipe's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-trial lines")
-    add_config_options(p)
+    recipe_options(p, "the starting recipe (its values are the first trial; default: default)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("compare", help="several runs side by side: the settings that differ and the final metrics",

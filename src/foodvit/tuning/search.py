@@ -32,7 +32,16 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from foodvit.config import AUGMENT_PRESETS, INITS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field, with_settings
+from foodvit.config import (
+    AUGMENT_PRESETS,
+    INITS,
+    SECTIONS,
+    RunConfig,
+    check_on_patch_grid,
+    check_setting,
+    setting_field,
+    with_settings,
+)
 from foodvit.errors import ConfigError, StudyError
 from foodvit.files import write_text
 from foodvit.rundir import directory as rundir
