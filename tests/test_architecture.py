@@ -83,3 +83,16 @@ def test_torch_free_modules_load_without_torch(module):
     code = f"import sys; sys.modules['torch'] = None; sys.modules['torchvision'] = None\nimport {module}\nprint('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    # the layers contract orders the sub-packages; within a layer, no two modules may need each other either
+    import itertools
+
+    import grimp
+
+    graph = grimp.build_graph("foodvit")
+    modules = sorted(graph.modules)
+    cycles = [(a, b) for a, b in itertools.combinations(modules, 2)
+              if graph.chain_exists(a, b) and graph.chain_exists(b, a)]
+    assert cycles == []

@@ -278,3 +278,9 @@ def check_image(path) -> str | None:
     except (OSError, SyntaxError, ValueError) as err:
         return f"cannot be read as an image ({type(err).__name__}: {err})"
     return None
+
+
+def safe_name(name: str | None) -> str:
+    """An uploaded file's name fit for a message: printable characters, at most 60 of them."""
+    text = "".join(c for c in (name or "") if c.isprintable())[:60]
+    return text or "the upload"

@@ -88,7 +88,7 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
     """The page's Blocks. cache: Gradio's delete_cache (frequency, age) in seconds, PAGE_CACHE by default."""
     import gradio as gr
 
-    from foodvit.deploy.serve import safe_name
+    from foodvit.data.photos import safe_name
 
     predictor = service.predictor
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from foodvit.data.photos import ACCEPTED, DecodeBudget, PhotoError
+from foodvit.data.photos import ACCEPTED, DecodeBudget, PhotoError, safe_name
 from foodvit.deploy.predictor import Predictor
 from foodvit.errors import FoodVitError
 
@@ -145,12 +145,6 @@ class Service:
 
     def health(self) -> dict:
         return {"status": "ok", "model": self.predictor.name, "classes": self.predictor.classes}
-
-
-def safe_name(name: str | None) -> str:
-    """An uploaded file's name fit for a message: printable characters, at most 60 of them."""
-    text = "".join(c for c in (name or "") if c.isprintable())[:60]
-    return text or "the upload"
 
 
 def too_large_message(max_bytes: int) -> str:
