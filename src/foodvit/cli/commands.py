@@ -342,7 +342,13 @@ def cmd_export_space(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "onnx":
         _need("export", "onnx", "onnxruntime", "onnxscript")
+    import logging
+
     from foodvit.deploy.export import export
+
+    # this process exports: ONNX Runtime's quantiser logs generic advice (pre-process the model first) on the
+    # root logger, which the parity line below answers better
+    logging.getLogger().setLevel(logging.ERROR)
 
     result = export(args.run, args.out, args.format, args.quantize, args.opset, photos=args.photos or (), force=args.force)
     what = args.format + (f" {args.quantize}" if args.quantize else "")

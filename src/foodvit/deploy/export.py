@@ -136,17 +136,11 @@ def _export_onnx(predictor, out: Path, quantize: str | None, opset: int | None, 
             raise ExportError(f"torch.onnx could not export this model ({type(err).__name__}: {str(err).splitlines()[0][:300]})") from err
         target = fp32
         if quantize == "int8":
-            import logging
-
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
             target = Path(tmp) / "int8.onnx"
-            root, level = logging.getLogger(), logging.getLogger().level
-            root.setLevel(logging.ERROR)  # quiet its generic advice to pre-process the model first
-            try:
-                quantize_dynamic(str(fp32), str(target), weight_type=QuantType.QInt8)
-            finally:
-                root.setLevel(level)
+            # it logs generic advice to pre-process the model on the root logger: the command line quiets that
+            quantize_dynamic(str(fp32), str(target), weight_type=QuantType.QInt8)
         proto = onnx.load(str(target))
         del proto.metadata_props[:]
         for key, value in metadata(predictor).items():
