@@ -234,7 +234,9 @@ def test_wrong_methods_are_405_and_unknown_paths_404_in_the_error_shape(server):
     assert wrong.json() == {"error": "/predict does not answer GET; send POST with the photo in the form field 'file' "
                                      "(e.g. curl -F file=@photo.jpg URL/predict)"}
     wrong = httpx.post(server + "/health")
-    assert wrong.status_code == 405 and wrong.json() == {"error": "/health does not answer POST; send GET"}
+    assert wrong.status_code == 405 and wrong.json() == {"error": "/health does not answer POST; send GET or HEAD"}
+    assert httpx.head(server + "/health").status_code == 200  # HEAD where GET is (it was 404)
+    assert httpx.head(server + "/predict").status_code == 405
     missing = httpx.get(server + "/nowhere")
     assert missing.status_code == 404 and set(missing.json()) == {"error"} and "POST /predict" in missing.json()["error"]
 

@@ -207,7 +207,7 @@ class _TooLarge(Exception):
 
 # the API's paths and the methods each answers; other methods get 405 (else the page mounted at /
 # would answer them 404 Not Found)
-API_METHODS = {"/predict": ("POST",), "/health": ("GET",)}
+API_METHODS = {"/predict": ("POST",), "/health": ("GET", "HEAD")}  # HEAD where GET is, as HTTP has it
 
 
 def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float = 5.0, top_k: int = 3,
@@ -245,7 +245,7 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
     app.add_exception_handler(StarletteHTTPException, _http_error)
 
     for path, allowed in API_METHODS.items():
-        others = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE") if m not in allowed]
+        others = [m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE") if m not in allowed]
 
         async def _wrong_method(request: Request, allowed=allowed):
             how = " with the photo in the form field 'file' (e.g. curl -F file=@photo.jpg URL/predict)" if "POST" in allowed else ""
@@ -259,7 +259,7 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
         status = {"empty": 400, "too large": 413}.get(err.kind, 415)  # 415: not a media type we can read
         return JSONResponse({"error": str(err)}, status_code=status)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=list(API_METHODS["/health"]))
     async def health() -> dict:
         return service.health()
 
