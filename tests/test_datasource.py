@@ -50,7 +50,7 @@ def test_parse_keeps_location_subset_and_fraction(tmp_path, monkeypatch):
     url = "https://example.org/data/pizza_steak_sushi.zip"
     assert DataSource.parse(url) == DataSource(url)  # the colon of a URL is no class list
     assert str(DataSource.parse(f"{local}:sushi,pizza")) == f"{local}:sushi,pizza"
-    assert DataSource.parse(url).name == "pizza_steak_sushi" and DataSource.parse("food101:pizza").name == "Food-101 (pizza)"
+    assert DataSource.parse(url).name == "pizza_steak_sushi" and DataSource.parse("food101:pizza").name == "food101:pizza"
     assert DataSource.parse(None).location == url.replace("example.org/data", "github.com/mrdbourke/pytorch-deep-learning/raw/main/data")
     with pytest.raises(DataError, match="names no classes"):
         DataSource.parse("food101:")

@@ -181,3 +181,17 @@ def test_commands_that_need_a_run_say_which_take_an_onnx_file(onnx_file, run, tm
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert expected in err and "expected a .safetensors" not in err, err
+
+
+def test_a_forced_export_that_fails_its_check_keeps_the_previous_file(run, tmp_path, monkeypatch, capsys):
+    # with --force the new file used to replace the old one before the parity check, which then deleted it
+    import foodvit.deploy.export as export_module
+
+    out, _ = run
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"a good export of yesterday")
+    monkeypatch.setattr(export_module, "relative_difference", lambda a, b: 1.0)  # the check fails
+    assert main(["export", str(out), "--format", "torchscript", "--out", str(path), "--force"]) == 2
+    assert "nothing was written" in capsys.readouterr().err
+    assert path.read_bytes() == b"a good export of yesterday"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]  # no staging file left beside it

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import foodvit
+from foodvit.config import ViTConfig
 from foodvit.errors import ConfigError, InputError
 from foodvit.model.variants import count_params, get_variant
-from foodvit.model.vit import VisionTransformer, ViTConfig, sincos_2d_pos_embed
+from foodvit.model.vit import VisionTransformer, sincos_2d_pos_embed
 
 
 def tiny(**overrides) -> VisionTransformer:

@@ -4,7 +4,8 @@ that grid's positions, built once per grid and device."""
 import pytest
 import torch
 
-from foodvit.model.vit import VisionTransformer, ViTConfig
+from foodvit.config import ViTConfig
+from foodvit.model.vit import VisionTransformer
 from foodvit.training.drloc import WithDenseRelativeLocalization
 from foodvit.training.resizing import AnyGrid
 

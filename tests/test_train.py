@@ -329,7 +329,7 @@ def test_test_size_tests_and_saves_the_model_at_a_higher_resolution(photos, tmp_
 def test_test_size_off_the_patch_grid_is_refused_before_training(photos, tmp_path):
     from dataclasses import replace
 
-    from foodvit.config import ConfigError
+    from foodvit.errors import ConfigError
 
     config = small_config(photos, epochs=1)
     with pytest.raises(ConfigError, match=r"--test-size 44 is not a multiple of the patch size 8; use 40 or 48"):
@@ -361,7 +361,7 @@ def test_progressive_resizing_trains_small_first_and_evaluates_at_the_model_size
 def test_progressive_resizing_needs_fixed_positions_and_a_size_on_the_patch_grid(photos, tmp_path):
     from dataclasses import replace
 
-    from foodvit.config import ConfigError
+    from foodvit.errors import ConfigError
 
     config = small_config(photos, epochs=1)
     with pytest.raises(ConfigError, match=r"--start-size \(progressive resizing\) needs fixed position embeddings"):

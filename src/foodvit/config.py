@@ -73,7 +73,7 @@ def _check(settings) -> None:
 @dataclass(frozen=True)
 class ViTConfig:
     """Everything that defines a ViT. Defaults are ViT-B/16 at 224 px (Table 1). The deviations
-    named below are listed and cited in model.py's docstring."""
+    named below are listed and cited in model/vit.py's docstring."""
 
     image_size: int = opt(224, "input resolution H = W in pixels (paper: 224)", range=AT_LEAST_1)
     patch_size: int = opt(16, "patch size P (paper: 16; 'ViT-B/16')", range=AT_LEAST_1)

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="STUDY", help="the study folder (new, empty, or this same study to continue)")
     p.add_argument("--trials", type=count(), help="trials this command runs (default: until --budget, else 20)")
     p.add_argument("--budget", metavar="TIME", help="wall-clock time for this command, e.g. 2h, 45m, 90s, 1h30m: no trial "
-                                                    "starts or continues past it")
+                                                    "starts after it, and no fold after a trial's first that would end past it")
     p.add_argument("--space", metavar="FILE", help="a TOML search space (default: lr, weight decay, augmentation, depth, width, "
                                                    "image size, drloc, init, drop_path, epochs around the recipe's values)")
     p.add_argument("--folds", type=count(Range(2)), default=3, help="folds per trial (default 3)")

@@ -68,13 +68,12 @@ class DataSource:
     @property
     def name(self) -> str:
         """The data set's name for people (a model card, a page), never a machine path:
-        'pizza_steak_sushi', 'Food-101 (pizza, steak, sushi)'."""
-        if self.location == FOOD101:
-            stem = "Food-101"
-        else:
-            stem = PurePosixPath(self.location.replace("\\", "/").rstrip("/")).name
-            stem = stem[:-4] if stem.lower().endswith(".zip") else stem
-        return f"{stem} ({', '.join(self.classes)})" if self.classes else stem
+        'pizza_steak_sushi' for a folder, zip or URL of that name, 'food101:pizza,steak'."""
+        stem = PurePosixPath(self.location.replace("\\", "/").split("?")[0].rstrip("/")).name
+        for suffix in (".zip", ".tar.gz", ".tgz", ".tar"):
+            if stem.lower().endswith(suffix):
+                stem = stem[: -len(suffix)]
+        return stem + (":" + ",".join(self.classes) if self.classes else "")
 
     # ------------------------------------------------------------------ where the folder is
 

@@ -66,7 +66,8 @@ def empty(name) -> PhotoError:
 def limit_pixels() -> None:
     """Pillow's pixel limit set explicitly to MAX_PIXELS, and its bomb warning (between the limit
     and twice it) turned into a refusal, for every decoder in this process (Gradio's included).
-    A process-wide policy: the command line and the server call it once at start; open_photo
+    A process-wide policy, so the entry points call it once at start (the command line, a Space's
+    app.py); open_photo
     refuses oversized photos from their header whether it was called or not."""
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
     warnings.filterwarnings("error", category=Image.DecompressionBombWarning)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import secrets
 import tempfile
 import warnings
 from pathlib import Path
@@ -102,19 +104,25 @@ def export(run: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | 
     predictor = Predictor.from_run(run)
     inputs = parity_inputs(predictor, photos)
     reference = predictor.logits(inputs).astype(np.float64)
-    if fmt == "onnx":
-        _export_onnx(predictor, out, quantize, opset, inputs.shape[-1])
-        from foodvit.deploy.onnx_runtime import OnnxBackend
+    # written beside --out under a temporary name and checked there: only a file that passed takes the name
+    # (with --force, a previous good export survives a failed one)
+    staging = out.with_name(f".{out.name}.{secrets.token_hex(4)}.partial{out.suffix}")
+    try:
+        if fmt == "onnx":
+            _export_onnx(predictor, staging, quantize, opset, inputs.shape[-1])
+            from foodvit.deploy.onnx_runtime import OnnxBackend
 
-        got = OnnxBackend(out)(inputs)
-    else:
-        got = _export_torch(predictor, out, fmt, inputs)
-    parity = relative_difference(got, reference)
-    agreement = float((got.argmax(1) == reference.argmax(1)).mean())
-    if quantize is None and parity > PARITY_LIMIT:
-        out.unlink(missing_ok=True)
-        raise ExportError(f"the exported model's logits differ from the PyTorch model's by {parity:.2e} (relative), over "
-                          f"{PARITY_LIMIT:g}; nothing was written. Report it with the run's model.json")
+            got = OnnxBackend(staging)(inputs)
+        else:
+            got = _export_torch(predictor, staging, fmt, inputs)
+        parity = relative_difference(got, reference)
+        agreement = float((got.argmax(1) == reference.argmax(1)).mean())
+        if quantize is None and parity > PARITY_LIMIT:
+            raise ExportError(f"the exported model's logits differ from the PyTorch model's by {parity:.2e} (relative), over "
+                              f"{PARITY_LIMIT:g}; nothing was written. Report it with the run's model.json")
+        os.replace(staging, out)
+    finally:
+        staging.unlink(missing_ok=True)
     return {"path": str(out), "format": fmt, "quantize": quantize, "bytes": out.stat().st_size, "parity": parity,
             "agreement": agreement, "photos": len(inputs)}
 

@@ -44,16 +44,10 @@ def model_card(predictor) -> str:
 
 def data_name(source: str) -> str:
     """A data source's name without where it lies on the trainer's machine (a card is published
-    with an exported Space): the folder's, file's or URL's last name, e.g. pizza_steak_sushi, or
-    the Food-101 spec itself (food101:pizza,steak)."""
-    text = str(source).rstrip("/\\")
-    if "/" not in text and "\\" not in text:
-        return text  # already a name: food101, food101:pizza,steak
-    last = text.replace("\\", "/").split("?")[0].rsplit("/", 1)[-1]
-    for suffix in (".zip", ".tar.gz", ".tgz", ".tar"):
-        if last.lower().endswith(suffix):
-            return last[: -len(suffix)]
-    return last
+    with an exported Space): DataSource.name, e.g. pizza_steak_sushi or food101:pizza,steak."""
+    from foodvit.data.datasource import DataSource
+
+    return DataSource.parse(source).name
 
 
 def _count(n, word: str) -> str:

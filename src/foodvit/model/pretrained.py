@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from foodvit.config import RunConfig
+from foodvit.config import RunConfig, ViTConfig
 from foodvit.data.preprocess import Preprocess, make_preprocess
 from foodvit.errors import FoodVitError
 from foodvit.model.variants import DEFAULT_MEAN, DEFAULT_STD, IMAGENET_MEAN, IMAGENET_STD, SIZES, create_model, get_variant
-from foodvit.model.vit import VisionTransformer, ViTConfig
+from foodvit.model.vit import VisionTransformer
 
 # torchvision's ViT builders and the paper names they build
 TORCHVISION_MODELS = {"vit_b_16": "ViT-B/16", "vit_b_32": "ViT-B/32", "vit_l_16": "ViT-L/16", "vit_l_32": "ViT-L/32", "vit_h_14": "ViT-H/14"}

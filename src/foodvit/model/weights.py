@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from foodvit.config import ViTConfig
 from foodvit.errors import InputError
 from foodvit.files import atomic_write
-from foodvit.model.vit import HEADS, VisionTransformer, ViTConfig, resample_pos_embed
+from foodvit.model.vit import HEADS, VisionTransformer, resample_pos_embed
 
 StateDict = dict[str, torch.Tensor]
 

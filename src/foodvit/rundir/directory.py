@@ -157,12 +157,24 @@ class NewRunDirectory:
     def _forget(self) -> None:
         """Remove what this start wrote (foodvit's own files and folders only), and the folder if it made it."""
         self.lock.remove()
-        for name in RUN_FILES:
-            (self.out / name).unlink(missing_ok=True)
-        for name in RUN_FOLDERS:
-            shutil.rmtree(self.out / name, ignore_errors=True)
+        forget_start(self.out)
         if self.created and self.out.is_dir() and not any(self.out.iterdir()):
             self.out.rmdir()
+
+
+def forget_start(out: Path) -> None:
+    """Remove a run's own files and folders (and temporary files a killed writer left), nothing else:
+    a start that failed, or was killed, before its first checkpoint, so that the folder can take a run again."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in RUN_FOLDERS:
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in (*RUN_FILES, RunLock.OWNER):  # atomic_write's .<name>.<hex>.tmp of a process killed mid-write
+        for leftover in out.glob(f".{name}.*.tmp"):
+            leftover.unlink(missing_ok=True)
+    if not (RunLock(out).holder()):
+        (out / RunLock.NAME).unlink(missing_ok=True)
+        (out / RunLock.OWNER).unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------ files

@@ -15,7 +15,7 @@ doubled). The teacher is saved as teacher.pt in the run (a resumed run loads it 
 it again) and plays no part in prediction: the saved model is the ViT alone.
 
 By default the teacher's labels train the ViT's own head. With --distill-token (DeiT's distillation
-token, model.py deviation 9) they train the token's own head instead:
+token, model/vit.py deviation 9) they train the token's own head instead:
 
     loss = CE(head(x), y) + W x CE(head_dist(x), argmax teacher(x))
 

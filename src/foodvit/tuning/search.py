@@ -512,9 +512,13 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
             summary.append(f"the starting recipe (trial {best.number}) is the best found")
         else:
             a, b = _trial_photos(study_dir, baseline), _trial_photos(study_dir, best)
-            result = cv.paired(a, b)
-            summary.append("best vs starting recipe, same folds: " + cv.compare_line(result, f"trial {baseline.number} (start)",
-                                                                                       f"trial {best.number} (best)"))
+            if a is None or b is None:  # a trial run on another machine (--storage): its photos are not here
+                summary.append(f"best vs starting recipe: trial {best.number if b is None else baseline.number}'s predictions "
+                               f"are not in {study_dir} (run on another machine): no paired comparison here")
+            else:
+                result = cv.paired(a, b)
+                summary.append("best vs starting recipe, same folds: " + cv.compare_line(result, f"trial {baseline.number} (start)",
+                                                                                           f"trial {best.number} (best)"))
     else:
         summary.append("no trial has finished yet: no best recipe")
     lines += rows + ["", summary[-1], ""]
