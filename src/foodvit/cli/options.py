@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields, replace
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of, load_recipe
+from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of, load_recipe, with_settings
 from foodvit.errors import ConfigError, Range, check_value
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -103,19 +103,9 @@ def apply_overrides(config: RunConfig, args: argparse.Namespace | dict, model: s
     """The recipe's config with every option the user gave: an argparse namespace, or a dict of
     "section.name" -> value ("vit.depth", "optim.lr", ...)."""
     given = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    changes: dict[str, dict] = {"vit": dict(config.vit), **{name: {} for name in SECTIONS}}
-    for dest, value in given.items():
-        if value is None or "." not in dest:
-            continue
-        section, name = dest.split(".", 1)
-        if section in changes:
-            changes[section][name] = value
-    return replace(
-        config,
-        model=model or config.model,
-        vit=changes["vit"],
-        **{name: replace(getattr(config, name), **changes[name]) for name in SECTIONS},
-    )
+    values = {dest: value for dest, value in given.items()
+              if value is not None and "." in dest and dest.split(".", 1)[0] in ("vit", *SECTIONS)}
+    return replace(with_settings(config, values), model=model or config.model)
 
 
 def given_overrides(args: argparse.Namespace) -> list[str]:
