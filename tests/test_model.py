@@ -350,7 +350,7 @@ def test_sincos_position_embedding_follows_moco_v3():
 def test_mimetic_init_gives_identity_like_attention_products():
     """Deviation 8: W_q,h W_k,h^T is the best rank-d approximation of a Z + b I (so its diagonal is
     positive and dominates), W_v W_o equals a Z - b I exactly; the rest is the JAX init."""
-    from foodvit.model.vit import MIMETIC_QK, MIMETIC_VO
+    from foodvit.model.init import MIMETIC_QK, MIMETIC_VO
 
     config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=48, depth=2, num_heads=3, mlp_dim=96,
                        pool="gap", pos_embed="sincos2d", init="mimetic")

@@ -1,0 +1,86 @@
+"""The model's initialisation, as the authors' JAX code does it (google-research/vision_transformer,
+models_vit.py), each rule next to the line it reproduces; and deviation 8, mimetic initialisation
+of the attention (Trockman & Kolter 2023). vit.py builds the model and calls init_weights."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def lecun_normal_(tensor: torch.Tensor) -> torch.Tensor:
+    """Flax's lecun_normal: truncated normal (+-2 std) with variance 1 / fan_in after truncation."""
+    fan_in = tensor[0].numel()
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # the std of a unit normal truncated at +-2
+    return nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)
+
+
+def init_head(head: nn.Module) -> None:
+    if isinstance(head, nn.Linear):
+        nn.init.zeros_(head.weight)  # JAX: Dense(num_classes, kernel_init=zeros); the paper fine-tunes from a zero head
+        nn.init.zeros_(head.bias)
+
+
+MIMETIC_QK = (0.7, 0.7)  # (a, b) of W_q W_k^T ~ a Z + b I: the paper's values for ViT-Tiny
+MIMETIC_VO = (0.4, 0.4)  # (a, b) of W_v W_o ~ a Z - b I
+
+
+@torch.no_grad()
+def mimetic_init_(attn, qk: tuple[float, float] = MIMETIC_QK, vo: tuple[float, float] = MIMETIC_VO) -> None:
+    """Deviation 8: set U_qkv's query and key rows per head and the value rows with U_msa so that
+    the products mimic a pre-trained ViT's (see the module docstring). In the paper's notation a
+    head's logits are X W_q W_k^T X^T with W_q = (its rows of U_qkv)^T, and the value path is
+    X W_v W_o with W_v = U_qkv's value rows ^T and W_o = U_msa.weight^T. Each product's target M
+    is split as M = U S V^T: W_q = U_k S_k^1/2, W_k = V_k S_k^1/2 (the best rank-d approximation),
+    W_v = U S^1/2, W_o = (V S^1/2)^T. Biases stay zero."""
+    D, h, d = attn.proj.weight.shape[0], attn.num_heads, attn.head_dim
+    weight = attn.qkv.weight  # (3D, D): rows [q heads | k heads | v heads]
+
+    def split(a: float, b: float, sign: float) -> tuple[torch.Tensor, torch.Tensor]:
+        target = a * torch.randn(D, D) / math.sqrt(D) + sign * b * torch.eye(D)
+        u, s, vh = torch.linalg.svd(target)
+        root = s.sqrt()
+        return u * root, vh.T * root  # (D, D) each: left @ right.T == target
+
+    for head in range(h):
+        left, right = split(*qk, +1.0)
+        rows = slice(head * d, (head + 1) * d)
+        weight[rows] = left[:, :d].T.to(weight)  # W_q,h^T: (d, D)
+        weight[D:][rows] = right[:, :d].T.to(weight)  # W_k,h^T
+    left, right = split(*vo, -1.0)
+    weight[2 * D :] = left.T.to(weight)  # W_v^T: (D, D)
+    attn.proj.weight.copy_(right)  # U_msa.weight = W_o^T = (V S^1/2)
+    # W_v W_o = (U S^1/2)(V S^1/2)^T = a Z - b I
+
+
+@torch.no_grad()
+def init_weights(model) -> None:
+    """Initialise as the authors' JAX code does; each rule names the line it reproduces."""
+    lecun_normal_(model.patch_embed.proj.weight)  # embedding: nn.Conv default kernel_init = lecun_normal
+    nn.init.zeros_(model.patch_embed.proj.bias)  # ... and bias_init = zeros
+    if model.config.pos_embed == "learned":
+        nn.init.normal_(model.pos_embed, std=0.02)  # pos_embedding: initializers.normal(stddev=0.02)
+    if model.config.class_token:
+        nn.init.zeros_(model.cls_token)  # cls: initializers.zeros
+    if model.config.distill_token:
+        nn.init.trunc_normal_(model.dist_token, std=0.02)  # DeiT's: unlike the zero class token, so the two differ at step 0
+    for block in model.blocks:
+        # MultiHeadDotProductAttention(kernel_init=xavier_uniform): q, k and v are separate D -> D
+        # projections there, so each third of the fused U_qkv gets xavier with fan_in = fan_out = D.
+        for chunk in block.attn.qkv.weight.chunk(3, dim=0):
+            nn.init.xavier_uniform_(chunk)
+        nn.init.zeros_(block.attn.qkv.bias)  # flax's bias_init = zeros
+        nn.init.xavier_uniform_(block.attn.proj.weight)  # the attention's output projection, same kernel_init
+        nn.init.zeros_(block.attn.proj.bias)
+        for fc in (block.mlp.fc1, block.mlp.fc2):
+            nn.init.xavier_uniform_(fc.weight)  # MlpBlock: kernel_init=xavier_uniform
+            nn.init.normal_(fc.bias, std=1e-6)  # MlpBlock: bias_init=normal(stddev=1e-6)
+        # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
+        if model.config.init == "mimetic":
+            mimetic_init_(block.attn)
+    # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does.
+    init_head(model.head)
+    if model.config.distill_token:
+        init_head(model.head_dist)
