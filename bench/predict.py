@@ -31,7 +31,8 @@ sys.path.insert(0, str(HERE))
 from scale import generate  # noqa: E402
 
 from foodvit.data.preprocess import make_preprocess  # noqa: E402
-from foodvit.deploy.labelling import PhotoList, Predictions, label  # noqa: E402
+from foodvit.deploy.labelling import PhotoList, label  # noqa: E402
+from foodvit.deploy.predictions import Predictions  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
 
 

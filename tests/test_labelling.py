@@ -252,7 +252,8 @@ def test_two_processes_under_torchrun_write_the_rows_of_one(run, tree, tmp_path)
 def test_the_parts_of_an_interrupted_many_process_run_are_merged_not_labelled_again(run, tree, tmp_path):
     import threading
 
-    from foodvit.deploy.labelling import PhotoList, Predictions, label, label_share, model_identity, part_path
+    from foodvit.deploy.labelling import PhotoList, label, label_share, part_path
+    from foodvit.deploy.predictions import Predictions, model_identity
 
     predictor = Predictor.open(run)
     identity = model_identity(run, predictor.classes)

@@ -19,7 +19,8 @@ from foodvit.cli.options import build_config  # noqa: E402
 from foodvit.config import load_recipe  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import cv  # noqa: E402
-from foodvit.tuning.search import Param, parse_budget, tune  # noqa: E402
+from foodvit.tuning.search import parse_budget, tune  # noqa: E402
+from foodvit.tuning.space import Param  # noqa: E402
 
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
 TINY_OVERRIDES = {"train.epochs": 1, "vit.image_size": 32, "vit.depth": 1}
@@ -257,7 +258,7 @@ def test_two_processes_with_one_trial_each_share_one_sqlite_study(photos, tmp_pa
 
 @pytest.mark.parametrize("recipe", ["default", "tiny", "course", "paper"])
 def test_the_default_space_holds_the_starting_recipe_and_only_valid_models(recipe):
-    from foodvit.tuning.search import base_values, default_space
+    from foodvit.tuning.space import base_values, default_space
 
     base = build_config(recipe)
     start, space = base_values(base), default_space(base)

@@ -155,7 +155,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def _label(args: argparse.Namespace) -> int:
     """predict --out: every photo a row in a CSV / JSONL file, batched, resumable (deploy/labelling.py)."""
-    from foodvit.deploy.labelling import PhotoList, Predictions, check_out, label, label_share, model_identity
+    from foodvit.deploy.labelling import PhotoList, label, label_share
+    from foodvit.deploy.predictions import Predictions, check_out, model_identity
     from foodvit.deploy.predictor import Predictor
     from foodvit.errors import ConfigError
 

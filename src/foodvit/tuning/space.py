@@ -1,0 +1,165 @@
+"""The search space of `foodvit tune`: which settings a trial samples and in which range, a
+default one around a recipe's values (the settings that mattered in our ablations) or a TOML file
+the user writes, every range checked as the command line checks the setting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from foodvit.config import AUGMENT_PRESETS, INITS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
+from foodvit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched setting: a range (low, high; log scale; step for whole numbers) or choices."""
+
+    key: str  # "optim.lr"
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: int | None = None
+    choices: tuple | None = None
+
+    def suggest(self, trial):
+        if self.choices is not None:
+            return trial.suggest_categorical(self.key, list(self.choices))
+        if isinstance(self.low, int) and isinstance(self.high, int):
+            return trial.suggest_int(self.key, self.low, self.high, step=self.step or 1, log=self.log)
+        return trial.suggest_float(self.key, float(self.low), float(self.high), log=self.log)
+
+    def contains(self, value) -> bool:
+        if self.choices is not None:
+            return value in self.choices
+        return self.low <= value <= self.high
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in (("low", self.low), ("high", self.high), ("log", self.log or None), ("step", self.step),
+                                  ("choices", list(self.choices) if self.choices is not None else None)) if v is not None}
+
+
+def base_values(config: RunConfig) -> dict:
+    """Every setting's value in a config, by "section.name", the model's from its variant and overrides."""
+    from dataclasses import asdict
+
+    from foodvit.model.variants import get_variant
+
+    variant = get_variant(config.model)
+    vit = asdict(variant.config(image_size=config.vit.get("image_size"), **{k: v for k, v in config.vit.items() if k != "image_size"}))
+    values = {f"vit.{k}": v for k, v in vit.items()}
+    for name in SECTIONS:
+        values.update({f"{name}.{k}": v for k, v in asdict(getattr(config, name)).items()})
+    return values
+
+
+def default_space(config: RunConfig) -> dict[str, Param]:
+    """Ranges around the starting recipe's values (each contains them): lr, weight decay,
+    augmentation, depth, width (multiples of the heads: every head keeps D/h channels; the MLP
+    follows at the recipe's ratio), image size (on the patch grid), drloc weight, init,
+    drop_path, epochs."""
+    v = base_values(config)
+    patch, heads, width, grid = v["vit.patch_size"], v["vit.num_heads"], v["vit.embed_dim"], v["vit.image_size"] // v["vit.patch_size"]
+    depth, epochs, lr = v["vit.depth"], v["train.epochs"], v["optim.lr"]
+    widths = sorted({w for w in (width // 2, width, width + width // 2, 2 * width) if w >= heads and w % heads == 0})
+    return {p.key: p for p in (
+        Param("optim.lr", lr / 5, lr * 5, log=True),
+        # on a log scale unless the recipe starts at 0, which a log scale cannot hold
+        Param("optim.weight_decay", min(1e-3, v["optim.weight_decay"]), max(0.3, v["optim.weight_decay"]), log=v["optim.weight_decay"] > 0),
+        Param("data.augment", choices=AUGMENT_PRESETS),
+        Param("vit.depth", max(1, depth // 2), depth + max(1, depth // 2)),
+        Param("vit.embed_dim", choices=tuple(widths)),
+        Param("vit.image_size", patch * max(1, grid // 2), patch * (grid + max(1, grid // 2)), step=patch),
+        Param("optim.drloc", 0.0, max(1.0, v["optim.drloc"])),
+        Param("vit.init", choices=INITS),
+        Param("vit.drop_path", 0.0, max(0.3, v["vit.drop_path"])),
+        Param("train.epochs", max(1, epochs // 2), epochs + max(1, epochs // 2)),
+    )}
+
+
+SPACE_KEYS = {"low", "high", "log", "step", "choices"}
+
+
+def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
+    """A TOML space file: a table per section, each setting a table of low/high (log, step) or
+    choices, e.g. `[optim] lr = {low = 1e-4, high = 1e-2, log = true}`. Unknown settings and
+    values the command line would refuse are refused here, in one line naming the file."""
+    from foodvit.config import tomllib
+
+    path = Path(path)
+    try:
+        tables = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read the space file {path} ({err.strerror or err})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"space file {path} is not valid TOML: {err}") from None
+    try:
+        space = {}
+        for section, settings in tables.items():
+            if not isinstance(settings, dict):
+                raise ConfigError(f"{section} is not a table; write [vit], [data], [optim] or [train] tables of settings")
+            for name, spec in settings.items():
+                key = f"{section}.{name}"
+                space[key] = _param(key, spec, config)
+        if not space:
+            raise ConfigError("no settings to search; e.g. [optim] lr = {low = 1e-4, high = 1e-2, log = true}")
+        return space
+    except ConfigError as err:
+        raise ConfigError(f"space file {path}: {err}") from None
+
+
+def _param(key: str, spec, config: RunConfig) -> Param:
+    f = setting_field(key)  # unknown settings refused here
+    if key == "train.seed":
+        raise ConfigError("train.seed cannot be searched: the seed picks the folds, which every trial shares")
+    if key == "data.source":
+        raise ConfigError("data.source cannot be searched: a study is about one data set")
+    if not isinstance(spec, dict) or not spec or set(spec) - SPACE_KEYS:
+        raise ConfigError(f"{key} must be a table of low and high (and log, step) or of choices, e.g. {{low = 1, high = 4}}")
+    if "choices" in spec:
+        choices = spec["choices"]
+        if set(spec) != {"choices"} or not isinstance(choices, list) or not choices:
+            raise ConfigError(f"{key}: choices must be a non-empty list, alone")
+        for c in choices:
+            check_setting(key, c)
+        param = Param(key, choices=tuple(choices))
+    else:
+        if not {"low", "high"} <= set(spec):
+            raise ConfigError(f"{key} needs both low and high (or choices)")
+        low, high = spec["low"], spec["high"]
+        whole = isinstance(f.default, int) and not isinstance(f.default, bool)
+        if isinstance(f.default, (bool, str, tuple)):
+            raise ConfigError(f"{key} is not a number: give its choices, e.g. {{choices = [...]}}")
+        for bound in (low, high):
+            if whole and not isinstance(bound, int):
+                raise ConfigError(f"{key} is a whole number: low and high must be whole numbers, got {bound!r}")
+            check_setting(key, bound)
+        if not low < high:
+            raise ConfigError(f"{key}: low must be below high, got {low} and {high}")
+        log = bool(spec.get("log", False))
+        if log and low <= 0:
+            raise ConfigError(f"{key}: a log scale needs low > 0, got {low}")
+        step = spec.get("step")
+        if step is not None and (not whole or not isinstance(step, int) or step < 1):
+            raise ConfigError(f"{key}: step is for whole-number settings and must be a whole number >= 1, got {step!r}")
+        if key == "vit.image_size":
+            patch = base_values(config)["vit.patch_size"]
+            check_on_patch_grid(f"{key} low", low, patch)
+            check_on_patch_grid(f"{key} high", high, patch)
+            step = step or patch
+            check_on_patch_grid(f"{key} step", step, patch)
+        param = Param(key, low if whole else float(low), high if whole else float(high), log, step)
+    if key == "vit.embed_dim":
+        heads = base_values(config)["vit.num_heads"]
+        values = param.choices or range(param.low, param.high + 1, param.step or 1)
+        bad = [w for w in values if w % heads]
+        if bad:
+            raise ConfigError(f"{key}: width {bad[0]} is not a multiple of the {heads} heads (each head gets D / h channels); "
+                              f"give choices that are, e.g. {{choices = [{heads * 32}, {heads * 64}]}}")
+    return param
+
+
+def space_table(space: dict[str, Param]) -> dict:
+    return {key: p.to_dict() for key, p in sorted(space.items())}
+
+
