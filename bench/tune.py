@@ -7,14 +7,16 @@
 1. `foodvit tune` searches from the recipe for --budget, every trial a k-fold CV over the training
    photos (the test split is not read).
 2. Only then are the best recipe (STUDY/best.toml) and the starting recipe each trained on all the
-   training photos and tested once, so the table says whether the choice made on the training
-   photos carries over to photos it never saw. Rerunning continues the study and reuses finished runs.
+   training photos with --seeds seeds (default 3) and tested, once, so the table says whether the
+   choice made on the training photos carries over to photos it never saw (mean +- standard error
+   over the seeds). Rerunning continues the study and reuses finished runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,14 +24,23 @@ from pathlib import Path
 from foodvit.cli.main import main as foodvit
 
 
-def test_accuracy(run: Path, recipe: str, data: str | None, extra: list[str]) -> dict:
-    """A finished run's test result (trained now unless it is already there)."""
-    if not (run / "model.json").is_file():
-        args = ["train", "--recipe", recipe, "--out", str(run), "--quiet", *extra] + (["--data", data] if data else [])
-        if foodvit(args) != 0:
-            raise SystemExit(f"training {recipe} failed")
-    metrics = json.loads((run / "model.json").read_text())["metrics"]
-    return {"recipe": recipe, "test_acc": metrics["test_acc"], "test_n": metrics["test_n"]}
+def test_accuracy(runs: Path, recipe: str, data: str | None, extra: list[str], seeds: int) -> dict:
+    """The recipe's test accuracy over `seeds` seeds (0, 1, ...): each run trained now unless it is
+    already there, with its training time."""
+    accs, minutes = [], []
+    for seed in range(seeds):
+        run = runs / f"seed-{seed}"
+        if not (run / "model.json").is_file():
+            args = ["train", "--recipe", recipe, "--out", str(run), "--quiet", *extra, "--seed", str(seed)] + (["--data", data] if data else [])
+            started = time.perf_counter()
+            if foodvit(args) != 0:
+                raise SystemExit(f"training {recipe} (seed {seed}) failed")
+            (run / "bench-seconds.txt").write_text(f"{time.perf_counter() - started:.1f}\n")
+        accs.append(json.loads((run / "model.json").read_text())["metrics"]["test_acc"])
+        timed = run / "bench-seconds.txt"
+        minutes.append(float(timed.read_text()) / 60 if timed.is_file() else float("nan"))
+    sem = statistics.stdev(accs) / len(accs) ** 0.5 if len(accs) > 1 else float("nan")
+    return {"recipe": recipe, "test_acc": accs, "mean": statistics.fmean(accs), "sem": sem, "train_minutes": minutes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, default=3, help="folds per trial (default 3)")
     parser.add_argument("--data", help="data source (default: $FOODVIT_DATA, else the course's zip)")
     parser.add_argument("--out", default="runs/bench-tune")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds for the final test of each recipe (default 3)")
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -51,11 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     if foodvit(search) != 0:
         return 1
     searched = time.perf_counter() - started
-    best = test_accuracy(out / "best", str(out / "study" / "best.toml"), args.data, [])
-    start = test_accuracy(out / "start", args.recipe, args.data, extra)
+    best = test_accuracy(out / "best", str(out / "study" / "best.toml"), args.data, [], args.seeds)
+    start = test_accuracy(out / "start", args.recipe, args.data, extra, args.seeds)
     print(f"search: {searched / 60:.0f} min ({args.budget} budget), {args.folds}-fold CV per trial; see {out / 'study' / 'tune.md'}")
     for name, r in (("starting recipe", start), ("best found", best)):
-        print(f"{name:<16} test accuracy {r['test_acc']:.3f} ({round(r['test_acc'] * r['test_n'])}/{r['test_n']})")
+        each = " ".join(f"{a:.3f}" for a in r["test_acc"])
+        print(f"{name:<16} test accuracy {r['mean']:.3f} +- {r['sem']:.3f} over {args.seeds} seeds ({each}); "
+              f"training {statistics.fmean(r['train_minutes']):.1f} min a run")
     if args.json:
         Path(args.json).write_text(json.dumps({"budget": args.budget, "folds": args.folds, "search_seconds": searched,
                                                "start": start, "best": best, "extra": extra}, indent=2))

@@ -19,7 +19,7 @@ from foodvit.cli.options import build_config  # noqa: E402
 from foodvit.config import load_recipe  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import cv  # noqa: E402
-from foodvit.tuning.search import parse_budget, tune  # noqa: E402
+from foodvit.tuning.search import costs, parse_budget, tune  # noqa: E402
 from foodvit.tuning.space import Param  # noqa: E402
 
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
@@ -145,6 +145,11 @@ def test_tune_prunes_records_a_crashed_trial_and_writes_a_recipe_that_trains(pho
     assert (study_dir / "trial-0001" / "fold-0.json").is_file() and not (study_dir / "trial-0001" / "fold-1").exists()
     assert "a crash of this trial alone" in crashed.user_attrs["error"]
     assert "trial 2: fail" in " ".join(lines) and summary.splitlines()[0].endswith("2 complete, 1 pruned, 1 failed")
+    # what pruning saved: the pruned trial's one fold not run, at its own fold time; the study's cost beyond the folds
+    assert len(pruned.user_attrs["fold_seconds"]) == 1 and len(first.user_attrs["fold_seconds"]) == 2
+    assert costs(study.trials, folds=2)[0].startswith("pruning: 1 trials stopped early, saving about "
+                                                      f"{round(pruned.user_attrs['fold_seconds'][0])} s")
+    assert summary.splitlines()[1].startswith("pruning: 1 trials") and "the study's own cost per trial" in summary.splitlines()[2]
     for name in ("history.png", "importance.png", "slice.png", "tune.md"):
         assert (study_dir / name).stat().st_size > 0
     assert "best vs starting recipe" in summary.splitlines()[-1] or "starting recipe (trial 0) is the best" in summary

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 import time
 import warnings
@@ -134,6 +135,7 @@ class Objective:
             trial.report(running, step)
             trial.set_user_attr("fold_accuracy", [r["accuracy"] for r in results])
             seconds = [r["seconds"] for r in results]
+            trial.set_user_attr("fold_seconds", seconds)
             if self.budget_s and step == 0 and seconds[0] > self.budget_s:
                 raise BudgetError(f"--budget {_seconds(self.budget_s)} is less than one fold takes here ({seconds[0]:.0f} s, "
                                   f"fold 0 of trial {trial.number}); a trial of {self.folds} folds needs about "
@@ -333,8 +335,9 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
         if t.user_attrs.get("dir", f"trial-{t.number:04d}") != f"trial-{t.number:04d}":
             note += f" (runs {t.user_attrs['dir']} again, its finished folds kept)"
         rows.append(f"| {t.number} | {t.state.name.lower()}{note} | {value} | {accs} | {changed} | {seconds} |")
+    summary += costs(all_trials, folds)
     lines = ["# Tuning study", "", f"Starting recipe: {base.recipe}; {folds}-fold CV over the training photos (seed "
-             f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.", "", summary[0], ""]
+             f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.", "", *summary, ""]
     if completed:
         best = study.best_trial
         config = with_settings(base, trial_overrides(best.params, base))
@@ -364,6 +367,26 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
     lines += rows + ["", summary[-1], ""]
     write_text(study_dir / "tune.md", "\n".join(lines))
     return "\n".join(summary)
+
+
+def costs(trials, folds: int) -> list[str]:
+    """What pruning saved (each pruned trial's folds not run, at its own mean fold time) and the
+    study's own cost per trial (a trial's time beyond its folds: sampling, storage, building the
+    config), from the trials' recorded fold times."""
+    from optuna.trial import TrialState
+
+    pruned = [t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get("stopped") != "budget"
+              and t.user_attrs.get("fold_seconds")]
+    saved = sum((folds - len(t.user_attrs["fold_seconds"])) * statistics.fmean(t.user_attrs["fold_seconds"]) for t in pruned)
+    spent = sum(sum(t.user_attrs.get("fold_seconds", [])) for t in trials)
+    out = [f"pruning: {len(pruned)} trials stopped early, saving about {_seconds(saved)} of the {_seconds(spent + saved)} "
+           f"their trials and the rest would have taken unpruned ({saved / max(spent + saved, 1e-9):.0%})"] if pruned else []
+    overhead = [t.duration.total_seconds() - sum(t.user_attrs["fold_seconds"]) for t in trials
+                if t.duration and t.user_attrs.get("fold_seconds") and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    if overhead:
+        out.append(f"the study's own cost per trial (beyond its folds): median {statistics.median(overhead):.1f} s, "
+                   f"largest {max(overhead):.1f} s")
+    return out
 
 
 def _short(v) -> str:
