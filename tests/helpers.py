@@ -149,21 +149,31 @@ class ServerThread:
         self.thread.join(timeout=15)
 
 
-def run_without_torch(argv: list[str], timeout: float = 120.0):
-    """`foodvit ARGV` in a fresh Python where importing torch, torchvision or timm fails, checking at
-    the end that none was loaded: the proof that a path is torch-free (subprocess.CompletedProcess)."""
-    import subprocess
+# Python code that makes importing torch, torchvision or timm fail from then on, in the process that runs it
+BLOCK_TORCH = ("import builtins, sys\n"
+               "real = builtins.__import__\n"
+               "def guard(name, *args, **kwargs):\n"
+               "    if name.split('.')[0] in ('torch', 'torchvision', 'timm'):\n"
+               "        raise ImportError('torch is not installed here')\n"
+               "    return real(name, *args, **kwargs)\n"
+               "builtins.__import__ = guard\n")
+
+
+def without_torch(argv: list[str]) -> list[str]:
+    """The command line of `foodvit ARGV` in a fresh Python where importing torch, torchvision or
+    timm fails, checking at the end that none was loaded (for a server: start_server(without_torch(...)))."""
     import sys
 
-    script = ("import builtins, sys\n"
-              "real = builtins.__import__\n"
-              "def guard(name, *args, **kwargs):\n"
-              "    if name.split('.')[0] in ('torch', 'torchvision', 'timm'):\n"
-              "        raise ImportError('torch is not installed here')\n"
-              "    return real(name, *args, **kwargs)\n"
-              "builtins.__import__ = guard\n"
-              "from foodvit.cli.main import main\n"
+    script = (BLOCK_TORCH + "from foodvit.cli.main import main\n"
               f"code = main({list(map(str, argv))!r})\n"
               "assert not any(m.split('.')[0] == 'torch' for m in sys.modules), 'torch was imported'\n"
               "sys.exit(code)\n")
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
+    return [sys.executable, "-c", script]
+
+
+def run_without_torch(argv: list[str], timeout: float = 120.0):
+    """`foodvit ARGV` without torch (see without_torch), run to its end: the proof that a path is
+    torch-free (subprocess.CompletedProcess)."""
+    import subprocess
+
+    return subprocess.run(without_torch(argv), capture_output=True, text=True, timeout=timeout)

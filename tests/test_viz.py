@@ -170,3 +170,36 @@ def test_explain_with_the_distillation_token_reads_both_tokens_as_the_prediction
     last = (attentions[-1][0, :, 0, 2:] + attentions[-1][0, :, 1, 2:]) / 2  # (h, N)
     torch.testing.assert_close(result["heads"], (last / last.sum(-1, keepdim=True)).reshape(-1, 4, 4))
     assert result["read_by"] == "the class token and the distillation token"
+
+
+def test_the_numpy_overlay_draws_the_picture_pytorch_and_matplotlib_drew():
+    # the demo page draws the overlay without PyTorch or matplotlib (viz/overlay.py): the same picture
+    import torch.nn.functional as F
+    from matplotlib import colormaps
+
+    from foodvit.viz.figures import overlay_array
+    from foodvit.viz.overlay import jet
+
+    x = np.concatenate([np.linspace(0, 1, 20001), [1 / 256, 255 / 256, 0.5]])
+    np.testing.assert_allclose(jet(x), colormaps["jet"](x)[..., :3], atol=1e-12)
+    rng = np.random.default_rng(0)
+    for grid, size in ((4, 32), (8, 64), (14, 224)):
+        image = torch.from_numpy(rng.integers(0, 256, (3, size, size), dtype=np.uint8))
+        heat = torch.rand(grid, grid, generator=torch.Generator().manual_seed(grid)).double()
+        up = F.interpolate(heat[None, None], size=(size, size), mode="bilinear", align_corners=False)[0, 0]
+        up = (up - up.min()) / (up.max() - up.min() + 1e-12)
+        mixed = 0.55 * image.permute(1, 2, 0).numpy() / 255.0 + 0.45 * colormaps["jet"](up.numpy())[..., :3]
+        expected = (np.clip(mixed, 0, 1) * 255).round().astype(np.uint8)  # the torch + matplotlib drawing it replaces
+        got = overlay_array(image, heat).astype(int)
+        assert np.abs(got - expected).max() <= 1 and (got != expected).mean() < 0.01  # a last-bit rounding, at most
+
+
+@pytest.mark.parametrize("options", [{"pool": "gap"}, {}, {"pool": "seq"}, {"distill_token": True}])
+def test_the_predictors_attention_is_the_rollout_explain_draws(options):
+    model = _model(**options)
+    predictor = foodvit.Predictor(model, ["a", "b", "c"], make_preprocess(32, (0.5,) * 3, (0.5,) * 3))
+    photo = Image.fromarray(np.random.default_rng(2).integers(0, 255, (40, 48, 3), dtype=np.uint8))
+    assert predictor.has_attention
+    got = predictor.attention(photo)
+    assert got.shape == (4, 4) and got.sum() == pytest.approx(1, abs=1e-5)
+    np.testing.assert_allclose(got, explain(predictor, photo)["rollout"].numpy(), atol=1e-6)

@@ -2,8 +2,10 @@
 
 A foodvit .onnx file carries what predicting needs in its metadata (export.py writes it):
 foodvit.classes, foodvit.preprocess and foodvit.card (JSON). Decoding and preprocessing are Pillow
-and NumPy (photos.py, preprocess.py), so `foodvit predict model.onnx photo.jpg` and `foodvit
-evaluate model.onnx` import neither torch nor torchvision: install `foodvit[onnx]`.
+and NumPy (photos.py, preprocess.py), so `foodvit predict model.onnx photo.jpg`, `foodvit
+evaluate model.onnx` and `foodvit serve model.onnx` import neither torch nor torchvision: install
+`foodvit[onnx]`. A file exported --with-attention has a second output, "attention": the attention
+rollout over the patch grid (B, grid, grid), which the demo page draws.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import numpy as np
 from foodvit.errors import RunError
 
 META_PREFIX = "foodvit."
+ATTENTION_OUTPUT = "attention"  # the second output of a file exported --with-attention
+NO_ATTENTION = "this model file has no attention output: export it with --with-attention"
 
 
 class OnnxBackend:
@@ -38,11 +42,24 @@ class OnnxBackend:
             raise RunError(f"{path} is not a readable ONNX model ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
                            "export it again with foodvit export") from None
         self.input = self.session.get_inputs()[0].name
+        self.outputs = [output.name for output in self.session.get_outputs()]
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         self.path = path
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
-        return self.session.run(None, {self.input: batch})[0]
+        return self.session.run(self.outputs[:1], {self.input: batch})[0]
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether the file has the attention rollout output (foodvit export --with-attention)."""
+        return ATTENTION_OUTPUT in self.outputs
+
+    def attention(self, batch: np.ndarray) -> np.ndarray | None:
+        """The graph's attention rollout maps (B, grid, grid), as `foodvit explain` draws them; None
+        when the file was exported without them."""
+        if not self.has_attention:
+            return None
+        return self.session.run([ATTENTION_OUTPUT], {self.input: batch})[0]
 
     def description(self) -> tuple[list[str], dict, dict]:
         """(classes, preprocessing dict, card) from the file's metadata, or a RunError when the

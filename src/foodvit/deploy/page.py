@@ -1,5 +1,8 @@
 """The demo page (Gradio Blocks) that serve.py mounts at /: a photo in; the top-k probabilities as
 bars, the time taken, the attention rollout over the crop the model saw, and a model card out.
+The same page for a run directory (PyTorch) and an exported .onnx (ONNX Runtime, no PyTorch): the
+overlay comes from Predictor.attention; a file without the attention output shows the photo's
+answer without it and says so in one line.
 
 It classifies through the same Service as POST /predict (same decoding, same limits, same batches),
 so the page and the API give the same answer, or the same one-line error, for the same photo: the
@@ -13,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from foodvit.data.photos import PhotoError
+from foodvit.deploy.onnx_runtime import NO_ATTENTION
 
 OVERLAY_SIZE = 224  # px: the attention picture is shown at least this large
 # Gradio's delete_cache (frequency, age) in seconds: every 10 minutes, the uploads and pictures
@@ -62,17 +66,19 @@ def probability_table(answer: dict) -> str:
 
 
 def attention_overlay(predictor, photo):
-    """The attention rollout over exactly the crop the model saw, as an RGB array; None without a
-    PyTorch model (an exported file)."""
-    if predictor.model is None:
+    """The attention rollout (Predictor.attention) over exactly the crop the model saw, as a PIL
+    image; None when the model has no attention output (an .onnx exported without --with-attention).
+    NumPy and Pillow only: the page of an .onnx model imports no PyTorch."""
+    heat = predictor.attention(photo)
+    if heat is None:
         return None
+    import numpy as np
     from PIL import Image
 
-    from foodvit.data.transforms import model_view
-    from foodvit.viz.attention import explain
-    from foodvit.viz.figures import overlay_array
+    from foodvit.data.preprocess import crop_view
+    from foodvit.viz.overlay import overlay_array
 
-    picture = Image.fromarray(overlay_array(model_view(predictor.preprocess, photo), explain(predictor, photo)["rollout"]))
+    picture = Image.fromarray(overlay_array(np.asarray(crop_view(predictor.preprocess, photo), dtype=np.uint8), heat))
     if picture.width < OVERLAY_SIZE:  # a small model's crop, enlarged so that people can see it
         picture = picture.resize((OVERLAY_SIZE, OVERLAY_SIZE), Image.Resampling.NEAREST)
     return picture
@@ -123,7 +129,10 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
                                  elem_id="foodvit-label")
                 table = gr.Markdown(elem_id="foodvit-probabilities")
                 overlay = gr.Image(label="attention rollout over the model's crop (Abnar & Zuidema 2020)", interactive=False,
-                                   type="pil", height=OVERLAY_SIZE + 40, elem_id="foodvit-attention")
+                                   type="pil", height=OVERLAY_SIZE + 40, elem_id="foodvit-attention",
+                                   visible=predictor.has_attention)
+                if not predictor.has_attention:
+                    gr.Markdown(NO_ATTENTION, elem_id="foodvit-no-attention")
         gr.Markdown(model_card(predictor), elem_id="foodvit-card")
         gr.Markdown("API: `POST /predict` with the photo in the form field `file`; `GET /health`.")
         outputs = [label, table, overlay]

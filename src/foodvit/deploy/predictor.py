@@ -109,10 +109,11 @@ class Predictor:
         return cls(backend, classes, Preprocess.from_dict(preprocess), card)
 
     @classmethod
-    def open(cls, where: str | Path, device=None) -> Predictor:
-        """A run directory or foodvit .safetensors file (PyTorch), or an exported .onnx file."""
+    def open(cls, where: str | Path, device=None, threads: int | None = None) -> Predictor:
+        """A run directory or foodvit .safetensors file (PyTorch), or an exported .onnx file (then
+        no PyTorch is imported; threads: ONNX Runtime's, the entry point sets PyTorch's)."""
         if str(where).lower().endswith(".onnx"):
-            return cls.from_onnx(where)
+            return cls.from_onnx(where, threads)
         return cls.from_run(where, device)
 
     # ------------------------------------------------------------------------------ the steps
@@ -171,6 +172,21 @@ class Predictor:
         ranked = [[self.classes[i], float(probabilities[i])] for i in order]
         return {"label": ranked[0][0], "probability": ranked[0][1],
                 "probabilities": {c: float(p) for c, p in zip(self.classes, probabilities)}, "top_k": ranked, "seconds": seconds}
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether attention() gives maps: a PyTorch ViT, or an .onnx exported --with-attention."""
+        return bool(getattr(self.backend, "has_attention", False))
+
+    def attention(self, photo, name: str = "the photo") -> np.ndarray | None:
+        """Where the prediction looks: the attention rollout over the patch grid (grid, grid), summing
+        to 1, read out as the model pools, the map `foodvit explain` draws. From the PyTorch model
+        (viz.attention) or from an .onnx file's "attention" output; None when the backend has none
+        (an .onnx exported without --with-attention). A PhotoError if the photo cannot be used."""
+        if not self.has_attention:
+            return None
+        maps = self.backend.attention(self.prepare(photo, name)[None])
+        return None if maps is None else np.asarray(maps)[0]
 
     # ------------------------------------------------------------------------------ the uses
 

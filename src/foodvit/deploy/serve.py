@@ -1,4 +1,5 @@
-"""A trained run as a web demo and an HTTP prediction service, in one process (`foodvit serve`).
+"""A trained run as a web demo and an HTTP prediction service, in one process (`foodvit serve`):
+a run directory (PyTorch), or an exported .onnx file (ONNX Runtime; no PyTorch in the process).
 
     GET  /          the demo page (Gradio): upload, paste or webcam a photo; top-k bars, the time
                     taken, the attention rollout over the crop the model saw, a model card
@@ -320,15 +321,17 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 7860, max_batch: int = 16, max_wait_ms: float = 5.0,
           top_k: int = 3, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
-          examples: bool = True, example_photos: Sequence[Path] | None = None, log_level: str = "warning") -> None:
-    """Load the run once and serve it until interrupted. The page's examples: example_photos if
-    given, else (examples=True) one photo per class from the run's test photos when at hand.
-    What is process-wide (PyTorch's threads, Gradio's analytics) is the entry point's to set."""
+          examples: bool = True, example_photos: Sequence[Path] | None = None, log_level: str = "warning",
+          threads: int | None = None) -> None:
+    """Load the run (a run directory, or an exported .onnx: then no PyTorch is imported) once and
+    serve it until interrupted. The page's examples: example_photos if given, else (examples=True)
+    one photo per class from the model's test photos when at hand. threads: ONNX Runtime's; what is
+    process-wide (PyTorch's threads, Gradio's analytics) is the entry point's to set."""
     import uvicorn
 
     sock = listening_socket(host, port)
     try:
-        predictor = Predictor.from_run(run)
+        predictor = Predictor.open(run, threads=threads)
         shown = list(example_photos) if example_photos is not None else run_examples(predictor) if examples else []
         app, _ = create_app(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_mb=max_upload_mb,
                             max_megapixels=max_megapixels, examples=shown)

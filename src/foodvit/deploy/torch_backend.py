@@ -22,6 +22,21 @@ class TorchBackend:
         with torch.inference_mode():
             return self.model(torch.from_numpy(batch).to(self.device)).float().cpu().numpy()
 
+    @property
+    def has_attention(self) -> bool:
+        return hasattr(self.model, "forward_features") and hasattr(self.model, "config")
+
+    def attention(self, batch: np.ndarray) -> np.ndarray | None:
+        """The attention rollout maps (B, grid, grid) of a prepared batch, as `foodvit explain` draws
+        them (viz.attention.pooled_rollout); None for a model that is not foodvit's ViT."""
+        if not self.has_attention:
+            return None
+        from foodvit.viz.attention import pooled_rollout
+
+        with torch.inference_mode():
+            tokens, attentions = self.model.forward_features(torch.from_numpy(batch).to(self.device), return_attention=True)
+            return pooled_rollout(self.model, tokens, attentions).float().cpu().numpy()
+
 
 def open_run(run, device=None):
     """(backend, classes, preprocess, card) of a run directory or a foodvit .safetensors file."""

@@ -73,6 +73,15 @@ def pool_readout(model, tokens: torch.Tensor) -> torch.Tensor:
     return readout
 
 
+def pooled_rollout(model, tokens: torch.Tensor, attentions: list[torch.Tensor]) -> torch.Tensor:
+    """The rollout map (B, grid, grid) as `explain` draws it: the attention rollout of every layer,
+    read out as the prediction reads the tokens (pool_readout). tokens: forward_features' output with
+    return_attention=True, attentions: its weights. The demo page's overlay, and the .onnx file's
+    "attention" output (foodvit export --with-attention), are this map."""
+    c = model.config
+    return rollout_map(attention_rollout(attentions), c.num_prefix_tokens, c.grid_size, pool_readout(model, tokens))
+
+
 POOL_WORDS = {"cls": "the class token", "gap": "the mean of the patch tokens", "seq": "the sequence-pooled patch tokens"}
 
 
@@ -155,7 +164,7 @@ def explain(predictor, photo, top_k: int = 3) -> dict:
     heads = (last / last.sum(-1, keepdim=True)).reshape(-1, g, g)
     top = probs.topk(min(top_k, probs.numel()))
     return {"top_k": [(predictor.classes[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())],
-            "rollout": rollout_map(attention_rollout(attentions), c.num_prefix_tokens, g, readout)[0].cpu(), "heads": heads,
+            "rollout": pooled_rollout(model, tokens, attentions)[0].cpu(), "heads": heads,
             "input": x[0].cpu(), "read_by": read_by(c)}
 
 

@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from foodvit.config import check_on_patch_grid
 from foodvit.errors import ConfigError
@@ -86,16 +85,10 @@ def add_feature_maps(fig, maps: torch.Tensor):
 
 def overlay_array(image: torch.Tensor, heat: torch.Tensor, alpha: float = 0.45):
     """The heat map laid over the image as one RGB uint8 array (H, W, 3): no figure, no pyplot, so it
-    is safe in a server's threads."""
-    import numpy as np
-    from matplotlib import colormaps
+    is safe in a server's threads. The picture of viz/overlay.py (NumPy), which the demo page draws."""
+    from foodvit.viz.overlay import overlay_array as draw
 
-    size = image.shape[-1]
-    up = F.interpolate(heat[None, None].float(), size=(size, size), mode="bilinear", align_corners=False)[0, 0]
-    up = (up - up.min()) / (up.max() - up.min() + 1e-12)
-    colours = colormaps["jet"](up.numpy())[..., :3]  # (H, W, 3) in [0, 1]
-    mixed = (1 - alpha) * image.permute(1, 2, 0).numpy() / 255.0 + alpha * colours
-    return (np.clip(mixed, 0, 1) * 255).round().astype(np.uint8)
+    return draw(image.cpu().numpy(), heat.detach().float().cpu().numpy(), alpha)
 
 
 
