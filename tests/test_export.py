@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 pytest.importorskip("onnxscript", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 
-from helpers import free_port, run_without_torch  # noqa: E402
+from helpers import run_without_torch  # noqa: E402
 
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.deploy.export import relative_difference  # noqa: E402
@@ -173,11 +173,10 @@ def test_an_existing_file_is_overwritten_only_with_force(run, tmp_path, capsys):
 def test_commands_that_need_a_run_say_which_take_an_onnx_file(onnx_file, run, tmp_path, capsys):
     _, photos = run
     photo = str(sorted((photos / "test").rglob("*.jpg"))[0])
-    expected = f"{onnx_file} is an ONNX export: foodvit predict and foodvit evaluate take it; this command needs the trained run directory"
+    expected = f"{onnx_file} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the trained run directory"
     capsys.readouterr()
     for argv in (["explain", str(onnx_file), photo, "--out", str(tmp_path / "e.png")],
-                 ["export", str(onnx_file), "--out", str(tmp_path / "again.onnx")],
-                 ["serve", str(onnx_file), "--port", str(free_port())]):
+                 ["export", str(onnx_file), "--out", str(tmp_path / "again.onnx")]):  # serve takes it (test_serve_onnx.py)
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert expected in err and "expected a .safetensors" not in err, err
@@ -195,3 +194,43 @@ def test_a_forced_export_that_fails_its_check_keeps_the_previous_file(run, tmp_p
     assert "nothing was written" in capsys.readouterr().err
     assert path.read_bytes() == b"a good export of yesterday"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]  # no staging file left beside it
+
+
+@pytest.fixture(scope="module")
+def attention_file(run, tmp_path_factory):
+    out, _ = run
+    path = tmp_path_factory.mktemp("onnx") / "attention.onnx"
+    assert main(["export", str(out), "--out", str(path), "--with-attention"]) == 0
+    return path
+
+
+def test_with_attention_the_file_gives_the_rollout_explain_draws(run, attention_file, onnx_file):
+    from PIL import Image
+
+    from foodvit.deploy.onnx_runtime import OnnxBackend
+    from foodvit.viz.attention import explain
+
+    out, photos = run
+    torch_model, exported = Predictor.from_run(out), Predictor.open(attention_file)
+    backend = OnnxBackend(attention_file)
+    assert backend.outputs == ["logits", "attention"] and json.loads(backend.metadata["foodvit.outputs"]) == ["logits", "attention"]
+    grid = torch_model.model.config.grid_size
+    for n in (1, 5):
+        x = _batch(torch_model, photos, n)
+        maps = backend.attention(x)
+        assert maps.shape == (n, grid, grid)
+        assert np.abs(maps - torch_model.backend.attention(x)).max() <= 1e-4
+        assert relative_difference(exported.logits(x), torch_model.logits(x)) <= 1e-4  # the logits as without it
+    photo = Image.open(sorted((photos / "test" / "steak").iterdir())[0]).convert("RGB")
+    assert exported.has_attention
+    assert np.abs(exported.attention(photo) - explain(torch_model, photo)["rollout"].numpy()).max() <= 1e-4
+    plain = Predictor.open(onnx_file)  # exported without it: no map, and no error
+    assert not plain.has_attention and plain.attention(photo) is None
+    assert json.loads(OnnxBackend(onnx_file).metadata["foodvit.outputs"]) == ["logits"]
+
+
+def test_with_attention_is_for_onnx_only(run, tmp_path, capsys):
+    out, _ = run
+    assert main(["export", str(out), "--format", "torchscript", "--out", str(tmp_path / "m.pt"), "--with-attention"]) == 2
+    err = capsys.readouterr().err
+    assert "--with-attention is for --format onnx" in err and "Traceback" not in err

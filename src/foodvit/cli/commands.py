@@ -314,28 +314,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _need("serve", "fastapi", "uvicorn", "gradio", "multipart")
     from foodvit.deploy.serve import serve
 
+    onnx = str(args.run).lower().endswith(".onnx")
     if not Path(args.run).exists():
         from foodvit.errors import RunError
 
-        raise RunError(f"{args.run} does not exist; give a run directory written by foodvit train (or an exported Space's model/ folder)")
+        raise RunError(f"{args.run} does not exist; give a run directory written by foodvit train (or an exported Space's "
+                       "model/ folder), or an .onnx file written by foodvit export")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # this process serves: nothing leaves the machine
-    if args.threads:
+    if onnx:
+        _need("onnx", "onnxruntime")  # and no PyTorch: ONNX Runtime takes --threads itself
+    elif args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     serve(args.run, host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, top_k=args.top_k,
-          max_upload_mb=args.max_upload_mb, max_megapixels=args.max_megapixels, examples=not args.no_examples)
+          max_upload_mb=args.max_upload_mb, max_megapixels=args.max_megapixels, examples=not args.no_examples,
+          threads=args.threads if onnx else None)
     return 0
 
 
 def cmd_export_space(args: argparse.Namespace) -> int:
+    if args.onnx:
+        _need("export", "onnx", "onnxruntime", "onnxscript")
+        import logging
+
+        logging.getLogger().setLevel(logging.ERROR)  # ONNX Runtime's quantiser's generic advice (as cmd_export)
     from foodvit.deploy.space import export_space
 
-    folder = export_space(args.run, args.folder, examples_per_class=args.examples)
+    folder = export_space(args.run, args.folder, examples_per_class=args.examples, onnx=args.onnx, quantize=args.quantize)
     if args.examples and not any((Path(folder) / "examples").iterdir()):
         print("note: no example photos: the run's photos are not at hand here (set FOODVIT_DATA to a folder of them, "
               "or copy a few photos into the Space's examples/)", file=sys.stderr)
-    print(f"Space ready in {folder}: cd {folder} && python app.py  (offline, http://127.0.0.1:7860/); "
+    what = " (ONNX Runtime, no PyTorch)" if args.onnx else ""
+    print(f"Space ready in {folder}{what}: cd {folder} && python app.py  (offline, http://127.0.0.1:7860/); "
           "to publish, push the folder to a Hugging Face Space")
     return 0
 
@@ -351,10 +362,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     # root logger, which the parity line below answers better
     logging.getLogger().setLevel(logging.ERROR)
 
-    result = export(args.run, args.out, args.format, args.quantize, args.opset, photos=args.photos or (), force=args.force)
-    what = args.format + (f" {args.quantize}" if args.quantize else "")
+    result = export(args.run, args.out, args.format, args.quantize, args.opset, photos=args.photos or (), force=args.force,
+                    with_attention=args.with_attention)
+    what = args.format + (f" {args.quantize}" if args.quantize else "") + (" with attention" if args.with_attention else "")
+    attention = "" if result["attention"] is None else f", attention rollout within {result['attention']:.1e}"
     print(f"{result['path']}: {what}, {result['bytes'] / 1e6:.1f} MB; parity on {result['photos']} photos: max relative logit "
-          f"difference {result['parity']:.2e}, same top class on {result['agreement']:.0%}")
+          f"difference {result['parity']:.2e}, same top class on {result['agreement']:.0%}{attention}")
+    if result["quantization"]:
+        from foodvit.deploy.quantize import describe
+
+        print(f"quantisation: {describe(result['quantization'])}")
     return 0
 
 

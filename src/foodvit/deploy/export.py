@@ -4,8 +4,13 @@ that predicts without foodvit's PyTorch code.
     onnx              torch.onnx (the dynamo exporter), batch dimension dynamic; class names,
                       preprocessing and the model card in the file's metadata (foodvit.*), so the
                       file alone is enough to predict (onnx_runtime.py, no PyTorch needed)
-    onnx + int8       ONNX Runtime's dynamic quantisation (int8 weights, activations quantised
-                      on the fly) of the fp32 export
+    + with_attention  a second output, "attention": the attention rollout over the patch grid
+                      (B, grid, grid) as `foodvit explain` draws it (viz.attention.pooled_rollout),
+                      computed in the graph, so that the demo page draws its overlay without PyTorch;
+                      checked against PyTorch's within 1e-4 (fp32), named in foodvit.outputs
+    onnx + int8       ONNX Runtime's int8 quantisation of the fp32 export, dynamic or static (QDQ,
+                      calibrated on the run's training photos), chosen by measurement (quantize.py);
+                      what was chosen and the figures in foodvit.quantize
     torchscript       torch.jit.trace; the same metadata as extra files
     exported-program  torch.export; the same metadata as extra files
 
@@ -33,8 +38,9 @@ from foodvit.files import atomic_write
 
 FORMATS = ("onnx", "torchscript", "exported-program")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".pt", "exported-program": ".pt2"}  # what opens each file looks for these
-QUANTIZE = ("int8",)
+QUANTIZE = ("int8", "int8-dynamic", "int8-static")  # int8: whichever of the two measures better (quantize.py)
 PARITY_LIMIT = 1e-4  # fp32: max |logit difference| / max |logit|
+ATTENTION_LIMIT = 1e-4  # fp32: max |rollout difference| (the maps sum to 1 over the patches)
 PARITY_PHOTOS = 8
 
 
@@ -42,11 +48,19 @@ class ExportError(FoodVitError, RuntimeError):
     """An export that could not be made or does not give the model's answers."""
 
 
-def metadata(predictor) -> dict[str, str]:
-    """What a file needs to predict on its own: class names, preprocessing, model card (JSON strings)."""
+def metadata(predictor, with_attention: bool = False, quantization: dict | None = None) -> dict[str, str]:
+    """What a file needs to predict on its own: class names, preprocessing, model card (JSON strings);
+    its outputs (logits, and the attention rollout with_attention) and how it was quantised."""
     card = {k: v for k, v in predictor.card.items() if k in ("model", "metrics", "params", "format")}
-    return {"foodvit.classes": json.dumps(predictor.classes), "foodvit.preprocess": predictor.preprocess.to_json(),
-            "foodvit.card": json.dumps(card), "foodvit.version": "1"}
+    outputs = ["logits", "attention"] if with_attention else ["logits"]
+    meta = {"foodvit.classes": json.dumps(predictor.classes), "foodvit.preprocess": predictor.preprocess.to_json(),
+            "foodvit.card": json.dumps(card), "foodvit.version": "1", "foodvit.outputs": json.dumps(outputs)}
+    if with_attention:
+        meta["foodvit.attention"] = ("attention rollout (Abnar & Zuidema 2020) over the patch grid, (batch, grid, grid), "
+                                     "read out as the model pools: the map foodvit explain draws")
+    if quantization:
+        meta["foodvit.quantize"] = json.dumps(quantization)
+    return meta
 
 
 def parity_inputs(predictor, photos=()) -> np.ndarray:
@@ -90,15 +104,18 @@ def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def export(run: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | None = None, opset: int | None = None,
-           photos=(), quiet: bool = False, force: bool = False) -> dict:
-    """Export a run; returns {"path", "format", "quantize", "bytes", "parity", "agreement"}. An
-    existing `out` is overwritten only with force=True."""
+           photos=(), quiet: bool = False, force: bool = False, with_attention: bool = False) -> dict:
+    """Export a run; returns {"path", "format", "quantize", "bytes", "parity", "agreement", "photos",
+    "attention" (the largest rollout difference, with_attention), "quantization" (quantize.py's
+    figures and choice)}. An existing `out` is overwritten only with force=True."""
     from foodvit.deploy.predictor import Predictor
 
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if quantize is not None and (quantize not in QUANTIZE or fmt != "onnx"):
         raise ExportError(f"--quantize {quantize} is not available for {fmt}; int8 quantisation is for --format onnx")
+    if with_attention and fmt != "onnx":
+        raise ExportError(f"--with-attention is for --format onnx; {fmt} files give the logits only")
     out = Path(out)
     check_destination(out, fmt, force)
     predictor = Predictor.from_run(run)
@@ -107,12 +124,16 @@ def export(run: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | 
     # written beside --out under a temporary name and checked there: only a file that passed takes the name
     # (with --force, a previous good export survives a failed one)
     staging = out.with_name(f".{out.name}.{secrets.token_hex(4)}.partial{out.suffix}")
+    attention, quantization = None, None
     try:
         if fmt == "onnx":
-            _export_onnx(predictor, staging, quantize, opset, inputs.shape[-1])
+            quantization = _export_onnx(predictor, staging, quantize, opset, inputs, with_attention)
             from foodvit.deploy.onnx_runtime import OnnxBackend
 
-            got = OnnxBackend(staging)(inputs)
+            backend = OnnxBackend(staging)
+            got = backend(inputs)
+            if with_attention:
+                attention = float(np.abs(backend.attention(inputs).astype(np.float64) - predictor.backend.attention(inputs)).max())
         else:
             got = _export_torch(predictor, staging, fmt, inputs)
         parity = relative_difference(got, reference)
@@ -120,41 +141,70 @@ def export(run: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | 
         if quantize is None and parity > PARITY_LIMIT:
             raise ExportError(f"the exported model's logits differ from the PyTorch model's by {parity:.2e} (relative), over "
                               f"{PARITY_LIMIT:g}; nothing was written. Report it with the run's model.json")
+        if quantize is None and attention is not None and attention > ATTENTION_LIMIT:
+            raise ExportError(f"the exported attention rollout differs from the PyTorch model's by {attention:.2e}, over "
+                              f"{ATTENTION_LIMIT:g}; nothing was written. Report it with the run's model.json")
         os.replace(staging, out)
     finally:
         staging.unlink(missing_ok=True)
     return {"path": str(out), "format": fmt, "quantize": quantize, "bytes": out.stat().st_size, "parity": parity,
-            "agreement": agreement, "photos": len(inputs)}
+            "agreement": agreement, "photos": len(inputs), "attention": attention, "quantization": quantization}
 
 
-def _export_onnx(predictor, out: Path, quantize: str | None, opset: int | None, size: int) -> None:
+def _export_onnx(predictor, out: Path, quantize: str | None, opset: int | None, inputs: np.ndarray,
+                 with_attention: bool = False) -> dict | None:
+    """Write the .onnx file (with its metadata) to `out`; returns the quantisation's figures (quantize.py) or None."""
     import onnx
     import torch
 
     model = predictor.model.eval()
+    size = inputs.shape[-1]
     example = torch.zeros(2, 3, size, size)
+    if with_attention:
+        model = _WithAttention(model)
     with tempfile.TemporaryDirectory() as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         try:
-            program = torch.onnx.export(model, (example,), dynamo=True, verbose=False, input_names=["images"], output_names=["logits"],
+            program = torch.onnx.export(model, (example,), dynamo=True, verbose=False, input_names=["images"],
+                                        output_names=["logits", "attention"] if with_attention else ["logits"],
                                         dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},), opset_version=opset,
                                         external_data=False, optimize=True)
             program.save(str(fp32), external_data=False)
         except Exception as err:
             raise ExportError(f"torch.onnx could not export this model ({type(err).__name__}: {str(err).splitlines()[0][:300]})") from err
-        target = fp32
-        if quantize == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
+        target, quantization = fp32, None
+        if quantize is not None:
+            from foodvit.deploy.quantize import quantize_int8
 
             target = Path(tmp) / "int8.onnx"
             # it logs generic advice to pre-process the model on the root logger: the command line quiets that
-            quantize_dynamic(str(fp32), str(target), weight_type=QuantType.QInt8)
+            quantization = quantize_int8(fp32, target, quantize, predictor, inputs)
         proto = onnx.load(str(target))
         del proto.metadata_props[:]
-        for key, value in metadata(predictor).items():
+        for key, value in metadata(predictor, with_attention, quantization).items():
             proto.metadata_props.add(key=key, value=value)
         proto.doc_string = f"foodvit: {', '.join(predictor.classes)}"
         atomic_write(out, lambda path: onnx.save(proto, str(path)))
+    return quantization
+
+
+def _WithAttention(model):
+    """The model with a second output: its attention rollout maps (B, grid, grid), computed in the
+    graph as `foodvit explain` computes them (viz.attention.pooled_rollout)."""
+    import torch
+
+    from foodvit.viz.attention import pooled_rollout
+
+    class WithAttention(torch.nn.Module):
+        def __init__(self, model) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, images):
+            tokens, attentions = self.model.forward_features(images, return_attention=True)
+            return self.model.classify(tokens), pooled_rollout(self.model, tokens, attentions)
+
+    return WithAttention(model).eval()
 
 
 def _export_torch(predictor, out: Path, fmt: str, inputs: np.ndarray) -> np.ndarray:

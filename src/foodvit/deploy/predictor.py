@@ -61,7 +61,7 @@ def check_not_exported(path: str | Path) -> None:
 
     kind = exported_kind(path)
     if kind == "ONNX":
-        raise RunError(f"{path} is an ONNX export: foodvit predict and foodvit evaluate take it; this command needs the "
+        raise RunError(f"{path} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the "
                        "trained run directory (or its model.safetensors) it was exported from")
     if kind is not None:
         load = "torch.jit.load(path)" if kind == "TorchScript" else "torch.export.load(path).module()"

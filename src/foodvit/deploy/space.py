@@ -1,9 +1,12 @@
-"""`foodvit export-space RUN DIR`: a folder ready for a Hugging Face Space.
+"""`foodvit export-space RUN DIR [--onnx [--quantize int8]]`: a folder ready for a Hugging Face Space.
 
     DIR/app.py            serves the demo and the API (foodvit.deploy.serve) from model/: `python app.py`
-    DIR/requirements.txt  what the Space installs (no torchvision, no timm)
+    DIR/requirements.txt  what the Space installs (no torchvision, no timm; with --onnx, no torch either:
+                          ONNX Runtime, NumPy, Pillow, Gradio and the server's libraries)
     DIR/model/            model.safetensors + model.json (architecture, classes, preprocessing, metrics;
-                          the training data by its name only, not where it lay on the trainer's machine)
+                          the training data by its name only, not where it lay on the trainer's machine);
+                          with --onnx, model.onnx instead: exported --with-attention (the page's overlay),
+                          int8 with --quantize (export.py), its card published the same way
     DIR/examples/         a few of the run's test photos
     DIR/foodvit/          this foodvit package itself, so the Space needs nothing unpublished
     DIR/README.md         the Space's metadata (sdk: gradio, app_file: app.py) and a model card
@@ -24,6 +27,8 @@ from foodvit.files import atomic_folder
 
 # what app.py imports at run time, by distribution name
 REQUIREMENTS = ("torch", "numpy", "pillow", "safetensors", "matplotlib", "tqdm", "filelock", "gradio", "fastapi", "uvicorn", "python-multipart")
+# with --onnx: the model runs in ONNX Runtime, and the server's path imports no PyTorch (an import-linter contract)
+ONNX_REQUIREMENTS = ("onnxruntime", "numpy", "pillow", "tqdm", "gradio", "fastapi", "uvicorn", "python-multipart")
 
 APP = '''"""The foodvit demo of this Space: the page at /, POST /predict, GET /health. Run: python app.py"""
 
@@ -41,7 +46,7 @@ from foodvit.deploy.serve import serve  # noqa: E402
 if __name__ == "__main__":
     limit_pixels()  # this process serves: Pillow refuses decompression bombs instead of warning
     examples = sorted(p for p in (HERE / "examples").glob("*") if p.is_file())
-    serve(HERE / "model", host=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+    serve({model}, host=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
           port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), example_photos=examples)
 '''
 
@@ -53,7 +58,7 @@ def _version(name: str) -> str:
         return ""
 
 
-def _readme(predictor, classes: list[str]) -> str:
+def _readme(predictor, classes: list[str], onnx: bool = False) -> str:
     from foodvit.deploy.page import model_card
 
     title = "FoodVision Mini" if set(classes) == {"pizza", "steak", "sushi"} else f"foodvit: {', '.join(classes[:4])}"
@@ -64,6 +69,7 @@ def _readme(predictor, classes: list[str]) -> str:
         f"# {title}", "",
         f"A Vision Transformer trained with foodvit to tell {', '.join(classes)} apart. The page takes a photo and shows the "
         "probability of each class, the time taken and the attention rollout over the part of the photo the model saw.", "",
+        *(["The model runs in ONNX Runtime: the Space installs no PyTorch.", ""] if onnx else []),
         "Run it here: `pip install -r requirements.txt && python app.py`, then open http://127.0.0.1:7860/. "
         "The JSON API: `curl -F file=@photo.jpg http://127.0.0.1:7860/predict`.", "",
         model_card(predictor), "",
@@ -80,13 +86,17 @@ def published_card(card: dict) -> dict:
     return {**{k: v for k, v in card.items() if k != "params"}, "metrics": metrics}
 
 
-def export_space(run: str | Path, folder: str | Path, examples_per_class: int = 2) -> Path:
-    """Write the Space folder (new or empty: anything else is refused and left untouched)."""
+def export_space(run: str | Path, folder: str | Path, examples_per_class: int = 2, onnx: bool = False,
+                 quantize: str | None = None) -> Path:
+    """Write the Space folder (new or empty: anything else is refused and left untouched). onnx=True:
+    the model as model.onnx with its attention output, quantised as `quantize` asks (export.py)."""
     import foodvit
     from foodvit.deploy.predictor import Predictor
     from foodvit.deploy.serve import run_examples
 
     run, folder = Path(run), Path(folder)
+    if quantize and not onnx:
+        raise RunError(f"--quantize {quantize} is for an ONNX Space: add --onnx")
     if not (run / "model.safetensors").is_file():
         raise RunError(f"{run} holds no trained model (model.safetensors); export a finished run directory")
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
@@ -97,15 +107,36 @@ def export_space(run: str | Path, folder: str | Path, examples_per_class: int = 
 
     def fill(tmp: Path) -> None:
         (tmp / "model").mkdir()
-        shutil.copy2(run / "model.safetensors", tmp / "model" / "model.safetensors")
-        if (run / "model.json").is_file():
-            (tmp / "model" / "model.json").write_text(json.dumps(published_card(predictor.card), indent=2))
+        if onnx:
+            _onnx_model(run, tmp / "model" / "model.onnx", quantize, predictor)
+        else:
+            shutil.copy2(run / "model.safetensors", tmp / "model" / "model.safetensors")
+            if (run / "model.json").is_file():
+                (tmp / "model" / "model.json").write_text(json.dumps(published_card(predictor.card), indent=2))
         (tmp / "examples").mkdir()
         for i, photo in enumerate(examples):
             shutil.copy2(photo, tmp / "examples" / f"{i:02d}-{photo.parent.name}{photo.suffix.lower()}")
         shutil.copytree(package, tmp / "foodvit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        (tmp / "app.py").write_text(APP)
-        (tmp / "requirements.txt").write_text("\n".join(f"{name}{_version(name)}" for name in REQUIREMENTS) + "\n")
-        (tmp / "README.md").write_text(_readme(predictor, predictor.classes))
+        (tmp / "app.py").write_text(APP.format(model='HERE / "model" / "model.onnx"' if onnx else 'HERE / "model"'))
+        requirements = ONNX_REQUIREMENTS if onnx else REQUIREMENTS
+        (tmp / "requirements.txt").write_text("\n".join(f"{name}{_version(name)}" for name in requirements) + "\n")
+        (tmp / "README.md").write_text(_readme(predictor, predictor.classes, onnx))
 
     return atomic_folder(folder, fill)
+
+
+def _onnx_model(run: Path, out: Path, quantize: str | None, predictor) -> dict:
+    """The run exported to `out` with its attention output (export.py, checked against the PyTorch
+    model as every export is), its card published as model.json's is (published_card)."""
+    import onnx
+
+    from foodvit.deploy.export import export
+
+    result = export(run, out, "onnx", quantize, with_attention=True)  # its parity check on the run's test photos
+    proto = onnx.load(str(out))
+    card = {**published_card(predictor.card), "params": predictor.card.get("params")}
+    for prop in proto.metadata_props:
+        if prop.key == "foodvit.card":
+            prop.value = json.dumps({k: v for k, v in card.items() if k in ("model", "metrics", "params", "format")})
+    onnx.save(proto, str(out))
+    return result

@@ -1,0 +1,135 @@
+"""`foodvit serve model.onnx` and `foodvit export-space --onnx`: the server, its page and a Space on
+ONNX Runtime, in processes where importing torch fails; answers compared with the run's."""
+
+import json
+import signal
+import sys
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
+pytest.importorskip("gradio", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
+pytest.importorskip("onnxruntime", reason="the .onnx server tests need the export extra: pip install -e '.[export]'")
+pytest.importorskip("onnxscript", reason="the .onnx server tests need the export extra: pip install -e '.[export]'")
+httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")
+
+from helpers import BLOCK_TORCH, free_port, start_server, stop_server, without_torch  # noqa: E402
+
+from foodvit.cli.main import main  # noqa: E402
+from foodvit.deploy.onnx_runtime import NO_ATTENTION  # noqa: E402
+from foodvit.deploy.predictor import Predictor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run(shared_run):
+    return shared_run
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    """{name: path}: the run as fp32 and dynamic int8 .onnx files with the attention output, and fp32 without it."""
+    out, _ = run
+    folder = tmp_path_factory.mktemp("onnx")
+    files = {"fp32": folder / "fp32.onnx", "int8": folder / "int8.onnx", "plain": folder / "plain.onnx"}
+    assert main(["export", str(out), "--out", str(files["fp32"]), "--with-attention"]) == 0
+    assert main(["export", str(out), "--out", str(files["int8"]), "--with-attention", "--quantize", "int8-dynamic"]) == 0
+    assert main(["export", str(out), "--out", str(files["plain"])]) == 0
+    return files
+
+
+def _photos(run):
+    _, photos = run
+    return [sorted((photos / "test" / c).iterdir())[0] for c in ("pizza", "steak", "sushi")]
+
+
+def _serve_without_torch(path):
+    port = free_port()
+    return start_server(without_torch(["serve", path, "--port", port, "--threads", "1", "--no-examples"]), port)
+
+
+@pytest.mark.parametrize("kind", ["fp32", "int8"])
+def test_an_onnx_file_is_served_without_torch_and_answers_as_the_run(run, exported, kind):
+    gradio_client = pytest.importorskip("gradio_client")
+    out, _ = run
+    reference = Predictor.from_run(out)
+    process, url = _serve_without_torch(exported[kind])
+    try:
+        health = httpx.get(url + "/health").json()
+        assert health == {"status": "ok", "model": reference.name, "classes": reference.classes}
+        for photo in _photos(run):
+            answer = httpx.post(url + "/predict", files={"file": (photo.name, photo.read_bytes())}, timeout=60).json()
+            expected = reference.classify(photo)
+            for name, p in expected["probabilities"].items():  # int8: within a few hundredths of a tiny model's answer
+                assert answer["probabilities"][name] == pytest.approx(p, abs=1e-4 if kind == "fp32" else 0.05)
+            if kind == "fp32":
+                assert answer["label"] == expected["label"]
+        empty = httpx.post(url + "/predict", files={"file": ("empty.jpg", b"")})
+        assert empty.status_code == 400 and set(empty.json()) == {"error"}  # the same limits and errors as a run
+        client = gradio_client.Client(url + "/", verbose=False)
+        label, _, overlay = client.predict(gradio_client.handle_file(str(_photos(run)[0])), api_name="/classify")
+        assert label["label"] in reference.classes and overlay  # the attention overlay, drawn from the ONNX output
+        process.send_signal(signal.SIGINT)  # Ctrl+C: the server stops and main returns 130; then the check for
+        assert process.wait(timeout=30) == 130  # torch modules runs (a torch module loaded would make it exit 1)
+    finally:
+        stop_server(process)
+
+
+def test_a_file_without_the_attention_output_serves_the_page_without_the_overlay_saying_so(run, exported):
+    gradio_client = pytest.importorskip("gradio_client")
+    process, url = _serve_without_torch(exported["plain"])
+    try:
+        assert NO_ATTENTION in httpx.get(url + "/config").text  # the page's one line
+        client = gradio_client.Client(url + "/", verbose=False)
+        label, table, overlay = client.predict(gradio_client.handle_file(str(_photos(run)[1])), api_name="/classify")
+        assert overlay is None and "probability" in table
+    finally:
+        stop_server(process)
+
+
+def test_serving_a_bad_onnx_file_is_one_line(run, exported, tmp_path, capsys):
+    import onnx
+
+    foreign = tmp_path / "foreign.onnx"
+    proto = onnx.load(str(exported["plain"]))
+    del proto.metadata_props[:]
+    onnx.save(proto, str(foreign))
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(exported["plain"].read_bytes()[:5000])
+    for path, says in ((foreign, "not one exported by foodvit"), (corrupt, "not a readable ONNX model"),
+                       (tmp_path / "missing.onnx", "does not exist")):
+        capsys.readouterr()
+        assert main(["serve", str(path), "--port", str(free_port())]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_onnx_space_installs_no_torch_starts_offline_without_it_and_answers_like_the_run(run, tmp_path):
+    out, _ = run
+    space = tmp_path / "space"
+    assert main(["export-space", str(out), str(space), "--onnx", "--examples", "1"]) == 0
+    requirements = (space / "requirements.txt").read_text()
+    assert "onnxruntime" in requirements and "gradio" in requirements
+    assert not any(line.startswith(("torch", "torchvision", "timm", "safetensors")) for line in requirements.splitlines())
+    assert (space / "model" / "model.onnx").is_file() and not (space / "model" / "model.safetensors").exists()
+    card = json.dumps(Predictor.open(space / "model" / "model.onnx").card)
+    assert str(run[1]) not in card  # the training data by its name, not where it lay
+    port = free_port()
+    app = BLOCK_TORCH + "import runpy\nrunpy.run_path('app.py', run_name='__main__')\n"
+    process, url = start_server([sys.executable, "-c", app], port, cwd=space,
+                                env={"GRADIO_SERVER_PORT": str(port), "PYTHONPATH": "", "FOODVIT_DATA": ""})
+    try:
+        photo = _photos(run)[2]
+        answer = httpx.post(url + "/predict", files={"file": (photo.name, photo.read_bytes())}, timeout=60).json()
+        expected = Predictor.from_run(out).classify(photo)
+        assert answer["label"] == expected["label"]
+        for name, p in expected["probabilities"].items():
+            assert answer["probabilities"][name] == pytest.approx(p, abs=1e-4)
+    finally:
+        stop_server(process)
+
+
+def test_quantize_without_onnx_is_refused_for_a_space(run, tmp_path, capsys):
+    out, _ = run
+    assert main(["export-space", str(out), str(tmp_path / "space"), "--quantize", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert "add --onnx" in err and "Traceback" not in err
