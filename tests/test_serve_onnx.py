@@ -133,3 +133,22 @@ def test_quantize_without_onnx_is_refused_for_a_space(run, tmp_path, capsys):
     assert main(["export-space", str(out), str(tmp_path / "space"), "--quantize", "int8"]) == 2
     err = capsys.readouterr().err
     assert "add --onnx" in err and "Traceback" not in err
+
+
+def test_an_onnx_space_without_the_runs_photos_at_hand_is_one_line(run, tmp_path, monkeypatch, capsys):
+    out, _ = run
+    monkeypatch.setattr(Predictor, "photos_at_hand", lambda self, per_class, split="test": [])
+    assert main(["export-space", str(out), str(tmp_path / "space"), "--onnx"]) == 2
+    err = capsys.readouterr().err
+    assert "set FOODVIT_DATA" in err and "Traceback" not in err and not (tmp_path / "space").exists()
+
+
+def test_an_int8_onnx_space_carries_the_quantised_model_with_its_attention_output(run, tmp_path):
+    from foodvit.deploy.onnx_runtime import OnnxBackend
+
+    out, _ = run
+    space = tmp_path / "space"
+    assert main(["export-space", str(out), str(space), "--onnx", "--quantize", "int8-dynamic", "--examples", "0"]) == 0
+    backend = OnnxBackend(space / "model" / "model.onnx")
+    assert json.loads(backend.metadata["foodvit.quantize"])["method"] == "dynamic" and backend.has_attention
+    assert "torch" not in (space / "requirements.txt").read_text()

@@ -132,6 +132,9 @@ def _onnx_model(run: Path, out: Path, quantize: str | None, predictor) -> dict:
 
     from foodvit.deploy.export import export
 
+    if not predictor.photos_at_hand(1):
+        raise RunError("export-space --onnx checks the .onnx file against the run on the run's test photos, which are not "
+                       "at hand here; set FOODVIT_DATA to the run's photos")
     result = export(run, out, "onnx", quantize, with_attention=True)  # its parity check on the run's test photos
     proto = onnx.load(str(out))
     card = {**published_card(predictor.card), "params": predictor.card.get("params")}
