@@ -234,3 +234,25 @@ def test_with_attention_is_for_onnx_only(run, tmp_path, capsys):
     assert main(["export", str(out), "--format", "torchscript", "--out", str(tmp_path / "m.pt"), "--with-attention"]) == 2
     err = capsys.readouterr().err
     assert "--with-attention is for --format onnx" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("options", [{"pool": "gap"}, {"pool": "seq"}, {"distill_token": True}])
+def test_the_attention_output_reads_the_tokens_as_each_pooling_does(options, tmp_path):
+    # the graph's rollout goes through pool_readout's every branch: the mean of the patch rows, the learned
+    # sequence-pooling weights, the class and distillation tokens' rows
+    import torch
+    from helpers import randomize_
+
+    import foodvit
+    from foodvit.data.preprocess import make_preprocess
+    from foodvit.deploy.export import _export_onnx
+    from foodvit.deploy.onnx_runtime import OnnxBackend
+
+    torch.manual_seed(0)
+    model = randomize_(foodvit.create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, **options)).eval()
+    predictor = Predictor(model, ["a", "b", "c"], make_preprocess(32, (0.5,) * 3, (0.5,) * 3))
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    _export_onnx(predictor, tmp_path / "m.onnx", None, None, x, with_attention=True)
+    backend = OnnxBackend(tmp_path / "m.onnx")
+    assert np.abs(backend.attention(x) - predictor.backend.attention(x)).max() <= 1e-4
+    assert relative_difference(backend(x), predictor.logits(x)) <= 1e-4

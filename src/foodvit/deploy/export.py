@@ -161,7 +161,7 @@ def _export_onnx(predictor, out: Path, quantize: str | None, opset: int | None, 
     size = inputs.shape[-1]
     example = torch.zeros(2, 3, size, size)
     if with_attention:
-        model = _WithAttention(model)
+        model = _with_attention(model)
     with tempfile.TemporaryDirectory() as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         try:
@@ -188,7 +188,7 @@ def _export_onnx(predictor, out: Path, quantize: str | None, opset: int | None, 
     return quantization
 
 
-def _WithAttention(model):
+def _with_attention(model):
     """The model with a second output: its attention rollout maps (B, grid, grid), computed in the
     graph as `foodvit explain` computes them (viz.attention.pooled_rollout)."""
     import torch
