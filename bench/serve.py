@@ -24,29 +24,13 @@ import time
 from pathlib import Path
 
 import httpx
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import free_port, start_server, stop_server  # noqa: E402
+from models import random_run  # noqa: E402
 
-from foodvit.cli.options import build_config  # noqa: E402
-from foodvit.data.datasource import DataSource
-from foodvit.model.build import build_model  # noqa: E402
-from foodvit.rundir.trained import save_model  # noqa: E402
-
-CLASSES = ["pizza", "steak", "sushi"]
-
-
-def make_run(name: str, folder: Path) -> Path:
-    """A run folder (model.safetensors + model.json) with the given architecture, random weights."""
-    torch.manual_seed(0)
-    config = build_config("default", {}, model=None if name == "default" else name)
-    if name != "default":  # the model's own size and preprocessing, as a fine-tuning run would use
-        config = build_config("paper", {}, model=name)
-    model, preprocess = build_model(config, num_classes=len(CLASSES))
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model(folder, model.eval(), CLASSES, preprocess, {"metrics": {"recipe": config.recipe}})
-    return folder
+from foodvit.data.datasource import DataSource  # noqa: E402
 
 
 def load(url: str, photo: bytes, clients: int, seconds: float) -> dict:
@@ -96,7 +80,7 @@ def main(argv=None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            run = make_run(name, Path(tmp) / name.replace("/", "-"))
+            run = random_run(name, Path(tmp) / name.replace("/", "-"))
             for mode, max_batch in (("batched (16)", 16), ("one at a time", 1)):
                 port = free_port()
                 process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(run), "--port", str(port),
