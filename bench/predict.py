@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,14 @@ def label(model: str, listing: Path, workers: int, batch_size: int, processes: i
 
 
 def main(argv=None) -> int:
+    work = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        return measure(work, argv)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(work: Path, argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=int, default=10_000)
     parser.add_argument("--large-photos", type=int, default=500, help="photos for ViT-B/16 (default 500)")
@@ -103,7 +112,6 @@ def main(argv=None) -> int:
 
     root = generate(HERE / ".cache" / f"scale-{args.photos}", args.photos)
     listed = list(PhotoList([root / "images"]))[: args.photos]
-    work = Path(tempfile.mkdtemp(prefix="bench-predict-"))
     lists = {}
     for n in sorted({args.photos, min(1000, args.photos), min(args.large_photos, args.photos)}):
         lists[n] = work / f"photos-{n}.txt"
