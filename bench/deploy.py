@@ -28,27 +28,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from foodvit.cli.options import build_config
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import random_run  # noqa: E402
+
 from foodvit.data.datasource import DataSource
 from foodvit.deploy.export import export, relative_difference
 from foodvit.deploy.inference import evaluate_split
 from foodvit.deploy.predictor import Predictor
 from foodvit.deploy.torch_backend import TorchBackend
-from foodvit.model.build import build_model
-from foodvit.rundir.trained import save_model
-
-CLASSES = ["pizza", "steak", "sushi"]
-
-
-def random_run(name: str, folder: Path) -> Path:
-    torch.manual_seed(0)
-    model, preprocess = build_model(build_config("paper", {}, model=name), num_classes=len(CLASSES))
-    with torch.no_grad():  # the paper's zero-initialised head would make every logit 0 and the parity check empty
-        model.head.weight.normal_(0, 0.02)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model(folder, model.eval(), CLASSES, preprocess, {"metrics": {"recipe": "paper (random weights)"}})
-    return folder
-
 
 ROUND = 10  # photos per backend per round
 

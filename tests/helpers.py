@@ -61,8 +61,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(command: list[str], port: int, cwd=None, env=None, timeout: float = 120.0):
-    """Start a server process and wait until GET /health answers; (process, base URL). The caller
+def start_server(command: list[str], port: int, cwd=None, env=None, timeout: float = 120.0, ready: str = "/health"):
+    """Start a server process and wait until GET `ready` answers; (process, base URL). The caller
     stops it (stop_server). The process's output goes to a temporary file, quoted in the failure
     message and removed by stop_server."""
     import os
@@ -82,7 +82,7 @@ def start_server(command: list[str], port: int, cwd=None, env=None, timeout: flo
             log.seek(0)
             raise RuntimeError(f"server exited with {process.returncode} (output in {log.name}):\n{log.read()[-3000:]}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + ready, timeout=2).status_code == 200:
                 return process, url
         except httpx.HTTPError:
             pass

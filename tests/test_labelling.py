@@ -286,6 +286,31 @@ def test_the_parts_of_an_interrupted_many_process_run_are_merged_not_labelled_ag
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl", "one.jsonl.meta.json", "two.jsonl", "two.jsonl.meta.json"]
 
 
+def test_rank_0_times_every_ranks_photos_up_to_the_merge(run, tree, tmp_path):
+    """Rank 0 reports all ranks' photos: its seconds run until the last of them is merged, not only
+    over its own share (the photos/s printed under torchrun was twice the truth on 2 processes)."""
+    import threading
+
+    from foodvit.deploy.labelling import PhotoList, label_share
+    from foodvit.deploy.predictions import model_identity
+
+    predictor = Predictor.open(run)
+    identity = model_identity(run, predictor.classes)
+    out, results = tmp_path / "p.jsonl", {}
+
+    def rank(r, delay):
+        time.sleep(delay)  # rank 1 starts late: rank 0 waits for its rows
+        results[r] = label_share(predictor, PhotoList([tree]), out, identity, rank=r, world=2, workers=0, quiet=True, timeout=60)
+
+    threads = [threading.Thread(target=rank, args=(1, 1.5)), threading.Thread(target=rank, args=(0, 0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (results[0].written, results[0].failed) == (5, 1)
+    assert results[0].seconds >= 1.5 > results[1].seconds
+
+
 def test_ctrl_c_says_the_finished_batches_are_kept_and_how_to_go_on(run, tree, tmp_path, monkeypatch, capsys):
     import foodvit.deploy.labelling as labelling
 

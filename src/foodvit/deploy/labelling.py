@@ -206,6 +206,7 @@ def label_share(predictor, photos: PhotoList, out: Path, identity: dict, *, rank
     parts into `out` in the photos' order and removes them. Rows already in `out`, or in the parts
     of an interrupted run, are not labelled again; so a merge cut short is finished by re-running.
     Returns rank 0's count of all that was merged; another rank's, of its own share."""
+    started = time.perf_counter()
     out = Path(out)
     check_written_by(out, identity, top_k)  # every rank refuses another model's file alike
     main = Predictions(out, identity, top_k) if rank == 0 else None  # rank 0 alone writes out
@@ -232,7 +233,7 @@ def label_share(predictor, photos: PhotoList, out: Path, identity: dict, *, rank
         merged = merge_parts(main, part_files(out))
     finally:
         main.close()
-    merged.skipped, merged.seconds = skipped, own.seconds
+    merged.skipped, merged.seconds = skipped, time.perf_counter() - started  # all ranks' photos: until the last is merged
     return merged
 
 

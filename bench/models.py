@@ -1,0 +1,29 @@
+"""The benchmarks' models: a run folder (model.safetensors + model.json) of a named architecture with
+random weights (speed does not depend on them), shared by deploy.py, predict.py and serve.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CLASSES = ["pizza", "steak", "sushi"]
+
+
+def random_run(name: str, folder: Path) -> Path:
+    """'default': the default recipe's model (ViT-Ti/8, 6 blocks, 64 px); any other name: that model
+    (e.g. ViT-B/16) with the paper recipe's size and preprocessing, as a fine-tuning run would use.
+    Three classes; the head drawn at random (the paper's zero head would make every logit 0, and
+    the exports' parity checks empty)."""
+    import torch
+
+    from foodvit.cli.options import build_config
+    from foodvit.model.build import build_model
+    from foodvit.rundir.trained import save_model
+
+    torch.manual_seed(0)
+    config = build_config("default", {}) if name == "default" else build_config("paper", {}, model=name)
+    model, preprocess = build_model(config, num_classes=len(CLASSES))
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.02)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(folder, model.eval(), CLASSES, preprocess, {"metrics": {"recipe": f"{config.recipe} (random weights)"}})
+    return folder
