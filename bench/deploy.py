@@ -5,7 +5,8 @@
 
 For the run's model ("default") and for ViT-B/16 with 3 classes (random weights, paper recipe's
 preprocessing), each backend behind the same Predictor: PyTorch eager fp32, torch.compile, ONNX
-Runtime fp32 and ONNX Runtime int8 (dynamic quantisation). Columns: file size, parameters,
+Runtime fp32, ONNX Runtime int8 with dynamic quantisation and (for a trained run) static, QDQ, calibrated on
+the run's training photos. Columns: file size, parameters,
 single-photo latency p50/p95 (Predictor.classify on the photo's bytes: decode, preprocess, forward,
 softmax; `--photos` test photos), throughput at batch 16 (prepared inputs, forward only), both
 measured in interleaved rounds (10 photos and a 1 s burst per backend in turn), and test
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
@@ -36,6 +38,7 @@ from foodvit.deploy.export import export, relative_difference
 from foodvit.deploy.inference import evaluate_split
 from foodvit.deploy.predictor import Predictor
 from foodvit.deploy.torch_backend import TorchBackend
+from foodvit.errors import FoodVitError
 
 ROUND = 10  # photos per backend per round
 
@@ -61,6 +64,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(os.cpu_count() or 1)
+    logging.getLogger().setLevel(logging.ERROR)  # ONNX Runtime's quantiser advises on the root logger
     run = Path(args.run)
     source = args.data or json.loads((run / "config.json").read_text())["data"]["source"] or None
     split = DataSource.parse(source).open_split("test")
@@ -78,13 +82,20 @@ def main(argv=None) -> int:
             onnx32, onnx8 = Path(tmp) / f"{name.replace('/', '-')}.onnx", Path(tmp) / f"{name.replace('/', '-')}-int8.onnx"
             parity_photos = [path for path, _ in split.samples[:: max(1, len(split) // 8)]][:8]
             export(folder, onnx32, photos=parity_photos)
-            export(folder, onnx8, quantize="int8", photos=parity_photos)
+            export(folder, onnx8, quantize="int8-dynamic", photos=parity_photos)
+            onnx8s = Path(tmp) / f"{name.replace('/', '-')}-int8-static.onnx"
+            try:  # calibrated on the run's training photos: a random-weights model has none
+                export(folder, onnx8s, quantize="int8-static", photos=parity_photos, quiet=True)
+            except FoodVitError as err:
+                print(f"{name}: no static int8 ({err})")
             backends = {"pytorch eager": (eager, (folder / "model.safetensors").stat().st_size)}
             if not args.no_compile:
                 compiled = Predictor(TorchBackend(torch.compile(eager.model)), eager.classes, eager.preprocess, eager.card)
                 backends["torch.compile"] = (compiled, (folder / "model.safetensors").stat().st_size)
             backends["onnxruntime fp32"] = (Predictor.from_onnx(onnx32), onnx32.stat().st_size)
             backends["onnxruntime int8"] = (Predictor.from_onnx(onnx8), onnx8.stat().st_size)
+            if onnx8s.is_file():
+                backends["onnxruntime int8 st"] = (Predictor.from_onnx(onnx8s), onnx8s.stat().st_size)
             batch = np.stack([eager.prepare(data) for data in photos[:16]])
             reference = eager.logits(np.stack([eager.prepare(data) for data in photos[:32]]))
             # interleaved: every round measures every backend in turn, so that the machine's drift
@@ -116,9 +127,12 @@ def main(argv=None) -> int:
                       f"{rate:>10.1f} {shown:>18}", flush=True)
     for name in args.models:
         rows = {r["backend"]: r for r in results if r["model"] == name}
-        eager, int8 = rows["pytorch eager"], rows["onnxruntime int8"]
-        print(f"{name}: ONNX Runtime int8 single-photo p50 = {int8['p50'] / eager['p50']:.2f}x eager's; "
-              f"file {eager['mb'] / int8['mb']:.1f}x smaller")
+        eager = rows["pytorch eager"]
+        for backend in ("onnxruntime int8", "onnxruntime int8 st"):
+            if backend in rows:
+                int8 = rows[backend]
+                print(f"{name}: {backend} (dynamic{'' if backend.endswith('int8') else ' -> static, QDQ'}) single-photo p50 = "
+                      f"{int8['p50'] / eager['p50']:.2f}x eager's; file {eager['mb'] / int8['mb']:.1f}x smaller")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
