@@ -280,7 +280,8 @@ def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
     out, photos = run
     cache = tmp_path / "gradio"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    app, _ = create_app(Predictor.from_run(out), examples=(), page_cache=(1, 1))
+    # checked every second, deleted at 3 s old: a loaded machine (CI's 2 cores) may take over a second to answer an upload
+    app, _ = create_app(Predictor.from_run(out), examples=(), page_cache=(1, 3))
     uploads = sorted((photos / "test").rglob("*.jpg"))[:6]
     with ServerThread(app) as url:
         client = gradio_client.Client(url + "/", verbose=False)
@@ -288,10 +289,10 @@ def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
             client.predict(gradio_client.handle_file(str(photo)), api_name="/classify")
         files = [p for p in cache.rglob("*") if p.is_file()]
         assert len(files) >= len(uploads)  # each upload, and each attention picture shown, is in the cache...
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 15
         while [p for p in cache.rglob("*") if p.is_file()] and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert [p for p in cache.rglob("*") if p.is_file()] == []  # ...and deleted a second after
+        assert [p for p in cache.rglob("*") if p.is_file()] == []  # ...and deleted a few seconds after
 
 
 def _memory_of(pid: int, stop: threading.Event, peak: list) -> None:

@@ -379,8 +379,8 @@ def costs(trials, folds: int) -> list[str]:
               and t.user_attrs.get("fold_seconds")]
     saved = sum((folds - len(t.user_attrs["fold_seconds"])) * statistics.fmean(t.user_attrs["fold_seconds"]) for t in pruned)
     spent = sum(sum(t.user_attrs.get("fold_seconds", [])) for t in trials)
-    out = [f"pruning: {len(pruned)} trials stopped early, saving about {_seconds(saved)} of the {_seconds(spent + saved)} "
-           f"their trials and the rest would have taken unpruned ({saved / max(spent + saved, 1e-9):.0%})"] if pruned else []
+    out = [f"pruning: {len(pruned)} trials stopped early, saving about {_seconds(saved)} ({saved / max(spent + saved, 1e-9):.0%} "
+           f"of the {_seconds(spent + saved)} all trials would have taken unpruned)"] if pruned else []
     overhead = [t.duration.total_seconds() - sum(t.user_attrs["fold_seconds"]) for t in trials
                 if t.duration and t.user_attrs.get("fold_seconds") and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     if overhead:
