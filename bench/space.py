@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="a trained run (its photos at hand: the exports check parity on them)")
     parser.add_argument("--work", type=Path, required=True, help="where the Spaces and their environments go (kept, reused)")
-    parser.add_argument("--starts", type=int, default=3, help="cold starts timed per Space (median)")
+    parser.add_argument("--starts", type=int, default=3, help="cold starts timed per Space (median; 0: install only)")
     parser.add_argument("--data", help="data source of the photo (default: $FOODVIT_DATA)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
             record.write_text(json.dumps(install(space, env)))
         r = json.loads(record.read_text())
         starts = [cold_start(space, env, photo) for _ in range(args.starts)]
-        r.update(cold_start_s=statistics.median(starts), starts=starts)
+        r.update(cold_start_s=statistics.median(starts) if starts else float("nan"), starts=starts)
         results[kind] = r
         print(f"| {kind} | {r['bytes'] / 1e6:,.0f} | {r['packages']} | {'yes' if r['torch'] else 'no'} | {r['install_s']:.0f} | "
               f"{r['cold_start_s']:.1f} | {', '.join(f'{s:.1f}' for s in starts)} |", flush=True)
