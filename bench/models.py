@@ -3,6 +3,9 @@ random weights (speed does not depend on them), shared by deploy.py, predict.py 
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 CLASSES = ["pizza", "steak", "sushi"]
@@ -27,3 +30,12 @@ def random_run(name: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     save_model(folder, model.eval(), CLASSES, preprocess, {"metrics": {"recipe": f"{config.recipe} (random weights)"}})
     return folder
+
+
+def in_work_folder(measure: Callable[[Path, list[str] | None], int], argv: list[str] | None = None) -> int:
+    """measure(work, argv) with a temporary folder for its runs and files, removed afterwards."""
+    work = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        return measure(work, argv)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

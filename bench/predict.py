@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from models import random_run  # noqa: E402
+from models import in_work_folder, random_run  # noqa: E402
 from scale import generate  # noqa: E402
 
 from foodvit.deploy.labelling import PhotoList  # noqa: E402
@@ -79,14 +78,6 @@ def label(model: str, listing: Path, workers: int, batch_size: int, processes: i
     rate = float(re.search(r"([\d.]+) photos/s", done.stderr).group(1))
     peak = int(re.search(r"peak-kib (\d+)", done.stderr).group(1))
     return {"photos_per_s": rate, "wall_s": wall, "rows": rows, "peak_mib": peak / 1024}
-
-
-def main(argv=None) -> int:
-    work = Path(tempfile.mkdtemp(prefix="bench-"))
-    try:
-        return measure(work, argv)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def measure(work: Path, argv=None) -> int:
@@ -153,4 +144,4 @@ def measure(work: Path, argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(in_work_folder(measure))

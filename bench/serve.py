@@ -28,10 +28,8 @@ import json
 import logging
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import free_port, start_server, stop_server  # noqa: E402
-from models import random_run  # noqa: E402
+from models import in_work_folder, random_run  # noqa: E402
 
 from foodvit.data.datasource import DataSource  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
@@ -168,14 +166,6 @@ def limit(model: str, photo: bytes, batch: int = 16, seconds: float = 6.0) -> di
     return {"decode_preprocess_ms": decode * 1e3, "forward_ms_per_photo": forward * 1e3, "photos_per_s": 1 / (decode + forward)}
 
 
-def main(argv=None) -> int:
-    work = Path(tempfile.mkdtemp(prefix="bench-"))
-    try:
-        return measure(work, argv)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
 def measure(work: Path, argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", help="a trained run (default: the --model with random weights)")
@@ -253,4 +243,4 @@ def measure(work: Path, argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(in_work_folder(measure))
