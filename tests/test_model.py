@@ -434,3 +434,52 @@ def test_the_heads_are_named_and_without_the_token_the_prediction_is_eq4s_head()
     torch.testing.assert_close(heads.logits, model.head(tokens[:, 0]))  # Eq. 4 on the class token
     torch.testing.assert_close(heads.prediction(), heads.logits, rtol=0, atol=0)
     torch.testing.assert_close(model.forward_heads(images).logits, model(images), rtol=1e-5, atol=1e-5)
+
+
+def test_shifted_patch_tokenisation_stacks_the_image_and_its_four_diagonal_half_patch_shifts():
+    """Deviation 10 (SPT): each token reads its own P x P patch and the same window of the four
+    diagonally shifted copies, layer-normalised, then E."""
+    from foodvit.model.vit import ShiftedPatches
+
+    images = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8)
+    moved = ShiftedPatches.shift(images, 2, -2)  # 2 rows down, 2 columns left, zeros shifted in
+    assert torch.equal(moved[..., 2:, :6], images[..., :6, 2:])
+    assert torch.all(moved[..., :2, :] == 0) and torch.all(moved[..., :, 6:] == 0)
+    spt = ShiftedPatches(3, 4).eval()
+    tokens = spt(images)
+    assert tokens.shape == (2, 4, 5 * 3 * 16)  # (B, N, 5 C P^2)
+    x = torch.cat([images] + [ShiftedPatches.shift(images, 2 * r, 2 * c) for r, c in ShiftedPatches.SHIFTS], dim=1)
+    patch = x[1, :, 4:8, 0:4].reshape(-1)  # second image, token (row 1, column 0): channels first, then rows, columns
+    expected = (patch - patch.mean()) / torch.sqrt(patch.var(unbiased=False) + 1e-6)
+    torch.testing.assert_close(tokens[1, 2], expected)
+    model = tiny(stem="spt")
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+    assert count_params(model.config) == sum(p.numel() for p in model.parameters())
+    assert model.patch_embed.proj.in_features == 5 * 3 * 8 * 8
+
+
+def test_impulse_init_makes_each_head_attend_to_its_own_neighbour_at_step_zero():
+    """Deviation 11: on the positions alone (the layer-normalised sin-cos embedding), each head's
+    attention peaks for every patch on the one neighbour at that head's 3 x 3 offset, the edge clamped."""
+    from foodvit.model.init import impulse_init_, impulse_offsets
+
+    config = ViTConfig(image_size=64, patch_size=8, num_classes=3, embed_dim=192, depth=1, num_heads=3, mlp_dim=96,
+                       pool="gap", pos_embed="sincos2d", init="impulse")
+    torch.manual_seed(0)
+    model = VisionTransformer(config)
+    attn = model.blocks[0].attn
+    positions = torch.nn.functional.layer_norm(model.pos_embed[0, 1:], (192,))
+    taps = [(1, -1), (0, 0), (-1, 1)]
+    impulse_init_(attn, positions.double(), taps)
+    q, k, _ = attn.qkv(positions).detach().reshape(64, 3, 3, 64).permute(1, 2, 0, 3)  # each (h, N, d)
+    weights = (q @ k.transpose(-1, -2) * attn.scale).softmax(-1)  # (h, N, N)
+    for head, (dy, dx) in enumerate(taps):
+        target = impulse_offsets(8, dy, dx)
+        assert torch.equal(weights[head].argmax(-1), target)
+        assert weights[head][torch.arange(64), target].mean() > 0.5
+    assert impulse_offsets(8, 1, -1)[:3].tolist() == [8, 8, 9]  # patch (0, 0) -> (1, 0) at the left edge, (0, 1) -> (1, 0), (0, 2) -> (1, 1)
+    jax = VisionTransformer(config.replace(init="jax")).blocks[0].attn
+    q, k, _ = jax.qkv(positions).detach().reshape(64, 3, 3, 64).permute(1, 2, 0, 3)
+    assert (q @ k.transpose(-1, -2) * jax.scale).softmax(-1).max(-1).values.mean() < 0.2  # no such structure
+    with pytest.raises(ConfigError, match="impulse.*--pos-embed sincos2d"):
+        ViTConfig(init="impulse")

@@ -26,8 +26,8 @@ else:  # pragma: no cover
 
 Pool = Literal["cls", "gap", "seq"]
 PosEmbed = Literal["learned", "sincos2d", "none"]
-Stem = Literal["patch", "conv"]
-Init = Literal["jax", "mimetic"]
+Stem = Literal["patch", "conv", "spt"]
+Init = Literal["jax", "mimetic", "impulse"]
 
 # Choices of the text settings, named once (preprocess.py and transforms.py read them from here).
 POOLS, POS_EMBEDS, STEMS, INITS = get_args(Pool), get_args(PosEmbed), get_args(Stem), get_args(Init)
@@ -89,10 +89,13 @@ class ViTConfig:
     pool: Pool = opt("cls", "'cls' (Eq. 4), 'gap' (deviation 1) or 'seq' (deviation 6)", choices=POOLS)
     pos_embed: PosEmbed = opt("learned", "'learned' (Eq. 1), 'sincos2d' or 'none' (deviation 2)", choices=POS_EMBEDS)
     class_token: bool = opt(True, "prepend the learnable class token (Eq. 1); off is deviation 3")
-    stem: Stem = opt("patch", "'patch' (one Conv2d, Eq. 1) or 'conv' (convolutional tokeniser, deviation 5)", choices=STEMS)
+    stem: Stem = opt("patch", "'patch' (one Conv2d, Eq. 1), 'conv' (convolutional tokeniser, deviation 5) or 'spt' "
+                     "(shifted patch tokenisation, deviation 10)", choices=STEMS)
     locality: bool = opt(False, "locality self-attention: no self-attention to the own token, learned temperature (deviation 7)")
     layer_norm_eps: float = opt(1e-6, "LayerNorm epsilon (JAX reference: 1e-6)", range=POSITIVE)
-    init: Init = opt("jax", "'jax' (the authors' code) or 'mimetic' (attention starts near pre-trained shape, deviation 8)", choices=INITS)
+    init: Init = opt("jax", "'jax' (the authors' code), 'mimetic' (attention starts near pre-trained shape, deviation 8) or "
+                     "'impulse' (each head starts attending to one neighbour, like a 3x3 convolution's tap; deviation 11)",
+                     choices=INITS)
     distill_token: bool = opt(False, "DeiT's distillation token: a second prefix token whose own head learns the teacher's "
                               "classes (needs --distill); prediction averages the two heads (deviation 9)")
 
@@ -107,6 +110,8 @@ class ViTConfig:
         check_on_patch_grid("image size", self.image_size, self.patch_size)
         if not self.class_token and self.pool == "cls":
             raise ConfigError("pool='cls' needs the class token: set class_token=True or pool='gap' or 'seq'")
+        if self.init == "impulse" and self.pos_embed != "sincos2d":
+            raise ConfigError("init='impulse' builds each head's attention from the fixed sin-cos positions: add --pos-embed sincos2d")
         if self.stem == "conv" and self.patch_size & (self.patch_size - 1):
             raise ConfigError(f"stem='conv' halves the resolution per stage, so patch size must be a power of 2, got {self.patch_size}")
 
@@ -228,8 +233,11 @@ class OptimConfig:
     distill: float = opt(0.0, "weight of hard-label distillation from a CNN teacher that the run trains first on the same "
                          "photos (DeiT, Touvron et al. 2021), 0 = off; the saved model is the ViT alone; skipped with a frozen "
                          "backbone, which it cannot train", range=AT_LEAST_0)
-    teacher: str = opt("resnet18", "the distillation teacher: a torchvision architecture, random initialisation, trained in the "
-                       "run with its photos, augmentation, optimiser and schedule", choices=TEACHERS)
+    guidance: float = opt(0.0, "weight of locality guidance: a few blocks' patch tokens learn, through 1x1 adapters, to predict "
+                          "the feature maps of a CNN teacher that the run trains first on the same photos (Li et al. 2022), 0 = off; "
+                          "the saved model is the ViT alone; skipped with a frozen backbone, which it cannot train", range=AT_LEAST_0)
+    teacher: str = opt("resnet18", "the CNN teacher of --distill and --guidance: a torchvision architecture, random initialisation, "
+                       "trained in the run with its photos, augmentation, optimiser and schedule", choices=TEACHERS)
 
     def __post_init__(self) -> None:
         _check(self)

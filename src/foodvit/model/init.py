@@ -1,12 +1,14 @@
 """The model's initialisation, as the authors' JAX code does it (google-research/vision_transformer,
-models_vit.py), each rule next to the line it reproduces; and deviation 8, mimetic initialisation
-of the attention (Trockman & Kolter 2023). vit.py builds the model and calls init_weights."""
+models_vit.py), each rule next to the line it reproduces; deviation 8, mimetic initialisation
+of the attention (Trockman & Kolter 2023); and deviation 11, impulse initialisation (Zheng et al.
+2024). vit.py builds the model and calls init_weights."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -55,6 +57,46 @@ def mimetic_init_(attn, qk: tuple[float, float] = MIMETIC_QK, vo: tuple[float, f
     # W_v W_o = (U S^1/2)(V S^1/2)^T = a Z - b I
 
 
+IMPULSE_LOGIT = 10.0  # target logit of the chosen neighbour's row and of its column (0 elsewhere): about 64% of the attention at step 0
+IMPULSE_RIDGE = 1e-4  # ridge of the solve, as a share of the largest squared singular value of the positions
+
+
+def impulse_offsets(grid: int, rows: int, cols: int) -> torch.Tensor:
+    """The key each patch of a grid x grid meets in an impulse filter of offset (rows, cols), the
+    edge clamped: (N,) flat positions."""
+    r, c = torch.arange(grid * grid) // grid, torch.arange(grid * grid) % grid
+    return (r + rows).clamp(0, grid - 1) * grid + (c + cols).clamp(0, grid - 1)
+
+
+@torch.no_grad()
+def impulse_init_(attn, positions: torch.Tensor, offsets: list[tuple[int, int]]) -> None:
+    """Deviation 11: set each head's query and key rows of U_qkv so that, on the layer-normalised
+    position embeddings `positions` (N, D) of a square grid, head h's logits are near
+    IMPULSE_LOGIT x ([row of key = row of query + dy] + [column of key = column of query + dx]) for
+    offsets[h] = (dy, dx): the softmax of that sum peaks on the one patch at the offset. Sin-cos
+    positions hold a row part and a column part, so this additive target is one they can express.
+    Solved as M = argmin ||X M X^T - target||^2 + ridge ||M||^2 (X = the positions, scaled by
+    sqrt(d) for the attention's 1 / sqrt(d)), then W_q,h W_k,h^T = the best rank-d part of M.
+    Biases stay zero; the value path keeps the JAX initialisation."""
+    D, d = attn.proj.weight.shape[0], attn.head_dim
+    grid = math.isqrt(positions.shape[0])
+    X = positions.double()
+    u, s, vh = torch.linalg.svd(X, full_matrices=False)
+    shrink = s / (s**2 + IMPULSE_RIDGE * s[0] ** 2)  # the ridge's pseudo-inverse of the singular values
+    weight = attn.qkv.weight  # (3D, D): rows [q heads | k heads | v heads]
+    rows_of = torch.arange(grid * grid) // grid
+    cols_of = torch.arange(grid * grid) % grid
+    for head, (dy, dx) in enumerate(offsets):
+        key = impulse_offsets(grid, dy, dx)
+        target = IMPULSE_LOGIT * ((rows_of[None, :] == rows_of[key][:, None]).double() + (cols_of[None, :] == cols_of[key][:, None]).double())
+        M = (vh.T * shrink) @ (u.T @ target @ u) @ (shrink[:, None] * vh) * math.sqrt(d)  # (D, D): X M X^T ~ target
+        left, sv, right = torch.linalg.svd(M)
+        root = sv[:d].sqrt()
+        rows = slice(head * d, (head + 1) * d)
+        weight[rows] = (left[:, :d] * root).T.to(weight)  # W_q,h^T: (d, D)
+        weight[D:][rows] = (right[:d].T * root).T.to(weight)  # W_k,h^T
+
+
 @torch.no_grad()
 def init_weights(model) -> None:
     """Initialise as the authors' JAX code does; each rule names the line it reproduces."""
@@ -80,6 +122,9 @@ def init_weights(model) -> None:
         # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
         if model.config.init == "mimetic":
             mimetic_init_(block.attn)
+        elif model.config.init == "impulse":  # one random 3 x 3 tap per head
+            taps = torch.randint(-1, 2, (block.attn.num_heads, 2)).tolist()
+            impulse_init_(block.attn, F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)), taps)
     # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does.
     init_head(model.head)
     if model.config.distill_token:

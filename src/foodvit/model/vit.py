@@ -46,6 +46,16 @@ option, named here once and cited:
      learns the teacher's classes while Eq. 4's head learns the true ones (distill.py). Both
      tokens attend and are attended to in every block; prediction is the mean of the two heads'
      logits, as in DeiT.
+ 10. stem="spt": shifted patch tokenisation (Lee et al. 2021, "Vision Transformer for Small-Size
+     Datasets"): the image and four copies shifted by half a patch diagonally (zeros shifted in)
+     are stacked on the channels, each 5C x P x P patch is flattened, layer-normalised and
+     projected to D by E (a Linear): every token also sees its neighbours' borders.
+ 11. init="impulse": impulse (structured) initialisation of the attention (Zheng et al. 2024,
+     "Structured initialization for attention in vision transformers", arXiv 2404.01139; model/init.py).
+     Each head of each block draws one offset of a 3 x 3 neighbourhood; W_q,h W_k,h^T is solved,
+     through the layer-normalised sin-cos position embedding, so that at step 0 a patch's query
+     meets the key of the patch at that offset most: the attention starts as the taps of a 3 x 3
+     convolution. Needs pos_embed="sincos2d".
 
 Notes (not deviations from the paper's text):
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
@@ -91,11 +101,16 @@ class PatchEmbed(nn.Module):
         if config.stem == "conv":  # deviation 5: the stem does the striding, E is a 1x1 projection
             self.stem = ConvStem(C, D, P)
             self.proj = nn.Conv2d(D, D, kernel_size=1)
+        elif config.stem == "spt":  # deviation 10: E reads the normalised shifted patches
+            self.stem = ShiftedPatches(C, P, config.layer_norm_eps)
+            self.proj = nn.Linear(ShiftedPatches.COPIES * C * P * P, D)
         else:
             self.stem = None
             self.proj = nn.Conv2d(C, D, kernel_size=P, stride=P)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.stem, ShiftedPatches):
+            return self.proj(self.stem(images))  # (B, N, 5CP^2) -> (B, N, D)
         x = images if self.stem is None else self.stem(images)  # conv stem: (B, C, H, W) -> (B, D, H/P, W/P)
         x = self.proj(x)  # (B, C, H, W) -> (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
@@ -119,6 +134,35 @@ class ConvStem(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.layers(images)  # (B, C, H, W) -> (B, D, H/P, W/P)
+
+
+class ShiftedPatches(nn.Module):
+    """Deviation 10: shifted patch tokenisation (Lee et al. 2021). The image and its four diagonal
+    shifts by P/2 (zeros shifted in), stacked on the channels, cut into P x P patches, each
+    flattened and layer-normalised: (B, C, H, W) -> (B, N, 5 C P^2)."""
+
+    COPIES = 5  # the image and its four diagonal shifts
+    SHIFTS = ((-1, -1), (-1, 1), (1, -1), (1, 1))  # (rows, columns) in half patches: up-left, up-right, down-left, down-right
+
+    def __init__(self, in_channels: int, patch_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.norm = nn.LayerNorm(self.COPIES * in_channels * patch_size**2, eps=eps)
+
+    @staticmethod
+    def shift(images: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        """The image moved by (rows, cols) pixels, zeros shifted in: out[y, x] = images[y - rows, x - cols]."""
+        H, W = images.shape[-2:]
+        padded = F.pad(images, (max(cols, 0), max(-cols, 0), max(rows, 0), max(-rows, 0)))  # (left, right, top, bottom)
+        top, left = max(-rows, 0), max(-cols, 0)
+        return padded[..., top : top + H, left : left + W]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        half, P = self.patch_size // 2, self.patch_size
+        x = torch.cat([images] + [self.shift(images, r * half, c * half) for r, c in self.SHIFTS], dim=1)  # (B, 5C, H, W)
+        B, C5, H, W = x.shape
+        x = x.reshape(B, C5, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5)  # (B, H/P, W/P, 5C, P, P)
+        return self.norm(x.reshape(B, (H // P) * (W // P), C5 * P * P))  # (B, N, 5CP^2), each patch normalised
 
 
 def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> None:

@@ -49,6 +49,13 @@ def build_teacher(name: str, num_classes: int) -> nn.Module:
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
 
 
+def teacher_skeleton(name: str, num_classes: int) -> nn.Module:
+    """The teacher's architecture, built without drawing from the random state: what a wrapper needs
+    to know of it (its stages' widths) before the teacher is trained."""
+    with torch.random.fork_rng(devices=[]):
+        return build_teacher(name, num_classes)
+
+
 class WithDistillation(nn.Module):
     """A student trained on a frozen teacher's hard labels besides the true ones. The student is a
     VisionTransformer or one wrapped for the localization loss: anything whose forward_heads(images)
@@ -105,7 +112,7 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
     teacher = build_teacher(c.optim.teacher, len(trainer.classes)).to(trainer.device)
     saved = trainer.ctx.broadcast(trainer.ctx.on_main(read_teacher, path, c.optim.teacher))
     if saved is None:
-        trainer.log(f"training the distillation teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
+        trainer.log(f"training the CNN teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
         optimizer = build_optimizer(teacher, c.optim, trainer.device)
         scheduler = build_scheduler(optimizer, c.optim, trainer.steps_per_epoch, c.train.epochs)
 
@@ -124,6 +131,6 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
                 save_checkpoint(trainer.out / "checkpoint.pt", trainer.state(0))
     else:
         teacher.load_state_dict(saved["model"])
-        trainer.log(f"distillation teacher: {path} ({c.optim.teacher}, trained earlier in this run)")
+        trainer.log(f"CNN teacher: {path} ({c.optim.teacher}, trained earlier in this run)")
     trainer.teacher_history = list(saved["history"])
     return teacher

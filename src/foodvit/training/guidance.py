@@ -1,0 +1,138 @@
+"""Locality guidance (Li et al. 2022, "Locality Guidance for Improving Vision Transformers on Tiny
+Datasets", ECCV; arXiv 2207.10026): a CNN trained on the same photos lends the ViT its *features*,
+not its labels.
+
+A ViT on a few hundred photos has to learn locality from them; a CNN has it built in. With
+--guidance W, the run first trains the CNN teacher (the same one --distill trains: training/distill.py,
+random initialisation, the run's photos and schedule), then the ViT with
+
+    loss = CE(student(x), y) + W x mean over pairs of || A_k(tokens of block b_k) - LN(stage_k(x)) ||^2
+
+on every augmented batch x: the patch tokens of a few of the ViT's blocks, laid out on their grid,
+go through a 1x1 convolution A_k (the adapter, trained with the ViT) and are compared with the
+teacher's feature map of the matching stage on the same crop (its features standardised over the
+channels at each position). Pairs: the teacher's first three stages, in order, with three blocks
+spread over the ViT's depth, the last block left to the classifier. Where the two grids differ
+the finer one is average-pooled to the coarser. Training only: the adapters and the teacher are
+not part of the saved model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foodvit.errors import ConfigError
+from foodvit.training.drloc import HeadsAndLoss
+
+STAGES = ("layer1", "layer2", "layer3")  # the teacher's stages that guide (a torchvision ResNet's)
+
+
+def guided_blocks(depth: int, stages: int = len(STAGES)) -> list[int]:
+    """The ViT blocks (0-based) matched to the stages, in order: spread over the first depth - 1."""
+    if depth < 2:
+        raise ConfigError(f"--guidance matches blocks before the last one to the teacher's stages: needs --depth 2 or more, got {depth}")
+    span = depth - 1
+    return [max(0, round((k + 1) * span / stages) - 1) for k in range(stages)]
+
+
+def stage_channels(teacher: nn.Module) -> list[int]:
+    """Output channels of each guiding stage of a torchvision ResNet (its last block's last conv)."""
+    channels = []
+    for name in STAGES:
+        last = getattr(teacher, name)[-1]
+        channels.append((last.conv3 if hasattr(last, "conv3") else last.conv2).out_channels)
+    return channels
+
+
+def stage_maps(teacher: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
+    """The teacher's feature maps after each guiding stage, (B, C_k, H_k, W_k); the later stages are not run."""
+    x = teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))
+    maps = []
+    for name in STAGES:
+        x = getattr(teacher, name)(x)
+        maps.append(x)
+    return maps
+
+
+def token_map(tokens: torch.Tensor, prefix: int) -> torch.Tensor:
+    """A block's output (B, T, D) -> its patch tokens on their grid (B, D, g, g)."""
+    patches = tokens[:, prefix:]
+    B, N, D = patches.shape
+    grid = math.isqrt(N)
+    return patches.transpose(1, 2).reshape(B, D, grid, grid)
+
+
+def matching_loss(adapted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared error of the adapted student map against the standardised teacher map, on the
+    coarser of their two grids: (B, C, g, g) and (B, C, h, w) -> a scalar (0 for an empty share of a batch)."""
+    size = min(adapted.shape[-1], target.shape[-1])
+    if adapted.shape[-1] > size:
+        adapted = F.adaptive_avg_pool2d(adapted, size)
+    if target.shape[-1] > size:
+        target = F.adaptive_avg_pool2d(target, size)
+    target = F.layer_norm(target.permute(0, 2, 3, 1), target.shape[1:2]).permute(0, 3, 1, 2)  # each position over its channels
+    return F.mse_loss(adapted.float(), target.float(), reduction="sum") / max(1, adapted.numel())
+
+
+def innermost_vit(module: nn.Module) -> nn.Module:
+    """The VisionTransformer inside the training wrappers (localization loss, progressive resizing)."""
+    while hasattr(module, "vit"):
+        module = module.vit
+    return module
+
+
+class WithLocalityGuidance(nn.Module):
+    """A student trained to let a few of its blocks' tokens predict a CNN teacher's feature maps.
+    The student is a VisionTransformer or one wrapped for training (anything with forward_heads,
+    whose innermost .vit has blocks); the teacher, a torchvision ResNet, is held outside the
+    module's parameters (not trained, not saved, not seen by DDP). In training mode forward returns
+    (logits, auxiliary loss), the student's own auxiliary loss included; in eval mode the
+    student's prediction."""
+
+    def __init__(self, student: nn.Module, weight: float, teacher_skeleton: nn.Module) -> None:
+        super().__init__()
+        self.student, self.weight = student, weight
+        vit = innermost_vit(student)
+        self.blocks = guided_blocks(vit.config.depth)
+        D = vit.config.embed_dim
+        self.adapters = nn.ModuleList(nn.Conv2d(D, channels, kernel_size=1) for channels in stage_channels(teacher_skeleton))
+        self.set_teacher(None)
+
+    def set_teacher(self, teacher: nn.Module | None) -> None:
+        if teacher is not None:
+            teacher.eval().requires_grad_(False)
+        object.__setattr__(self, "teacher", teacher)  # not a submodule
+
+    def forward(self, images: torch.Tensor):
+        if not self.training:
+            return self.student(images)
+        out = self.forward_heads(images)
+        return out.logits, out.auxiliary
+
+    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
+        if self.teacher is None:
+            raise RuntimeError("WithLocalityGuidance needs its teacher before training (set_teacher)")
+        vit = innermost_vit(self.student)
+        outputs: dict[int, torch.Tensor] = {}
+
+        def keep(index: int):
+            return lambda module, args, out: outputs.__setitem__(index, out[0])  # a block returns (tokens, attention)
+
+        hooks = [vit.blocks[i].register_forward_hook(keep(i)) for i in sorted(set(self.blocks))]
+        try:
+            heads = self.student.forward_heads(images)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        with torch.no_grad():
+            maps = stage_maps(self.teacher, images)
+        prefix = vit.config.num_prefix_tokens
+        losses = [matching_loss(adapter(token_map(outputs[block], prefix)), target)
+                  for adapter, block, target in zip(self.adapters, self.blocks, maps)]
+        guidance = self.weight * torch.stack(losses).mean()
+        inner = heads.auxiliary if isinstance(heads, HeadsAndLoss) else 0.0  # the localization loss, when wrapped for it
+        return HeadsAndLoss(heads.logits, heads.distilled, inner + guidance)

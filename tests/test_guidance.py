@@ -1,0 +1,127 @@
+"""Locality guidance: blocks' patch tokens, through 1x1 adapters, learn a CNN teacher's feature maps
+(the loss computed by hand here), the teacher frozen and outside the model; a guided run trains its
+teacher once, keeps the adapters in its checkpoint and resumes exactly."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import make_photo_folder
+from test_train import small_config
+
+from foodvit.errors import ConfigError
+from foodvit.model.variants import create_model
+from foodvit.rundir.directory import load_checkpoint
+from foodvit.training.distill import WithDistillation, build_teacher
+from foodvit.training.guidance import WithLocalityGuidance, guided_blocks
+from foodvit.training.trainer import resume, train
+
+
+def test_the_guided_blocks_spread_over_the_depth_and_leave_the_last_one_to_the_classifier():
+    assert guided_blocks(6) == [1, 2, 4]
+    assert guided_blocks(12) == [3, 6, 10]
+    assert guided_blocks(2) == [0, 0, 0]
+    with pytest.raises(ConfigError, match="--depth 2 or more"):
+        guided_blocks(1)
+
+
+def by_hand(vit, teacher, adapters, blocks, images):
+    """The guidance loss written out: block outputs, teacher stages, pooled to the coarser grid, teacher standardised."""
+    x = vit.embed(images)
+    outputs = []
+    for block in vit.blocks:
+        x, _ = block(x)
+        outputs.append(x)
+    t = teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))
+    maps = []
+    for layer in (teacher.layer1, teacher.layer2, teacher.layer3):
+        t = layer(t)
+        maps.append(t)
+    losses = []
+    for adapter, b, target in zip(adapters, blocks, maps):
+        tokens = outputs[b][:, 1:]  # the class token left out
+        g = int(tokens.shape[1] ** 0.5)
+        student = adapter(tokens.transpose(1, 2).reshape(len(images), -1, g, g))
+        size = min(g, target.shape[-1])
+        student, target = F.adaptive_avg_pool2d(student, size), F.adaptive_avg_pool2d(target, size)
+        mean, var = target.mean(1, keepdim=True), target.var(1, unbiased=False, keepdim=True)
+        losses.append(((student - (target - mean) / torch.sqrt(var + 1e-5)) ** 2).mean())
+    return sum(losses) / len(losses)
+
+
+def test_the_loss_is_the_adapted_tokens_error_against_the_teachers_standardised_maps():
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3)  # 8 x 8 tokens; ResNet stages 16, 8, 4
+    teacher = build_teacher("resnet18", 3)
+    wrapped = WithLocalityGuidance(vit, 0.3, teacher)
+    wrapped.set_teacher(teacher)
+    images = torch.randn(2, 3, 64, 64)
+    wrapped.train()
+    logits, extra = wrapped(images)
+    torch.testing.assert_close(logits, vit(images), rtol=1e-5, atol=1e-5)  # the ViT's own logits
+    with torch.no_grad():
+        expected = 0.3 * by_hand(vit, teacher, wrapped.adapters, wrapped.blocks, images)
+    torch.testing.assert_close(extra, expected, rtol=1e-4, atol=1e-6)
+    assert [a.out_channels for a in wrapped.adapters] == [64, 128, 256]  # ResNet-18's stage widths
+    extra.backward()
+    assert all(a.weight.grad.abs().sum() > 0 for a in wrapped.adapters)
+    assert vit.blocks[1].attn.qkv.weight.grad.abs().sum() > 0  # the guided blocks learn from it
+    assert all(p.grad is None for p in teacher.parameters()) and not teacher.training
+    assert {id(p) for p in wrapped.parameters()} == {id(p) for p in vit.parameters()} | {id(p) for p in wrapped.adapters.parameters()}
+    wrapped.eval()
+    torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
+    _, nothing = wrapped.train()(torch.zeros(0, 3, 64, 64))
+    assert nothing.item() == 0.0  # an empty share of a batch (distributed) costs nothing
+
+
+def test_adds_to_distillation_and_needs_its_teacher():
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2)
+    teacher = build_teacher("resnet18", 3).eval()
+    guided = WithLocalityGuidance(vit, 1.0, teacher)
+    with pytest.raises(RuntimeError, match="needs its teacher"):
+        guided.train()(torch.randn(1, 3, 32, 32))
+    guided.set_teacher(teacher)
+    both = WithDistillation(guided, 2.0, teacher).train()
+    images = torch.randn(3, 3, 32, 32)
+    logits, extra = both(images)
+    _, guidance_only = guided(images)
+    distill = F.cross_entropy(logits, teacher(images).argmax(1))
+    torch.testing.assert_close(extra, guidance_only + 2.0 * distill, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2)
+
+
+def guided(photos, epochs):
+    config = small_config(photos, epochs=epochs, batch_size=8)
+    return replace(config, optim=replace(config.optim, guidance=1.0, teacher="resnet18"))
+
+
+def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
+    whole = train(guided(photos, 2), tmp_path / "whole", quiet=True)
+    state = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
+    assert set(state["guidance"]) == {f"{k}.{p}" for k in range(3) for p in ("weight", "bias")}
+    assert not any(k.startswith("adapters") for k in state["model"])  # the model file holds the ViT alone
+    assert (tmp_path / "whole" / "teacher.pt").is_file()
+    import foodvit.training.distill as D
+    import foodvit.training.trainer as T
+
+    real, calls = T.fit, {"n": 0}
+
+    def stop_after_one_student_epoch(model, *args, **kwargs):
+        calls["n"] += 1
+        return real(model, *args, **({**kwargs, "epochs": 1} if calls["n"] == 2 else kwargs))  # the teacher's fit is the first
+
+    for module in (T, D):
+        monkeypatch.setattr(module, "fit", stop_after_one_student_epoch)
+    out = tmp_path / "stopped"
+    train(guided(photos, 2), out, quiet=True)
+    for module in (T, D):
+        monkeypatch.setattr(module, "fit", real)
+    resumed = resume(out, quiet=True)
+    assert resumed.history[-1]["train_loss"] == pytest.approx(whole.history[-1]["train_loss"], rel=1e-5)
+    assert resumed.test["acc"] == pytest.approx(whole.test["acc"])
