@@ -236,6 +236,10 @@ class OptimConfig:
     guidance: float = opt(0.0, "weight of locality guidance: a few blocks' patch tokens learn, through 1x1 adapters, to predict "
                           "the feature maps of a CNN teacher that the run trains first on the same photos (Li et al. 2022), 0 = off; "
                           "the saved model is the ViT alone; skipped with a frozen backbone, which it cannot train", range=AT_LEAST_0)
+    masked: float = opt(0.0, "weight of masked-patch reconstruction: in training, --mask-ratio of each image's patches are hidden "
+                        "behind a learned mask token and a linear decoder predicts their pixels from the output tokens (SimMIM-style "
+                        "self-supervision on the same photos), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
+    mask_ratio: float = opt(0.25, "share of each training image's patches hidden with --masked", range=SHARE_ABOVE_0)
     teacher: str = opt("resnet18", "the CNN teacher of --distill and --guidance: a torchvision architecture, random initialisation, "
                        "trained in the run with its photos, augmentation, optimiser and schedule", choices=TEACHERS)
 

@@ -41,9 +41,9 @@ from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
-from foodvit.training.distill import WithDistillation, teacher_skeleton, train_or_load_teacher
+from foodvit.training import auxiliary
+from foodvit.training.distill import train_or_load_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, backend_reason, is_backend_error
-from foodvit.training.drloc import WithDenseRelativeLocalization
 from foodvit.training.engine import (
     FitHooks,
     StepSettings,
@@ -55,7 +55,6 @@ from foodvit.training.engine import (
     own_random_state,
 )
 from foodvit.training.freezing import freeze_backbone
-from foodvit.training.guidance import WithLocalityGuidance
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.report import per_class_accuracy, size_note, write_results
 from foodvit.training.resizing import AnyGrid
@@ -132,19 +131,11 @@ class Trainer:
             raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
         if self.config.train.freeze_backbone:
             freeze_backbone(self.model)
-        # the module the optimiser steps: the ViT, with the auxiliary head and the distillation loss
-        # if asked (training only); both train the encoder: with a frozen one (a feature extractor)
-        # they have nothing to train
-        c = self.config
+        # the module the optimiser steps: the ViT inside the auxiliary losses that are on (training only)
         resizing = bool(d.start_size) and d.start_size != self.model.config.image_size  # smaller batches first: any grid
-        self.trained = AnyGrid(self.model) if resizing else self.model
-        self.localization = self.distiller = self.guide = None
-        if c.optim.drloc > 0 and not c.train.freeze_backbone:
-            self.trained = self.localization = WithDenseRelativeLocalization(self.trained, c.optim.drloc, c.optim.drloc_pairs)
-        if c.optim.guidance > 0 and not c.train.freeze_backbone:  # its teacher, like distillation's, comes in fit()
-            self.trained = self.guide = WithLocalityGuidance(self.trained, c.optim.guidance, teacher_skeleton(c.optim.teacher, num_classes))
-        if c.optim.distill > 0 and not c.train.freeze_backbone:
-            self.trained = self.distiller = WithDistillation(self.trained, c.optim.distill)  # its teacher comes in fit()
+        self.aux = auxiliary.wrap(AnyGrid(self.model) if resizing else self.model, self.config.optim, num_classes,
+                                  frozen=self.config.train.freeze_backbone)
+        self.trained = self.aux.trained
         self.teacher_history: list[dict] = []
         self.trained.to(self.device)
 
@@ -213,8 +204,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "model_config": asdict(self.model.config),
             "preprocess": asdict(self.preprocess),
-            "auxiliary": self.localization.drloc.state_dict() if self.localization is not None else None,
-            "guidance": self.guide.adapters.state_dict() if self.guide is not None else None,
+            **self.aux.state_dict(),  # the auxiliary losses' own parts
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
@@ -228,10 +218,7 @@ class Trainer:
         rundir.check_same_data(state, self.classes, self.photo_counts(), self.data.root)
         try:
             self.model.load_state_dict(state["model"])
-            if self.localization is not None:
-                self.localization.drloc.load_state_dict(state["auxiliary"])
-            if self.guide is not None:
-                self.guide.adapters.load_state_dict(state["guidance"])
+            self.aux.load_state_dict(state)
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             first = str(err).strip().splitlines()
@@ -293,11 +280,8 @@ class Trainer:
             # of 1 is no copy): DDP copies it into its bucket and warns about performance, needlessly
             warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
             try:
-                if self.distiller is not None or self.guide is not None:
-                    teacher = train_or_load_teacher(self)  # one CNN for both: labels to distil, feature maps to guide
-                    for wrapper in (self.distiller, self.guide):
-                        if wrapper is not None:
-                            wrapper.set_teacher(teacher)
+                if self.aux.need_teacher:
+                    self.aux.set_teacher(train_or_load_teacher(self))
                 fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
                     start_epoch=self.start_epoch, settings=self.settings, hooks=hooks, eval_model=self.eval_model,
                     eval_every=c.train.eval_every, show_progress=not self.quiet, num_classes=len(self.classes))

@@ -1,0 +1,98 @@
+"""Masked-patch reconstruction as an auxiliary loss during supervised training (self-supervision on
+the same photos, in the manner of SimMIM, Xie et al. 2022, and of masked autoencoding used as an
+auxiliary task, Das et al. 2023, arXiv 2310.20704).
+
+With --masked W, in training a share --mask-ratio of each image's patches is hidden: their
+embeddings x_p^i E are replaced by one learned mask token before the position embedding is added
+(so the position stays known, the content does not). The ViT classifies the image as it is shown,
+and a linear decoder reads each hidden patch's output token and predicts that patch's pixels,
+each patch normalised to zero mean and unit variance (MAE's normalised-pixel target):
+
+    loss = CE(student(masked x), y) + W x mean over hidden patches of || decoder(z_L^i) - norm(x_p^i) ||^2
+
+To fill a hole from its neighbours the tokens must carry what lies around them: local structure a
+ViT otherwise learns only from large data. The hiding also acts as an augmentation. One forward
+pass, as cheap as plain training. Training only: the saved model is the plain ViT.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foodvit.errors import ConfigError
+from foodvit.training.drloc import HeadsAndLoss
+from foodvit.training.guidance import innermost_vit
+
+
+def patch_pixels(images: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, N, C P^2), patches in the token order, each normalised over its pixels."""
+    B, C, H, W = images.shape
+    P = patch_size
+    patches = images.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // P) * (W // P), C * P * P)
+    centred = patches - patches.mean(-1, keepdim=True)
+    return centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def draw_mask(batch: int, patches: int, ratio: float, device: torch.device) -> torch.Tensor:
+    """(B, N) booleans, exactly round(ratio x N) True (hidden) per image, at random positions."""
+    hidden = round(ratio * patches)
+    order = torch.rand(batch, patches, device=device).argsort(dim=1)
+    return order < hidden  # the positions whose random rank falls among the first `hidden`
+
+
+class Reconstruction(nn.Module):
+    """The auxiliary task's own parameters: the mask token and the linear pixel decoder."""
+
+    def __init__(self, embed_dim: int, patch_pixels: int) -> None:
+        super().__init__()
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        nn.init.trunc_normal_(self.mask_token, std=0.02)
+        self.decoder = nn.Linear(embed_dim, patch_pixels)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"mask_token"}
+
+
+class WithMaskedPatches(nn.Module):
+    """A student trained on masked images with the pixel-reconstruction loss besides its own. The
+    student is a VisionTransformer or one wrapped for training (anything with forward_heads whose
+    innermost .vit is the ViT). In training mode forward returns (logits, auxiliary loss), the
+    student's own auxiliary loss included; in eval mode the student's prediction on the whole image."""
+
+    def __init__(self, student: nn.Module, weight: float, ratio: float) -> None:
+        super().__init__()
+        vit = innermost_vit(student)
+        if vit.config.pool == "cls":
+            raise ConfigError("--masked reconstructs each hidden patch from its output token, which a class-token model's last "
+                              "block does not compute: use --pool gap or --pool seq")
+        self.student, self.weight, self.ratio = student, weight, ratio
+        c = vit.config
+        self.reconstruction = Reconstruction(c.embed_dim, c.in_channels * c.patch_size**2)
+
+    def forward(self, images: torch.Tensor):
+        if not self.training:
+            return self.student(images)
+        out = self.forward_heads(images)
+        return out.logits, out.auxiliary
+
+    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
+        vit = innermost_vit(self.student)
+        P, prefix = vit.config.patch_size, vit.config.num_prefix_tokens
+        hidden = draw_mask(images.shape[0], (images.shape[-2] // P) * (images.shape[-1] // P), self.ratio, images.device)
+        token = self.reconstruction.mask_token
+        final: dict[str, torch.Tensor] = {}
+        hooks = [vit.patch_embed.register_forward_hook(lambda m, a, out: torch.where(hidden[..., None], token.to(out.dtype), out)),
+                 vit.norm.register_forward_hook(lambda m, a, out: final.__setitem__("tokens", out))]
+        try:
+            heads = self.student.forward_heads(images)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        predicted = self.reconstruction.decoder(final["tokens"][:, prefix:][hidden])  # (hidden patches, C P^2)
+        target = patch_pixels(images, P)[hidden]
+        # the mean over the hidden pixels, as a sum over their count: an empty share of a batch gives 0
+        loss = F.mse_loss(predicted.float(), target.float(), reduction="sum") / max(1, predicted.numel())
+        inner = heads.auxiliary if isinstance(heads, HeadsAndLoss) else 0.0
+        return HeadsAndLoss(heads.logits, heads.distilled, inner + self.weight * loss)

@@ -1,0 +1,84 @@
+"""Masked-patch reconstruction: hidden patches' embeddings become the mask token before the
+positions are added, the loss is the decoder's error on their normalised pixels (computed by hand
+here), prediction is the plain ViT's; a run keeps the task's parts in its checkpoint and resumes exactly."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from helpers import make_photo_folder
+from test_train import small_config
+
+from foodvit.errors import ConfigError
+from foodvit.model.variants import create_model
+from foodvit.rundir.directory import load_checkpoint
+from foodvit.training.masked import WithMaskedPatches, draw_mask, patch_pixels
+from foodvit.training.trainer import resume, train
+
+
+def test_the_mask_hides_exactly_the_ratio_of_each_images_patches_at_random():
+    torch.manual_seed(0)
+    mask = draw_mask(4, 16, 0.25, torch.device("cpu"))
+    assert mask.sum(1).tolist() == [4, 4, 4, 4]
+    assert len({tuple(row.tolist()) for row in mask}) > 1  # not the same patches in every image
+
+
+def test_the_hidden_patches_are_classified_as_the_mask_token_and_their_pixels_reconstructed():
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool="gap", pos_embed="sincos2d")
+    wrapped = WithMaskedPatches(vit, 0.7, ratio=0.5).train()
+    images = torch.randn(2, 3, 32, 32)
+    torch.manual_seed(5)
+    logits, extra = wrapped(images)
+    torch.manual_seed(5)
+    hidden = draw_mask(2, 16, 0.5, images.device)  # the same draw
+    with torch.no_grad():  # by hand: Eq. 1 with the mask token in the hidden patches' place, then the encoder
+        x = vit.patch_embed(images)
+        x = torch.where(hidden[..., None], wrapped.reconstruction.mask_token, x)
+        x = torch.cat([vit.cls_token.expand(2, -1, -1), x], dim=1) + vit.pos_embed
+        for block in vit.blocks:
+            x, _ = block(x)
+        tokens = vit.norm(x)
+        predicted = wrapped.reconstruction.decoder(tokens[:, 1:][hidden])
+        target = images.reshape(2, 3, 4, 8, 4, 8).permute(0, 2, 4, 1, 3, 5).reshape(2, 16, 192)[hidden]
+        target = (target - target.mean(-1, keepdim=True)) / torch.sqrt(target.var(-1, unbiased=False, keepdim=True) + 1e-6)
+        torch.testing.assert_close(logits, vit.head(tokens[:, 1:].mean(1)), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(extra, 0.7 * ((predicted - target) ** 2).mean(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(patch_pixels(images, 8)[hidden], target)
+    extra.backward()
+    assert wrapped.reconstruction.mask_token.grad.abs().sum() > 0 and vit.blocks[0].mlp.fc1.weight.grad.abs().sum() > 0
+    wrapped.eval()
+    torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction sees the whole image
+    _, nothing = wrapped.train()(torch.zeros(0, 3, 32, 32))
+    assert nothing.item() == 0.0
+
+
+def test_a_class_token_pooled_model_is_refused_with_what_to_do():
+    with pytest.raises(ConfigError, match="--pool gap or --pool seq"):
+        WithMaskedPatches(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), 1.0, 0.25)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2)
+
+
+def masked(photos, epochs):
+    config = small_config(photos, epochs=epochs, batch_size=8)
+    return replace(config, vit={**config.vit, "pool": "gap"}, optim=replace(config.optim, masked=1.0, drloc=0.5))
+
+
+def test_a_masked_run_keeps_the_tasks_parts_and_resumes_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
+    whole = train(masked(photos, 2), tmp_path / "whole", quiet=True)
+    state = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
+    assert set(state["masked"]) == {"mask_token", "decoder.weight", "decoder.bias"} and state["auxiliary"]
+    assert not any("mask_token" in k or "decoder" in k for k in state["model"])
+    import foodvit.training.trainer as T
+
+    real = T.fit
+    monkeypatch.setattr(T, "fit", lambda *a, **k: real(*a, **{**k, "epochs": 1}))
+    train(masked(photos, 2), tmp_path / "stopped", quiet=True)
+    monkeypatch.setattr(T, "fit", real)
+    resumed = resume(tmp_path / "stopped", quiet=True)
+    assert resumed.history[-1]["train_loss"] == pytest.approx(whole.history[-1]["train_loss"], rel=1e-5)
+    assert resumed.test["acc"] == pytest.approx(whole.test["acc"])
