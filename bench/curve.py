@@ -1,0 +1,160 @@
+"""The data-efficiency curve: 5-fold cross-validation accuracy of the default ViT and of a ResNet-18
+from scratch, at several numbers of training photos a class.
+
+    python bench/curve.py --out runs/curve                                  # FoodVision Mini: 15, 30, 45, 75 a class
+    python bench/curve.py --out runs/curve-20 --fractions 1 --data ../shared/data/pizza_steak_sushi_20_percent   # 150 a class
+    python bench/curve.py --out runs/curve --plot docs/images/data-efficiency.png --extra runs/curve-20   # table and plot
+
+A data set of n photos a class is --train-fraction n / (photos a class) of it: each fold of the
+5-fold CV over the training photos (seed 0, the folds `foodvit cv --seed 0` makes) trains on that
+share of its training part (drawn with the seed, the same photos for both models) and is scored on
+its whole held-out fifth, so every point is judged on all the training photos and the two models
+pair photo by photo. The ViT is `foodvit cv` with the default recipe; the CNN is torchvision's
+ResNet-18 from random initialisation, trained by foodvit's own teacher code (training/distill.py)
+with the recipe's photos, augmentation, optimiser, schedule and epochs: the peer the issue names.
+Studies are kept in --out (vit-f<share>, cnn-f<share>, each with cv.json as `foodvit cv` writes
+it, so `foodvit cv --compare` pairs any two); finished folds are not trained again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from foodvit.cli.main import main as foodvit
+from foodvit.config import load_recipe
+from foodvit.rundir.directory import with_source
+from foodvit.tuning.cv import compare_studies, fold_folders, read_study, summarise, training_photos, write_study
+
+FOLDS, SEED = 5, 0
+
+
+def vit_study(out: Path, share: float, data: str | None, extra: list[str]) -> Path:
+    study = out / f"vit-f{share:g}"
+    if not (study / "cv.json").is_file():
+        args = ["cv", "--seed", str(SEED), "--folds", str(FOLDS), "--eval-every", "100", "--train-fraction", f"{share:g}",
+                "--out", str(study), "--quiet", *extra] + (["--data", data] if data else [])
+        if foodvit(args) != 0:
+            raise SystemExit(f"foodvit cv at share {share:g} failed")
+    return study
+
+
+def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) -> dict:
+    """One fold of the CNN: trained (or its teacher.pt reused from a guided or distilled study of the
+    same fold, which trained the same network), then its held-out photos predicted."""
+    from foodvit.training.distill import train_or_load_teacher
+    from foodvit.training.engine import evaluate
+    from foodvit.training.trainer import Trainer
+
+    result_file = run.with_name(run.name + ".json")
+    if result_file.is_file():
+        return json.loads(result_file.read_text())
+    run.mkdir(parents=True, exist_ok=True)
+    if teachers is not None and (teachers / f"fold-{fold}" / "teacher.pt").is_file() and not (run / "teacher.pt").is_file():
+        shutil.copy2(teachers / f"fold-{fold}" / "teacher.pt", run / "teacher.pt")
+    started = time.perf_counter()
+    trainer = Trainer(replace(config, data=replace(config.data, source=str(folder.resolve()))), run, quiet=True, log=lambda *a, **k: None)
+    teacher = train_or_load_teacher(trainer)
+    test = evaluate(teacher, trainer.eval_loaders["test"], trainer.settings, num_classes=len(trainer.classes), keep_probabilities=True)
+    predictions = []
+    for (path, label), p in zip(trainer.data.test.samples, test["probabilities"]):
+        guess = int(p.argmax())
+        predictions.append({"photo": f"{Path(path).parent.name}/{Path(path).name}", "label": trainer.classes[label],
+                            "predicted": trainer.classes[guess], "right": guess == label})
+    right = sum(p["right"] for p in predictions)
+    result = {"seed": SEED, "fold": fold, "run": run.name, "n": len(predictions), "correct": right, "accuracy": right / len(predictions),
+              "per_class": {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in trainer.classes},
+              "seconds": round(time.perf_counter() - started, 2), "predictions": predictions}
+    result_file.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, epochs: int | None = None) -> Path:
+    study = out / f"cnn-f{share:g}"
+    if (study / "cv.json").is_file():
+        return study
+    config = load_recipe("default")
+    config = replace(config, data=replace(config.data, source=data or "", train_fraction=share),
+                     train=replace(config.train, seed=SEED, epochs=epochs or config.train.epochs), optim=replace(config.optim, distill=1.0, teacher="resnet18"))
+    config = with_source(config)
+    split = training_photos(config)
+    folders = fold_folders(split, FOLDS, SEED, study / "folds")
+    results = [cnn_fold(config, folder, study / f"fold-{k}", k, teachers if share == 1 else None) for k, folder in enumerate(folders)]
+    write_study(study, replace(config, recipe="resnet18 (default recipe's training)"), summarise(results), results)
+    return study
+
+
+def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
+    """Every size with both studies finished: photos a class, each model's accuracy and SE, the paired difference."""
+    found = []
+    for folder in [out, *extra_dirs]:
+        for vit in sorted(folder.glob("vit-f*")):
+            cnn = folder / vit.name.replace("vit-", "cnn-")
+            if not ((vit / "cv.json").is_file() and (cnn / "cv.json").is_file()):
+                continue
+            a, b = read_study(vit), read_study(cnn)
+            per_class = len(a["photos"]) / len(a["per_class"])  # the data set's photos a class (all are held out once)
+            share = float(vit.name.removeprefix("vit-f"))
+            difference, _ = compare_studies(cnn, vit)
+            found.append({"photos_per_class": round(per_class * share), "share": share, "folder": str(folder),
+                          "vit": a["accuracy"], "vit_se": a["standard_error"], "cnn": b["accuracy"], "cnn_se": b["standard_error"],
+                          "vit_minus_cnn": difference["difference"], "paired_se": difference["standard_error"]})
+    return sorted(found, key=lambda r: r["photos_per_class"])
+
+
+def plot(found: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    x = [r["photos_per_class"] for r in found]
+    for key, label, style in (("vit", "ViT, default recipe (foodvit)", "o-"), ("cnn", "ResNet-18 from scratch, same training", "s--")):
+        ax.errorbar(x, [r[key] for r in found], yerr=[r[key + "_se"] for r in found], fmt=style, capsize=3, label=label)
+    ax.set(xscale="log", xlabel="training photos a class (each fold trains on 4/5 of them)", ylabel="5-fold CV accuracy (+- SE)",
+           title="Data efficiency on FoodVision Mini (3 classes)")
+    ax.set_xticks(x, [str(v) for v in x])
+    ax.axhline(1 / 3, color="grey", lw=0.8, ls=":")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder of the studies")
+    parser.add_argument("--data", help="the photos (default: $FOODVIT_DATA)")
+    parser.add_argument("--fractions", default="0.2,0.4,0.6,1", help="shares of each class's training photos")
+    parser.add_argument("--models", default="vit,cnn")
+    parser.add_argument("--teachers", type=Path, help="a guided or distilled default-recipe study whose fold-K/teacher.pt are this "
+                        "data's ResNet-18s at share 1 (reused, not trained again)")
+    parser.add_argument("--epochs", type=int, help="both models' epochs (default: the recipe's; fewer for a quick try)")
+    parser.add_argument("--extra", type=Path, nargs="*", default=[], help="other curve folders to include in the table and plot")
+    parser.add_argument("--plot", type=Path, help="write the curve here")
+    args, extra = parser.parse_known_args()
+    if not args.plot:
+        for share in (float(s) for s in args.fractions.split(",")):
+            if "vit" in args.models:
+                vit_study(args.out, share, args.data, extra + (["--epochs", str(args.epochs)] if args.epochs else []))
+            if "cnn" in args.models:
+                cnn_study(args.out, share, args.data, args.teachers, args.epochs)
+    found = rows(args.out, args.extra)
+    print("| photos a class | ViT (default) | ResNet-18 | ViT - ResNet-18, paired |\n|---|---|---|---|")
+    for r in found:
+        print(f"| {r['photos_per_class']} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
+              f"{r['vit_minus_cnn']:+.3f} +- {r['paired_se']:.3f} |")
+    if args.plot and found:
+        plot(found, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
