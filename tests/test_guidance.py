@@ -101,6 +101,7 @@ def guided(photos, epochs):
     return replace(config, optim=replace(config.optim, guidance=1.0, teacher="resnet18"))
 
 
+@pytest.mark.slow  # two trainings and a resume; exact resume itself is shown fast in test_train
 def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
     whole = train(guided(photos, 2), tmp_path / "whole", quiet=True)
     state = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")

@@ -68,6 +68,7 @@ def masked(photos, epochs):
     return replace(config, vit={**config.vit, "pool": "gap"}, optim=replace(config.optim, masked=1.0, drloc=0.5))
 
 
+@pytest.mark.slow  # two trainings and a resume; exact resume itself is shown fast in test_train
 def test_a_masked_run_keeps_the_tasks_parts_and_resumes_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
     whole = train(masked(photos, 2), tmp_path / "whole", quiet=True)
     state = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
