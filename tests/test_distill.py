@@ -113,7 +113,7 @@ def test_a_distilled_run_trains_saves_and_reports_its_teacher(photos, tmp_path):
     assert [row["epoch"] for row in teacher["history"]] == [1, 2] and 0 <= teacher["history"][-1]["test_acc"] <= 1
     card = json.loads((out / "model.json").read_text())
     assert card["metrics"]["teacher_test_acc"] == teacher["history"][-1]["test_acc"]
-    assert "## Distillation teacher" in (out / "report.md").read_text()
+    assert "## CNN teacher" in (out / "report.md").read_text() and "its labels (distillation, weight 1)" in (out / "report.md").read_text()
     state = load_checkpoint(out / "checkpoint.pt")
     assert not any(k.startswith(("teacher", "layer1", "fc.")) for k in state["model"])  # the checkpoint holds the ViT
     assert len(result.history) == 2
@@ -163,7 +163,7 @@ def test_a_foreign_teacher_file_is_refused(photos, tmp_path):
     (out / "model.safetensors").unlink()  # as a run stopped before writing its model (a finished run is not resumed)
     state = load_checkpoint(out / "teacher.pt")
     torch.save({**state, "architecture": "resnet34"}, out / "teacher.pt")
-    with pytest.raises(RunError, match="not this run's resnet18 distillation teacher"):
+    with pytest.raises(RunError, match="not this run's resnet18 CNN teacher"):
         resume(out, quiet=True)
 
 

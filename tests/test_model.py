@@ -483,3 +483,27 @@ def test_impulse_init_makes_each_head_attend_to_its_own_neighbour_at_step_zero()
     assert (q @ k.transpose(-1, -2) * jax.scale).softmax(-1).max(-1).values.mean() < 0.2  # no such structure
     with pytest.raises(ConfigError, match="impulse.*--pos-embed sincos2d"):
         ViTConfig(init="impulse")
+
+
+def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block():
+    """init_weights' wiring of deviation 11: every block's heads draw their own 3 x 3 taps (never
+    (0, 0) under locality self-attention) and a meta model (parameter counting) builds without values."""
+    config = ViTConfig(image_size=64, patch_size=8, num_classes=3, embed_dim=96, depth=3, num_heads=3, mlp_dim=96,
+                       pool="gap", pos_embed="sincos2d", init="impulse")
+    for locality in (False, True):
+        torch.manual_seed(1)
+        model = VisionTransformer(config.replace(locality=locality))
+        positions = torch.nn.functional.layer_norm(model.pos_embed[0, 1:], (96,))
+        offsets = set()
+        for block in model.blocks:
+            q, k, _ = block.attn.qkv(positions).detach().reshape(64, 3, 3, 32).permute(1, 2, 0, 3)
+            keys = (q @ k.transpose(-1, -2)).argmax(-1)  # (h, N): the key each patch meets most
+            for head in range(3):
+                interior = [r * 8 + c for r in range(1, 7) for c in range(1, 7)]
+                moves = {(int(keys[head, i]) // 8 - i // 8, int(keys[head, i]) % 8 - i % 8) for i in interior}
+                assert len(moves) == 1 and max(map(abs, next(iter(moves)))) <= 1  # one offset in the 3 x 3 for the whole grid
+                offsets |= moves
+        assert len(offsets) > 1  # not one tap for all heads and blocks
+        if locality:
+            assert (0, 0) not in offsets
+    assert count_params(config.replace(stem="conv")) > 0  # built on the meta device

@@ -68,6 +68,13 @@ def impulse_offsets(grid: int, rows: int, cols: int) -> torch.Tensor:
     return (r + rows).clamp(0, grid - 1) * grid + (c + cols).clamp(0, grid - 1)
 
 
+def impulse_taps(heads: int, locality: bool = False) -> list[tuple[int, int]]:
+    """One random (dy, dx) of the 3 x 3 neighbourhood per head; never (0, 0) under locality
+    self-attention (deviation 7), which hides a token from itself."""
+    taps = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if not (locality and dy == dx == 0)]
+    return [taps[i] for i in torch.randint(len(taps), (heads,), device="cpu").tolist()]
+
+
 @torch.no_grad()
 def impulse_init_(attn, positions: torch.Tensor, offsets: list[tuple[int, int]]) -> None:
     """Deviation 11: set each head's query and key rows of U_qkv so that, on the layer-normalised
@@ -122,9 +129,9 @@ def init_weights(model) -> None:
         # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
         if model.config.init == "mimetic":
             mimetic_init_(block.attn)
-        elif model.config.init == "impulse":  # one random 3 x 3 tap per head
-            taps = torch.randint(-1, 2, (block.attn.num_heads, 2)).tolist()
-            impulse_init_(block.attn, F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)), taps)
+        elif model.config.init == "impulse" and not model.pos_embed.is_meta:  # (a meta model has no values to solve for)
+            impulse_init_(block.attn, F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)),
+                          impulse_taps(block.attn.num_heads, model.config.locality))
     # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does.
     init_head(model.head)
     if model.config.distill_token:

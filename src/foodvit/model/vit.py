@@ -55,7 +55,11 @@ option, named here once and cited:
      Each head of each block draws one offset of a 3 x 3 neighbourhood; W_q,h W_k,h^T is solved,
      through the layer-normalised sin-cos position embedding, so that at step 0 a patch's query
      meets the key of the patch at that offset most: the attention starts as the taps of a 3 x 3
-     convolution. Needs pos_embed="sincos2d".
+     convolution. Needs pos_embed="sincos2d". Zheng et al. fit the softmax map to a 0/1 impulse
+     (edges zero) by gradient steps and may reuse one solution in every block; here the logits
+     target is additive (the offset's row plus its column, which sin-cos positions can express
+     exactly), solved in closed form (ridge), edges clamped, new taps in each block; with
+     locality=True (deviation 7) no head draws the (0, 0) tap its mask would hide.
 
 Notes (not deviations from the paper's text):
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the

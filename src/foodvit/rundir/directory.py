@@ -31,7 +31,7 @@ from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import atomic_write
 from foodvit.rundir.compare import differences
 
-TEACHER_FILE = "teacher.pt"  # a distilled run's CNN teacher (training/distill.py)
+TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (training/distill.py)
 TENSORBOARD = "tensorboard"  # --tensorboard's event files (training/tracking.py)
 # every file and folder a run writes (a failed start removes these, and only these)
 RUN_FILES = ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "curves.png", "confusion.png",

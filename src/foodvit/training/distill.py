@@ -93,12 +93,12 @@ class WithDistillation(nn.Module):
 
 
 def read_teacher(path: Path, architecture: str) -> dict | None:
-    """A run's saved distillation teacher, or None when it has none yet."""
+    """A run's saved CNN teacher (of distillation or locality guidance), or None when it has none yet."""
     if not path.is_file():
         return None
     state = load_checkpoint(path)
     if state.get("format") != "foodvit-teacher" or state.get("architecture") != architecture:
-        raise RunError(f"{path} is not this run's {architecture} distillation teacher; remove it to train the teacher again")
+        raise RunError(f"{path} is not this run's {architecture} CNN teacher; remove it to train the teacher again")
     return state
 
 

@@ -15,6 +15,13 @@ channels at each position). Pairs: the teacher's first three stages, in order, w
 spread over the ViT's depth, the last block left to the classifier. Where the two grids differ
 the finer one is average-pooled to the coarser. Training only: the adapters and the teacher are
 not part of the saved model.
+
+Where this differs from Li et al.'s setting (DeiT-Tiny, 12 blocks, CIFAR at 32 px, the teacher at
+low resolution): they guide the first, a middle and the last block, compare the raw teacher
+features after upsampling both maps to the finer grid, sum the pairs with weight 2.5, and feed the
+teacher a downsampled image. Here the teacher's features are standardised at each position (so
+the weight means the same for any teacher), the coarser grid is kept (no detail is invented), the
+pairs are averaged, and teacher and student read the same 64 px crop, already a low resolution.
 """
 
 from __future__ import annotations
@@ -79,9 +86,10 @@ def matching_loss(adapted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def innermost_vit(module: nn.Module) -> nn.Module:
-    """The VisionTransformer inside the training wrappers (localization loss, progressive resizing)."""
-    while hasattr(module, "vit"):
-        module = module.vit
+    """The VisionTransformer inside the training wrappers: the localization loss and progressive
+    resizing hold it as .vit, the other auxiliary losses as .student."""
+    while hasattr(module, "vit") or hasattr(module, "student"):
+        module = module.vit if hasattr(module, "vit") else module.student
     return module
 
 

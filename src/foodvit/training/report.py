@@ -155,10 +155,12 @@ def write_results(out: Path, *, config, data, model, trainable: int, train_size:
     sections = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
     if teacher_history:
         last = teacher_history[-1]  # evaluated on the test split at its last epoch
-        sections = ["## Distillation teacher", "",
+        uses = [f"its labels (distillation, weight {config.optim.distill:g})"] if config.optim.distill > 0 else []
+        uses += [f"its feature maps (locality guidance, weight {config.optim.guidance:g})"] if config.optim.guidance > 0 else []
+        sections = ["## CNN teacher", "",
                     f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
                     f"({sum(r['seconds'] for r in teacher_history):.0f} s): test accuracy {last['test_acc']:.3f} "
-                    f"(per image). The ViT learned from its labels (weight {config.optim.distill:g}); the saved model "
+                    f"(per image). The ViT learned from {' and '.join(uses)}; the saved model "
                     f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.", ""] + sections
     write_report(out, config=config, classes=classes, counts=counts, history=history, final=test, model_info=info,
                  extra_sections=sections)

@@ -7,8 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from foodvit.config import AUGMENT_PRESETS, INITS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
+from foodvit.config import AUGMENT_PRESETS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
 from foodvit.errors import ConfigError
+
+# The initialisations a default space tries: impulse needs sin-cos positions, which many recipes lack (a
+# space file may add it)
+SEARCHED_INITS = ("jax", "mimetic")
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ def default_space(config: RunConfig) -> dict[str, Param]:
         Param("vit.embed_dim", choices=tuple(widths)),
         Param("vit.image_size", patch * max(1, grid // 2), patch * (grid + max(1, grid // 2)), step=patch),
         Param("optim.drloc", 0.0, max(1.0, v["optim.drloc"])),
-        Param("vit.init", choices=INITS),
+        Param("vit.init", choices=SEARCHED_INITS),
         Param("vit.drop_path", 0.0, max(0.3, v["vit.drop_path"])),
         Param("train.epochs", max(1, epochs // 2), epochs + max(1, epochs // 2)),
     )}

@@ -1,0 +1,48 @@
+"""The auxiliary losses stacked as a run wires them (training/auxiliary.py): every combination
+trains, each term adds to the others, their parts go to the checkpoint and come back."""
+
+import itertools
+
+import pytest
+import torch
+
+from foodvit.config import OptimConfig
+from foodvit.model.variants import create_model
+from foodvit.training import auxiliary
+from foodvit.training.distill import build_teacher
+
+LOSSES = {"drloc": 0.5, "masked": 1.0, "guidance": 1.0, "distill": 1.0}
+
+
+@pytest.mark.parametrize("on", [c for n in range(1, 5) for c in itertools.combinations(LOSSES, n)], ids="+".join)
+def test_every_combination_trains_and_keeps_its_parts(on):
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96, pool="gap",
+                       pos_embed="sincos2d")
+    aux = auxiliary.wrap(vit, OptimConfig(**{name: LOSSES[name] for name in on}), num_classes=3)
+    assert aux.need_teacher == ("guidance" in on or "distill" in on)
+    if aux.need_teacher:
+        aux.set_teacher(build_teacher("resnet18", 3))
+    images = torch.randn(4, 3, 32, 32)
+    logits, extra = aux.trained.train()(images)
+    assert logits.shape == (4, 3) and torch.isfinite(extra) and extra.item() > 0
+    extra.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in vit.parameters())  # the ViT learns from it
+    state = aux.state_dict()
+    assert {key for key, part in state.items() if part is not None} == {k for k, n in (("auxiliary", "drloc"), ("masked", "masked"),
+                                                                                       ("guidance", "guidance")) if n in on}
+    torch.manual_seed(1)
+    again = auxiliary.wrap(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96,
+                                        pool="gap", pos_embed="sincos2d"), OptimConfig(**{name: LOSSES[name] for name in on}), num_classes=3)
+    again.load_state_dict(state)
+    for key, part in again.state_dict().items():
+        if part is not None:
+            assert all(torch.equal(part[name], state[key][name]) for name in part)
+    aux.trained.eval()
+    torch.testing.assert_close(aux.trained(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
+
+
+def test_a_frozen_backbone_gets_no_auxiliary_loss():
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2)
+    aux = auxiliary.wrap(vit, OptimConfig(**LOSSES), num_classes=3, frozen=True)
+    assert aux.trained is vit and not aux.need_teacher and all(v is None for v in aux.state_dict().values())
