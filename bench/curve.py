@@ -107,7 +107,7 @@ def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
     return sorted(found, key=lambda r: r["photos_per_class"])
 
 
-def plot(found: list[dict], path: Path) -> None:
+def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,11 +115,14 @@ def plot(found: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     x = [r["photos_per_class"] for r in found]
-    for key, label, style in (("vit", "ViT, default recipe (foodvit)", "o-"), ("cnn", "ResNet-18 from scratch, same training", "s--")):
+    for key, label, style in (("vit", "ViT, the default recipe without locality guidance", "o-"), ("cnn", "ResNet-18 from scratch, same training", "s--")):
         ax.errorbar(x, [r[key] for r in found], yerr=[r[key + "_se"] for r in found], fmt=style, capsize=3, label=label)
-    ax.set(xscale="log", xlabel="training photos a class (each fold trains on 4/5 of them)", ylabel="5-fold CV accuracy (+- SE)",
+    ax.set(xlabel="training photos a class (each fold trains on 4/5 of them)", ylabel="5-fold CV accuracy (+- SE)",
            title="Data efficiency on FoodVision Mini (3 classes)")
     ax.set_xticks(x, [str(v) for v in x])
+    for label, study in marks:  # single studies on all the photos (share 1): other recipes at the last point
+        result = read_study(study)
+        ax.errorbar([max(x)], [result["accuracy"]], yerr=[result["standard_error"]], fmt="*", markersize=11, capsize=3, label=label)
     ax.axhline(1 / 3, color="grey", lw=0.8, ls=":")
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -138,6 +141,8 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, help="both models' epochs (default: the recipe's; fewer for a quick try)")
     parser.add_argument("--extra", type=Path, nargs="*", default=[], help="other curve folders to include in the table and plot")
     parser.add_argument("--plot", type=Path, help="write the curve here")
+    parser.add_argument("--mark", action="append", default=[], metavar="LABEL=STUDY",
+                        help="also plot a finished study of all the photos as one point (e.g. another recipe)")
     args, extra = parser.parse_known_args()
     if not args.plot:
         for share in (float(s) for s in args.fractions.split(",")):
@@ -151,7 +156,7 @@ def main() -> int:
         print(f"| {r['photos_per_class']} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
               f"{r['vit_minus_cnn']:+.3f} +- {r['paired_se']:.3f} |")
     if args.plot and found:
-        plot(found, args.plot)
+        plot(found, args.plot, [(m.split("=", 1)[0], Path(m.split("=", 1)[1])) for m in args.mark])
         print(f"plot: {args.plot}")
     return 0
 
