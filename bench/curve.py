@@ -89,6 +89,13 @@ def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, 
     return study
 
 
+def guided(study: Path) -> bool:
+    """Whether a ViT study trained with locality guidance (the default recipe since round 4; the
+    curve's first points were measured without it): read from its first fold's saved config."""
+    config = json.loads((study / "fold-0" / "config.json").read_text())
+    return config["optim"].get("guidance", 0) > 0
+
+
 def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
     """Every size with both studies finished: photos a class, each model's accuracy and SE, the paired difference."""
     found = []
@@ -101,10 +108,10 @@ def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
             per_class = len(a["photos"]) / len(a["per_class"])  # the data set's photos a class (all are held out once)
             share = float(vit.name.removeprefix("vit-f"))
             difference, _ = compare_studies(cnn, vit)
-            found.append({"photos_per_class": round(per_class * share), "share": share, "folder": str(folder),
+            found.append({"photos_per_class": round(per_class * share), "share": share, "folder": str(folder), "guided": guided(vit),
                           "vit": a["accuracy"], "vit_se": a["standard_error"], "cnn": b["accuracy"], "cnn_se": b["standard_error"],
                           "vit_minus_cnn": difference["difference"], "paired_se": difference["standard_error"]})
-    return sorted(found, key=lambda r: r["photos_per_class"])
+    return sorted(found, key=lambda r: (r["guided"], r["photos_per_class"]))
 
 
 def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> None:
@@ -114,9 +121,14 @@ def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> N
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    x = [r["photos_per_class"] for r in found]
-    for key, label, style in (("vit", "ViT, the default recipe without locality guidance", "o-"), ("cnn", "ResNet-18 from scratch, same training", "s--")):
-        ax.errorbar(x, [r[key] for r in found], yerr=[r[key + "_se"] for r in found], fmt=style, capsize=3, label=label)
+    x = sorted({r["photos_per_class"] for r in found})
+    for flag, label, style in ((False, "ViT, without locality guidance", "o-"), (True, "ViT, the default recipe (with locality guidance)", "D-")):
+        series = [r for r in found if r["guided"] == flag]
+        if series:
+            ax.errorbar([r["photos_per_class"] for r in series], [r["vit"] for r in series], yerr=[r["vit_se"] for r in series],
+                        fmt=style, capsize=3, label=label)
+    cnn = {r["photos_per_class"]: r for r in found}  # the same ResNet-18 studies pair with either ViT
+    ax.errorbar(x, [cnn[n]["cnn"] for n in x], yerr=[cnn[n]["cnn_se"] for n in x], fmt="s--", capsize=3, label="ResNet-18 from scratch, same training")
     ax.set(xlabel="training photos a class (each fold trains on 4/5 of them)", ylabel="5-fold CV accuracy (+- SE)",
            title="Data efficiency on FoodVision Mini (3 classes)")
     ax.set_xticks(x, [str(v) for v in x])
@@ -151,9 +163,9 @@ def main() -> int:
             if "cnn" in args.models:
                 cnn_study(args.out, share, args.data, args.teachers, args.epochs)
     found = rows(args.out, args.extra)
-    print("| photos a class | ViT (default) | ResNet-18 | ViT - ResNet-18, paired |\n|---|---|---|---|")
+    print("| photos a class | ViT | ViT | ResNet-18 | ViT - ResNet-18, paired |\n|---|---|---|---|---|")
     for r in found:
-        print(f"| {r['photos_per_class']} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
+        print(f"| {r['photos_per_class']} | {'guided' if r['guided'] else 'unguided'} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
               f"{r['vit_minus_cnn']:+.3f} +- {r['paired_se']:.3f} |")
     if args.plot and found:
         plot(found, args.plot, [(m.split("=", 1)[0], Path(m.split("=", 1)[1])) for m in args.mark])
