@@ -84,7 +84,11 @@ def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, 
     config = with_source(config)
     split = training_photos(config)
     folders = fold_folders(split, FOLDS, SEED, study / "folds")
-    results = [cnn_fold(config, folder, study / f"fold-{k}", k, teachers if share == 1 else None) for k, folder in enumerate(folders)]
+    if share != 1:
+        teachers = None
+    if lends_teachers(out / f"vit-f{share:g}", config):
+        teachers = out / f"vit-f{share:g}"
+    results = [cnn_fold(config, folder, study / f"fold-{k}", k, teachers) for k, folder in enumerate(folders)]
     write_study(study, replace(config, recipe="resnet18 (default recipe's training)"), summarise(results), results)
     return study
 
@@ -94,6 +98,25 @@ def guided(study: Path) -> bool:
     curve's first points were measured without it): read from its first fold's saved config."""
     config = json.loads((study / "fold-0" / "config.json").read_text())
     return config["optim"].get("guidance", 0) > 0
+
+
+STUDENT_ONLY = {"drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio"}  # the ViT's losses, not the teacher's training
+
+
+def lends_teachers(vit: Path, config) -> bool:
+    """Whether a ViT study's fold-K/teacher.pt are the ResNet-18s this CNN study would train: the study
+    is guided, and its photos' settings, optimiser, schedule, epochs and seed are the CNN's (a guided
+    run trains the same network as distillation does, weight for weight: tests/test_guidance.py)."""
+    if not (vit / "fold-0" / "config.json").is_file() or not guided(vit):
+        return False
+
+    def teacher_side(settings: dict) -> tuple:
+        return ({k: v for k, v in settings["data"].items() if k != "source"},
+                {k: v for k, v in settings["optim"].items() if k not in STUDENT_ONLY},
+                {k: v for k, v in settings["train"].items() if k != "eval_every"})
+
+    saved = json.loads((vit / "fold-0" / "config.json").read_text())
+    return teacher_side(saved) == teacher_side(json.loads(json.dumps(config.to_dict())))
 
 
 def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
@@ -149,7 +172,7 @@ def main() -> int:
     parser.add_argument("--fractions", default="0.2,0.4,0.6,1", help="shares of each class's training photos")
     parser.add_argument("--models", default="vit,cnn")
     parser.add_argument("--teachers", type=Path, help="a guided or distilled default-recipe study whose fold-K/teacher.pt are this "
-                        "data's ResNet-18s at share 1 (reused, not trained again)")
+                        "data's ResNet-18s at share 1 (reused, not trained again); a guided ViT study of --out lends its own")
     parser.add_argument("--epochs", type=int, help="both models' epochs (default: the recipe's; fewer for a quick try)")
     parser.add_argument("--extra", type=Path, nargs="*", default=[], help="other curve folders to include in the table and plot")
     parser.add_argument("--plot", type=Path, help="write the curve here")
