@@ -2,7 +2,7 @@
 need the CNN teacher, and what of theirs a checkpoint keeps.
 
 Each loss is a wrapper whose training-mode forward returns (logits, auxiliary loss) and whose
-forward_heads gives the heads with the auxiliary loss so far (drloc.HeadsAndLoss), so they stack:
+forward_heads gives the heads with the auxiliary loss so far (heads.HeadsAndLoss), so they stack:
 
     ViT (or AnyGrid) -> dense relative localization -> masked patches -> locality guidance -> distillation
 

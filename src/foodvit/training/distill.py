@@ -35,7 +35,7 @@ from foodvit.config import TEACHERS
 from foodvit.errors import ConfigError, RunError
 from foodvit.rundir.directory import TEACHER_FILE, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
-from foodvit.training.drloc import HeadsAndLoss
+from foodvit.training.heads import HeadsAndLoss, TaughtLoss, loss_so_far
 from foodvit.training.engine import FitHooks, epoch_line, fit
 from foodvit.training.optim import build_optimizer, build_scheduler
 
@@ -56,40 +56,20 @@ def teacher_skeleton(name: str, num_classes: int) -> nn.Module:
         return build_teacher(name, num_classes)
 
 
-class WithDistillation(nn.Module):
-    """A student trained on a frozen teacher's hard labels besides the true ones. The student is a
-    VisionTransformer or one wrapped for the localization loss: anything whose forward_heads(images)
-    gives Heads (the localization wrapper's HeadsAndLoss adds its auxiliary loss). In training mode forward
-    returns (logits, auxiliary loss) as the engine expects, the auxiliary loss being weight x the
-    cross-entropy of the distillation token's logits (without the token: the logits') against the
-    teacher's predicted classes, plus the student's own auxiliary loss; in eval mode the student's
-    prediction. The teacher is held outside the module's parameters: the optimiser,
-    DistributedDataParallel and the checkpoint never see it."""
+class WithDistillation(TaughtLoss):
+    """A student trained on a frozen teacher's hard labels besides the true ones: the term is weight x
+    the cross-entropy of the distillation token's logits (without the token: the logits') against
+    the teacher's predicted classes. The student is a VisionTransformer or one wrapped for training."""
 
-    def __init__(self, student: nn.Module, weight: float, teacher: nn.Module | None = None) -> None:
-        super().__init__()
-        self.student, self.weight = student, weight
-        self.set_teacher(teacher)
-
-    def set_teacher(self, teacher: nn.Module | None) -> None:
-        if teacher is not None:
-            teacher.eval().requires_grad_(False)
-        object.__setattr__(self, "teacher", teacher)  # not a submodule: not trained, not saved with the student
-
-    def forward(self, images: torch.Tensor):
-        if not self.training:
-            return self.student(images)
-        if self.teacher is None:
-            raise RuntimeError("WithDistillation needs its teacher before training (set_teacher)")
+    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
+        teacher = self.trained_teacher()
         heads = self.student.forward_heads(images)
         with torch.no_grad():
-            targets = self.teacher(images).argmax(dim=1)  # an empty share gives an empty (0,) tensor
+            targets = teacher(images).argmax(dim=1)  # an empty share gives an empty (0,) tensor
         student = heads.logits if heads.distilled is None else heads.distilled  # the token's own head, if any
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
         distill = F.cross_entropy(student.float(), targets, reduction="sum") / max(1, images.shape[0])
-        auxiliary = heads.auxiliary if isinstance(heads, HeadsAndLoss) else 0.0  # the localization loss, when wrapped for it
-        return heads.logits, self.weight * distill + auxiliary
-
+        return HeadsAndLoss(heads.logits, heads.distilled, self.weight * distill + loss_so_far(heads))
 
 
 def read_teacher(path: Path, architecture: str) -> dict | None:

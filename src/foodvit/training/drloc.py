@@ -12,13 +12,13 @@ cross-entropy + weight x this loss. Training only: the saved model is the plain 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.model.vit import Heads, VisionTransformer
+from foodvit.model.vit import VisionTransformer
+from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss
 from foodvit.training.resizing import AnyGrid
 
 
@@ -52,33 +52,18 @@ class DenseRelativeLocalization(nn.Module):
         return error / max(1, predicted.numel())
 
 
-@dataclass(frozen=True)
-class HeadsAndLoss(Heads):
-    """The ViT's heads and, computed from the same tokens, weight x the localization loss (a scalar)."""
-
-    auxiliary: torch.Tensor
-
-
-class WithDenseRelativeLocalization(nn.Module):
-    """A ViT trained with the auxiliary task. In training mode forward returns (logits, weight x
-    auxiliary loss), which the engine adds to the classification loss; in eval mode the logits
-    alone. The logits are the ViT's own: same tokens, same pooling, same heads."""
+class WithDenseRelativeLocalization(AuxiliaryLoss):
+    """A ViT (or AnyGrid around one) trained with the auxiliary task: weight x its loss joins the
+    classification loss. The logits are the ViT's own: same tokens, same pooling, same heads."""
 
     def __init__(self, vit: VisionTransformer | AnyGrid, weight: float, pairs: int = 64) -> None:
-        super().__init__()
-        self.vit, self.weight = vit, weight
+        super().__init__(vit, weight)
         self.drloc = DenseRelativeLocalization(vit.config.embed_dim, pairs)
 
-    def forward(self, images: torch.Tensor):
-        if not self.training:
-            return self.vit(images)
-        out = self.forward_heads(images)
-        return out.logits, out.auxiliary
-
     def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
-        """Training: the ViT's heads (distill.py reads the distillation token's) and weight x the
-        auxiliary loss, from one forward pass."""
-        tokens, _ = self.vit.forward_features(images)  # (B, T, D), every token: the auxiliary task reads them all
-        heads = self.vit.heads(tokens)
-        auxiliary = self.weight * self.drloc(tokens[:, self.vit.config.num_prefix_tokens:])
+        """The ViT's heads (distill.py reads the distillation token's) and weight x the auxiliary
+        loss, from one forward pass."""
+        tokens, _ = self.student.forward_features(images)  # (B, T, D), every token: the auxiliary task reads them all
+        heads = self.student.heads(tokens)
+        auxiliary = self.weight * self.drloc(tokens[:, self.student.config.num_prefix_tokens:])
         return HeadsAndLoss(heads.logits, heads.distilled, auxiliary)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foodvit.errors import ConfigError
-from foodvit.training.drloc import HeadsAndLoss
+from foodvit.training.heads import HeadsAndLoss, TaughtLoss, innermost_vit, loss_so_far
 
 STAGES = ("layer1", "layer2", "layer3")  # the teacher's stages that guide (a torchvision ResNet's)
 
@@ -85,45 +85,20 @@ def matching_loss(adapted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(adapted.float(), target.float(), reduction="sum") / max(1, adapted.numel())
 
 
-def innermost_vit(module: nn.Module) -> nn.Module:
-    """The VisionTransformer inside the training wrappers: the localization loss and progressive
-    resizing hold it as .vit, the other auxiliary losses as .student."""
-    while hasattr(module, "vit") or hasattr(module, "student"):
-        module = module.vit if hasattr(module, "vit") else module.student
-    return module
-
-
-class WithLocalityGuidance(nn.Module):
+class WithLocalityGuidance(TaughtLoss):
     """A student trained to let a few of its blocks' tokens predict a CNN teacher's feature maps.
-    The student is a VisionTransformer or one wrapped for training (anything with forward_heads,
-    whose innermost .vit has blocks); the teacher, a torchvision ResNet, is held outside the
-    module's parameters (not trained, not saved, not seen by DDP). In training mode forward returns
-    (logits, auxiliary loss), the student's own auxiliary loss included; in eval mode the
-    student's prediction."""
+    The student is a VisionTransformer or one wrapped for training; the teacher is a torchvision
+    ResNet."""
 
     def __init__(self, student: nn.Module, weight: float, teacher_skeleton: nn.Module) -> None:
-        super().__init__()
-        self.student, self.weight = student, weight
+        super().__init__(student, weight)
         vit = innermost_vit(student)
         self.blocks = guided_blocks(vit.config.depth)
         D = vit.config.embed_dim
         self.adapters = nn.ModuleList(nn.Conv2d(D, channels, kernel_size=1) for channels in stage_channels(teacher_skeleton))
-        self.set_teacher(None)
-
-    def set_teacher(self, teacher: nn.Module | None) -> None:
-        if teacher is not None:
-            teacher.eval().requires_grad_(False)
-        object.__setattr__(self, "teacher", teacher)  # not a submodule
-
-    def forward(self, images: torch.Tensor):
-        if not self.training:
-            return self.student(images)
-        out = self.forward_heads(images)
-        return out.logits, out.auxiliary
 
     def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
-        if self.teacher is None:
-            raise RuntimeError("WithLocalityGuidance needs its teacher before training (set_teacher)")
+        teacher = self.trained_teacher()
         vit = innermost_vit(self.student)
         outputs: dict[int, torch.Tensor] = {}
 
@@ -137,10 +112,9 @@ class WithLocalityGuidance(nn.Module):
             for hook in hooks:
                 hook.remove()
         with torch.no_grad():
-            maps = stage_maps(self.teacher, images)
+            maps = stage_maps(teacher, images)
         prefix = vit.config.num_prefix_tokens
         losses = [matching_loss(adapter(token_map(outputs[block], prefix)), target)
                   for adapter, block, target in zip(self.adapters, self.blocks, maps)]
         guidance = self.weight * torch.stack(losses).mean()
-        inner = heads.auxiliary if isinstance(heads, HeadsAndLoss) else 0.0  # the localization loss, when wrapped for it
-        return HeadsAndLoss(heads.logits, heads.distilled, inner + guidance)
+        return HeadsAndLoss(heads.logits, heads.distilled, loss_so_far(heads) + guidance)

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foodvit.errors import ConfigError
-from foodvit.training.drloc import HeadsAndLoss
-from foodvit.training.guidance import innermost_vit
+from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss, innermost_vit, loss_so_far
 
 
 def patch_pixels(images: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -55,27 +54,19 @@ class Reconstruction(nn.Module):
         return {"mask_token"}
 
 
-class WithMaskedPatches(nn.Module):
-    """A student trained on masked images with the pixel-reconstruction loss besides its own. The
-    student is a VisionTransformer or one wrapped for training (anything with forward_heads whose
-    innermost .vit is the ViT). In training mode forward returns (logits, auxiliary loss), the
-    student's own auxiliary loss included; in eval mode the student's prediction on the whole image."""
+class WithMaskedPatches(AuxiliaryLoss):
+    """A student trained on masked images with the pixel-reconstruction loss besides its own (the
+    whole image in eval mode). The student is a VisionTransformer or one wrapped for training."""
 
     def __init__(self, student: nn.Module, weight: float, ratio: float) -> None:
-        super().__init__()
         vit = innermost_vit(student)
         if vit.config.pool == "cls":
             raise ConfigError("--masked reconstructs each hidden patch from its output token, which a class-token model's last "
                               "block does not compute: use --pool gap or --pool seq")
-        self.student, self.weight, self.ratio = student, weight, ratio
+        super().__init__(student, weight)
+        self.ratio = ratio
         c = vit.config
         self.reconstruction = Reconstruction(c.embed_dim, c.in_channels * c.patch_size**2)
-
-    def forward(self, images: torch.Tensor):
-        if not self.training:
-            return self.student(images)
-        out = self.forward_heads(images)
-        return out.logits, out.auxiliary
 
     def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
         vit = innermost_vit(self.student)
@@ -94,5 +85,4 @@ class WithMaskedPatches(nn.Module):
         target = patch_pixels(images, P)[hidden]
         # the mean over the hidden pixels, as a sum over their count: an empty share of a batch gives 0
         loss = F.mse_loss(predicted.float(), target.float(), reduction="sum") / max(1, predicted.numel())
-        inner = heads.auxiliary if isinstance(heads, HeadsAndLoss) else 0.0
-        return HeadsAndLoss(heads.logits, heads.distilled, inner + self.weight * loss)
+        return HeadsAndLoss(heads.logits, heads.distilled, loss_so_far(heads) + self.weight * loss)
