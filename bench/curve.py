@@ -153,7 +153,7 @@ def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> N
     cnn = {r["photos_per_class"]: r for r in found}  # the same ResNet-18 studies pair with either ViT
     ax.errorbar(x, [cnn[n]["cnn"] for n in x], yerr=[cnn[n]["cnn_se"] for n in x], fmt="s--", capsize=3, label="ResNet-18 from scratch, same training")
     ax.set(xlabel="training photos a class (each fold trains on 4/5 of them)", ylabel="5-fold CV accuracy (+- SE)",
-           title="Data efficiency on FoodVision Mini (3 classes)")
+           title="Data efficiency: FoodVision Mini" + (" and its 20% set" if max(x) > 75 else ""))
     ax.set_xticks(x, [str(v) for v in x])
     for label, study in marks:  # single studies on all the photos (share 1): other recipes at the last point
         result = read_study(study)
