@@ -9,7 +9,8 @@ A data set of n photos a class is --train-fraction n / (photos a class) of it: e
 5-fold CV over the training photos (seed 0, the folds `foodvit cv --seed 0` makes) trains on that
 share of its training part (drawn with the seed, the same photos for both models) and is scored on
 its whole held-out fifth, so every point is judged on all the training photos and the two models
-pair photo by photo. The ViT is `foodvit cv` with the default recipe; the CNN is torchvision's
+pair photo by photo. The ViT is `foodvit cv` with the default recipe (options this script does not
+know go to it, and to it alone); the CNN is torchvision's
 ResNet-18 from random initialisation, trained by foodvit's own teacher code (training/distill.py)
 with the recipe's photos, augmentation, optimiser, schedule and epochs: the peer the issue names.
 Studies are kept in --out (vit-f<share>, cnn-f<share>, each with cv.json as `foodvit cv` writes
@@ -29,6 +30,7 @@ from pathlib import Path
 from foodvit.cli.main import main as foodvit
 from foodvit.config import load_recipe
 from foodvit.rundir.directory import with_source
+from foodvit.training.auxiliary import STUDENT_SETTINGS
 from foodvit.tuning.cv import compare_studies, fold_folders, read_study, summarise, training_photos, write_study
 
 FOLDS, SEED = 5, 0
@@ -57,9 +59,9 @@ def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) 
     run.mkdir(parents=True, exist_ok=True)
     if teachers is not None and (teachers / f"fold-{fold}" / "teacher.pt").is_file() and not (run / "teacher.pt").is_file():
         shutil.copy2(teachers / f"fold-{fold}" / "teacher.pt", run / "teacher.pt")
-    started = time.perf_counter()
     trainer = Trainer(replace(config, data=replace(config.data, source=str(folder.resolve()))), run, quiet=True, log=lambda *a, **k: None)
     teacher = train_or_load_teacher(trainer)
+    started = time.perf_counter()
     test = evaluate(teacher, trainer.eval_loaders["test"], trainer.settings, num_classes=len(trainer.classes), keep_probabilities=True)
     predictions = []
     for (path, label), p in zip(trainer.data.test.samples, test["probabilities"]):
@@ -69,7 +71,9 @@ def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) 
     right = sum(p["right"] for p in predictions)
     result = {"seed": SEED, "fold": fold, "run": run.name, "n": len(predictions), "correct": right, "accuracy": right / len(predictions),
               "per_class": {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in trainer.classes},
-              "seconds": round(time.perf_counter() - started, 2), "predictions": predictions}
+              # its training as recorded when it was trained (here or in the guided study), and this evaluation
+              "seconds": round(sum(row["seconds"] for row in trainer.teacher_history) + time.perf_counter() - started, 2),
+              "predictions": predictions}
     result_file.write_text(json.dumps(result, indent=1))
     return result
 
@@ -86,7 +90,10 @@ def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, 
     folders = fold_folders(split, FOLDS, SEED, study / "folds")
     if share != 1:
         teachers = None
-    if lends_teachers(out / f"vit-f{share:g}", config):
+    if teachers is not None and not lends_teachers(teachers, config):
+        raise SystemExit(f"{teachers}: its ResNet-18s were not trained as this study's would be (another recipe, epochs or "
+                         "photos): leave --teachers out")
+    if teachers is None and lends_teachers(out / f"vit-f{share:g}", config):
         teachers = out / f"vit-f{share:g}"
     results = [cnn_fold(config, folder, study / f"fold-{k}", k, teachers) for k, folder in enumerate(folders)]
     write_study(study, replace(config, recipe="resnet18 (default recipe's training)"), summarise(results), results)
@@ -100,19 +107,16 @@ def guided(study: Path) -> bool:
     return config["optim"].get("guidance", 0) > 0
 
 
-STUDENT_ONLY = {"drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio"}  # the ViT's losses, not the teacher's training
-
-
 def lends_teachers(vit: Path, config) -> bool:
     """Whether a ViT study's fold-K/teacher.pt are the ResNet-18s this CNN study would train: the study
-    is guided, and its photos' settings, optimiser, schedule, epochs and seed are the CNN's (a guided
+    is guided, and its image size, photos' settings, optimiser, schedule, epochs and seed are the CNN's (a guided
     run trains the same network as distillation does, weight for weight: tests/test_guidance.py)."""
     if not (vit / "fold-0" / "config.json").is_file() or not guided(vit):
         return False
 
     def teacher_side(settings: dict) -> tuple:
-        return ({k: v for k, v in settings["data"].items() if k != "source"},
-                {k: v for k, v in settings["optim"].items() if k not in STUDENT_ONLY},
+        return (settings["vit"].get("image_size"), {k: v for k, v in settings["data"].items() if k != "source"},
+                {k: v for k, v in settings["optim"].items() if k not in STUDENT_SETTINGS},
                 {k: v for k, v in settings["train"].items() if k != "eval_every"})
 
     saved = json.loads((vit / "fold-0" / "config.json").read_text())
@@ -155,9 +159,9 @@ def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> N
     ax.set(xlabel="training photos a class (each fold trains on 4/5 of them)", ylabel="5-fold CV accuracy (+- SE)",
            title="Data efficiency: FoodVision Mini" + (" and its 20% set" if max(x) > 75 else ""))
     ax.set_xticks(x, [str(v) for v in x])
-    for label, study in marks:  # single studies on all the photos (share 1): other recipes at the last point
+    for label, study in marks:  # single studies on all the photos (share 1) of another recipe, at their photos a class
         result = read_study(study)
-        ax.errorbar([max(x)], [result["accuracy"]], yerr=[result["standard_error"]], fmt="*", markersize=11, capsize=3, label=label)
+        ax.errorbar([round(len(result["photos"]) / len(result["per_class"]))], [result["accuracy"]], yerr=[result["standard_error"]], fmt="*", markersize=11, capsize=3, label=label)
     ax.axhline(1 / 3, color="grey", lw=0.8, ls=":")
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -186,7 +190,7 @@ def main() -> int:
             if "cnn" in args.models:
                 cnn_study(args.out, share, args.data, args.teachers, args.epochs)
     found = rows(args.out, args.extra)
-    print("| photos a class | ViT | ViT | ResNet-18 | ViT - ResNet-18, paired |\n|---|---|---|---|---|")
+    print("| photos a class | ViT recipe | ViT | ResNet-18 | ViT - ResNet-18, paired |\n|---|---|---|---|---|")
     for r in found:
         print(f"| {r['photos_per_class']} | {'guided' if r['guided'] else 'unguided'} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
               f"{r['vit_minus_cnn']:+.3f} +- {r['paired_se']:.3f} |")

@@ -24,6 +24,19 @@ def test_every_combination_trains_and_keeps_its_parts(on):
     if aux.need_teacher:
         aux.set_teacher(build_teacher("resnet18", 3))
     images = torch.randn(4, 3, 32, 32)
+
+    def total() -> torch.Tensor:
+        torch.manual_seed(7)  # the same token pairs and hidden patches each time
+        return aux.trained.train()(images)[1].detach()
+
+    whole, terms = total(), []
+    for wrapper in (aux.localization, aux.masked, aux.guide, aux.distiller):
+        if wrapper is not None:  # each loss's own term: what doubling its weight adds
+            wrapper.weight *= 2
+            terms.append(total() - whole)
+            wrapper.weight /= 2
+    assert len(terms) == len(on) and all(t > 0 for t in terms)  # every term reaches the total...
+    torch.testing.assert_close(sum(terms), whole)  # ...and the total is their sum
     logits, extra = aux.trained.train()(images)
     assert logits.shape == (4, 3) and torch.isfinite(extra) and extra.item() > 0
     extra.backward()

@@ -23,6 +23,12 @@ from foodvit.training.guidance import WithLocalityGuidance
 from foodvit.training.masked import WithMaskedPatches
 
 
+# The optimiser settings of the ViT's auxiliary losses: they shape the student's training, never the CNN teacher's.
+STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio")
+# The losses with trained parts of their own: (Auxiliaries field, checkpoint.pt key, the wrapper's part).
+PARTS = (("localization", "auxiliary", "drloc"), ("guide", "guidance", "adapters"), ("masked", "masked", "reconstruction"))
+
+
 @dataclass
 class Auxiliaries:
     trained: nn.Module  # what the optimiser steps: the model inside every wrapper that is on
@@ -43,15 +49,12 @@ class Auxiliaries:
 
     def state_dict(self) -> dict:
         """Their own trained parts, for checkpoint.pt (None for a loss that is off)."""
-        return {"auxiliary": self.localization.drloc.state_dict() if self.localization else None,
-                "guidance": self.guide.adapters.state_dict() if self.guide else None,
-                "masked": self.masked.reconstruction.state_dict() if self.masked else None}
+        return {key: getattr(getattr(self, name), part).state_dict() if getattr(self, name) else None for name, key, part in PARTS}
 
     def load_state_dict(self, state: dict) -> None:
-        for wrapper, key, part in ((self.localization, "auxiliary", "drloc"), (self.guide, "guidance", "adapters"),
-                                   (self.masked, "masked", "reconstruction")):
-            if wrapper is not None:
-                getattr(wrapper, part).load_state_dict(state[key])
+        for name, key, part in PARTS:
+            if getattr(self, name) is not None:
+                getattr(getattr(self, name), part).load_state_dict(state[key])
 
 
 def wrap(model: nn.Module, optim: OptimConfig, num_classes: int, frozen: bool = False) -> Auxiliaries:

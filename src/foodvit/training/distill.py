@@ -83,7 +83,7 @@ def read_teacher(path: Path, architecture: str) -> dict | None:
 
 
 def train_or_load_teacher(trainer) -> torch.nn.Module:
-    """The distillation teacher: the run's teacher.pt when it has one (a resumed run), else a
+    """The CNN teacher of distillation and locality guidance: the run's teacher.pt when it has one (a resumed run), else a
     CNN trained now from random initialisation on the run's training photos, with its
     augmentation, optimiser settings, schedule and epochs, then saved there."""
     c = trainer.config

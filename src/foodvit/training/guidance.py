@@ -105,12 +105,7 @@ class WithLocalityGuidance(TaughtLoss):
         def keep(index: int):
             return lambda module, args, out: outputs.__setitem__(index, out[0])  # a block returns (tokens, attention)
 
-        hooks = [vit.blocks[i].register_forward_hook(keep(i)) for i in sorted(set(self.blocks))]
-        try:
-            heads = self.student.forward_heads(images)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        heads = self.student_heads(images, [(vit.blocks[i], keep(i)) for i in sorted(set(self.blocks))])
         with torch.no_grad():
             maps = stage_maps(teacher, images)
         prefix = vit.config.num_prefix_tokens

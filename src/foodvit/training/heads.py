@@ -53,6 +53,15 @@ class AuxiliaryLoss(nn.Module):
     def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
         raise NotImplementedError
 
+    def student_heads(self, images: torch.Tensor, hooks=()) -> Heads:
+        """The student's heads, with forward hooks [(module, hook), ...] on its modules for this pass only."""
+        handles = [module.register_forward_hook(hook) for module, hook in hooks]
+        try:
+            return self.student.forward_heads(images)
+        finally:
+            for handle in handles:
+                handle.remove()
+
 
 class TaughtLoss(AuxiliaryLoss):
     """An auxiliary loss that reads a frozen CNN teacher. The teacher is held outside the module's

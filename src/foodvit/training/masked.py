@@ -11,7 +11,9 @@ each patch normalised to zero mean and unit variance (MAE's normalised-pixel tar
     loss = CE(student(masked x), y) + W x mean over hidden patches of || decoder(z_L^i) - norm(x_p^i) ||^2
 
 To fill a hole from its neighbours the tokens must carry what lies around them: local structure a
-ViT otherwise learns only from large data. The hiding also acts as an augmentation. One forward
+ViT otherwise learns only from large data. The hiding also acts as an augmentation. (With
+--stem spt a neighbour's token also holds half-patch shifted copies of a hidden patch's pixels,
+and a conv stem's receptive fields overlap: the holes are then partly visible and the task easier.) One forward
 pass, as cheap as plain training. Training only: the saved model is the plain ViT.
 """
 
@@ -74,13 +76,8 @@ class WithMaskedPatches(AuxiliaryLoss):
         hidden = draw_mask(images.shape[0], (images.shape[-2] // P) * (images.shape[-1] // P), self.ratio, images.device)
         token = self.reconstruction.mask_token
         final: dict[str, torch.Tensor] = {}
-        hooks = [vit.patch_embed.register_forward_hook(lambda m, a, out: torch.where(hidden[..., None], token.to(out.dtype), out)),
-                 vit.norm.register_forward_hook(lambda m, a, out: final.__setitem__("tokens", out))]
-        try:
-            heads = self.student.forward_heads(images)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        heads = self.student_heads(images, [(vit.patch_embed, lambda m, a, out: torch.where(hidden[..., None], token.to(out.dtype), out)),
+                                            (vit.norm, lambda m, a, out: final.__setitem__("tokens", out))])
         predicted = self.reconstruction.decoder(final["tokens"][:, prefix:][hidden])  # (hidden patches, C P^2)
         target = patch_pixels(images, P)[hidden]
         # the mean over the hidden pixels, as a sum over their count: an empty share of a batch gives 0
