@@ -112,6 +112,47 @@ def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study
     assert "holds a study of something else" in err and "optim.lr" in err
 
 
+
+def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process_is_gone(cv_study, photos, tmp_path, monkeypatch):
+    """Two processes on one study: a fold whose run another process holds is skipped, the free fold
+    trained, then the held one waited for and trained once its holder is gone; same result as one process."""
+    import foodvit.training.trainer as trainer
+
+    study = tmp_path / "shared"
+    (study / "fold-0").mkdir(parents=True)
+    # holds fold 0's lock until its stdin closes, and a second more
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from foodvit.rundir.directory import RunLock; "
+                               "lock = RunLock(sys.argv[1]).acquire(); print('held', flush=True); sys.stdin.read(); time.sleep(1)",
+                               str(study / "fold-0")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    real_train, real_sleep, events = trainer.train, cv.time.sleep, []
+
+    def train(config, out, **kwargs):
+        events.append(Path(out).name)
+        return real_train(config, out, **kwargs)
+
+    def sleep(seconds):
+        events.append("wait")
+        real_sleep(seconds)
+
+    def after_fold(step, results):
+        events.append(f"done {results[-1]['fold']}")
+        holder.stdin.close()  # the other process ends once this one has finished the free fold
+
+    monkeypatch.setattr(trainer, "train", train)
+    monkeypatch.setattr(cv.time, "sleep", sleep)
+    config = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+    result, folds = cv.run_cv(config, study, study / "folds", cv.training_photos(config), folds=2, seeds=[42], after_fold=after_fold,
+                              wait_s=0.1)
+    assert holder.wait(timeout=60) == 0
+    assert events[:3] == ["fold-1", "done 1", "wait"] and events[-2:] == ["fold-0", "done 0"]
+    assert set(events[2:-2]) == {"wait"}  # waited, without touching fold 0, while its holder lived
+    assert [f["fold"] for f in folds] == [0, 1]
+    alone = json.loads((cv_study["study"] / "cv.json").read_text())
+    assert {f"s42/{p['photo']}": p["right"] for f in folds for p in f["predictions"]} == alone["photos"]
+    assert result.accuracy == pytest.approx(alone["accuracy"])
+
+
 class PruneTrialOne(optuna.pruners.BasePruner):
     """Prunes trial 1 at its first report: a pruner whose mark that trial cannot reach."""
 

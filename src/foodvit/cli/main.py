@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cv", help="k-fold cross-validation of a recipe over the training photos alone (never the test split)",
                        description="Each fold is a normal run inside STUDY (STUDY/fold-0, ...) trained on the other folds and "
                                    "scored on its own; every held-out photo's prediction is kept. Writes STUDY/cv.json, cv.md and "
-                                   "predictions.jsonl. An interrupted study resumes: finished folds are kept. "
+                                   "predictions.jsonl. An interrupted study resumes: finished folds are kept. The same command in a "
+                                   "second process (or machine sharing the folder) takes the folds the first is not training. "
                                    "--compare A B pairs two studies photo by photo.")
     p.add_argument("--out", metavar="STUDY", help="the study folder (new, empty, or this same study to resume)")
     p.add_argument("--folds", type=count(Range(2)), default=5, help="folds (default 5)")

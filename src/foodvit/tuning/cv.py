@@ -11,6 +11,9 @@
 The real test split is never listed, let alone read: the photos come from <root>/train (or
 Food-101's meta/train.json) and each fold's run sees only its fold folder. A fold whose result
 file exists is not trained again; one whose run was interrupted is resumed from its checkpoint.
+Several processes may run one study (`foodvit cv --out STUDY` twice, on one machine or on machines
+that share the folder): each takes the folds no other process is training, and waits for the
+others' folds at the end, so k folds take about k / processes fold times.
 """
 
 from __future__ import annotations
@@ -134,12 +137,15 @@ def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int
         return json.loads(result_file.read_text())
     started = time.perf_counter()
     if not (run / "model.json").is_file():
-        if (run / "checkpoint.pt").is_file():
-            resume(run, quiet=quiet, log=lambda *a, **k: None)
-        else:
-            _clear_unstarted(run)
-            fold_config = replace(config, data=replace(config.data, source=str(folder.resolve())), train=replace(config.train, seed=seed))
-            train(fold_config, run, quiet=quiet, log=lambda *a, **k: None)
+        try:
+            if (run / "checkpoint.pt").is_file():
+                resume(run, quiet=quiet, log=lambda *a, **k: None)
+            else:
+                _clear_unstarted(run)
+                fold_config = replace(config, data=replace(config.data, source=str(folder.resolve())), train=replace(config.train, seed=seed))
+                train(fold_config, run, quiet=quiet, log=lambda *a, **k: None)
+        except rundir.LockedError:  # another process took the fold between the look and the start
+            raise FoldBusy(f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})") from None
     predictions = _predictions(run, folder)
     metrics = json.loads((run / "model.json").read_text())["metrics"]
     right = sum(p["right"] for p in predictions)
@@ -162,8 +168,12 @@ def _clear_unstarted(run: Path) -> None:
         return
     holder = rundir.training_now(run)
     if holder:
-        raise StudyError(f"{run} is being trained by another process ({holder}); wait for it or use another study folder")
+        raise FoldBusy(f"{run} is being trained by another process ({holder}); wait for it or use another study folder")
     rundir.forget_start(run)
+
+
+class FoldBusy(StudyError):
+    """Another live process is training the fold: run_cv takes the next one and comes back to it."""
 
 
 def _per_class(predictions: list[dict]) -> dict[str, float]:
@@ -203,21 +213,36 @@ def summarise(fold_results: list[dict]) -> CvResult:
 
 
 def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, folds: int, seeds: list[int], quiet: bool = True,
-           progress: bool = False, after_fold=None) -> tuple[CvResult, list[dict]]:
+           progress: bool = False, after_fold=None, wait_s: float = 30.0) -> tuple[CvResult, list[dict]]:
     """Each seed's folds, each a run in `runs`; after_fold(index, results so far) after each (the
-    tuner reports and prunes there). The results and every fold's full result."""
+    tuner reports and prunes there). The results and every fold's full result, in fold order.
+    A fold another process is training is skipped, and looked at again (every wait_s seconds once
+    only such folds are left) until its result is written or its process is gone (then resumed)."""
     from tqdm.auto import tqdm
 
     check_folds(split, folds)
     todo = [(seed, index, folder) for seed in seeds for index, folder in enumerate(fold_folders(split, folds, seed, folds_dir))]
     results = []
-    with tqdm(todo, desc="folds", unit="fold", disable=not progress, leave=False) as bar:
-        for step, (seed, index, folder) in enumerate(bar):
-            run = runs / (f"fold-{index}" if len(seeds) == 1 else f"seed-{seed}/fold-{index}")
-            results.append(run_fold(config, run, folder, seed=seed, fold=index, quiet=quiet))
-            bar.set_postfix(acc=f"{summarise(results).accuracy:.3f}")
-            if after_fold is not None:
-                after_fold(step, results)
+    with tqdm(total=len(todo), desc="folds", unit="fold", disable=not progress, leave=False) as bar:
+        while todo:
+            busy = []  # folds another process is training: taken again after the rest
+            for seed, index, folder in todo:
+                run = runs / (f"fold-{index}" if len(seeds) == 1 else f"seed-{seed}/fold-{index}")
+                try:
+                    results.append(run_fold(config, run, folder, seed=seed, fold=index, quiet=quiet))
+                except FoldBusy:
+                    busy.append((seed, index, folder))
+                    continue
+                bar.update()
+                bar.set_postfix(acc=f"{summarise(results).accuracy:.3f}")
+                if after_fold is not None:
+                    after_fold(len(results) - 1, results)
+            if busy and len(busy) == len(todo):
+                bar.set_description(f"folds (waiting for {len(busy)} another process trains)")
+                time.sleep(wait_s)
+            todo = busy
+    order = {seed: i for i, seed in enumerate(seeds)}
+    results.sort(key=lambda r: (order[r["seed"]], r["fold"]))
     return summarise(results), results
 
 
