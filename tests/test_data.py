@@ -137,14 +137,26 @@ def test_hidden_folders_are_not_scanned(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow warns, then foodvit refuses
-def test_decompression_bomb_is_refused_by_name_and_skipped_in_a_folder(tmp_path):
+@pytest.mark.parametrize("entry_point_policy", [False, True], ids=["library-alone", "after-limit_pixels"])
+def test_decompression_bomb_is_refused_by_name_and_skipped_in_a_folder(tmp_path, monkeypatch, entry_point_policy):
+    """Refused from its header whether or not an entry point set the process-wide policy (Pillow's
+    limit, its bomb warning an error): the test sets each state itself, as another test in the same
+    process may have left either."""
+    from foodvit.data import photos
+
     root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
     bomb = root / "train" / "steak" / "bomb.png"
     Image.new("1", (10_000, 9_000)).save(bomb)  # 90 megapixels in a few kilobytes
     assert bomb.stat().st_size < 200_000
-    with pytest.raises(PhotoError, match=r"bomb\.png is 10000 x 9000 = 90 megapixels, over the limit of 89"):
-        load_or_explain(bomb)
-    split = scan(root / "train")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # restored after the test
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        if entry_point_policy:
+            photos.limit_pixels()
+        size = "" if entry_point_policy else "10000 x 9000 = "  # Pillow refuses first under the policy: no size in its error
+        with pytest.raises(PhotoError, match=rf"bomb\.png is {size}90 megapixels, over the limit of 89"):
+            load_or_explain(bomb)
+        split = scan(root / "train")
     assert len(split) == 6 and "bomb.png" in split.skipped[0] and "megapixels" in split.skipped[0]
 
 
