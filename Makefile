@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2  # two workers on the two cores
 
-# The inner loop: the suite without the tests marked slow (torchrun, the browser, kill -9, ViT-B/16 at full
+# The inner loop: the suite without the tests marked slow (torchrun, the browser, kill -9, servers, ViT-B/16 at full
 # size); every module is still exercised. `make test` stays the one that counts.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not slow"

@@ -22,6 +22,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name == "test_notebook.py":  # executes the whole walkthrough over FoodVision Mini: minutes
             item.add_marker(pytest.mark.slow)
+        if "shared_server" in item.fixturenames:  # a server in another Python: torch and Gradio imported again, 10-15 s here
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -119,6 +119,7 @@ def test_a_distilled_run_trains_saves_and_reports_its_teacher(photos, tmp_path):
     assert len(result.history) == 2
 
 
+@pytest.mark.slow  # three trainings; the teacher's reuse is also shown by the interruption test
 def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
     whole = train(distilled(photos, epochs=3), tmp_path / "whole", quiet=True)
     out = tmp_path / "stopped"

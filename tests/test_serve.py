@@ -200,6 +200,7 @@ def test_serve_refuses_a_missing_incomplete_or_foreign_run_at_start(tmp_path, ru
     assert "describes a model this foodvit does not build" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # starts a server in another Python
 def test_exported_space_runs_offline_and_answers(run, tmp_path):
     out, _ = run
     space = tmp_path / "space"
@@ -304,6 +305,7 @@ def _memory_of(pid: int, stop: threading.Event, peak: list) -> None:
         stop.wait(0.02)
 
 
+@pytest.mark.slow  # starts a server in another Python
 def test_forty_tiny_uploads_of_huge_photos_at_once_keep_the_server_within_its_memory(run):
     pytest.importorskip("psutil")
     out, _ = run

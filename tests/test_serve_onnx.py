@@ -5,6 +5,8 @@ import json
 import signal
 import sys
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("fastapi", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
@@ -26,14 +28,22 @@ def run(shared_run):
 
 
 @pytest.fixture(scope="module")
-def exported(run, tmp_path_factory):
-    """{name: path}: the run as fp32 and dynamic int8 .onnx files with the attention output, and fp32 without it."""
+def plain_onnx(run, tmp_path_factory) -> Path:
+    """The run as an fp32 .onnx file without the attention output."""
     out, _ = run
-    folder = tmp_path_factory.mktemp("onnx")
-    files = {"fp32": folder / "fp32.onnx", "int8": folder / "int8.onnx", "plain": folder / "plain.onnx"}
+    path = tmp_path_factory.mktemp("onnx") / "plain.onnx"
+    assert main(["export", str(out), "--out", str(path)]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(run, plain_onnx):
+    """{name: path}: the run as fp32 and dynamic int8 .onnx files with the attention output, and plain_onnx."""
+    out, _ = run
+    folder = plain_onnx.parent
+    files = {"fp32": folder / "fp32.onnx", "int8": folder / "int8.onnx", "plain": plain_onnx}
     assert main(["export", str(out), "--out", str(files["fp32"]), "--with-attention"]) == 0
     assert main(["export", str(out), "--out", str(files["int8"]), "--with-attention", "--quantize", "int8-dynamic"]) == 0
-    assert main(["export", str(out), "--out", str(files["plain"])]) == 0
     return files
 
 
@@ -47,6 +57,7 @@ def _serve_without_torch(path):
     return start_server(without_torch(["serve", path, "--port", port, "--threads", "1", "--no-examples"]), port)
 
 
+@pytest.mark.slow  # starts a server in another Python
 @pytest.mark.parametrize("kind", ["fp32", "int8"])
 def test_an_onnx_file_is_served_without_torch_and_answers_as_the_run(run, exported, kind):
     gradio_client = pytest.importorskip("gradio_client")
@@ -74,6 +85,7 @@ def test_an_onnx_file_is_served_without_torch_and_answers_as_the_run(run, export
         stop_server(process)
 
 
+@pytest.mark.slow  # starts a server in another Python
 def test_a_file_without_the_attention_output_serves_the_page_without_the_overlay_saying_so(run, exported):
     gradio_client = pytest.importorskip("gradio_client")
     process, url = _serve_without_torch(exported["plain"])
@@ -86,15 +98,15 @@ def test_a_file_without_the_attention_output_serves_the_page_without_the_overlay
         stop_server(process)
 
 
-def test_serving_a_bad_onnx_file_is_one_line(run, exported, tmp_path, capsys):
+def test_serving_a_bad_onnx_file_is_one_line(run, plain_onnx, tmp_path, capsys):
     import onnx
 
     foreign = tmp_path / "foreign.onnx"
-    proto = onnx.load(str(exported["plain"]))
+    proto = onnx.load(str(plain_onnx))
     del proto.metadata_props[:]
     onnx.save(proto, str(foreign))
     corrupt = tmp_path / "corrupt.onnx"
-    corrupt.write_bytes(exported["plain"].read_bytes()[:5000])
+    corrupt.write_bytes(plain_onnx.read_bytes()[:5000])
     for path, says in ((foreign, "not one exported by foodvit"), (corrupt, "not a readable ONNX model"),
                        (tmp_path / "missing.onnx", "does not exist")):
         capsys.readouterr()
@@ -103,6 +115,7 @@ def test_serving_a_bad_onnx_file_is_one_line(run, exported, tmp_path, capsys):
         assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow  # starts a server in another Python
 def test_an_onnx_space_installs_no_torch_starts_offline_without_it_and_answers_like_the_run(run, tmp_path):
     out, _ = run
     space = tmp_path / "space"
