@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,37 +121,90 @@ def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process
 
     study = tmp_path / "shared"
     (study / "fold-0").mkdir(parents=True)
-    # holds fold 0's lock until its stdin closes, and a second more
+    # holds fold 0's run lock (as a `foodvit train` of it would) until its stdin closes, and 2 s more
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from foodvit.rundir.directory import RunLock; "
-                               "lock = RunLock(sys.argv[1]).acquire(); print('held', flush=True); sys.stdin.read(); time.sleep(1)",
+                               "lock = RunLock(sys.argv[1]).acquire(); print('held', flush=True); sys.stdin.read(); time.sleep(2)",
                                str(study / "fold-0")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    real_train, real_sleep, events = trainer.train, cv.time.sleep, []
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        real_train, events = trainer.train, []
 
-    def train(config, out, **kwargs):
-        events.append(Path(out).name)
-        return real_train(config, out, **kwargs)
+        def train(config, out, **kwargs):
+            events.append(Path(out).name)
+            return real_train(config, out, **kwargs)
 
-    def sleep(seconds):
-        events.append("wait")
-        real_sleep(seconds)
+        def after_fold(step, results):
+            events.append(f"done {results[-1]['fold']}")
+            holder.stdin.close()  # the other process ends once this one has finished the free fold
 
-    def after_fold(step, results):
-        events.append(f"done {results[-1]['fold']}")
-        holder.stdin.close()  # the other process ends once this one has finished the free fold
-
-    monkeypatch.setattr(trainer, "train", train)
-    monkeypatch.setattr(cv.time, "sleep", sleep)
-    config = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
-    result, folds = cv.run_cv(config, study, study / "folds", cv.training_photos(config), folds=2, seeds=[42], after_fold=after_fold,
-                              wait_s=0.1)
-    assert holder.wait(timeout=60) == 0
+        monkeypatch.setattr(trainer, "train", train)
+        monkeypatch.setattr(cv, "_wait", lambda seconds: (events.append("wait"), time.sleep(seconds)))
+        config = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+        result, folds = cv.run_cv(config, study, study / "folds", cv.training_photos(config), folds=2, seeds=[42],
+                                  after_fold=after_fold, wait_s=0.1)
+        assert holder.wait(timeout=60) == 0
+    finally:
+        holder.kill()
     assert events[:3] == ["fold-1", "done 1", "wait"] and events[-2:] == ["fold-0", "done 0"]
     assert set(events[2:-2]) == {"wait"}  # waited, without touching fold 0, while its holder lived
     assert [f["fold"] for f in folds] == [0, 1]
     alone = json.loads((cv_study["study"] / "cv.json").read_text())
     assert {f"s42/{p['photo']}": p["right"] for f in folds for p in f["predictions"]} == alone["photos"]
     assert result.accuracy == pytest.approx(alone["accuracy"])
+
+
+def test_a_fold_is_run_by_one_process_from_its_look_to_its_result(cv_study, photos, tmp_path):
+    """The fold's own lock: while another process runs fold 0 (even between its training and its
+    result), this one leaves it; once free, a finished result is read, not computed again."""
+    config = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+    split = cv.training_photos(config)
+    folders = cv.fold_folders(split, 2, 42, tmp_path / "folds")
+    shutil.copytree(cv_study["study"] / "fold-0", tmp_path / "fold-0")  # a finished run, its result not yet written
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from filelock import FileLock; "
+                               "lock = FileLock(sys.argv[1], timeout=0); lock.acquire(); print('held', flush=True); sys.stdin.read()",
+                               str(tmp_path / ".fold-0.lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(cv.FoldBusy, match="is being run by another process"):
+            cv.run_fold(config, tmp_path / "fold-0", folders[0], seed=42, fold=0)
+        assert not (tmp_path / "fold-0.json").exists()
+    finally:
+        holder.communicate("", timeout=60)
+    result = cv.run_fold(config, tmp_path / "fold-0", folders[0], seed=42, fold=0)
+    assert result["accuracy"] == json.loads((cv_study["study"] / "fold-0.json").read_text())["accuracy"]
+
+
+def test_two_processes_starting_one_folder_with_different_studies_never_both_go_on(tmp_path, monkeypatch):
+    import threading
+
+    folder, start, outcomes = tmp_path / "study", threading.Barrier(8), []
+    # every starter has looked for the study before any writes one: the race, every time
+    checked, real_dumps, waited = threading.Barrier(8), json.dumps, set()
+
+    def dumps(*args, **kwargs):  # open_study's first dumps is the study it is about to write
+        if threading.get_ident() not in waited:
+            waited.add(threading.get_ident())
+            checked.wait(timeout=30)
+        return real_dumps(*args, **kwargs)
+
+    monkeypatch.setattr(cv.json, "dumps", dumps)
+
+    def begin(identity):
+        start.wait()
+        try:
+            cv.open_study(folder, identity)
+            outcomes.append(("open", identity["lr"]))
+        except StudyError:
+            outcomes.append(("refused", identity["lr"]))
+
+    threads = [threading.Thread(target=begin, args=({"kind": "cv", "lr": i % 2},)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stored = json.loads((folder / "study.json").read_text())["lr"]
+    assert sorted(outcomes) == sorted([("open", stored)] * 4 + [("refused", 1 - stored)] * 4)
+    assert [p.name for p in folder.iterdir()] == ["study.json"]  # no temporary file left
 
 
 class PruneTrialOne(optuna.pruners.BasePruner):

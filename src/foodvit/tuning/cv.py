@@ -21,10 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import statistics
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from foodvit.config import RunConfig
 from foodvit.data.datasource import DataSource
@@ -135,6 +139,24 @@ def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int
     result_file = run.with_name(run.name + ".json")
     if result_file.is_file():
         return json.loads(result_file.read_text())
+    run.parent.mkdir(parents=True, exist_ok=True)
+    # One process a fold, from the look at its result to the result written (the run's own lock covers
+    # only its training): another process takes another fold meanwhile.
+    lock = FileLock(run.parent / f".{run.name}.lock", timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise FoldBusy(f"{run} is being run by another process") from None
+    try:
+        if result_file.is_file():  # finished by another process between the look and the lock
+            return json.loads(result_file.read_text())
+        return _run_fold(config, run, folder, result_file, seed=seed, fold=fold, quiet=quiet, resume=resume, train=train)
+    finally:
+        lock.release()
+
+
+def _run_fold(config: RunConfig, run: Path, folder: Path, result_file: Path, *, seed: int, fold: int, quiet: bool, resume,
+              train) -> dict:
     started = time.perf_counter()
     if not (run / "model.json").is_file():
         try:
@@ -173,7 +195,10 @@ def _clear_unstarted(run: Path) -> None:
 
 
 class FoldBusy(StudyError):
-    """Another live process is training the fold: run_cv takes the next one and comes back to it."""
+    """Another live process is running the fold: run_cv takes the next one and comes back to it."""
+
+
+_wait = time.sleep  # run_cv's pause while only other processes' folds are left (a test replaces it)
 
 
 def _per_class(predictions: list[dict]) -> dict[str, float]:
@@ -238,8 +263,9 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
                 if after_fold is not None:
                     after_fold(len(results) - 1, results)
             if busy and len(busy) == len(todo):
-                bar.set_description(f"folds (waiting for {len(busy)} another process trains)")
-                time.sleep(wait_s)
+                bar.set_description(f"folds (waiting: another process runs {len(busy)})")
+                _wait(wait_s)
+                bar.set_description("folds")
             todo = busy
     order = {seed: i for i, seed in enumerate(seeds)}
     results.sort(key=lambda r: (order[r["seed"]], r["fold"]))
@@ -258,9 +284,20 @@ def open_study(folder: Path, identity: dict) -> None:
             raise StudyError(f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
                              "choose another --out")
         return
-    if folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):  # not another starter's temporary file
+    # not another starter's temporary file, nor the study another starter has just written
+    if folder.is_dir() and any(not p.name.startswith(".") and p.name != STUDY_FILE for p in folder.iterdir()):
         raise StudyError(f"{folder} is not empty and holds no study; choose a new or empty --out")
-    write_text(path, json.dumps(identity, indent=1))
+    # Created whole and only if absent (a link to a written temporary file): of two processes that
+    # start the same folder at once, the second checks its study against the first's, never overwrites it.
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{STUDY_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp.write_text(json.dumps(identity, indent=1))
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        open_study(folder, identity)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seeds: int = 1, quiet: bool = True,

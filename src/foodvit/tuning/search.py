@@ -138,16 +138,16 @@ class Objective:
             trial.set_user_attr("fold_seconds", seconds)
             if self.budget_s and step == 0 and seconds[0] > self.budget_s:
                 raise BudgetError(f"--budget {_seconds(self.budget_s)} is less than one fold takes here ({seconds[0]:.0f} s, "
-                                  f"fold 0 of trial {trial.number}); a trial of {self.folds} folds needs about "
+                                  f"fold {results[0]['fold']} of trial {trial.number}); a trial of {self.folds} folds needs about "
                                   f"{_seconds(self.folds * seconds[0])}: give a larger --budget, or fewer --folds")
             if step + 1 >= self.folds:
                 return
             if trial.should_prune():
-                raise optuna.TrialPruned(f"running mean {running:.3f} after fold {step} is below the pruner's mark")
+                raise optuna.TrialPruned(f"running mean {running:.3f} after {step + 1} of {self.folds} folds is below the pruner's mark")
             if self.deadline and time.time() + sum(seconds) / len(seconds) > self.deadline:
                 trial.set_user_attr("stopped", "budget")
                 trial.study.stop()
-                raise optuna.TrialPruned(f"the budget ends before fold {step + 1} would")
+                raise optuna.TrialPruned(f"the budget ends before a fold more would ({step + 1} of {self.folds} done)")
 
         try:
             result, fold_results = cv.run_cv(config, folder, self.study_dir / "folds", self.split, folds=self.folds,
