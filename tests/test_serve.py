@@ -296,6 +296,27 @@ def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
         assert [p for p in cache.rglob("*") if p.is_file()] == []  # ...and deleted a few seconds after
 
 
+
+def test_the_json_api_in_this_process_answers_as_the_predictor(run):
+    """The fast tier's look at the HTTP API (the tests against a `foodvit serve` process are slow):
+    health, a prediction equal to the Predictor's, a bad photo's 4xx in the error shape."""
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import create_app
+
+    out, _ = run
+    predictor = Predictor.from_run(out)
+    app, _ = create_app(predictor, examples=())
+    photo = photos_to_try(run)[0]
+    with ServerThread(app) as url:
+        assert httpx.get(url + "/health").json()["classes"] == ["pizza", "steak", "sushi"]
+        answer = post(url, photo.read_bytes(), photo.name).json()
+        bad = post(url, b"not a photo", "x.jpg")
+    expected = predictor.classify(photo)
+    assert answer["label"] == expected["label"]
+    for name, p in expected["probabilities"].items():
+        assert answer["probabilities"][name] == pytest.approx(p, abs=1e-6)
+    assert 400 <= bad.status_code < 500 and "x.jpg" in bad.json()["error"]
+
 def _memory_of(pid: int, stop: threading.Event, peak: list) -> None:
     import psutil
 
