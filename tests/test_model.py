@@ -439,7 +439,7 @@ def test_the_heads_are_named_and_without_the_token_the_prediction_is_eq4s_head()
 def test_shifted_patch_tokenisation_stacks_the_image_and_its_four_diagonal_half_patch_shifts():
     """Deviation 10 (SPT): each token reads its own P x P patch and the same window of the four
     diagonally shifted copies, layer-normalised, then E."""
-    from foodvit.model.vit import ShiftedPatches
+    from foodvit.model.stems import ShiftedPatches
 
     images = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8)
     moved = ShiftedPatches.shift(images, 2, -2)  # 2 rows down, 2 columns left, zeros shifted in
