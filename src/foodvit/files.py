@@ -22,10 +22,11 @@ def _temporary_name(path: Path, suffix: str = ".tmp") -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}{suffix}")
 
 
-def atomic_write(path: str | os.PathLike, write, suffix: str = ".tmp") -> Path:
+def atomic_write(path: str | os.PathLike, write, suffix: str = ".tmp", *, replace: bool = True) -> Path:
     """Call write(tmp_path), then rename over `path`: readers never see a half-written file, and a
     failure (or Ctrl-C) leaves neither a partial file nor the temporary one. The file gets the
-    permissions any other tool would give it (0666 less the umask)."""
+    permissions any other tool would give it (0666 less the umask). replace=False: the file is
+    created only if absent (FileExistsError otherwise), so of two concurrent writers one wins whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_name(path, suffix)
@@ -33,15 +34,19 @@ def atomic_write(path: str | os.PathLike, write, suffix: str = ".tmp") -> Path:
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())  # whatever the writer did (some write 0600 and rename)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails if path exists, unlike a rename
+            tmp.unlink()
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+def write_text(path: str | os.PathLike, text: str, *, replace: bool = True) -> Path:
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text), replace=replace)
 
 
 def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha256_prefix: str | None = None) -> Path:

@@ -21,9 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import statistics
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -287,17 +285,12 @@ def open_study(folder: Path, identity: dict) -> None:
     # not another starter's temporary file, nor the study another starter has just written
     if folder.is_dir() and any(not p.name.startswith(".") and p.name != STUDY_FILE for p in folder.iterdir()):
         raise StudyError(f"{folder} is not empty and holds no study; choose a new or empty --out")
-    # Created whole and only if absent (a link to a written temporary file): of two processes that
-    # start the same folder at once, the second checks its study against the first's, never overwrites it.
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{STUDY_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
-    tmp.write_text(json.dumps(identity, indent=1))
+    # Created only if absent: of two processes that start the same folder at once, the second checks
+    # its study against the first's, never overwrites it.
     try:
-        os.link(tmp, path)
+        write_text(path, json.dumps(identity, indent=1), replace=False)
     except FileExistsError:
         open_study(folder, identity)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seeds: int = 1, quiet: bool = True,
