@@ -2,6 +2,7 @@
 that trains its teacher first, saves it, reports it, and resumes without training it again."""
 
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -105,9 +106,16 @@ def distilled(photos, epochs=2):
     return replace(config, optim=replace(config.optim, distill=1.0, teacher="resnet18"))
 
 
-def test_a_distilled_run_trains_saves_and_reports_its_teacher(photos, tmp_path):
-    out = tmp_path / "run"
-    result = train(distilled(photos), out, quiet=True)
+@pytest.fixture(scope="module")
+def distilled_run(photos, tmp_path_factory):
+    """(folder, result) of distilled(photos) trained once for the tests that read it (or a copy of it):
+    a ResNet-18 teacher is most of a test's time."""
+    out = tmp_path_factory.mktemp("distilled") / "run"
+    return out, train(distilled(photos), out, quiet=True)
+
+
+def test_a_distilled_run_trains_saves_and_reports_its_teacher(distilled_run):
+    out, result = distilled_run
     teacher = load_checkpoint(out / "teacher.pt")
     assert teacher["format"] == "foodvit-teacher" and teacher["architecture"] == "resnet18"
     assert [row["epoch"] for row in teacher["history"]] == [1, 2] and 0 <= teacher["history"][-1]["test_acc"] <= 1
@@ -158,9 +166,9 @@ def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos
     assert resumed.history[-1]["train_loss"] == pytest.approx(whole.history[-1]["train_loss"], rel=1e-5)
 
 
-def test_a_foreign_teacher_file_is_refused(photos, tmp_path):
+def test_a_foreign_teacher_file_is_refused(distilled_run, tmp_path):
     out = tmp_path / "run"
-    train(distilled(photos, epochs=1), out, quiet=True)
+    shutil.copytree(distilled_run[0], out)
     (out / "model.safetensors").unlink()  # as a run stopped before writing its model (a finished run is not resumed)
     state = load_checkpoint(out / "teacher.pt")
     torch.save({**state, "architecture": "resnet34"}, out / "teacher.pt")
@@ -168,8 +176,8 @@ def test_a_foreign_teacher_file_is_refused(photos, tmp_path):
         resume(out, quiet=True)
 
 
-def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(photos, tmp_path, monkeypatch):
-    whole = train(distilled(photos, epochs=2), tmp_path / "whole", quiet=True)
+def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(photos, distilled_run, tmp_path, monkeypatch):
+    _, whole = distilled_run  # the same settings, uninterrupted
     out = tmp_path / "stopped"
     import foodvit.training.trainer as T
 
