@@ -14,15 +14,22 @@ from foodvit.training.distill import build_teacher
 LOSSES = {"drloc": 0.5, "masked": 1.0, "guidance": 1.0, "distill": 1.0}
 
 
+@pytest.fixture(scope="module")
+def teacher():
+    """One ResNet-18 for every combination that needs one: a frozen teacher is only read."""
+    torch.manual_seed(0)
+    return build_teacher("resnet18", 3)
+
+
 @pytest.mark.parametrize("on", [c for n in range(1, 5) for c in itertools.combinations(LOSSES, n)], ids="+".join)
-def test_every_combination_trains_and_keeps_its_parts(on):
+def test_every_combination_trains_and_keeps_its_parts(on, teacher):
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96, pool="gap",
                        pos_embed="sincos2d")
     aux = auxiliary.wrap(vit, OptimConfig(**{name: LOSSES[name] for name in on}), num_classes=3)
     assert aux.need_teacher == ("guidance" in on or "distill" in on)
     if aux.need_teacher:
-        aux.set_teacher(build_teacher("resnet18", 3))
+        aux.set_teacher(teacher)
     images = torch.randn(4, 3, 32, 32)
 
     def total() -> torch.Tensor:
