@@ -19,8 +19,8 @@ option, named here once and cited:
      token. Beyer et al. 2022 (big_vision's posemb_sincos_2d) use the same idea with column
      channels first and frequencies reaching 1/10000 exactly; the two are not interchangeable
      for pre-trained weights. pos_embed="none": no position embedding (the paper's Table 8 ablation).
-  3. class_token=False: no class token; needs pool="gap" (Beyer et al. 2022). With pool="gap"
-     and the class token kept (the default recipe), the token is not pooled but still attends
+  3. class_token=False: no class token; needs pool="gap" (Beyer et al. 2022). With pool="gap" or
+     "seq" and the class token kept (the default recipe), the token is not pooled but still attends
      and is attended to: an extra global token, as in MoCo v3's ViTs; the recipe was chosen
      on validation with it, and foodvit keeps it there deliberately.
   4. drop_path > 0: stochastic depth on each residual branch, rate growing linearly with depth
