@@ -236,7 +236,8 @@ def test_with_attention_is_for_onnx_only(run, tmp_path, capsys):
     assert "--with-attention is for --format onnx" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("options", [{"pool": "gap"}, pytest.param({"pool": "seq"}, marks=pytest.mark.slow),
+@pytest.mark.parametrize("options", [{"pool": "seq", "stem": "conv"},  # the default recipe's model
+                                     pytest.param({"pool": "gap"}, marks=pytest.mark.slow),
                                      pytest.param({"distill_token": True}, marks=pytest.mark.slow)])  # the class token: attention_file
 def test_the_attention_output_reads_the_tokens_as_each_pooling_does(options, tmp_path):
     # the graph's rollout goes through pool_readout's every branch: the mean of the patch rows, the learned
