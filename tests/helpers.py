@@ -1,6 +1,17 @@
 """Helpers shared by the tests."""
 
+from importlib.util import find_spec
+
+import pytest
 import torch
+
+
+def needs(*modules: str, why: str):
+    """A module-level skip mark for an optional extra, found without importing it: collecting the suite
+    (every xdist worker collects every module, the fast tier's deselected ones too) then imports no
+    Gradio, ONNX or Playwright; the tests that use them import them when they run."""
+    missing = [m for m in modules if find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{why} (missing: {', '.join(missing)})")
 
 
 def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

@@ -8,13 +8,14 @@ download is never used: the test points Playwright at /usr/bin/chromium.
 import os
 import re
 import shutil
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
 CHROMIUM = os.environ.get("FOODVIT_CHROMIUM", "/usr/bin/chromium")
-playwright_api = pytest.importorskip("playwright.sync_api", reason="browser test: pip install -e '.[test]' for Playwright")
-pytest.importorskip("gradio", reason="browser test: pip install -e '.[serve]' for the server")
+if find_spec("playwright") is None or find_spec("gradio") is None:  # found, not imported: collecting stays light
+    pytest.skip("browser test: pip install -e '.[test,serve]' for Playwright and the server", allow_module_level=True)
 if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
     pytest.skip(f"browser test: no Chromium at {CHROMIUM}; install it with `apt-get install -y chromium` "
                 "(or set FOODVIT_CHROMIUM to a Chromium binary)", allow_module_level=True)
@@ -29,7 +30,9 @@ def served(shared_run, shared_server):
 
 @pytest.fixture(scope="module")
 def browser():
-    with playwright_api.sync_playwright() as p:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         yield browser
         browser.close()

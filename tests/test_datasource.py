@@ -63,6 +63,7 @@ def test_a_local_food101_folder_can_be_subset(tmp_path):
     assert listed.classes == ("pizza", "steak") and len(listed.train.files) == 8 and len(listed.test.files) == 4
 
 
+@pytest.mark.slow  # a Food-101 subset trained; the fast tier keeps URL runs and the subset's parsing
 def test_evaluate_and_inspect_a_food101_subset_run(food101_cache, tmp_path, monkeypatch, capsys):
     # seam bug: evaluate listed every Food-101 class for a run trained on three, and was refused
     monkeypatch.setenv("FOODVIT_CACHE", str(food101_cache))
@@ -118,6 +119,7 @@ def test_a_url_run_takes_its_photos_from_foodvit_data_without_the_cache(url_run,
     assert not (tmp_path / "empty-cache").exists()  # nothing was downloaded
 
 
+@pytest.mark.slow  # an ONNX export; URL runs stay in the fast tier through evaluate and inspect
 def test_export_of_a_url_run_needs_no_photos_option(url_run, tmp_path, monkeypatch, capsys):
     pytest.importorskip("onnxruntime")
     run, cache, _ = url_run

@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
-pytest.importorskip("onnxscript", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 
-from helpers import run_without_torch  # noqa: E402
+from helpers import needs, run_without_torch  # noqa: E402
 
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.deploy.export import relative_difference  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
+
+pytestmark = needs("onnxruntime", "onnxscript", why="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,7 @@ def test_predicting_from_onnx_needs_no_torch(onnx_file, run):
     assert answer["label"] in ("pizza", "steak", "sushi") and answer["image"] == str(photo)
 
 
+@pytest.mark.slow  # another export; int8 stays in the fast tier through test_quantize's static int8
 def test_int8_is_smaller_and_keeps_the_answers(run, onnx_file, tmp_path, capsys):
     out, photos = run
     path = tmp_path / "int8.onnx"
@@ -204,6 +205,7 @@ def attention_file(run, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout (test_the_attention_output_reads_...)
 def test_with_attention_the_file_gives_the_rollout_explain_draws(run, attention_file, onnx_file):
     from PIL import Image
 

@@ -6,13 +6,14 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
-pytest.importorskip("onnxscript", reason="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
+from helpers import needs
 
-from foodvit.cli.main import main  # noqa: E402
-from foodvit.deploy.onnx_runtime import OnnxBackend  # noqa: E402
-from foodvit.deploy.predictor import Predictor  # noqa: E402
-from foodvit.deploy.quantize import choose  # noqa: E402
+from foodvit.cli.main import main
+from foodvit.deploy.onnx_runtime import OnnxBackend
+from foodvit.deploy.predictor import Predictor
+from foodvit.deploy.quantize import choose
+
+pytestmark = needs("onnxruntime", "onnxscript", why="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 
 
 def _inputs(predictor, photos):
@@ -46,6 +47,7 @@ def test_static_int8_is_calibrated_and_keeps_the_answers(shared_run, tmp_path, c
     assert backend.attention(x).shape == (9, 4, 4)  # the attention output kept, in float
 
 
+@pytest.mark.slow  # two quantisations measured; the fast tier keeps static int8
 def test_int8_measures_both_and_says_which_it_kept(shared_run, tmp_path, capsys):
     out, _ = shared_run
     path = tmp_path / "int8.onnx"
@@ -58,6 +60,7 @@ def test_int8_measures_both_and_says_which_it_kept(shared_run, tmp_path, capsys)
     assert all(f["latency_ms"] > 0 and 0 <= f["agreement"] <= 1 for f in info["figures"].values())
 
 
+@pytest.mark.slow  # two more exports; the fast tier keeps static int8
 def test_without_training_photos_int8_is_dynamic_and_int8_static_one_line(shared_run, tmp_path, monkeypatch, capsys):
     import foodvit.deploy.quantize as quantize
 

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-pytest.importorskip("fastapi", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
-pytest.importorskip("gradio", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")
 
 from conftest import REAL_DATA, UPLOAD_LIMIT_MB  # noqa: E402
-from helpers import ServerThread, free_port, start_server, stop_server  # noqa: E402
+from helpers import ServerThread, free_port, needs, start_server, stop_server  # noqa: E402
 
 from foodvit.cli.main import main  # noqa: E402
+
+pytestmark = needs("fastapi", "gradio", why="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,15 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
-pytest.importorskip("gradio", reason="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
-pytest.importorskip("onnxruntime", reason="the .onnx server tests need the export extra: pip install -e '.[export]'")
-pytest.importorskip("onnxscript", reason="the .onnx server tests need the export extra: pip install -e '.[export]'")
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")
 
-from helpers import BLOCK_TORCH, free_port, start_server, stop_server, without_torch  # noqa: E402
+from helpers import BLOCK_TORCH, free_port, needs, start_server, stop_server, without_torch  # noqa: E402
 
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.deploy.onnx_runtime import NO_ATTENTION  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
+
+pytestmark = needs("fastapi", "gradio", "onnxruntime", "onnxscript", why="the .onnx server tests need the serve and export extras: pip install -e '.[serve,export]' (make test installs them)")
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +154,7 @@ def test_an_onnx_space_without_the_runs_photos_at_hand_is_one_line(run, tmp_path
     assert "set FOODVIT_DATA" in err and "Traceback" not in err and not (tmp_path / "space").exists()
 
 
+@pytest.mark.slow  # two exports and a Space built; the fast tier keeps serve's .onnx checks
 def test_an_int8_onnx_space_carries_the_quantised_model_with_its_attention_output(run, tmp_path):
     from foodvit.deploy.onnx_runtime import OnnxBackend
 

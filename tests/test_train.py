@@ -100,6 +100,7 @@ def test_same_seed_same_run_and_new_run_refuses_an_old_directory(photos, tmp_pat
         train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
 
 
+@pytest.mark.slow  # loader processes; the fast tier keeps no workers against two
 def test_one_or_two_loader_workers_train_the_same_run(photos, tmp_path):
     # each photo is augmented from its own seed when workers load the data, and the workers stay up
     # between epochs: how many there are changes nothing, mixup (drawn in the workers) included
@@ -270,6 +271,7 @@ def test_deterministic_run_configures_cublas_before_its_first_product(monkeypatc
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ and not torch.are_deterministic_algorithms_enabled()
 
 
+@pytest.mark.slow  # two trainings; the fast tier keeps the cache's own tests (test_data, the workers' test)
 def test_cache_on_or_off_is_the_same_experiment(photos, tmp_path):
     # before, the cached path resized every photo once more than the uncached one: another experiment
     runs = [train(small_config(photos, epochs=2, batch_size=8, cache=cache), tmp_path / f"c{cache}", quiet=True)
@@ -280,6 +282,7 @@ def test_cache_on_or_off_is_the_same_experiment(photos, tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
+@pytest.mark.slow  # loader processes against none; the fast tier keeps the workers' own test (kept up, cache)
 def test_no_workers_and_two_workers_train_the_same_run(photos, tmp_path):
     # augmentation draws from each photo's own seed in the training process too
     runs = [train(small_config(photos, epochs=2, batch_size=8, workers=w), tmp_path / f"w{w}", quiet=True) for w in (0, 2)]

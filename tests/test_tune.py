@@ -114,6 +114,7 @@ def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study
 
 
 
+@pytest.mark.slow  # a second study; cv's folds stay in the fast tier through test_cv_writes_per_fold_...
 def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process_is_gone(cv_study, photos, tmp_path, monkeypatch):
     """Two processes on one study: a fold whose run another process holds is skipped, the free fold
     trained, then the held one waited for and trained once its holder is gone; same result as one process."""
@@ -214,6 +215,7 @@ class PruneTrialOne(optuna.pruners.BasePruner):
         return trial.number == 1
 
 
+@pytest.mark.slow  # seven tiny trainings; tune stays in the fast tier through the interrupted study
 def test_tune_prunes_records_a_crashed_trial_and_writes_a_recipe_that_trains(photos, tmp_path, monkeypatch, capsys):
     poisoned = poisoned_copy(photos, tmp_path / "poisoned")  # the test split is never read by the search either
     space = tmp_path / "space.toml"
