@@ -283,6 +283,11 @@ class _ZipHandler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def do_HEAD(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.payload)))
+        self.end_headers()
+
 
 def test_download_goes_to_the_cache_once(tmp_path):
     root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
@@ -297,6 +302,41 @@ def test_download_goes_to_the_cache_once(tmp_path):
         assert resolve(url, quiet=True) == first
         assert _ZipHandler.hits == 1
         assert not list((tmp_path / "cache").rglob("*.part"))
+    finally:
+        server.shutdown()
+
+
+def test_a_download_goes_through_the_proxies_of_its_own_time(tmp_path, monkeypatch):
+    # urllib.request.urlopen keeps the opener (and the proxies) of its first call for the whole process:
+    # here that first call came while a proxy nobody listens on was set, as a test of the offline path
+    # (test_pretrained) or a user's notebook can leave it. The download after the proxy is gone must not use it.
+    import socket
+    import urllib.request
+
+    from foodvit.model.pretrained import _probe
+
+    root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
+    _ZipHandler.payload = _zip(root, tmp_path / "set.zip", "pizza_steak_sushi/").read_bytes()
+    _ZipHandler.hits = 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(urllib.request, "_opener", None)  # put back as it was after the test
+    with monkeypatch.context() as during:
+        for var in ("http_proxy", "HTTP_PROXY"):
+            during.setenv(var, dead)
+        for var in ("no_proxy", "NO_PROXY"):
+            during.delenv(var, raising=False)
+        urllib.request.install_opener(urllib.request.build_opener())  # what urlopen's first call does
+    server = http.server.HTTPServer(("127.0.0.1", 0), _ZipHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/data/pizza_steak_sushi.zip"
+        for var in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(var, raising=False)
+        _probe(url)  # pre-trained weights' reachability check: no error
+        assert (resolve(url, quiet=True) / "test" / "sushi" / "000.jpg").is_file()
+        assert _ZipHandler.hits == 1
     finally:
         server.shutdown()
 

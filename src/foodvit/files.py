@@ -49,6 +49,15 @@ def write_text(path: str | os.PathLike, text: str, *, replace: bool = True) -> P
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text), replace=replace)
 
 
+def open_url(request, *, timeout: float):
+    """urllib's urlopen through an opener made now: the proxy settings (HTTP_PROXY, NO_PROXY, ...) are
+    the environment's at this call. urllib.request.urlopen keeps the opener of its first call, and the
+    proxies of that moment, for the rest of the process (set by whichever library called it first)."""
+    import urllib.request
+
+    return urllib.request.build_opener().open(request, timeout=timeout)
+
+
 def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha256_prefix: str | None = None) -> Path:
     """Download url to target with a progress bar; the connection times out by itself (nothing
     process-wide changes), the file appears only when complete and, with sha256_prefix, only if its
@@ -58,13 +67,12 @@ def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha
     has no connection time-out (offline it can hang instead of failing in seconds) and would load
     PyTorch into the data layer, which stays torch-free."""
     import hashlib
-    import urllib.request
 
     from tqdm.auto import tqdm
 
     def fetch(tmp: Path) -> None:
         digest = hashlib.sha256()
-        with tmp.open("wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        with tmp.open("wb") as out, open_url(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {Path(target).name}", disable=quiet) as bar:
                 while chunk := response.read(1 << 20):

@@ -135,8 +135,10 @@ def _timm_state_dict(name: str) -> dict[str, torch.Tensor]:
 def _probe(url: str) -> None:
     import urllib.request
 
+    from foodvit.files import open_url
+
     try:
-        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=DOWNLOAD_TIMEOUT).close()
+        open_url(urllib.request.Request(url, method="HEAD"), timeout=DOWNLOAD_TIMEOUT).close()
     except OSError as err:  # URLError, timeouts and refused connections are all OSErrors
         raise OSError(f"{url} is unreachable: {getattr(err, 'reason', err)}") from err
 
