@@ -18,12 +18,12 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2  # two workers on the two cores
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal  # two workers on the two cores; one that runs out takes from the other
 
 # The inner loop: the suite without the tests marked slow (torchrun, the browser, kill -9, servers, ViT-B/16 at full
 # size); every module is still exercised. `make test` stays the one that counts.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow"
 
 # Train the default recipe on the default data ($$FOODVIT_DATA, else the course's zip), evaluate it
 # on the test split, and predict the first test photo.
