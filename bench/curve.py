@@ -107,6 +107,21 @@ def guided(study: Path) -> bool:
     return config["optim"].get("guidance", 0) > 0
 
 
+def recipe_of(study: Path) -> str:
+    """Which of the round's ViT recipes a study trained, from its first fold's saved config: the
+    default (guidance with the CCT tokeniser and sequence pooling, since round 4's fourth session),
+    the previous default (guidance alone) or the one before it (neither)."""
+    vit = json.loads((study / "fold-0" / "config.json").read_text())["vit"]
+    if not guided(study):
+        return "unguided"
+    return "guided+cct" if (vit.get("stem"), vit.get("pool")) == ("conv", "seq") else "guided"
+
+
+RECIPES = {"unguided": ("ViT, without locality guidance", "o-"),
+           "guided": ("ViT, with locality guidance (the previous default)", "D-"),
+           "guided+cct": ("ViT, the default: guidance + CCT tokeniser", "^-")}
+
+
 def lends_teachers(vit: Path, config) -> bool:
     """Whether a ViT study's fold-K/teacher.pt are the ResNet-18s this CNN study would train: the study
     is guided, and its image size, photos' settings, optimiser, schedule, epochs and seed are the CNN's (a guided
@@ -135,10 +150,10 @@ def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
             per_class = len(a["photos"]) / len(a["per_class"])  # the data set's photos a class (all are held out once)
             share = float(vit.name.removeprefix("vit-f"))
             difference, _ = compare_studies(cnn, vit)
-            found.append({"photos_per_class": round(per_class * share), "share": share, "folder": str(folder), "guided": guided(vit),
+            found.append({"photos_per_class": round(per_class * share), "share": share, "folder": str(folder), "recipe": recipe_of(vit),
                           "vit": a["accuracy"], "vit_se": a["standard_error"], "cnn": b["accuracy"], "cnn_se": b["standard_error"],
                           "vit_minus_cnn": difference["difference"], "paired_se": difference["standard_error"]})
-    return sorted(found, key=lambda r: (r["guided"], r["photos_per_class"]))
+    return sorted(found, key=lambda r: (list(RECIPES).index(r["recipe"]), r["photos_per_class"]))
 
 
 def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> None:
@@ -149,12 +164,12 @@ def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> N
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     x = sorted({r["photos_per_class"] for r in found})
-    for flag, label, style in ((False, "ViT, without locality guidance", "o-"), (True, "ViT, the default recipe (with locality guidance)", "D-")):
-        series = [r for r in found if r["guided"] == flag]
+    for recipe, (label, style) in RECIPES.items():
+        series = [r for r in found if r["recipe"] == recipe]
         if series:
             ax.errorbar([r["photos_per_class"] for r in series], [r["vit"] for r in series], yerr=[r["vit_se"] for r in series],
                         fmt=style, capsize=3, label=label)
-    cnn = {r["photos_per_class"]: r for r in found}  # the same ResNet-18 studies pair with either ViT
+    cnn = {r["photos_per_class"]: r for r in found}  # the same ResNet-18 studies (the guided studies' teachers) pair with every ViT
     ax.errorbar(x, [cnn[n]["cnn"] for n in x], yerr=[cnn[n]["cnn_se"] for n in x], fmt="s--", capsize=3, label="ResNet-18 from scratch, same training")
     ax.set(xlabel="training photos a class (each fold trains on 4/5 of them)", ylabel="5-fold CV accuracy (+- SE)",
            title="Data efficiency: FoodVision Mini" + (" and its 20% set" if max(x) > 75 else ""))
@@ -192,7 +207,7 @@ def main() -> int:
     found = rows(args.out, args.extra)
     print("| photos a class | ViT recipe | ViT | ResNet-18 | ViT - ResNet-18, paired |\n|---|---|---|---|---|")
     for r in found:
-        print(f"| {r['photos_per_class']} | {'guided' if r['guided'] else 'unguided'} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
+        print(f"| {r['photos_per_class']} | {r['recipe']} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
               f"{r['vit_minus_cnn']:+.3f} +- {r['paired_se']:.3f} |")
     if args.plot and found:
         plot(found, args.plot, [(m.split("=", 1)[0], Path(m.split("=", 1)[1])) for m in args.mark])
