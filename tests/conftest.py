@@ -63,6 +63,29 @@ def shared_run(shared_photos, tmp_path_factory):
     return out, shared_photos
 
 
+def _export(shared_run, tmp_path_factory, name: str, *options: str) -> Path:
+    from foodvit.cli.main import main
+
+    out, _ = shared_run
+    path = tmp_path_factory.mktemp("onnx") / f"{name}.onnx"
+    assert main(["export", str(out), "--out", str(path), *options]) == 0
+    return path
+
+
+# shared_run as .onnx files, exported once a pytest process (each export is seconds of torch.export):
+# test_export, test_serve_onnx and test_browser read them, never change them.
+@pytest.fixture(scope="session")
+def shared_onnx(shared_run, tmp_path_factory) -> Path:
+    """shared_run exported by `foodvit export` as an fp32 .onnx file (the logits only)."""
+    return _export(shared_run, tmp_path_factory, "plain")
+
+
+@pytest.fixture(scope="session")
+def shared_onnx_attention(shared_run, tmp_path_factory) -> Path:
+    """shared_run exported with `--with-attention`: the logits and the attention rollout."""
+    return _export(shared_run, tmp_path_factory, "attention", "--with-attention")
+
+
 @pytest.fixture(scope="session")
 def shared_server(shared_run):
     """The base URL of `foodvit serve` on shared_run, with an upload limit of UPLOAD_LIMIT_MB."""

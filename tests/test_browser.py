@@ -78,22 +78,18 @@ def test_upload_shows_the_same_answer_as_the_api(served, browser, viewport, tmp_
 
 
 @pytest.fixture(scope="module")
-def served_onnx(shared_run, tmp_path_factory):
+def served_onnx(request):
     """`foodvit serve` of the run's .onnx (exported --with-attention) and of one without the attention
     output, each in a process where importing torch fails: {"attention": url, "plain": url}."""
     pytest.importorskip("onnxruntime", reason="the .onnx page test needs the export extra: pip install -e '.[export]'")
     from helpers import free_port, start_server, stop_server, without_torch
 
-    from foodvit.cli.main import main
-
-    out, _ = shared_run
-    folder = tmp_path_factory.mktemp("onnx-page")
+    files = {"attention": request.getfixturevalue("shared_onnx_attention"), "plain": request.getfixturevalue("shared_onnx")}
     urls, processes = {}, []
     try:
-        for name, extra in (("attention", ["--with-attention"]), ("plain", [])):
-            assert main(["export", str(out), "--out", str(folder / f"{name}.onnx"), *extra]) == 0
+        for name, path in files.items():
             port = free_port()
-            process, urls[name] = start_server(without_torch(["serve", folder / f"{name}.onnx", "--port", port, "--threads", "1"]), port)
+            process, urls[name] = start_server(without_torch(["serve", path, "--port", port, "--threads", "1"]), port)
             processes.append(process)
         yield urls
     finally:

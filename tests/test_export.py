@@ -22,11 +22,8 @@ def run(shared_run):
 
 
 @pytest.fixture(scope="module")
-def onnx_file(run, tmp_path_factory):
-    out, _ = run
-    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
-    assert main(["export", str(out), "--out", str(path)]) == 0  # the run's test photos for the parity check
-    return path
+def onnx_file(shared_onnx):
+    return shared_onnx
 
 
 def _batch(predictor, photos, n):
@@ -198,11 +195,8 @@ def test_a_forced_export_that_fails_its_check_keeps_the_previous_file(run, tmp_p
 
 
 @pytest.fixture(scope="module")
-def attention_file(run, tmp_path_factory):
-    out, _ = run
-    path = tmp_path_factory.mktemp("onnx") / "attention.onnx"
-    assert main(["export", str(out), "--out", str(path), "--with-attention"]) == 0
-    return path
+def attention_file(shared_onnx_attention):
+    return shared_onnx_attention
 
 
 @pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout (test_the_attention_output_reads_...)

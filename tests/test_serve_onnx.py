@@ -26,21 +26,16 @@ def run(shared_run):
 
 
 @pytest.fixture(scope="module")
-def plain_onnx(run, tmp_path_factory) -> Path:
+def plain_onnx(shared_onnx) -> Path:
     """The run as an fp32 .onnx file without the attention output."""
-    out, _ = run
-    path = tmp_path_factory.mktemp("onnx") / "plain.onnx"
-    assert main(["export", str(out), "--out", str(path)]) == 0
-    return path
+    return shared_onnx
 
 
 @pytest.fixture(scope="module")
-def exported(run, plain_onnx):
+def exported(run, plain_onnx, shared_onnx_attention, tmp_path_factory):
     """{name: path}: the run as fp32 and dynamic int8 .onnx files with the attention output, and plain_onnx."""
     out, _ = run
-    folder = plain_onnx.parent
-    files = {"fp32": folder / "fp32.onnx", "int8": folder / "int8.onnx", "plain": plain_onnx}
-    assert main(["export", str(out), "--out", str(files["fp32"]), "--with-attention"]) == 0
+    files = {"fp32": shared_onnx_attention, "int8": tmp_path_factory.mktemp("onnx") / "int8.onnx", "plain": plain_onnx}
     assert main(["export", str(out), "--out", str(files["int8"]), "--with-attention", "--quantize", "int8-dynamic"]) == 0
     return files
 
