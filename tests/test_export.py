@@ -71,7 +71,7 @@ def test_predicting_from_onnx_needs_no_torch(onnx_file, run):
     assert answer["label"] in ("pizza", "steak", "sushi") and answer["image"] == str(photo)
 
 
-@pytest.mark.slow  # another export; int8 stays in the fast tier through test_quantize's static int8
+@pytest.mark.slow  # another export; the full suite keeps int8 (here and test_quantize)
 def test_int8_is_smaller_and_keeps_the_answers(run, onnx_file, tmp_path, capsys):
     out, photos = run
     path = tmp_path / "int8.onnx"

@@ -30,6 +30,7 @@ def test_choose_keeps_the_fastest_candidate_within_one_point_of_fp32():
     assert choose(looser, bound=0.05) == "static"
 
 
+@pytest.mark.slow  # an export and its calibration; the fast tier keeps the choice between int8 kinds (test_choose_...)
 def test_static_int8_is_calibrated_and_keeps_the_answers(shared_run, tmp_path, capsys):
     out, photos = shared_run
     path = tmp_path / "static.onnx"
@@ -47,7 +48,7 @@ def test_static_int8_is_calibrated_and_keeps_the_answers(shared_run, tmp_path, c
     assert backend.attention(x).shape == (9, 4, 4)  # the attention output kept, in float
 
 
-@pytest.mark.slow  # two quantisations measured; the fast tier keeps static int8
+@pytest.mark.slow  # two quantisations measured; the fast tier keeps the choice between int8 kinds
 def test_int8_measures_both_and_says_which_it_kept(shared_run, tmp_path, capsys):
     out, _ = shared_run
     path = tmp_path / "int8.onnx"
@@ -60,7 +61,7 @@ def test_int8_measures_both_and_says_which_it_kept(shared_run, tmp_path, capsys)
     assert all(f["latency_ms"] > 0 and 0 <= f["agreement"] <= 1 for f in info["figures"].values())
 
 
-@pytest.mark.slow  # two more exports; the fast tier keeps static int8
+@pytest.mark.slow  # two more exports; the fast tier keeps the choice between int8 kinds
 def test_without_training_photos_int8_is_dynamic_and_int8_static_one_line(shared_run, tmp_path, monkeypatch, capsys):
     import foodvit.deploy.quantize as quantize
 

@@ -215,7 +215,7 @@ class PruneTrialOne(optuna.pruners.BasePruner):
         return trial.number == 1
 
 
-@pytest.mark.slow  # seven tiny trainings; tune stays in the fast tier through the interrupted study
+@pytest.mark.slow  # seven tiny trainings; the fast tier keeps tune's budget checks
 def test_tune_prunes_records_a_crashed_trial_and_writes_a_recipe_that_trains(photos, tmp_path, monkeypatch, capsys):
     poisoned = poisoned_copy(photos, tmp_path / "poisoned")  # the test split is never read by the search either
     space = tmp_path / "space.toml"
@@ -262,6 +262,7 @@ def test_tune_prunes_records_a_crashed_trial_and_writes_a_recipe_that_trains(pho
         tune(study_dir, build_config("tiny", {"data.source": str(other), **TINY_OVERRIDES}), trials=1, space_file=space, folds=2)
 
 
+@pytest.mark.slow  # a study interrupted and run again; the fast tier keeps tune's budget checks and cv's resume
 def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_finished_fold(photos, tmp_path, monkeypatch):
     import foodvit.training.trainer as trainer
 
