@@ -24,10 +24,6 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
         if "shared_server" in item.fixturenames:  # a server in another Python: torch and Gradio imported again, 10-15 s here
             item.add_marker(pytest.mark.slow)
-    # The long tests first, the rest in file order: xdist hands tests out in this order, so the last
-    # ones to start are short and the two workers end together (the walkthrough, a minute, started last
-    # would leave one worker idle that long). The same order in every worker, as xdist requires.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture

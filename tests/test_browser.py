@@ -82,6 +82,7 @@ def served_onnx(request):
     """`foodvit serve` of the run's .onnx (exported --with-attention) and of one without the attention
     output, each in a process where importing torch fails: {"attention": url, "plain": url}."""
     pytest.importorskip("onnxruntime", reason="the .onnx page test needs the export extra: pip install -e '.[export]'")
+    pytest.importorskip("onnxscript", reason="the .onnx page test needs the export extra: pip install -e '.[export]'")
     from helpers import free_port, start_server, stop_server, without_torch
 
     files = {"attention": request.getfixturevalue("shared_onnx_attention"), "plain": request.getfixturevalue("shared_onnx")}

@@ -295,7 +295,7 @@ def test_inspect_says_why_a_picture_is_skipped(run, capsys, tmp_path):
     assert "pos_similarity.png: skipped, the model's position embedding is 'sincos2d', not learned" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # every picture drawn; the fast tier keeps test_architecture's process-state test
+@pytest.mark.slow  # a second Python draws a figure; the fast tier keeps test_architecture's check that training leaves the process as it found it
 def test_drawing_changes_no_global_matplotlib_state():
     import subprocess
     import sys

@@ -119,7 +119,7 @@ def test_a_url_run_takes_its_photos_from_foodvit_data_without_the_cache(url_run,
     assert not (tmp_path / "empty-cache").exists()  # nothing was downloaded
 
 
-@pytest.mark.slow  # an ONNX export; URL runs stay in the fast tier through evaluate and inspect
+@pytest.mark.slow  # an ONNX export; the fast tier keeps URL runs finding their photos (the cache, FOODVIT_DATA)
 def test_export_of_a_url_run_needs_no_photos_option(url_run, tmp_path, monkeypatch, capsys):
     pytest.importorskip("onnxruntime")
     run, cache, _ = url_run

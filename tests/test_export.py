@@ -5,13 +5,11 @@ import json
 
 import numpy as np
 import pytest
+from helpers import needs, run_without_torch
 
-
-from helpers import needs, run_without_torch  # noqa: E402
-
-from foodvit.cli.main import main  # noqa: E402
-from foodvit.deploy.export import relative_difference  # noqa: E402
-from foodvit.deploy.predictor import Predictor  # noqa: E402
+from foodvit.cli.main import main
+from foodvit.deploy.export import relative_difference
+from foodvit.deploy.predictor import Predictor
 
 pytestmark = needs("onnxruntime", "onnxscript", why="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 
@@ -199,7 +197,7 @@ def attention_file(shared_onnx_attention):
     return shared_onnx_attention
 
 
-@pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout (test_the_attention_output_reads_...)
+@pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout through sequence pooling (test_the_attention_output_reads_...)
 def test_with_attention_the_file_gives_the_rollout_explain_draws(run, attention_file, onnx_file):
     from PIL import Image
 
@@ -234,7 +232,7 @@ def test_with_attention_is_for_onnx_only(run, tmp_path, capsys):
 
 @pytest.mark.parametrize("options", [{"pool": "seq", "stem": "conv"},  # the default recipe's model
                                      pytest.param({"pool": "gap"}, marks=pytest.mark.slow),
-                                     pytest.param({"distill_token": True}, marks=pytest.mark.slow)])  # the class token: attention_file
+                                     pytest.param({"distill_token": True}, marks=pytest.mark.slow)])  # the class token: the full suite (and attention_file)
 def test_the_attention_output_reads_the_tokens_as_each_pooling_does(options, tmp_path):
     # the graph's rollout goes through pool_readout's every branch: the mean of the patch rows, the learned
     # sequence-pooling weights, the class and distillation tokens' rows

@@ -118,7 +118,7 @@ def _large_photo(size, fmt):
     return buffer.getvalue()
 
 
-@pytest.mark.slow  # a very large photo decoded twice; the fast tier keeps the predictor's other inputs
+@pytest.mark.slow  # a very large photo decoded twice; the fast tier keeps the predictor's other photos and sizes
 def test_a_photo_far_larger_than_the_model_needs_is_decoded_reduced_to_the_same_input(predictor):
     from foodvit.data.photos import REDUCE_FLOOR, reduction
     from foodvit.data.preprocess import to_array

@@ -38,7 +38,7 @@ def _assert_backbone_identical(run, reference: dict):
     assert model.head.weight.shape[0] == 3 and reference["head.weight"].shape[0] == 1000  # a new head
 
 
-@pytest.mark.slow  # ViT-B/16 at 224; the ViT-S/16 file below shows frozen feature extraction faster
+@pytest.mark.slow  # ViT-B/16 at 224; the ViT-S/16 file below shows frozen feature extraction with a smaller model
 def test_torchvision_vit_b16_file_as_frozen_feature_extractor(photos, tmp_path):
     source = randomize_(torchvision.models.vit_b_16()).state_dict()
     torch.save(source, tmp_path / "vit_b_16.pth")
@@ -54,7 +54,7 @@ def test_torchvision_vit_b16_file_as_frozen_feature_extractor(photos, tmp_path):
     assert len(trained) == 2 and len(ckpt["optimizer"]["state"]) == 2  # head weight and bias only: no state for the frozen
 
 
-@pytest.mark.slow  # a ViT-S/16 at 224 px; the fast tier keeps the 384 px fine-tune from a file
+@pytest.mark.slow  # a ViT-S/16 at 224 px; the fast tier keeps freezing (test_freezing) and weight files of every format (test_weights)
 def test_timm_vit_s16_safetensors_as_frozen_feature_extractor(photos, tmp_path):
     from safetensors.torch import save_file
 
@@ -66,7 +66,7 @@ def test_timm_vit_s16_safetensors_as_frozen_feature_extractor(photos, tmp_path):
     assert foodvit.load_model(run).config.embed_dim == 384
 
 
-@pytest.mark.slow  # a ViT-Ti/16 at 384 px; the fast tier keeps a pre-trained run resumed (test_run_directory)
+@pytest.mark.slow  # a ViT-Ti/16 at 384 px; the fast tier keeps position resampling (test_weights) and a pre-trained run resumed (test_run_directory)
 def test_finetuning_at_384_from_a_224_file_interpolates_positions(tmp_path):
     photos = make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(100, 120))
     source = randomize_(timm.create_model("vit_tiny_patch16_224"))

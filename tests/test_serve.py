@@ -271,7 +271,7 @@ def test_a_file_beside_the_example_photos_is_not_served(server, run):
     assert httpx.get(f"{server}/gradio_api/file={neighbour.resolve()}").status_code in (403, 404)
 
 
-@pytest.mark.slow  # Gradio imported and its page built in this process; the fast tier keeps the JSON API in process
+@pytest.mark.slow  # uploads through Gradio's client; the fast tier keeps the app, its page included, built in process (the JSON API test)
 def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
     gradio_client = pytest.importorskip("gradio_client")
     import time

@@ -282,7 +282,6 @@ def test_cache_on_or_off_is_the_same_experiment(photos, tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
-@pytest.mark.slow  # loader processes against none; the fast tier keeps the workers' own test (kept up, cache)
 def test_no_workers_and_two_workers_train_the_same_run(photos, tmp_path):
     # augmentation draws from each photo's own seed in the training process too
     runs = [train(small_config(photos, epochs=2, batch_size=8, workers=w), tmp_path / f"w{w}", quiet=True) for w in (0, 2)]
