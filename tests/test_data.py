@@ -289,24 +289,27 @@ class _ZipHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
 
-def test_download_goes_to_the_cache_once(tmp_path):
+@pytest.fixture
+def zip_url(tmp_path):
+    """The URL of a generated FoodVision-like zip served on 127.0.0.1 (_ZipHandler counts the GETs)."""
     root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
     _ZipHandler.payload = _zip(root, tmp_path / "set.zip", "pizza_steak_sushi/").read_bytes()
     _ZipHandler.hits = 0
     server = http.server.HTTPServer(("127.0.0.1", 0), _ZipHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/data/pizza_steak_sushi.zip"
-        first = resolve(url, quiet=True)
-        assert (first / "test" / "sushi" / "000.jpg").is_file()
-        assert resolve(url, quiet=True) == first
-        assert _ZipHandler.hits == 1
-        assert not list((tmp_path / "cache").rglob("*.part"))
-    finally:
-        server.shutdown()
+    yield f"http://127.0.0.1:{server.server_port}/data/pizza_steak_sushi.zip"
+    server.shutdown()
 
 
-def test_a_download_goes_through_the_proxies_of_its_own_time(tmp_path, monkeypatch):
+def test_download_goes_to_the_cache_once(zip_url, tmp_path):
+    first = resolve(zip_url, quiet=True)
+    assert (first / "test" / "sushi" / "000.jpg").is_file()
+    assert resolve(zip_url, quiet=True) == first
+    assert _ZipHandler.hits == 1
+    assert not list((tmp_path / "cache").rglob("*.part"))
+
+
+def test_a_download_goes_through_the_proxies_of_its_own_time(zip_url, monkeypatch):
     # urllib.request.urlopen keeps the opener (and the proxies) of its first call for the whole process:
     # here that first call came while a proxy nobody listens on was set, as a test of the offline path
     # (test_pretrained) or a user's notebook can leave it. The download after the proxy is gone must not use it.
@@ -315,9 +318,6 @@ def test_a_download_goes_through_the_proxies_of_its_own_time(tmp_path, monkeypat
 
     from foodvit.model.pretrained import _probe
 
-    root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
-    _ZipHandler.payload = _zip(root, tmp_path / "set.zip", "pizza_steak_sushi/").read_bytes()
-    _ZipHandler.hits = 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -328,17 +328,11 @@ def test_a_download_goes_through_the_proxies_of_its_own_time(tmp_path, monkeypat
         for var in ("no_proxy", "NO_PROXY"):
             during.delenv(var, raising=False)
         urllib.request.install_opener(urllib.request.build_opener())  # what urlopen's first call does
-    server = http.server.HTTPServer(("127.0.0.1", 0), _ZipHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/data/pizza_steak_sushi.zip"
-        for var in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
-            monkeypatch.delenv(var, raising=False)
-        _probe(url)  # pre-trained weights' reachability check: no error
-        assert (resolve(url, quiet=True) / "test" / "sushi" / "000.jpg").is_file()
-        assert _ZipHandler.hits == 1
-    finally:
-        server.shutdown()
+    for var in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    _probe(zip_url)  # pre-trained weights' reachability check: no error
+    assert (resolve(zip_url, quiet=True) / "test" / "sushi" / "000.jpg").is_file()
+    assert _ZipHandler.hits == 1
 
 
 def test_unreachable_download_fails_fast_and_leaves_nothing(tmp_path):

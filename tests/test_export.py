@@ -19,19 +19,14 @@ def run(shared_run):
     return shared_run  # one block is a whole graph to export: patch embedding, attention, MLP, head
 
 
-@pytest.fixture(scope="module")
-def onnx_file(shared_onnx):
-    return shared_onnx
-
-
 def _batch(predictor, photos, n):
     files = sorted((photos / "test").rglob("*.jpg"))[:n]
     return np.stack([predictor.prepare(f) for f in files])
 
 
-def test_onnx_logits_equal_the_models_at_batch_1_and_5(run, onnx_file):
+def test_onnx_logits_equal_the_models_at_batch_1_and_5(run, shared_onnx):
     out, photos = run
-    torch_model, exported = Predictor.from_run(out), Predictor.open(onnx_file)
+    torch_model, exported = Predictor.from_run(out), Predictor.open(shared_onnx)
     assert exported.model is None and exported.classes == torch_model.classes and exported.preprocess == torch_model.preprocess
     for n in (1, 5):
         x = _batch(torch_model, photos, n)
@@ -40,19 +35,19 @@ def test_onnx_logits_equal_the_models_at_batch_1_and_5(run, onnx_file):
         assert relative_difference(got, expected) <= 1e-4
 
 
-def test_evaluate_and_predict_on_the_onnx_file_equal_those_on_the_run(run, onnx_file, capsys):
+def test_evaluate_and_predict_on_the_onnx_file_equal_those_on_the_run(run, shared_onnx, capsys):
     out, photos = run
     capsys.readouterr()
     assert main(["evaluate", str(out), "--data", str(photos), "--json"]) == 0
     on_run = json.loads(capsys.readouterr().out)
-    assert main(["evaluate", str(onnx_file), "--data", str(photos), "--json"]) == 0
+    assert main(["evaluate", str(shared_onnx), "--data", str(photos), "--json"]) == 0
     on_onnx = json.loads(capsys.readouterr().out)
     assert on_onnx["accuracy"] == on_run["accuracy"] and on_onnx["confusion"] == on_run["confusion"]
     assert on_onnx["loss"] == pytest.approx(on_run["loss"], rel=1e-5)
     images = [str(p) for p in sorted((photos / "test").rglob("*.jpg"))[:4]]
     assert main(["predict", str(out), *images, "--json"]) == 0
     a = json.loads(capsys.readouterr().out)
-    assert main(["predict", str(onnx_file), *images, "--json"]) == 0
+    assert main(["predict", str(shared_onnx), *images, "--json"]) == 0
     b = json.loads(capsys.readouterr().out)
     for x, y in zip(a, b):
         assert x["label"] == y["label"]
@@ -60,23 +55,23 @@ def test_evaluate_and_predict_on_the_onnx_file_equal_those_on_the_run(run, onnx_
             assert y["probabilities"][name] == pytest.approx(p, abs=1e-5)
 
 
-def test_predicting_from_onnx_needs_no_torch(onnx_file, run):
+def test_predicting_from_onnx_needs_no_torch(shared_onnx, run):
     _, photos = run
     photo = sorted((photos / "test" / "sushi").iterdir())[0]
-    result = run_without_torch(["predict", onnx_file, photo, "--json"])
+    result = run_without_torch(["predict", shared_onnx, photo, "--json"])
     assert result.returncode == 0, result.stderr
     [answer] = json.loads(result.stdout)
     assert answer["label"] in ("pizza", "steak", "sushi") and answer["image"] == str(photo)
 
 
 @pytest.mark.slow  # another export; the full suite keeps int8 (here and test_quantize)
-def test_int8_is_smaller_and_keeps_the_answers(run, onnx_file, tmp_path, capsys):
+def test_int8_is_smaller_and_keeps_the_answers(run, shared_onnx, tmp_path, capsys):
     out, photos = run
     path = tmp_path / "int8.onnx"
     assert main(["export", str(out), "--out", str(path), "--quantize", "int8"]) == 0
-    assert onnx_file.stat().st_size / path.stat().st_size >= 2.5
+    assert shared_onnx.stat().st_size / path.stat().st_size >= 2.5
     capsys.readouterr()
-    assert main(["evaluate", str(onnx_file), "--data", str(photos), "--json"]) == 0
+    assert main(["evaluate", str(shared_onnx), "--data", str(photos), "--json"]) == 0
     fp32 = json.loads(capsys.readouterr().out)["accuracy"]
     assert main(["evaluate", str(path), "--data", str(photos), "--json"]) == 0
     int8 = json.loads(capsys.readouterr().out)["accuracy"]
@@ -166,13 +161,13 @@ def test_an_existing_file_is_overwritten_only_with_force(run, tmp_path, capsys):
     assert "weights_only" not in err and "torch.jit.load(path)" in err
 
 
-def test_commands_that_need_a_run_say_which_take_an_onnx_file(onnx_file, run, tmp_path, capsys):
+def test_commands_that_need_a_run_say_which_take_an_onnx_file(shared_onnx, run, tmp_path, capsys):
     _, photos = run
     photo = str(sorted((photos / "test").rglob("*.jpg"))[0])
-    expected = f"{onnx_file} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the trained run directory"
+    expected = f"{shared_onnx} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the trained run directory"
     capsys.readouterr()
-    for argv in (["explain", str(onnx_file), photo, "--out", str(tmp_path / "e.png")],
-                 ["export", str(onnx_file), "--out", str(tmp_path / "again.onnx")]):  # serve takes it (test_serve_onnx.py)
+    for argv in (["explain", str(shared_onnx), photo, "--out", str(tmp_path / "e.png")],
+                 ["export", str(shared_onnx), "--out", str(tmp_path / "again.onnx")]):  # serve takes it (test_serve_onnx.py)
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert expected in err and "expected a .safetensors" not in err, err
@@ -192,21 +187,16 @@ def test_a_forced_export_that_fails_its_check_keeps_the_previous_file(run, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]  # no staging file left beside it
 
 
-@pytest.fixture(scope="module")
-def attention_file(shared_onnx_attention):
-    return shared_onnx_attention
-
-
 @pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout through sequence pooling (test_the_attention_output_reads_...)
-def test_with_attention_the_file_gives_the_rollout_explain_draws(run, attention_file, onnx_file):
+def test_with_attention_the_file_gives_the_rollout_explain_draws(run, shared_onnx_attention, shared_onnx):
     from PIL import Image
 
     from foodvit.deploy.onnx_runtime import OnnxBackend
     from foodvit.viz.attention import explain
 
     out, photos = run
-    torch_model, exported = Predictor.from_run(out), Predictor.open(attention_file)
-    backend = OnnxBackend(attention_file)
+    torch_model, exported = Predictor.from_run(out), Predictor.open(shared_onnx_attention)
+    backend = OnnxBackend(shared_onnx_attention)
     assert backend.outputs == ["logits", "attention"] and json.loads(backend.metadata["foodvit.outputs"]) == ["logits", "attention"]
     grid = torch_model.model.config.grid_size
     for n in (1, 5):
@@ -218,9 +208,9 @@ def test_with_attention_the_file_gives_the_rollout_explain_draws(run, attention_
     photo = Image.open(sorted((photos / "test" / "steak").iterdir())[0]).convert("RGB")
     assert exported.has_attention
     assert np.abs(exported.attention(photo) - explain(torch_model, photo)["rollout"].numpy()).max() <= 1e-4
-    plain = Predictor.open(onnx_file)  # exported without it: no map, and no error
+    plain = Predictor.open(shared_onnx)  # exported without it: no map, and no error
     assert not plain.has_attention and plain.attention(photo) is None
-    assert json.loads(OnnxBackend(onnx_file).metadata["foodvit.outputs"]) == ["logits"]
+    assert json.loads(OnnxBackend(shared_onnx).metadata["foodvit.outputs"]) == ["logits"]
 
 
 def test_with_attention_is_for_onnx_only(run, tmp_path, capsys):
@@ -232,7 +222,7 @@ def test_with_attention_is_for_onnx_only(run, tmp_path, capsys):
 
 @pytest.mark.parametrize("options", [{"pool": "seq", "stem": "conv"},  # the default recipe's model
                                      pytest.param({"pool": "gap"}, marks=pytest.mark.slow),
-                                     pytest.param({"distill_token": True}, marks=pytest.mark.slow)])  # the class token: the full suite (and attention_file)
+                                     pytest.param({"distill_token": True}, marks=pytest.mark.slow)])  # the class token: the full suite (and shared_onnx_attention)
 def test_the_attention_output_reads_the_tokens_as_each_pooling_does(options, tmp_path):
     # the graph's rollout goes through pool_readout's every branch: the mean of the patch rows, the learned
     # sequence-pooling weights, the class and distillation tokens' rows

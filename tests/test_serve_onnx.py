@@ -26,16 +26,10 @@ def run(shared_run):
 
 
 @pytest.fixture(scope="module")
-def plain_onnx(shared_onnx) -> Path:
-    """The run as an fp32 .onnx file without the attention output."""
-    return shared_onnx
-
-
-@pytest.fixture(scope="module")
-def exported(run, plain_onnx, shared_onnx_attention, tmp_path_factory):
-    """{name: path}: the run as fp32 and dynamic int8 .onnx files with the attention output, and plain_onnx."""
+def exported(run, shared_onnx, shared_onnx_attention, tmp_path_factory):
+    """{name: path}: the run as fp32 and dynamic int8 .onnx files with the attention output, and shared_onnx."""
     out, _ = run
-    files = {"fp32": shared_onnx_attention, "int8": tmp_path_factory.mktemp("onnx") / "int8.onnx", "plain": plain_onnx}
+    files = {"fp32": shared_onnx_attention, "int8": tmp_path_factory.mktemp("onnx") / "int8.onnx", "plain": shared_onnx}
     assert main(["export", str(out), "--out", str(files["int8"]), "--with-attention", "--quantize", "int8-dynamic"]) == 0
     return files
 
@@ -91,15 +85,15 @@ def test_a_file_without_the_attention_output_serves_the_page_without_the_overlay
         stop_server(process)
 
 
-def test_serving_a_bad_onnx_file_is_one_line(run, plain_onnx, tmp_path, capsys):
+def test_serving_a_bad_onnx_file_is_one_line(run, shared_onnx, tmp_path, capsys):
     import onnx
 
     foreign = tmp_path / "foreign.onnx"
-    proto = onnx.load(str(plain_onnx))
+    proto = onnx.load(str(shared_onnx))
     del proto.metadata_props[:]
     onnx.save(proto, str(foreign))
     corrupt = tmp_path / "corrupt.onnx"
-    corrupt.write_bytes(plain_onnx.read_bytes()[:5000])
+    corrupt.write_bytes(shared_onnx.read_bytes()[:5000])
     for path, says in ((foreign, "not one exported by foodvit"), (corrupt, "not a readable ONNX model"),
                        (tmp_path / "missing.onnx", "does not exist")):
         capsys.readouterr()
