@@ -10,6 +10,8 @@ import torch
 # 8-epoch tiny training took 1.2 s of CPU with one thread, 7.6 s with two, beside another process).
 THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 torch.set_num_threads(THREADS)
+# and so does every Python a test starts (servers, torchrun's ranks, tune's processes, the notebook's kernel)
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 # Read once, before any test's monkeypatching of the environment.
 REAL_DATA = os.environ.get("FOODVIT_DATA")
@@ -24,6 +26,19 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
         if "shared_server" in item.fixturenames:  # a server in another Python: torch and Gradio imported again, 10-15 s here
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _report_figures_where_a_test_looks_at_them(request, monkeypatch):
+    """A run's three report figures cost 1-3 s of matplotlib text layout, and the suite's tests train
+    about ninety runs in their own process: a test's own trainings skip drawing them unless it is
+    marked `figures`. Session and module fixtures are set up before this one, so the shared runs
+    (whose figures test_viz and test_tracking read) draw theirs, and so does every training in
+    another Python (the command-line, torchrun, tune and notebook tests)."""
+    if "figures" not in request.keywords:
+        from foodvit.training import report
+
+        monkeypatch.setattr(report, "draw_figures", lambda *args, **kwargs: {})
 
 
 @pytest.fixture

@@ -39,7 +39,8 @@ def _assert_backbone_identical(run, reference: dict):
 
 
 @pytest.mark.slow  # ViT-B/16 at 224; the ViT-S/16 file below shows frozen feature extraction with a smaller model
-def test_torchvision_vit_b16_file_as_frozen_feature_extractor(photos, tmp_path):
+def test_torchvision_vit_b16_file_as_frozen_feature_extractor(tmp_path):
+    photos = str(make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(240, 260)))  # ViT-B/16 costs a second a photo here
     source = randomize_(torchvision.models.vit_b_16()).state_dict()
     torch.save(source, tmp_path / "vit_b_16.pth")
     run = tmp_path / "fe"

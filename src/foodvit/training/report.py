@@ -128,6 +128,13 @@ def test_results(probabilities: torch.Tensor, split, classes) -> tuple[list[dict
     return results, [classes[label] for _, label in split.samples]
 
 
+def draw_figures(history: list[dict], test: dict, results: list[dict], truths: list[str], classes) -> dict:
+    """The report's three figures by file stem: the curves, the confusion matrix and the most
+    confidently wrong test photos (matplotlib's text layout makes them 1-3 s of a run's end)."""
+    return {"curves": plot_curves(history), "confusion": plot_confusion(test["confusion"], classes),
+            "most_wrong": most_wrong_figure(results, truths)}
+
+
 def write_results(out: Path, *, config, data, model, trainable: int, train_size: int, preprocess, test: dict,
                   probabilities: torch.Tensor, history: list[dict], teacher_history: list[dict], device: torch.device,
                   processes: int, tensorboard=None) -> None:
@@ -142,8 +149,7 @@ def write_results(out: Path, *, config, data, model, trainable: int, train_size:
         summary["teacher_test_acc"] = teacher_history[-1]["test_acc"]
     save_model(out, model, classes, preprocess, {"metrics": summary})
     results, truths = test_results(probabilities, data.test, classes)
-    figures = {"curves": plot_curves(history), "confusion": plot_confusion(test["confusion"], classes),
-               "most_wrong": most_wrong_figure(results, truths)}
+    figures = draw_figures(history, test, results, truths, classes)
     for name, figure in figures.items():
         save_figure(figure, out / f"{name}.png")
     counts = {"train": data.train.counts(), "test": data.test.counts()}
