@@ -28,17 +28,21 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(autouse=True)
-def _report_figures_where_a_test_looks_at_them(request, monkeypatch):
-    """A run's three report figures cost 1-3 s of matplotlib text layout, and the suite's tests train
-    about ninety runs in their own process: a test's own trainings skip drawing them unless it is
-    marked `figures`. Session and module fixtures are set up before this one, so the shared runs
-    (whose figures test_viz and test_tracking read) draw theirs, and so does every training in
-    another Python (the command-line, torchrun, tune and notebook tests)."""
-    if "figures" not in request.keywords:
-        from foodvit.training import report
+@pytest.fixture(scope="session", autouse=True)
+def _no_report_figures():
+    """A run's three report figures cost 1-3 s of matplotlib's text layout, and the suite trains about
+    a hundred runs in its own processes: they are drawn only inside helpers.report_figures(), where a
+    test looks at them or compares a run's files with another Python's (test_train, test_viz,
+    test_tracking, test_distributed, test_run_directory's umask). Every training in another Python
+    (a command line run as a subprocess, torchrun's ranks, tune's processes, the notebook's kernel)
+    draws them as a user's does."""
+    from helpers import no_figures
 
-        monkeypatch.setattr(report, "draw_figures", lambda *args, **kwargs: {})
+    from foodvit.training import report
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(report, "draw_figures", no_figures)
+        yield
 
 
 @pytest.fixture

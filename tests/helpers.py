@@ -1,9 +1,29 @@
 """Helpers shared by the tests."""
 
+from contextlib import contextmanager
 from importlib.util import find_spec
 
 import pytest
 import torch
+
+from foodvit.training import report
+
+DRAW_FIGURES = report.draw_figures  # the real one, before conftest switches it off for the suite
+
+
+def no_figures(*args, **kwargs) -> dict:
+    """report.draw_figures for the suite's trainings: no figure (conftest's _no_report_figures)."""
+    return {}
+
+
+@contextmanager
+def report_figures():
+    """Runs trained inside the block draw the report's figures, as outside the suite."""
+    previous, report.draw_figures = report.draw_figures, DRAW_FIGURES
+    try:
+        yield
+    finally:
+        report.draw_figures = previous
 
 
 def needs(*modules: str, why: str):

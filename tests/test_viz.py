@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import make_photo_folder, randomize_
+from helpers import make_photo_folder, randomize_, report_figures
 from PIL import Image
 
 import foodvit
@@ -95,7 +95,8 @@ def tiny_run(tmp_path_factory):
     # the tiny recipe's epoch on FoodVision Mini is test_train's realdata test already
     data = str(make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=4, size=(120, 150)))
     out = tmp_path_factory.mktemp("runs") / "tiny"
-    assert main(["train", "--recipe", "tiny", "--data", data, "--out", str(out), "--epochs", "1", "--quiet"]) == 0
+    with report_figures():  # most_wrong.png is among the pictures
+        assert main(["train", "--recipe", "tiny", "--data", data, "--out", str(out), "--epochs", "1", "--quiet"]) == 0
     photo = sorted((resolve(data) / "test" / "pizza").iterdir())[0]
     return out, photo
 
