@@ -10,8 +10,6 @@ import torch
 # 8-epoch tiny training took 1.2 s of CPU with one thread, 7.6 s with two, beside another process).
 THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 torch.set_num_threads(THREADS)
-# and so does every Python a test starts (servers, torchrun's ranks, tune's processes, the notebook's kernel)
-os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 # Read once, before any test's monkeypatching of the environment.
 REAL_DATA = os.environ.get("FOODVIT_DATA")

@@ -21,7 +21,7 @@ from foodvit.model.weights import from_torchvision
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     """Generated photos, even with FOODVIT_DATA set: a frozen backbone's properties show on 18 photos,
-    and a ViT-B/16 over FoodVision Mini's 300 would be minutes of the suite (real data: test_data, test_train)."""
+    and a ViT at 224 px over FoodVision Mini's 300 would be minutes of the suite (real data: test_data, test_train)."""
     return str(make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2, size=(240, 260)))
 
 
@@ -40,7 +40,7 @@ def _assert_backbone_identical(run, reference: dict):
 
 @pytest.mark.slow  # ViT-B/16 at 224; the ViT-S/16 file below shows frozen feature extraction with a smaller model
 def test_torchvision_vit_b16_file_as_frozen_feature_extractor(tmp_path):
-    photos = str(make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(240, 260)))  # ViT-B/16 costs a second a photo here
+    photos = str(make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(240, 260)))  # ViT-B/16's forward costs about a second a photo here
     source = randomize_(torchvision.models.vit_b_16()).state_dict()
     torch.save(source, tmp_path / "vit_b_16.pth")
     run = tmp_path / "fe"

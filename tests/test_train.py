@@ -217,7 +217,7 @@ def test_course_recipe_runs_one_epoch(tmp_path, capsys):
     # The course's settings unchanged (ViT-B/16 at 224, Adam 3e-3, wd 0.3 on everything), on 3 + 3 photos.
     from dataclasses import replace
 
-    photos = make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(60, 80))  # one step of 3 photos: ViT-B/16 costs seconds a photo here
+    photos = make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(60, 80))  # one step of 3 photos: ViT-B/16's forward and backward cost seconds a photo here
     config = load_recipe("course")
     config = replace(config, data=replace(config.data, source=str(photos)), train=replace(config.train, epochs=1, batch_size=4))
     result = train(config, tmp_path / "course", quiet=True)

@@ -121,6 +121,31 @@ def test_each_picture_command_writes_a_real_png(tiny_run, tmp_path):
     assert "most_wrong.png" in (run / "report.md").read_text()
 
 
+def test_the_reports_figures_draw_any_history_class_count_and_outcome(tmp_path):
+    # the suite's trainings skip them (conftest), so here they are drawn from results of each shape a run
+    # can end with: a validation split that starts late, no test row, four classes, nothing or some wrong
+    from helpers import DRAW_FIGURES, make_photo
+
+    from foodvit.viz.plotting import save_figure
+
+    history = [{"epoch": 1, "train_loss": 1.3, "train_acc": 0.3, "train_objective": 1.5, "val_loss": None, "val_acc": None},
+               {"epoch": 2, "train_loss": 1.1, "train_acc": 0.5, "train_objective": 1.2, "val_loss": 1.2, "val_acc": 0.4}]
+    classes = ["pizza", "steak", "sushi", "ramen"]
+    photos = [str(make_photo(tmp_path / f"{i}.jpg", (40 * i, 90, 200), size=(50, 60), seed=i)) for i in range(4)]
+    test = {"confusion": torch.tensor([[3, 1, 0, 0], [0, 2, 0, 1], [0, 0, 4, 0], [1, 0, 0, 2]])}
+    some_wrong = ([{"image": p, "label": c, "probability": 0.6} for p, c in zip(photos, classes)], ["pizza", "sushi", "sushi", "pizza"])
+    none_wrong = ([{"image": p, "label": c, "probability": 0.9} for p, c in zip(photos, classes)], classes)
+    for outcome, (results, truths) in {"some": some_wrong, "none": none_wrong}.items():
+        figures = DRAW_FIGURES(history, test, results, truths, classes)
+        assert sorted(figures) == ["confusion", "curves", "most_wrong"]
+        for name, figure in figures.items():
+            with Image.open(save_figure(figure, tmp_path / f"{outcome}-{name}.png")) as picture:
+                low, high = picture.convert("L").getextrema()
+                assert picture.format == "PNG" and min(picture.size) > 50 and high - low > 100, (outcome, name)
+    assert len(figures["most_wrong"].axes) == 1  # nothing wrong: a line saying so, not a grid of photos
+    assert [t.get_text() for t in figures["confusion"].axes[0].get_yticklabels()] == classes
+
+
 def test_patch_grid_errors_name_both_sizes(tmp_path, capsys):
     Image.new("RGB", (50, 40), (1, 2, 3)).save(tmp_path / "p.png")
     assert main(["patches", str(tmp_path / "p.png"), "--image-size", "100", "--patch-size", "16", "--out", str(tmp_path / "x.png")]) == 2
