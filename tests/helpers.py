@@ -26,6 +26,15 @@ def report_figures():
         report.draw_figures = previous
 
 
+def assert_drawn_png(path) -> None:
+    """path is a PNG of more than 50 px a side with something drawn on it (dark on light, not blank)."""
+    from PIL import Image
+
+    with Image.open(path) as picture:
+        low, high = picture.convert("L").getextrema()
+        assert picture.format == "PNG" and min(picture.size) > 50 and high - low > 100, path
+
+
 def needs(*modules: str, why: str):
     """A module-level skip mark for an optional extra, found without importing it: collecting the suite
     (every xdist worker collects every module, the fast tier's deselected ones too) then imports no

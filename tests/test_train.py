@@ -10,8 +10,7 @@ import time
 
 import pytest
 import torch
-from helpers import make_photo_folder, report_figures
-from PIL import Image
+from helpers import assert_drawn_png, make_photo_folder, report_figures
 
 import foodvit
 from foodvit.config import load_recipe
@@ -69,9 +68,7 @@ def test_run_directory_holds_everything(trained):
     assert float(rows[-1]["test_acc"]) == pytest.approx(result.test["acc"])
     # the report's three figures are real pictures
     for name in ("curves.png", "confusion.png", "most_wrong.png"):
-        with Image.open(out / name) as picture:
-            low, high = picture.convert("L").getextrema()
-            assert picture.format == "PNG" and min(picture.size) > 50 and high - low > 100, name
+        assert_drawn_png(out / name)
 
 
 def test_trained_model_loads_evaluates_and_predicts(trained, photos):
