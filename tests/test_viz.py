@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import make_photo_folder, randomize_, report_figures
+from helpers import DRAW_FIGURES, assert_drawn_png, make_photo, make_photo_folder, randomize_, report_figures
 from PIL import Image
 
 import foodvit
@@ -22,6 +22,7 @@ from foodvit.viz.attention import (
     position_similarity,
     rollout_map,
 )
+from foodvit.viz.plotting import save_figure
 
 
 def _model(**overrides):
@@ -124,10 +125,6 @@ def test_each_picture_command_writes_a_real_png(tiny_run, tmp_path):
 def test_the_reports_figures_draw_any_history_class_count_and_outcome(tmp_path):
     # the suite's trainings skip them (conftest), so here they are drawn from results of each shape a run
     # can end with: a validation split that starts late, no test row, four classes, nothing or some wrong
-    from helpers import DRAW_FIGURES, assert_drawn_png, make_photo
-
-    from foodvit.viz.plotting import save_figure
-
     history = [{"epoch": 1, "train_loss": 1.3, "train_acc": 0.3, "train_objective": 1.5, "val_loss": None, "val_acc": None},
                {"epoch": 2, "train_loss": 1.1, "train_acc": 0.5, "train_objective": 1.2, "val_loss": 1.2, "val_acc": 0.4}]
     classes = ["pizza", "steak", "sushi", "ramen"]
