@@ -109,17 +109,27 @@ def guided(study: Path) -> bool:
 
 def recipe_of(study: Path) -> str:
     """Which of the round's ViT recipes a study trained, from its first fold's saved config: the
-    default (guidance with the CCT tokeniser and sequence pooling, since round 4's fourth session),
-    the previous default (guidance alone) or the one before it (neither)."""
-    vit = json.loads((study / "fold-0" / "config.json").read_text())["vit"]
-    if not guided(study):
+    default (guidance weight 0.5 with the CCT tokeniser and sequence pooling, since round 4's eighth
+    session), the same at weight 1 (the default of the fourth to seventh sessions), guidance alone (the
+    default before) or neither (the one before that)."""
+    config = json.loads((study / "fold-0" / "config.json").read_text())
+    vit, weight = config["vit"], config["optim"].get("guidance", 0)
+    if not weight:
         return "unguided"
-    return "guided+cct" if (vit.get("stem"), vit.get("pool")) == ("conv", "seq") else "guided"
+    if (vit.get("stem"), vit.get("pool")) != ("conv", "seq"):
+        return "guided"
+    for recipe in ("guided+cct", "default"):
+        if weight == GUIDANCE[recipe]:
+            return recipe
+    raise SystemExit(f"{study}: guidance weight {weight:g} with the CCT tokeniser is none of the curve's recipes "
+                     f"(weights {', '.join(f'{w:g}' for w in GUIDANCE.values())}); plot it with --mark")
 
 
+GUIDANCE = {"guided+cct": 1.0, "default": 0.5}  # the CCT recipes' guidance weights
 RECIPES = {"unguided": ("ViT, without locality guidance", "o-"),
-           "guided": ("ViT, with locality guidance (the previous default)", "D-"),
-           "guided+cct": ("ViT, the default: guidance + CCT tokeniser", "^-")}
+           "guided": ("ViT, with locality guidance (weight 1)", "D-"),
+           "guided+cct": ("ViT, guidance (weight 1) + CCT tokeniser", "^-"),
+           "default": ("ViT, the default: guidance 0.5 + CCT tokeniser", "v-")}
 
 
 def lends_teachers(vit: Path, config) -> bool:
