@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import time
@@ -110,22 +111,22 @@ def guided(study: Path) -> bool:
 def recipe_of(study: Path) -> str:
     """Which of the round's ViT recipes a study trained, from its first fold's saved config: the
     default (guidance weight 0.5 with the CCT tokeniser and sequence pooling, since round 4's eighth
-    session), the same at weight 1 (the default of the fourth to seventh sessions), guidance alone (the
-    default before) or neither (the one before that)."""
+    session), the same at weight 1 (the default of the fourth to seventh sessions), guidance alone at
+    weight 1 (the default before) or neither (the one before that). Any other guided study is refused:
+    drawn into one of these series, it would pass for a point of that recipe."""
     config = json.loads((study / "fold-0" / "config.json").read_text())
     vit, weight = config["vit"], config["optim"].get("guidance", 0)
     if not weight:
         return "unguided"
-    if (vit.get("stem"), vit.get("pool")) != ("conv", "seq"):
-        return "guided"
-    for recipe in ("guided+cct", "default"):
-        if weight == GUIDANCE[recipe]:
+    cct = (vit.get("stem"), vit.get("pool")) == ("conv", "seq")
+    for recipe, (with_cct, recipe_weight) in GUIDANCE.items():
+        if cct == with_cct and math.isclose(weight, recipe_weight):
             return recipe
-    raise SystemExit(f"{study}: guidance weight {weight:g} with the CCT tokeniser is none of the curve's recipes "
-                     f"(weights {', '.join(f'{w:g}' for w in GUIDANCE.values())}); plot it with --mark")
+    raise SystemExit(f"{study}: guidance weight {weight:g} {'with' if cct else 'without'} the CCT tokeniser is none of the "
+                     "curve's recipes; move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
 
 
-GUIDANCE = {"guided+cct": 1.0, "default": 0.5}  # the CCT recipes' guidance weights
+GUIDANCE = {"guided": (False, 1.0), "guided+cct": (True, 1.0), "default": (True, 0.5)}  # (CCT tokeniser, weight) of each guided recipe
 RECIPES = {"unguided": ("ViT, without locality guidance", "o-"),
            "guided": ("ViT, with locality guidance (weight 1)", "D-"),
            "guided+cct": ("ViT, guidance (weight 1) + CCT tokeniser", "^-"),
