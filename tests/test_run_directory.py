@@ -245,11 +245,15 @@ def test_resume_of_a_pretrained_run_needs_only_the_checkpoint(photos, tmp_path):
 def test_python_train_adapts_a_pretrained_config_as_the_command_line_does(tmp_path):
     weights = tmp_path / "w.safetensors"
     foodvit.save_weights(foodvit.create_model("ViT-Ti/16", num_classes=3, image_size=48), weights)
-    # the default recipe's from-scratch model settings (64 px, 6 blocks, GAP, sin-cos) give way to the weights'
+    # the default recipe's from-scratch model settings (96 px, 6 blocks, sequence pooling, sin-cos) give way to the weights'
     config = build_config("default", {"train.pretrained": str(weights)})
     assert config.model == "ViT-Ti/16" and "image_size" not in config.vit and "depth" not in config.vit
     given = build_config("default", {"train.pretrained": str(weights), "vit.image_size": 64})
     assert given.vit["image_size"] == 64  # a size the user asks for is kept (positions are resampled)
+    # the recipe's progressive resizing (64 px up to its 96) is the from-scratch model's, not the weights':
+    # kept, it would start a ViT-Ti/16 with learned positions at 64 px, which the trainer refuses
+    assert build_config("default").data.start_size == 64 and config.data.start_size == 0
+    assert build_config("default", {"train.pretrained": str(weights), "data.start_size": 32}).data.start_size == 32
 
 
 def test_a_tensorboard_run_that_fails_before_its_first_checkpoint_leaves_nothing(photos, tmp_path, monkeypatch, capsys):

@@ -114,7 +114,8 @@ def given_overrides(args: argparse.Namespace) -> list[str]:
 
 
 # Regularisation settings a from-scratch recipe keeps when it is used with pre-trained weights: its
-# other model settings (size, pooling, 64 px ...) are not meant for the weights.
+# other model settings (size, pooling, 96 px ...) are not meant for the weights, nor is its
+# progressive resizing (a start size below its own resolution).
 TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
 
 
@@ -129,6 +130,8 @@ def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | d
         given = vars(overrides) if isinstance(overrides, argparse.Namespace) else dict(overrides or {})
         kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
         config = replace(config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}})
+        if given.get("data.start_size") is None:  # the recipe's progressive resizing starts below its own size, not the weights'
+            config = replace(config, data=replace(config.data, start_size=0))
     if config.train.pretrained:
         from foodvit.model.pretrained import adapt_config  # reads the weights' description (PyTorch)
 

@@ -21,7 +21,8 @@ low resolution): they guide the first, a middle and the last block, compare the 
 features after upsampling both maps to the finer grid, sum the pairs with weight 2.5, and feed the
 teacher a downsampled image. Here the teacher's features are standardised at each position (so
 the weight means the same for any teacher), the coarser grid is kept (no detail is invented), the
-pairs are averaged, and teacher and student read the same 64 px crop, already a low resolution.
+pairs are averaged, and teacher and student read the same crop (64 to 96 px in the default recipe),
+already a low resolution.
 """
 
 from __future__ import annotations
