@@ -110,8 +110,9 @@ def guided(study: Path) -> bool:
 
 def recipe_of(study: Path) -> str:
     """Which of the round's ViT recipes a study trained, from its first fold's saved config: the
-    default (guidance weight 0.5 with the CCT tokeniser and sequence pooling, since round 4's eighth
-    session), the same at weight 1 (the default of the fourth to seventh sessions), guidance alone at
+    default (guidance weight 0.5 with the CCT tokeniser and sequence pooling, since round 4's tenth
+    session trained at 64 px, then 96 px: "default-96"; at 64 px throughout in the eighth and ninth:
+    "default"), the same at weight 1 (the default of the fourth to seventh sessions), guidance alone at
     weight 1 (the default before) or neither (the one before that). Any other guided study is refused:
     drawn into one of these series, it would pass for a point of that recipe."""
     config = json.loads((study / "fold-0" / "config.json").read_text())
@@ -121,6 +122,8 @@ def recipe_of(study: Path) -> str:
     cct = (vit.get("stem"), vit.get("pool")) == ("conv", "seq")
     for recipe, (with_cct, recipe_weight) in GUIDANCE.items():
         if cct == with_cct and math.isclose(weight, recipe_weight):
+            if recipe == "default" and config["data"].get("start_size"):  # the tenth session's: 64 px, then 96
+                return "default-96"
             return recipe
     raise SystemExit(f"{study}: guidance weight {weight:g} {'with' if cct else 'without'} the CCT tokeniser is none of the "
                      "curve's recipes; move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
@@ -130,7 +133,8 @@ GUIDANCE = {"guided": (False, 1.0), "guided+cct": (True, 1.0), "default": (True,
 RECIPES = {"unguided": ("ViT, without locality guidance", "o-"),
            "guided": ("ViT, with locality guidance (weight 1)", "D-"),
            "guided+cct": ("ViT, guidance (weight 1) + CCT tokeniser", "^-"),
-           "default": ("ViT, the default: guidance 0.5 + CCT tokeniser", "v-")}
+           "default": ("ViT, guidance 0.5 + CCT tokeniser at 64 px (the default of the eighth and ninth sessions)", "v-"),
+           "default-96": ("ViT, the default: guidance 0.5 + CCT tokeniser, 64 px then 96 px", "P-")}
 
 
 def lends_teachers(vit: Path, config) -> bool:

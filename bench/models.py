@@ -12,7 +12,7 @@ CLASSES = ["pizza", "steak", "sushi"]
 
 
 def random_run(name: str, folder: Path) -> Path:
-    """'default': the default recipe's model (ViT-Ti/8, 6 blocks, 64 px); any other name: that model
+    """'default': the default recipe's model (ViT-Ti/8, 6 blocks, 96 px); any other name: that model
     (e.g. ViT-B/16) with the paper recipe's size and preprocessing, as a fine-tuning run would use.
     Three classes; the head drawn at random (the paper's zero head would make every logit 0, and
     the exports' parity checks empty)."""

@@ -4,7 +4,7 @@ LIST --out predictions.csv`, against the machine's ceiling for that model, with 
     python bench/predict.py                          # the whole grid (about 30 minutes on 2 CPU cores)
     python bench/predict.py --models default --backends torch --workers 0,2 --photos 2000
 
-For each model (the default recipe's ViT-Ti/8 at 64 px; ViT-B/16 at 224 px) and backend (PyTorch from
+For each model (the default recipe's ViT-Ti/8, at 96 px since issue 30's tenth session; ViT-B/16 at 224 px) and backend (PyTorch from
 a run folder; the int8 .onnx `foodvit export --quantize int8` writes, run by ONNX Runtime without
 PyTorch), random weights (labelling costs the same whatever they are):
 - the ceiling: the batched forward pass alone (Predictor.probabilities on a batch decoded

@@ -256,6 +256,17 @@ def test_python_train_adapts_a_pretrained_config_as_the_command_line_does(tmp_pa
     assert build_config("default", {"train.pretrained": str(weights), "data.start_size": 32}).data.start_size == 32
 
 
+def test_the_recipes_progressive_resizing_goes_with_its_model_size_and_positions():
+    # the default trains at 64 px before its 96: a user who changes the model, the size, the patch or the
+    # positions gets no progressive resizing unless they ask for it (it would upsample, miss the patch
+    # grid, or meet learned positions the trainer refuses)
+    assert build_config("default", {"vit.image_size": 96}).data.start_size == 64  # the recipe's own size: kept
+    for given in ({"vit.image_size": 48}, {"vit.image_size": 112}, {"vit.patch_size": 14}, {"vit.pos_embed": "learned"}):
+        assert build_config("default", given).data.start_size == 0, given
+    assert build_config("default", model="ViT-B/16").data.start_size == 0
+    assert build_config("default", {"vit.image_size": 48, "data.start_size": 32}).data.start_size == 32  # asked for: kept
+
+
 def test_a_tensorboard_run_that_fails_before_its_first_checkpoint_leaves_nothing(photos, tmp_path, monkeypatch, capsys):
     # seam bug: RUN/tensorboard/ stayed behind and the next `train --out RUN` was refused
     pytest.importorskip("tensorboard")

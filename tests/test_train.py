@@ -375,3 +375,6 @@ def test_progressive_resizing_needs_fixed_positions_and_a_size_on_the_patch_grid
     config = replace(config, vit={**config.vit, "pos_embed": "sincos2d"})
     with pytest.raises(ConfigError, match=r"--start-size 20 is not a multiple of the patch size 8; use 16 or 24"):
         train(replace(config, data=replace(config.data, start_size=20)), tmp_path / "b", quiet=True)
+    size = config.vit.get("image_size") or 64
+    with pytest.raises(ConfigError, match=rf"--start-size {size + 8} is above the image size {size}: .* or 0 to turn it off"):
+        train(replace(config, data=replace(config.data, start_size=size + 8)), tmp_path / "c", quiet=True)

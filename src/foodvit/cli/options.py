@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields, replace
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of, load_recipe, with_settings
+from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of, load_recipe, with_settings, without_recipe_resizing
 from foodvit.errors import ConfigError, Range, check_value
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -115,7 +115,7 @@ def given_overrides(args: argparse.Namespace) -> list[str]:
 
 # Regularisation settings a from-scratch recipe keeps when it is used with pre-trained weights: its
 # other model settings (size, pooling, 96 px ...) are not meant for the weights, nor is its
-# progressive resizing (a start size below its own resolution).
+# progressive resizing (config.without_recipe_resizing).
 TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
 
 
@@ -126,12 +126,11 @@ def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | d
     that the weights dictate (pretrained.adapt_config; a `model` that disagrees stops the run)."""
     base = load_recipe(recipe)
     config = apply_overrides(base, overrides or {}, model=model)
+    given = vars(overrides) if isinstance(overrides, argparse.Namespace) else dict(overrides or {})
+    config = without_recipe_resizing(base, config, given)
     if config.train.pretrained and not base.train.pretrained:
-        given = vars(overrides) if isinstance(overrides, argparse.Namespace) else dict(overrides or {})
         kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
         config = replace(config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}})
-        if given.get("data.start_size") is None:  # the recipe's progressive resizing starts below its own size, not the weights'
-            config = replace(config, data=replace(config.data, start_size=0))
     if config.train.pretrained:
         from foodvit.model.pretrained import adapt_config  # reads the weights' description (PyTorch)
 

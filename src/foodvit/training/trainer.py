@@ -127,6 +127,9 @@ class Trainer:
         d, patch = self.config.data, self.model.config.patch_size
         check_on_patch_grid("--test-size", d.test_size, patch)  # before training, not after it
         check_on_patch_grid("--start-size", d.start_size, patch)
+        if d.start_size > self.model.config.image_size:
+            raise ConfigError(f"--start-size {d.start_size} is above the image size {self.model.config.image_size}: progressive "
+                              "resizing trains smaller photos first; give a smaller --start-size, or 0 to turn it off")
         if d.start_size and d.start_size != self.model.config.image_size and self.model.config.pos_embed == "learned":
             raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
         if self.config.train.freeze_backbone:

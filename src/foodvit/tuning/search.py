@@ -36,6 +36,7 @@ from foodvit.config import (
     SECTIONS,
     RunConfig,
     with_settings,
+    without_recipe_resizing,
 )
 from foodvit.errors import ConfigError, StudyError
 from foodvit.files import write_text
@@ -125,7 +126,8 @@ class Objective:
         trial.set_user_attr("dir", folder.name)
         params = {key: p.suggest(trial) for key, p in self.space.items()}
         try:
-            config = with_settings(self.base, trial_overrides(params, self.base))
+            overrides = trial_overrides(params, self.base)
+            config = without_recipe_resizing(self.base, with_settings(self.base, overrides), overrides)
         except ConfigError as err:
             trial.set_user_attr("error", str(err))
             raise TrialCrashed(str(err)) from None
