@@ -122,13 +122,18 @@ def recipe_of(study: Path) -> str:
     cct = (vit.get("stem"), vit.get("pool")) == ("conv", "seq")
     for recipe, (with_cct, recipe_weight) in GUIDANCE.items():
         if cct == with_cct and math.isclose(weight, recipe_weight):
-            if recipe == "default" and config["data"].get("start_size"):  # the tenth session's: 64 px, then 96
-                return "default-96"
-            return recipe
+            if recipe != "default":
+                return recipe
+            sizes = (vit.get("image_size"), config["data"].get("start_size") or 0)
+            if sizes in DEFAULT_SIZES:
+                return DEFAULT_SIZES[sizes]
+            raise SystemExit(f"{study}: the default's settings at image size {sizes[0]} and start size {sizes[1]} are neither "
+                             "of its curves (64 px throughout, 64 then 96 px); plot it with --mark LABEL=STUDY")
     raise SystemExit(f"{study}: guidance weight {weight:g} {'with' if cct else 'without'} the CCT tokeniser is none of the "
                      "curve's recipes; move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
 
 
+DEFAULT_SIZES = {(64, 0): "default", (96, 64): "default-96"}  # (image size, start size) of the default's two curves
 GUIDANCE = {"guided": (False, 1.0), "guided+cct": (True, 1.0), "default": (True, 0.5)}  # (CCT tokeniser, weight) of each guided recipe
 RECIPES = {"unguided": ("ViT, without locality guidance", "o-"),
            "guided": ("ViT, with locality guidance (weight 1)", "D-"),
@@ -184,7 +189,11 @@ def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> N
         if series:
             ax.errorbar([r["photos_per_class"] for r in series], [r["vit"] for r in series], yerr=[r["vit_se"] for r in series],
                         fmt=style, capsize=3, label=label)
-    cnn = {r["photos_per_class"]: r for r in found}  # the same ResNet-18 studies (the guided studies' teachers) pair with every ViT
+    cnn = {r["photos_per_class"]: r for r in found}  # one ResNet-18 study a size (the guided studies' teachers) pairs with every ViT
+    for r in found:
+        if (r["cnn"], r["cnn_se"]) != (cnn[r["photos_per_class"]]["cnn"], cnn[r["photos_per_class"]]["cnn_se"]):
+            raise SystemExit(f"{r['folder']}: its ResNet-18s at {r['photos_per_class']} a class are not those of "
+                             f"{cnn[r['photos_per_class']]['folder']} (another image size or teacher): plot the two curves separately")
     ax.errorbar(x, [cnn[n]["cnn"] for n in x], yerr=[cnn[n]["cnn_se"] for n in x], fmt="s--", capsize=3, label="ResNet-18 from scratch, same training")
     ax.set(xlabel="training photos a class (each fold trains on 4/5 of them)", ylabel="5-fold CV accuracy (+- SE)",
            title="Data efficiency: FoodVision Mini" + (" and its 20% set" if max(x) > 75 else ""))

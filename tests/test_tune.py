@@ -20,7 +20,7 @@ from foodvit.cli.options import build_config  # noqa: E402
 from foodvit.config import load_recipe  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import cv  # noqa: E402
-from foodvit.tuning.search import costs, parse_budget, tune  # noqa: E402
+from foodvit.tuning.search import costs, parse_budget, trial_config, tune  # noqa: E402
 from foodvit.tuning.space import Param  # noqa: E402
 
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
@@ -373,3 +373,16 @@ def test_the_default_space_holds_the_starting_recipe_and_only_valid_models(recip
     assert all(width % start["vit.num_heads"] == 0 for width in space["vit.embed_dim"].choices)
     sizes = space["vit.image_size"]
     assert sizes.low % start["vit.patch_size"] == 0 and sizes.step == start["vit.patch_size"]
+
+
+def test_a_trial_keeps_the_bases_progressive_resizing_where_its_model_can_take_it():
+    # a searched image size is compared at the recipe's own schedule, not with progressive resizing
+    # switched off for every size but the recipe's; a start the user gave on the command line is the
+    # base's and is kept the same way; a trial whose model cannot take it trains without it
+    for base in (build_config("default"), build_config("default", {"vit.image_size": 64, "data.start_size": 48})):
+        start = base.data.start_size
+        assert trial_config({"vit.image_size": 128}, base).data.start_size == start
+        assert trial_config({"vit.image_size": start}, base).data.start_size == 0
+        assert trial_config({"vit.pos_embed": "learned"}, base).data.start_size == 0
+        assert trial_config({"optim.lr": 3e-4}, base).data.start_size == start
+    assert trial_config({"data.start_size": 0}, build_config("default")).data.start_size == 0  # searched: the trial's own

@@ -392,19 +392,6 @@ def check_setting(key: str, value) -> None:
     _check_field(setting_field(key), value)
 
 
-def without_recipe_resizing(base: RunConfig, config: RunConfig, given: dict) -> RunConfig:
-    """A recipe's progressive resizing (data.start_size) belongs to its own model: a start below its
-    image size, on its patch grid, through its fixed positions. Settings `given` over `base` that
-    change the model, its image size, patch size or positions, or take pre-trained weights, without
-    giving a start size themselves, train without it (one rule for train, cv and tune)."""
-    if not base.data.start_size or given.get("data.start_size") is not None:
-        return config
-    moved = any(given.get(f"vit.{k}") is not None and given[f"vit.{k}"] != base.vit.get(k) for k in ("image_size", "patch_size", "pos_embed"))
-    if moved or config.model != base.model or (config.train.pretrained and not base.train.pretrained):
-        return replace(config, data=replace(config.data, start_size=0))
-    return config
-
-
 def with_settings(config: RunConfig, values: dict) -> RunConfig:
     """config with the settings named "section.name" (vit.depth, optim.lr, ...) replaced, each
     checked as the command line checks it (e.g. a tuning trial's sampled settings)."""

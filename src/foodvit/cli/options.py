@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields, replace
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of, load_recipe, with_settings, without_recipe_resizing
+from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of, load_recipe, with_settings
 from foodvit.errors import ConfigError, Range, check_value
+from foodvit.model.variants import without_recipe_resizing
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -115,7 +116,7 @@ def given_overrides(args: argparse.Namespace) -> list[str]:
 
 # Regularisation settings a from-scratch recipe keeps when it is used with pre-trained weights: its
 # other model settings (size, pooling, 96 px ...) are not meant for the weights, nor is its
-# progressive resizing (config.without_recipe_resizing).
+# progressive resizing (model.variants.without_recipe_resizing).
 TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
 
 

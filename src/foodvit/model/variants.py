@@ -8,10 +8,10 @@ size P, e.g. "ViT-B/16", "ViT-L/32", "ViT-H/14", "ViT-Ti/8".
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from foodvit.config import ViTConfig
+from foodvit.config import RunConfig, ViTConfig
 from foodvit.errors import ConfigError
 
 
@@ -85,6 +85,32 @@ class Variant:
     def num_params(self) -> int:
         """Expected parameter count at 1000 classes and 224 px."""
         return count_params(self.config(1000, 224))
+
+
+def run_model_config(config: RunConfig) -> ViTConfig:
+    """The from-scratch model a run's settings describe: its variant's Table 1 row with the run's
+    model settings over it (what build_model builds, read without PyTorch)."""
+    vit = dict(config.vit)
+    return get_variant(config.model).config(image_size=vit.pop("image_size", None), **vit)
+
+
+def without_recipe_resizing(base: RunConfig, config: RunConfig, given: dict) -> RunConfig:
+    """A recipe's progressive resizing (data.start_size) stays while the run's from-scratch model can
+    take it: a start below its image size, on its patch grid, through fixed positions. Settings `given`
+    over `base` that leave no such model (a smaller image, a patch that misses the start, learned
+    positions) or take pre-trained weights train without it, unless they give a start size themselves
+    (one rule for train, cv and tune)."""
+    start = base.data.start_size
+    if not start or given.get("data.start_size") is not None or config.data.start_size != start:
+        return config
+    if not (config.train.pretrained and not base.train.pretrained):
+        try:
+            model = run_model_config(config)
+        except ConfigError:  # settings that make no model: building it says so, with its own message
+            return config
+        if start < model.image_size and start % model.patch_size == 0 and model.pos_embed != "learned":
+            return config
+    return replace(config, data=replace(config.data, start_size=0))
 
 
 def parse_name(name: str) -> tuple[str, int]:

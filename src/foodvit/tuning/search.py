@@ -32,14 +32,10 @@ import time
 import warnings
 from pathlib import Path
 
-from foodvit.config import (
-    SECTIONS,
-    RunConfig,
-    with_settings,
-    without_recipe_resizing,
-)
+from foodvit.config import SECTIONS, RunConfig, with_settings
 from foodvit.errors import ConfigError, StudyError
 from foodvit.files import write_text
+from foodvit.model.variants import without_recipe_resizing
 from foodvit.rundir import directory as rundir
 from foodvit.tuning import cv
 from foodvit.tuning.space import Param, base_values, default_space, read_space, space_table
@@ -63,6 +59,13 @@ def trial_overrides(params: dict, base: RunConfig) -> dict:
         v = base_values(base)
         overrides["vit.mlp_dim"] = round(params["vit.embed_dim"] * v["vit.mlp_dim"] / v["vit.embed_dim"])
     return overrides
+
+
+def trial_config(params: dict, base: RunConfig) -> RunConfig:
+    """The settings a trial trains with: the base (the recipe and the command line) with the trial's
+    settings over it; its progressive resizing stays where the trial's model can take it."""
+    overrides = trial_overrides(params, base)
+    return without_recipe_resizing(base, with_settings(base, overrides), overrides)
 
 
 class TrialCrashed(Exception):
@@ -126,8 +129,7 @@ class Objective:
         trial.set_user_attr("dir", folder.name)
         params = {key: p.suggest(trial) for key, p in self.space.items()}
         try:
-            overrides = trial_overrides(params, self.base)
-            config = without_recipe_resizing(self.base, with_settings(self.base, overrides), overrides)
+            config = trial_config(params, self.base)
         except ConfigError as err:
             trial.set_user_attr("error", str(err))
             raise TrialCrashed(str(err)) from None

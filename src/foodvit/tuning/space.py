@@ -47,10 +47,9 @@ def base_values(config: RunConfig) -> dict:
     """Every setting's value in a config, by "section.name", the model's from its variant and overrides."""
     from dataclasses import asdict
 
-    from foodvit.model.variants import get_variant
+    from foodvit.model.variants import run_model_config
 
-    variant = get_variant(config.model)
-    vit = asdict(variant.config(image_size=config.vit.get("image_size"), **{k: v for k, v in config.vit.items() if k != "image_size"}))
+    vit = asdict(run_model_config(config))
     values = {f"vit.{k}": v for k, v in vit.items()}
     for name in SECTIONS:
         values.update({f"{name}.{k}": v for k, v in asdict(getattr(config, name)).items()})
