@@ -20,7 +20,7 @@ from foodvit.cli.options import build_config
 from foodvit.config import load_recipe
 from foodvit.data.sources import resolve
 from foodvit.errors import ConfigError, DataError, RunError
-from foodvit.model.variants import run_model_config
+from foodvit.model.variants import run_model_config, without_recipe_resizing
 from foodvit.rundir.directory import RunLock, training_now
 from foodvit.training.trainer import resume, train
 
@@ -273,9 +273,14 @@ def test_the_recipes_progressive_resizing_stays_while_the_model_can_take_it():
         assert build_config("default", given).data.start_size == 0, given
     assert build_config("default", {"vit.stem": "patch"}, model="ViT-S/12").data.start_size == 0  # 64 is not on a 12 px grid
     no_model = build_config("default", {"vit.patch_size": 12})  # a conv tokeniser needs a power of 2: left to the model's own error
+    assert no_model.data.start_size == 64
     with pytest.raises(ConfigError, match="power of 2"):
         run_model_config(no_model)
     assert build_config("default", {"vit.image_size": 48, "data.start_size": 32}).data.start_size == 32  # asked for: kept
+    # a recipe's own start its own model cannot take is the recipe's choice: kept, for the trainer to refuse
+    for settings in ({"image_size": 48}, {"pos_embed": "learned"}):
+        recipe = replace(load_recipe("default"), vit={**load_recipe("default").vit, **settings})
+        assert without_recipe_resizing(recipe, recipe, {}).data.start_size == 64, settings
 
 
 def test_a_tensorboard_run_that_fails_before_its_first_checkpoint_leaves_nothing(photos, tmp_path, monkeypatch, capsys):

@@ -20,7 +20,7 @@ from foodvit.cli.options import build_config  # noqa: E402
 from foodvit.config import load_recipe  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import cv  # noqa: E402
-from foodvit.tuning.search import costs, parse_budget, trial_config, tune  # noqa: E402
+from foodvit.tuning.search import costs, parse_budget, trial_config, tune, write_report  # noqa: E402
 from foodvit.tuning.space import Param  # noqa: E402
 
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
@@ -386,3 +386,18 @@ def test_a_trial_keeps_the_bases_progressive_resizing_where_its_model_can_take_i
         assert trial_config({"vit.pos_embed": "learned"}, base).data.start_size == 0
         assert trial_config({"optim.lr": 3e-4}, base).data.start_size == start
     assert trial_config({"data.start_size": 0}, build_config("default")).data.start_size == 0  # searched: the trial's own
+
+
+def test_best_toml_records_the_schedule_the_best_trial_trained_with(tmp_path):
+    # best.toml once kept the recipe's 64 px start for a best trial at 48 px, which trained without it:
+    # the recipe then stopped `foodvit train` ("above the image size") or trained something else
+    import optuna
+    from optuna.distributions import IntDistribution
+
+    study = optuna.create_study(direction="maximize")
+    for size, accuracy in ((48, 0.7), (128, 0.6)):
+        study.add_trial(optuna.trial.create_trial(params={"vit.image_size": size}, value=accuracy,
+                                                  distributions={"vit.image_size": IntDistribution(32, 128, step=16)}))
+    write_report(study, tmp_path, build_config("default"), {}, folds=2)
+    best = load_recipe(str(tmp_path / "best.toml"))
+    assert (best.vit["image_size"], best.data.start_size) == (48, 0)

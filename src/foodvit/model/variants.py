@@ -94,23 +94,30 @@ def run_model_config(config: RunConfig) -> ViTConfig:
     return get_variant(config.model).config(image_size=vit.pop("image_size", None), **vit)
 
 
+def _takes_start(config: RunConfig, start: int) -> bool | None:
+    """Whether the from-scratch model of config can be trained from `start` px up (a start below its
+    image size, on its patch grid, through fixed positions); None when the settings make no model
+    (building it says why, with its own message)."""
+    try:
+        model = run_model_config(config)
+    except ConfigError:
+        return None
+    return start < model.image_size and start % model.patch_size == 0 and model.pos_embed != "learned"
+
+
 def without_recipe_resizing(base: RunConfig, config: RunConfig, given: dict) -> RunConfig:
-    """A recipe's progressive resizing (data.start_size) stays while the run's from-scratch model can
-    take it: a start below its image size, on its patch grid, through fixed positions. Settings `given`
-    over `base` that leave no such model (a smaller image, a patch that misses the start, learned
-    positions) or take pre-trained weights train without it, unless they give a start size themselves
-    (one rule for train, cv and tune)."""
+    """A recipe's progressive resizing (data.start_size) goes with the model it was set for. Settings
+    `given` over the recipe `base` that leave a model which cannot take its start (an image no larger
+    than the start, a patch that misses it, learned positions) or that take pre-trained weights train
+    without it, unless they give a start size themselves; any other change keeps it (one rule for
+    train, cv and tune). A recipe whose own model cannot take its start keeps it: the trainer refuses
+    it with its own message, as it does a start the user gave."""
     start = base.data.start_size
-    if not start or given.get("data.start_size") is not None or config.data.start_size != start:
+    if not start or given.get("data.start_size") is not None or base.train.pretrained or not _takes_start(base, start):
         return config
-    if not (config.train.pretrained and not base.train.pretrained):
-        try:
-            model = run_model_config(config)
-        except ConfigError:  # settings that make no model: building it says so, with its own message
-            return config
-        if start < model.image_size and start % model.patch_size == 0 and model.pos_embed != "learned":
-            return config
-    return replace(config, data=replace(config.data, start_size=0))
+    if config.train.pretrained or _takes_start(config, start) is False:
+        return replace(config, data=replace(config.data, start_size=0))
+    return config
 
 
 def parse_name(name: str) -> tuple[str, int]:

@@ -344,7 +344,7 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
              f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.", "", *summary, ""]
     if completed:
         best = study.best_trial
-        config = with_settings(base, trial_overrides(best.params, base))
+        config = trial_config(best.params, base)  # what the best trial trained with, its progressive resizing included
         header = (f"foodvit tune: the best of {len(completed)} finished trials in {study_dir} (trial {best.number}), "
                   f"{folds}-fold CV accuracy {best.value:.3f} over the training photos; train with\n"
                   f"foodvit train --recipe {study_dir / 'best.toml'}")
