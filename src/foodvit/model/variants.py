@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from foodvit.config import RunConfig, ViTConfig
+from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
 from foodvit.errors import ConfigError
 
 
@@ -94,15 +94,30 @@ def run_model_config(config: RunConfig) -> ViTConfig:
     return get_variant(config.model).config(image_size=vit.pop("image_size", None), **vit)
 
 
+def check_start_size(model: ViTConfig, start: int) -> None:
+    """Progressive resizing's rule, written once (the trainer and the recipe rule below ask here): a
+    start (0: off) on the model's patch grid, not above its image size, and, below it, fixed
+    positions; else a ConfigError that says what to change."""
+    check_on_patch_grid("--start-size", start, model.patch_size)
+    if start > model.image_size:
+        raise ConfigError(f"--start-size {start} is above the image size {model.image_size}: progressive "
+                          "resizing trains smaller photos first; give a smaller --start-size, or 0 to turn it off")
+    if start and start != model.image_size and model.pos_embed == "learned":
+        raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
+
+
 def _takes_start(config: RunConfig, start: int) -> bool | None:
-    """Whether the from-scratch model of config can be trained from `start` px up (a start below its
-    image size, on its patch grid, through fixed positions); None when the settings make no model
-    (building it says why, with its own message)."""
+    """Whether the from-scratch model of config can be trained from `start` px up to a larger size;
+    None when the settings make no model (building it says why, with its own message)."""
     try:
         model = run_model_config(config)
     except ConfigError:
         return None
-    return start < model.image_size and start % model.patch_size == 0 and model.pos_embed != "learned"
+    try:
+        check_start_size(model, start)
+    except ConfigError:
+        return False
+    return start < model.image_size
 
 
 def without_recipe_resizing(base: RunConfig, config: RunConfig, given: dict) -> RunConfig:

@@ -34,9 +34,10 @@ from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.preprocess import Preprocess
 from foodvit.data.sampling import make_loader
 from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
-from foodvit.errors import ConfigError, FoodVitError, RunError
+from foodvit.errors import FoodVitError, RunError
 from foodvit.files import write_text
 from foodvit.model.build import build_model
+from foodvit.model.variants import check_start_size
 from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
@@ -126,12 +127,7 @@ class Trainer:
             self.model, self.preprocess = build_model(self.config, num_classes)
         d, patch = self.config.data, self.model.config.patch_size
         check_on_patch_grid("--test-size", d.test_size, patch)  # before training, not after it
-        check_on_patch_grid("--start-size", d.start_size, patch)
-        if d.start_size > self.model.config.image_size:
-            raise ConfigError(f"--start-size {d.start_size} is above the image size {self.model.config.image_size}: progressive "
-                              "resizing trains smaller photos first; give a smaller --start-size, or 0 to turn it off")
-        if d.start_size and d.start_size != self.model.config.image_size and self.model.config.pos_embed == "learned":
-            raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
+        check_start_size(self.model.config, d.start_size)
         if self.config.train.freeze_backbone:
             freeze_backbone(self.model)
         # the module the optimiser steps: the ViT inside the auxiliary losses that are on (training only)
