@@ -22,16 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from foodvit.cli.main import main as foodvit
-from foodvit.config import load_recipe
+from foodvit.config import RunConfig, load_recipe
+from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import with_source
-from foodvit.training.auxiliary import STUDENT_SETTINGS
+from foodvit.training.distill import teacher_settings
 from foodvit.tuning.cv import compare_studies, fold_folders, read_study, summarise, training_photos, write_study
 
 FOLDS, SEED = 5, 0
@@ -58,9 +58,9 @@ def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) 
     if result_file.is_file():
         return json.loads(result_file.read_text())
     run.mkdir(parents=True, exist_ok=True)
-    if teachers is not None and (teachers / f"fold-{fold}" / "teacher.pt").is_file() and not (run / "teacher.pt").is_file():
-        shutil.copy2(teachers / f"fold-{fold}" / "teacher.pt", run / "teacher.pt")
-    trainer = Trainer(replace(config, data=replace(config.data, source=str(folder.resolve()))), run, quiet=True, log=lambda *a, **k: None)
+    lent = teachers / f"fold-{fold}" / "teacher.pt" if teachers is not None else None
+    trainer = Trainer(replace(config, data=replace(config.data, source=str(folder.resolve()))), run, quiet=True, log=lambda *a, **k: None,
+                      teacher_file=lent if lent is not None and lent.is_file() else None)
     teacher = train_or_load_teacher(trainer)
     started = time.perf_counter()
     test = evaluate(teacher, trainer.eval_loaders["test"], trainer.settings, num_classes=len(trainer.classes), keep_probabilities=True)
@@ -148,14 +148,8 @@ def lends_teachers(vit: Path, config) -> bool:
     run trains the same network as distillation does, weight for weight: tests/test_guidance.py)."""
     if not (vit / "fold-0" / "config.json").is_file() or not guided(vit):
         return False
-
-    def teacher_side(settings: dict) -> tuple:
-        return (settings["vit"].get("image_size"), {k: v for k, v in settings["data"].items() if k != "source"},
-                {k: v for k, v in settings["optim"].items() if k not in STUDENT_SETTINGS},
-                {k: v for k, v in settings["train"].items() if k != "eval_every"})
-
-    saved = json.loads((vit / "fold-0" / "config.json").read_text())
-    return teacher_side(saved) == teacher_side(json.loads(json.dumps(config.to_dict())))
+    saved = RunConfig.from_dict(json.loads((vit / "fold-0" / "config.json").read_text()))
+    return not differences(teacher_settings(saved), teacher_settings(config))
 
 
 def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:

@@ -114,6 +114,50 @@ def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study
 
 
 
+GUIDED = [*TINY[:-1], "2", "--guidance", "1"]  # guidance needs a block before the last
+
+
+def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos, tmp_path, monkeypatch, capsys):
+    """`foodvit cv --teachers A`: the folds load A's fold teachers instead of training them, and end
+    exactly as A's (which trained them with these settings); a ViT-only change may borrow them too,
+    a change the teacher depends on may not, nor a recipe without a teacher, nor a folder of no study."""
+    import torch
+
+    import foodvit.training.distill as distill
+    from foodvit.rundir.directory import load_checkpoint
+
+    trained = []
+    real = distill.build_optimizer
+    monkeypatch.setattr(distill, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(a), "--quiet", *GUIDED]) == 0
+    assert len(trained) == 2  # a teacher a fold
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(b), "--quiet", *GUIDED, "--teachers", str(a)]) == 0
+    assert len(trained) == 2  # none trained again
+    first, second = (json.loads((s / "cv.json").read_text()) for s in (a, b))
+    assert second["photos"] == first["photos"] and second["accuracy"] == first["accuracy"]
+    for k in range(2):
+        mine, theirs = (load_checkpoint(s / f"fold-{k}" / "teacher.pt") for s in (b, a))
+        assert mine["history"] == theirs["history"] and mine["model"].keys() == theirs["model"].keys()
+        assert all(torch.equal(mine["model"][key], theirs["model"][key]) for key in mine["model"])
+        mine, theirs = (json.loads((s / f"fold-{k}.json").read_text())["predictions"] for s in (b, a))
+        assert [p["probability"] for p in mine] == [p["probability"] for p in theirs]
+    # the ViT's own architecture and losses are no teacher setting
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(c), "--quiet", *GUIDED, "--drop-path", "0.1",
+                 "--drloc", "0.5", "--teachers", str(a)]) == 0
+    assert len(trained) == 2
+    capsys.readouterr()
+    refused = {"--lr": (["--lr", "0.01"], "trained its CNN teachers with other settings (optim.lr: 0.001 there, 0.01 here)"),
+               "no teacher": (["--guidance", "0"], "this recipe trains none"),
+               "no study": (["--teachers", str(photos)], "holds no study"),
+               "other folds": (["--folds", "3"], "folds differ")}
+    for name, (extra, message) in refused.items():
+        args = ["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / name), *GUIDED, "--teachers", str(a), *extra]
+        assert main(args) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, (name, err)
+        assert not (tmp_path / name).exists()  # refused before the study folder is made
+
 @pytest.mark.slow  # a second study; cv's folds stay in the fast tier through test_cv_writes_per_fold_...
 def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process_is_gone(cv_study, photos, tmp_path, monkeypatch):
     """Two processes on one study: a fold whose run another process holds is skipped, the free fold

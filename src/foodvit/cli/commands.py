@@ -59,7 +59,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
     from foodvit.tuning.cv import cross_validate
 
     config = build_config(args.recipe or "default", args, model=args.model)
-    result = cross_validate(config, args.out, folds=args.folds, seeds=args.seeds, progress=not args.quiet)
+    result = cross_validate(config, args.out, folds=args.folds, seeds=args.seeds, progress=not args.quiet, teachers=args.teachers)
     for f in result.folds:
         print(f"  seed {f['seed']} fold {f['fold']}: {f['accuracy']:.3f} ({f['correct']}/{f['n']})", file=sys.stderr)
     print(f"{result.line()}; {Path(args.out) / 'cv.md'}")

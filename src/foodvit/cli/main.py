@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=count(Range(2)), default=5, help="folds (default 5)")
     p.add_argument("--seeds", type=count(), default=1, help="repeat with this many seeds (the recipe's seed and on; default 1)")
     p.add_argument("--compare", nargs=2, metavar="STUDY", help="pair two finished studies photo by photo (no training)")
+    p.add_argument("--teachers", metavar="STUDY", help="borrow the trained CNN teachers (--guidance, --distill) of a study of the same "
+                   "photos, folds and teacher settings, instead of training them again: the same teachers, a third less time "
+                   "for a study of a change to the ViT")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     recipe_options(p, "a recipe name (see `foodvit recipes`) or a .toml file")
     p.set_defaults(func=cmd_cv)

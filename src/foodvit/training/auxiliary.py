@@ -23,8 +23,6 @@ from foodvit.training.guidance import WithLocalityGuidance
 from foodvit.training.masked import WithMaskedPatches
 
 
-# The optimiser settings of the ViT's auxiliary losses: they shape the student's training, never the CNN teacher's.
-STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio")
 # The losses with trained parts of their own: (Auxiliaries field, checkpoint.pt key, the wrapper's part).
 PARTS = (("localization", "auxiliary", "drloc"), ("guide", "guidance", "adapters"), ("masked", "masked", "reconstruction"))
 

@@ -12,7 +12,9 @@ photos, augmentation, optimiser and schedule), then the ViT with
 on every augmented batch x: the teacher labels the crop the student sees, which is what it adds
 over the true label (DeiT's hard distillation; W = 1 is DeiT's equal weighting of the two terms,
 doubled). The teacher is saved as teacher.pt in the run (a resumed run loads it instead of training
-it again) and plays no part in prediction: the saved model is the ViT alone.
+it again) and plays no part in prediction: the saved model is the ViT alone. A run may borrow the
+teacher another run trained (`foodvit cv --teachers STUDY`): only when every setting the teacher
+depends on (teacher_settings) is the same, so the borrowed teacher is the one the run would train.
 
 By default the teacher's labels train the ViT's own head. With --distill-token (DeiT's distillation
 token, model/vit.py deviation 9) they train the token's own head instead:
@@ -24,6 +26,7 @@ and the model predicts with the mean of the two heads' logits.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,8 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import TEACHERS
+from foodvit.config import TEACHERS, RunConfig
 from foodvit.errors import ConfigError, RunError
+from foodvit.model.variants import get_variant, run_model_config
+from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
 from foodvit.training.heads import HeadsAndLoss, TaughtLoss, loss_so_far
@@ -82,15 +87,56 @@ def read_teacher(path: Path, architecture: str) -> dict | None:
     return state
 
 
+# The optimiser settings of the ViT's auxiliary losses: they shape the student's training, never the CNN teacher's.
+STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio")
+
+
+def teacher_settings(config: RunConfig) -> dict:
+    """Every setting a run's CNN teacher depends on, besides its photos: the image size and normalisation
+    the run resolves, the data, optimiser (the student's own losses aside) and training settings. The
+    ViT's architecture is not among them: two runs that differ only there train the same teacher."""
+    model, variant = run_model_config(config), get_variant(config.model)
+    settings = config.to_dict()
+    return {"image_size": model.image_size, "mean": list(config.data.mean or variant.mean), "std": list(config.data.std or variant.std),
+            "data": {k: v for k, v in settings["data"].items() if k != "source"},
+            "optim": {k: v for k, v in settings["optim"].items() if k not in STUDENT_SETTINGS},
+            "train": {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard")}}
+
+
+def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
+    """The teacher.pt of run `lender`, checked to be the teacher `config` would train itself (same settings,
+    teacher_settings; the caller answers for the photos being the same); else a RunError that says what differs."""
+    lender = Path(lender)
+    if not (config.optim.distill or config.optim.guidance):
+        raise ConfigError("a borrowed CNN teacher serves only --distill or --guidance, and this run uses neither: leave the teacher out")
+    if not (lender / TEACHER_FILE).is_file() or not (lender / "config.json").is_file():
+        raise RunError(f"{lender} holds no trained CNN teacher ({TEACHER_FILE} and config.json): give a distilled or guided "
+                       "run whose teacher has finished training")
+    theirs = teacher_settings(RunConfig.from_dict(json.loads((lender / "config.json").read_text()), where=str(lender / "config.json")))
+    changed = differences(theirs, teacher_settings(config))
+    if changed:
+        shown = "; ".join(f"{key}: {a!r} there, {b!r} here" for key, a, b in changed[:3])
+        raise RunError(f"{lender}'s CNN teacher was trained with other settings ({shown}); it is not the teacher this run "
+                       "would train: let the run train its own")
+    return lender / TEACHER_FILE
+
+
 def train_or_load_teacher(trainer) -> torch.nn.Module:
-    """The CNN teacher of distillation and locality guidance: the run's teacher.pt when it has one (a resumed run), else a
-    CNN trained now from random initialisation on the run's training photos, with its
-    augmentation, optimiser settings, schedule and epochs, then saved there."""
+    """The CNN teacher of distillation and locality guidance: the run's teacher.pt when it has one (a resumed run), else
+    the one lent to the run (trainer.teacher_file, checked by borrowed_teacher), else a CNN trained now from random
+    initialisation on the run's training photos, with its augmentation, optimiser settings, schedule and epochs; a
+    teacher trained or lent is saved in the run."""
     c = trainer.config
     path = trainer.out / TEACHER_FILE
     torch.manual_seed(derive_seed(c.train.seed, "teacher-init"))
     teacher = build_teacher(c.optim.teacher, len(trainer.classes)).to(trainer.device)
     saved = trainer.ctx.broadcast(trainer.ctx.on_main(read_teacher, path, c.optim.teacher))
+    origin = f"{path} ({c.optim.teacher}, trained earlier in this run)"
+    if saved is None and trainer.teacher_file is not None:
+        saved = trainer.ctx.broadcast(trainer.ctx.on_main(read_teacher, trainer.teacher_file, c.optim.teacher))
+        origin = f"{trainer.teacher_file} ({c.optim.teacher}, lent by another run with the same settings)"
+        if trainer.main:
+            keep_teacher(trainer, saved)
     if saved is None:
         trainer.log(f"training the CNN teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
         optimizer = build_optimizer(teacher, c.optim, trainer.device)
@@ -106,11 +152,17 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
                       eval_every=c.train.epochs, show_progress=not trainer.quiet, num_classes=len(trainer.classes))
         saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history}
         if trainer.main:
-            save_checkpoint(path, saved)
-            if not trainer.history:  # the run is resumable from here: an interruption keeps the trained teacher
-                save_checkpoint(trainer.out / "checkpoint.pt", trainer.state(0))
+            keep_teacher(trainer, saved)
     else:
         teacher.load_state_dict(saved["model"])
-        trainer.log(f"CNN teacher: {path} ({c.optim.teacher}, trained earlier in this run)")
+        trainer.log(f"CNN teacher: {origin}")
     trainer.teacher_history = list(saved["history"])
     return teacher
+
+
+def keep_teacher(trainer, saved: dict) -> None:
+    """The teacher saved in the run; a run that has not trained its ViT yet is resumable from here,
+    so an interruption keeps the teacher."""
+    save_checkpoint(trainer.out / TEACHER_FILE, saved)
+    if not trainer.history:
+        save_checkpoint(trainer.out / "checkpoint.pt", trainer.state(0))

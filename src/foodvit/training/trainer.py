@@ -43,7 +43,7 @@ from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training import auxiliary
-from foodvit.training.distill import train_or_load_teacher
+from foodvit.training.distill import borrowed_teacher, train_or_load_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, backend_reason, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
@@ -83,8 +83,9 @@ class Trainer:
     checkpoint), then fitted. Under torchrun every rank builds one; rank 0 alone writes."""
 
     def __init__(self, config: RunConfig, out: Path, *, quiet: bool = False, log=print, saved: dict | None = None,
-                 verbose: bool = False, context: Context | None = None) -> None:
+                 verbose: bool = False, context: Context | None = None, teacher_file: Path | None = None) -> None:
         self.config, self.out, self.verbose = config, Path(out), verbose
+        self.teacher_file = teacher_file  # a teacher.pt another run trained with this run's teacher settings (distill.borrowed_teacher)
         self.ctx = context or Context.from_environment(config.train.device)
         self.main = self.ctx.is_main
         self.quiet = quiet or not self.main  # progress bars and lines on rank 0 only
@@ -334,22 +335,25 @@ class Trainer:
 
 
 def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = False, log=print, verbose: bool = False,
-          context: Context | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
+          context: Context | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, teacher_from: Path | None = None) -> Result:
     """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). With
     pre-trained weights, the model is the one the weights dictate (pretrained.adapt_config).
-    Under torchrun every rank calls this with the same arguments; rank 0 writes the run."""
+    Under torchrun every rank calls this with the same arguments; rank 0 writes the run.
+    teacher_from: a distilled or guided run on the same photos whose CNN teacher this run borrows
+    instead of training it (checked to have this run's teacher settings; the photos are the caller's word)."""
     out = Path(out) if out else rundir.default_out()
     config = rundir.with_source(config)
     if config.train.pretrained:
         from foodvit.model.pretrained import adapt_config
 
         config = adapt_config(config)
+    teacher_file = borrowed_teacher(teacher_from, config) if teacher_from is not None else None
     with contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx:
         log = log if ctx.is_main else (lambda *a, **k: None)
         with OnMain(rundir.NewRunDirectory(out), ctx):
             if ctx.is_main:
                 write_text(out / "config.json", config.to_json())
-            trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose, context=ctx)
+            trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose, context=ctx, teacher_file=teacher_file)
             warning = size_note(config, sum(p.numel() for p in trainer.trained.parameters()), trainer.device)
             if warning and ctx.is_main:
                 print(warning, file=sys.stderr)

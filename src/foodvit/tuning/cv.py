@@ -34,6 +34,7 @@ from foodvit.data.folders import Split, check, cv_folds, keep_classes, list_spli
 from foodvit.errors import StudyError
 from foodvit.files import atomic_folder, write_text
 from foodvit.rundir import directory as rundir
+from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.rundir.compare import differences
 
 STUDY_FILE = "study.json"
@@ -130,8 +131,10 @@ def _predictions(run: Path, folder: Path) -> list[dict]:
     return out
 
 
-def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int, quiet: bool = True) -> dict:
-    """A fold's result: trained (or resumed, or read when finished), then its held-out photos predicted."""
+def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int, quiet: bool = True,
+             teacher_from: Path | None = None) -> dict:
+    """A fold's result: trained (or resumed, or read when finished), then its held-out photos predicted.
+    teacher_from: the same fold's run in another study, whose CNN teacher this fold borrows."""
     from foodvit.training.trainer import resume, train
 
     result_file = run.with_name(run.name + ".json")
@@ -148,13 +151,14 @@ def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int
     try:
         if result_file.is_file():  # finished by another process between the look and the lock
             return json.loads(result_file.read_text())
-        return _run_fold(config, run, folder, result_file, seed=seed, fold=fold, quiet=quiet, resume=resume, train=train)
+        return _run_fold(config, run, folder, result_file, seed=seed, fold=fold, quiet=quiet, resume=resume, train=train,
+                         teacher_from=teacher_from)
     finally:
         lock.release()
 
 
 def _run_fold(config: RunConfig, run: Path, folder: Path, result_file: Path, *, seed: int, fold: int, quiet: bool, resume,
-              train) -> dict:
+              train, teacher_from: Path | None) -> dict:
     started = time.perf_counter()
     if not (run / "model.json").is_file():
         try:
@@ -163,7 +167,7 @@ def _run_fold(config: RunConfig, run: Path, folder: Path, result_file: Path, *, 
             else:
                 _clear_unstarted(run)
                 fold_config = replace(config, data=replace(config.data, source=str(folder.resolve())), train=replace(config.train, seed=seed))
-                train(fold_config, run, quiet=quiet, log=lambda *a, **k: None)
+                train(fold_config, run, quiet=quiet, log=lambda *a, **k: None, teacher_from=teacher_from)
         except rundir.LockedError:  # another process took the fold between the look and the start
             raise FoldBusy(f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})") from None
     predictions = _predictions(run, folder)
@@ -236,9 +240,11 @@ def summarise(fold_results: list[dict]) -> CvResult:
 
 
 def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, folds: int, seeds: list[int], quiet: bool = True,
-           progress: bool = False, after_fold=None, wait_s: float = 30.0) -> tuple[CvResult, list[dict]]:
+           progress: bool = False, after_fold=None, wait_s: float = 30.0, teachers: Path | None = None) -> tuple[CvResult, list[dict]]:
     """Each seed's folds, each a run in `runs`; after_fold(index, results so far) after each (the
     tuner reports and prunes there). The results and every fold's full result, in fold order.
+    teachers: a study of the same folds whose fold runs lend their trained CNN teachers (a fold whose
+    lender has none yet trains its own).
     A fold another process is training is skipped, and looked at again (every wait_s seconds once
     only such folds are left) until its result is written or its process is gone (then resumed)."""
     from tqdm.auto import tqdm
@@ -250,9 +256,11 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
         while todo:
             busy = []  # folds another process is training: taken again after the rest
             for seed, index, folder in todo:
-                run = runs / (f"fold-{index}" if len(seeds) == 1 else f"seed-{seed}/fold-{index}")
+                name = f"fold-{index}" if len(seeds) == 1 else f"seed-{seed}/fold-{index}"
+                run, lender = runs / name, teachers / name if teachers is not None else None
+                lender = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
                 try:
-                    results.append(run_fold(config, run, folder, seed=seed, fold=index, quiet=quiet))
+                    results.append(run_fold(config, run, folder, seed=seed, fold=index, quiet=quiet, teacher_from=lender))
                 except FoldBusy:
                     busy.append((seed, index, folder))
                     continue
@@ -294,9 +302,11 @@ def open_study(folder: Path, identity: dict) -> None:
 
 
 def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seeds: int = 1, quiet: bool = True,
-                   progress: bool = False) -> CvResult:
+                   progress: bool = False, teachers: str | Path | None = None) -> CvResult:
     """`foodvit cv`: the config's k-fold CV over its training photos, seeds config.train.seed and on,
-    in the study folder (resumed if it holds this same study)."""
+    in the study folder (resumed if it holds this same study). teachers: a study of the same folds
+    and teacher settings (a distilled or guided recipe) whose trained CNN teachers the folds borrow:
+    the same teachers they would train, so only the time changes."""
     study = Path(study)
     config = rundir.with_source(config)
     split = training_photos(config)
@@ -304,12 +314,38 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
     seed_list = [config.train.seed + i for i in range(seeds)]
     settings = config.to_dict()
     settings["data"] = {k: v for k, v in settings["data"].items() if k != "source"}  # the photos are named by their fingerprint
-    open_study(study, {"kind": "cv", "data": fingerprint(split), "classes": list(split.classes), "folds": folds,
-                       "seeds": seed_list, "settings": settings})
+    identity = {"kind": "cv", "data": fingerprint(split), "classes": list(split.classes), "folds": folds, "seeds": seed_list,
+                "settings": settings}
+    if teachers is not None:
+        teachers = Path(teachers)
+        check_lender(teachers, identity, config)
+    open_study(study, identity)
     result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet,
-                                  progress=progress)
+                                  progress=progress, teachers=teachers)
     write_study(study, config, result, fold_results)
     return result
+
+
+def check_lender(teachers: Path, identity: dict, config: RunConfig) -> None:
+    """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
+    and its teachers were trained with this config's teacher settings; else a StudyError that says why."""
+    from foodvit.training.distill import teacher_settings
+
+    path = teachers / STUDY_FILE
+    if not path.is_file():
+        raise StudyError(f"--teachers {teachers} holds no study ({STUDY_FILE}): give a `foodvit cv` study of a distilled or guided recipe")
+    if not (config.optim.distill or config.optim.guidance):
+        raise StudyError("--teachers lends CNN teachers, and this recipe trains none (no --distill or --guidance): leave --teachers out")
+    theirs = json.loads(path.read_text())
+    same = {key: theirs.get(key) == identity[key] for key in ("kind", "data", "classes", "folds", "seeds")}
+    if not all(same.values()):
+        raise StudyError(f"--teachers {teachers} is a study of other photos, folds or seeds "
+                         f"({', '.join(key for key, ok in same.items() if not ok)} differ): its teachers learnt from other photos")
+    changed = differences(teacher_settings(RunConfig.from_dict(theirs["settings"], where=str(path))), teacher_settings(config))
+    if changed:
+        shown = "; ".join(f"{key}: {a!r} there, {b!r} here" for key, a, b in changed[:3])
+        raise StudyError(f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
+                         "teachers this study would train; leave --teachers out")
 
 
 def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: list[dict]) -> None:
