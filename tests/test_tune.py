@@ -144,7 +144,7 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
         assert [p["probability"] for p in mine] == [p["probability"] for p in theirs]
     # the ViT's own architecture and losses are no teacher setting
     assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(c), "--quiet", *GUIDED, "--drop-path", "0.1",
-                 "--drloc", "0.5", "--teachers", str(a)]) == 0
+                 "--drloc", "0.5", "--ema", "0.9", "--teachers", str(a)]) == 0
     assert len(trained) == 2
     capsys.readouterr()
     refused = {"--lr": (["--lr", "0.01"], "trained its CNN teachers with other settings (optim.lr: 0.001 there, 0.01 here)"),

@@ -87,8 +87,9 @@ def read_teacher(path: Path, architecture: str) -> dict | None:
     return state
 
 
-# The optimiser settings of the ViT's auxiliary losses: they shape the student's training, never the CNN teacher's.
-STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio")
+# The optimiser settings that shape the ViT's training alone, never the CNN teacher's: its auxiliary losses and the
+# average of its weights.
+STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio", "ema")
 
 
 def teacher_settings(config: RunConfig) -> dict:
