@@ -27,7 +27,7 @@ and the model predicts with the mean of the two heads' logits.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +36,7 @@ from torch import nn
 
 from foodvit.config import TEACHERS, RunConfig
 from foodvit.errors import ConfigError, RunError
-from foodvit.model.variants import get_variant, run_model_config
+from foodvit.model.build import default_preprocess
 from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
@@ -93,13 +93,11 @@ STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "ma
 
 
 def teacher_settings(config: RunConfig) -> dict:
-    """Every setting a run's CNN teacher depends on, besides its photos: the image size and normalisation
-    the run resolves, the data, optimiser (the student's own losses aside) and training settings. The
-    ViT's architecture is not among them: two runs that differ only there train the same teacher."""
-    model, variant = run_model_config(config), get_variant(config.model)
+    """Every setting a run's CNN teacher depends on, besides its photos: the preprocessing the run resolves
+    (image size, normalisation), the data, optimiser (the student's own settings aside) and training settings.
+    The ViT's architecture is not among them: two runs that differ only there train the same teacher."""
     settings = config.to_dict()
-    return {"image_size": model.image_size, "mean": list(config.data.mean or variant.mean), "std": list(config.data.std or variant.std),
-            "data": {k: v for k, v in settings["data"].items() if k != "source"},
+    return {"preprocess": asdict(default_preprocess(config)), "data": {k: v for k, v in settings["data"].items() if k != "source"},
             "optim": {k: v for k, v in settings["optim"].items() if k not in STUDENT_SETTINGS},
             "train": {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard")}}
 
