@@ -117,7 +117,7 @@ def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study
 GUIDED = [*TINY[:-1], "2", "--guidance", "1"]  # guidance needs a block before the last
 
 
-def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos, tmp_path, monkeypatch, capsys):
+def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos, cv_study, tmp_path, monkeypatch, capsys):
     """`foodvit cv --teachers A`: the folds load A's fold teachers instead of training them, and end
     exactly as A's (which trained them with these settings); a ViT-only change may borrow them too,
     a change the teacher depends on may not, nor a recipe without a teacher, nor a folder of no study."""
@@ -149,14 +149,44 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
     capsys.readouterr()
     refused = {"--lr": (["--lr", "0.01"], "trained its CNN teachers with other settings (optim.lr: 0.001 there, 0.01 here)"),
                "no teacher": (["--guidance", "0"], "this recipe trains none"),
-               "no study": (["--teachers", str(photos)], "holds no study"),
-               "other folds": (["--folds", "3"], "folds differ")}
+               "no study": (["--teachers", str(photos)], "holds no readable study"),
+               "lends none": (["--teachers", str(cv_study["study"])], "a recipe that trains no CNN teacher"),
+               "other folds": (["--folds", "3"], "folds: 2 there, 3 here"),
+               "itself": (["--teachers", str(tmp_path / "itself")], "is the study itself")}
     for name, (extra, message) in refused.items():
         args = ["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / name), *GUIDED, "--teachers", str(a), *extra]
         assert main(args) == 2, name
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, (name, err)
         assert not (tmp_path / name).exists()  # refused before the study folder is made
+    assert main(["cv", "--compare", str(a), str(b), "--teachers", str(a)]) == 2
+    assert "--compare only reads two finished ones" in capsys.readouterr().err
+    # a teacher trained on another kind of machine is not the one this run would train
+    shutil.copytree(a, tmp_path / "gpu")
+    teacher = load_checkpoint(tmp_path / "gpu" / "fold-0" / "teacher.pt")
+    torch.save({**teacher, "trained_on": {**teacher["trained_on"], "device": "cuda", "bf16": True}}, tmp_path / "gpu" / "fold-0" / "teacher.pt")
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "d"), "--quiet", *GUIDED,
+                 "--teachers", str(tmp_path / "gpu")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "was trained elsewhere (bf16: True there, False here; device: 'cuda' there, 'cpu' here)" in err
+
+
+def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
+    from dataclasses import replace
+
+    from foodvit.training.distill import teacher_settings
+
+    config = load_recipe("default")
+    same = [replace(config, vit={**config.vit, "depth": 8, "drop_path": 0.1}),
+            replace(config, data=replace(config.data, start_size=0, start_share=0.5, test_size=112, cache=False, workers=2)),
+            replace(config, optim=replace(config.optim, drloc=1.0, guidance=2.0, ema=0.99), train=replace(config.train, compile=True))]
+    other = [replace(config, vit={**config.vit, "image_size": 64}), replace(config, optim=replace(config.optim, lr=2e-3)),
+             replace(config, data=replace(config.data, mixup=0.8, workers=2)), replace(config, train=replace(config.train, epochs=50))]
+    assert all(teacher_settings(c) == teacher_settings(config) for c in same)
+    assert all(teacher_settings(c) != teacher_settings(config) for c in other)
+    mixed = replace(config, data=replace(config.data, mixup=0.8))  # mixing in a worker or in the process: other draws
+    assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=1))) != teacher_settings(mixed)
+    assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=3))) == teacher_settings(replace(mixed, data=replace(mixed.data, workers=1)))
 
 @pytest.mark.slow  # a second study; cv's folds stay in the fast tier through test_cv_writes_per_fold_...
 def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process_is_gone(cv_study, photos, tmp_path, monkeypatch):

@@ -51,6 +51,10 @@ def cmd_cv(args: argparse.Namespace) -> int:
     if args.compare:
         from foodvit.tuning.cv import compare_studies
 
+        if args.teachers:
+            raise ConfigError("--teachers lends CNN teachers to a study being run; --compare only reads two finished ones: "
+                              "leave --teachers out")
+
         print(compare_studies(*args.compare)[1])
         return 0
     if not args.out:

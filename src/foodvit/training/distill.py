@@ -77,13 +77,15 @@ class WithDistillation(TaughtLoss):
         return HeadsAndLoss(heads.logits, heads.distilled, self.weight * distill + loss_so_far(heads))
 
 
-def read_teacher(path: Path, architecture: str) -> dict | None:
+def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | None:
     """A run's saved CNN teacher (of distillation or locality guidance), or None when it has none yet."""
     if not path.is_file():
         return None
     state = load_checkpoint(path)
     if state.get("format") != "foodvit-teacher" or state.get("architecture") != architecture:
-        raise RunError(f"{path} is not this run's {architecture} CNN teacher; remove it to train the teacher again")
+        advice = (f"a {architecture} CNN teacher; leave the teacher out" if lent
+                  else f"this run's {architecture} CNN teacher; remove it to train the teacher again")
+        raise RunError(f"{path} is not {advice}")
     return state
 
 
@@ -92,32 +94,72 @@ def read_teacher(path: Path, architecture: str) -> dict | None:
 STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio", "ema")
 
 
+def trains_teacher(config: RunConfig) -> bool:
+    """Whether a run trains a CNN teacher: distillation or guidance on, on a backbone that trains (auxiliary.wrap)."""
+    return (config.optim.distill > 0 or config.optim.guidance > 0) and not config.train.freeze_backbone
+
+
 def teacher_settings(config: RunConfig) -> dict:
-    """Every setting a run's CNN teacher depends on, besides its photos: the preprocessing the run resolves
-    (image size, normalisation), the data, optimiser (the student's own settings aside) and training settings.
-    The ViT's architecture is not among them: two runs that differ only there train the same teacher."""
+    """Every setting a run's CNN teacher depends on, besides its photos and machine (trained_on): the
+    preprocessing the run resolves (image size, normalisation), the data, optimiser and training settings.
+    Not among them: the ViT's architecture, the student's own settings (STUDENT_SETTINGS), and what never
+    reaches the teacher's training (it trains at full size: no progressive resizing; no compiling; no
+    test size; the cache and the number of loader workers change only the time, except that with
+    mixing on, a batch is mixed in the loader's worker when there is one)."""
     settings = config.to_dict()
-    return {"preprocess": asdict(default_preprocess(config)), "data": {k: v for k, v in settings["data"].items() if k != "source"},
+    data = {k: v for k, v in settings["data"].items() if k not in ("source", "start_size", "start_share", "test_size", "cache", "cache_gb")}
+    data["workers"] = min(config.data.workers, 1) if (config.data.mixup or config.data.cutmix) else 0
+    return {"preprocess": asdict(default_preprocess(config)), "data": data,
             "optim": {k: v for k, v in settings["optim"].items() if k not in STUDENT_SETTINGS},
-            "train": {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard")}}
+            "train": {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard", "compile")}}
+
+
+def setting_changes(theirs: dict, ours: dict) -> str:
+    """The settings that differ, 'key: A there, B here', the first three and how many more."""
+    changed = differences(theirs, ours)
+    shown = "; ".join(f"{key}: {a!r} there, {b!r} here" for key, a, b in changed[:3])
+    return shown + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
 
 
 def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
-    """The teacher.pt of run `lender`, checked to be the teacher `config` would train itself (same settings,
-    teacher_settings; the caller answers for the photos being the same); else a RunError that says what differs."""
+    """The teacher.pt of run `lender`, checked to be the teacher `config` would train itself (the same
+    teacher_settings; the caller answers for the photos being the same, train_or_load_teacher checks the
+    machine); else a one-line error that says what differs."""
     lender = Path(lender)
-    if not (config.optim.distill or config.optim.guidance):
-        raise ConfigError("a borrowed CNN teacher serves only --distill or --guidance, and this run uses neither: leave the teacher out")
+    if not trains_teacher(config):
+        raise ConfigError("a borrowed CNN teacher serves only --distill or --guidance (on a backbone that trains), and this run "
+                          "trains no teacher: leave the teacher out")
     if not (lender / TEACHER_FILE).is_file() or not (lender / "config.json").is_file():
         raise RunError(f"{lender} holds no trained CNN teacher ({TEACHER_FILE} and config.json): give a distilled or guided "
-                       "run whose teacher has finished training")
-    theirs = teacher_settings(RunConfig.from_dict(json.loads((lender / "config.json").read_text()), where=str(lender / "config.json")))
-    changed = differences(theirs, teacher_settings(config))
-    if changed:
-        shown = "; ".join(f"{key}: {a!r} there, {b!r} here" for key, a, b in changed[:3])
+                       "run whose teacher has finished training, or leave the teacher out")
+    shown = setting_changes(teacher_settings(RunConfig.from_dict(json.loads((lender / "config.json").read_text()),
+                                                                 where=str(lender / "config.json"))), teacher_settings(config))
+    if shown:
         raise RunError(f"{lender}'s CNN teacher was trained with other settings ({shown}); it is not the teacher this run "
-                       "would train: let the run train its own")
+                       "would train: leave the teacher out")
     return lender / TEACHER_FILE
+
+
+def trained_on(trainer) -> dict:
+    """Where a teacher trains, besides its settings: the device kind, processes (each one's batch norm
+    sees its share), bf16 and deterministic kernels (CUDA only) and the PyTorch version."""
+    cuda = trainer.device.type == "cuda"
+    return {"device": trainer.device.type, "processes": trainer.ctx.world_size, "bf16": bool(cuda and trainer.config.train.amp),
+            "deterministic": bool(cuda and trainer.config.train.deterministic), "torch": str(torch.__version__)}
+
+
+def lent_teacher(trainer) -> dict:
+    """The teacher lent to the run (trainer.teacher_file), trained where this run trains (else it would differ)."""
+    c, path = trainer.config, trainer.teacher_file
+    saved = read_teacher(path, c.optim.teacher, lent=True)
+    if saved is None:
+        raise RunError(f"the CNN teacher lent to this run, {path}, has gone: leave the teacher out, or give a run that has one")
+    theirs, ours = saved.get("trained_on"), trained_on(trainer)
+    if theirs != ours:
+        where = setting_changes(theirs, ours) if theirs else "it was written by a foodvit that did not record where it trained"
+        raise RunError(f"the CNN teacher {path} was trained elsewhere ({where}); it would not be the teacher this run trains: "
+                       "leave the teacher out")
+    return saved
 
 
 def train_or_load_teacher(trainer) -> torch.nn.Module:
@@ -132,7 +174,7 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
     saved = trainer.ctx.broadcast(trainer.ctx.on_main(read_teacher, path, c.optim.teacher))
     origin = f"{path} ({c.optim.teacher}, trained earlier in this run)"
     if saved is None and trainer.teacher_file is not None:
-        saved = trainer.ctx.broadcast(trainer.ctx.on_main(read_teacher, trainer.teacher_file, c.optim.teacher))
+        saved = trainer.ctx.broadcast(trainer.ctx.on_main(lent_teacher, trainer))
         origin = f"{trainer.teacher_file} ({c.optim.teacher}, lent by another run with the same settings)"
         if trainer.main:
             keep_teacher(trainer, saved)
@@ -149,7 +191,8 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
         history = fit(trainer.ctx.wrap(teacher), trainer.train_loader, {"test": trainer.eval_loaders["test"]}, optimizer, scheduler,
                       epochs=c.train.epochs, settings=replace(trainer.settings, input_size=0), hooks=hooks,
                       eval_every=c.train.epochs, show_progress=not trainer.quiet, num_classes=len(trainer.classes))
-        saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history}
+        saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history,
+                 "trained_on": trained_on(trainer)}
         if trainer.main:
             keep_teacher(trainer, saved)
     else:

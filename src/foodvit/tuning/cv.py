@@ -318,7 +318,7 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
                 "settings": settings}
     if teachers is not None:
         teachers = Path(teachers)
-        check_lender(teachers, identity, config)
+        check_lender(teachers, study, identity, config)
     open_study(study, identity)
     result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet,
                                   progress=progress, teachers=teachers)
@@ -326,24 +326,32 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
     return result
 
 
-def check_lender(teachers: Path, identity: dict, config: RunConfig) -> None:
+def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
     """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
-    and its teachers were trained with this config's teacher settings; else a StudyError that says why."""
-    from foodvit.training.distill import teacher_settings
+    and its recipe trains teachers with this config's teacher settings; else a StudyError that says why."""
+    from foodvit.training.distill import setting_changes, teacher_settings, trains_teacher
 
     path = teachers / STUDY_FILE
-    if not path.is_file():
-        raise StudyError(f"--teachers {teachers} holds no study ({STUDY_FILE}): give a `foodvit cv` study of a distilled or guided recipe")
-    if not (config.optim.distill or config.optim.guidance):
+    if teachers.resolve() == study.resolve():
+        raise StudyError(f"--teachers {teachers} is the study itself: give another study, whose folds lend their teachers")
+    try:
+        theirs = json.loads(path.read_text())
+        lender = RunConfig.from_dict(theirs["settings"], where=str(path))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise StudyError(f"--teachers {teachers} holds no readable study ({STUDY_FILE}: {err}): give a `foodvit cv` study "
+                         "of a distilled or guided recipe") from None
+    if not trains_teacher(config):
         raise StudyError("--teachers lends CNN teachers, and this recipe trains none (no --distill or --guidance): leave --teachers out")
-    theirs = json.loads(path.read_text())
-    same = {key: theirs.get(key) == identity[key] for key in ("kind", "data", "classes", "folds", "seeds")}
-    if not all(same.values()):
-        raise StudyError(f"--teachers {teachers} is a study of other photos, folds or seeds "
-                         f"({', '.join(key for key, ok in same.items() if not ok)} differ): its teachers learnt from other photos")
-    changed = differences(teacher_settings(RunConfig.from_dict(theirs["settings"], where=str(path))), teacher_settings(config))
+    if not trains_teacher(lender):
+        raise StudyError(f"--teachers {teachers} is a study of a recipe that trains no CNN teacher: give a study with --guidance "
+                         "or --distill, or leave --teachers out")
+    changed = [f"{key}: {theirs.get(key)!r} there, {identity[key]!r} here" for key in ("kind", "data", "classes", "folds", "seeds")
+               if theirs.get(key) != identity[key]]
     if changed:
-        shown = "; ".join(f"{key}: {a!r} there, {b!r} here" for key, a, b in changed[:3])
+        raise StudyError(f"--teachers {teachers} is a study of other photos, folds or seeds ({'; '.join(changed)}): give a "
+                         "`foodvit cv` study with the same --data, --folds, --seed and --seeds, or leave --teachers out")
+    shown = setting_changes(teacher_settings(lender), teacher_settings(config))
+    if shown:
         raise StudyError(f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
                          "teachers this study would train; leave --teachers out")
 
