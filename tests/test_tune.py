@@ -137,8 +137,9 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
     first, second = (json.loads((s / "cv.json").read_text()) for s in (a, b))
     assert second["photos"] == first["photos"] and second["accuracy"] == first["accuracy"]
     for k in range(2):
+        assert f"in {a / f'fold-{k}'}, which lent it to this run" in (b / f"fold-{k}" / "report.md").read_text()
         mine, theirs = (load_checkpoint(s / f"fold-{k}" / "teacher.pt") for s in (b, a))
-        assert mine["history"] == theirs["history"] and mine["model"].keys() == theirs["model"].keys()
+        assert mine["history"] == theirs["history"] and mine["model"].keys() == theirs["model"].keys() and "lent_by" not in theirs
         assert all(torch.equal(mine["model"][key], theirs["model"][key]) for key in mine["model"])
         mine, theirs = (json.loads((s / f"fold-{k}.json").read_text())["predictions"] for s in (b, a))
         assert [p["probability"] for p in mine] == [p["probability"] for p in theirs]

@@ -174,7 +174,7 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
     saved = trainer.ctx.broadcast(trainer.ctx.on_main(read_teacher, path, c.optim.teacher))
     origin = f"{path} ({c.optim.teacher}, trained earlier in this run)"
     if saved is None and trainer.teacher_file is not None:
-        saved = trainer.ctx.broadcast(trainer.ctx.on_main(lent_teacher, trainer))
+        saved = {**trainer.ctx.broadcast(trainer.ctx.on_main(lent_teacher, trainer)), "lent_by": str(trainer.teacher_file.parent)}
         origin = f"{trainer.teacher_file} ({c.optim.teacher}, lent by another run with the same settings)"
         if trainer.main:
             keep_teacher(trainer, saved)
@@ -199,6 +199,7 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
         teacher.load_state_dict(saved["model"])
         trainer.log(f"CNN teacher: {origin}")
     trainer.teacher_history = list(saved["history"])
+    trainer.teacher_lent_by = saved.get("lent_by")  # kept in the run's teacher.pt: a resumed run still says so
     return teacher
 
 

@@ -137,7 +137,7 @@ def draw_figures(history: list[dict], test: dict, results: list[dict], truths: l
 
 def write_results(out: Path, *, config, data, model, trainable: int, train_size: int, preprocess, test: dict,
                   probabilities: torch.Tensor, history: list[dict], teacher_history: list[dict], device: torch.device,
-                  processes: int, tensorboard=None) -> None:
+                  processes: int, tensorboard=None, teacher_lent_by: str | None = None) -> None:
     """What a finished run leaves (rank 0): model.safetensors and model.json, the figures, report.md,
     and TensorBoard's final images and hparams."""
     classes = data.classes
@@ -165,7 +165,9 @@ def write_results(out: Path, *, config, data, model, trainable: int, train_size:
         uses += [f"its feature maps (locality guidance, weight {config.optim.guidance:g})"] if config.optim.guidance > 0 else []
         sections = ["## CNN teacher", "",
                     f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
-                    f"({sum(r['seconds'] for r in teacher_history):.0f} s): test accuracy {last['test_acc']:.3f} "
+                    f"({sum(r['seconds'] for r in teacher_history):.0f} s"
+                    + (f", in {teacher_lent_by}, which lent it to this run" if teacher_lent_by else "")
+                    + f"): test accuracy {last['test_acc']:.3f} "
                     f"(per image). The ViT learned from {' and '.join(uses)}; the saved model "
                     f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.", ""] + sections
     write_report(out, config=config, classes=classes, counts=counts, history=history, final=test, model_info=info,

@@ -137,6 +137,7 @@ class Trainer:
                                   frozen=self.config.train.freeze_backbone)
         self.trained = self.aux.trained
         self.teacher_history: list[dict] = []
+        self.teacher_lent_by: str | None = None  # the run whose teacher this one borrowed
         self.trained.to(self.device)
 
     def _open_data(self, listed: Listed) -> None:
@@ -320,7 +321,7 @@ class Trainer:
             trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             write_results(self.out, config=self.config, data=self.data, model=model, trainable=trainable, train_size=self.model.config.image_size,
                           preprocess=preprocess, test=test, probabilities=probabilities, history=self.history,
-                          teacher_history=self.teacher_history, device=self.device, processes=self.ctx.world_size,
+                          teacher_history=self.teacher_history, teacher_lent_by=self.teacher_lent_by, device=self.device, processes=self.ctx.world_size,
                           tensorboard=self.tensorboard)
         self.ctx.barrier()  # the other ranks end when the run directory is complete
         return Result(self.out, self.history, test)
