@@ -29,9 +29,8 @@ from pathlib import Path
 
 from foodvit.cli.main import main as foodvit
 from foodvit.config import RunConfig, load_recipe
-from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import with_source
-from foodvit.training.distill import teacher_settings
+from foodvit.training.distill import teacher_changes
 from foodvit.tuning.cv import compare_studies, fold_folders, read_study, summarise, training_photos, write_study
 
 FOLDS, SEED = 5, 0
@@ -149,7 +148,7 @@ def lends_teachers(vit: Path, config) -> bool:
     if not (vit / "fold-0" / "config.json").is_file() or not guided(vit):
         return False
     saved = RunConfig.from_dict(json.loads((vit / "fold-0" / "config.json").read_text()))
-    return not differences(teacher_settings(saved), teacher_settings(config))
+    return not teacher_changes(saved, config)
 
 
 def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:

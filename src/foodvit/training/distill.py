@@ -121,6 +121,11 @@ def setting_changes(theirs: dict, ours: dict) -> str:
     return shown + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
 
 
+def teacher_changes(lender: RunConfig, config: RunConfig) -> str:
+    """What would make `lender`'s CNN teacher another than `config`'s ('' when none): the teacher settings that differ."""
+    return setting_changes(teacher_settings(lender), teacher_settings(config))
+
+
 def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
     """The teacher.pt of run `lender`, checked to be the teacher `config` would train itself (the same
     teacher_settings; the caller answers for the photos being the same, train_or_load_teacher checks the
@@ -132,8 +137,8 @@ def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
     if not (lender / TEACHER_FILE).is_file() or not (lender / "config.json").is_file():
         raise RunError(f"{lender} holds no trained CNN teacher ({TEACHER_FILE} and config.json): give a distilled or guided "
                        "run whose teacher has finished training, or leave the teacher out")
-    shown = setting_changes(teacher_settings(RunConfig.from_dict(json.loads((lender / "config.json").read_text()),
-                                                                 where=str(lender / "config.json"))), teacher_settings(config))
+    shown = teacher_changes(RunConfig.from_dict(json.loads((lender / "config.json").read_text()), where=str(lender / "config.json")),
+                            config)
     if shown:
         raise RunError(f"{lender}'s CNN teacher was trained with other settings ({shown}); it is not the teacher this run "
                        "would train: leave the teacher out")

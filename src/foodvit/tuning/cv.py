@@ -329,7 +329,7 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
 def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
     """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
     and its recipe trains teachers with this config's teacher settings; else a StudyError that says why."""
-    from foodvit.training.distill import setting_changes, teacher_settings, trains_teacher
+    from foodvit.training.distill import teacher_changes, trains_teacher
 
     path = teachers / STUDY_FILE
     if teachers.resolve() == study.resolve():
@@ -350,7 +350,7 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
     if changed:
         raise StudyError(f"--teachers {teachers} is a study of other photos, folds or seeds ({'; '.join(changed)}): give a "
                          "`foodvit cv` study with the same --data, --folds, --seed and --seeds, or leave --teachers out")
-    shown = setting_changes(teacher_settings(lender), teacher_settings(config))
+    shown = teacher_changes(lender, config)
     if shown:
         raise StudyError(f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
                          "teachers this study would train; leave --teachers out")
