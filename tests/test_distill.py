@@ -127,6 +127,15 @@ def test_a_distilled_run_trains_saves_and_reports_its_teacher(distilled_run):
     assert len(result.history) == 2
 
 
+def test_a_last_batch_of_one_photo_does_not_stop_the_teachers_batch_norm(photos, tmp_path):
+    # 12 photos in batches of 11: the last batch is one photo, which a ResNet-18 at 32 px (a 1 x 1
+    # last feature map) cannot put through batch norm in training; it is left out of the epoch
+    config = distilled(photos, epochs=1)
+    config = replace(config, train=replace(config.train, batch_size=11))
+    result = train(config, tmp_path / "run", quiet=True)
+    assert len(result.history) == 1 and load_checkpoint(tmp_path / "run" / "teacher.pt")["history"][0]["epoch"] == 1
+
+
 @pytest.mark.slow  # three trainings; the teacher's reuse is also shown by the interruption test
 def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
     whole = train(distilled(photos, epochs=3), tmp_path / "whole", quiet=True)

@@ -76,6 +76,14 @@ def test_global_batches_are_cut_into_shares_that_add_up_to_the_one_process_batch
         for step, batch in enumerate(one):
             assert [item for rank in range(world) for item in shares[rank][step]] == batch
     assert [len(b) for b in one] == [8, 8, 3]
+    # a last batch of one photo is left out, on 1 process as on N (17 photos: 8, 8 and not 1)
+    lone = ShardedBatchSampler(EpochSampler(17, seed=3), 8)
+    assert [len(b) for b in lone] == [8, 8] and len(lone) == 2
+    for world in (2, 3):
+        assert [sum((list(ShardedBatchSampler(EpochSampler(17, seed=3), 8, r, world))[step] for r in range(world)), [])
+                for step in range(2)] == list(lone)
+    assert [len(b) for b in ShardedBatchSampler(EpochSampler(1, seed=3), 8)] == [1]  # unless it is the only batch
+    assert len(ShardedBatchSampler(EpochSampler(5, seed=3), 1)) == 5  # batches of one asked for
     # evaluation: contiguous parts without padding, each photo once
     assert [share(10, r, 4) for r in range(4)] == [(0, 2), (2, 5), (5, 7), (7, 10)]
     parts = [list(make_loader(list(range(10)), 3, train=False, rank=r, world_size=4).sampler) for r in range(4)]

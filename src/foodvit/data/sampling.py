@@ -52,7 +52,13 @@ class ShardedBatchSampler(Sampler[list]):
     """Global batches of `batch_size` from `sampler`, each cut into world_size contiguous shares;
     yields this rank's share of each. A share may be empty (a last batch smaller than the number of
     ranks): the rank still takes part in the step with no photos, and the collate function gives
-    None for it."""
+    None for it.
+
+    A last batch of a single photo after full ones (225 photos in batches of 32) is left out of
+    the epoch: batch norm (the CNN teacher, the conv stem) cannot train on one photo once its
+    feature map is 1 x 1, and one photo's step at the full learning rate is mostly noise. The
+    photo is not lost: each epoch draws a new order. The rule reads the global batch, never the
+    number of processes, so 1 or N processes still take the same steps."""
 
     def __init__(self, sampler: EpochSampler, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
         self.sampler, self.batch_size, self.rank, self.world_size = sampler, batch_size, rank, world_size
@@ -60,8 +66,13 @@ class ShardedBatchSampler(Sampler[list]):
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    def _keeps(self, last: int) -> bool:
+        """Whether a last batch of `last` photos is trained on (see the class)."""
+        return last > 1 or len(self.sampler) <= self.batch_size
+
     def __len__(self) -> int:
-        return -(-len(self.sampler) // self.batch_size)
+        full, last = divmod(len(self.sampler), self.batch_size)
+        return full + (last > 0 and self._keeps(last))
 
     def __iter__(self):
         batch = []
@@ -70,7 +81,7 @@ class ShardedBatchSampler(Sampler[list]):
             if len(batch) == self.batch_size:
                 yield self._mine(batch)
                 batch = []
-        if batch:
+        if batch and self._keeps(len(batch)):
             yield self._mine(batch)
 
     def _mine(self, batch: list) -> list:
