@@ -170,6 +170,13 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
                  "--teachers", str(tmp_path / "gpu")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "was trained elsewhere (bf16: True there, False here; device: 'cuda' there, 'cpu' here)" in err
+    # nor one trained with another number of CPU threads (the sums round otherwise: another teacher)
+    threads = torch.get_num_threads()
+    torch.save({**teacher, "trained_on": {**teacher["trained_on"], "threads": threads + 1}}, tmp_path / "gpu" / "fold-0" / "teacher.pt")
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "e"), "--quiet", *GUIDED,
+                 "--teachers", str(tmp_path / "gpu")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"was trained elsewhere (threads: {threads + 1} there, {threads} here)" in err
 
 
 def test_a_teachers_settings_leave_out_what_never_reaches_its_training():

@@ -147,9 +147,12 @@ def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
 
 def trained_on(trainer) -> dict:
     """Where a teacher trains, besides its settings: the device kind, processes (each one's batch norm
-    sees its share), bf16 and deterministic kernels (CUDA only) and the PyTorch version."""
+    sees its share), the CPU's threads (they split the sums of a matrix product, so 1 and 2 threads
+    round differently and train two different teachers from one seed), bf16 and deterministic kernels
+    (CUDA only) and the PyTorch version."""
     cuda = trainer.device.type == "cuda"
-    return {"device": trainer.device.type, "processes": trainer.ctx.world_size, "bf16": bool(cuda and trainer.config.train.amp),
+    return {"device": trainer.device.type, "processes": trainer.ctx.world_size,
+            "threads": torch.get_num_threads() if trainer.device.type == "cpu" else 0, "bf16": bool(cuda and trainer.config.train.amp),
             "deterministic": bool(cuda and trainer.config.train.deterministic), "torch": str(torch.__version__)}
 
 
