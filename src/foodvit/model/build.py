@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from foodvit.config import RunConfig
 from foodvit.data.preprocess import Preprocess, make_preprocess
-from foodvit.model.variants import create_model, get_variant
+from foodvit.model.variants import get_variant, run_model_config
 from foodvit.model.vit import VisionTransformer
 
 
@@ -13,8 +13,8 @@ def default_preprocess(config: RunConfig) -> Preprocess:
     """Preprocessing from the model's registry entry (size, normalisation) and the data settings."""
     variant = get_variant(config.model)
     d = config.data
-    image_size = config.vit.get("image_size", variant.image_size)
-    return make_preprocess(image_size, d.mean or variant.mean, d.std or variant.std, d.resize_mode, d.crop_pct, d.interpolation)
+    return make_preprocess(run_model_config(config).image_size, d.mean or variant.mean, d.std or variant.std, d.resize_mode,
+                           d.crop_pct, d.interpolation)
 
 
 def build_model(config: RunConfig, num_classes: int) -> tuple[VisionTransformer, Preprocess]:
@@ -23,6 +23,4 @@ def build_model(config: RunConfig, num_classes: int) -> tuple[VisionTransformer,
         from foodvit.model.pretrained import pretrained_model  # torchvision / timm only when weights are named
 
         return pretrained_model(config, num_classes)
-    vit = dict(config.vit)
-    image_size = vit.pop("image_size", get_variant(config.model).image_size)
-    return create_model(config.model, num_classes=num_classes, image_size=image_size, **vit), default_preprocess(config)
+    return VisionTransformer(run_model_config(config).replace(num_classes=num_classes)), default_preprocess(config)
