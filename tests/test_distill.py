@@ -127,13 +127,16 @@ def test_a_distilled_run_trains_saves_and_reports_its_teacher(distilled_run):
     assert len(result.history) == 2
 
 
-def test_a_last_batch_of_one_photo_does_not_stop_the_teachers_batch_norm(photos, tmp_path):
-    # 12 photos in batches of 11: the last batch is one photo, which a ResNet-18 at 32 px (a 1 x 1
-    # last feature map) cannot put through batch norm in training; it is left out of the epoch
+def test_a_teacher_that_would_see_one_photo_at_32_px_is_refused_with_a_batch_size_that_works(photos, tmp_path, capsys):
+    # 12 photos in batches of 11 leave one for the last step, which a ResNet-18 at 32 px (a 1 x 1 last
+    # feature map) cannot put through batch norm in training: said before it trains, with a batch size
+    # that works; at 10 it trains
     config = distilled(photos, epochs=1)
-    config = replace(config, train=replace(config.train, batch_size=11))
-    result = train(config, tmp_path / "run", quiet=True)
-    assert len(result.history) == 1 and load_checkpoint(tmp_path / "run" / "teacher.pt")["history"][0]["epoch"] == 1
+    with pytest.raises(ConfigError, match=r"resnet18 teacher cannot train on a single photo at 32 px .* 12 photos an epoch in "
+                                          r"batches of 11 give a process one photo in a step: give --batch-size 10, or an --image-size above 32"):
+        train(replace(config, train=replace(config.train, batch_size=11)), tmp_path / "one", quiet=True)
+    assert not (tmp_path / "one" / "teacher.pt").exists()
+    assert train(replace(config, train=replace(config.train, batch_size=10)), tmp_path / "ten", quiet=True).history
 
 
 @pytest.mark.slow  # three trainings; the teacher's reuse is also shown by the interruption test

@@ -14,7 +14,7 @@ import pytest
 from helpers import free_port, make_photo_folder, report_figures
 
 from foodvit.cli.main import main
-from foodvit.data.sampling import EpochSampler, ShardedBatchSampler, make_loader, share
+from foodvit.data.sampling import EpochSampler, ShardedBatchSampler, make_loader, share, single_photo_share
 from foodvit.deploy.predictor import Predictor
 
 # 33 training photos in global batches of 8: the last batch holds one photo, so rank 0's share of
@@ -76,14 +76,10 @@ def test_global_batches_are_cut_into_shares_that_add_up_to_the_one_process_batch
         for step, batch in enumerate(one):
             assert [item for rank in range(world) for item in shares[rank][step]] == batch
     assert [len(b) for b in one] == [8, 8, 3]
-    # a last batch of one photo is left out, on 1 process as on N (17 photos: 8, 8 and not 1)
-    lone = ShardedBatchSampler(EpochSampler(17, seed=3), 8)
-    assert [len(b) for b in lone] == [8, 8] and len(lone) == 2
-    for world in (2, 3):
-        assert [sum((list(ShardedBatchSampler(EpochSampler(17, seed=3), 8, r, world))[step] for r in range(world)), [])
-                for step in range(2)] == list(lone)
-    assert [len(b) for b in ShardedBatchSampler(EpochSampler(1, seed=3), 8)] == [1]  # unless it is the only batch
-    assert len(ShardedBatchSampler(EpochSampler(5, seed=3), 1)) == 5  # batches of one asked for
+    # which cuts give some rank a single photo in a step (a teacher at 32 px or less cannot train on it)
+    assert single_photo_share(17, 8) and not single_photo_share(19, 8) and not single_photo_share(16, 8)
+    assert single_photo_share(19, 8, world_size=2) and single_photo_share(16, 8, world_size=5)  # a last 3 as 1 + 2; 8 as 1 + 2 + ...
+    assert not single_photo_share(20, 8, world_size=2) and single_photo_share(5, 1)  # 20 as 4 + 4; batches of one asked for
     # evaluation: contiguous parts without padding, each photo once
     assert [share(10, r, 4) for r in range(4)] == [(0, 2), (2, 5), (5, 7), (7, 10)]
     parts = [list(make_loader(list(range(10)), 3, train=False, rank=r, world_size=4).sampler) for r in range(4)]

@@ -48,17 +48,20 @@ def share(n: int, rank: int, world_size: int) -> tuple[int, int]:
     return n * rank // world_size, n * (rank + 1) // world_size
 
 
+def single_photo_share(n: int, batch_size: int, world_size: int = 1) -> bool:
+    """Whether an epoch of n items in global batches of batch_size gives some rank a share of
+    exactly one photo in some step (ShardedBatchSampler's cut): batch norm cannot train on it where
+    its feature map is 1 x 1."""
+    full, last = divmod(n, batch_size)
+    sizes = ([batch_size] if full else []) + ([last] if last else [])
+    return any(stop - start == 1 for size in sizes for start, stop in (share(size, r, world_size) for r in range(world_size)))
+
+
 class ShardedBatchSampler(Sampler[list]):
     """Global batches of `batch_size` from `sampler`, each cut into world_size contiguous shares;
     yields this rank's share of each. A share may be empty (a last batch smaller than the number of
     ranks): the rank still takes part in the step with no photos, and the collate function gives
-    None for it.
-
-    A last batch of a single photo after full ones (225 photos in batches of 32) is left out of
-    the epoch: batch norm (the CNN teacher, the conv stem) cannot train on one photo once its
-    feature map is 1 x 1, and one photo's step at the full learning rate is mostly noise. The
-    photo is not lost: each epoch draws a new order. The rule reads the global batch, never the
-    number of processes, so 1 or N processes still take the same steps."""
+    None for it."""
 
     def __init__(self, sampler: EpochSampler, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
         self.sampler, self.batch_size, self.rank, self.world_size = sampler, batch_size, rank, world_size
@@ -66,13 +69,8 @@ class ShardedBatchSampler(Sampler[list]):
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
-    def _keeps(self, last: int) -> bool:
-        """Whether a last batch of `last` photos is trained on (see the class)."""
-        return last > 1 or len(self.sampler) <= self.batch_size
-
     def __len__(self) -> int:
-        full, last = divmod(len(self.sampler), self.batch_size)
-        return full + (last > 0 and self._keeps(last))
+        return -(-len(self.sampler) // self.batch_size)
 
     def __iter__(self):
         batch = []
@@ -81,7 +79,7 @@ class ShardedBatchSampler(Sampler[list]):
             if len(batch) == self.batch_size:
                 yield self._mine(batch)
                 batch = []
-        if batch and self._keeps(len(batch)):
+        if batch:
             yield self._mine(batch)
 
     def _mine(self, batch: list) -> list:

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foodvit.config import TEACHERS, RunConfig
+from foodvit.data.sampling import single_photo_share
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.build import default_preprocess
 from foodvit.rundir.compare import differences
@@ -43,6 +44,9 @@ from foodvit.seeds import derive_seed
 from foodvit.training.heads import HeadsAndLoss, TaughtLoss, loss_so_far
 from foodvit.training.engine import FitHooks, epoch_line, fit
 from foodvit.training.optim import build_optimizer, build_scheduler
+
+
+TEACHER_STRIDE = 32  # a ResNet's total stride: at this size or less its last feature map is 1 x 1
 
 
 def build_teacher(name: str, num_classes: int) -> nn.Module:
@@ -145,15 +149,29 @@ def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
     return lender / TEACHER_FILE
 
 
-def trained_on(trainer) -> dict:
+def training_place(device: torch.device, processes: int, config: RunConfig) -> dict:
     """Where a teacher trains, besides its settings: the device kind, processes (each one's batch norm
     sees its share), the CPU's threads (they split the sums of a matrix product, so 1 and 2 threads
     round differently and train two different teachers from one seed), bf16 and deterministic kernels
     (CUDA only) and the PyTorch version."""
-    cuda = trainer.device.type == "cuda"
-    return {"device": trainer.device.type, "processes": trainer.ctx.world_size,
-            "threads": torch.get_num_threads() if trainer.device.type == "cpu" else 0, "bf16": bool(cuda and trainer.config.train.amp),
-            "deterministic": bool(cuda and trainer.config.train.deterministic), "torch": str(torch.__version__)}
+    cuda = device.type == "cuda"
+    return {"device": device.type, "processes": processes, "threads": torch.get_num_threads() if device.type == "cpu" else 0,
+            "bf16": bool(cuda and config.train.amp), "deterministic": bool(cuda and config.train.deterministic),
+            "torch": str(torch.__version__)}
+
+
+def trained_on(trainer) -> dict:
+    """Where this run's teacher trains (training_place)."""
+    return training_place(trainer.device, trainer.ctx.world_size, trainer.config)
+
+
+def place_changes(theirs: dict | None, ours: dict) -> str:
+    """How a teacher's recorded place differs from where a run trains ('' when it does not); a teacher
+    written before foodvit recorded some of it is told so."""
+    missing = [key for key in ours if key not in (theirs or {})]
+    if missing:
+        return f"it was written by a foodvit that did not record its {', '.join(missing)}; train it again"
+    return setting_changes(theirs, ours) if theirs != ours else ""
 
 
 def lent_teacher(trainer) -> dict:
@@ -162,12 +180,27 @@ def lent_teacher(trainer) -> dict:
     saved = read_teacher(path, c.optim.teacher, lent=True)
     if saved is None:
         raise RunError(f"the CNN teacher lent to this run, {path}, has gone: leave the teacher out, or give a run that has one")
-    theirs, ours = saved.get("trained_on"), trained_on(trainer)
-    if theirs != ours:
-        where = setting_changes(theirs, ours) if theirs else "it was written by a foodvit that did not record where it trained"
+    where = place_changes(saved.get("trained_on"), trained_on(trainer))
+    if where:
         raise RunError(f"the CNN teacher {path} was trained elsewhere ({where}); it would not be the teacher this run trains: "
                        "leave the teacher out")
     return saved
+
+
+def check_teacher_batches(trainer) -> None:
+    """Before a teacher trains: a ConfigError where its last batch norm would see a 1 x 1 map (at
+    TEACHER_STRIDE px or less) and some step gives a process a single photo, one value per channel,
+    which batch norm cannot train on; it names the nearest batch size that would do."""
+    c, size, world = trainer.config, trainer.preprocess.image_size, trainer.ctx.world_size
+    n, batch = len(trainer.train_loader.batch_sampler.sampler), c.train.batch_size
+    if size > TEACHER_STRIDE or not single_photo_share(n, batch, world):
+        return
+    nearest = next((b for d in range(1, n) for b in (batch - d, batch + d) if 2 <= b <= n and not single_photo_share(n, b, world)), None)
+    where = f" on {world} processes" if world > 1 else ""
+    instead = f"give --batch-size {nearest}, or" if nearest else "give"
+    raise ConfigError(f"the {c.optim.teacher} teacher cannot train on a single photo at {size} px (its last batch norm would see "
+                      f"one value per channel), and {n} photos an epoch in batches of {batch}{where} give a process one photo "
+                      f"in a step: {instead} an --image-size above {TEACHER_STRIDE}")
 
 
 def train_or_load_teacher(trainer) -> torch.nn.Module:
@@ -187,6 +220,7 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
         if trainer.main:
             keep_teacher(trainer, saved)
     if saved is None:
+        check_teacher_batches(trainer)
         trainer.log(f"training the CNN teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
         optimizer = build_optimizer(teacher, c.optim, trainer.device)
         scheduler = build_scheduler(optimizer, c.optim, trainer.steps_per_epoch, c.train.epochs)

@@ -329,7 +329,8 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
 def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
     """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
     and its recipe trains teachers with this config's teacher settings; else a StudyError that says why."""
-    from foodvit.training.distill import teacher_changes, trains_teacher
+    from foodvit.training.distill import place_changes, read_teacher, teacher_changes, trains_teacher, training_place
+    from foodvit.training.distributed import pick_device
 
     path = teachers / STUDY_FILE
     if teachers.resolve() == study.resolve():
@@ -354,6 +355,12 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
     if shown:
         raise StudyError(f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
                          "teachers this study would train; leave --teachers out")
+    for path in sorted(teachers.glob(f"**/{TEACHER_FILE}"))[:1]:  # where they trained: the first finished one tells
+        where = place_changes(read_teacher(path, lender.optim.teacher, lent=True).get("trained_on"),
+                              training_place(pick_device(config.train.device), 1, config))
+        if where:
+            raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({path}: {where}): they are not the "
+                             "teachers this study would train; leave --teachers out")
 
 
 def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: list[dict]) -> None:
