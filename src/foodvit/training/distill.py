@@ -170,7 +170,7 @@ def place_changes(theirs: dict | None, ours: dict) -> str:
     written before foodvit recorded some of it is told so."""
     missing = [key for key in ours if key not in (theirs or {})]
     if missing:
-        return f"it was written by a foodvit that did not record its {', '.join(missing)}; train it again"
+        return f"it was written by a foodvit that did not record its {', '.join(missing)}"
     return setting_changes(theirs, ours) if theirs != ours else ""
 
 

@@ -355,11 +355,13 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
     if shown:
         raise StudyError(f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
                          "teachers this study would train; leave --teachers out")
-    for path in sorted(teachers.glob(f"**/{TEACHER_FILE}"))[:1]:  # where they trained: the first finished one tells
-        where = place_changes(read_teacher(path, lender.optim.teacher, lent=True).get("trained_on"),
+    # where they trained: the first finished fold's teacher tells (fold runs only, not the folds' photo links)
+    first = min([*teachers.glob(f"fold-*/{TEACHER_FILE}"), *teachers.glob(f"seed-*/fold-*/{TEACHER_FILE}")], default=None)
+    if first is not None:
+        where = place_changes(read_teacher(first, lender.optim.teacher, lent=True).get("trained_on"),
                               training_place(pick_device(config.train.device), 1, config))
         if where:
-            raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({path}: {where}): they are not the "
+            raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({first}: {where}): they are not the "
                              "teachers this study would train; leave --teachers out")
 
 
