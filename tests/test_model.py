@@ -332,6 +332,28 @@ def test_locality_self_attention_masks_the_diagonal_and_learns_a_temperature():
     torch.testing.assert_close(attentions[0], logits.softmax(-1), rtol=1e-5, atol=1e-6)
 
 
+def test_locality_without_its_mask_keeps_the_learned_temperature_and_lets_a_token_attend_to_itself():
+    from helpers import randomize_
+
+    model = tiny(locality=True, locality_mask=False).eval()
+    randomize_(model)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.temperature.fill_(2.5)
+        x = torch.randn(2, 3, 32, 32)
+        _, attentions = model.forward_with_attention(x)
+        fused = model.set_fused_attention(True)(x)
+        plain = model.set_fused_attention(False)(x)
+        tokens = model.blocks[0].norm1(model.embed(x))
+        q, k, _ = attn.qkv(tokens).reshape(2, 17, 3, 3, 16).permute(2, 0, 3, 1, 4)
+    assert torch.all(attentions[0].diagonal(dim1=-2, dim2=-1) > 0)  # a token may attend to itself
+    torch.testing.assert_close(attentions[0], (q @ k.transpose(-2, -1) / 2.5).softmax(-1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in tiny(locality=True).parameters())
+    with pytest.raises(ConfigError, match="add --locality"):
+        tiny(locality_mask=False)
+
+
 def test_sincos_position_embedding_follows_moco_v3():
     # written out element by element, independently of the implementation: rows first, then columns,
     # omega_k = 1 / 10000^(k / (D/4)) (MoCo v3), not big_vision's columns-first k / (D/4 - 1)

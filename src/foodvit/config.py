@@ -92,6 +92,8 @@ class ViTConfig:
     stem: Stem = opt("patch", "'patch' (one Conv2d, Eq. 1), 'conv' (convolutional tokeniser, deviation 5) or 'spt' "
                      "(shifted patch tokenisation, deviation 10)", choices=STEMS)
     locality: bool = opt(False, "locality self-attention: no self-attention to the own token, learned temperature (deviation 7)")
+    locality_mask: bool = opt(True, "with --locality: hide each token from itself (LSA as published); false keeps the learned "
+                              "temperature alone (deviation 7)")
     layer_norm_eps: float = opt(1e-6, "LayerNorm epsilon (JAX reference: 1e-6)", range=POSITIVE)
     init: Init = opt("jax", "'jax' (the authors' code), 'mimetic' (attention starts near pre-trained shape, deviation 8) or "
                      "'impulse' (each head starts attending to one neighbour, like a 3x3 convolution's tap; deviation 11)",
@@ -112,6 +114,8 @@ class ViTConfig:
             raise ConfigError("pool='cls' needs the class token: set class_token=True or pool='gap' or 'seq'")
         if self.init == "impulse" and self.pos_embed != "sincos2d":
             raise ConfigError("init='impulse' builds each head's attention from the fixed sin-cos positions: add --pos-embed sincos2d")
+        if not self.locality_mask and not self.locality:
+            raise ConfigError("--no-locality-mask keeps locality self-attention's learned temperature without its mask: add --locality")
         if self.stem == "conv" and self.patch_size & (self.patch_size - 1):
             raise ConfigError(f"stem='conv' halves the resolution per stage, so patch size must be a power of 2, got {self.patch_size}")
 

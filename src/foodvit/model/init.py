@@ -131,7 +131,7 @@ def init_weights(model) -> None:
             mimetic_init_(block.attn)
         elif model.config.init == "impulse" and not model.pos_embed.is_meta:  # (a meta model has no values to solve for)
             impulse_init_(block.attn, F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)),
-                          impulse_taps(block.attn.num_heads, model.config.locality))
+                          impulse_taps(block.attn.num_heads, model.config.locality and model.config.locality_mask))
     # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does.
     init_head(model.head)
     if model.config.distill_token:

@@ -33,7 +33,9 @@ option, named here once and cited:
      from a learned Linear(D, 1) (Hassani et al. 2021, CCT).
   7. locality=True: locality self-attention (Lee et al. 2021, "Vision Transformer for Small-Size
      Datasets"): a token may not attend to itself (the diagonal of q k^T is masked) and the
-     softmax temperature is learned, starting at sqrt(d).
+     softmax temperature is learned, starting at sqrt(d). locality_mask=False keeps the learned
+     temperature alone: the mask works against inits that start with tokens attending to
+     themselves (deviation 8).
   8. init="mimetic": mimetic initialisation of the attention (Trockman & Kolter 2023, "Mimetic
      initialization of self-attention layers"). Pre-trained ViTs have W_q W_k^T close to a
      multiple of the identity in each head and W_v W_o close to a negative one; this init starts
@@ -59,7 +61,7 @@ option, named here once and cited:
      (edges zero) by gradient steps and may reuse one solution in every block; here the logits
      target is additive (the offset's row plus its column, which sin-cos positions can express
      exactly), solved in closed form (ridge), edges clamped, new taps in each block; with
-     locality=True (deviation 7) no head draws the (0, 0) tap its mask would hide.
+     locality=True and its mask (deviation 7) no head draws the (0, 0) tap the mask would hide.
 
 Notes (not deviations from the paper's text):
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
@@ -206,7 +208,7 @@ class Attention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, attn_dropout: float = 0.0, dropout: float = 0.0,
-                 locality: bool = False) -> None:
+                 locality: bool = False, locality_mask: bool = True) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -215,6 +217,7 @@ class Attention(nn.Module):
         self.fused = True
         if locality:  # deviation 7: a learned temperature tau in softmax(q k^T / tau), starting at sqrt(d)
             self.temperature = nn.Parameter(torch.tensor(self.head_dim**0.5))
+        self.mask_self = locality and locality_mask  # deviation 7: no token attends to itself
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim)  # U_qkv
         self.proj = nn.Linear(embed_dim, embed_dim)  # U_msa
         self.proj_drop = nn.Dropout(dropout)
@@ -232,8 +235,9 @@ class Attention(nn.Module):
         Q = q.shape[2]
         p = self.attn_dropout if self.training else 0.0
         scale, mask = self.scale, None  # mask: True where attention is allowed
-        if hasattr(self, "temperature"):  # deviation 7: softmax(q k^T / tau), no token attending to itself
+        if hasattr(self, "temperature"):  # deviation 7: softmax(q k^T / tau)
             q, scale = q / self.temperature, 1.0
+        if self.mask_self:  # deviation 7: no token attending to itself
             mask = ~torch.eye(Q, T, dtype=torch.bool, device=x.device)  # (Q, T), False where query i meets key i
         weights = None
         if self.fused and not return_attention:
@@ -289,7 +293,7 @@ class Block(nn.Module):
         super().__init__()
         D, eps = config.embed_dim, config.layer_norm_eps
         self.norm1 = nn.LayerNorm(D, eps=eps)
-        self.attn = Attention(D, config.num_heads, config.attn_dropout, config.dropout, config.locality)
+        self.attn = Attention(D, config.num_heads, config.attn_dropout, config.dropout, config.locality, config.locality_mask)
         self.norm2 = nn.LayerNorm(D, eps=eps)
         self.mlp = MLP(D, config.mlp_dim, config.dropout)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
