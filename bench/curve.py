@@ -46,7 +46,7 @@ def vit_study(out: Path, share: float, data: str | None, extra: list[str]) -> Pa
     return study
 
 
-def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) -> dict:
+def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None, seed: int = SEED) -> dict:
     """One fold of the CNN: trained (or its teacher.pt reused from a guided or distilled study of the
     same fold, which trained the same network), then its held-out photos predicted."""
     from foodvit.training.distill import train_or_load_teacher
@@ -69,7 +69,7 @@ def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) 
         predictions.append({"photo": f"{Path(path).parent.name}/{Path(path).name}", "label": trainer.classes[label],
                             "predicted": trainer.classes[guess], "right": guess == label})
     right = sum(p["right"] for p in predictions)
-    result = {"seed": SEED, "fold": fold, "run": run.name, "n": len(predictions), "correct": right, "accuracy": right / len(predictions),
+    result = {"seed": seed, "fold": fold, "run": run.name, "n": len(predictions), "correct": right, "accuracy": right / len(predictions),
               "per_class": {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in trainer.classes},
               # its training as recorded when it was trained (here or in the guided study), and this evaluation
               "seconds": round(sum(row["seconds"] for row in trainer.teacher_history) + time.perf_counter() - started, 2),

@@ -207,6 +207,44 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=3))) == teacher_settings(replace(mixed, data=replace(mixed.data, workers=1)))
 
 @pytest.mark.slow  # a second study; cv's folds stay in the fast tier through test_cv_writes_per_fold_...
+def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(photos, cv_study, tmp_path, monkeypatch):
+    """bench/teachers.py: a guided study's fold teachers, loaded (none trained), scored on their own
+    fold's held-out photos, written as a study `foodvit cv --compare` pairs; a study without teachers
+    is refused in one line."""
+    import torch
+
+    import foodvit.training.distill as distill
+    from foodvit.rundir.directory import load_checkpoint, save_checkpoint
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    import teachers
+
+    guided = tmp_path / "guided"
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(guided), "--quiet", *GUIDED]) == 0
+    trained = []
+    real = distill.build_optimizer
+    monkeypatch.setattr(distill, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
+    assert teachers.main([str(guided), str(tmp_path / "cnn")]) == 0
+    assert trained == []
+    scored, vit = json.loads((tmp_path / "cnn" / "cv.json").read_text()), json.loads((guided / "cv.json").read_text())
+    assert sorted(scored["photos"]) == sorted(vit["photos"])  # every training photo, each once, as the ViT's study
+    for k in range(2):
+        fold = json.loads((tmp_path / "cnn" / f"fold-{k}.json").read_text())
+        held_out = (guided / "folds" / "seed-42" / f"fold-{k}" / "test").rglob("*.*")  # the tiny recipe's seed
+        assert sorted(p["photo"] for p in fold["predictions"]) == sorted(f"{p.parent.name}/{p.name}" for p in held_out)
+        assert fold["correct"] == sum(p["right"] for p in fold["predictions"])
+    assert cv.compare_studies(tmp_path / "cnn", guided)[0]["n"] == len(vit["photos"])
+    # the saved weights are what is scored: a teacher whose head always answers steak answers steak
+    state = load_checkpoint(guided / "fold-1" / "teacher.pt")
+    state["model"]["fc.weight"].zero_()
+    state["model"]["fc.bias"].copy_(torch.tensor([0.0, 5.0, 0.0]))
+    save_checkpoint(guided / "fold-1" / "teacher.pt", state)
+    assert teachers.main([str(guided), str(tmp_path / "steak")]) == 0 and trained == []
+    assert {p["predicted"] for p in json.loads((tmp_path / "steak" / "fold-1.json").read_text())["predictions"]} == {"steak"}
+    with pytest.raises(SystemExit, match="holds no trained teacher"):
+        teachers.main([str(cv_study["study"]), str(tmp_path / "none")])
+
+
 def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process_is_gone(cv_study, photos, tmp_path, monkeypatch):
     """Two processes on one study: a fold whose run another process holds is skipped, the free fold
     trained, then the held one waited for and trained once its holder is gone; same result as one process."""
