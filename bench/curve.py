@@ -46,11 +46,10 @@ def vit_study(out: Path, share: float, data: str | None, extra: list[str]) -> Pa
     return study
 
 
-def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None, seed: int = SEED) -> dict:
+def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) -> dict:
     """One fold of the CNN: trained (or its teacher.pt reused from a guided or distilled study of the
     same fold, which trained the same network), then its held-out photos predicted."""
     from foodvit.training.distill import train_or_load_teacher
-    from foodvit.training.engine import evaluate
     from foodvit.training.trainer import Trainer
 
     result_file = run.with_name(run.name + ".json")
@@ -61,21 +60,28 @@ def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None, 
     trainer = Trainer(replace(config, data=replace(config.data, source=str(folder.resolve()))), run, quiet=True, log=lambda *a, **k: None,
                       teacher_file=lent if lent is not None and lent.is_file() else None)
     teacher = train_or_load_teacher(trainer)
+    # its training as recorded when it was trained (here or in the guided study), and this evaluation
+    result = held_out_result(trainer, teacher, SEED, fold, run.name, sum(row["seconds"] for row in trainer.teacher_history))
+    result_file.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def held_out_result(trainer, network, seed: int, fold: int, name: str, seconds: float = 0.0) -> dict:
+    """A CNN's predictions on a fold's held-out photos (the trainer's test split), as `foodvit cv` writes a
+    fold's result; `seconds` is added to the time the prediction takes."""
+    from foodvit.training.engine import evaluate
+
     started = time.perf_counter()
-    test = evaluate(teacher, trainer.eval_loaders["test"], trainer.settings, num_classes=len(trainer.classes), keep_probabilities=True)
+    test = evaluate(network, trainer.eval_loaders["test"], trainer.settings, num_classes=len(trainer.classes), keep_probabilities=True)
     predictions = []
     for (path, label), p in zip(trainer.data.test.samples, test["probabilities"]):
         guess = int(p.argmax())
         predictions.append({"photo": f"{Path(path).parent.name}/{Path(path).name}", "label": trainer.classes[label],
                             "predicted": trainer.classes[guess], "right": guess == label})
     right = sum(p["right"] for p in predictions)
-    result = {"seed": seed, "fold": fold, "run": run.name, "n": len(predictions), "correct": right, "accuracy": right / len(predictions),
-              "per_class": {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in trainer.classes},
-              # its training as recorded when it was trained (here or in the guided study), and this evaluation
-              "seconds": round(sum(row["seconds"] for row in trainer.teacher_history) + time.perf_counter() - started, 2),
-              "predictions": predictions}
-    result_file.write_text(json.dumps(result, indent=1))
-    return result
+    return {"seed": seed, "fold": fold, "run": name, "n": len(predictions), "correct": right, "accuracy": right / len(predictions),
+            "per_class": {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in trainer.classes},
+            "seconds": round(seconds + time.perf_counter() - started, 2), "predictions": predictions}
 
 
 def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, epochs: int | None = None) -> Path:

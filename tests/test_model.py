@@ -509,9 +509,10 @@ def test_impulse_init_makes_each_head_attend_to_its_own_neighbour_at_step_zero()
         ViTConfig(init="impulse")
 
 
-def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block():
+def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block(monkeypatch):
     """init_weights' wiring of deviation 11: every block's heads draw their own 3 x 3 taps (never
-    (0, 0) under locality self-attention) and a meta model (parameter counting) builds without values."""
+    (0, 0) under locality self-attention's mask; without the mask (0, 0) may be drawn) and a meta
+    model (parameter counting) builds without values."""
     config = ViTConfig(image_size=64, patch_size=8, num_classes=3, embed_dim=96, depth=3, num_heads=3, mlp_dim=96,
                        pool="gap", pos_embed="sincos2d", init="impulse")
     for locality in (False, True):
@@ -530,9 +531,15 @@ def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block(
         assert len(offsets) > 1  # not one tap for all heads and blocks
         if locality:
             assert (0, 0) not in offsets
+    import foodvit.model.init as init
     from foodvit.model.init import impulse_taps
 
     torch.manual_seed(0)
     assert (0, 0) not in impulse_taps(1000, locality=True) and (0, 0) in impulse_taps(1000)
+    asked = []
+    monkeypatch.setattr(init, "impulse_taps", lambda heads, locality=False: asked.append(locality) or impulse_taps(heads, locality))
+    for masked in (True, False):
+        VisionTransformer(config.replace(locality=True, locality_mask=masked))
+    assert asked == [True] * 3 + [False] * 3  # a block each: the tap a mask would hide is barred only under the mask
     conv = config.replace(stem="conv")  # a deviation count_params builds on the meta device, where the solve has no values
     assert count_params(conv) == sum(p.numel() for p in VisionTransformer(conv).parameters())

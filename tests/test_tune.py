@@ -206,19 +206,33 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=1))) != teacher_settings(mixed)
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=3))) == teacher_settings(replace(mixed, data=replace(mixed.data, workers=1)))
 
-@pytest.mark.slow  # a second study; cv's folds stay in the fast tier through test_cv_writes_per_fold_...
-def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(photos, cv_study, tmp_path, monkeypatch):
+def bench_teachers(monkeypatch):
+    """bench/teachers.py as a module (bench/ is no package: its folder on the path for this test alone)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    import teachers
+
+    return teachers
+
+
+def test_bench_teachers_refuses_a_study_without_teachers_in_one_line(cv_study, tmp_path, monkeypatch):
+    teachers = bench_teachers(monkeypatch)
+    with pytest.raises(SystemExit, match=r"fold-0 holds no trained teacher: give a guided or distilled cv study"):
+        teachers.main([str(cv_study["study"]), str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match=r"holds no finished cv study \(cv.json\)"):
+        teachers.main([str(tmp_path), str(tmp_path / "none")])
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.slow  # a guided study of its own; the fast tier keeps the script's refusals (the test above)
+def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(photos, tmp_path, monkeypatch):
     """bench/teachers.py: a guided study's fold teachers, loaded (none trained), scored on their own
-    fold's held-out photos, written as a study `foodvit cv --compare` pairs; a study without teachers
-    is refused in one line."""
+    fold's held-out photos, written as a study `foodvit cv --compare` pairs."""
     import torch
 
     import foodvit.training.distill as distill
     from foodvit.rundir.directory import load_checkpoint, save_checkpoint
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-    import teachers
-
+    teachers = bench_teachers(monkeypatch)
     guided = tmp_path / "guided"
     assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(guided), "--quiet", *GUIDED]) == 0
     trained = []
@@ -228,11 +242,11 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
     assert trained == []
     scored, vit = json.loads((tmp_path / "cnn" / "cv.json").read_text()), json.loads((guided / "cv.json").read_text())
     assert sorted(scored["photos"]) == sorted(vit["photos"])  # every training photo, each once, as the ViT's study
+    predictions = [json.loads(line) for line in (tmp_path / "cnn" / "predictions.jsonl").read_text().splitlines()]
     for k in range(2):
-        fold = json.loads((tmp_path / "cnn" / f"fold-{k}.json").read_text())
         held_out = (guided / "folds" / "seed-42" / f"fold-{k}" / "test").rglob("*.*")  # the tiny recipe's seed
-        assert sorted(p["photo"] for p in fold["predictions"]) == sorted(f"{p.parent.name}/{p.name}" for p in held_out)
-        assert fold["correct"] == sum(p["right"] for p in fold["predictions"])
+        assert sorted(p["photo"] for p in predictions if p["fold"] == k) == sorted(f"{p.parent.name}/{p.name}" for p in held_out)
+        assert scored["folds"][k]["correct"] == sum(p["right"] for p in predictions if p["fold"] == k)
     assert cv.compare_studies(tmp_path / "cnn", guided)[0]["n"] == len(vit["photos"])
     # the saved weights are what is scored: a teacher whose head always answers steak answers steak
     state = load_checkpoint(guided / "fold-1" / "teacher.pt")
@@ -240,11 +254,12 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
     state["model"]["fc.bias"].copy_(torch.tensor([0.0, 5.0, 0.0]))
     save_checkpoint(guided / "fold-1" / "teacher.pt", state)
     assert teachers.main([str(guided), str(tmp_path / "steak")]) == 0 and trained == []
-    assert {p["predicted"] for p in json.loads((tmp_path / "steak" / "fold-1.json").read_text())["predictions"]} == {"steak"}
-    with pytest.raises(SystemExit, match="holds no trained teacher"):
-        teachers.main([str(cv_study["study"]), str(tmp_path / "none")])
+    rigged = [json.loads(line) for line in (tmp_path / "steak" / "predictions.jsonl").read_text().splitlines()]
+    assert {p["predicted"] for p in rigged if p["fold"] == 1} == {"steak"}
+    assert [p for p in rigged if p["fold"] == 0] == [p for p in predictions if p["fold"] == 0]
 
 
+@pytest.mark.slow  # a second study; cv's folds stay in the fast tier through test_cv_writes_per_fold_...
 def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process_is_gone(cv_study, photos, tmp_path, monkeypatch):
     """Two processes on one study: a fold whose run another process holds is skipped, the free fold
     trained, then the held one waited for and trained once its holder is gone; same result as one process."""

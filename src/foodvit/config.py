@@ -91,7 +91,8 @@ class ViTConfig:
     class_token: bool = opt(True, "prepend the learnable class token (Eq. 1); off is deviation 3")
     stem: Stem = opt("patch", "'patch' (one Conv2d, Eq. 1), 'conv' (convolutional tokeniser, deviation 5) or 'spt' "
                      "(shifted patch tokenisation, deviation 10)", choices=STEMS)
-    locality: bool = opt(False, "locality self-attention: no self-attention to the own token, learned temperature (deviation 7)")
+    locality: bool = opt(False, "locality self-attention: no self-attention to the own token (unless --no-locality-mask), learned "
+                         "temperature (deviation 7)")
     locality_mask: bool = opt(True, "with --locality: hide each token from itself (LSA as published); false keeps the learned "
                               "temperature alone (deviation 7)")
     layer_norm_eps: float = opt(1e-6, "LayerNorm epsilon (JAX reference: 1e-6)", range=POSITIVE)
