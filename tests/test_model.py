@@ -309,33 +309,14 @@ def test_sequence_pooling_is_an_attention_weighted_mean():
     assert count_params(model.config) == sum(p.numel() for p in model.parameters())
 
 
-def test_locality_self_attention_masks_the_diagonal_and_learns_a_temperature():
+@pytest.mark.parametrize("mask", [True, False])
+def test_locality_self_attention_learns_a_temperature_and_masks_the_diagonal_unless_told_not_to(mask):
+    """Deviation 7: softmax(q k^T / tau) with tau learned from sqrt(d), the diagonal removed (LSA as
+    published) or, with locality_mask=False, kept: a token may then attend to itself."""
     from helpers import randomize_
 
-    model = tiny(locality=True).eval()
+    model = tiny(locality=True, locality_mask=mask).eval()
     assert model.blocks[0].attn.temperature.item() == pytest.approx(16**0.5)  # starts at sqrt(d), d = 48 / 3
-    randomize_(model)
-    attn = model.blocks[0].attn
-    with torch.no_grad():
-        attn.temperature.fill_(2.5)
-        x = torch.randn(2, 3, 32, 32)
-        _, attentions = model.forward_with_attention(x)
-        fused = model.set_fused_attention(True)(x)
-        plain = model.set_fused_attention(False)(x)
-    assert torch.all(attentions[0].diagonal(dim1=-2, dim2=-1) == 0)  # no token attends to itself
-    torch.testing.assert_close(attentions[0].sum(-1), torch.ones(2, 3, 17))
-    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
-    # the same weights by hand: softmax(q k^T / tau) with the diagonal removed
-    tokens = model.blocks[0].norm1(model.embed(x))
-    q, k, _ = attn.qkv(tokens).reshape(2, 17, 3, 3, 16).permute(2, 0, 3, 1, 4)
-    logits = (q @ k.transpose(-2, -1) / 2.5).masked_fill(torch.eye(17, dtype=torch.bool), float("-inf"))
-    torch.testing.assert_close(attentions[0], logits.softmax(-1), rtol=1e-5, atol=1e-6)
-
-
-def test_locality_without_its_mask_keeps_the_learned_temperature_and_lets_a_token_attend_to_itself():
-    from helpers import randomize_
-
-    model = tiny(locality=True, locality_mask=False).eval()
     randomize_(model)
     attn = model.blocks[0].attn
     with torch.no_grad():
@@ -346,10 +327,19 @@ def test_locality_without_its_mask_keeps_the_learned_temperature_and_lets_a_toke
         plain = model.set_fused_attention(False)(x)
         tokens = model.blocks[0].norm1(model.embed(x))
         q, k, _ = attn.qkv(tokens).reshape(2, 17, 3, 3, 16).permute(2, 0, 3, 1, 4)
-    assert torch.all(attentions[0].diagonal(dim1=-2, dim2=-1) > 0)  # a token may attend to itself
-    torch.testing.assert_close(attentions[0], (q @ k.transpose(-2, -1) / 2.5).softmax(-1), rtol=1e-5, atol=1e-6)
+    diagonal = attentions[0].diagonal(dim1=-2, dim2=-1)
+    assert torch.all(diagonal == 0) if mask else torch.all(diagonal > 0)  # no token attends to itself, or any may
+    torch.testing.assert_close(attentions[0].sum(-1), torch.ones(2, 3, 17))
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    # the same weights by hand: softmax(q k^T / tau), with the diagonal removed under the mask
+    logits = q @ k.transpose(-2, -1) / 2.5
+    if mask:
+        logits = logits.masked_fill(torch.eye(17, dtype=torch.bool), float("-inf"))
+    torch.testing.assert_close(attentions[0], logits.softmax(-1), rtol=1e-5, atol=1e-6)
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in tiny(locality=True).parameters())
+
+
+def test_locality_mask_off_without_locality_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="add --locality"):
         tiny(locality_mask=False)
 

@@ -34,8 +34,8 @@ option, named here once and cited:
   7. locality=True: locality self-attention (Lee et al. 2021, "Vision Transformer for Small-Size
      Datasets"): a token may not attend to itself (the diagonal of q k^T is masked) and the
      softmax temperature is learned, starting at sqrt(d). locality_mask=False keeps the learned
-     temperature alone: the mask works against inits that start with tokens attending to
-     themselves (deviation 8).
+     temperature alone, for inits whose start has each token attend to itself (deviation 8),
+     which the mask would hide.
   8. init="mimetic": mimetic initialisation of the attention (Trockman & Kolter 2023, "Mimetic
      initialization of self-attention layers"). Pre-trained ViTs have W_q W_k^T close to a
      multiple of the identity in each head and W_v W_o close to a negative one; this init starts
