@@ -77,7 +77,8 @@ def held_out_result(trainer, network, seed: int, fold: int, name: str, seconds: 
     for (path, label), p in zip(trainer.data.test.samples, test["probabilities"]):
         guess = int(p.argmax())
         predictions.append({"photo": f"{Path(path).parent.name}/{Path(path).name}", "label": trainer.classes[label],
-                            "predicted": trainer.classes[guess], "right": guess == label})
+                            "predicted": trainer.classes[guess], "right": guess == label, "probability": round(float(p[guess]), 6),
+                            "probabilities": {c: round(float(q), 6) for c, q in zip(trainer.classes, p)}})
     right = sum(p["right"] for p in predictions)
     return {"seed": seed, "fold": fold, "run": name, "n": len(predictions), "correct": right, "accuracy": right / len(predictions),
             "per_class": {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in trainer.classes},

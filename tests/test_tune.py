@@ -83,6 +83,9 @@ def test_cv_writes_per_fold_results_and_resumes_without_retraining_a_finished_fo
     train_photos = sorted(f"{p.parent.name}/{p.name}" for p in (photos / "train").rglob("*.jpg"))
     assert sorted(p["photo"] for p in predictions) == train_photos
     assert result["accuracy"] == pytest.approx(sum(p["right"] for p in predictions) / len(predictions))
+    for p in predictions:  # every class's probability kept (studies on the same folds can be averaged), the guess its largest
+        assert set(p["probabilities"]) == {"pizza", "steak", "sushi"} and sum(p["probabilities"].values()) == pytest.approx(1, abs=1e-5)
+        assert max(p["probabilities"], key=p["probabilities"].get) == p["predicted"] and p["probabilities"][p["predicted"]] == p["probability"]
     assert sum(f["n"] for f in result["folds"]) == 12 and "+-" in (study / "cv.md").read_text()
     # each fold is a normal run evaluated on its held-out photos alone
     fold_config = json.loads((study / "fold-1" / "config.json").read_text())
@@ -206,12 +209,55 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=1))) != teacher_settings(mixed)
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=3))) == teacher_settings(replace(mixed, data=replace(mixed.data, workers=1)))
 
-def bench_teachers(monkeypatch):
-    """bench/teachers.py as a module (bench/ is no package: its folder on the path for this test alone)."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
-    import teachers
+def bench_module(monkeypatch, name: str):
+    """bench/NAME.py as a module (bench/ is no package: its folder on the path for this test alone)."""
+    import importlib
 
-    return teachers
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    return importlib.import_module(name)
+
+
+def bench_teachers(monkeypatch):
+    return bench_module(monkeypatch, "teachers")
+
+
+def fake_study(where: Path, probabilities: dict[str, dict[str, float]]) -> Path:
+    """A finished one-fold study whose held-out photos ('label/name.jpg') have these probabilities."""
+    predictions = [{"photo": photo, "label": photo.split("/")[0], "predicted": max(p, key=p.get), "right": max(p, key=p.get) == photo.split("/")[0],
+                    "probabilities": p} for photo, p in probabilities.items()]
+    where.mkdir()
+    (where / "cv.json").write_text(json.dumps({"folds": [{"seed": 0, "fold": 0, "run": "fold-0"}]}))
+    (where / "fold-0.json").write_text(json.dumps({"predictions": predictions}))
+    return where
+
+
+def test_bench_ensembles_averages_the_studies_probabilities_photo_by_photo(tmp_path, monkeypatch, capsys):
+    ensembles = bench_module(monkeypatch, "ensembles")
+    # each study gets one of the first two photos right; averaged they get both; no average mends the third
+    a = fake_study(tmp_path / "a", {"a/1.jpg": {"a": 0.9, "b": 0.1}, "b/2.jpg": {"a": 0.55, "b": 0.45}, "a/3.jpg": {"a": 0.2, "b": 0.8}})
+    b = fake_study(tmp_path / "b", {"a/1.jpg": {"a": 0.4, "b": 0.6}, "b/2.jpg": {"a": 0.2, "b": 0.8}, "a/3.jpg": {"a": 0.3, "b": 0.7}})
+    assert ensembles.main([str(a), str(b), "--json", str(tmp_path / "e.json")]) == 0
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert report["alone"] == [pytest.approx(1 / 3)] * 2
+    assert report["with_first"][0]["accuracy"] == pytest.approx(2 / 3) and report["with_first"][0]["difference"] == pytest.approx(1 / 3)
+    assert report["all"]["accuracy"] == pytest.approx(2 / 3) and report["wrong_in_all"] == ["s0/a/3.jpg"]
+    assert "1 of 3 photos wrong in every study: a/3.jpg" in capsys.readouterr().out
+
+
+def test_bench_ensembles_scores_a_study_without_probabilities_from_its_fold_models(cv_study, tmp_path, monkeypatch):
+    ensembles = bench_module(monkeypatch, "ensembles")
+    kept = ensembles.probabilities(cv_study["study"])
+    old = tmp_path / "old"  # as a study written before predictions kept every class's probability
+    shutil.copytree(cv_study["study"], old, symlinks=True)
+    for k in range(2):
+        fold = json.loads((old / f"fold-{k}.json").read_text())
+        for p in fold["predictions"]:
+            del p["probabilities"]
+        (old / f"fold-{k}.json").write_text(json.dumps(fold))
+    rescored = ensembles.probabilities(old)
+    assert set(rescored) == set(kept) and len(kept) == 12
+    for key, (p, label) in kept.items():
+        assert rescored[key][1] == label and rescored[key][0] == pytest.approx(p, abs=1e-6)
 
 
 def test_bench_teachers_refuses_a_study_without_teachers_in_one_line(cv_study, tmp_path, monkeypatch):
@@ -256,6 +302,8 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
     assert teachers.main([str(guided), str(tmp_path / "steak")]) == 0 and trained == []
     rigged = [json.loads(line) for line in (tmp_path / "steak" / "predictions.jsonl").read_text().splitlines()]
     assert {p["predicted"] for p in rigged if p["fold"] == 1} == {"steak"}
+    e5 = float(torch.tensor(5.0).exp())
+    assert all(p["probabilities"]["steak"] == pytest.approx(e5 / (e5 + 2), abs=1e-6) for p in rigged if p["fold"] == 1)
     assert [p for p in rigged if p["fold"] == 0] == [p for p in predictions if p["fold"] == 0]
 
 

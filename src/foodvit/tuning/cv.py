@@ -109,9 +109,10 @@ def fold_folders(split: Split, k: int, seed: int, where: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------ one fold
 
 
-def _predictions(run: Path, folder: Path) -> list[dict]:
+def held_out_predictions(run: Path, folder: Path) -> list[dict]:
     """Every held-out photo's prediction by the fold's saved model, through the Predictor (as any
-    use of a trained model)."""
+    use of a trained model): the guess, whether it is right, and every class's probability (which
+    lets studies on the same folds be averaged into an ensemble afterwards)."""
     import numpy as np
 
     from foodvit.data.folders import scan
@@ -127,7 +128,8 @@ def _predictions(run: Path, folder: Path) -> list[dict]:
         for (path, label), p in zip(chunk, probabilities):
             guess = int(p.argmax())
             out.append({"photo": photo_key(held, path), "label": held.classes[label], "predicted": predictor.classes[guess],
-                        "right": guess == label, "probability": round(float(p[guess]), 6)})
+                        "right": guess == label, "probability": round(float(p[guess]), 6),
+                        "probabilities": {c: round(float(q), 6) for c, q in zip(predictor.classes, p)}})
     return out
 
 
@@ -170,7 +172,7 @@ def _run_fold(config: RunConfig, run: Path, folder: Path, result_file: Path, *, 
                 train(fold_config, run, quiet=quiet, log=lambda *a, **k: None, teacher_from=teacher_from)
         except rundir.LockedError:  # another process took the fold between the look and the start
             raise FoldBusy(f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})") from None
-    predictions = _predictions(run, folder)
+    predictions = held_out_predictions(run, folder)
     metrics = json.loads((run / "model.json").read_text())["metrics"]
     right = sum(p["right"] for p in predictions)
     if len(predictions) != metrics["test_n"]:
