@@ -236,12 +236,18 @@ def test_bench_ensembles_averages_the_studies_probabilities_photo_by_photo(tmp_p
     # each study gets one of the first two photos right; averaged they get both; no average mends the third
     a = fake_study(tmp_path / "a", {"a/1.jpg": {"a": 0.9, "b": 0.1}, "b/2.jpg": {"a": 0.55, "b": 0.45}, "a/3.jpg": {"a": 0.2, "b": 0.8}})
     b = fake_study(tmp_path / "b", {"a/1.jpg": {"a": 0.4, "b": 0.6}, "b/2.jpg": {"a": 0.2, "b": 0.8}, "a/3.jpg": {"a": 0.3, "b": 0.7}})
-    assert ensembles.main([str(a), str(b), "--json", str(tmp_path / "e.json")]) == 0
+    assert ensembles.main([str(a), str(b), "--json", str(tmp_path / "e.json"), "--plot", str(tmp_path / "e.png")]) == 0
+    assert (tmp_path / "e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads((tmp_path / "e.json").read_text())
     assert report["alone"] == [pytest.approx(1 / 3)] * 2
     assert report["with_first"][0]["accuracy"] == pytest.approx(2 / 3) and report["with_first"][0]["difference"] == pytest.approx(1 / 3)
     assert report["all"]["accuracy"] == pytest.approx(2 / 3) and report["wrong_in_all"] == ["s0/a/3.jpg"]
     assert "1 of 3 photos wrong in every study: a/3.jpg" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ensembles.main([str(a)])
+    assert "give at least two studies to average" in capsys.readouterr().err
+    with pytest.raises(StudyError, match=r"holds no finished cross-validation \(no cv.json\)"):
+        ensembles.main([str(a), str(tmp_path)])
 
 
 def test_bench_ensembles_scores_a_study_without_probabilities_from_its_fold_models(cv_study, tmp_path, monkeypatch):
