@@ -34,6 +34,7 @@ import torch
 
 from foodvit.cli.main import main as foodvit
 from foodvit.data.datasource import DataSource
+from foodvit.tuning.cv import fold_folder, fold_name
 
 
 def cpu_name() -> str:
@@ -133,11 +134,11 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
     total = sum(f["n"] for f in result["folds"])
     teacher_correct = 0
     for f in result["folds"]:
-        run = study / (f"fold-{f['fold']}" if len(seeds) == 1 else f"seed-{f['seed']}/fold-{f['fold']}")
+        run = study / fold_name(f["seed"], f["fold"], len(seeds))
         metrics = json.loads((run / "model.json").read_text())["metrics"]
         teacher_correct += round(metrics.get("teacher_test_acc", 0) * metrics["test_n"])
         if test_sizes:
-            held = study / "folds" / f"seed-{f['seed']}" / f"fold-{f['fold']}"
+            held = fold_folder(study / "folds", f["seed"], f["fold"])
             for size, right in fold_predictions(run, held, list(test_sizes)).items():
                 if size:
                     photos.setdefault(str(size), {}).update({f"s{f['seed']}/{name}": r for name, r in right.items()})

@@ -31,7 +31,7 @@ from foodvit.cli.main import main as foodvit
 from foodvit.config import RunConfig, load_recipe
 from foodvit.rundir.directory import with_source
 from foodvit.training.distill import teacher_changes
-from foodvit.tuning.cv import compare_studies, fold_folders, read_study, summarise, training_photos, write_study
+from foodvit.tuning.cv import compare_studies, fold_folders, prediction_record, read_study, summarise, training_photos, write_study
 
 FOLDS, SEED = 5, 0
 
@@ -73,12 +73,8 @@ def held_out_result(trainer, network, seed: int, fold: int, name: str, seconds: 
 
     started = time.perf_counter()
     test = evaluate(network, trainer.eval_loaders["test"], trainer.settings, num_classes=len(trainer.classes), keep_probabilities=True)
-    predictions = []
-    for (path, label), p in zip(trainer.data.test.samples, test["probabilities"]):
-        guess = int(p.argmax())
-        predictions.append({"photo": f"{Path(path).parent.name}/{Path(path).name}", "label": trainer.classes[label],
-                            "predicted": trainer.classes[guess], "right": guess == label, "probability": round(float(p[guess]), 6),
-                            "probabilities": {c: round(float(q), 6) for c, q in zip(trainer.classes, p)}})
+    predictions = [prediction_record(f"{Path(path).parent.name}/{Path(path).name}", trainer.classes[label], p, trainer.classes)
+                   for (path, label), p in zip(trainer.data.test.samples, test["probabilities"])]
     right = sum(p["right"] for p in predictions)
     return {"seed": seed, "fold": fold, "run": name, "n": len(predictions), "correct": right, "accuracy": right / len(predictions),
             "per_class": {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in trainer.classes},

@@ -20,7 +20,7 @@ from pathlib import Path
 from curve import held_out_result
 
 from foodvit.config import RunConfig
-from foodvit.tuning.cv import summarise, write_study
+from foodvit.tuning.cv import fold_folder, summarise, write_study
 
 
 def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
@@ -33,7 +33,7 @@ def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
     if not (run / TEACHER_FILE).is_file() or not saved.is_file():
         raise SystemExit(f"{run} holds no trained teacher: give a guided or distilled cv study that has finished")
     config = RunConfig.from_dict(json.loads(saved.read_text()), where=str(saved))
-    folder = study / "folds" / f"seed-{seed}" / f"fold-{k}"
+    folder = fold_folder(study / "folds", seed, k)
     config = replace(config, data=replace(config.data, source=str(folder.resolve())))
     with tempfile.TemporaryDirectory() as scratch:  # the trainer builds the fold's loaders; nothing is written
         trainer = Trainer(config, Path(scratch) / "run", quiet=True, log=lambda *a, **k: None)

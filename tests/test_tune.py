@@ -221,33 +221,60 @@ def bench_teachers(monkeypatch):
     return bench_module(monkeypatch, "teachers")
 
 
-def fake_study(where: Path, probabilities: dict[str, dict[str, float]]) -> Path:
-    """A finished one-fold study whose held-out photos ('label/name.jpg') have these probabilities."""
-    predictions = [{"photo": photo, "label": photo.split("/")[0], "predicted": max(p, key=p.get), "right": max(p, key=p.get) == photo.split("/")[0],
-                    "probabilities": p} for photo, p in probabilities.items()]
+def fake_study(where: Path, probabilities: dict[str, dict[str, float]], seeds: tuple[int, ...] = (0,)) -> Path:
+    """A finished one-fold study whose held-out photos ('label/name.jpg') have these probabilities, on each seed."""
+    rows = [{"seed": seed, "fold": 0, "photo": photo, "label": photo.split("/")[0], "predicted": max(p, key=p.get),
+             "right": max(p, key=p.get) == photo.split("/")[0], "probabilities": p} for seed in seeds for photo, p in probabilities.items()]
     where.mkdir()
-    (where / "cv.json").write_text(json.dumps({"folds": [{"seed": 0, "fold": 0, "run": "fold-0"}]}))
-    (where / "fold-0.json").write_text(json.dumps({"predictions": predictions}))
+    (where / "cv.json").write_text(json.dumps({"folds": [{"seed": seed, "fold": 0, "run": "fold-0"} for seed in seeds],
+                                               "photos": {f"s{r['seed']}/{r['photo']}": r["right"] for r in rows}}))
+    (where / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return where
 
 
 def test_bench_ensembles_averages_the_studies_probabilities_photo_by_photo(tmp_path, monkeypatch, capsys):
     ensembles = bench_module(monkeypatch, "ensembles")
-    # each study gets one of the first two photos right; averaged they get both; no average mends the third
-    a = fake_study(tmp_path / "a", {"a/1.jpg": {"a": 0.9, "b": 0.1}, "b/2.jpg": {"a": 0.55, "b": 0.45}, "a/3.jpg": {"a": 0.2, "b": 0.8}})
-    b = fake_study(tmp_path / "b", {"a/1.jpg": {"a": 0.4, "b": 0.6}, "b/2.jpg": {"a": 0.2, "b": 0.8}, "a/3.jpg": {"a": 0.3, "b": 0.7}})
-    assert ensembles.main([str(a), str(b), "--json", str(tmp_path / "e.json"), "--plot", str(tmp_path / "e.png")]) == 0
-    assert (tmp_path / "e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a is right on photo 1 alone, b on photo 2 alone, c on none; photo 3 is wrong everywhere and stays so;
+    # photo 4 is wrong in each study (each picks another wrong class) and right in the average of all three
+    a = fake_study(tmp_path / "a", {"a/1.jpg": {"a": 0.95, "b": 0.05, "c": 0.0}, "b/2.jpg": {"a": 0.55, "b": 0.45, "c": 0.0},
+                                    "a/3.jpg": {"a": 0.2, "b": 0.8, "c": 0.0}, "a/4.jpg": {"a": 0.4, "b": 0.45, "c": 0.15}}, seeds=(0, 1))
+    b = fake_study(tmp_path / "b", {"a/1.jpg": {"a": 0.4, "b": 0.6, "c": 0.0}, "b/2.jpg": {"a": 0.2, "b": 0.8, "c": 0.0},
+                                    "a/3.jpg": {"a": 0.3, "b": 0.7, "c": 0.0}, "a/4.jpg": {"a": 0.4, "b": 0.15, "c": 0.45}}, seeds=(0, 1))
+    c = fake_study(tmp_path / "c", {"a/1.jpg": {"a": 0.2, "b": 0.8, "c": 0.0}, "b/2.jpg": {"a": 0.9, "b": 0.1, "c": 0.0},
+                                    "a/3.jpg": {"a": 0.1, "b": 0.9, "c": 0.0}, "a/4.jpg": {"a": 0.4, "b": 0.5, "c": 0.1}}, seeds=(0, 1))
+    assert ensembles.main([str(a), str(b), str(c), "--json", str(tmp_path / "e.json"), "--plot", str(tmp_path / "figs" / "e.png")]) == 0
     report = json.loads((tmp_path / "e.json").read_text())
-    assert report["alone"] == [pytest.approx(1 / 3)] * 2
-    assert report["with_first"][0]["accuracy"] == pytest.approx(2 / 3) and report["with_first"][0]["difference"] == pytest.approx(1 / 3)
-    assert report["all"]["accuracy"] == pytest.approx(2 / 3) and report["wrong_in_all"] == ["s0/a/3.jpg"]
-    assert "1 of 3 photos wrong in every study: a/3.jpg" in capsys.readouterr().out
+    assert report["alone"] == [pytest.approx(2 / 8), pytest.approx(2 / 8), 0]
+    ab, ac = report["with_first"]
+    assert (ab["accuracy"], ab["difference"], ab["difference_to_it"]) == (pytest.approx(6 / 8), pytest.approx(4 / 8), pytest.approx(4 / 8))
+    assert (ac["accuracy"], ac["difference"], ac["difference_to_it"]) == (pytest.approx(2 / 8), 0, pytest.approx(2 / 8))
+    assert report["all"]["accuracy"] == pytest.approx(4 / 8) and report["all"]["difference"] == pytest.approx(2 / 8)
+    assert report["wrong_in_all"] == ["s0/a/3.jpg", "s0/a/4.jpg", "s1/a/3.jpg", "s1/a/4.jpg"]
+    assert report["wrong_in_all_mended"] == ["s0/a/4.jpg", "s1/a/4.jpg"]
+    out = capsys.readouterr().out
+    assert "4 of 8 held-out predictions wrong in every study: s0/a/3.jpg, s0/a/4.jpg" in out and "gets 2 of them right" in out
+    assert (tmp_path / "figs" / "e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_ensembles_refuses_studies_that_cannot_be_averaged_in_one_line(tmp_path, monkeypatch, capsys):
+    ensembles = bench_module(monkeypatch, "ensembles")
+    a = fake_study(tmp_path / "a", {"a/1.jpg": {"a": 0.9, "b": 0.1}, "b/2.jpg": {"a": 0.4, "b": 0.6}})
     with pytest.raises(SystemExit):
         ensembles.main([str(a)])
     assert "give at least two studies to average" in capsys.readouterr().err
-    with pytest.raises(StudyError, match=r"holds no finished cross-validation \(no cv.json\)"):
+    with pytest.raises(SystemExit, match=r"holds no finished cross-validation \(no cv.json\)"):
         ensembles.main([str(a), str(tmp_path)])
+    other = fake_study(tmp_path / "other", {"a/1.jpg": {"a": 0.9, "b": 0.1}, "b/3.jpg": {"a": 0.4, "b": 0.6}})
+    with pytest.raises(SystemExit, match=r"does not hold .*a's held-out photos \(2 differ\): average studies of the same data, folds and seeds"):
+        ensembles.main([str(a), str(other)])
+    three = fake_study(tmp_path / "three", {"a/1.jpg": {"a": 0.9, "b": 0.1, "c": 0}, "b/2.jpg": {"a": 0.4, "b": 0.6, "c": 0}})
+    with pytest.raises(SystemExit, match=r"does not predict .*a's classes \(a, b\)"):
+        ensembles.main([str(a), str(three)])
+    old = fake_study(tmp_path / "old", {"a/1.jpg": {"a": 0.9, "b": 0.1}, "b/2.jpg": {"a": 0.4, "b": 0.6}})
+    (old / "predictions.jsonl").write_text("".join(line.split(', "probabilities"')[0] + "}\n"
+                                                   for line in (old / "predictions.jsonl").read_text().splitlines()))
+    with pytest.raises(SystemExit, match=r"keep no class probabilities and .*fold-0 holds no model to score again"):
+        ensembles.main([str(a), str(old)])
 
 
 def test_bench_ensembles_scores_a_study_without_probabilities_from_its_fold_models(cv_study, tmp_path, monkeypatch):
@@ -255,11 +282,8 @@ def test_bench_ensembles_scores_a_study_without_probabilities_from_its_fold_mode
     kept = ensembles.probabilities(cv_study["study"])
     old = tmp_path / "old"  # as a study written before predictions kept every class's probability
     shutil.copytree(cv_study["study"], old, symlinks=True)
-    for k in range(2):
-        fold = json.loads((old / f"fold-{k}.json").read_text())
-        for p in fold["predictions"]:
-            del p["probabilities"]
-        (old / f"fold-{k}.json").write_text(json.dumps(fold))
+    rows = [json.loads(line) for line in (old / "predictions.jsonl").read_text().splitlines()]
+    (old / "predictions.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "probabilities"}) + "\n" for r in rows))
     rescored = ensembles.probabilities(old)
     assert set(rescored) == set(kept) and len(kept) == 12
     for key, (p, label) in kept.items():

@@ -86,7 +86,7 @@ def fold_folders(split: Split, k: int, seed: int, where: Path) -> list[Path]:
     no half folder) and reused by every run on the same seed."""
     folders = []
     for index, (kept, held) in enumerate(cv_folds(split, k, seed)):
-        folder = where / f"seed-{seed}" / f"fold-{index}"
+        folder = fold_folder(where, seed, index)
         folders.append(folder)
         if folder.is_dir():
             continue
@@ -109,10 +109,28 @@ def fold_folders(split: Split, k: int, seed: int, where: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------ one fold
 
 
+def fold_folder(folds_dir: Path, seed: int, fold: int) -> Path:
+    """The folder of links (train/, test/) of one fold of one seed, under a study's folds/."""
+    return folds_dir / f"seed-{seed}" / f"fold-{fold}"
+
+
+def fold_name(seed: int, fold: int, seeds: int) -> str:
+    """The run of one fold inside a study of `seeds` seeds (its result beside it, NAME.json)."""
+    return f"fold-{fold}" if seeds == 1 else f"seed-{seed}/fold-{fold}"
+
+
+def prediction_record(photo: str, label: str, probabilities, classes: list[str]) -> dict:
+    """One held-out photo's prediction as a study keeps it: the guess, whether it is right, its
+    probability and every class's (which lets studies on the same folds be averaged afterwards)."""
+    guess = classes[int(probabilities.argmax())]
+    return {"photo": photo, "label": label, "predicted": guess, "right": guess == label,
+            "probability": round(float(probabilities.max()), 6),
+            "probabilities": {c: round(float(q), 6) for c, q in zip(classes, probabilities)}}
+
+
 def held_out_predictions(run: Path, folder: Path) -> list[dict]:
     """Every held-out photo's prediction by the fold's saved model, through the Predictor (as any
-    use of a trained model): the guess, whether it is right, and every class's probability (which
-    lets studies on the same folds be averaged into an ensemble afterwards)."""
+    use of a trained model), as prediction_record keeps them."""
     import numpy as np
 
     from foodvit.data.folders import scan
@@ -125,11 +143,7 @@ def held_out_predictions(run: Path, folder: Path) -> list[dict]:
     for start in range(0, len(held.samples), 64):
         chunk = held.samples[start : start + 64]
         probabilities = predictor.probabilities(np.stack([predictor.prepare(load_or_explain(p), str(p)) for p, _ in chunk]))
-        for (path, label), p in zip(chunk, probabilities):
-            guess = int(p.argmax())
-            out.append({"photo": photo_key(held, path), "label": held.classes[label], "predicted": predictor.classes[guess],
-                        "right": guess == label, "probability": round(float(p[guess]), 6),
-                        "probabilities": {c: round(float(q), 6) for c, q in zip(predictor.classes, p)}})
+        out += [prediction_record(photo_key(held, path), held.classes[label], p, predictor.classes) for (path, label), p in zip(chunk, probabilities)]
     return out
 
 
@@ -183,7 +197,7 @@ def _run_fold(config: RunConfig, run: Path, folder: Path, result_file: Path, *, 
     result = {"seed": seed, "fold": fold, "run": run.name, "n": len(predictions), "correct": right,
               "accuracy": right / len(predictions), "per_class": _per_class(predictions),
               "seconds": round(time.perf_counter() - started, 2), "predictions": predictions}
-    write_text(result_file, json.dumps(result, indent=1))
+    write_text(result_file, json.dumps(result))  # compact: every held-out photo's class probabilities
     return result
 
 
@@ -258,7 +272,7 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
         while todo:
             busy = []  # folds another process is training: taken again after the rest
             for seed, index, folder in todo:
-                name = f"fold-{index}" if len(seeds) == 1 else f"seed-{seed}/fold-{index}"
+                name = fold_name(seed, index, len(seeds))
                 run, lender = runs / name, teachers / name if teachers is not None else None
                 lender = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
                 try:
