@@ -80,6 +80,11 @@ def check_folds(split: Split, k: int) -> None:
                              "or add photos")
 
 
+def fold_folder(folds_dir: Path, seed: int, fold: int) -> Path:
+    """The folder of links (train/, test/) of one fold of one seed, under a study's folds/."""
+    return folds_dir / f"seed-{seed}" / f"fold-{fold}"
+
+
 def fold_folders(split: Split, k: int, seed: int, where: Path) -> list[Path]:
     """One folder per fold, train/ = the other folds, test/ = this one, of links to the photos;
     made once (in a temporary folder renamed into place, so a concurrent or killed maker leaves
@@ -107,11 +112,6 @@ def fold_folders(split: Split, k: int, seed: int, where: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------ one fold
-
-
-def fold_folder(folds_dir: Path, seed: int, fold: int) -> Path:
-    """The folder of links (train/, test/) of one fold of one seed, under a study's folds/."""
-    return folds_dir / f"seed-{seed}" / f"fold-{fold}"
 
 
 def fold_name(seed: int, fold: int, seeds: int) -> str:
