@@ -23,9 +23,10 @@ from foodvit.tuning.cv import compare_line, fold_folder, fold_name, held_out_pre
 SHOWN = 20  # photos named on the screen at most; --json keeps them all
 
 
-def probabilities(study: Path) -> dict[str, tuple[dict[str, float], str]]:
-    """'s{seed}/{photo}' -> (every class's probability, the label), for each held-out photo of the study."""
-    folds = read_study(study)["folds"]
+def probabilities(study: Path, result: dict | None = None) -> dict[str, tuple[dict[str, float], str]]:
+    """'s{seed}/{photo}' -> (every class's probability, the label), for each held-out photo of the study
+    (result: its cv.json, when already read)."""
+    folds = (result or read_study(study))["folds"]
     rows = [json.loads(line) for line in (study / "predictions.jsonl").read_text().splitlines()]
     if not all("probabilities" in r for r in rows):
         seeds = len({f["seed"] for f in folds})
@@ -91,9 +92,10 @@ def plot(alone: list[dict[str, bool]], path: Path) -> None:
 
 def report(studies: list[Path]) -> tuple[dict, list[dict[str, bool]]]:
     """The figures, printed as they come, and each study's right or wrong per photo."""
-    scored = [probabilities(s) for s in studies]
+    results = [read_study(s) for s in studies]
+    scored = [probabilities(s, r) for s, r in zip(studies, results)]
     check_alike(studies, scored)
-    alone = [{key: photos[key] for key in scored[0]} for photos in (read_study(s)["photos"] for s in studies)]
+    alone = [{key: r["photos"][key] for key in scored[0]} for r in results]
     out = {"studies": [str(s) for s in studies], "alone": [accuracy(r) for r in alone], "with_first": []}
     for study, right in zip(studies, alone):
         print(f"{study}: {accuracy(right):.3f} alone")

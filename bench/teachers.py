@@ -20,7 +20,7 @@ from pathlib import Path
 from curve import held_out_result
 
 from foodvit.config import RunConfig
-from foodvit.tuning.cv import fold_folder, summarise, write_study
+from foodvit.tuning.cv import fold_folder, fold_name, summarise, write_study
 
 
 def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
@@ -29,7 +29,8 @@ def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
     from foodvit.training.distill import build_teacher, read_teacher
     from foodvit.training.trainer import Trainer
 
-    run, saved = study / f"fold-{k}", study / f"fold-{k}" / "config.json"
+    run = study / fold_name(seed, k, 1)  # a study of one seed
+    saved = run / "config.json"
     if not (run / TEACHER_FILE).is_file() or not saved.is_file():
         raise SystemExit(f"{run} holds no trained teacher: give a guided or distilled cv study that has finished")
     config = RunConfig.from_dict(json.loads(saved.read_text()), where=str(saved))
@@ -39,7 +40,7 @@ def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
         trainer = Trainer(config, Path(scratch) / "run", quiet=True, log=lambda *a, **k: None)
         teacher = build_teacher(config.optim.teacher, len(trainer.classes)).to(trainer.device)
         teacher.load_state_dict(read_teacher(run / TEACHER_FILE, config.optim.teacher)["model"])
-        return config, held_out_result(trainer, teacher, seed, k, f"fold-{k}")
+        return config, held_out_result(trainer, teacher, seed, k, run.name)
 
 
 def main(argv: list[str]) -> int:
