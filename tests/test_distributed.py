@@ -123,6 +123,21 @@ def test_two_nodes_joined_by_the_c10d_rendezvous_train_the_same_run(photos, one_
     assert_same_predictions(one_process, tmp_path / "nodes", photos)
 
 
+@pytest.mark.slow  # torchrun starts a Python for each rank; test_pretrain.py covers the stage on one process
+def test_two_processes_pre_train_before_training(photos, tmp_path):
+    pre = ["--pool", "gap", "--pretrain-epochs", "2", "--epochs", "1", "--data", str(photos)]
+    with report_figures():  # as torchrun's rank 0 draws them
+        assert main(["train", *ARGS, *pre, "--out", str(tmp_path / "one")]) == 0
+    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*ARGS, *pre, "--out", "two"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path / "two")) == sorted(os.listdir(tmp_path / "one"))
+    losses = [[float(row.split(",")[1]) for row in (tmp_path / run / "pretraining.csv").read_text().splitlines()[1:]] for run in ("one", "two")]
+    # each process draws its own share's masks, so the losses are close to one process's, not equal
+    assert len(losses[1]) == 2 and losses[1] == pytest.approx(losses[0], rel=0.05) and losses[1] != losses[0]
+    assert len(metrics(tmp_path / "two")) == 1
+
+
 def _children(pid: int) -> list[int]:
     """Every descendant process of pid (Linux /proc)."""
     found = []

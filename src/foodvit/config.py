@@ -245,6 +245,10 @@ class OptimConfig:
                         "behind a learned mask token and a linear decoder predicts their pixels from the output tokens (SimMIM-style "
                         "self-supervision on the same photos), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
     mask_ratio: float = opt(0.25, "share of each training image's patches hidden with --masked", range=SHARE_ABOVE_0)
+    pretrain_epochs: int = opt(0, "epochs of self-supervised pre-training on the same training photos before the supervised "
+                               "ones: masked-image modelling, the hidden patches' pixels predicted from the output tokens, the "
+                               "classes not read (training/pretrain.py), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
+    pretrain_mask_ratio: float = opt(0.5, "share of each image's patches hidden in pre-training (--pretrain-epochs)", range=SHARE_ABOVE_0)
     teacher: str = opt("resnet18", "the CNN teacher of --distill and --guidance: a torchvision architecture, random initialisation, "
                        "trained in the run with its photos, augmentation, optimiser and schedule", choices=TEACHERS)
 
@@ -288,6 +292,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_vit(self.vit, "model settings")
+        if self.optim.pretrain_epochs and self.train.freeze_backbone:
+            raise ConfigError("--pretrain-epochs pre-trains the backbone, which --freeze-backbone keeps as it is: drop one of the two")
         if self.vit.get("distill_token") and (self.optim.distill <= 0 or self.train.freeze_backbone):
             raise ConfigError("--distill-token trains its own head on a teacher's classes: add --distill W (e.g. --distill 1) "
                               "and train the whole model (no --freeze-backbone)")

@@ -93,9 +93,9 @@ def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | No
     return state
 
 
-# The optimiser settings that shape the ViT's training alone, never the CNN teacher's: its auxiliary losses and the
-# average of its weights.
-STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio", "ema")
+# The optimiser settings that shape the ViT's training alone, never the CNN teacher's: its auxiliary losses, its
+# self-supervised pre-training and the average of its weights.
+STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio", "pretrain_epochs", "pretrain_mask_ratio", "ema")
 
 
 def trains_teacher(config: RunConfig) -> bool:

@@ -1,7 +1,8 @@
 """The training loop: train one epoch, evaluate, fit. It knows nothing of ViTs or photos: any
 classifier, any loader of (inputs, labels) with labels as class indices or as soft targets (B, K).
 A model may return (logits, auxiliary loss) in training mode; the auxiliary loss is added to the
-cross-entropy (e.g. drloc.py's dense relative localization).
+cross-entropy (e.g. drloc.py's dense relative localization). A self-supervised objective returns
+(None, loss): the loss alone is minimised and the labels are not read (pretrain.py).
 
 Accuracy is per image: correct predictions over images seen, never a mean of batch means.
 """
@@ -63,7 +64,7 @@ class StepInfo:
     lr: float
     grad_norm: torch.Tensor | None
     running_loss: float
-    running_acc: float
+    running_acc: float | None  # None for a self-supervised objective: no classes
     model: nn.Module
 
 
@@ -91,7 +92,8 @@ class ProgressBar:
         self.bar = tqdm(total=total, desc=label, leave=False, unit="step")
 
     def __call__(self, info: StepInfo) -> None:
-        self.bar.set_postfix(loss=f"{info.running_loss:.3f}", acc=f"{info.running_acc:.3f}", refresh=False)
+        shown = {"loss": f"{info.running_loss:.3f}"} | ({} if info.running_acc is None else {"acc": f"{info.running_acc:.3f}"})
+        self.bar.set_postfix(shown, refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:
@@ -151,14 +153,20 @@ def train_one_epoch(
         with _no_sync(model, i + 1 != group_end), autocast(s):
             out = model(images)
             logits, extra = out if isinstance(out, tuple) else (out, None)
-            loss_sum = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum")
+            if logits is None:  # a self-supervised objective (pretrain.py): no classes, its loss alone
+                loss_sum = torch.zeros((), device=s.device)
+            else:
+                loss_sum = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum")
             objective_sum = loss_sum if extra is None else loss_sum + extra * n
             # DistributedDataParallel averages over processes: scale by world_size / global images
             (objective_sum * (s.world_size / (global_n * group_size))).backward()
         hard = _hard(labels)
         with torch.no_grad():
-            plain = F.cross_entropy(logits.detach().float(), hard, reduction="sum")
-            correct = (logits.detach().argmax(dim=1) == hard).sum()
+            if logits is None:  # what is shown as its loss: the objective itself
+                plain, correct = objective_sum.detach(), torch.zeros((), device=s.device)
+            else:
+                plain = F.cross_entropy(logits.detach().float(), hard, reduction="sum")
+                correct = (logits.detach().argmax(dim=1) == hard).sum()
         sums += torch.stack([plain.double(), objective_sum.detach().double(), correct.double(),
                              torch.tensor(float(n), device=s.device, dtype=torch.float64)])
         if (i + 1) % s.sync_every == 0 or i + 1 == total_batches:
@@ -179,7 +187,7 @@ def train_one_epoch(
             if hooks:
                 seen = max(totals[3], 1)
                 info = StepInfo(epoch, (i // s.accum_steps) + 1, steps, plain.detach() / max(n, 1), lr, grad_norm,
-                                totals[0] / seen, totals[2] / seen, model)
+                                totals[0] / seen, None if logits is None else totals[2] / seen, model)
                 for hook in hooks:
                     hook(info)
     if bar is not None:
@@ -257,6 +265,7 @@ def fit(
     eval_every: int = 1,
     show_progress: bool = True,
     num_classes: int | None = None,
+    stage: str = "epoch",
 ) -> list[dict]:
     """Train from start_epoch to epochs; after each, evaluate on every named loader (val, test).
 
@@ -271,7 +280,7 @@ def fit(
         for hook in hooks.before_epoch:
             hook(epoch)
         started = time.perf_counter()
-        label = f"epoch {epoch + 1}/{epochs}" if show_progress else None
+        label = f"{stage} {epoch + 1}/{epochs}" if show_progress else None
         row = {"epoch": epoch + 1, **train_one_epoch(model, train_loader, optimizer, scheduler, settings,
                                                      on_step=hooks.on_step, progress=label, epoch=epoch)}
         trained_s = time.perf_counter() - started

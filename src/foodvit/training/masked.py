@@ -56,15 +56,28 @@ class Reconstruction(nn.Module):
         return {"mask_token"}
 
 
+def hide_pixels(images: torch.Tensor, hidden: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """The images with the hidden patches' pixels set to 0 (the mean of normalised photos)."""
+    B, _, H, W = images.shape
+    shown = ~hidden.reshape(B, 1, H // patch_size, W // patch_size)
+    return images * shown.repeat_interleave(patch_size, dim=-2).repeat_interleave(patch_size, dim=-1)
+
+
 class WithMaskedPatches(AuxiliaryLoss):
     """A student trained on masked images with the pixel-reconstruction loss besides its own (the
-    whole image in eval mode). The student is a VisionTransformer or one wrapped for training."""
+    whole image in eval mode). The student is a VisionTransformer or one wrapped for training.
+    With hide_pixels, the hidden patches' pixels are also set to 0 before the tokeniser, so that
+    a stem whose receptive fields overlap (--stem conv, --stem spt) cannot show them to their
+    neighbours' tokens (pre-training, pretrain.py)."""
+
+    option = "--masked"
+    hide_pixels = False
 
     def __init__(self, student: nn.Module, weight: float, ratio: float) -> None:
         vit = innermost_vit(student)
         if vit.config.pool == "cls":
-            raise ConfigError("--masked reconstructs each hidden patch from its output token, which a class-token model's last "
-                              "block does not compute: use --pool gap or --pool seq")
+            raise ConfigError(f"{self.option} reconstructs each hidden patch from its output token, which a class-token model's "
+                              "last block does not compute: use --pool gap or --pool seq")
         super().__init__(student, weight)
         self.ratio = ratio
         c = vit.config
@@ -76,7 +89,8 @@ class WithMaskedPatches(AuxiliaryLoss):
         hidden = draw_mask(images.shape[0], (images.shape[-2] // P) * (images.shape[-1] // P), self.ratio, images.device)
         token = self.reconstruction.mask_token
         final: dict[str, torch.Tensor] = {}
-        heads = self.student_heads(images, [(vit.patch_embed, lambda m, a, out: torch.where(hidden[..., None], token.to(out.dtype), out)),
+        shown = hide_pixels(images, hidden, P) if self.hide_pixels else images
+        heads = self.student_heads(shown, [(vit.patch_embed, lambda m, a, out: torch.where(hidden[..., None], token.to(out.dtype), out)),
                                             (vit.norm, lambda m, a, out: final.__setitem__("tokens", out))])
         predicted = self.reconstruction.decoder(final["tokens"][:, prefix:][hidden])  # (hidden patches, C P^2)
         target = patch_pixels(images, P)[hidden]

@@ -4,7 +4,8 @@ A Trainer is a few explicit build steps, in this order: the processes (distribut
 device from LOCAL_RANK, the process group), the classes of the data, the model (whose
 preprocessing the caches need), the data sets and loaders (this rank's share of each batch), the
 module the optimiser steps (the auxiliary head; wrapped in DistributedDataParallel), the
-optimiser, schedule and EMA. Then fit() runs the engine with hooks: seeding and sampler order
+optimiser, schedule and EMA. Then fit() trains the CNN teacher when a loss reads one
+(distill.py), pre-trains when --pretrain-epochs asks (pretrain.py), and runs the engine with hooks: seeding and sampler order
 before each epoch; EMA, TensorBoard and the progress bar after each step; metrics, checkpoint
 and report after each epoch (rank 0 alone writes). One process is the plain case of the same code.
 
@@ -57,6 +58,7 @@ from foodvit.training.engine import (
 )
 from foodvit.training.freezing import freeze_backbone
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
+from foodvit.training.pretrain import pretrain
 from foodvit.training.report import per_class_accuracy, size_note, write_results
 from foodvit.training.resizing import AnyGrid
 
@@ -133,8 +135,9 @@ class Trainer:
             freeze_backbone(self.model)
         # the module the optimiser steps: the ViT inside the auxiliary losses that are on (training only)
         resizing = bool(d.start_size) and d.start_size != self.model.config.image_size  # smaller batches first: any grid
-        self.aux = auxiliary.wrap(AnyGrid(self.model) if resizing else self.model, self.config.optim, num_classes,
-                                  frozen=self.config.train.freeze_backbone)
+        self.grid_model = AnyGrid(self.model) if resizing else self.model
+        self.aux = auxiliary.wrap(self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone)
+        self.pretrained = False  # whether the self-supervised stage (pretrain.py) is done
         self.trained = self.aux.trained
         self.teacher_history: list[dict] = []
         self.teacher_lent_by: str | None = None  # the run whose teacher this one borrowed
@@ -206,6 +209,7 @@ class Trainer:
             "model_config": asdict(self.model.config),
             "preprocess": asdict(self.preprocess),
             **self.aux.state_dict(),  # the auxiliary losses' own parts
+            "pretrained": self.pretrained,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
@@ -231,6 +235,7 @@ class Trainer:
             self.ema.load_state_dict(state["ema"])
         self.history = list(state["history"])
         self.start_epoch = int(state["epoch"])
+        self.pretrained = bool(state.get("pretrained")) or self.start_epoch > 0
 
     # ------------------------------------------------------------------ the run
 
@@ -283,6 +288,11 @@ class Trainer:
             try:
                 if self.aux.need_teacher:
                     self.aux.set_teacher(train_or_load_teacher(self))
+                if c.optim.pretrain_epochs and not self.pretrained:
+                    pretrain(self)
+                    self.pretrained = True
+                    if self.main:  # resumable from here: an interruption keeps the pre-trained weights
+                        rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
                 fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
                     start_epoch=self.start_epoch, settings=self.settings, hooks=hooks, eval_model=self.eval_model,
                     eval_every=c.train.eval_every, show_progress=not self.quiet, num_classes=len(self.classes))
