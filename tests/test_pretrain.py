@@ -128,3 +128,15 @@ def test_a_pre_trained_run_resumes_as_an_uninterrupted_one_without_pre_training_
     resumed = resume(tmp_path / "stopped", quiet=True)
     assert resumed.history[-1]["train_loss"] == pytest.approx(whole.history[-1]["train_loss"], rel=1e-5)
     assert resumed.test["acc"] == pytest.approx(whole.test["acc"])
+
+
+def test_the_command_line_refuses_pre_training_a_class_token_model_before_reading_a_photo(photos, tmp_path, capsys):
+    from foodvit.cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--pretrain-epochs", "1", "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in lines if "error" in line]
+    assert errors == [lines[-1]] and "--pretrain-epochs" in errors[0] and "--pool gap or --pool seq" in errors[0]
+    assert not any("reading" in line for line in lines)  # no photo read
+    assert not out.exists()

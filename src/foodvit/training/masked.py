@@ -56,6 +56,13 @@ class Reconstruction(nn.Module):
         return {"mask_token"}
 
 
+def check_reconstructable(pool: str, option: str) -> None:
+    """Reconstruction reads every patch's output token, which a class-token model's last block does not compute."""
+    if pool == "cls":
+        raise ConfigError(f"{option} reconstructs each hidden patch from its output token, which a class-token model's "
+                          "last block does not compute: use --pool gap or --pool seq")
+
+
 def hide_pixels(images: torch.Tensor, hidden: torch.Tensor, patch_size: int) -> torch.Tensor:
     """The images with the hidden patches' pixels set to 0 (the mean of normalised photos)."""
     B, _, H, W = images.shape
@@ -75,9 +82,7 @@ class WithMaskedPatches(AuxiliaryLoss):
 
     def __init__(self, student: nn.Module, weight: float, ratio: float) -> None:
         vit = innermost_vit(student)
-        if vit.config.pool == "cls":
-            raise ConfigError(f"{self.option} reconstructs each hidden patch from its output token, which a class-token model's "
-                              "last block does not compute: use --pool gap or --pool seq")
+        check_reconstructable(vit.config.pool, self.option)
         super().__init__(student, weight)
         self.ratio = ratio
         c = vit.config

@@ -57,6 +57,7 @@ from foodvit.training.engine import (
     own_random_state,
 )
 from foodvit.training.freezing import freeze_backbone
+from foodvit.training.masked import check_reconstructable
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.pretrain import pretrain
 from foodvit.training.report import per_class_accuracy, size_note, write_results
@@ -138,6 +139,8 @@ class Trainer:
         self.grid_model = AnyGrid(self.model) if resizing else self.model
         self.aux = auxiliary.wrap(self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone)
         self.pretrained = False  # whether the self-supervised stage (pretrain.py) is done
+        if self.config.optim.pretrain_epochs:
+            check_reconstructable(self.model.config.pool, "--pretrain-epochs")  # before any photo is read
         self.trained = self.aux.trained
         self.teacher_history: list[dict] = []
         self.teacher_lent_by: str | None = None  # the run whose teacher this one borrowed
