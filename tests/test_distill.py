@@ -154,13 +154,13 @@ def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos
             kwargs = {**kwargs, "epochs": 2}
         return real(model, *args, **kwargs)
 
-    import foodvit.training.distill as D  # the teacher's fit runs there
+    import foodvit.training.stages as S  # the teacher's fit runs there
 
-    for module in (T, D):
+    for module in (T, S):
         monkeypatch.setattr(module, "fit", stop_after_two_student_epochs)
     train(distilled(photos, epochs=3), out, quiet=True)
     assert len(load_checkpoint(out / "checkpoint.pt")["history"]) == 2
-    for module in (T, D):
+    for module in (T, S):
         monkeypatch.setattr(module, "fit", real)
     saved_teacher = (out / "teacher.pt").read_bytes()
     calls_after = {"n": 0}
@@ -169,7 +169,7 @@ def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos
         calls_after["n"] += 1
         return real(model, *args, **kwargs)
 
-    for module in (T, D):
+    for module in (T, S):
         monkeypatch.setattr(module, "fit", count)
     resumed = resume(out, quiet=True)
     assert calls_after["n"] == 1  # the student's epochs only
@@ -201,14 +201,14 @@ def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(photo
             raise KeyboardInterrupt
         return real(model, *args, **kwargs)
 
-    import foodvit.training.distill as D  # the teacher's fit runs there
+    import foodvit.training.stages as S  # the teacher's fit runs there
 
-    for module in (T, D):
+    for module in (T, S):
         monkeypatch.setattr(module, "fit", interrupt_the_student)
     with pytest.raises(KeyboardInterrupt):
         train(distilled(photos, epochs=2), out, quiet=True)
     assert (out / "teacher.pt").is_file() and load_checkpoint(out / "checkpoint.pt")["epoch"] == 0
-    for module in (T, D):
+    for module in (T, S):
         monkeypatch.setattr(module, "fit", real)
     resumed = resume(out, quiet=True)
     assert [r["epoch"] for r in resumed.history] == [1, 2]

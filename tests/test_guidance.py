@@ -108,7 +108,7 @@ def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(pho
     assert set(state["guidance"]) == {f"{k}.{p}" for k in range(3) for p in ("weight", "bias")}
     assert not any(k.startswith("adapters") for k in state["model"])  # the model file holds the ViT alone
     assert (tmp_path / "whole" / "teacher.pt").is_file()
-    import foodvit.training.distill as D
+    import foodvit.training.stages as S  # the teacher's fit runs there
     import foodvit.training.trainer as T
 
     real, calls = T.fit, {"n": 0}
@@ -117,11 +117,11 @@ def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(pho
         calls["n"] += 1
         return real(model, *args, **({**kwargs, "epochs": 1} if calls["n"] == 2 else kwargs))  # the teacher's fit is the first
 
-    for module in (T, D):
+    for module in (T, S):
         monkeypatch.setattr(module, "fit", stop_after_one_student_epoch)
     out = tmp_path / "stopped"
     train(guided(photos, 2), out, quiet=True)
-    for module in (T, D):
+    for module in (T, S):
         monkeypatch.setattr(module, "fit", real)
     resumed = resume(out, quiet=True)
     assert resumed.history[-1]["train_loss"] == pytest.approx(whole.history[-1]["train_loss"], rel=1e-5)

@@ -13,7 +13,7 @@ from foodvit.config import RunConfig, TrainConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
-from foodvit.training.engine import train_one_epoch
+from foodvit.training.engine import TrainingDiverged, train_one_epoch
 from foodvit.training.masked import WithMaskedPatches, draw_mask, patch_pixels
 from foodvit.training.pretrain import PRETRAINING_FILE, MaskedImageModelling
 from foodvit.training.trainer import resume, train
@@ -63,6 +63,11 @@ def test_pre_training_trains_the_encoder_and_not_the_head():
     assert vit.head.weight.grad.abs().sum() == 0 and vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
     assert task.reconstruction.mask_token.grad.abs().sum() > 0 and vit.patch_embed.stem.layers[0].weight.grad.abs().sum() > 0
     torch.testing.assert_close(task.eval()(torch.ones(1, 3, 32, 32)), vit.eval()(torch.ones(1, 3, 32, 32)))
+    # a distillation token's head, which the stage does not train either, still gets its gradient of 0
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1, pool="gap", distill_token=True)
+    _, loss = MaskedImageModelling(vit, ratio=0.5).train()(torch.randn(2, 3, 32, 32))
+    loss.backward()
+    assert vit.head_dist.weight.grad is not None and vit.head_dist.weight.grad.abs().sum() == 0
 
 
 def test_the_engine_minimises_a_self_supervised_loss_alone_without_reading_labels():
@@ -111,17 +116,35 @@ def test_a_run_pre_trains_before_its_supervised_epochs(photos, tmp_path):
     assert pre.history[0]["train_loss"] != pytest.approx(plain.history[0]["train_loss"])  # the same seed, other starting weights
 
 
+def test_a_run_that_fails_in_pre_training_says_where_and_leaves_nothing_behind(photos, tmp_path, monkeypatch):
+    real, calls = MaskedImageModelling.forward, []
+
+    def diverge(self, images):  # 12 photos in batches of 8: the third step is the second epoch's first
+        calls.append(1)
+        _, loss = real(self, images)
+        return None, loss * float("nan") if len(calls) == 3 else loss
+
+    monkeypatch.setattr(MaskedImageModelling, "forward", diverge)
+    with pytest.raises(TrainingDiverged, match="in self-supervised pre-training epoch 2; training stopped and no epoch finished"):
+        train(pretraining(photos, 1), tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()  # its pretraining.csv too: nothing to resume, nothing left
+
+
 @pytest.mark.slow  # two trainings and a resume; test_a_run_pre_trains_before_its_supervised_epochs covers the stage fast
 def test_a_pre_trained_run_resumes_as_an_uninterrupted_one_without_pre_training_again(photos, tmp_path, monkeypatch):
     whole = train(pretraining(photos, 2), tmp_path / "whole", quiet=True)
     import foodvit.training.trainer as T
 
-    real = T.fit
-    monkeypatch.setattr(T, "fit", lambda *a, **k: real(*a, **{**k, "epochs": 1}))
-    train(pretraining(photos, 2), tmp_path / "stopped", quiet=True)
-    monkeypatch.setattr(T, "fit", real)
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt  # after the stage, before the first supervised epoch ends
 
-    def again(trainer):
+    monkeypatch.setattr(T, "fit", stop)
+    with pytest.raises(KeyboardInterrupt):
+        train(pretraining(photos, 2), tmp_path / "stopped", quiet=True)
+    assert load_checkpoint(tmp_path / "stopped" / "checkpoint.pt")["pretrained"] is True
+    monkeypatch.undo()
+
+    def again(trainer, rows):
         raise AssertionError("pre-trained again")
 
     monkeypatch.setattr(T, "pretrain", again)

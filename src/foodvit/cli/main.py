@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             where = getattr(args, "run_dir", None)
             if where and (Path(where) / "checkpoint.pt").exists():
-                print(f"\ninterrupted: every finished epoch is saved in {where}; continue with `foodvit train --resume {where}`",
+                print(f"\ninterrupted: every finished epoch (and stage) is saved in {where}; continue with `foodvit train --resume {where}`",
                       file=sys.stderr)
             else:
                 print("\ninterrupted before the first epoch finished: nothing was saved", file=sys.stderr)

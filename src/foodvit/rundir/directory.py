@@ -33,9 +33,10 @@ from foodvit.rundir.compare import differences
 
 TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (training/distill.py)
 TENSORBOARD = "tensorboard"  # --tensorboard's event files (training/tracking.py)
+PRETRAINING_FILE = "pretraining.csv"  # each self-supervised pre-training epoch's loss (training/pretrain.py)
 # every file and folder a run writes (a failed start removes these, and only these)
 RUN_FILES = ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "curves.png", "confusion.png",
-             "most_wrong.png", "report.md", TEACHER_FILE)
+             "most_wrong.png", "report.md", TEACHER_FILE, PRETRAINING_FILE)
 RUN_FOLDERS = (TENSORBOARD,)
 # *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised
 METRIC_COLUMNS = ("epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds",
@@ -217,7 +218,7 @@ def load_checkpoint(path: Path) -> dict:
 
     path = Path(path)
     if not path.is_file():
-        raise RunError(f"{path} does not exist: nothing to resume (a run writes it after its first epoch)")
+        raise RunError(f"{path} does not exist: nothing to resume (a run writes it after its first epoch, or its CNN teacher or pre-training stage)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load raises many kinds for a damaged or foreign file; all mean the same here

@@ -42,8 +42,8 @@ from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
 from foodvit.training.heads import HeadsAndLoss, TaughtLoss, loss_so_far
-from foodvit.training.engine import FitHooks, epoch_line, fit
-from foodvit.training.optim import build_optimizer, build_scheduler
+from foodvit.training.engine import epoch_line
+from foodvit.training.stages import fit_stage
 
 
 TEACHER_STRIDE = 32  # a ResNet's total stride: at this size or less its last feature map is 1 x 1
@@ -222,17 +222,10 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
     if saved is None:
         check_teacher_batches(trainer)
         trainer.log(f"training the CNN teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
-        optimizer = build_optimizer(teacher, c.optim, trainer.device)
-        scheduler = build_scheduler(optimizer, c.optim, trainer.steps_per_epoch, c.train.epochs)
-
-        def before(epoch: int) -> None:
-            torch.manual_seed(derive_seed(c.train.seed, "teacher-step", epoch))
-            trainer.train_loader.batch_sampler.set_epoch(epoch)
-
-        hooks = FitHooks(before_epoch=[before], after_epoch=[lambda _, row: trainer.log("teacher " + epoch_line(row, c.train.epochs))])
-        history = fit(trainer.ctx.wrap(teacher), trainer.train_loader, {"test": trainer.eval_loaders["test"]}, optimizer, scheduler,
-                      epochs=c.train.epochs, settings=replace(trainer.settings, input_size=0), hooks=hooks,
-                      eval_every=c.train.epochs, show_progress=not trainer.quiet, num_classes=len(trainer.classes))
+        history = fit_stage(trainer, teacher, epochs=c.train.epochs, purpose="teacher-step", optim=c.optim,
+                            settings=replace(trainer.settings, input_size=0),
+                            after_epoch=[lambda _, row: trainer.log("teacher " + epoch_line(row, c.train.epochs))],
+                            eval_loaders={"test": trainer.eval_loaders["test"]}, eval_every=c.train.epochs, num_classes=len(trainer.classes))
         saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history,
                  "trained_on": trained_on(trainer)}
         if trainer.main:

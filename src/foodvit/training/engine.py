@@ -115,7 +115,8 @@ def train_one_epoch(
     predictions against the photos' classes (the dominant class of a mixed photo), without label
     smoothing or auxiliary loss, so that it compares with the evaluation loss; train_objective,
     what the optimiser minimised (label smoothing, mixed targets and any auxiliary loss included);
-    train_acc; n; lr; loading_s, the seconds spent waiting for the loader.
+    train_acc; n; lr; loading_s, the seconds spent waiting for the loader. For a self-supervised
+    objective ((None, loss)) train_loss is the objective too, and train_acc 0.
 
     Distributed (settings.reduce, world_size): the loader gives this process's share of each
     global batch (None for an empty share), and each share's loss is scaled so that the gradient

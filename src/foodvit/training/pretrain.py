@@ -10,12 +10,14 @@ predicts each hidden patch's normalised pixels from its output token:
 
     loss = mean over hidden patches of || decoder(z_L^i) - norm(x_p^i) ||^2
 
-The classes are never read. The stage uses the run's training photos and augmentation, its
-optimiser settings and a warmup + cosine schedule of its own over the N epochs, at --start-size
-when progressive resizing is on (its cheaper first size). Then the supervised stage starts from
-the weights it leaves; the mask token and the decoder are dropped. After the stage the run's
-checkpoint says so: a run interrupted later resumes without pre-training again, one interrupted
-during the stage pre-trains again from the start (the same seeds, the same weights). On several
+The classes are never read. The stage uses the run's training photos and augmentation (mixing
+too, when on), its optimiser settings and a schedule of its own over the N epochs (the supervised
+warmup, at most N / 2 epochs, then the decay), at --start-size when progressive resizing is on (its
+cheaper first size). Then the supervised stage starts from the weights it leaves; the mask token
+and the decoder are dropped. After the stage the run's checkpoint says so: a run interrupted later
+resumes without pre-training again. One interrupted during the stage has no checkpoint yet and
+is removed as any failed start is, unless it trained a CNN teacher first: it then resumes from
+the teacher and pre-trains again from the start (the same seeds, the same weights). On several
 processes (torchrun) each draws the masks of its own share of a batch: such a run pre-trains as
 one process would, with other masks, not step for step the same (as with drloc's token pairs).
 """
@@ -28,19 +30,17 @@ import torch
 from torch import nn
 
 from foodvit.files import write_text
+from foodvit.rundir.directory import PRETRAINING_FILE
 from foodvit.seeds import derive_seed
-from foodvit.training.engine import FitHooks, fit
 from foodvit.training.masked import WithMaskedPatches
-from foodvit.training.optim import build_optimizer, build_scheduler
-
-PRETRAINING_FILE = "pretraining.csv"  # each pre-training epoch's reconstruction loss, learning rate and time
+from foodvit.training.stages import fit_stage
 
 
 class MaskedImageModelling(WithMaskedPatches):
     """The pre-training task around a student (a ViT, or AnyGrid around one): in training mode
     (None, reconstruction loss), which the engine minimises alone; in eval mode the student's
-    prediction. The student's heads are computed too and add 0 x their sum to the loss, so that
-    every parameter has a gradient (of 0) as DistributedDataParallel expects."""
+    prediction. The student's heads (the distillation token's too) are computed and add 0 x their
+    sum to the loss, so that every parameter has a gradient (of 0) as DistributedDataParallel expects."""
 
     option = "--pretrain-epochs"
     hide_pixels = True
@@ -52,29 +52,26 @@ class MaskedImageModelling(WithMaskedPatches):
         if not self.training:
             return self.student(images)
         out = self.forward_heads(images)
-        return None, out.auxiliary + 0.0 * out.logits.sum()
+        unused = out.logits.sum() + (out.distilled.sum() if out.distilled is not None else 0.0)
+        return None, out.auxiliary + 0.0 * unused
 
 
 def epoch_line(row: dict, epochs: int) -> str:
     return f"pre-training epoch {row['epoch']:>3}/{epochs} | reconstruction loss {row['train_objective']:.4f} | lr {row['lr']:.2e} | {row['seconds']:.1f} s"
 
 
-def pretrain(trainer) -> list[dict]:
-    """Pre-train trainer.model in place for config.optim.pretrain_epochs epochs; each epoch's row
-    (epoch, train_objective: the reconstruction loss, lr, seconds) goes to the run's pretraining.csv."""
+def pretrain(trainer, rows: list[dict]) -> None:
+    """Pre-train trainer.model in place for config.optim.pretrain_epochs epochs, appending each
+    epoch's row (epoch, train_objective: the reconstruction loss, lr, seconds) to `rows` and
+    writing them to the run's pretraining.csv."""
     c, device = trainer.config, trainer.device
     epochs = c.optim.pretrain_epochs
     torch.manual_seed(derive_seed(c.train.seed, "pretrain-init"))
     task = MaskedImageModelling(trainer.grid_model, c.optim.pretrain_mask_ratio).to(device)
-    optimizer = build_optimizer(task, c.optim, device)
-    scheduler = build_scheduler(optimizer, c.optim, trainer.steps_per_epoch, epochs)
     size = trainer.input_size(0)
     settings = replace(trainer.settings, input_size=0 if size == trainer.model.config.image_size else size)
-    rows: list[dict] = []
-
-    def before(epoch: int) -> None:
-        torch.manual_seed(derive_seed(c.train.seed, "pretrain-step", epoch))  # the masks of this epoch
-        trainer.train_loader.batch_sampler.set_epoch(epoch)
+    # the supervised warmup, at most half the stage: a short stage still reaches its peak and decays
+    optim = replace(c.optim, warmup_epochs=min(c.optim.warmup_epochs, epochs / 2))
 
     def after(epoch: int, row: dict) -> None:
         rows.append({k: row[k] for k in ("epoch", "train_objective", "lr", "seconds")})
@@ -85,6 +82,5 @@ def pretrain(trainer) -> list[dict]:
 
     trainer.log(f"self-supervised pre-training (masked-image modelling, {c.optim.pretrain_mask_ratio:.0%} of the patches hidden) "
                 f"for {epochs} epochs at {size} px")
-    fit(trainer.ctx.wrap(task), trainer.train_loader, {}, optimizer, scheduler, epochs=epochs, settings=settings,
-        hooks=FitHooks(before_epoch=[before], after_epoch=[after]), show_progress=not trainer.quiet, stage="pre-training")
-    return rows
+    fit_stage(trainer, task, epochs=epochs, purpose="pretrain-step", optim=optim, settings=settings, after_epoch=[after],
+              stage="pre-training")

@@ -139,6 +139,8 @@ class Trainer:
         self.grid_model = AnyGrid(self.model) if resizing else self.model
         self.aux = auxiliary.wrap(self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone)
         self.pretrained = False  # whether the self-supervised stage (pretrain.py) is done
+        self.pretraining: list[dict] = []  # its epochs' rows, while it runs
+        self.stage = "epoch"  # what is training now, for a message: the supervised epochs or the stage before them
         if self.config.optim.pretrain_epochs:
             check_reconstructable(self.model.config.pool, "--pretrain-epochs")  # before any photo is read
         self.trained = self.aux.trained
@@ -292,8 +294,9 @@ class Trainer:
                 if self.aux.need_teacher:
                     self.aux.set_teacher(train_or_load_teacher(self))
                 if c.optim.pretrain_epochs and not self.pretrained:
-                    pretrain(self)
-                    self.pretrained = True
+                    self.stage = "self-supervised pre-training epoch"
+                    pretrain(self, self.pretraining)
+                    self.pretrained, self.stage = True, "epoch"
                     if self.main:  # resumable from here: an interruption keeps the pre-trained weights
                         rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
                 fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
@@ -301,7 +304,8 @@ class Trainer:
                     eval_every=c.train.eval_every, show_progress=not self.quiet, num_classes=len(self.classes))
                 return self.finish()
             except TrainingDiverged as err:
-                raise TrainingDiverged(f"{err} in epoch {len(self.history) + 1}; training stopped and {self._kept()}. "
+                epoch = len(self.history if self.stage == "epoch" else self.pretraining) + 1
+                raise TrainingDiverged(f"{err} in {self.stage} {epoch}; training stopped and {self._kept()}. "
                                        "Lower --lr, add --clip-grad 1.0 or --warmup-epochs, then start a new run.") from None
             except PeerLost as err:
                 raise PeerLost(f"{err}; {self._kept()}: {rundir.resume_command(self.out)}") from None
@@ -317,6 +321,8 @@ class Trainer:
     def _kept(self) -> str:
         if self.history:
             return f"the last good checkpoint (epoch {len(self.history)}) is kept in {self.out / 'checkpoint.pt'}"
+        if self.pretrained:
+            return f"the pre-trained weights are kept in {self.out / 'checkpoint.pt'}"
         return "no epoch finished"
 
     def finish(self) -> Result:
