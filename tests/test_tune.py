@@ -126,12 +126,12 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
     a change the teacher depends on may not, nor a recipe without a teacher, nor a folder of no study."""
     import torch
 
-    import foodvit.training.distill as distill
+    import foodvit.training.stages as stages
     from foodvit.rundir.directory import load_checkpoint
 
     trained = []
-    real = distill.build_optimizer
-    monkeypatch.setattr(distill, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
+    real = stages.build_optimizer  # each stage a run trains before its epochs (here: its teacher) builds one
+    monkeypatch.setattr(stages, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(a), "--quiet", *GUIDED]) == 0
     assert len(trained) == 2  # a teacher a fold
@@ -306,15 +306,15 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
     fold's held-out photos, written as a study `foodvit cv --compare` pairs."""
     import torch
 
-    import foodvit.training.distill as distill
+    import foodvit.training.stages as stages
     from foodvit.rundir.directory import load_checkpoint, save_checkpoint
 
     teachers = bench_teachers(monkeypatch)
     guided = tmp_path / "guided"
     assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(guided), "--quiet", *GUIDED]) == 0
     trained = []
-    real = distill.build_optimizer
-    monkeypatch.setattr(distill, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
+    real = stages.build_optimizer  # each stage a run trains before its epochs (here: its teacher) builds one
+    monkeypatch.setattr(stages, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
     assert teachers.main([str(guided), str(tmp_path / "cnn")]) == 0
     assert trained == []
     scored, vit = json.loads((tmp_path / "cnn" / "cv.json").read_text()), json.loads((guided / "cv.json").read_text())
