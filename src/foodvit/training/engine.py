@@ -154,20 +154,19 @@ def train_one_epoch(
         with _no_sync(model, i + 1 != group_end), autocast(s):
             out = model(images)
             logits, extra = out if isinstance(out, tuple) else (out, None)
-            if logits is None:  # a self-supervised objective (pretrain.py): no classes, its loss alone
-                loss_sum = torch.zeros((), device=s.device)
-            else:
-                loss_sum = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum")
+            supervised = logits is not None  # else a self-supervised objective (pretrain.py): its loss alone, no classes
+            loss_sum = (F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum") if supervised
+                        else torch.zeros((), device=s.device))
             objective_sum = loss_sum if extra is None else loss_sum + extra * n
             # DistributedDataParallel averages over processes: scale by world_size / global images
             (objective_sum * (s.world_size / (global_n * group_size))).backward()
-        hard = _hard(labels)
         with torch.no_grad():
-            if logits is None:  # what is shown as its loss: the objective itself
-                plain, correct = objective_sum.detach(), torch.zeros((), device=s.device)
-            else:
+            if supervised:
+                hard = _hard(labels)
                 plain = F.cross_entropy(logits.detach().float(), hard, reduction="sum")
                 correct = (logits.detach().argmax(dim=1) == hard).sum()
+            else:  # what is shown as its loss: the objective itself
+                plain, correct = objective_sum.detach(), torch.zeros((), device=s.device)
         sums += torch.stack([plain.double(), objective_sum.detach().double(), correct.double(),
                              torch.tensor(float(n), device=s.device, dtype=torch.float64)])
         if (i + 1) % s.sync_every == 0 or i + 1 == total_batches:
@@ -188,7 +187,7 @@ def train_one_epoch(
             if hooks:
                 seen = max(totals[3], 1)
                 info = StepInfo(epoch, (i // s.accum_steps) + 1, steps, plain.detach() / max(n, 1), lr, grad_norm,
-                                totals[0] / seen, None if logits is None else totals[2] / seen, model)
+                                totals[0] / seen, totals[2] / seen if supervised else None, model)
                 for hook in hooks:
                     hook(info)
     if bar is not None:
