@@ -17,7 +17,7 @@ optuna = pytest.importorskip("optuna")
 
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.cli.options import build_config  # noqa: E402
-from foodvit.config import load_recipe  # noqa: E402
+from foodvit.config import RunConfig, load_recipe, with_settings  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import cv  # noqa: E402
 from foodvit.tuning.search import costs, parse_budget, trial_config, tune, write_report  # noqa: E402
@@ -625,3 +625,26 @@ def test_best_toml_records_the_schedule_the_best_trial_trained_with(tmp_path):
     write_report(study, tmp_path, build_config("default"), {}, folds=2)
     best = load_recipe(str(tmp_path / "best.toml"))
     assert (best.vit["image_size"], best.data.start_size) == (48, 0)
+
+
+def test_a_study_started_before_a_setting_existed_resumes_and_one_at_another_value_does_not(tmp_path):
+    """An upgrade adds settings, at defaults that keep the old behaviour: a study whose study.json
+    lacks one is the same study at the default, and another study at any other value."""
+    config = RunConfig()
+    identity = {"kind": "cv", "folds": 5, "settings": cv.study_settings(config)}
+    older = json.loads(json.dumps(identity))
+    del older["settings"]["optim"]["pretrain_epochs"]  # as a version before the setting wrote it
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "study.json").write_text(json.dumps(older))
+    cv.open_study(folder, identity)  # resumed: nothing raised
+    assert json.loads((folder / "study.json").read_text()) == older  # and the file left as it was
+    changed = {**identity, "settings": cv.study_settings(with_settings(config, {"optim.pretrain_epochs": 5}))}
+    with pytest.raises(StudyError, match=r"optim.pretrain_epochs: 0 -> 5"):
+        cv.open_study(folder, changed)
+    # a stored setting this version does not know still differs, never silently dropped
+    unknown = json.loads(json.dumps(older))
+    unknown["settings"]["optim"]["retired_option"] = 1
+    (folder / "study.json").write_text(json.dumps(unknown))
+    with pytest.raises(StudyError, match="retired_option"):
+        cv.open_study(folder, identity)

@@ -31,7 +31,7 @@ from filelock import FileLock, Timeout
 from foodvit.config import RunConfig
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split, check, cv_folds, keep_classes, list_split
-from foodvit.errors import StudyError
+from foodvit.errors import FoodVitError, StudyError
 from foodvit.files import atomic_folder, write_text
 from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
@@ -294,12 +294,34 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
     return summarise(results), results
 
 
+def study_settings(config: RunConfig) -> dict:
+    """The settings that name a study's recipe: all of the config's but the photos' folder (a study
+    names its photos by their fingerprint, so a moved copy of them is the same study)."""
+    settings = config.to_dict()
+    settings["data"] = {k: v for k, v in settings["data"].items() if k != "source"}
+    return settings
+
+
+def _through_today(stored: dict) -> dict:
+    """A stored study identity with its settings read through today's defaults: a setting added since
+    the study started is absent from its file, and at its default (which keeps the old behaviour) it
+    is not a change of recipe. Settings this version cannot read are left as they were (and differ)."""
+    if not isinstance(stored.get("settings"), dict):
+        return stored
+    try:
+        settings = study_settings(RunConfig.from_dict(stored["settings"]))
+    except (FoodVitError, TypeError):
+        return stored
+    return {**stored, "settings": settings}
+
+
 def open_study(folder: Path, identity: dict) -> None:
     """Make folder a study of `identity`, or check that it already is one: another data set,
-    folds, seeds or settings are refused, never mixed in."""
+    folds, seeds or settings are refused, never mixed in (settings added to foodvit since the study
+    started count at their defaults)."""
     path = folder / STUDY_FILE
     if path.is_file():
-        stored = json.loads(path.read_text())
+        stored = _through_today(json.loads(path.read_text()))
         changed = differences(stored, identity)
         if changed:
             shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed[:4])
@@ -328,10 +350,8 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
     split = training_photos(config)
     check_folds(split, folds)
     seed_list = [config.train.seed + i for i in range(seeds)]
-    settings = config.to_dict()
-    settings["data"] = {k: v for k, v in settings["data"].items() if k != "source"}  # the photos are named by their fingerprint
     identity = {"kind": "cv", "data": fingerprint(split), "classes": list(split.classes), "folds": folds, "seeds": seed_list,
-                "settings": settings}
+                "settings": study_settings(config)}
     if teachers is not None:
         teachers = Path(teachers)
         check_lender(teachers, study, identity, config)
