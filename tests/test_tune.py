@@ -631,7 +631,7 @@ def test_a_study_started_before_a_setting_existed_resumes_and_one_at_another_val
     """An upgrade adds settings, at defaults that keep the old behaviour: a study whose study.json
     lacks one is the same study at the default, and another study at any other value."""
     config = RunConfig()
-    identity = {"kind": "cv", "folds": 5, "settings": cv.study_settings(config)}
+    identity = {"kind": "cv", "folds": 5, "settings": cv.study_settings(config.to_dict())}
     older = json.loads(json.dumps(identity))
     del older["settings"]["optim"]["pretrain_epochs"]  # as a version before the setting wrote it
     folder = tmp_path / "study"
@@ -639,7 +639,7 @@ def test_a_study_started_before_a_setting_existed_resumes_and_one_at_another_val
     (folder / "study.json").write_text(json.dumps(older))
     cv.open_study(folder, identity)  # resumed: nothing raised
     assert json.loads((folder / "study.json").read_text()) == older  # and the file left as it was
-    changed = {**identity, "settings": cv.study_settings(with_settings(config, {"optim.pretrain_epochs": 5}))}
+    changed = {**identity, "settings": cv.study_settings(with_settings(config, {"optim.pretrain_epochs": 5}).to_dict())}
     with pytest.raises(StudyError, match=r"optim.pretrain_epochs: 0 -> 5"):
         cv.open_study(folder, changed)
     # a stored setting this version does not know still differs, never silently dropped

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, Range, check_value
+from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, FoodVitError, Range, check_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -319,6 +319,17 @@ class RunConfig:
             optim=_build(OptimConfig, d.get("optim", {})),
             train=_build(TrainConfig, d.get("train", {})),
         )
+
+
+def settings_as_today(stored: dict) -> dict:
+    """Settings a run or a study stored, as this version writes them: a setting added since is absent
+    from them and counts at its default (a new setting's default keeps the old behaviour, so the recipe
+    is the same). Settings this version cannot read (a setting since removed, a wrong type) come back
+    as stored, so that a comparison shows them rather than drops them."""
+    try:
+        return RunConfig.from_dict(stored).to_dict()
+    except (FoodVitError, TypeError):
+        return stored
 
 
 SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig}

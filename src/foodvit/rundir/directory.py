@@ -25,7 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from foodvit.config import RunConfig
+from foodvit.config import RunConfig, settings_as_today
 from foodvit.data.datasource import DataSource
 from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import atomic_write
@@ -256,12 +256,8 @@ def read_for_resume(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
     config = read_config(config_path)
     state = load_checkpoint(out / "checkpoint.pt")
     if state.get("config") is not None:
-        # the stored settings through today's defaults: settings added since the run started are not edits
-        try:
-            stored = RunConfig.from_dict(state["config"]).to_dict()
-        except (FoodVitError, TypeError):
-            stored = state["config"]
-        changed = differences(stored, config.to_dict())
+        # settings added since the run started are not edits
+        changed = differences(settings_as_today(state["config"]), config.to_dict())
         if changed:
             shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed)
             raise RunError(f"{config_path} differs from the settings the run started with ({shown}); "

@@ -7,7 +7,8 @@ module the optimiser steps (the auxiliary head; wrapped in DistributedDataParall
 optimiser, schedule and EMA. Then fit() trains the CNN teacher when a loss reads one
 (distill.py), pre-trains when --pretrain-epochs asks (pretrain.py), and runs the engine with
 hooks: seeding and sampler order before each epoch; EMA, TensorBoard and the progress bar after
-each step; metrics, checkpoint and report after each epoch (rank 0 alone writes). One process is the plain case of the same code.
+each step; metrics, checkpoint and report after each epoch (rank 0 alone writes). One process is
+the plain case of the same code.
 
 Reproducibility: every random stream (model initialisation, validation split, photo order,
 augmentation, the rest of a step) has its own seed derived from the run seed (seeds.py), those

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from foodvit.config import RunConfig
+from foodvit.config import RunConfig, settings_as_today
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split, check, cv_folds, keep_classes, list_split
-from foodvit.errors import FoodVitError, StudyError
+from foodvit.errors import StudyError
 from foodvit.files import atomic_folder, write_text
 from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
@@ -294,25 +294,11 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
     return summarise(results), results
 
 
-def study_settings(config: RunConfig) -> dict:
-    """The settings that name a study's recipe: all of the config's but the photos' folder (a study
-    names its photos by their fingerprint, so a moved copy of them is the same study)."""
-    settings = config.to_dict()
-    settings["data"] = {k: v for k, v in settings["data"].items() if k != "source"}
-    return settings
-
-
-def _through_today(stored: dict) -> dict:
-    """A stored study identity with its settings read through today's defaults: a setting added since
-    the study started is absent from its file, and at its default (which keeps the old behaviour) it
-    is not a change of recipe. Settings this version cannot read are left as they were (and differ)."""
-    if not isinstance(stored.get("settings"), dict):
-        return stored
-    try:
-        settings = study_settings(RunConfig.from_dict(stored["settings"]))
-    except (FoodVitError, TypeError):
-        return stored
-    return {**stored, "settings": settings}
+def study_settings(settings: dict) -> dict:
+    """A config's settings as a study names its recipe: without the photos' folder (a study names its
+    photos by their fingerprint, so a moved copy of them is the same study)."""
+    data = settings.get("data")
+    return {**settings, "data": {k: v for k, v in data.items() if k != "source"}} if isinstance(data, dict) else settings
 
 
 def open_study(folder: Path, identity: dict) -> None:
@@ -321,7 +307,9 @@ def open_study(folder: Path, identity: dict) -> None:
     started count at their defaults)."""
     path = folder / STUDY_FILE
     if path.is_file():
-        stored = _through_today(json.loads(path.read_text()))
+        stored = json.loads(path.read_text())
+        if isinstance(stored.get("settings"), dict):
+            stored["settings"] = study_settings(settings_as_today(stored["settings"]))
         changed = differences(stored, identity)
         if changed:
             shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed[:4])
@@ -351,7 +339,7 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
     check_folds(split, folds)
     seed_list = [config.train.seed + i for i in range(seeds)]
     identity = {"kind": "cv", "data": fingerprint(split), "classes": list(split.classes), "folds": folds, "seeds": seed_list,
-                "settings": study_settings(config)}
+                "settings": study_settings(config.to_dict())}
     if teachers is not None:
         teachers = Path(teachers)
         check_lender(teachers, study, identity, config)

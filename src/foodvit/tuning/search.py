@@ -229,7 +229,7 @@ def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, b
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
     cv.open_study(study_dir, {"kind": "tune", "data": cv.fingerprint(split), "classes": list(split.classes), "folds": folds,
-                              "seed": base.train.seed, "space": space_table(space), "settings": cv.study_settings(base)})
+                              "seed": base.train.seed, "space": space_table(space), "settings": cv.study_settings(base.to_dict())})
     from filelock import FileLock
 
     # one process at a time opens the study: Optuna's first creation of its tables is not safe
