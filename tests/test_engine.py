@@ -87,6 +87,50 @@ def test_gradient_clipping_bounds_the_update():
     assert (after - before).norm().item() == pytest.approx(0.01, rel=1e-3)
 
 
+def test_sharpness_aware_minimisation_steps_with_the_gradient_at_the_worst_nearby_weights():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 5), torch.randint(0, 3, (8,))
+    base = nn.Linear(5, 3)
+    w = [p.detach().clone() for p in base.parameters()]
+
+    def gradient(weights):  # the batch's mean cross-entropy at these weights, by hand
+        weights = [t.clone().requires_grad_() for t in weights]
+        nn.functional.cross_entropy(x @ weights[0].T + weights[1], y).backward()
+        return [t.grad for t in weights]
+
+    rho, lr = 0.3, 0.5
+    g = gradient(w)
+    norm = torch.sqrt(sum((t**2).sum() for t in g))
+    worst = gradient([t + rho * d / norm for t, d in zip(w, g)])
+    expected = [t - lr * d for t, d in zip(w, worst)]
+    results = []
+    for batches, accum in (([(x, y)], 1), ([(x[:4], y[:4]), (x[4:], y[4:])], 2)):
+        model = nn.Linear(5, 3)
+        model.load_state_dict(base.state_dict())
+        train_one_epoch(model, batches, torch.optim.SGD(model.parameters(), lr=lr), settings=StepSettings(accum_steps=accum, sam=rho))
+        results.append(list(model.parameters()))
+        for got, want in zip(model.parameters(), expected):
+            torch.testing.assert_close(got.detach(), want)
+    # not the plain step: the worst point's gradient differs from the gradient at w
+    assert not torch.allclose(results[0][0].detach(), w[0] - lr * g[0], atol=1e-4)
+
+
+def test_sharpness_aware_minimisation_updates_batch_norm_statistics_once_a_step():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
+    batch = [(torch.randn(16, 4) * 3 + 1, torch.randint(0, 2, (16,)))]
+    stats = []
+    for rho in (0.0, 0.5):
+        model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
+        model.load_state_dict(base.state_dict())
+        train_one_epoch(model, batch, torch.optim.SGD(model.parameters(), lr=0.1), settings=StepSettings(sam=rho))
+        stats.append((model[1].running_mean.clone(), model[1].running_var.clone(), model[1].momentum))
+    # the statistics come from the first pass, at the same weights: as without SAM, and the momentum is back
+    torch.testing.assert_close(stats[0][0], stats[1][0])
+    torch.testing.assert_close(stats[0][1], stats[1][1])
+    assert stats[1][2] == 0.1 and not torch.equal(stats[1][0], torch.zeros(6))
+
+
 def test_nan_loss_stops_training_with_a_clear_error():
     class Poison(Fixed):
         def forward(self, x):

@@ -94,8 +94,8 @@ def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | No
 
 
 # The optimiser settings that shape the ViT's training alone, never the CNN teacher's: its auxiliary losses, its
-# self-supervised pre-training and the average of its weights.
-STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio", "pretrain_epochs", "pretrain_mask_ratio", "ema")
+# self-supervised pre-training, the average of its weights and sharpness-aware minimisation (its remedy for sharp minima).
+STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio", "pretrain_epochs", "pretrain_mask_ratio", "ema", "sam")
 
 
 def trains_teacher(config: RunConfig) -> bool:
@@ -223,7 +223,7 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
         check_teacher_batches(trainer)
         trainer.log(f"training the CNN teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
         history = fit_stage(trainer, teacher, epochs=c.train.epochs, purpose="teacher-step", optim=c.optim,
-                            settings=replace(trainer.settings, input_size=0),
+                            settings=replace(trainer.settings, input_size=0, sam=0.0),
                             after_epoch=[lambda _, row: trainer.log("teacher " + epoch_line(row, c.train.epochs))],
                             eval_loaders={"test": trainer.eval_loaders["test"]}, eval_every=c.train.epochs, num_classes=len(trainer.classes))
         saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history,

@@ -49,6 +49,7 @@ class StepSettings:
     input_shape: tuple[int, ...] = ()  # (C, H, W): the model's input, for a process whose share of a batch is empty
     grad_norm: bool = False  # measure the gradient norm every step (for step hooks), also without clipping
     input_size: int = 0  # progressive resizing: training batches are resized to this side first (0: as loaded)
+    sam: float = 0.0  # sharpness-aware minimisation's radius rho (0: off): each step's gradient is taken at the worst nearby weights
 
 
 @dataclass
@@ -83,6 +84,56 @@ def _no_sync(model: nn.Module, skip: bool):
     """DistributedDataParallel all-reduces gradients in every backward; during accumulation only the
     group's last micro-batch needs it."""
     return model.no_sync() if skip and hasattr(model, "no_sync") else contextlib.nullcontext()
+
+
+def _objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, s: StepSettings):
+    """The model's logits (None for a self-supervised objective) and the objective summed over the
+    batch: cross-entropy with the targets, plus the auxiliary loss a model may return per image."""
+    with autocast(s):
+        out = model(images)
+    logits, extra = out if isinstance(out, tuple) else (out, None)
+    loss_sum = (F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum") if logits is not None
+                else torch.zeros((), device=s.device))
+    return logits, loss_sum if extra is None else loss_sum + extra * images.shape[0]
+
+
+@contextlib.contextmanager
+def _norm_statistics_kept(model: nn.Module):
+    """Batch norms use the batch's statistics but leave their running ones as they are (momentum 0)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    kept = [m.momentum for m in norms]
+    for m in norms:
+        m.momentum = 0.0
+    try:
+        yield
+    finally:
+        for m, momentum in zip(norms, kept):
+            m.momentum = momentum
+
+
+def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -> None:
+    """Sharpness-aware minimisation (Foret et al. 2021; for ViTs from scratch, Chen et al. 2022): with the
+    step's gradient g in the parameters' .grad, move the weights to w + rho g / ||g||, the steepest point
+    at distance rho, take the group's gradient there, and come back to w: the optimiser then steps with
+    the gradient of the worst nearby loss. The micro-batches are the same; dropout and sampled pairs
+    draw again. Distributed: g is already the processes' average, so every process moves the same way."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))
+    with torch.no_grad():
+        moves = [p.grad * (s.sam / (norm + 1e-12)) for p in params]
+        for p, move in zip(params, moves):
+            p.add_(move)
+    for p in model.parameters():
+        p.grad = None
+    with _norm_statistics_kept(model):
+        for k, (images, labels, scale) in enumerate(group):
+            with _no_sync(model, k + 1 != len(group)):
+                (_objective(model, images, labels, s)[1] * scale).backward()
+    with torch.no_grad():
+        for p, move in zip(params, moves):
+            p.sub_(move)
 
 
 class ProgressBar:
@@ -134,6 +185,7 @@ def train_one_epoch(
     optimizer.zero_grad(set_to_none=True)
     waited = 0.0  # seconds spent waiting for batches: the loader's share of the epoch
     batches = iter(loader)
+    group = []  # with sharpness-aware minimisation: the step's micro-batches, taken again at the moved weights
     for i in range(total_batches):
         started = time.perf_counter()
         batch = next(batches)
@@ -151,15 +203,14 @@ def train_one_epoch(
         group_size = group_end - (i // s.accum_steps) * s.accum_steps
         n = images.shape[0]
         global_n = s.reduce(torch.tensor([float(n)], device=s.device)) if s.world_size > 1 else n
-        with _no_sync(model, i + 1 != group_end), autocast(s):
-            out = model(images)
-            logits, extra = out if isinstance(out, tuple) else (out, None)
-            supervised = logits is not None  # else a self-supervised objective (pretrain.py): its loss alone, no classes
-            loss_sum = (F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum") if supervised
-                        else torch.zeros((), device=s.device))
-            objective_sum = loss_sum if extra is None else loss_sum + extra * n
-            # DistributedDataParallel averages over processes: scale by world_size / global images
-            (objective_sum * (s.world_size / (global_n * group_size))).backward()
+        # DistributedDataParallel averages over processes: scale by world_size / global images
+        scale = s.world_size / (global_n * group_size)
+        with _no_sync(model, i + 1 != group_end):
+            logits, objective_sum = _objective(model, images, labels, s)
+            (objective_sum * scale).backward()
+        supervised = logits is not None  # else a self-supervised objective (pretrain.py): its loss alone, no classes
+        if s.sam:
+            group.append((images, labels, scale))
         with torch.no_grad():
             if supervised:
                 hard = _hard(labels)
@@ -174,6 +225,9 @@ def train_one_epoch(
             if not (math.isfinite(totals[0]) and math.isfinite(totals[1])):
                 raise TrainingDiverged(f"the loss became {totals[1] / max(totals[3], 1)} at step {i + 1} of {total_batches}")
         if i + 1 == group_end:
+            if s.sam:
+                _sharpness_aware_gradients(model, group, s)
+                group.clear()
             grad_norm = None
             if s.clip_grad > 0:
                 grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.clip_grad)

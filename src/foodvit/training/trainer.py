@@ -193,7 +193,7 @@ class Trainer:
         c = self.config
         self.settings = StepSettings(self.device, c.optim.accum_steps, c.optim.clip_grad, c.optim.label_smoothing, c.train.amp,
                                      sync_every=1 if self.device.type == "cpu" else GPU_SYNC_EVERY, reduce=self.ctx.all_reduce,
-                                     world_size=self.ctx.world_size, grad_norm=c.train.tensorboard and self.main,
+                                     world_size=self.ctx.world_size, grad_norm=c.train.tensorboard and self.main, sam=c.optim.sam,
                                      input_shape=(self.model.config.in_channels, self.model.config.image_size, self.model.config.image_size))
         wrapped = self.ctx.wrap(self.trained)
         self.step_model = torch.compile(wrapped) if c.train.compile else wrapped
