@@ -231,7 +231,8 @@ class OptimConfig:
     label_smoothing: float = opt(0.0, "label smoothing (Szegedy et al. 2016; DeiT: 0.1)", range=SHARE_BELOW_1)
     sam: float = opt(0.0, "sharpness-aware minimisation: each step's gradient is taken again at the weights moved this far "
                      "(L2) up the first gradient, the worst nearby loss (Foret et al. 2021: 0.05; for ViTs from scratch, Chen et al. "
-                     "2022), 0 = off; twice the ViT's compute a step; the CNN teacher trains without it", range=AT_LEAST_0)
+                     "2022), 0 = off; twice the ViT's compute a step; the CNN teacher and --pretrain-epochs' stage train without it",
+                     range=AT_LEAST_0)
     accum_steps: int = opt(1, "gradient accumulation steps: effective batch = batch_size x accum_steps", range=AT_LEAST_1)
     ema: float = opt(0.0, "exponential moving average of the weights, decay per step, 0 = off (DeiT: 0.99996)", range=SHARE_BELOW_1)
     drloc: float = opt(0.0, "weight of the dense relative localization loss: predict the grid offset of two output "

@@ -99,41 +99,46 @@ def _objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, s: 
 
 @contextlib.contextmanager
 def _norm_statistics_kept(model: nn.Module):
-    """Batch norms use the batch's statistics but leave their running ones as they are (momentum 0)."""
+    """Batch norms normalise with the batch's statistics as usual, but their running statistics and
+    batch count come back as they were: a step updates them once, whatever passes it takes."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    kept = [m.momentum for m in norms]
-    for m in norms:
-        m.momentum = 0.0
+    kept = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)] for m in norms]
     try:
         yield
     finally:
-        for m, momentum in zip(norms, kept):
-            m.momentum = momentum
+        with torch.no_grad():
+            for m, (mean, var, count) in zip(norms, kept):
+                m.running_mean.copy_(mean), m.running_var.copy_(var), m.num_batches_tracked.copy_(count)
 
 
 def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -> None:
-    """Sharpness-aware minimisation (Foret et al. 2021; for ViTs from scratch, Chen et al. 2022): with the
-    step's gradient g in the parameters' .grad, move the weights to w + rho g / ||g||, the steepest point
-    at distance rho, take the group's gradient there, and come back to w: the optimiser then steps with
-    the gradient of the worst nearby loss. The micro-batches are the same; dropout and sampled pairs
-    draw again. Distributed: g is already the processes' average, so every process moves the same way."""
+    """Sharpness-aware minimisation (Foret et al. 2021; for ViTs from scratch, Chen et al. 2022). The
+    parameters' .grad hold g, the step's gradient at the weights w (under DistributedDataParallel
+    already the processes' average, so every process moves the same way). Three moves:
+      1. ascend: eps = rho g / ||g||_2, the steepest point at distance rho (the paper's Eq. 2, p = 2), w + eps;
+      2. the group's gradient there, the same micro-batches and scaling (Eq. 3); dropout, drop-path,
+         the localization loss's pairs and masks draw again;
+      3. back to w (up to float rounding, the same on every process).
+    The optimiser then steps from w with the gradient of the worst nearby loss. Gradient clipping and
+    TensorBoard's gradient norm see that second gradient; the step's loss and accuracy are the first pass's."""
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))
-    with torch.no_grad():
-        moves = [p.grad * (s.sam / (norm + 1e-12)) for p in params]
-        for p, move in zip(params, moves):
-            p.add_(move)
+    with torch.no_grad():  # 1. ascend
+        eps = [p.grad * (s.sam / (norm + 1e-12)) for p in params]
+        for p, e in zip(params, eps):
+            p.add_(e)
+    # every parameter of these models is used in each pass (DistributedDataParallel requires it), so each gets its gradient again
     for p in model.parameters():
         p.grad = None
-    with _norm_statistics_kept(model):
+    with _norm_statistics_kept(model):  # 2. the gradient at w + eps
         for k, (images, labels, scale) in enumerate(group):
             with _no_sync(model, k + 1 != len(group)):
                 (_objective(model, images, labels, s)[1] * scale).backward()
-    with torch.no_grad():
-        for p, move in zip(params, moves):
-            p.sub_(move)
+    with torch.no_grad():  # 3. back to w
+        for p, e in zip(params, eps):
+            p.sub_(e)
 
 
 class ProgressBar:
@@ -209,7 +214,7 @@ def train_one_epoch(
             logits, objective_sum = _objective(model, images, labels, s)
             (objective_sum * scale).backward()
         supervised = logits is not None  # else a self-supervised objective (pretrain.py): its loss alone, no classes
-        if s.sam:
+        if s.sam:  # kept (on the device) until the step's second pass: the accumulated micro-batches of one step
             group.append((images, labels, scale))
         with torch.no_grad():
             if supervised:

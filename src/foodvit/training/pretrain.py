@@ -69,7 +69,8 @@ def pretrain(trainer, rows: list[dict]) -> None:
     torch.manual_seed(derive_seed(c.train.seed, "pretrain-init"))
     task = MaskedImageModelling(trainer.grid_model, c.optim.pretrain_mask_ratio).to(device)
     size = trainer.input_size(0)
-    settings = replace(trainer.settings, input_size=0 if size == trainer.model.config.image_size else size)
+    # sharpness-aware minimisation is the supervised stage's (--sam): here a second pass would draw other masks
+    settings = replace(trainer.settings, input_size=0 if size == trainer.model.config.image_size else size, sam=0.0)
     # the supervised warmup, at most half the stage: a short stage still reaches its peak and decays
     optim = replace(c.optim, warmup_epochs=min(c.optim.warmup_epochs, epochs / 2))
 
