@@ -124,14 +124,13 @@ def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))
+    norm = nn.utils.get_total_norm([p.grad for p in params])
     with torch.no_grad():  # 1. ascend
         eps = [p.grad * (s.sam / (norm + 1e-12)) for p in params]
         for p, e in zip(params, eps):
             p.add_(e)
     # every parameter of these models is used in each pass (DistributedDataParallel requires it), so each gets its gradient again
-    for p in model.parameters():
-        p.grad = None
+    model.zero_grad(set_to_none=True)
     with _norm_statistics_kept(model):  # 2. the gradient at w + eps
         for k, (images, labels, scale) in enumerate(group):
             with _no_sync(model, k + 1 != len(group)):
