@@ -46,6 +46,44 @@ def test_loss_is_the_cross_entropy_against_the_teachers_classes():
     torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
 
 
+class Copying(nn.Module):
+    """A 'student' whose logits are another model's."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward_heads(self, x):
+        return Heads(self.model(x), None)
+
+
+def test_at_a_temperature_the_loss_is_the_scaled_divergence_from_the_teachers_softened_probabilities():
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
+    nn.init.normal_(vit.head.weight)  # a head that does not start at zero: the student's probabilities are not uniform
+    teacher = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 3))
+    images = torch.randn(4, 3, 32, 32)
+    wrapped = WithDistillation(vit, weight=0.7, teacher=teacher, temperature=3.0).train()
+    logits, extra = wrapped(images)
+    p = torch.softmax(teacher(images).detach() / 3, dim=1)  # the teacher's probabilities at T = 3, by hand
+    q = torch.softmax(logits / 3, dim=1)
+    by_hand = 0.7 * 9 * (p * (p.log() - q.log())).sum(dim=1).mean()
+    torch.testing.assert_close(extra, by_hand, rtol=1e-5, atol=1e-6)
+    hard = WithDistillation(vit, weight=0.7, teacher=teacher).train()(images)[1]
+    assert not torch.isclose(extra, hard)  # not the hard term
+    # a student that copies the teacher's logits has nothing left to learn from it, at any temperature
+    copy = WithDistillation(Copying(teacher), weight=1.0, teacher=teacher, temperature=2.0)
+    assert copy.forward_heads(images).auxiliary.abs().item() < 1e-6
+    empty = WithDistillation(vit, weight=1.0, teacher=teacher, temperature=3.0).train()
+    assert empty(torch.zeros(0, 3, 32, 32))[1].item() == 0.0  # an empty share costs nothing
+
+
+def test_a_temperature_without_distillation_is_refused():
+    with pytest.raises(ConfigError, match="--distill-temperature softens the classes of a teacher that --distill reads"):
+        RunConfig.from_dict({"optim": {"distill_temperature": 3.0}})
+    assert RunConfig.from_dict({"optim": {"distill": 1.0, "distill_temperature": 3.0}}).optim.distill_temperature == 3.0
+
+
 def test_teacher_is_frozen_and_outside_the_trained_parameters():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)

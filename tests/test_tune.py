@@ -201,7 +201,7 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
     same = [replace(config, vit={**config.vit, "depth": 8, "drop_path": 0.1}),
             replace(config, data=replace(config.data, start_size=0, start_share=0.5, test_size=112, cache=False, workers=2)),
             replace(config, optim=replace(config.optim, drloc=1.0, guidance=2.0, ema=0.99), train=replace(config.train, compile=True)),
-            replace(config, optim=replace(config.optim, pretrain_epochs=50, pretrain_mask_ratio=0.75, sam=0.05))]
+            replace(config, optim=replace(config.optim, pretrain_epochs=50, pretrain_mask_ratio=0.75, sam=0.05, distill=1.0, distill_temperature=3.0))]
     other = [replace(config, vit={**config.vit, "image_size": 64}), replace(config, optim=replace(config.optim, lr=2e-3)),
              replace(config, data=replace(config.data, mixup=0.8, workers=2)), replace(config, train=replace(config.train, epochs=50))]
     assert all(teacher_settings(c) == teacher_settings(config) for c in same)

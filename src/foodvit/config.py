@@ -242,6 +242,9 @@ class OptimConfig:
     distill: float = opt(0.0, "weight of hard-label distillation from a CNN teacher that the run trains first on the same "
                          "photos (DeiT, Touvron et al. 2021), 0 = off; the saved model is the ViT alone; skipped with a frozen "
                          "backbone, which it cannot train", range=AT_LEAST_0)
+    distill_temperature: float = opt(0.0, "soft distillation: with --distill, the ViT matches the teacher's class probabilities "
+                                     "softened at this temperature, T^2 x KL(teacher || student) (Hinton et al. 2015; DeiT's soft "
+                                     "distillation: 3), in place of its predicted classes; 0 = hard labels", range=AT_LEAST_0)
     guidance: float = opt(0.0, "weight of locality guidance: a few blocks' patch tokens learn, through 1x1 adapters, to predict "
                           "the feature maps of a CNN teacher that the run trains first on the same photos (Li et al. 2022), 0 = off; "
                           "the saved model is the ViT alone; skipped with a frozen backbone, which it cannot train", range=AT_LEAST_0)
@@ -260,6 +263,9 @@ class OptimConfig:
         _check(self)
         if len(self.betas) != 2:
             raise ConfigError(f"--betas takes two numbers (beta1, beta2), got {len(self.betas)}")
+        if self.distill_temperature > 0 and self.distill <= 0:
+            raise ConfigError("--distill-temperature softens the classes of a teacher that --distill reads: add --distill W "
+                              "(e.g. --distill 1), or leave --distill-temperature out")
 
 
 @dataclass(frozen=True)

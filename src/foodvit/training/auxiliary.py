@@ -67,5 +67,5 @@ def wrap(model: nn.Module, optim: OptimConfig, num_classes: int, frozen: bool = 
     if optim.guidance > 0:  # its teacher, like distillation's, is trained when the run starts fitting
         aux.trained = aux.guide = WithLocalityGuidance(aux.trained, optim.guidance, teacher_skeleton(optim.teacher, num_classes))
     if optim.distill > 0:
-        aux.trained = aux.distiller = WithDistillation(aux.trained, optim.distill)
+        aux.trained = aux.distiller = WithDistillation(aux.trained, optim.distill, temperature=optim.distill_temperature)
     return aux

@@ -22,6 +22,13 @@ token, model/vit.py deviation 9) they train the token's own head instead:
     loss = CE(head(x), y) + W x CE(head_dist(x), argmax teacher(x))
 
 and the model predicts with the mean of the two heads' logits.
+
+With --distill-temperature T > 0 the term is soft distillation instead (Hinton et al. 2015; DeiT's
+soft variant, T = 3): the student matches the teacher's class probabilities softened at T,
+
+    loss = CE(student(x), y) + W x T^2 x KL(softmax(teacher(x) / T) || softmax(student(x) / T))
+
+which passes on how sure the teacher is and which classes it confuses, not only its choice.
 """
 
 from __future__ import annotations
@@ -66,18 +73,31 @@ def teacher_skeleton(name: str, num_classes: int) -> nn.Module:
 
 
 class WithDistillation(TaughtLoss):
-    """A student trained on a frozen teacher's hard labels besides the true ones: the term is weight x
+    """A student trained on a frozen teacher's classes besides the true ones: the term is weight x
     the cross-entropy of the distillation token's logits (without the token: the logits') against
-    the teacher's predicted classes. The student is a VisionTransformer or one wrapped for training."""
+    the teacher's predicted classes, or, at a temperature T > 0, against its probabilities softened
+    at T: T^2 x KL(softmax(teacher / T) || softmax(student / T)) (Hinton et al. 2015; the T^2 keeps
+    the term's gradients the size of the hard term's as T grows). The student is a VisionTransformer
+    or one wrapped for training."""
+
+    def __init__(self, student: nn.Module, weight: float, teacher: nn.Module | None = None, temperature: float = 0.0) -> None:
+        super().__init__(student, weight, teacher)
+        self.temperature = temperature
 
     def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
         teacher = self.trained_teacher()
         heads = self.student.forward_heads(images)
         with torch.no_grad():
-            targets = teacher(images).argmax(dim=1)  # an empty share gives an empty (0,) tensor
-        student = heads.logits if heads.distilled is None else heads.distilled  # the token's own head, if any
+            taught = teacher(images).float()  # an empty share gives an empty (0, classes) tensor
+        student = (heads.logits if heads.distilled is None else heads.distilled).float()  # the token's own head, if any
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
-        distill = F.cross_entropy(student.float(), targets, reduction="sum") / max(1, images.shape[0])
+        if self.temperature > 0:
+            t = self.temperature
+            distill = t * t * F.kl_div(F.log_softmax(student / t, dim=1), F.log_softmax(taught / t, dim=1),
+                                       reduction="sum", log_target=True)
+        else:
+            distill = F.cross_entropy(student, taught.argmax(dim=1), reduction="sum")
+        distill = distill / max(1, images.shape[0])
         return HeadsAndLoss(heads.logits, heads.distilled, self.weight * distill + loss_so_far(heads))
 
 
@@ -95,7 +115,7 @@ def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | No
 
 # The optimiser settings that shape the ViT's training alone, never the CNN teacher's: its auxiliary losses, its
 # self-supervised pre-training, the average of its weights and sharpness-aware minimisation (its remedy for sharp minima).
-STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "guidance", "masked", "mask_ratio", "pretrain_epochs", "pretrain_mask_ratio", "ema", "sam")
+STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "distill_temperature", "guidance", "masked", "mask_ratio", "pretrain_epochs", "pretrain_mask_ratio", "ema", "sam")
 
 
 def trains_teacher(config: RunConfig) -> bool:
