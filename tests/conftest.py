@@ -52,51 +52,98 @@ def real_data() -> Path:
     return Path(path)
 
 
-# Session-wide, so that each pytest process (each xdist worker) trains and serves once for every
-# test file that only needs "a trained run" or "a running server". Tests read them, never change them.
+# Files made once for the whole suite: a trained run, its photos and its .onnx exports, made by the
+# first pytest process (xdist worker) that needs each, under a file lock, and read by every test file
+# that only needs "a trained run" (each export is seconds of torch.export). Tests read them, never
+# change them: each process checks at its end that they are as made.
+
+
+def _made_once(tmp_path_factory, name: str, make) -> Path:
+    """tmp/NAME, made by make(path) once for the session's workers; a worker that finds it being made
+    waits for it, and one made in part (its maker failed) is made again."""
+    import shutil
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above every worker's own
+    path, done = root / "shared-files" / name, root / "shared-files" / f"{name}.done"
+    path.parent.mkdir(exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if not done.exists():
+            if path.is_dir():
+                shutil.rmtree(path)
+            path.unlink(missing_ok=True)
+            make(path)
+            done.write_text(_fingerprint(path))
+    return path
+
+
+def _fingerprint(path: Path) -> str:
+    """Every file's name, size and content digest under path (or of the file path)."""
+    import hashlib
+
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return "\n".join(f"{p.relative_to(path.parent)} {p.stat().st_size} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in files)
 
 
 @pytest.fixture(scope="session")
-def shared_photos(tmp_path_factory) -> Path:
+def _shared_files_unchanged():
+    """At this process's end: the shared files it used are as made (no test changed them)."""
+    used: list[Path] = []
+    yield used
+    for path in used:
+        made = path.parent.joinpath(f"{path.name}.done").read_text()
+        assert _fingerprint(path) == made, f"a test changed the shared {path.name}: tests must copy it before changing it"
+
+
+def _shared(tmp_path_factory, unchanged: list, name: str, make) -> Path:
+    path = _made_once(tmp_path_factory, name, make)
+    unchanged.append(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_photos(tmp_path_factory, _shared_files_unchanged) -> Path:
     """A FoodVision-like folder of generated photos (64 x 80), 6 train and 3 test photos a class."""
     from helpers import make_photo_folder
 
-    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=3, size=(64, 80))
+    return _shared(tmp_path_factory, _shared_files_unchanged, "photos", lambda path: make_photo_folder(path, n_train=6, n_test=3, size=(64, 80)))
 
 
 @pytest.fixture(scope="session")
-def shared_run(shared_photos, tmp_path_factory):
+def shared_run(shared_photos, tmp_path_factory, _shared_files_unchanged):
     """(run, photos): the tiny recipe (ViT-Ti/8, 32 px, one block, one epoch) trained through the
     command line on shared_photos."""
     from foodvit.cli.main import main
 
-    out = tmp_path_factory.mktemp("runs") / "shared"
-    assert main(["train", "--recipe", "tiny", "--data", str(shared_photos), "--out", str(out), "--epochs", "1",
-                 "--image-size", "32", "--depth", "1", "--quiet"]) == 0
-    return out, shared_photos
+    def make(out):
+        assert main(["train", "--recipe", "tiny", "--data", str(shared_photos), "--out", str(out), "--epochs", "1",
+                     "--image-size", "32", "--depth", "1", "--quiet"]) == 0
+
+    return _shared(tmp_path_factory, _shared_files_unchanged, "run", make), shared_photos
 
 
-def _export(shared_run, tmp_path_factory, name: str, *options: str) -> Path:
+def _export(shared_run, tmp_path_factory, unchanged, name: str, *options: str) -> Path:
     from foodvit.cli.main import main
 
-    out, _ = shared_run
-    path = tmp_path_factory.mktemp("onnx") / f"{name}.onnx"
-    assert main(["export", str(out), "--out", str(path), *options]) == 0
-    return path
+    def make(path):
+        assert main(["export", str(shared_run[0]), "--out", str(path), *options]) == 0
+
+    return _shared(tmp_path_factory, unchanged, f"{name}.onnx", make)
 
 
-# shared_run as .onnx files, exported once a pytest process (each export is seconds of torch.export):
-# test_export, test_serve_onnx and test_browser read them, never change them.
 @pytest.fixture(scope="session")
-def shared_onnx(shared_run, tmp_path_factory) -> Path:
+def shared_onnx(shared_run, tmp_path_factory, _shared_files_unchanged) -> Path:
     """shared_run exported by `foodvit export` as an fp32 .onnx file (the logits only)."""
-    return _export(shared_run, tmp_path_factory, "plain")
+    return _export(shared_run, tmp_path_factory, _shared_files_unchanged, "plain")
 
 
 @pytest.fixture(scope="session")
-def shared_onnx_attention(shared_run, tmp_path_factory) -> Path:
+def shared_onnx_attention(shared_run, tmp_path_factory, _shared_files_unchanged) -> Path:
     """shared_run exported with `--with-attention`: the logits and the attention rollout."""
-    return _export(shared_run, tmp_path_factory, "attention", "--with-attention")
+    return _export(shared_run, tmp_path_factory, _shared_files_unchanged, "attention", "--with-attention")
 
 
 @pytest.fixture(scope="session")
