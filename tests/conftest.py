@@ -65,6 +65,8 @@ def _made_once(tmp_path_factory, name: str, make) -> Path:
 
     from filelock import FileLock
 
+    from foodvit.files import atomic_write
+
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's folder, above every worker's own
@@ -76,7 +78,7 @@ def _made_once(tmp_path_factory, name: str, make) -> Path:
                 shutil.rmtree(path)
             path.unlink(missing_ok=True)
             make(path)
-            done.write_text(_fingerprint(path))
+            atomic_write(done, lambda tmp: Path(tmp).write_text(_fingerprint(path)))  # whole, or absent
     return path
 
 
@@ -94,8 +96,9 @@ def _shared_files_unchanged():
     used: list[Path] = []
     yield used
     for path in used:
-        made = path.parent.joinpath(f"{path.name}.done").read_text()
-        assert _fingerprint(path) == made, f"a test changed the shared {path.name}: tests must copy it before changing it"
+        made, now = path.parent.joinpath(f"{path.name}.done").read_text().splitlines(), _fingerprint(path).splitlines()
+        changed = sorted(set(made) ^ set(now))
+        assert not changed, f"a test changed the shared {path.name} (tests must copy it first): " + "; ".join(changed[:6])
 
 
 def _shared(tmp_path_factory, unchanged: list, name: str, make) -> Path:

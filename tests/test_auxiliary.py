@@ -66,3 +66,20 @@ def test_a_frozen_backbone_gets_no_auxiliary_loss():
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2)
     aux = auxiliary.wrap(vit, OptimConfig(**LOSSES), num_classes=3, frozen=True)
     assert aux.trained is vit and not aux.need_teacher and all(v is None for v in aux.state_dict().values())
+
+
+def test_the_distillation_temperature_reaches_the_loss(teacher):
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
+    images = torch.randn(4, 3, 32, 32)
+    terms = {}
+    for t in (0.0, 3.0):
+        aux = auxiliary.wrap(vit, OptimConfig(distill=1.0, distill_temperature=t), num_classes=3)
+        aux.set_teacher(teacher)
+        assert aux.distiller.temperature == t
+        terms[t] = aux.trained.train()(images)[1]
+    logits = vit.train()(images)
+    taught = torch.softmax(teacher(images).detach() / 3, dim=1)
+    by_hand = 9 * (taught * (taught.log() - torch.log_softmax(logits / 3, dim=1))).sum(dim=1).mean()
+    torch.testing.assert_close(terms[3.0], by_hand, rtol=1e-5, atol=1e-6)  # soft at 3, as --distill-temperature 3 says
+    torch.testing.assert_close(terms[0.0], torch.nn.functional.cross_entropy(logits, teacher(images).argmax(1)), rtol=1e-5, atol=1e-6)

@@ -78,6 +78,21 @@ def test_at_a_temperature_the_loss_is_the_scaled_divergence_from_the_teachers_so
     assert empty(torch.zeros(0, 3, 32, 32))[1].item() == 0.0  # an empty share costs nothing
 
 
+def test_at_a_temperature_with_the_token_its_own_head_learns_the_teachers_probabilities():
+    torch.manual_seed(0)
+    vit = token_vit()
+    nn.init.normal_(vit.head_dist.weight)
+    teacher = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 3))
+    images = torch.randn(4, 3, 32, 32)
+    wrapped = WithDistillation(vit, weight=1.0, teacher=teacher, temperature=2.0).train()
+    heads = wrapped.forward_heads(images)
+    p = torch.softmax(teacher(images).detach() / 2, dim=1)
+    by_hand = 4 * (p * (p.log() - torch.log_softmax(heads.distilled / 2, dim=1))).sum(dim=1).mean()
+    torch.testing.assert_close(heads.auxiliary, by_hand, rtol=1e-5, atol=1e-6)
+    heads.auxiliary.backward()
+    assert vit.head_dist.weight.grad.abs().sum() > 0 and (vit.head.weight.grad is None or vit.head.weight.grad.abs().sum() == 0)
+
+
 def test_a_temperature_without_distillation_is_refused():
     with pytest.raises(ConfigError, match="--distill-temperature softens the classes of a teacher that --distill reads"):
         RunConfig.from_dict({"optim": {"distill_temperature": 3.0}})

@@ -239,12 +239,13 @@ class OptimConfig:
                        "tokens (Liu et al. 2021: 0.1 for ViTs), 0 = off; skipped with a frozen backbone, which it cannot train",
                        range=AT_LEAST_0)
     drloc_pairs: int = opt(64, "token pairs per image for the dense relative localization loss (Liu et al. 2021: 64)", range=AT_LEAST_1)
-    distill: float = opt(0.0, "weight of hard-label distillation from a CNN teacher that the run trains first on the same "
+    distill: float = opt(0.0, "weight of distillation (hard labels; soft with --distill-temperature) from a CNN teacher that the run trains first on the same "
                          "photos (DeiT, Touvron et al. 2021), 0 = off; the saved model is the ViT alone; skipped with a frozen "
                          "backbone, which it cannot train", range=AT_LEAST_0)
     distill_temperature: float = opt(0.0, "soft distillation: with --distill, the ViT matches the teacher's class probabilities "
-                                     "softened at this temperature, T^2 x KL(teacher || student) (Hinton et al. 2015; DeiT's soft "
-                                     "distillation: 3), in place of its predicted classes; 0 = hard labels", range=AT_LEAST_0)
+                                     "softened at this temperature, --distill x T^2 x KL(teacher || student) beside the true labels' "
+                                     "cross-entropy (Hinton et al. 2015; DeiT's soft distillation: T = 3 at --distill 0.11), in "
+                                     "place of its predicted classes; 0 = hard labels", range=AT_LEAST_0)
     guidance: float = opt(0.0, "weight of locality guidance: a few blocks' patch tokens learn, through 1x1 adapters, to predict "
                           "the feature maps of a CNN teacher that the run trains first on the same photos (Li et al. 2022), 0 = off; "
                           "the saved model is the ViT alone; skipped with a frozen backbone, which it cannot train", range=AT_LEAST_0)

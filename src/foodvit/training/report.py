@@ -161,7 +161,9 @@ def write_results(out: Path, *, config, data, model, trainable: int, train_size:
     sections = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
     if teacher_history:
         last = teacher_history[-1]  # evaluated on the test split at its last epoch
-        uses = [f"its labels (distillation, weight {config.optim.distill:g})"] if config.optim.distill > 0 else []
+        uses = [(f"its probabilities at temperature {config.optim.distill_temperature:g} (soft distillation, "
+                 if config.optim.distill_temperature > 0 else "its labels (distillation, ")
+                + f"weight {config.optim.distill:g})"] if config.optim.distill > 0 else []
         uses += [f"its feature maps (locality guidance, weight {config.optim.guidance:g})"] if config.optim.guidance > 0 else []
         sections = ["## CNN teacher", "",
                     f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
