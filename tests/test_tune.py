@@ -520,6 +520,8 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     ("[train]\nepochs = {low = 5, high = 2}\n", "low must be below high"),
     ("[data]\naugment = {choices = [\"flip\", \"wild\"]}\n", "--augment must be one of"),
     ("[vit]\nembed_dim = {choices = [96, 100]}\n", "width 100 is not a multiple of the 3 heads"),
+    ("[optim]\ndistill_temperature = {low = 1.0, high = 4.0}\n", "optim.distill_temperature may draw a temperature above 0 where optim.distill may be 0"),
+    ("[optim]\ndistill = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n", "vit.distill_token may draw the distillation token"),
 ])
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
     space = tmp_path / "space.toml"
@@ -648,3 +650,16 @@ def test_a_study_started_before_a_setting_existed_resumes_and_one_at_another_val
     (folder / "study.json").write_text(json.dumps(unknown))
     with pytest.raises(StudyError, match="retired_option"):
         cv.open_study(folder, identity)
+
+
+def test_a_space_with_distillation_always_on_may_search_its_temperature_and_token(tmp_path):
+    from foodvit.config import load_recipe
+    from foodvit.tuning.space import read_space
+
+    config = load_recipe("tiny")
+    space = tmp_path / "space.toml"
+    space.write_text("[optim]\ndistill = {low = 0.5, high = 2.0}\ndistill_temperature = {choices = [0.0, 3.0]}\n"
+                     "[vit]\ndistill_token = {choices = [false, true]}\n")
+    assert set(read_space(space, config)) == {"optim.distill", "optim.distill_temperature", "vit.distill_token"}
+    space.write_text("[optim]\ndistill = {choices = [0.0, 1.0]}\n")  # hard distillation on or off: nothing needs it
+    assert set(read_space(space, config)) == {"optim.distill"}

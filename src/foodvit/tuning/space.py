@@ -106,6 +106,7 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
                 space[key] = _param(key, spec, config)
         if not space:
             raise ConfigError("no settings to search; e.g. [optim] lr = {low = 1e-4, high = 1e-2, log = true}")
+        _check_needs(space, config)
         return space
     except ConfigError as err:
         raise ConfigError(f"space file {path}: {err}") from None
@@ -160,6 +161,25 @@ def _param(key: str, spec, config: RunConfig) -> Param:
             raise ConfigError(f"{key}: width {bad[0]} is not a multiple of the {heads} heads (each head gets D / h channels); "
                               f"give choices that are, e.g. {{choices = [{heads * 32}, {heads * 64}]}}")
     return param
+
+
+# Settings that only work with distillation on: a trial drawing one of them with optim.distill 0 would be refused
+NEED_DISTILL = {"optim.distill_temperature": "a temperature above 0", "vit.distill_token": "the distillation token"}
+
+
+def _check_needs(space: dict[str, Param], config: RunConfig) -> None:
+    """Refuse a space in which some trial would draw a setting that needs distillation with distillation
+    off, before any trial runs (each would be refused on its own)."""
+    base = base_values(config)
+
+    def possible(key: str) -> tuple:  # the values a trial may draw (a range's two ends stand for it here)
+        param = space.get(key)
+        return (base[key],) if param is None else param.choices or (param.low, param.high)
+
+    for key, what in NEED_DISTILL.items():
+        if (key in space or "optim.distill" in space) and any(possible(key)) and min(possible("optim.distill")) <= 0:
+            raise ConfigError(f"{key} may draw {what} where optim.distill may be 0, and it needs distillation on: "
+                              f"search optim.distill above 0 (e.g. {{low = 0.5, high = 2}}) or leave {key} out")
 
 
 def space_table(space: dict[str, Param]) -> dict:
