@@ -58,9 +58,10 @@ def real_data() -> Path:
 # change them: each process checks at its end that they are as made.
 
 
-def _made_once(tmp_path_factory, name: str, make) -> Path:
+def _made_once(tmp_path_factory, unchanged: list, name: str, make) -> Path:
     """tmp/NAME, made by make(path) once for the session's workers; a worker that finds it being made
-    waits for it, and one made in part (its maker failed) is made again."""
+    waits for it, and one made in part (its maker failed) is made again. It joins `unchanged`, the
+    files this process checks at its end."""
     import shutil
 
     from filelock import FileLock
@@ -79,6 +80,7 @@ def _made_once(tmp_path_factory, name: str, make) -> Path:
             path.unlink(missing_ok=True)
             make(path)
             atomic_write(done, lambda tmp: Path(tmp).write_text(_fingerprint(path)))  # whole, or absent
+    unchanged.append(path)
     return path
 
 
@@ -101,18 +103,12 @@ def _shared_files_unchanged():
         assert not changed, f"a test changed the shared {path.name} (tests must copy it first): " + "; ".join(changed[:6])
 
 
-def _shared(tmp_path_factory, unchanged: list, name: str, make) -> Path:
-    path = _made_once(tmp_path_factory, name, make)
-    unchanged.append(path)
-    return path
-
-
 @pytest.fixture(scope="session")
 def shared_photos(tmp_path_factory, _shared_files_unchanged) -> Path:
     """A FoodVision-like folder of generated photos (64 x 80), 6 train and 3 test photos a class."""
     from helpers import make_photo_folder
 
-    return _shared(tmp_path_factory, _shared_files_unchanged, "photos", lambda path: make_photo_folder(path, n_train=6, n_test=3, size=(64, 80)))
+    return _made_once(tmp_path_factory, _shared_files_unchanged, "photos", lambda path: make_photo_folder(path, n_train=6, n_test=3, size=(64, 80)))
 
 
 @pytest.fixture(scope="session")
@@ -125,7 +121,7 @@ def shared_run(shared_photos, tmp_path_factory, _shared_files_unchanged):
         assert main(["train", "--recipe", "tiny", "--data", str(shared_photos), "--out", str(out), "--epochs", "1",
                      "--image-size", "32", "--depth", "1", "--quiet"]) == 0
 
-    return _shared(tmp_path_factory, _shared_files_unchanged, "run", make), shared_photos
+    return _made_once(tmp_path_factory, _shared_files_unchanged, "run", make), shared_photos
 
 
 def _export(shared_run, tmp_path_factory, unchanged, name: str, *options: str) -> Path:
@@ -134,7 +130,7 @@ def _export(shared_run, tmp_path_factory, unchanged, name: str, *options: str) -
     def make(path):
         assert main(["export", str(shared_run[0]), "--out", str(path), *options]) == 0
 
-    return _shared(tmp_path_factory, unchanged, f"{name}.onnx", make)
+    return _made_once(tmp_path_factory, unchanged, f"{name}.onnx", make)
 
 
 @pytest.fixture(scope="session")

@@ -239,8 +239,8 @@ class OptimConfig:
                        "tokens (Liu et al. 2021: 0.1 for ViTs), 0 = off; skipped with a frozen backbone, which it cannot train",
                        range=AT_LEAST_0)
     drloc_pairs: int = opt(64, "token pairs per image for the dense relative localization loss (Liu et al. 2021: 64)", range=AT_LEAST_1)
-    distill: float = opt(0.0, "weight of distillation (hard labels; soft with --distill-temperature) from a CNN teacher that the run trains first on the same "
-                         "photos (DeiT, Touvron et al. 2021), 0 = off; the saved model is the ViT alone; skipped with a frozen "
+    distill: float = opt(0.0, "weight of distillation (hard labels; soft with --distill-temperature) from a CNN teacher that "
+                         "the run trains first on the same photos (DeiT, Touvron et al. 2021), 0 = off; the saved model is the ViT alone; skipped with a frozen "
                          "backbone, which it cannot train", range=AT_LEAST_0)
     distill_temperature: float = opt(0.0, "soft distillation: with --distill, the ViT matches the teacher's class probabilities "
                                      "softened at this temperature, --distill x T^2 x KL(teacher || student) beside the true labels' "
