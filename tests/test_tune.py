@@ -165,26 +165,40 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
         assert not (tmp_path / name).exists()  # refused before the study folder is made
     assert main(["cv", "--compare", str(a), str(b), "--teachers", str(a)]) == 2
     assert "--compare only reads two finished ones" in capsys.readouterr().err
-    # a teacher trained on another kind of machine, or with another number of CPU threads (the sums round
-    # otherwise: another teacher), or recorded before foodvit kept its threads, is not the one this run would
+    # teachers trained on another kind of machine, or with another number of CPU threads (the sums round
+    # otherwise: other teachers), or recorded before foodvit kept its threads, are not the ones this run would
     # train: refused before the study folder is made
     shutil.copytree(a, tmp_path / "lender")
     teacher = load_checkpoint(tmp_path / "lender" / "fold-0" / "teacher.pt")
+    fold_1 = load_checkpoint(tmp_path / "lender" / "fold-1" / "teacher.pt")
     threads = torch.get_num_threads()
     place = teacher["trained_on"]
     elsewhere = {"gpu": ({**place, "device": "cuda", "bf16": True}, "bf16: True there, False here; device: 'cuda' there, 'cpu' here"),
                  "threads": ({**place, "threads": threads + 1}, f"threads: {threads + 1} there, {threads} here"),
                  "old": ({k: v for k, v in place.items() if k != "threads"}, "written by a foodvit that did not record its threads")}
     for name, (recorded, message) in elsewhere.items():
-        torch.save({**teacher, "trained_on": recorded}, tmp_path / "lender" / "fold-0" / "teacher.pt")
+        for k, saved in enumerate((teacher, fold_1)):
+            torch.save({**saved, "trained_on": recorded}, tmp_path / "lender" / f"fold-{k}" / "teacher.pt")
         assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / name), "--quiet", *GUIDED,
                      "--teachers", str(tmp_path / "lender")]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "trained its CNN teachers elsewhere" in err and message in err, (name, err)
         assert not (tmp_path / name).exists()
+    # a study whose folds trained at different thread counts (one-thread workers beside a two-thread one) lends
+    # each teacher to a process like its own: here fold 0's came from elsewhere and is already used, fold 1's
+    # serves this process, so the study resumes and fold 1 ends as in the study that trained it
+    torch.save({**teacher, "trained_on": {**place, "threads": threads + 1}}, tmp_path / "lender" / "fold-0" / "teacher.pt")
+    torch.save(fold_1, tmp_path / "lender" / "fold-1" / "teacher.pt")
+    shutil.copytree(b, tmp_path / "mixed")
+    shutil.rmtree(tmp_path / "mixed" / "fold-1")
+    (tmp_path / "mixed" / "fold-1.json").unlink()
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "mixed"), "--quiet", *GUIDED,
+                 "--teachers", str(tmp_path / "lender")]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "mixed" / "cv.json").read_text())["photos"] == first["photos"]
+    assert len(trained) == 2  # no teacher trained
+    capsys.readouterr()
     # a fold's teacher that differs from the first one's is refused when that fold starts
     torch.save(teacher, tmp_path / "lender" / "fold-0" / "teacher.pt")
-    fold_1 = load_checkpoint(tmp_path / "lender" / "fold-1" / "teacher.pt")
     torch.save({**fold_1, "trained_on": {**fold_1["trained_on"], "threads": threads + 1}}, tmp_path / "lender" / "fold-1" / "teacher.pt")
     assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "late"), "--quiet", *GUIDED,
                  "--teachers", str(tmp_path / "lender")]) == 2

@@ -379,14 +379,17 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
     if shown:
         raise StudyError(f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
                          "teachers this study would train; leave --teachers out")
-    # where they trained: the first finished fold's teacher tells (fold runs only, not the folds' photo links)
-    first = min([*teachers.glob(f"fold-*/{TEACHER_FILE}"), *teachers.glob(f"seed-*/fold-*/{TEACHER_FILE}")], default=None)
-    if first is not None:
-        where = place_changes(read_teacher(first, lender.optim.teacher, lent=True).get("trained_on"),
-                              training_place(pick_device(config.train.device), 1, config))
-        if where:
-            raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({first}: {where}): they are not the "
-                             "teachers this study would train; leave --teachers out")
+    # where they trained (fold runs only, not the folds' photo links): refused here when no teacher was trained
+    # where this process trains; a study whose folds trained at different thread counts (one-thread workers
+    # beside a two-thread one) lends each fold's teacher to a process like the one that trained it, which
+    # each fold checks as it starts (training.distill.lent_teacher)
+    here = training_place(pick_device(config.train.device), 1, config)
+    found = sorted([*teachers.glob(f"fold-*/{TEACHER_FILE}"), *teachers.glob(f"seed-*/fold-*/{TEACHER_FILE}")])
+    places = [(path, place_changes(read_teacher(path, lender.optim.teacher, lent=True).get("trained_on"), here)) for path in found]
+    if places and all(where for _, where in places):
+        first, where = places[0]
+        raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({first}: {where}): they are not the "
+                         "teachers this study would train; leave --teachers out")
 
 
 def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: list[dict]) -> None:
