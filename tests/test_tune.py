@@ -197,7 +197,7 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
     assert json.loads((tmp_path / "mixed" / "cv.json").read_text())["photos"] == first["photos"]
     assert len(trained) == 2  # no teacher trained
     capsys.readouterr()
-    # a fold's teacher that differs from the first one's is refused when that fold starts
+    # a fold's teacher trained elsewhere, in a study whose other teachers serve here, is refused when that fold starts
     torch.save(teacher, tmp_path / "lender" / "fold-0" / "teacher.pt")
     torch.save({**fold_1, "trained_on": {**fold_1["trained_on"], "threads": threads + 1}}, tmp_path / "lender" / "fold-1" / "teacher.pt")
     assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "late"), "--quiet", *GUIDED,

@@ -384,11 +384,14 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
     # beside a two-thread one) lends each fold's teacher to a process like the one that trained it, which
     # each fold checks as it starts (training.distill.lent_teacher)
     here = training_place(pick_device(config.train.device), 1, config)
-    found = sorted([*teachers.glob(f"fold-*/{TEACHER_FILE}"), *teachers.glob(f"seed-*/fold-*/{TEACHER_FILE}")])
-    places = [(path, place_changes(read_teacher(path, lender.optim.teacher, lent=True).get("trained_on"), here)) for path in found]
-    if places and all(where for _, where in places):
-        first, where = places[0]
-        raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({first}: {where}): they are not the "
+    first = None  # the first teacher trained elsewhere, and how; the teachers are read until one serves here
+    for path in sorted([*teachers.glob(f"fold-*/{TEACHER_FILE}"), *teachers.glob(f"seed-*/fold-*/{TEACHER_FILE}")]):
+        where = place_changes(read_teacher(path, lender.optim.teacher, lent=True).get("trained_on"), here)
+        if not where:
+            return
+        first = first or (path, where)
+    if first is not None:
+        raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({first[0]}: {first[1]}): they are not the "
                          "teachers this study would train; leave --teachers out")
 
 
