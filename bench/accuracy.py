@@ -34,7 +34,8 @@ import torch
 
 from foodvit.cli.main import main as foodvit
 from foodvit.data.datasource import DataSource
-from foodvit.tuning.cv import fold_folder, fold_name
+from foodvit.errors import StudyError
+from foodvit.tuning.cv import compare_line, fold_folder, fold_name, paired
 
 
 def cpu_name() -> str:
@@ -176,19 +177,14 @@ def print_table(result: dict) -> None:
 
 
 def print_paired(a: dict, b: dict, names: list[str]) -> None:
-    """B - A photo by photo, each at every test size both scored: the mean difference, its standard
-    error, and the photos only one of them got right."""
+    """B - A photo by photo (foodvit cv --compare's arithmetic), at every test size both scored."""
     for size in sorted(set(a["photos"]) & set(b["photos"]), key=int):
-        pa, pb = a["photos"][size], b["photos"][size]
-        if set(pa) != set(pb):
-            raise SystemExit("the two results do not hold the same photos (other folds or seeds)")
-        diffs = [int(pb[k]) - int(pa[k]) for k in pa]
-        mean = statistics.mean(diffs)
-        se = statistics.stdev(diffs) / len(diffs) ** 0.5
-        only_b, only_a = diffs.count(1), diffs.count(-1)
+        try:
+            result = paired(a["photos"][size], b["photos"][size])
+        except StudyError as err:
+            raise SystemExit(str(err)) from None
         label = "own size" if size == "0" else f"test size {size}"
-        print(f"{label}: {names[1]} - {names[0]} = {mean:+.3f} +- {se:.3f} (paired standard error over {len(diffs)} photos; "
-              f"{only_b} right only in the second, {only_a} only in the first)")
+        print(f"{label}: " + compare_line(result, names[0], names[1]))
 
 
 def main(argv: list[str] | None = None) -> int:

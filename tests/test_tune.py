@@ -236,6 +236,20 @@ def bench_teachers(monkeypatch):
     return bench_module(monkeypatch, "teachers")
 
 
+def test_bench_accuracys_paired_results_use_the_studies_arithmetic(monkeypatch, capsys):
+    """bench/accuracy.py --paired: each test size both results scored, B - A as `foodvit cv --compare` gives it;
+    results of other photos stop with that one line."""
+    accuracy = bench_module(monkeypatch, "accuracy")
+    a = {"photos": {"0": {"x/1": True, "x/2": False, "x/3": True, "x/4": True}, "112": {"x/1": True}}}
+    b = {"photos": {"0": {"x/1": True, "x/2": True, "x/3": True, "x/4": True}}}
+    accuracy.print_paired(a, b, ["A", "B"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["own size: " + cv.compare_line(cv.paired(a["photos"]["0"], b["photos"]["0"]), "A", "B")]
+    assert out[0].startswith("own size: B - A = +0.250 +- 0.250") and "1 right only in B, 0 only in A" in out[0]
+    with pytest.raises(SystemExit, match="do not hold the same photos"):
+        accuracy.print_paired(a, {"photos": {"0": {"x/1": True}}}, ["A", "B"])
+
+
 def fake_study(where: Path, probabilities: dict[str, dict[str, float]], seeds: tuple[int, ...] = (0,)) -> Path:
     """A finished one-fold study whose held-out photos ('label/name.jpg') have these probabilities, on each seed."""
     rows = [{"seed": seed, "fold": 0, "photo": photo, "label": photo.split("/")[0], "predicted": max(p, key=p.get),
