@@ -35,7 +35,8 @@ import torch
 from foodvit.cli.main import main as foodvit
 from foodvit.data.datasource import DataSource
 from foodvit.errors import StudyError
-from foodvit.tuning.cv import compare_line, fold_folder, fold_name, paired
+from foodvit.tuning.compare import compare_line, paired
+from foodvit.tuning.cv import fold_folder, fold_name
 
 
 def cpu_name() -> str:

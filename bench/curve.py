@@ -31,7 +31,8 @@ from foodvit.cli.main import main as foodvit
 from foodvit.config import RunConfig, load_recipe
 from foodvit.rundir.directory import with_source
 from foodvit.training.distill import teacher_changes
-from foodvit.tuning.cv import compare_studies, fold_folders, prediction_record, read_study, summarise, training_photos, write_study
+from foodvit.tuning.compare import compare_studies, read_study
+from foodvit.tuning.cv import fold_folders, prediction_record, summarise, training_photos, write_study
 
 FOLDS, SEED = 5, 0
 

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from foodvit.errors import FoodVitError
-from foodvit.tuning.cv import compare_line, fold_folder, fold_name, held_out_predictions, paired, read_study
+from foodvit.tuning.compare import compare_line, paired, read_study
+from foodvit.tuning.cv import fold_folder, fold_name, held_out_predictions
 
 SHOWN = 20  # photos named on the screen at most; --json keeps them all
 

@@ -79,7 +79,7 @@ def test_training_leaves_the_process_as_it_found_it(tmp_path):
 
 @pytest.mark.parametrize("module", ["foodvit.config", "foodvit.data.datasource", "foodvit.data.folders", "foodvit.data.photos",
                                     "foodvit.deploy.predictor", "foodvit.viz.overlay", "foodvit.deploy.serve", "foodvit.deploy.page",
-                                    "foodvit.rundir.compare"])
+                                    "foodvit.rundir.compare", "foodvit.tuning.compare"])
 def test_torch_free_modules_load_without_torch(module):
     # what the contracts say statically, at run time: with torch unimportable these modules still load
     code = f"import sys; sys.modules['torch'] = None; sys.modules['torchvision'] = None\nimport {module}\nprint('ok')"

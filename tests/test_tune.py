@@ -19,7 +19,7 @@ from foodvit.cli.main import main  # noqa: E402
 from foodvit.cli.options import build_config  # noqa: E402
 from foodvit.config import RunConfig, load_recipe, with_settings  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
-from foodvit.tuning import cv  # noqa: E402
+from foodvit.tuning import compare, cv  # noqa: E402
 from foodvit.tuning.search import costs, parse_budget, trial_config, tune, write_report  # noqa: E402
 from foodvit.tuning.space import Param  # noqa: E402
 
@@ -103,7 +103,7 @@ def test_cv_never_reads_the_test_split_and_compare_pairs_two_studies(cv_study, p
     line = capsys.readouterr().out
     assert "+0.000" in line and "0 right only in" in line
     # a made-up disagreement shows as the photos only one study got right
-    result = cv.paired({"x/1": True, "x/2": False, "x/3": True}, {"x/1": True, "x/2": True, "x/3": False})
+    result = compare.paired({"x/1": True, "x/2": False, "x/3": True}, {"x/1": True, "x/2": True, "x/3": False})
     assert result["only_a"] == ["x/3"] and result["only_b"] == ["x/2"] and result["difference"] == 0
 
 
@@ -244,7 +244,7 @@ def test_bench_accuracys_paired_results_use_the_studies_arithmetic(monkeypatch, 
     b = {"photos": {"0": {"x/1": True, "x/2": True, "x/3": True, "x/4": True}}}
     accuracy.print_paired(a, b, ["A", "B"])
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["own size: " + cv.compare_line(cv.paired(a["photos"]["0"], b["photos"]["0"]), "A", "B")]
+    assert out == ["own size: " + compare.compare_line(compare.paired(a["photos"]["0"], b["photos"]["0"]), "A", "B")]
     assert out[0].startswith("own size: B - A = +0.250 +- 0.250") and "1 right only in B, 0 only in A" in out[0]
     with pytest.raises(SystemExit, match="do not hold the same photos"):
         accuracy.print_paired(a, {"photos": {"0": {"x/1": True}}}, ["A", "B"])
@@ -352,7 +352,7 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
         held_out = (guided / "folds" / "seed-42" / f"fold-{k}" / "test").rglob("*.*")  # the tiny recipe's seed
         assert sorted(p["photo"] for p in predictions if p["fold"] == k) == sorted(f"{p.parent.name}/{p.name}" for p in held_out)
         assert scored["folds"][k]["correct"] == sum(p["right"] for p in predictions if p["fold"] == k)
-    assert cv.compare_studies(tmp_path / "cnn", guided)[0]["n"] == len(vit["photos"])
+    assert compare.compare_studies(tmp_path / "cnn", guided)[0]["n"] == len(vit["photos"])
     # the saved weights are what is scored: a teacher whose head always answers steak answers steak
     state = load_checkpoint(guided / "fold-1" / "teacher.pt")
     state["model"]["fc.weight"].zero_()

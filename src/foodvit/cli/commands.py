@@ -49,7 +49,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
     from foodvit.errors import ConfigError
 
     if args.compare:
-        from foodvit.tuning.cv import compare_studies
+        from foodvit.tuning.compare import compare_studies
 
         if args.teachers:
             raise ConfigError("--teachers lends CNN teachers to a study being run; --compare only reads two finished ones: "

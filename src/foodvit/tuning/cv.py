@@ -411,36 +411,3 @@ def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: 
         lines.append(f"| {f['seed']} | {f['fold']} | {f['n']} | {f['accuracy']:.3f} | "
                      + " | ".join(f"{f['per_class'].get(c, float('nan')):.3f}" for c in classes) + f" | {f['seconds']:.0f} |")
     write_text(study / "cv.md", "\n".join(lines) + "\n")
-
-
-# ------------------------------------------------------------------------------------ two studies
-
-
-def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
-    """B - A photo by photo (the same photos, seeds and folds): the mean difference, its standard
-    error, and the photos only one of them got right."""
-    if set(a) != set(b):
-        raise StudyError(f"the two studies do not hold the same photos ({len(set(a) ^ set(b))} differ): compare studies of the "
-                         "same data, folds and seeds")
-    diffs = [int(b[k]) - int(a[k]) for k in sorted(a)]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {"difference": statistics.mean(diffs), "standard_error": se, "n": len(diffs),
-            "only_a": sorted(k for k in a if a[k] and not b[k]), "only_b": sorted(k for k in a if b[k] and not a[k])}
-
-
-def read_study(study: str | Path) -> dict:
-    path = Path(study) / "cv.json"
-    if not path.is_file():
-        raise StudyError(f"{study} holds no finished cross-validation (no cv.json); run `foodvit cv --out {study}` to finish it")
-    return json.loads(path.read_text())
-
-
-def compare_line(result: dict, name_a: str, name_b: str) -> str:
-    return (f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} (paired standard error over "
-            f"{result['n']} predictions; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})")
-
-
-def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
-    result = paired(read_study(a)["photos"], read_study(b)["photos"])
-    return result, compare_line(result, str(a), str(b))
-

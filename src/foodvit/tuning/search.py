@@ -37,7 +37,7 @@ from foodvit.errors import ConfigError, StudyError
 from foodvit.files import write_text
 from foodvit.model.variants import without_recipe_resizing
 from foodvit.rundir import directory as rundir
-from foodvit.tuning import cv
+from foodvit.tuning import compare, cv
 from foodvit.tuning.space import Param, base_values, default_space, read_space, space_table
 
 STUDY_NAME = "foodvit"
@@ -361,8 +361,8 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
                 summary.append(f"best vs starting recipe: trial {best.number if b is None else baseline.number}'s predictions "
                                f"are not in {study_dir} (run on another machine): no paired comparison here")
             else:
-                result = cv.paired(a, b)
-                summary.append("best vs starting recipe, same folds: " + cv.compare_line(result, f"trial {baseline.number} (start)",
+                result = compare.paired(a, b)
+                summary.append("best vs starting recipe, same folds: " + compare.compare_line(result, f"trial {baseline.number} (start)",
                                                                                            f"trial {best.number} (best)"))
     else:
         summary.append("no trial has finished yet: no best recipe")

@@ -1,0 +1,49 @@
+"""Two finished cross-validation studies side by side, photo by photo (`foodvit cv --compare A B`).
+
+Both studies scored the same held-out photos with the same folds and seeds, so each photo's pair of
+outcomes is one paired observation: the difference of the accuracies is the mean of the per-photo
+differences (each -1, 0 or +1), and its standard error is that mean's. Reads only the studies'
+cv.json: no PyTorch is imported, so a comparison answers at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from foodvit.errors import StudyError
+
+
+def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
+    """B - A photo by photo (the same photos, seeds and folds): the mean difference, its standard
+    error, and the photos only one of them got right."""
+    if set(a) != set(b):
+        raise StudyError(f"the two studies do not hold the same photos ({len(set(a) ^ set(b))} differ): compare studies of the "
+                         "same data, folds and seeds")
+    diffs = [int(b[k]) - int(a[k]) for k in sorted(a)]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return {"difference": statistics.mean(diffs), "standard_error": se, "n": len(diffs),
+            "only_a": sorted(k for k in a if a[k] and not b[k]), "only_b": sorted(k for k in a if b[k] and not a[k])}
+
+
+def read_study(study: str | Path) -> dict:
+    """A finished study's cv.json (accuracy, folds, and each held-out photo right or wrong), or a one-line error."""
+    path = Path(study) / "cv.json"
+    if not path.is_file():
+        raise StudyError(f"{study} holds no finished cross-validation (no cv.json); run `foodvit cv --out {study}` to finish it")
+    return json.loads(path.read_text())
+
+
+def compare_line(result: dict, name_a: str, name_b: str) -> str:
+    """paired()'s result as the one line `foodvit cv --compare` prints."""
+    return (f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} (paired standard error over "
+            f"{result['n']} predictions; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})")
+
+
+def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
+    """Study B against study A: paired()'s result and its line."""
+    result = paired(read_study(a)["photos"], read_study(b)["photos"])
+    return result, compare_line(result, str(a), str(b))
+
