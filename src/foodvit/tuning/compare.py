@@ -1,9 +1,9 @@
 """Two finished cross-validation studies side by side, photo by photo (`foodvit cv --compare A B`).
 
-Both studies scored the same held-out photos with the same folds and seeds, so each photo's pair of
-outcomes is one paired observation: the difference of the accuracies is the mean of the per-photo
-differences (each -1, 0 or +1), and its standard error is that mean's. Reads only the studies'
-cv.json: no PyTorch is imported, so a comparison answers at once.
+Both studies scored the same held-out photos with the same folds and seeds, so each held-out
+prediction (a photo under one seed) is one paired observation: the difference of the accuracies is
+the mean of the per-prediction differences (each -1, 0 or +1), and its standard error is that
+mean's. Reads only the studies' cv.json: no PyTorch is imported, so a comparison answers at once.
 """
 
 from __future__ import annotations
@@ -46,4 +46,3 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
     """Study B against study A: paired()'s result and its line."""
     result = paired(read_study(a)["photos"], read_study(b)["photos"])
     return result, compare_line(result, str(a), str(b))
-
