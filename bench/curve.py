@@ -31,7 +31,7 @@ from foodvit.cli.main import main as foodvit
 from foodvit.config import RunConfig, load_recipe
 from foodvit.rundir.directory import with_source
 from foodvit.training.distill import teacher_changes
-from foodvit.tuning.compare import compare_studies, read_study
+from foodvit.tuning.compare import paired, read_study
 from foodvit.tuning.cv import fold_folders, prediction_record, summarise, training_photos, write_study
 
 FOLDS, SEED = 5, 0
@@ -166,7 +166,7 @@ def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
             a, b = read_study(vit), read_study(cnn)
             per_class = len(a["photos"]) / len(a["per_class"])  # the data set's photos a class (all are held out once)
             share = float(vit.name.removeprefix("vit-f"))
-            difference, _ = compare_studies(cnn, vit)
+            difference = paired(b["photos"], a["photos"])  # ViT - CNN, from the two files already read
             found.append({"photos_per_class": round(per_class * share), "share": share, "folder": str(folder), "recipe": recipe_of(vit),
                           "vit": a["accuracy"], "vit_se": a["standard_error"], "cnn": b["accuracy"], "cnn_se": b["standard_error"],
                           "vit_minus_cnn": difference["difference"], "paired_se": difference["standard_error"]})
