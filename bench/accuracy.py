@@ -14,7 +14,8 @@ folders.cv_folds: stratified, every photo validated once per seed; the study fol
 --out/<recipe>-cv<K>[-<hash of the options>], resumed when rerun). Each fold trains on the other K-1 folds and is evaluated on its own;
 the K folds' predictions together cover every training photo. Reported: accuracy over the photos
 (each photo's share right over the seeds) and its standard error. The test split is never read. --test-sizes 72,80 also scores
-each fold's model rebuilt at those sizes (what --test-size gives); the JSON keeps every photo's result,
+each fold's model rebuilt at those sizes (what --test-size gives), --crop-pcts 0.8,1 with those centre-crop shares (what
+--crop-pct gives); the JSON keeps every photo's result,
 and --paired A.json B.json compares two recipes photo by photo.
 """
 
@@ -94,11 +95,14 @@ def _per_class(run: Path) -> dict[str, float]:
     return evaluate_split(predictor, DataSource.parse(config["data"]["source"] or None).open_split("test"))["per_class"]
 
 
-def fold_predictions(run: Path, held: Path, test_sizes: list[int]) -> dict[int, dict[str, bool]]:
-    """Whether each held-out photo is classified right by the fold's saved model, at its own size
-    (0) and at each of test_sizes: exactly what `foodvit train --test-size S` would have saved and
-    tested (the same model rebuilt at S, its preprocessing scaled), since --test-size changes
-    nothing before the end of training."""
+def fold_predictions(run: Path, held: Path, test_sizes: list[int], crop_pcts: list[float] = ()) -> dict[str, dict[str, bool]]:
+    """Whether each held-out photo is classified right by the fold's saved model: at its own size and
+    preprocessing ("0"), at each of test_sizes ("72", ...) and with each centre-crop share of crop_pcts
+    ("crop 0.8", ...). Exactly what `foodvit train --test-size S` (the same model rebuilt at S, its
+    preprocessing scaled) or `--crop-pct C` (the photo's shorter side resized to size / C before the
+    centre crop) would have saved and tested: neither changes anything before the end of training
+    (random resized crops do not read the crop share)."""
+    from foodvit.data.preprocess import Preprocess, resize_for_crop
     from foodvit.deploy.inference import predict
     from foodvit.deploy.predictor import Predictor
     from foodvit.model.weights import resize_model
@@ -107,19 +111,24 @@ def fold_predictions(run: Path, held: Path, test_sizes: list[int]) -> dict[int, 
     split = DataSource.parse(str(held)).open_split("test")
     paths = [path for path, _ in split.samples]
     truths = [split.classes[label] for _, label in split.samples]
-    out = {}
-    for size in [0, *test_sizes]:
-        predictor = base if not size else Predictor(resize_model(base.model, size).eval(), base.classes, base.preprocess.at_size(size))
-        out[size] = {f"{Path(path).parent.name}/{Path(path).name}": result["label"] == truth
-                     for path, truth, result in zip(paths, truths, predict(predictor, paths))}
-    return out
+    p = base.preprocess
+    if crop_pcts and p.mode != "crop":
+        raise SystemExit(f"--crop-pcts varies the centre crop, and {run} resizes its photos to a square (resize mode {p.mode!r})")
+    predictors = {"0": base}
+    predictors.update({str(size): Predictor(resize_model(base.model, size).eval(), base.classes, p.at_size(size)) for size in test_sizes})
+    predictors.update({f"crop {pct:g}": Predictor(base.model, base.classes, Preprocess(p.image_size, resize_for_crop(p.image_size, pct),
+                                                                                      p.mode, p.mean, p.std, p.interpolation))
+                       for pct in crop_pcts})
+    return {key: {f"{Path(path).parent.name}/{Path(path).name}": result["label"] == truth
+                  for path, truth, result in zip(paths, truths, predict(predictor, paths))}
+            for key, predictor in predictors.items()}
 
 
 def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, extra: list[str],
-           test_sizes: list[int] = ()) -> dict:
+           test_sizes: list[int] = (), crop_pcts: list[float] = ()) -> dict:
     """K-fold CV over the training photos for each seed: `foodvit cv` (tuning/cv.py: fold folders
     of links whose test/ is the held-out fold, so no run sees the real test photos; finished folds
-    kept), plus what only this benchmark asks: each fold's model at other test sizes and a distilled
+    kept), plus what only this benchmark asks: each fold's model at other test sizes or crop shares and a distilled
     recipe's teachers."""
     if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
         raise SystemExit("--cv runs consecutive seeds (foodvit cv --seed S --seeds N): give --seeds N or consecutive --seed-list")
@@ -132,18 +141,18 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
     if code != 0:
         raise SystemExit(f"foodvit cv failed (exit {code})")
     result = json.loads((study / "cv.json").read_text())
-    photos = {"0": result["photos"]}  # test size ("0": the run's own) -> "s<seed>/<class>/<photo>" -> right
+    photos = {"0": result["photos"]}  # test size or "crop C" ("0": the run's own) -> "s<seed>/<class>/<photo>" -> right
     total = sum(f["n"] for f in result["folds"])
     teacher_correct = 0
     for f in result["folds"]:
         run = study / fold_name(f["seed"], f["fold"], len(seeds))
         metrics = json.loads((run / "model.json").read_text())["metrics"]
         teacher_correct += round(metrics.get("teacher_test_acc", 0) * metrics["test_n"])
-        if test_sizes:
+        if test_sizes or crop_pcts:
             held = fold_folder(study / "folds", f["seed"], f["fold"])
-            for size, right in fold_predictions(run, held, list(test_sizes)).items():
-                if size:
-                    photos.setdefault(str(size), {}).update({f"s{f['seed']}/{name}": r for name, r in right.items()})
+            for key, right in fold_predictions(run, held, list(test_sizes), list(crop_pcts)).items():
+                if key != "0":
+                    photos.setdefault(key, {}).update({f"s{f['seed']}/{name}": r for name, r in right.items()})
     per_seed = [sum(f["correct"] for f in result["folds"] if f["seed"] == seed) / sum(f["n"] for f in result["folds"] if f["seed"] == seed)
                 for seed in seeds]
     for seed, acc in zip(seeds, per_seed):
@@ -177,14 +186,19 @@ def print_table(result: dict) -> None:
           f"{len(result['seeds'])} seeds; {result['mean_seconds']:.0f} s per run")
 
 
+def variant_order(key: str) -> tuple:
+    """The run's own preprocessing ("0"), the test sizes in order, then the crop shares ("crop 0.8") in order."""
+    return (0, int(key)) if key.isdigit() else (1, float(key.split()[-1]))
+
+
 def print_paired(a: dict, b: dict, names: list[str]) -> None:
     """B - A photo by photo (foodvit cv --compare's arithmetic), at every test size both scored."""
-    for size in sorted(set(a["photos"]) & set(b["photos"]), key=int):
+    for size in sorted(set(a["photos"]) & set(b["photos"]), key=variant_order):
         try:
             result = paired(a["photos"][size], b["photos"][size])
         except StudyError as err:
             raise SystemExit(str(err)) from None
-        label = "own size" if size == "0" else f"test size {size}"
+        label = "own size" if size == "0" else f"test size {size}" if size.isdigit() else size
         print(f"{label}: " + compare_line(result, names[0], names[1]))
 
 
@@ -203,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cv", type=int, metavar="K", help="tuning: K-fold cross-validation over the training photos")
     parser.add_argument("--test-sizes", default="", help="with --cv: also score each fold's model at these test sizes (what "
                         "--test-size would give), comma-separated")
+    parser.add_argument("--crop-pcts", default="", help="with --cv: also score each fold's model with these centre-crop shares "
+                        "(what --crop-pct would give), comma-separated")
     parser.add_argument("--paired", nargs=2, metavar="JSON", help="compare two --cv results photo by photo (same folds and seeds)")
     args = parser.parse_args(argv)
     if args.paired:
@@ -211,12 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(args.seeds))
     if args.cv:
         sizes = [int(x) for x in args.test_sizes.split(",") if x]
-        result = run_cv(args.recipe, seeds, args.cv, Path(args.out), args.data, extra, sizes)
+        crops = [float(x) for x in args.crop_pcts.split(",") if x]
+        result = run_cv(args.recipe, seeds, args.cv, Path(args.out), args.data, extra, sizes, crops)
         print(f"recipe {result['recipe']} {' '.join(extra)}: {args.cv}-fold CV accuracy {result['accuracy']:.3f} +- "
               f"{result['standard_error']:.3f} (standard error over {result['predictions']} predictions, {len(seeds)} seeds: "
               f"{', '.join(f'{a:.3f}' for a in result['per_seed'])}); {result['seconds']:.0f} s")
-        for size in sizes:
-            print(f"  tested at {size} px (--test-size {size}): {result['accuracy_at_test_size'][str(size)]:.3f}")
+        shown = [(str(size), f"tested at {size} px (--test-size {size})") for size in sizes]
+        shown += [(f"crop {pct:g}", f"tested with a centre crop of {pct:g} (--crop-pct {pct:g})") for pct in crops]
+        for key, label in shown:
+            print(f"  {label}: {result['accuracy_at_test_size'][key]:.3f}; "
+                  + compare_line(paired(result["photos"]["0"], result["photos"][key]), "its own preprocessing", key))
         if result["teacher_accuracy"] is not None:
             print(f"  the distillation teachers on their own: {result['teacher_accuracy']:.3f}")
         if args.json:

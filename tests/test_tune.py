@@ -250,6 +250,32 @@ def test_bench_accuracys_paired_results_use_the_studies_arithmetic(monkeypatch, 
         accuracy.print_paired(a, {"photos": {"0": {"x/1": True}}}, ["A", "B"])
 
 
+def test_bench_accuracy_scores_each_fold_model_with_other_centre_crops(cv_study, monkeypatch, capsys):
+    """bench/accuracy.py --crop-pcts: the fold's model with the photo's shorter side resized to size / share
+    before the centre crop; at the run's own share (0.875) exactly its own predictions, as cv.json holds them."""
+    import foodvit.deploy.inference as inference
+
+    accuracy = bench_module(monkeypatch, "accuracy")
+    study = cv_study["study"]
+    fold = json.loads((study / "cv.json").read_text())["folds"][0]
+    held = cv.fold_folder(study / "folds", fold["seed"], fold["fold"])
+    seen, real_predict = [], inference.predict
+    monkeypatch.setattr(inference, "predict", lambda predictor, paths: seen.append(predictor.preprocess) or real_predict(predictor, paths))
+    got = accuracy.fold_predictions(study / fold["run"], held, [], [1.0, 0.875, 0.5])
+    assert list(got) == ["0", "crop 1", "crop 0.875", "crop 0.5"]
+    kept = json.loads((study / "cv.json").read_text())["photos"]
+    assert got["0"] == {name: kept[f"s{fold['seed']}/{name}"] for name in got["0"]} and len(got["0"]) == fold["n"]
+    assert got["crop 0.875"] == got["0"]
+    size = seen[0].image_size  # the shorter side before the crop: size / share, the rest of the preprocessing the run's own
+    assert [(p.image_size, p.resize_size) for p in seen] == [(size, int(size / 0.875)), (size, size), (size, int(size / 0.875)), (size, 2 * size)]
+    assert seen[3] == seen[0].__class__(size, 2 * size, seen[0].mode, seen[0].mean, seen[0].std, seen[0].interpolation)
+    # --paired prints the run's own preprocessing, then test sizes, then crop shares, each in order
+    result = {"photos": {key: got["0"] for key in ("crop 0.8", "112", "0", "crop 0.5", "96")}}
+    accuracy.print_paired(result, result, ["A", "B"])
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == ["own size", "test size 96", "test size 112",
+                                                                                   "crop 0.5", "crop 0.8"]
+
+
 def fake_study(where: Path, probabilities: dict[str, dict[str, float]], seeds: tuple[int, ...] = (0,)) -> Path:
     """A finished one-fold study whose held-out photos ('label/name.jpg') have these probabilities, on each seed."""
     rows = [{"seed": seed, "fold": 0, "photo": photo, "label": photo.split("/")[0], "predicted": max(p, key=p.get),
