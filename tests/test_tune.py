@@ -22,6 +22,7 @@ from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import compare, cv  # noqa: E402
 from foodvit.tuning.search import costs, parse_budget, trial_config, tune, write_report  # noqa: E402
 from foodvit.tuning.space import Param  # noqa: E402
+from foodvit.tuning.study import open_study, study_settings  # noqa: E402
 
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
 TINY_OVERRIDES = {"train.epochs": 1, "vit.image_size": 32, "vit.depth": 1}
@@ -466,12 +467,12 @@ def test_two_processes_starting_one_folder_with_different_studies_never_both_go_
             checked.wait(timeout=30)
         return real_dumps(*args, **kwargs)
 
-    monkeypatch.setattr(cv.json, "dumps", dumps)
+    monkeypatch.setattr(json, "dumps", dumps)  # the json module open_study writes with
 
     def begin(identity):
         start.wait()
         try:
-            cv.open_study(folder, identity)
+            open_study(folder, identity)
             outcomes.append(("open", identity["lr"]))
         except StudyError:
             outcomes.append(("refused", identity["lr"]))
@@ -687,23 +688,23 @@ def test_a_study_started_before_a_setting_existed_resumes_and_one_at_another_val
     """An upgrade adds settings, at defaults that keep the old behaviour: a study whose study.json
     lacks one is the same study at the default, and another study at any other value."""
     config = RunConfig()
-    identity = {"kind": "cv", "folds": 5, "settings": cv.study_settings(config.to_dict())}
+    identity = {"kind": "cv", "folds": 5, "settings": study_settings(config.to_dict())}
     older = json.loads(json.dumps(identity))
     del older["settings"]["optim"]["pretrain_epochs"]  # as a version before the setting wrote it
     folder = tmp_path / "study"
     folder.mkdir()
     (folder / "study.json").write_text(json.dumps(older))
-    cv.open_study(folder, identity)  # resumed: nothing raised
+    open_study(folder, identity)  # resumed: nothing raised
     assert json.loads((folder / "study.json").read_text()) == older  # and the file left as it was
-    changed = {**identity, "settings": cv.study_settings(with_settings(config, {"optim.pretrain_epochs": 5}).to_dict())}
+    changed = {**identity, "settings": study_settings(with_settings(config, {"optim.pretrain_epochs": 5}).to_dict())}
     with pytest.raises(StudyError, match=r"optim.pretrain_epochs: 0 -> 5"):
-        cv.open_study(folder, changed)
+        open_study(folder, changed)
     # a stored setting this version does not know still differs, never silently dropped
     unknown = json.loads(json.dumps(older))
     unknown["settings"]["optim"]["retired_option"] = 1
     (folder / "study.json").write_text(json.dumps(unknown))
     with pytest.raises(StudyError, match="retired_option"):
-        cv.open_study(folder, identity)
+        open_study(folder, identity)
 
 
 def test_a_space_with_distillation_always_on_may_search_its_temperature_and_token(tmp_path):

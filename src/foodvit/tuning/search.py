@@ -39,6 +39,7 @@ from foodvit.model.variants import without_recipe_resizing
 from foodvit.rundir import directory as rundir
 from foodvit.tuning import compare, cv
 from foodvit.tuning.space import Param, base_values, default_space, read_space, space_table
+from foodvit.tuning.study import open_study, study_settings
 
 STUDY_NAME = "foodvit"
 FAILURES_IN_A_ROW = 3  # a process stops after this many failed trials in a row: something is wrong beyond one setting
@@ -228,8 +229,8 @@ def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, b
     cv.check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
-    cv.open_study(study_dir, {"kind": "tune", "data": cv.fingerprint(split), "classes": list(split.classes), "folds": folds,
-                              "seed": base.train.seed, "space": space_table(space), "settings": cv.study_settings(base.to_dict())})
+    open_study(study_dir, {"kind": "tune", "data": cv.fingerprint(split), "classes": list(split.classes), "folds": folds,
+                              "seed": base.train.seed, "space": space_table(space), "settings": study_settings(base.to_dict())})
     from filelock import FileLock
 
     # one process at a time opens the study: Optuna's first creation of its tables is not safe

@@ -1,0 +1,98 @@
+"""A study's folder and what it is: STUDY/study.json names the photos (their fingerprint), folds,
+seeds and settings of a `foodvit cv` or `foodvit tune` study. Opening a folder makes it that study or
+checks that it already is one; a study asked to borrow another's CNN teachers checks that the lender
+is a study of the same photos, folds and seeds that trained the teachers this one would train.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from foodvit.config import RunConfig, settings_as_today
+from foodvit.errors import StudyError
+from foodvit.files import write_text
+from foodvit.rundir.compare import differences
+from foodvit.rundir.directory import TEACHER_FILE
+
+STUDY_FILE = "study.json"
+
+
+def study_settings(settings: dict) -> dict:
+    """A config's settings as a study names its recipe: without the photos' folder (a study names its
+    photos by their fingerprint, so a moved copy of them is the same study)."""
+    data = settings.get("data")
+    return {**settings, "data": {k: v for k, v in data.items() if k != "source"}} if isinstance(data, dict) else settings
+
+
+def open_study(folder: Path, identity: dict) -> None:
+    """Make folder a study of `identity`, or check that it already is one: another data set,
+    folds, seeds or settings are refused, never mixed in (settings added to foodvit since the study
+    started count at their defaults)."""
+    path = folder / STUDY_FILE
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        if isinstance(stored.get("settings"), dict):
+            stored["settings"] = study_settings(settings_as_today(stored["settings"]))
+        changed = differences(stored, identity)
+        if changed:
+            shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed[:4])
+            raise StudyError(f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
+                             "choose another --out")
+        return
+    # not another starter's temporary file, nor the study another starter has just written
+    if folder.is_dir() and any(not p.name.startswith(".") and p.name != STUDY_FILE for p in folder.iterdir()):
+        raise StudyError(f"{folder} is not empty and holds no study; choose a new or empty --out")
+    # Created only if absent: of two processes that start the same folder at once, the second checks
+    # its study against the first's, never overwrites it.
+    try:
+        write_text(path, json.dumps(identity, indent=1), replace=False)
+    except FileExistsError:
+        open_study(folder, identity)
+
+
+
+
+def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
+    """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
+    and its recipe trains teachers with this config's teacher settings; else a StudyError that says why."""
+    from foodvit.training.distill import place_changes, read_teacher, teacher_changes, trains_teacher, training_place
+    from foodvit.training.distributed import pick_device
+
+    path = teachers / STUDY_FILE
+    if teachers.resolve() == study.resolve():
+        raise StudyError(f"--teachers {teachers} is the study itself: give another study, whose folds lend their teachers")
+    try:
+        theirs = json.loads(path.read_text())
+        lender = RunConfig.from_dict(theirs["settings"], where=str(path))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise StudyError(f"--teachers {teachers} holds no readable study ({STUDY_FILE}: {err}): give a `foodvit cv` study "
+                         "of a distilled or guided recipe") from None
+    if not trains_teacher(config):
+        raise StudyError("--teachers lends CNN teachers, and this recipe trains none (no --distill or --guidance): leave --teachers out")
+    if not trains_teacher(lender):
+        raise StudyError(f"--teachers {teachers} is a study of a recipe that trains no CNN teacher: give a study with --guidance "
+                         "or --distill, or leave --teachers out")
+    changed = [f"{key}: {theirs.get(key)!r} there, {identity[key]!r} here" for key in ("kind", "data", "classes", "folds", "seeds")
+               if theirs.get(key) != identity[key]]
+    if changed:
+        raise StudyError(f"--teachers {teachers} is a study of other photos, folds or seeds ({'; '.join(changed)}): give a "
+                         "`foodvit cv` study with the same --data, --folds, --seed and --seeds, or leave --teachers out")
+    shown = teacher_changes(lender, config)
+    if shown:
+        raise StudyError(f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
+                         "teachers this study would train; leave --teachers out")
+    # where they trained (fold runs only, not the folds' photo links): refused here when no teacher was trained
+    # where this process trains; a study whose folds trained at different thread counts (one-thread workers
+    # beside a two-thread one) lends each fold's teacher to a process like the one that trained it, which
+    # each fold checks as it starts (training.distill.lent_teacher)
+    here = training_place(pick_device(config.train.device), 1, config)
+    first = None  # the first teacher trained elsewhere, and how; the teachers are read until one serves here
+    for path in sorted([*teachers.glob(f"fold-*/{TEACHER_FILE}"), *teachers.glob(f"seed-*/fold-*/{TEACHER_FILE}")]):
+        where = place_changes(read_teacher(path, lender.optim.teacher, lent=True).get("trained_on"), here)
+        if not where:
+            return
+        first = first or (path, where)
+    if first is not None:
+        raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({first[0]}: {first[1]}): they are not the "
+                         "teachers this study would train; leave --teachers out")
