@@ -346,6 +346,33 @@ def test_bench_ensembles_scores_a_study_without_probabilities_from_its_fold_mode
         assert rescored[key][1] == label and rescored[key][0] == pytest.approx(p, abs=1e-6)
 
 
+def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_path, monkeypatch, capsys):
+    """bench/offsets.py: a class the model under-predicts gains the smallest offset that mends it on the
+    other folds; a fold whose own photos would want another offset is not asked (nested)."""
+    offsets = bench_module(monkeypatch, "offsets")
+    rows = []
+    for fold, (n_b, p_b) in enumerate([(3, 0.4), (3, 0.4), (2, 0.2)]):  # b's photos: b scored p_b, a 1 - p_b
+        rows += [{"seed": 0, "fold": fold, "photo": f"b/{fold}-{i}.jpg", "label": "b", "right": False,
+                  "probabilities": {"a": 1 - p_b, "b": p_b}} for i in range(n_b)]
+    # a's photos: in fold 2 scored b 0.3 (an offset above log(7/3) = 0.85 breaks them), elsewhere 0.1
+    rows += [{"seed": 0, "fold": fold, "photo": f"a/{fold}-{i}.jpg", "label": "a", "right": True,
+              "probabilities": {"a": 0.7, "b": 0.3} if fold == 2 else {"a": 0.9, "b": 0.1}} for fold in range(3) for i in range(3)]
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (study / "cv.json").write_text(json.dumps({"accuracy": 9 / 17, "photos": {f"s0/{r['photo']}": r["right"] for r in rows}}))
+    assert offsets.main([str(study), "--json", str(tmp_path / "o.json")]) == 0
+    report = json.loads((tmp_path / "o.json").read_text())
+    # every fold's choice: b + 0.5, the smallest that mends the 0.4s (log 1.5 = 0.41) without breaking fold 2's a photos;
+    # fold 2's own b photos (0.2: they would want 1.4) stay wrong
+    assert [c["offsets"] for c in report["offsets"]] == [{"a": 0.0, "b": 0.5}] * 3
+    assert report["accuracy"] == pytest.approx(15 / 17) and report["difference"] == pytest.approx(6 / 17)
+    assert "6 right only in with offsets, 0 only in" in capsys.readouterr().out
+    (study / "predictions.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "probabilities"}) + "\n" for r in rows))
+    with pytest.raises(SystemExit, match="keep no class probabilities"):
+        offsets.main([str(study)])
+
+
 def test_bench_teachers_refuses_a_study_without_teachers_in_one_line(cv_study, tmp_path, monkeypatch):
     teachers = bench_teachers(monkeypatch)
     with pytest.raises(SystemExit, match=r"fold-0 holds no trained teacher: give a guided or distilled cv study"):
