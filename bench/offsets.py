@@ -75,6 +75,9 @@ def main(argv: list[str]) -> int:
     rows = [json.loads(line) for line in (args.study / "predictions.jsonl").read_text().splitlines()]
     if not rows or not all("probabilities" in r for r in rows):
         raise SystemExit(f"{args.study}'s predictions keep no class probabilities: give a study written since they are kept")
+    if len(rows[0]["probabilities"]) > 4:
+        raise SystemExit(f"{args.study} has {len(rows[0]['probabilities'])} classes: the offsets are searched on a full grid "
+                         f"({len(GRID)} values a class), which is for a few classes only (4 at most)")
     if len({r["fold"] for r in rows}) < 2:
         raise SystemExit(f"{args.study} has one fold: offsets chosen on the other folds need two or more")
     right, chosen = nested(rows)

@@ -371,6 +371,9 @@ def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_p
     (study / "predictions.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "probabilities"}) + "\n" for r in rows))
     with pytest.raises(SystemExit, match="keep no class probabilities"):
         offsets.main([str(study)])
+    (study / "predictions.jsonl").write_text(json.dumps({**rows[0], "probabilities": {c: 0.2 for c in "abcde"}}) + "\n")
+    with pytest.raises(SystemExit, match="has 5 classes: the offsets are searched on a full grid"):
+        offsets.main([str(study)])
 
 
 def test_bench_teachers_refuses_a_study_without_teachers_in_one_line(cv_study, tmp_path, monkeypatch):
