@@ -101,7 +101,8 @@ def fold_predictions(run: Path, held: Path, test_sizes: list[int], crop_pcts: li
     ("crop 0.8", ...). Exactly what `foodvit train --test-size S` (the same model rebuilt at S, its
     preprocessing scaled) or `--crop-pct C` (the photo's shorter side resized to size / C before the
     centre crop) would have saved and tested: neither changes anything before the end of training
-    (random resized crops do not read the crop share)."""
+    (random resized crops do not read the crop share; training photos are decoded at twice the size,
+    which a share of 0.5 or more never exceeds: main refuses smaller ones)."""
     from foodvit.data.preprocess import Preprocess, resize_for_crop
     from foodvit.deploy.inference import predict
     from foodvit.deploy.predictor import Predictor
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cv:
         sizes = [int(x) for x in args.test_sizes.split(",") if x]
         crops = [float(x) for x in args.crop_pcts.split(",") if x]
+        if not all(0.5 <= pct <= 1 for pct in crops):  # below 0.5 the training photos' decode size would change too
+            raise SystemExit(f"--crop-pcts takes centre-crop shares from 0.5 to 1 (what --crop-pct changes after training alone), got {args.crop_pcts}")
         result = run_cv(args.recipe, seeds, args.cv, Path(args.out), args.data, extra, sizes, crops)
         print(f"recipe {result['recipe']} {' '.join(extra)}: {args.cv}-fold CV accuracy {result['accuracy']:.3f} +- "
               f"{result['standard_error']:.3f} (standard error over {result['predictions']} predictions, {len(seeds)} seeds: "

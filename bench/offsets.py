@@ -19,6 +19,7 @@ import math
 import sys
 from pathlib import Path
 
+from foodvit.errors import StudyError
 from foodvit.tuning.compare import compare_line, paired, read_study
 
 GRID = [step / 10 for step in range(-20, 21)]
@@ -71,7 +72,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("study", type=Path, help="a finished `foodvit cv` study")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
-    result = read_study(args.study)
+    try:
+        result = read_study(args.study)
+    except StudyError as err:
+        raise SystemExit(str(err)) from None
     rows = [json.loads(line) for line in (args.study / "predictions.jsonl").read_text().splitlines()]
     if not rows or not all("probabilities" in r for r in rows):
         raise SystemExit(f"{args.study}'s predictions keep no class probabilities: give a study written since they are kept")
@@ -83,7 +87,10 @@ def main(argv: list[str]) -> int:
     right, chosen = nested(rows)
     for c in chosen:
         print(f"seed {c['seed']} fold {c['fold']}: " + ", ".join(f"{k} {v:+.1f}" for k, v in c["offsets"].items()))
-    comparison = paired(result["photos"], right)
+    try:
+        comparison = paired(result["photos"], right)
+    except StudyError as err:
+        raise SystemExit(f"{args.study}: its predictions.jsonl and cv.json disagree ({err})") from None
     accuracy = sum(right.values()) / len(right)
     print(f"nested offsets: {accuracy:.3f} (the study as it is: {result['accuracy']:.3f}); "
           + compare_line(comparison, str(args.study), "with offsets"))

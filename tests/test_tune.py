@@ -1,4 +1,4 @@
-"""foodvit cv and foodvit tune (tuning/cv.py, tuning/compare.py, tuning/search.py): k-fold CV over the training photos
+"""foodvit cv and foodvit tune (tuning/cv.py, tuning/study.py, tuning/compare.py, tuning/search.py): k-fold CV over the training photos
 alone, resumed fold by fold; an Optuna study with pruning by fold, failed trials, SQLite shared by
 processes; the bad inputs refused in one line. Tiny runs: the tiny recipe at 32 px, depth 1, 1
 epoch, on 4 generated photos a class, 2 folds."""
@@ -270,6 +270,10 @@ def test_bench_accuracy_scores_each_fold_model_with_other_centre_crops(cv_study,
     size = seen[0].image_size  # the shorter side before the crop: size / share, the rest of the preprocessing the run's own
     assert [(p.image_size, p.resize_size) for p in seen] == [(size, int(size / 0.875)), (size, size), (size, int(size / 0.875)), (size, 2 * size)]
     assert seen[3] == seen[0].__class__(size, 2 * size, seen[0].mode, seen[0].mean, seen[0].std, seen[0].interpolation)
+    # a share under 0.5 would change the training photos' decode size too: refused before anything trains
+    with pytest.raises(SystemExit, match=r"centre-crop shares from 0.5 to 1 .*got 0.8,0.4"):
+        accuracy.main(["--cv", "2", "--crop-pcts", "0.8,0.4", "--out", str(study.parent / "never")])
+    assert not (study.parent / "never").exists()
     # --paired prints the run's own preprocessing, then test sizes, then crop shares, each in order
     result = {"photos": {key: got["0"] for key in ("crop 0.8", "112", "0", "crop 0.5", "96")}}
     accuracy.print_paired(result, result, ["A", "B"])
@@ -347,26 +351,34 @@ def test_bench_ensembles_scores_a_study_without_probabilities_from_its_fold_mode
 
 
 def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_path, monkeypatch, capsys):
-    """bench/offsets.py: a class the model under-predicts gains the smallest offset that mends it on the
-    other folds; a fold whose own photos would want another offset is not asked (nested)."""
+    """bench/offsets.py: each fold's offsets are those that classify the most of the other folds of its own
+    seed right (of equal counts the smallest); the fold's own photos, and other seeds', are not asked."""
     offsets = bench_module(monkeypatch, "offsets")
-    rows = []
-    for fold, (n_b, p_b) in enumerate([(3, 0.4), (3, 0.4), (2, 0.2)]):  # b's photos: b scored p_b, a 1 - p_b
-        rows += [{"seed": 0, "fold": fold, "photo": f"b/{fold}-{i}.jpg", "label": "b", "right": False,
-                  "probabilities": {"a": 1 - p_b, "b": p_b}} for i in range(n_b)]
-    # a's photos: in fold 2 scored b 0.3 (an offset above log(7/3) = 0.85 breaks them), elsewhere 0.1
-    rows += [{"seed": 0, "fold": fold, "photo": f"a/{fold}-{i}.jpg", "label": "a", "right": True,
-              "probabilities": {"a": 0.7, "b": 0.3} if fold == 2 else {"a": 0.9, "b": 0.1}} for fold in range(3) for i in range(3)]
+
+    def seed_rows(seed: int, b_photos: list[tuple[int, float]], a_b: list[float]) -> list[dict]:
+        """b's photos: (how many, b's score) a fold, a scored 1 - b; a's photos: 3 a fold, scored b a_b[fold]."""
+        rows = [{"seed": seed, "fold": fold, "photo": f"b/{fold}-{i}.jpg", "label": "b", "right": p_b > 0.5,
+                 "probabilities": {"a": 1 - p_b, "b": p_b}} for fold, (n, p_b) in enumerate(b_photos) for i in range(n)]
+        return rows + [{"seed": seed, "fold": fold, "photo": f"a/{fold}-{i}.jpg", "label": "a", "right": True,
+                        "probabilities": {"a": 1 - p_b, "b": p_b}} for fold, p_b in enumerate(a_b) for i in range(3)]
+
+    # seed 0: folds 0 and 1 want b + 0.5 (log 1.5 = 0.41 mends their 0.4s), fold 2's twenty 0.2s want b + 1.4
+    # (log 4 = 1.39), which breaks fold 2's own a photos (0.3: log 7/3 = 0.85). Chosen without fold 2, fold 2 gets
+    # + 0.5 (had it been asked: + 1.4); folds 0 and 1 are chosen with fold 2's twenty, so + 1.4.
+    # seed 1: every photo right as it is, and a's photos at 0.45 break at any offset above 0.2: + 0 throughout
+    # (had seed 0's photos been asked: + 0.5 or + 1.4, and seed 1's a photos wrong)
+    rows = seed_rows(0, [(3, 0.4), (3, 0.4), (20, 0.2)], [0.1, 0.1, 0.3]) + seed_rows(1, [(3, 0.6)] * 3, [0.45] * 3)
     study = tmp_path / "study"
     study.mkdir()
     (study / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (study / "cv.json").write_text(json.dumps({"accuracy": 9 / 17, "photos": {f"s0/{r['photo']}": r["right"] for r in rows}}))
+    kept = {f"s{r['seed']}/{r['photo']}": r["right"] for r in rows}
+    (study / "cv.json").write_text(json.dumps({"accuracy": sum(kept.values()) / len(kept), "photos": kept}))
     assert offsets.main([str(study), "--json", str(tmp_path / "o.json")]) == 0
     report = json.loads((tmp_path / "o.json").read_text())
-    # every fold's choice: b + 0.5, the smallest that mends the 0.4s (log 1.5 = 0.41) without breaking fold 2's a photos;
-    # fold 2's own b photos (0.2: they would want 1.4) stay wrong
-    assert [c["offsets"] for c in report["offsets"]] == [{"a": 0.0, "b": 0.5}] * 3
-    assert report["accuracy"] == pytest.approx(15 / 17) and report["difference"] == pytest.approx(6 / 17)
+    assert [(c["seed"], c["fold"], c["offsets"]["b"]) for c in report["offsets"]] == [
+        (0, 0, 1.4), (0, 1, 1.4), (0, 2, 0.5), (1, 0, 0.0), (1, 1, 0.0), (1, 2, 0.0)]
+    # right: seed 0's b photos of folds 0 and 1 (6 more), its a photos (at 0.1, + 1.4 leaves them right), all of seed 1
+    assert report["accuracy"] == pytest.approx((6 + 9 + 18) / 53) and report["difference"] == pytest.approx(6 / 53)
     assert "6 right only in with offsets, 0 only in" in capsys.readouterr().out
     (study / "predictions.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "probabilities"}) + "\n" for r in rows))
     with pytest.raises(SystemExit, match="keep no class probabilities"):
@@ -374,7 +386,8 @@ def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_p
     (study / "predictions.jsonl").write_text(json.dumps({**rows[0], "probabilities": {c: 0.2 for c in "abcde"}}) + "\n")
     with pytest.raises(SystemExit, match="has 5 classes: the offsets are searched on a full grid"):
         offsets.main([str(study)])
-
+    with pytest.raises(SystemExit, match=r"holds no finished cross-validation \(no cv.json\)"):
+        offsets.main([str(tmp_path)])
 
 def test_bench_teachers_refuses_a_study_without_teachers_in_one_line(cv_study, tmp_path, monkeypatch):
     teachers = bench_teachers(monkeypatch)

@@ -1,7 +1,7 @@
 """k-fold cross-validation of a recipe over the TRAINING photos alone (`foodvit cv`).
 
     STUDY/study.json          what the study is (data fingerprint, folds, seeds, settings): a rerun
-                              with anything else is refused, never mixed in
+                              with anything else is refused, never mixed in (tuning/study.py)
     STUDY/folds/seed-S/fold-K/{train,test}/<class>/...   links to the photos: train = the kept
                               folds, test = the held-out one (what a fold's run evaluates on)
     STUDY/fold-K/             a normal run directory (STUDY/seed-S/fold-K/ with several seeds)

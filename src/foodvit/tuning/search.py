@@ -230,7 +230,7 @@ def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, b
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
     open_study(study_dir, {"kind": "tune", "data": cv.fingerprint(split), "classes": list(split.classes), "folds": folds,
-                              "seed": base.train.seed, "space": space_table(space), "settings": study_settings(base.to_dict())})
+                           "seed": base.train.seed, "space": space_table(space), "settings": study_settings(base.to_dict())})
     from filelock import FileLock
 
     # one process at a time opens the study: Optuna's first creation of its tables is not safe

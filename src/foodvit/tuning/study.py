@@ -51,8 +51,6 @@ def open_study(folder: Path, identity: dict) -> None:
         open_study(folder, identity)
 
 
-
-
 def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
     """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
     and its recipe trains teachers with this config's teacher settings; else a StudyError that says why."""
