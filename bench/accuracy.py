@@ -103,7 +103,7 @@ def fold_predictions(run: Path, held: Path, test_sizes: list[int], crop_pcts: li
     centre crop) would have saved and tested: neither changes anything before the end of training
     (random resized crops do not read the crop share; training photos are decoded at twice the size,
     which a share of 0.5 or more never exceeds: main refuses smaller ones)."""
-    from foodvit.data.preprocess import Preprocess, resize_for_crop
+    from foodvit.data.preprocess import make_preprocess
     from foodvit.deploy.inference import predict
     from foodvit.deploy.predictor import Predictor
     from foodvit.model.weights import resize_model
@@ -117,8 +117,8 @@ def fold_predictions(run: Path, held: Path, test_sizes: list[int], crop_pcts: li
         raise SystemExit(f"--crop-pcts varies the centre crop, and {run} resizes its photos to a square (resize mode {p.mode!r})")
     predictors = {"0": base}
     predictors.update({str(size): Predictor(resize_model(base.model, size).eval(), base.classes, p.at_size(size)) for size in test_sizes})
-    predictors.update({f"crop {pct:g}": Predictor(base.model, base.classes, Preprocess(p.image_size, resize_for_crop(p.image_size, pct),
-                                                                                      p.mode, p.mean, p.std, p.interpolation))
+    predictors.update({f"crop {pct:g}": Predictor(base.model, base.classes, make_preprocess(p.image_size, p.mean, p.std, p.mode, pct,
+                                                                                           p.interpolation))
                        for pct in crop_pcts})
     return {key: {f"{Path(path).parent.name}/{Path(path).name}": result["label"] == truth
                   for path, truth, result in zip(paths, truths, predict(predictor, paths))}

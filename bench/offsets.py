@@ -14,6 +14,7 @@ paired photo by photo against the study as it is.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -25,43 +26,39 @@ from foodvit.tuning.compare import compare_line, paired, read_study
 GRID = [step / 10 for step in range(-20, 21)]
 
 
-def predicted(probabilities: dict[str, float], offsets: dict[str, float]) -> str:
+def log_probabilities(row: dict) -> dict[str, float]:
+    """A prediction's class probabilities as log-probabilities (floored, so a 0 stays finite)."""
+    return {c: math.log(max(p, 1e-12)) for c, p in row["probabilities"].items()}
+
+
+def predicted(scores: dict[str, float], offsets: dict[str, float]) -> str:
     """The class whose log-probability plus its offset is largest."""
-    return max(probabilities, key=lambda c: math.log(max(probabilities[c], 1e-12)) + offsets.get(c, 0.0))
+    return max(scores, key=lambda c: scores[c] + offsets[c])
 
 
-def best_offsets(rows: list[dict], classes: list[str]) -> dict[str, float]:
-    """The offsets (the first class at 0) that classify the most of rows right; of equal counts the smallest in sum."""
+def best_offsets(rows: list[tuple[dict[str, float], str]], classes: list[str]) -> dict[str, float]:
+    """The offsets (the first class at 0) that classify the most of rows (log-probabilities, label) right;
+    of equal counts the smallest in sum."""
     best = None
-    for values in _grid(len(classes) - 1):
+    for values in itertools.product(GRID, repeat=len(classes) - 1):
         offsets = dict(zip(classes, (0.0, *values)))
-        right = sum(predicted(r["probabilities"], offsets) == r["label"] for r in rows)
+        right = sum(predicted(scores, offsets) == label for scores, label in rows)
         key = (right, -sum(abs(v) for v in values))
         if best is None or key > best[0]:
             best = (key, offsets)
     return best[1]
 
 
-def _grid(n: int):
-    if n == 0:
-        yield ()
-        return
-    for value in GRID:
-        for rest in _grid(n - 1):
-            yield (value, *rest)
-
-
 def nested(rows: list[dict]) -> tuple[dict[str, bool], list[dict]]:
     """Each fold (of each seed) scored with the offsets chosen on the other folds of its seed:
     's{seed}/{photo}' -> right, and the offsets of each fold."""
     classes = sorted(rows[0]["probabilities"])
+    scored = [(r["seed"], r["fold"], f"s{r['seed']}/{r['photo']}", log_probabilities(r), r["label"]) for r in rows]  # the logs once
     right, chosen = {}, []
     for seed, fold in sorted({(r["seed"], r["fold"]) for r in rows}):
-        offsets = best_offsets([r for r in rows if r["seed"] == seed and r["fold"] != fold], classes)
+        offsets = best_offsets([(scores, label) for s, f, _, scores, label in scored if s == seed and f != fold], classes)
         chosen.append({"seed": seed, "fold": fold, "offsets": offsets})
-        for r in rows:
-            if r["seed"] == seed and r["fold"] == fold:
-                right[f"s{seed}/{r['photo']}"] = predicted(r["probabilities"], offsets) == r["label"]
+        right.update({key: predicted(scores, offsets) == label for s, f, key, scores, label in scored if s == seed and f == fold})
     return right, chosen
 
 
