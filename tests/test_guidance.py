@@ -14,7 +14,7 @@ from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.training.distill import WithDistillation, build_teacher
-from foodvit.training.guidance import WithLocalityGuidance, guided_blocks
+from foodvit.training.guidance import WithLocalityGuidance, epoch_weight, guided_blocks
 from foodvit.training.trainer import resume, train
 
 
@@ -96,18 +96,45 @@ def photos(tmp_path_factory):
     return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2)
 
 
-def guided(photos, epochs):
+def guided(photos, epochs, schedule="constant"):
     config = small_config(photos, epochs=epochs, batch_size=8)
-    return replace(config, optim=replace(config.optim, guidance=1.0, teacher="resnet18"))
+    return replace(config, optim=replace(config.optim, guidance=1.0, guidance_schedule=schedule, teacher="resnet18"))
+
+
+def test_the_linear_schedule_moves_the_weight_to_the_first_epochs_and_halves_it_in_all():
+    assert [epoch_weight(0.5, "constant", e, 4) for e in range(4)] == [0.5] * 4
+    assert [epoch_weight(2.0, "linear", e, 4) for e in range(4)] == [2.0, 1.5, 1.0, 0.5]
+    weights = [epoch_weight(1.0, "linear", e, 100) for e in range(100)]
+    assert weights[0] == 1.0 and weights[-1] == pytest.approx(0.01) and min(weights) > 0
+    assert sum(weights) / 100 == pytest.approx(0.505)  # the constant 0.5's guidance in all, moved early
+    with pytest.raises(ConfigError, match="constant or linear"):
+        epoch_weight(1.0, "cosine", 0, 4)
+
+
+def test_a_schedule_needs_guidance_and_each_epoch_trains_at_its_weight(photos, tmp_path):
+    from foodvit.config import OptimConfig
+    from foodvit.training.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="add --guidance W"):
+        OptimConfig(guidance_schedule="linear")
+    for schedule, expected in (("linear", [1.0, 0.75, 0.5, 0.25]), ("constant", [1.0] * 4)):
+        trainer = Trainer(guided(photos, 4, schedule), tmp_path / schedule, quiet=True, log=lambda *a, **k: None)
+        seen = []
+        for epoch in range(4):
+            trainer._before_epoch(epoch)
+            seen.append(trainer.aux.guide.weight)
+        assert seen == expected
 
 
 @pytest.mark.slow  # two trainings and a resume; exact resume itself is shown fast in test_train
 def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
-    whole = train(guided(photos, 2), tmp_path / "whole", quiet=True)
+    """With the linear schedule: the resumed epoch trains at its own weight (0.5), as the whole run's did."""
+    whole = train(guided(photos, 2, "linear"), tmp_path / "whole", quiet=True)
     state = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
     assert set(state["guidance"]) == {f"{k}.{p}" for k in range(3) for p in ("weight", "bias")}
     assert not any(k.startswith("adapters") for k in state["model"])  # the model file holds the ViT alone
     assert (tmp_path / "whole" / "teacher.pt").is_file()
+    assert "locality guidance, weight 1, falling linearly towards 0" in (tmp_path / "whole" / "report.md").read_text()
     import foodvit.training.stages as S  # the teacher's fit runs there
     import foodvit.training.trainer as T
 
@@ -120,7 +147,7 @@ def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(pho
     for module in (T, S):
         monkeypatch.setattr(module, "fit", stop_after_one_student_epoch)
     out = tmp_path / "stopped"
-    train(guided(photos, 2), out, quiet=True)
+    train(guided(photos, 2, "linear"), out, quiet=True)
     for module in (T, S):
         monkeypatch.setattr(module, "fit", real)
     resumed = resume(out, quiet=True)

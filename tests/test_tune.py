@@ -215,7 +215,8 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
     config = load_recipe("default")
     same = [replace(config, vit={**config.vit, "depth": 8, "drop_path": 0.1}),
             replace(config, data=replace(config.data, start_size=0, start_share=0.5, test_size=112, cache=False, workers=2)),
-            replace(config, optim=replace(config.optim, drloc=1.0, guidance=2.0, ema=0.99), train=replace(config.train, compile=True)),
+            replace(config, optim=replace(config.optim, drloc=1.0, guidance=2.0, guidance_schedule="linear", ema=0.99),
+                    train=replace(config.train, compile=True)),
             replace(config, optim=replace(config.optim, pretrain_epochs=50, pretrain_mask_ratio=0.75, sam=0.05, distill=1.0, distill_temperature=3.0))]
     other = [replace(config, vit={**config.vit, "image_size": 64}), replace(config, optim=replace(config.optim, lr=2e-3)),
              replace(config, data=replace(config.data, mixup=0.8, workers=2)), replace(config, train=replace(config.train, epochs=50))]
@@ -619,6 +620,8 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     ("[data]\naugment = {choices = [\"flip\", \"wild\"]}\n", "--augment must be one of"),
     ("[vit]\nembed_dim = {choices = [96, 100]}\n", "width 100 is not a multiple of the 3 heads"),
     ("[optim]\ndistill_temperature = {low = 1.0, high = 4.0}\n", "optim.distill_temperature may draw a temperature above 0 where optim.distill may be 0"),
+    ("[optim]\nguidance = {choices = [0.0, 1.0]}\nguidance_schedule = {choices = [\"constant\", \"linear\"]}\n",
+     "optim.guidance_schedule may draw a schedule other than constant where optim.guidance may be 0"),
     ("[optim]\ndistill = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n", "vit.distill_token may draw the distillation token"),
 ])
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
@@ -761,3 +764,5 @@ def test_a_space_with_distillation_always_on_may_search_its_temperature_and_toke
     assert set(read_space(space, config)) == {"optim.distill", "optim.distill_temperature", "vit.distill_token"}
     space.write_text("[optim]\ndistill = {choices = [0.0, 1.0]}\n")  # hard distillation on or off: nothing needs it
     assert set(read_space(space, config)) == {"optim.distill"}
+    space.write_text("[optim]\nguidance = {low = 0.5, high = 2.0}\nguidance_schedule = {choices = [\"constant\", \"linear\"]}\n")
+    assert set(read_space(space, config)) == {"optim.guidance", "optim.guidance_schedule"}

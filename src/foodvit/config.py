@@ -37,6 +37,7 @@ AUGMENT_PRESETS = ("none", "flip", "light", "medium", "strong")
 TEACHERS = ("resnet18", "resnet34", "resnet50")  # torchvision architectures a run can train as its distillation teacher
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
+GUIDANCE_SCHEDULES = ("constant", "linear")  # the weight of locality guidance over the epochs (training/guidance.py)
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -249,6 +250,9 @@ class OptimConfig:
     guidance: float = opt(0.0, "weight of locality guidance: a few blocks' patch tokens learn, through 1x1 adapters, to predict "
                           "the feature maps of a CNN teacher that the run trains first on the same photos (Li et al. 2022), 0 = off; "
                           "the saved model is the ViT alone; skipped with a frozen backbone, which it cannot train", range=AT_LEAST_0)
+    guidance_schedule: str = opt("constant", "the weight of --guidance over the epochs: 'constant', or 'linear' from --guidance "
+                                 "at the first epoch down towards 0 (epoch e of E weighs W x (1 - e/E)): locality early, "
+                                 "while attention forms, and the ViT freer of a weaker teacher late", choices=GUIDANCE_SCHEDULES)
     masked: float = opt(0.0, "weight of masked-patch reconstruction: in training, --mask-ratio of each image's patches are hidden "
                         "behind a learned mask token and a linear decoder predicts their pixels from the output tokens (SimMIM-style "
                         "self-supervision on the same photos), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
@@ -264,6 +268,9 @@ class OptimConfig:
         _check(self)
         if len(self.betas) != 2:
             raise ConfigError(f"--betas takes two numbers (beta1, beta2), got {len(self.betas)}")
+        if self.guidance_schedule != "constant" and self.guidance <= 0:
+            raise ConfigError(f"--guidance-schedule {self.guidance_schedule} sets how the weight of --guidance changes over the "
+                              "epochs: add --guidance W (e.g. --guidance 1), or leave --guidance-schedule out")
         if self.distill_temperature > 0 and self.distill <= 0:
             raise ConfigError("--distill-temperature softens the classes of a teacher that --distill reads: add --distill W "
                               "(e.g. --distill 1), or leave --distill-temperature out")

@@ -23,6 +23,10 @@ teacher a downsampled image. Here the teacher's features are standardised at eac
 the weight means the same for any teacher), the coarser grid is kept (no detail is invented), the
 pairs are averaged, and teacher and student read the same crop (64 to 96 px in the default recipe),
 already a low resolution.
+
+The weight W holds for every epoch, or with --guidance-schedule linear falls from W at the first epoch
+towards 0 (epoch e of E weighs W x (1 - e/E), a mean of about W/2): the teacher's locality while the
+ViT's attention forms, less pull towards a weaker network's features once it has.
 """
 
 from __future__ import annotations
@@ -45,6 +49,15 @@ def guided_blocks(depth: int, stages: int = len(STAGES)) -> list[int]:
         raise ConfigError(f"--guidance matches blocks before the last one to the teacher's stages: needs --depth 2 or more, got {depth}")
     span = depth - 1
     return [max(0, round((k + 1) * span / stages) - 1) for k in range(stages)]
+
+
+def epoch_weight(weight: float, schedule: str, epoch: int, epochs: int) -> float:
+    """The guidance weight of epoch `epoch` (from 0) of `epochs` under the schedule ('constant' or 'linear')."""
+    if schedule == "constant":
+        return weight
+    if schedule == "linear":
+        return weight * (1 - epoch / epochs)
+    raise ConfigError(f"--guidance-schedule must be constant or linear, got {schedule!r}")
 
 
 def stage_channels(teacher: nn.Module) -> list[int]:

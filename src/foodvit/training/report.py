@@ -164,7 +164,8 @@ def write_results(out: Path, *, config, data, model, trainable: int, train_size:
         uses = [(f"its probabilities at temperature {config.optim.distill_temperature:g} (soft distillation, "
                  if config.optim.distill_temperature > 0 else "its labels (distillation, ")
                 + f"weight {config.optim.distill:g})"] if config.optim.distill > 0 else []
-        uses += [f"its feature maps (locality guidance, weight {config.optim.guidance:g})"] if config.optim.guidance > 0 else []
+        falling = ", falling linearly towards 0 over the epochs" if config.optim.guidance_schedule == "linear" else ""
+        uses += [f"its feature maps (locality guidance, weight {config.optim.guidance:g}{falling})"] if config.optim.guidance > 0 else []
         sections = ["## CNN teacher", "",
                     f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
                     f"({sum(r['seconds'] for r in teacher_history):.0f} s"

@@ -46,6 +46,7 @@ from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training import auxiliary
 from foodvit.training.distill import borrowed_teacher, train_or_load_teacher
+from foodvit.training.guidance import epoch_weight
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, backend_reason, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
@@ -258,6 +259,9 @@ class Trainer:
         self.train_loader.batch_sampler.set_epoch(epoch)  # its order and augmentation seeds
         size = self.input_size(epoch)
         self.settings.input_size = 0 if size == self.model.config.image_size else size
+        if self.aux.guide is not None:
+            o = self.config.optim
+            self.aux.guide.weight = epoch_weight(o.guidance, o.guidance_schedule, epoch, self.config.train.epochs)
 
     def _after_epoch(self, epoch: int, row: dict) -> None:
         self.history.append(row)

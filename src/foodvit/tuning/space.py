@@ -163,23 +163,26 @@ def _param(key: str, spec, config: RunConfig) -> Param:
     return param
 
 
-# Settings that only work with distillation on: a trial drawing one of them with optim.distill 0 would be refused
-NEED_DISTILL = {"optim.distill_temperature": "a temperature above 0", "vit.distill_token": "the distillation token"}
+# Settings that only work with another one on: a trial drawing one of them (a value other than its off value) with
+# the other at 0 would be refused. key -> (the setting it needs, what it draws, its off value, what that setting is)
+NEEDS = {"optim.distill_temperature": ("optim.distill", "a temperature above 0", 0.0, "distillation"),
+         "vit.distill_token": ("optim.distill", "the distillation token", False, "distillation"),
+         "optim.guidance_schedule": ("optim.guidance", "a schedule other than constant", "constant", "locality guidance")}
 
 
 def _check_needs(space: dict[str, Param], config: RunConfig) -> None:
-    """Refuse a space in which some trial would draw a setting that needs distillation with distillation
-    off, before any trial runs (each would be refused on its own)."""
+    """Refuse a space in which some trial would draw a setting that needs another on (distillation,
+    guidance) with that one off, before any trial runs (each would be refused on its own)."""
     base = base_values(config)
 
     def possible(key: str) -> tuple:  # the values a trial may draw (a range's two ends stand for it here)
         param = space.get(key)
         return (base[key],) if param is None else param.choices or (param.low, param.high)
 
-    for key, what in NEED_DISTILL.items():
-        if (key in space or "optim.distill" in space) and any(possible(key)) and min(possible("optim.distill")) <= 0:
-            raise ConfigError(f"{key} may draw {what} where optim.distill may be 0, and it needs distillation on: "
-                              f"search optim.distill above 0 (e.g. {{low = 0.5, high = 2}}) or leave {key} out")
+    for key, (needed, what, off, name) in NEEDS.items():
+        if (key in space or needed in space) and any(v != off for v in possible(key)) and min(possible(needed)) <= 0:
+            raise ConfigError(f"{key} may draw {what} where {needed} may be 0, and it needs {name} on: "
+                              f"search {needed} above 0 (e.g. {{low = 0.5, high = 2}}) or leave {key} out")
 
 
 def space_table(space: dict[str, Param]) -> dict:
