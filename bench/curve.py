@@ -116,12 +116,16 @@ def recipe_of(study: Path) -> str:
     default (guidance weight 0.5 with the CCT tokeniser and sequence pooling, since round 4's tenth
     session trained at 64 px, then 96 px: "default-96"; at 64 px throughout in the eighth and ninth:
     "default"), the same at weight 1 (the default of the fourth to seventh sessions), guidance alone at
-    weight 1 (the default before) or neither (the one before that). Any other guided study is refused:
+    weight 1 (the default before) or neither (the one before that), each at a constant weight. Any other guided study is refused:
     drawn into one of these series, it would pass for a point of that recipe."""
     config = json.loads((study / "fold-0" / "config.json").read_text())
     vit, weight = config["vit"], config["optim"].get("guidance", 0)
     if not weight:
         return "unguided"
+    schedule = config["optim"].get("guidance_schedule", "constant")
+    if schedule != "constant":
+        raise SystemExit(f"{study}: guidance on a {schedule} schedule is none of the curve's recipes (all hold their weight); "
+                         "move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
     cct = (vit.get("stem"), vit.get("pool")) == ("conv", "seq")
     for recipe, (with_cct, recipe_weight) in GUIDANCE.items():
         if cct == with_cct and math.isclose(weight, recipe_weight):

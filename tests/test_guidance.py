@@ -14,6 +14,7 @@ from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.training.distill import WithDistillation, build_teacher
+from foodvit.training.heads import loss_so_far
 from foodvit.training.guidance import WithLocalityGuidance, epoch_weight, guided_blocks
 from foodvit.training.trainer import resume, train
 
@@ -124,6 +125,24 @@ def test_a_schedule_needs_guidance_and_each_epoch_trains_at_its_weight(photos, t
             trainer._before_epoch(epoch)
             seen.append(trainer.aux.guide.weight)
         assert seen == expected
+    # and the loss reads it: the linear run's guidance term at its last epoch is a quarter of its first's
+    trainer_linear = Trainer(guided(photos, 4, "linear"), tmp_path / "loss", quiet=True, log=lambda *a, **k: None)
+    guide = trainer_linear.aux.guide
+    guide.set_teacher(build_teacher("resnet18", 3))
+    guide.train()
+    images = torch.randn(2, 3, 32, 32)
+
+    def term(epoch):
+        trainer_linear._before_epoch(epoch)
+        with torch.no_grad():
+            torch.manual_seed(0)  # any other loss inside draws the same both times (drloc's pairs)
+            whole = guide.forward_heads(images).auxiliary
+            torch.manual_seed(0)
+            return whole - loss_so_far(guide.student_heads(images))
+
+    first, last = term(0), term(3)
+    assert first > 0
+    torch.testing.assert_close(last, 0.25 * first)
 
 
 @pytest.mark.slow  # two trainings and a resume; exact resume itself is shown fast in test_train

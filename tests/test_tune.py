@@ -238,6 +238,21 @@ def bench_teachers(monkeypatch):
     return bench_module(monkeypatch, "teachers")
 
 
+def test_the_curve_takes_the_default_at_its_sizes_and_refuses_it_on_a_guidance_schedule(monkeypatch, tmp_path):
+    """bench/curve.py sorts a study into a recipe's curve by its settings: the default on a falling
+    guidance weight is no point of the default's curve, and says so."""
+    from dataclasses import replace
+
+    curve = bench_module(monkeypatch, "curve")
+    config = load_recipe("default")
+    for name, optim in (("constant", config.optim), ("linear", replace(config.optim, guidance_schedule="linear"))):
+        (tmp_path / name / "fold-0").mkdir(parents=True)
+        (tmp_path / name / "fold-0" / "config.json").write_text(json.dumps(replace(config, optim=optim).to_dict()))
+    assert curve.recipe_of(tmp_path / "constant") == "default-96"
+    with pytest.raises(SystemExit, match="guidance on a linear schedule is none of the curve's recipes"):
+        curve.recipe_of(tmp_path / "linear")
+
+
 def test_bench_accuracys_paired_results_use_the_studies_arithmetic(monkeypatch, capsys):
     """bench/accuracy.py --paired: each test size both results scored, B - A as `foodvit cv --compare` gives it;
     results of other photos stop with that one line."""

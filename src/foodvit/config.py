@@ -252,7 +252,7 @@ class OptimConfig:
                           "the saved model is the ViT alone; skipped with a frozen backbone, which it cannot train", range=AT_LEAST_0)
     guidance_schedule: str = opt("constant", "the weight of --guidance over the epochs: 'constant', or 'linear' from --guidance "
                                  "at the first epoch down towards 0 (epoch e of E weighs W x (1 - e/E)): locality early, "
-                                 "while attention forms, and the ViT freer of a weaker teacher late", choices=GUIDANCE_SCHEDULES)
+                                 "while attention forms, and less pull towards a weaker network's features late", choices=GUIDANCE_SCHEDULES)
     masked: float = opt(0.0, "weight of masked-patch reconstruction: in training, --mask-ratio of each image's patches are hidden "
                         "behind a learned mask token and a linear decoder predicts their pixels from the output tokens (SimMIM-style "
                         "self-supervision on the same photos), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)

@@ -46,7 +46,6 @@ from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training import auxiliary
 from foodvit.training.distill import borrowed_teacher, train_or_load_teacher
-from foodvit.training.guidance import epoch_weight
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, backend_reason, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
@@ -59,6 +58,7 @@ from foodvit.training.engine import (
     own_random_state,
 )
 from foodvit.training.freezing import freeze_backbone
+from foodvit.training.guidance import epoch_weight
 from foodvit.training.masked import check_reconstructable
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.pretrain import pretrain
