@@ -113,40 +113,42 @@ def guided(study: Path) -> bool:
 
 def recipe_of(study: Path) -> str:
     """Which of the round's ViT recipes a study trained, from its first fold's saved config: the
-    default (guidance weight 0.5 with the CCT tokeniser and sequence pooling, since round 4's tenth
-    session trained at 64 px, then 96 px: "default-96"; at 64 px throughout in the eighth and ninth:
-    "default"), the same at weight 1 (the default of the fourth to seventh sessions), guidance alone at
-    weight 1 (the default before) or neither (the one before that), each at a constant weight. Any other guided study is refused:
+    default (guidance weight 1 falling linearly to 0 with the CCT tokeniser and sequence pooling, 64 px
+    then 96 px, since round 4's twenty-eighth session: "default-linear"), the default before it (a constant
+    weight 0.5, 64 px then 96 px from the tenth to the twenty-seventh session: "default-96"; at 64 px
+    throughout in the eighth and ninth: "default"), the same at weight 1 (the default of the fourth to
+    seventh sessions), guidance alone at weight 1 (the default before) or neither (the one before that).
+    Any other guided study is refused:
     drawn into one of these series, it would pass for a point of that recipe."""
     config = json.loads((study / "fold-0" / "config.json").read_text())
     vit, weight = config["vit"], config["optim"].get("guidance", 0)
     if not weight:
         return "unguided"
     schedule = config["optim"].get("guidance_schedule", "constant")
-    if schedule != "constant":
-        raise SystemExit(f"{study}: guidance on a {schedule} schedule is none of the curve's recipes (all hold their weight); "
-                         "move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
     cct = (vit.get("stem"), vit.get("pool")) == ("conv", "seq")
-    for recipe, (with_cct, recipe_weight) in GUIDANCE.items():
-        if cct == with_cct and math.isclose(weight, recipe_weight):
-            if recipe != "default":
+    sizes = (vit.get("image_size"), config["data"].get("start_size") or 0)
+    for recipe, (with_cct, recipe_weight, recipe_schedule) in GUIDANCE.items():
+        if cct == with_cct and math.isclose(weight, recipe_weight) and schedule == recipe_schedule:
+            if recipe == "default":
+                if sizes in DEFAULT_SIZES:
+                    return DEFAULT_SIZES[sizes]
+            elif recipe != "default-linear" or sizes == (96, 64):
                 return recipe
-            sizes = (vit.get("image_size"), config["data"].get("start_size") or 0)
-            if sizes in DEFAULT_SIZES:
-                return DEFAULT_SIZES[sizes]
-            raise SystemExit(f"{study}: the default's settings at image size {sizes[0]} and start size {sizes[1]} are neither "
-                             "of its curves (64 px throughout, 64 then 96 px); plot it with --mark LABEL=STUDY")
-    raise SystemExit(f"{study}: guidance weight {weight:g} {'with' if cct else 'without'} the CCT tokeniser is none of the "
-                     "curve's recipes; move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
+            raise SystemExit(f"{study}: the {recipe} recipe at image size {sizes[0]} and start size {sizes[1]} is none of its "
+                             "curves; plot it with --mark LABEL=STUDY")
+    raise SystemExit(f"{study}: guidance weight {weight:g} ({schedule}) {'with' if cct else 'without'} the CCT tokeniser is none of "
+                     "the curve's recipes; move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
 
 
 DEFAULT_SIZES = {(64, 0): "default", (96, 64): "default-96"}  # (image size, start size) of the default's two curves
-GUIDANCE = {"guided": (False, 1.0), "guided+cct": (True, 1.0), "default": (True, 0.5)}  # (CCT tokeniser, weight) of each guided recipe
+GUIDANCE = {"guided": (False, 1.0, "constant"), "guided+cct": (True, 1.0, "constant"), "default": (True, 0.5, "constant"),
+            "default-linear": (True, 1.0, "linear")}  # (CCT tokeniser, weight, schedule) of each guided recipe
 RECIPES = {"unguided": ("ViT, without locality guidance", "o-"),
            "guided": ("ViT, with locality guidance (weight 1)", "D-"),
            "guided+cct": ("ViT, guidance (weight 1) + CCT tokeniser", "^-"),
            "default": ("ViT, guidance 0.5 + CCT tokeniser at 64 px (the default of the eighth and ninth sessions)", "v-"),
-           "default-96": ("ViT, the default: guidance 0.5 + CCT tokeniser, 64 px then 96 px", "P-")}
+           "default-96": ("ViT, guidance 0.5 + CCT tokeniser, 64 px then 96 px (the default of the tenth to twenty-seventh sessions)", "P-"),
+           "default-linear": ("ViT, the default: guidance 1 falling to 0 + CCT tokeniser, 64 px then 96 px", "X-")}
 
 
 def lends_teachers(vit: Path, config) -> bool:

@@ -238,19 +238,21 @@ def bench_teachers(monkeypatch):
     return bench_module(monkeypatch, "teachers")
 
 
-def test_the_curve_takes_the_default_at_its_sizes_and_refuses_it_on_a_guidance_schedule(monkeypatch, tmp_path):
-    """bench/curve.py sorts a study into a recipe's curve by its settings: the default on a falling
-    guidance weight is no point of the default's curve, and says so."""
+def test_the_curve_tells_the_default_from_the_one_before_by_its_guidance_schedule(monkeypatch, tmp_path):
+    """bench/curve.py sorts a study into a recipe's curve by its settings, the guidance schedule among them: the
+    default (weight 1 falling to 0) and the one before it (a constant 0.5) are two curves, and a mix of the two is
+    none and says so."""
     from dataclasses import replace
 
     curve = bench_module(monkeypatch, "curve")
     config = load_recipe("default")
-    for name, optim in (("constant", config.optim), ("linear", replace(config.optim, guidance_schedule="linear"))):
+    for name, (weight, schedule) in {"today": (1.0, "linear"), "before": (0.5, "constant"), "mixed": (0.5, "linear")}.items():
         (tmp_path / name / "fold-0").mkdir(parents=True)
+        optim = replace(config.optim, guidance=weight, guidance_schedule=schedule)
         (tmp_path / name / "fold-0" / "config.json").write_text(json.dumps(replace(config, optim=optim).to_dict()))
-    assert curve.recipe_of(tmp_path / "constant") == "default-96"
-    with pytest.raises(SystemExit, match="guidance on a linear schedule is none of the curve's recipes"):
-        curve.recipe_of(tmp_path / "linear")
+    assert curve.recipe_of(tmp_path / "today") == "default-linear" and curve.recipe_of(tmp_path / "before") == "default-96"
+    with pytest.raises(SystemExit, match=r"guidance weight 0.5 \(linear\) with the CCT tokeniser is none of the curve's recipes"):
+        curve.recipe_of(tmp_path / "mixed")
 
 
 def test_bench_accuracys_paired_results_use_the_studies_arithmetic(monkeypatch, capsys):
