@@ -25,8 +25,9 @@ pairs are averaged, and teacher and student read the same crop (64 to 96 px in t
 already a low resolution.
 
 The weight W holds for every epoch, or with --guidance-schedule linear falls from W at the first epoch
-towards 0 (epoch e of E weighs W x (1 - e/E), a mean of W (E + 1) / 2E, about W/2 over many epochs): the teacher's locality while the
-ViT's attention forms, less pull towards a weaker network's features once it has.
+towards 0: epoch e of E weighs W x (1 - e/E), a mean of W (E + 1) / 2E, about W/2 over many epochs.
+The teacher's locality weighs most while the ViT's attention forms, and pulls less towards a weaker
+network's features once it has.
 """
 
 from __future__ import annotations
