@@ -138,6 +138,45 @@ def test_two_processes_pre_train_before_training(photos, tmp_path):
     assert len(metrics(tmp_path / "two")) == 1
 
 
+# torchrun's SIGTERM, which follows when a process dies, at three moments of rank 0's life (a Context of two
+# processes without a process group: the handler and the teardown are this module's own code)
+SIGTERM_SCENARIO = """
+import os, signal, sys
+import torch.distributed as dist
+from foodvit.training.distributed import Context, PeerLost
+ctx = Context(rank=0, world_size=2)
+ctx._stop_cleanly_on_sigterm()
+when = sys.argv[1]
+if when == "teardown":  # leaving the process group after the loss is when the signal comes
+    dist.is_initialized = lambda: True
+    dist.destroy_process_group = lambda: os.kill(os.getpid(), signal.SIGTERM)
+try:
+    if when == "training":
+        os.kill(os.getpid(), signal.SIGTERM)
+    with ctx.collective():
+        raise RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500. More text")
+except PeerLost as err:
+    if when == "message":  # while the message is on its way
+        os.kill(os.getpid(), signal.SIGTERM)
+    ctx.close()
+    print(err)
+print("default handler back:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+"""
+
+
+@pytest.mark.parametrize("when, message", [
+    ("training", "rank 0: stopped by the launcher (torchrun ends every process when one fails)"),
+    ("message", "rank 0: lost contact with the other training processes (Connection closed by peer [127.0.0.1]:29500)"),
+    ("teardown", "rank 0: lost contact with the other training processes (Connection closed by peer [127.0.0.1]:29500)"),
+])
+def test_torchruns_sigterm_stops_a_rank_once_and_never_cuts_off_its_message(when, message):
+    # before a peer is lost, SIGTERM stops the rank with its own message; after, the rank is already stopping
+    # with a better one, which a second error must not replace nor the default handler end unprinted
+    done = subprocess.run([sys.executable, "-c", SIGTERM_SCENARIO, when], capture_output=True, text=True, timeout=60, env=ENV)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.splitlines() == [message, "default handler back: True"]
+
+
 def _children(pid: int) -> list[int]:
     """Every descendant process of pid (Linux /proc)."""
     found = []

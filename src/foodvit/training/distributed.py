@@ -161,7 +161,15 @@ class Context:
         except (RuntimeError, dist.DistError) as err:
             if isinstance(err, FoodVitError):
                 raise
-            raise PeerLost(f"rank {self.rank}: lost contact with the other training processes ({backend_reason(err)})") from None
+            raise self.peer_lost(err) from None
+
+    def peer_lost(self, err: BaseException) -> PeerLost:
+        """The error for a backend error that means a peer is gone. From here on this process is
+        stopping with that message, so torchrun's SIGTERM, which follows when a process dies, is
+        ignored rather than allowed to replace the message (or, during the teardown, to end the
+        process before it is printed); the launcher's SIGKILL still follows if it hangs."""
+        self.__dict__["_stopping"] = True
+        return PeerLost(f"rank {self.rank}: lost contact with the other training processes ({backend_reason(err)})")
 
     # ------------------------------------------------------------------ the model
 
@@ -176,15 +184,17 @@ class Context:
         return DistributedDataParallel(module, device_ids=ids)
 
     def close(self) -> None:
-        """Leave the process group (several processes) and give SIGTERM its previous handler back;
-        with one process, nothing to do."""
+        """Leave the process group (several processes), then give SIGTERM its previous handler back;
+        with one process, nothing to do. In that order: leaving the group after a peer is lost can
+        take a while, the very time torchrun's SIGTERM arrives, and the previous handler (the
+        default's: end the process) would cut off the message this process is about to print."""
+        if self.distributed and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
         previous = self.__dict__.pop("_previous_sigterm", None)
         if previous is not None:
             with contextlib.suppress(ValueError):
                 signal.signal(signal.SIGTERM, previous)
-        if self.distributed and dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
 
     def __enter__(self) -> "Context":
         return self
@@ -197,6 +207,9 @@ class Context:
         and unwind (the run lock is released, the last checkpoint stays)."""
 
         def stop(signum, frame):
+            if self.__dict__.get("_stopping"):  # already stopping, with the message that says why
+                return
+            self.__dict__["_stopping"] = True
             raise PeerLost(f"rank {self.rank}: stopped by the launcher (torchrun ends every process when one fails)")
 
         with contextlib.suppress(ValueError):  # not in the main thread: leave the handler as it is

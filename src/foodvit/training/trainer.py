@@ -46,7 +46,7 @@ from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training import auxiliary
 from foodvit.training.distill import borrowed_teacher, train_or_load_teacher
-from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, backend_reason, is_backend_error
+from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
     StepSettings,
@@ -317,8 +317,7 @@ class Trainer:
             except RuntimeError as err:
                 if not self.ctx.distributed or isinstance(err, FoodVitError) or not is_backend_error(err):
                     raise
-                raise PeerLost(f"rank {self.ctx.rank}: lost contact with the other training processes ({backend_reason(err)}); "
-                               f"{self._kept()}: {rundir.resume_command(self.out)}") from None
+                raise PeerLost(f"{self.ctx.peer_lost(err)}; {self._kept()}: {rundir.resume_command(self.out)}") from None
             finally:
                 if self.tensorboard is not None:
                     self.tensorboard.close()
