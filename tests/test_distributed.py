@@ -138,12 +138,13 @@ def test_two_processes_pre_train_before_training(photos, tmp_path):
     assert len(metrics(tmp_path / "two")) == 1
 
 
-# torchrun's SIGTERM, which follows when a process dies, at three moments of rank 0's life (a Context of two
+# torchrun's SIGTERM, which follows when a process exits, at four moments of rank 0's life (a Context of two
 # processes without a process group: the handler and the teardown are this module's own code)
 SIGTERM_SCENARIO = """
 import os, signal, sys
 import torch.distributed as dist
-from foodvit.training.distributed import Context, PeerLost
+from foodvit.errors import FoodVitError
+from foodvit.training.distributed import Context
 ctx = Context(rank=0, world_size=2)
 ctx._stop_cleanly_on_sigterm()
 when = sys.argv[1]
@@ -153,10 +154,13 @@ if when == "teardown":  # leaving the process group after the loss is when the s
 try:
     if when == "training":
         os.kill(os.getpid(), signal.SIGTERM)
+    if when == "every rank":  # an error raised on every rank at once: the first to exit brings the signal
+        ctx.gather = lambda message: [None, message]
+        ctx.share_error("rank 1: the photos are not there")
     with ctx.collective():
         raise RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500. More text")
-except PeerLost as err:
-    if when == "message":  # while the message is on its way
+except FoodVitError as err:
+    if when in ("message", "every rank"):  # while the message is on its way
         os.kill(os.getpid(), signal.SIGTERM)
     ctx.close()
     print(err)
@@ -168,6 +172,7 @@ print("default handler back:", signal.getsignal(signal.SIGTERM) is signal.SIG_DF
     ("training", "rank 0: stopped by the launcher (torchrun ends every process when one fails)"),
     ("message", "rank 0: lost contact with the other training processes (Connection closed by peer [127.0.0.1]:29500)"),
     ("teardown", "rank 0: lost contact with the other training processes (Connection closed by peer [127.0.0.1]:29500)"),
+    ("every rank", "rank 1: the photos are not there"),
 ])
 def test_torchruns_sigterm_stops_a_rank_once_and_never_cuts_off_its_message(when, message):
     # before a peer is lost, SIGTERM stops the rank with its own message; after, the rank is already stopping

@@ -149,6 +149,7 @@ class Context:
             return
         messages = [m for m in self.gather(message) if m]
         if messages:
+            self.stopping()  # every rank raises: the first to exit brings torchrun's SIGTERM to the others
             if original is not None:
                 raise original
             raise FoodVitError(messages[0])
@@ -164,12 +165,16 @@ class Context:
             raise self.peer_lost(err) from None
 
     def peer_lost(self, err: BaseException) -> PeerLost:
-        """The error for a backend error that means a peer is gone. From here on this process is
-        stopping with that message, so torchrun's SIGTERM, which follows when a process dies, is
-        ignored rather than allowed to replace the message (or, during the teardown, to end the
-        process before it is printed); the launcher's SIGKILL still follows if it hangs."""
-        self.__dict__["_stopping"] = True
+        """The error for a collective's failure, taken to mean a peer is gone (this rank is stopping)."""
+        self.stopping()
         return PeerLost(f"rank {self.rank}: lost contact with the other training processes ({backend_reason(err)})")
+
+    def stopping(self) -> None:
+        """This rank is stopping with an error that says why (a peer lost, or one raised on every rank
+        at once). torchrun's SIGTERM, which follows as soon as any process exits, is ignored from here on
+        rather than allowed to replace that message or end the process before it is printed; if the
+        rank hangs, torchrun's SIGKILL follows after its --shutdown-timeout (30 s)."""
+        self.__dict__["_stopping"] = True
 
     # ------------------------------------------------------------------ the model
 
@@ -187,14 +192,18 @@ class Context:
         """Leave the process group (several processes), then give SIGTERM its previous handler back;
         with one process, nothing to do. In that order: leaving the group after a peer is lost can
         take a while, the very time torchrun's SIGTERM arrives, and the previous handler (the
-        default's: end the process) would cut off the message this process is about to print."""
-        if self.distributed and dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-        previous = self.__dict__.pop("_previous_sigterm", None)
-        if previous is not None:
-            with contextlib.suppress(ValueError):
-                signal.signal(signal.SIGTERM, previous)
+        default's: end the process) would cut off the message this process is about to print. The
+        run is over either way, so a SIGTERM meanwhile is ignored."""
+        self.stopping()
+        try:
+            if self.distributed and dist.is_initialized():
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+        finally:
+            previous = self.__dict__.pop("_previous_sigterm", None)
+            if previous is not None:
+                with contextlib.suppress(ValueError):
+                    signal.signal(signal.SIGTERM, previous)
 
     def __enter__(self) -> "Context":
         return self
@@ -204,7 +213,8 @@ class Context:
 
     def _stop_cleanly_on_sigterm(self) -> None:
         """torchrun ends every process with SIGTERM when one of them fails: say why, in one line,
-        and unwind (the run lock is released, the last checkpoint stays)."""
+        and unwind (the run lock is released, the last checkpoint stays); once this rank is already
+        stopping with its own message (`stopping`), the signal is ignored."""
 
         def stop(signum, frame):
             if self.__dict__.get("_stopping"):  # already stopping, with the message that says why

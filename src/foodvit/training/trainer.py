@@ -309,6 +309,7 @@ class Trainer:
                     eval_every=c.train.eval_every, show_progress=not self.quiet, num_classes=len(self.classes))
                 return self.finish()
             except TrainingDiverged as err:
+                self.ctx.stopping()  # every rank diverges at once (a collective check): keep this advice through torchrun's SIGTERM
                 epoch = len(self.history if self.stage == "epoch" else self.pretraining) + 1
                 raise TrainingDiverged(f"{err} in {self.stage} {epoch}; training stopped and {self._kept()}. "
                                        "Lower --lr, add --clip-grad 1.0 or --warmup-epochs, then start a new run.") from None
