@@ -205,10 +205,9 @@ def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> N
         result = read_study(study)
         ax.errorbar([round(len(result["photos"]) / len(result["per_class"]))], [result["accuracy"]], yerr=[result["standard_error"]], fmt="*", markersize=11, capsize=3, label=label)
     ax.axhline(1 / 3, color="grey", lw=0.8, ls=":")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)  # below the axes: long labels cover no point
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
 
 
 def main() -> int:
