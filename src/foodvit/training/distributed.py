@@ -219,7 +219,7 @@ class Context:
         def stop(signum, frame):
             if self.__dict__.get("_stopping"):  # already stopping, with the message that says why
                 return
-            self.__dict__["_stopping"] = True
+            self.stopping()
             raise PeerLost(f"rank {self.rank}: stopped by the launcher (torchrun ends every process when one fails)")
 
         with contextlib.suppress(ValueError):  # not in the main thread: leave the handler as it is
