@@ -9,7 +9,8 @@ import foodvit
 from foodvit.config import ViTConfig
 from foodvit.errors import ConfigError, InputError
 from foodvit.model.variants import count_params, get_variant
-from foodvit.model.vit import VisionTransformer, sincos_2d_pos_embed
+from foodvit.model.positions import sincos_2d_pos_embed
+from foodvit.model.vit import VisionTransformer
 
 
 def tiny(**overrides) -> VisionTransformer:

@@ -8,7 +8,7 @@ from helpers import randomize_, rel_diff
 from torchvision.models.vision_transformer import interpolate_embeddings
 
 import foodvit
-from foodvit.model.vit import resample_pos_embed
+from foodvit.model.positions import resample_pos_embed
 from foodvit.model.weights import (
     config_from_metadata,
     detect_layout,

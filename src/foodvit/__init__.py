@@ -16,7 +16,7 @@ _LAZY = {
     "Predictor": "deploy.predictor",
     "ViTConfig": "config",
     "VisionTransformer": "model.vit",
-    "resample_pos_embed": "model.vit",
+    "resample_pos_embed": "model.positions",
     "create_model": "model.variants",
     "get_variant": "model.variants",
     "list_models": "model.variants",

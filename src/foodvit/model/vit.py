@@ -18,7 +18,8 @@ option, named here once and cited:
      row channels first, frequencies 1 / 10000^(k / (D/4)), a zero embedding for the class
      token. Beyer et al. 2022 (big_vision's posemb_sincos_2d) use the same idea with column
      channels first and frequencies reaching 1/10000 exactly; the two are not interchangeable
-     for pre-trained weights. pos_embed="none": no position embedding (the paper's Table 8 ablation).
+     for pre-trained weights (the table: model/positions.py, beside section 3.2's resampling).
+     pos_embed="none": no position embedding (the paper's Table 8 ablation).
   3. class_token=False: no class token; needs pool="gap" (Beyer et al. 2022). With pool="gap" or
      "seq" and the class token kept (the default recipe), the token is not pooled but still attends
      and is attended to: an extra global token, as in MoCo v3's ViTs; the recipe was chosen
@@ -88,6 +89,7 @@ from torch import nn
 from foodvit.config import ViTConfig
 from foodvit.errors import ConfigError, InputError
 from foodvit.model.init import init_head, init_weights
+from foodvit.model.positions import sincos_2d_pos_embed
 from foodvit.model.stems import ConvStem, ShiftedPatches
 
 # ---------------------------------------------------------------------------------------------
@@ -142,54 +144,6 @@ def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> Non
             f"(the model's preprocessing does this) or rebuild the model for {H} px with "
             f"foodvit.resize_model(model, {H})"
         )
-
-
-def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Deviation 2: fixed 2D sine-cosine position embedding, (N, D), as MoCo v3 builds it.
-
-    For patch (r, c) and k < D/4, with omega_k = 1 / temperature^(k / (D/4)): channel k is
-    sin(r omega_k), D/4 + k is cos(r omega_k), D/2 + k is sin(c omega_k), 3D/4 + k is cos(c omega_k)
-    (Vaswani et al. 2017's encoding, once per axis).
-    """
-    if embed_dim % 4:
-        raise ConfigError(f"sincos2d position embedding needs embed_dim divisible by 4, got {embed_dim}")
-    rows, cols = torch.meshgrid(torch.arange(grid_size, dtype=torch.float64), torch.arange(grid_size, dtype=torch.float64), indexing="ij")
-    omega = 1.0 / temperature ** (torch.arange(embed_dim // 4, dtype=torch.float64) / (embed_dim // 4))
-    rows = rows.flatten()[:, None] * omega[None, :]  # (N, D/4)
-    cols = cols.flatten()[:, None] * omega[None, :]  # (N, D/4)
-    return torch.cat([rows.sin(), rows.cos(), cols.sin(), cols.cos()], dim=1).float()  # (N, D)
-
-
-def resample_pos_embed(
-    pos_embed: torch.Tensor,
-    grid_size: int | tuple[int, int],
-    num_prefix_tokens: int = 1,
-    mode: str = "bicubic",
-    align_corners: bool = False,
-    antialias: bool = False,
-) -> torch.Tensor:
-    """Section 3.2: 2D-interpolate patch position embeddings to a new grid; keep the class position.
-
-    (1, prefix + g_old^2, D) -> (1, prefix + g_new^2, D). The old grid must be square.
-    torchvision resamples with mode='bicubic', align_corners=True; timm with bicubic and
-    align_corners=False (the default here).
-    """
-    new_h, new_w = (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
-    _, T, D = pos_embed.shape
-    old = math.isqrt(T - num_prefix_tokens)
-    if old * old != T - num_prefix_tokens:
-        raise InputError(
-            f"position embedding of {T} tokens with {num_prefix_tokens} prefix token(s) does not hold a square "
-            f"grid of patches; was it trained with{'out' if num_prefix_tokens else ''} a class token?"
-        )
-    if (old, old) == (new_h, new_w):
-        return pos_embed
-    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
-    grid = grid.float().reshape(1, old, old, D).permute(0, 3, 1, 2)  # (1, N, D) -> (1, D, g, g)
-    kwargs = {"align_corners": align_corners} if mode in ("bilinear", "bicubic") else {}
-    grid = F.interpolate(grid, size=(new_h, new_w), mode=mode, antialias=antialias, **kwargs)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, new_h * new_w, D)  # (1, D, g', g') -> (1, N', D)
-    return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)
 
 
 # ---------------------------------------------------------------------------------------------

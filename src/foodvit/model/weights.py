@@ -19,7 +19,8 @@ from torch import nn
 from foodvit.config import ViTConfig
 from foodvit.errors import InputError
 from foodvit.files import atomic_write
-from foodvit.model.vit import HEADS, VisionTransformer, resample_pos_embed
+from foodvit.model.positions import resample_pos_embed
+from foodvit.model.vit import HEADS, VisionTransformer
 
 StateDict = dict[str, torch.Tensor]
 
