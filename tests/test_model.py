@@ -168,6 +168,8 @@ def test_sincos_position_embedding_is_fixed_and_distinct_per_position():
     # sin^2 + cos^2 = 1 for each frequency: each position's vector has squared norm D / 2.
     assert torch.allclose((pe**2).sum(1), torch.full((16,), 24.0))
     assert torch.cdist(pe, pe).add(torch.eye(16)).min() > 0.1  # every position differs
+    with_prefix = sincos_2d_pos_embed(4, 48, prefix=2)  # class and distillation tokens first, at position zero
+    assert with_prefix.shape == (18, 48) and torch.count_nonzero(with_prefix[:2]) == 0 and torch.equal(with_prefix[2:], pe)
 
 
 def test_no_position_embedding_option():

@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from foodvit.errors import ConfigError, InputError
 
 
-def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Deviation 2: fixed 2D sine-cosine position embedding, (N, D), as MoCo v3 builds it.
+def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 10000.0, prefix: int = 0) -> torch.Tensor:
+    """Deviation 2: fixed 2D sine-cosine position embedding, (prefix + N, D), as MoCo v3 builds it.
 
     For patch (r, c) and k < D/4, with omega_k = 1 / temperature^(k / (D/4)): channel k is
     sin(r omega_k), D/4 + k is cos(r omega_k), D/2 + k is sin(c omega_k), 3D/4 + k is cos(c omega_k)
-    (Vaswani et al. 2017's encoding, once per axis).
+    (Vaswani et al. 2017's encoding, once per axis). The prefix tokens (class, distillation) come
+    first, at position zero.
     """
     if embed_dim % 4:
         raise ConfigError(f"sincos2d position embedding needs embed_dim divisible by 4, got {embed_dim}")
@@ -25,7 +26,8 @@ def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 100
     omega = 1.0 / temperature ** (torch.arange(embed_dim // 4, dtype=torch.float64) / (embed_dim // 4))
     rows = rows.flatten()[:, None] * omega[None, :]  # (N, D/4)
     cols = cols.flatten()[:, None] * omega[None, :]  # (N, D/4)
-    return torch.cat([rows.sin(), rows.cos(), cols.sin(), cols.cos()], dim=1).float()  # (N, D)
+    table = torch.cat([rows.sin(), rows.cos(), cols.sin(), cols.cos()], dim=1).float()  # (N, D)
+    return torch.cat([table.new_zeros(prefix, embed_dim), table])  # (prefix + N, D)
 
 
 def resample_pos_embed(

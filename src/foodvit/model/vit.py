@@ -301,7 +301,7 @@ class VisionTransformer(nn.Module):
         if config.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, T, D))  # E_pos, 1D, learnable
         elif config.pos_embed == "sincos2d":  # fixed; the class token's position is zero
-            fixed = torch.cat([torch.zeros(config.num_prefix_tokens, D), sincos_2d_pos_embed(config.grid_size, D)])
+            fixed = sincos_2d_pos_embed(config.grid_size, D, prefix=config.num_prefix_tokens)
             self.register_buffer("pos_embed", fixed[None], persistent=False)  # (1, T, D)
         self.pos_drop = nn.Dropout(config.dropout)  # App. B.1: "directly after adding positional- to patch embeddings"
         L = config.depth
@@ -347,8 +347,7 @@ class VisionTransformer(nn.Module):
         like = self.norm.weight  # the model's device and dtype
         if c.pos_embed == "none":
             return like.new_zeros(1, c.num_prefix_tokens + grid * grid, c.embed_dim)  # adds nothing; names the grid
-        fixed = sincos_2d_pos_embed(grid, c.embed_dim).to(self.pos_embed)  # (N', D)
-        return torch.cat([self.pos_embed[:, : c.num_prefix_tokens], fixed[None]], dim=1)  # (1, T', D)
+        return sincos_2d_pos_embed(grid, c.embed_dim, prefix=c.num_prefix_tokens).to(self.pos_embed)[None]  # (1, T', D)
 
     def forward_features(self, images: torch.Tensor, return_attention: bool = False, class_only: bool = False,
                          pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
