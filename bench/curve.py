@@ -12,7 +12,8 @@ its whole held-out fifth, so every point is judged on all the training photos an
 pair photo by photo. The ViT is `foodvit cv` with the default recipe (options this script does not
 know go to it, and to it alone); the CNN is torchvision's
 ResNet-18 from random initialisation, trained by foodvit's own teacher code (training/distill.py)
-with the recipe's photos, augmentation, optimiser, schedule and epochs: the peer the issue names.
+with the recipe's photos, augmentation, optimiser, schedule and epochs: the peer the issue names
+(--cnn resnet34 scores a deeper one, e.g. the teachers of a `--teacher resnet34` study).
 Studies are kept in --out (vit-f<share>, cnn-f<share>, each with cv.json as `foodvit cv` writes
 it, so `foodvit cv --compare` pairs any two); finished folds are not trained again.
 """
@@ -28,7 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from foodvit.cli.main import main as foodvit
-from foodvit.config import RunConfig, load_recipe
+from foodvit.config import TEACHERS, RunConfig, load_recipe
+from foodvit.errors import FoodVitError
 from foodvit.rundir.directory import with_source
 from foodvit.training.distill import teacher_changes
 from foodvit.tuning.compare import paired, read_study
@@ -82,25 +84,26 @@ def held_out_result(trainer, network, seed: int, fold: int, name: str, seconds: 
             "seconds": round(seconds + time.perf_counter() - started, 2), "predictions": predictions}
 
 
-def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, epochs: int | None = None) -> Path:
+def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, epochs: int | None = None,
+              cnn: str = "resnet18") -> Path:
     study = out / f"cnn-f{share:g}"
     if (study / "cv.json").is_file():
         return study
     config = load_recipe("default")
     config = replace(config, data=replace(config.data, source=data or "", train_fraction=share),
-                     train=replace(config.train, seed=SEED, epochs=epochs or config.train.epochs), optim=replace(config.optim, distill=1.0, teacher="resnet18"))
+                     train=replace(config.train, seed=SEED, epochs=epochs or config.train.epochs), optim=replace(config.optim, distill=1.0, teacher=cnn))
     config = with_source(config)
     split = training_photos(config)
     folders = fold_folders(split, FOLDS, SEED, study / "folds")
     if share != 1:
         teachers = None
     if teachers is not None and not lends_teachers(teachers, config):
-        raise SystemExit(f"{teachers}: its ResNet-18s were not trained as this study's would be (another recipe, epochs or "
+        raise SystemExit(f"{teachers}: its {cnn}s were not trained as this study's would be (another recipe, epochs or "
                          "photos): leave --teachers out")
     if teachers is None and lends_teachers(out / f"vit-f{share:g}", config):
         teachers = out / f"vit-f{share:g}"
     results = [cnn_fold(config, folder, study / f"fold-{k}", k, teachers) for k, folder in enumerate(folders)]
-    write_study(study, replace(config, recipe="resnet18 (default recipe's training)"), summarise(results), results)
+    write_study(study, replace(config, recipe=f"{cnn} (default recipe's training)"), summarise(results), results)
     return study
 
 
@@ -218,6 +221,7 @@ def main() -> int:
     parser.add_argument("--models", default="vit,cnn")
     parser.add_argument("--teachers", type=Path, help="a guided or distilled default-recipe study whose fold-K/teacher.pt are this "
                         "data's ResNet-18s at share 1 (reused, not trained again); a guided ViT study of --out lends its own")
+    parser.add_argument("--cnn", default="resnet18", choices=TEACHERS, help="the CNN's torchvision architecture (default: ResNet-18, the peer)")
     parser.add_argument("--epochs", type=int, help="both models' epochs (default: the recipe's; fewer for a quick try)")
     parser.add_argument("--extra", type=Path, nargs="*", default=[], help="other curve folders to include in the table and plot")
     parser.add_argument("--plot", type=Path, help="write the curve here")
@@ -229,7 +233,10 @@ def main() -> int:
             if "vit" in args.models:
                 vit_study(args.out, share, args.data, extra + (["--epochs", str(args.epochs)] if args.epochs else []))
             if "cnn" in args.models:
-                cnn_study(args.out, share, args.data, args.teachers, args.epochs)
+                try:
+                    cnn_study(args.out, share, args.data, args.teachers, args.epochs, args.cnn)
+                except FoodVitError as err:  # e.g. lent teachers trained at another thread count: one line, as foodvit prints it
+                    raise SystemExit(f"bench/curve.py: {err}") from None
     found = rows(args.out, args.extra)
     print("| photos a class | ViT recipe | ViT | ResNet-18 | ViT - ResNet-18, paired |\n|---|---|---|---|---|")
     for r in found:
