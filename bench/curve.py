@@ -164,6 +164,11 @@ def lends_teachers(vit: Path, config) -> bool:
     return not teacher_changes(saved, config)
 
 
+def cnn_name(study: dict) -> str:
+    """'ResNet-34' for a CNN study cnn_study wrote with --cnn resnet34 (its recipe: 'resnet34 (default recipe's training)')."""
+    return "ResNet-" + study["recipe"].split()[0].removeprefix("resnet")
+
+
 def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
     """Every size with both studies finished: photos a class, each model's accuracy and SE, the paired difference."""
     found = []
@@ -177,6 +182,7 @@ def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
             share = float(vit.name.removeprefix("vit-f"))
             difference = paired(b["photos"], a["photos"])  # ViT - CNN, from the two files already read
             found.append({"photos_per_class": round(per_class * share), "share": share, "folder": str(folder), "recipe": recipe_of(vit),
+                          "cnn_name": cnn_name(b),
                           "vit": a["accuracy"], "vit_se": a["standard_error"], "cnn": b["accuracy"], "cnn_se": b["standard_error"],
                           "vit_minus_cnn": difference["difference"], "paired_se": difference["standard_error"]})
     return sorted(found, key=lambda r: (list(RECIPES).index(r["recipe"]), r["photos_per_class"]))
@@ -195,12 +201,14 @@ def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> N
         if series:
             ax.errorbar([r["photos_per_class"] for r in series], [r["vit"] for r in series], yerr=[r["vit_se"] for r in series],
                         fmt=style, capsize=3, label=label)
-    cnn = {r["photos_per_class"]: r for r in found}  # one ResNet-18 study a size (the guided studies' teachers) pairs with every ViT
+    cnn = {r["photos_per_class"]: r for r in found}  # one CNN study a size (the guided studies' teachers) pairs with every ViT
     for r in found:
-        if (r["cnn"], r["cnn_se"]) != (cnn[r["photos_per_class"]]["cnn"], cnn[r["photos_per_class"]]["cnn_se"]):
-            raise SystemExit(f"{r['folder']}: its ResNet-18s at {r['photos_per_class']} a class are not those of "
-                             f"{cnn[r['photos_per_class']]['folder']} (another image size or teacher): plot the two curves separately")
-    ax.errorbar(x, [cnn[n]["cnn"] for n in x], yerr=[cnn[n]["cnn_se"] for n in x], fmt="s--", capsize=3, label="ResNet-18 from scratch, same training")
+        if (r["cnn_name"], r["cnn"], r["cnn_se"]) != tuple(cnn[r["photos_per_class"]][k] for k in ("cnn_name", "cnn", "cnn_se")):
+            raise SystemExit(f"{r['folder']}: its {r['cnn_name']}s at {r['photos_per_class']} a class are not those of "
+                             f"{cnn[r['photos_per_class']]['folder']} (another CNN, image size or teacher): plot the two curves separately")
+    names = sorted({r["cnn_name"] for r in found})
+    ax.errorbar(x, [cnn[n]["cnn"] for n in x], yerr=[cnn[n]["cnn_se"] for n in x], fmt="s--", capsize=3,
+                label=f"{' / '.join(names)} from scratch, same training")
     ax.set(xlabel="training photos a class (each fold trains on 4/5 of them)", ylabel="5-fold CV accuracy (+- SE)",
            title="Data efficiency: FoodVision Mini" + (" and its 20% set" if max(x) > 75 else ""))
     ax.set_xticks(x, [str(v) for v in x])
@@ -238,9 +246,9 @@ def main() -> int:
                 except FoodVitError as err:  # e.g. lent teachers trained at another thread count: one line, as foodvit prints it
                     raise SystemExit(f"bench/curve.py: {err}") from None
     found = rows(args.out, args.extra)
-    print("| photos a class | ViT recipe | ViT | ResNet-18 | ViT - ResNet-18, paired |\n|---|---|---|---|---|")
+    print("| photos a class | ViT recipe | ViT | CNN | ViT - CNN, paired |\n|---|---|---|---|---|")
     for r in found:
-        print(f"| {r['photos_per_class']} | {r['recipe']} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
+        print(f"| {r['photos_per_class']} | {r['recipe']} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn_name']} {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
               f"{r['vit_minus_cnn']:+.3f} +- {r['paired_se']:.3f} |")
     if args.plot and found:
         plot(found, args.plot, [(m.split("=", 1)[0], Path(m.split("=", 1)[1])) for m in args.mark])
