@@ -25,6 +25,10 @@ def test_the_guided_blocks_spread_over_the_depth_and_leave_the_last_one_to_the_c
     assert guided_blocks(2) == [0, 0, 0]
     with pytest.raises(ConfigError, match="--depth 2 or more"):
         guided_blocks(1)
+    assert guided_blocks(6, 4) == [1, 2, 4, 5]  # --guidance-stages 4: the teacher's last stage guides the last block
+    assert guided_blocks(2, 4) == [0, 0, 0, 1]
+    with pytest.raises(ConfigError, match="--guidance-stages must be 3 or 4"):
+        guided_blocks(6, 2)
 
 
 def by_hand(vit, teacher, adapters, blocks, images):
@@ -36,7 +40,7 @@ def by_hand(vit, teacher, adapters, blocks, images):
         outputs.append(x)
     t = teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))
     maps = []
-    for layer in (teacher.layer1, teacher.layer2, teacher.layer3):
+    for layer in (teacher.layer1, teacher.layer2, teacher.layer3, teacher.layer4)[: len(blocks)]:
         t = layer(t)
         maps.append(t)
     losses = []
@@ -74,6 +78,39 @@ def test_the_loss_is_the_adapted_tokens_error_against_the_teachers_standardised_
     torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
     _, nothing = wrapped.train()(torch.zeros(0, 3, 64, 64))
     assert nothing.item() == 0.0  # an empty share of a batch (distributed) costs nothing
+
+
+def test_four_stages_add_the_teachers_last_stage_against_the_last_block():
+    torch.manual_seed(0)
+    teacher = build_teacher("resnet18", 3).eval()
+    with pytest.raises(ConfigError, match="use --pool gap or --pool seq"):  # a class-token model's last block computes no patch token
+        WithLocalityGuidance(create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3), 1.0, teacher, stages=4)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3, pool="gap")  # 8 x 8 tokens; ResNet-18's layer4 at 2 x 2
+    three = WithLocalityGuidance(vit, 1.0, teacher)
+    four = WithLocalityGuidance(vit, 1.0, teacher, stages=4)
+    assert four.blocks == [0, 0, 1, 2] and [a.out_channels for a in four.adapters] == [64, 128, 256, 512]
+    for wrapped in (three, four):
+        wrapped.set_teacher(teacher)
+    for a3, a4 in zip(three.adapters, four.adapters):  # the same first three adapters: the fourth pair is the only change
+        a4.load_state_dict(a3.state_dict())
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        _, loss3 = three.train()(images)
+        _, loss4 = four.train()(images)
+        expected = by_hand(vit, teacher, four.adapters, four.blocks, images)
+    torch.testing.assert_close(loss4, expected, rtol=1e-4, atol=1e-6)
+    x = vit.embed(images)  # the fourth pair alone, written out: the last block against layer4, pooled to its 2 x 2
+    for block in vit.blocks:
+        x, _ = block(x)
+    t = teacher.layer4(teacher.layer3(teacher.layer2(teacher.layer1(teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))))))
+    student = F.adaptive_avg_pool2d(four.adapters[3](x[:, 1:].transpose(1, 2).reshape(2, -1, 8, 8)), 2)
+    target = (t - t.mean(1, keepdim=True)) / torch.sqrt(t.var(1, unbiased=False, keepdim=True) + 1e-5)
+    fourth = ((student - target) ** 2).mean()
+    torch.testing.assert_close(loss4, (3 * loss3 + fourth) / 4, rtol=1e-4, atol=1e-6)  # the mean over four pairs
+    from foodvit.config import OptimConfig
+
+    with pytest.raises(ConfigError, match="add --guidance W"):
+        OptimConfig(guidance_stages=4)
 
 
 def test_adds_to_distillation_and_needs_its_teacher():

@@ -253,6 +253,9 @@ class OptimConfig:
     guidance_schedule: str = opt("constant", "the weight of --guidance over the epochs: 'constant', or 'linear' from --guidance "
                                  "at the first epoch down towards 0 (epoch e of E weighs W x (1 - e/E)): locality early, "
                                  "while attention forms, and less pull towards a weaker network's features late", choices=GUIDANCE_SCHEDULES)
+    guidance_stages: int = opt(3, "the CNN teacher's first stages that guide with --guidance: 3 (each matched to a block before "
+                               "the last, which is left to the classifier) or 4 (its last stage guides the last block too, as Li et al. guide it)",
+                               range=Range(3, 4))
     masked: float = opt(0.0, "weight of masked-patch reconstruction: in training, --mask-ratio of each image's patches are hidden "
                         "behind a learned mask token and a linear decoder predicts their pixels from the output tokens (SimMIM-style "
                         "self-supervision on the same photos), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
@@ -271,6 +274,9 @@ class OptimConfig:
         if self.guidance_schedule != "constant" and self.guidance <= 0:
             raise ConfigError(f"--guidance-schedule {self.guidance_schedule} sets how the weight of --guidance changes over the "
                               "epochs: add --guidance W (e.g. --guidance 1), or leave --guidance-schedule out")
+        if self.guidance_stages != 3 and self.guidance <= 0:
+            raise ConfigError(f"--guidance-stages {self.guidance_stages} sets which of the teacher's stages --guidance reads: "
+                              "add --guidance W (e.g. --guidance 1), or leave --guidance-stages out")
         if self.distill_temperature > 0 and self.distill <= 0:
             raise ConfigError("--distill-temperature softens the classes of a teacher that --distill reads: add --distill W "
                               "(e.g. --distill 1), or leave --distill-temperature out")

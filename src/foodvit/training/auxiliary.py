@@ -65,7 +65,8 @@ def wrap(model: nn.Module, optim: OptimConfig, num_classes: int, frozen: bool = 
     if optim.masked > 0:
         aux.trained = aux.masked = WithMaskedPatches(aux.trained, optim.masked, optim.mask_ratio)
     if optim.guidance > 0:  # its teacher, like distillation's, is trained when the run starts fitting
-        aux.trained = aux.guide = WithLocalityGuidance(aux.trained, optim.guidance, teacher_skeleton(optim.teacher, num_classes))
+        aux.trained = aux.guide = WithLocalityGuidance(aux.trained, optim.guidance, teacher_skeleton(optim.teacher, num_classes),
+                                                           optim.guidance_stages)
     if optim.distill > 0:
         aux.trained = aux.distiller = WithDistillation(aux.trained, optim.distill, temperature=optim.distill_temperature)
     return aux

@@ -12,12 +12,13 @@ on every augmented batch x: the patch tokens of a few of the ViT's blocks, laid 
 go through a 1x1 convolution A_k (the adapter, trained with the ViT) and are compared with the
 teacher's feature map of the matching stage on the same crop (its features standardised over the
 channels at each position). Pairs: the teacher's first three stages, in order, with three blocks
-spread over the ViT's depth, the last block left to the classifier. Where the two grids differ
+spread over the ViT's depth, the last block left to the classifier; with --guidance-stages 4 the
+teacher's last stage guides the ViT's last block too. Where the two grids differ
 the finer one is average-pooled to the coarser. Training only: the adapters and the teacher are
 not part of the saved model.
 
 Where this differs from Li et al.'s setting (DeiT-Tiny, 12 blocks, CIFAR at 32 px, the teacher at
-low resolution): they guide the first, a middle and the last block, compare the raw teacher
+low resolution): they guide the first, a middle and the last block (here --guidance-stages 4 guides the last), compare the raw teacher
 features after upsampling both maps to the finer grid, sum the pairs with weight 2.5, and feed the
 teacher a downsampled image. Here the teacher's features are standardised at each position (so
 the weight means the same for any teacher), the coarser grid is kept (no detail is invented), the
@@ -41,15 +42,19 @@ from torch import nn
 from foodvit.errors import ConfigError
 from foodvit.training.heads import HeadsAndLoss, TaughtLoss, innermost_vit, loss_so_far
 
-STAGES = ("layer1", "layer2", "layer3")  # the teacher's stages that guide (a torchvision ResNet's)
+STAGES = ("layer1", "layer2", "layer3", "layer4")  # a torchvision ResNet's stages; the first --guidance-stages guide
+SPREAD = 3  # the first three stages guide blocks spread before the last; a fourth guides the last block
 
 
-def guided_blocks(depth: int, stages: int = len(STAGES)) -> list[int]:
-    """The ViT blocks (0-based) matched to the stages, in order: spread over the first depth - 1."""
+def guided_blocks(depth: int, stages: int = SPREAD) -> list[int]:
+    """The ViT blocks (0-based) matched to the teacher's first `stages` stages, in order: the first
+    three spread over the first depth - 1 blocks, the fourth (stages 4) the last block."""
     if depth < 2:
         raise ConfigError(f"--guidance matches blocks before the last one to the teacher's stages: needs --depth 2 or more, got {depth}")
+    if not SPREAD <= stages <= len(STAGES):
+        raise ConfigError(f"--guidance-stages must be 3 or 4 (the teacher's first stages that guide), got {stages}")
     span = depth - 1
-    return [max(0, round((k + 1) * span / stages) - 1) for k in range(stages)]
+    return [max(0, round((k + 1) * span / SPREAD) - 1) for k in range(SPREAD)] + [depth - 1] * (stages - SPREAD)
 
 
 def epoch_weight(weight: float, schedule: str, epoch: int, epochs: int) -> float:
@@ -61,20 +66,20 @@ def epoch_weight(weight: float, schedule: str, epoch: int, epochs: int) -> float
     raise ConfigError(f"--guidance-schedule must be constant or linear, got {schedule!r}")
 
 
-def stage_channels(teacher: nn.Module) -> list[int]:
-    """Output channels of each guiding stage of a torchvision ResNet (its last block's last conv)."""
+def stage_channels(teacher: nn.Module, stages: int = SPREAD) -> list[int]:
+    """Output channels of the first `stages` stages of a torchvision ResNet (each one's last block's last conv)."""
     channels = []
-    for name in STAGES:
+    for name in STAGES[:stages]:
         last = getattr(teacher, name)[-1]
         channels.append((last.conv3 if hasattr(last, "conv3") else last.conv2).out_channels)
     return channels
 
 
-def stage_maps(teacher: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
-    """The teacher's feature maps after each guiding stage, (B, C_k, H_k, W_k); the later stages are not run."""
+def stage_maps(teacher: nn.Module, images: torch.Tensor, stages: int = SPREAD) -> list[torch.Tensor]:
+    """The teacher's feature maps after each of its first `stages` stages, (B, C_k, H_k, W_k); the later ones are not run."""
     x = teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))
     maps = []
-    for name in STAGES:
+    for name in STAGES[:stages]:
         x = getattr(teacher, name)(x)
         maps.append(x)
     return maps
@@ -105,12 +110,15 @@ class WithLocalityGuidance(TaughtLoss):
     The student is a VisionTransformer or one wrapped for training; the teacher is a torchvision
     ResNet."""
 
-    def __init__(self, student: nn.Module, weight: float, teacher_skeleton: nn.Module) -> None:
+    def __init__(self, student: nn.Module, weight: float, teacher_skeleton: nn.Module, stages: int = SPREAD) -> None:
         super().__init__(student, weight)
         vit = innermost_vit(student)
-        self.blocks = guided_blocks(vit.config.depth)
+        self.blocks = guided_blocks(vit.config.depth, stages)
+        if stages > SPREAD and vit.config.class_only_last_block:
+            raise ConfigError(f"--guidance-stages {stages} guides the last block's patch tokens, which a class-token model's last "
+                              "block does not compute: use --pool gap or --pool seq, or leave --guidance-stages out")
         D = vit.config.embed_dim
-        self.adapters = nn.ModuleList(nn.Conv2d(D, channels, kernel_size=1) for channels in stage_channels(teacher_skeleton))
+        self.adapters = nn.ModuleList(nn.Conv2d(D, channels, kernel_size=1) for channels in stage_channels(teacher_skeleton, stages))
 
     def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
         teacher = self.trained_teacher()
@@ -122,7 +130,7 @@ class WithLocalityGuidance(TaughtLoss):
 
         heads = self.student_heads(images, [(vit.blocks[i], keep(i)) for i in sorted(set(self.blocks))])
         with torch.no_grad():
-            maps = stage_maps(teacher, images)
+            maps = stage_maps(teacher, images, len(self.blocks))
         prefix = vit.config.num_prefix_tokens
         losses = [matching_loss(adapter(token_map(outputs[block], prefix)), target)
                   for adapter, block, target in zip(self.adapters, self.blocks, maps)]
