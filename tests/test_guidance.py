@@ -211,6 +211,17 @@ def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(pho
     assert resumed.test["acc"] == pytest.approx(whole.test["acc"])
 
 
+def test_a_four_stage_guided_run_trains_four_adapters_and_says_so(photos, tmp_path):
+    config = guided(photos, 1)
+    config = replace(config, vit={**config.vit, "pool": "gap"}, optim=replace(config.optim, guidance_stages=4))
+    train(config, tmp_path / "run", quiet=True)
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert set(state["guidance"]) == {f"{k}.{p}" for k in range(4) for p in ("weight", "bias")}
+    assert state["guidance"]["3.weight"].shape[0] == 512  # layer4's width
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "its first 4 stages' feature maps, the last against the ViT's last block (locality guidance, weight 1)" in report
+
+
 def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_path):
     """bench/curve.py takes a guided study's teacher.pt as its ResNet-18 point: the network a guided
     run saves is, weight for weight, the one distillation (and so the curve's CNN) trains alone."""

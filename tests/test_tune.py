@@ -639,6 +639,8 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     ("[optim]\ndistill_temperature = {low = 1.0, high = 4.0}\n", "optim.distill_temperature may draw a temperature above 0 where optim.distill may be 0"),
     ("[optim]\nguidance = {choices = [0.0, 1.0]}\nguidance_schedule = {choices = [\"constant\", \"linear\"]}\n",
      "optim.guidance_schedule may draw a schedule other than constant where optim.guidance may be 0"),
+    ("[optim]\nguidance = {choices = [0.0, 1.0]}\nguidance_stages = {choices = [3, 4]}\n",
+     "optim.guidance_stages may draw the teacher's fourth stage where optim.guidance may be 0"),
     ("[optim]\ndistill = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n", "vit.distill_token may draw the distillation token"),
 ])
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):

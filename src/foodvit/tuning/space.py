@@ -167,7 +167,8 @@ def _param(key: str, spec, config: RunConfig) -> Param:
 # the other at 0 would be refused. key -> (the setting it needs, what it draws, its off value, what that setting is)
 NEEDS = {"optim.distill_temperature": ("optim.distill", "a temperature above 0", 0.0, "distillation"),
          "vit.distill_token": ("optim.distill", "the distillation token", False, "distillation"),
-         "optim.guidance_schedule": ("optim.guidance", "a schedule other than constant", "constant", "locality guidance")}
+         "optim.guidance_schedule": ("optim.guidance", "a schedule other than constant", "constant", "locality guidance"),
+         "optim.guidance_stages": ("optim.guidance", "the teacher's fourth stage", 3, "locality guidance")}
 
 
 def _check_needs(space: dict[str, Param], config: RunConfig) -> None:
