@@ -121,13 +121,17 @@ def recipe_of(study: Path) -> str:
     weight 0.5, 64 px then 96 px from the tenth to the twenty-seventh session: "default-96"; at 64 px
     throughout in the eighth and ninth: "default"), the same at weight 1 (the default of the fourth to
     seventh sessions), guidance alone at weight 1 (the default before) or neither (the one before that).
-    Any other guided study is refused:
+    Any other guided study is refused (another weight, schedule or size, another teacher or its fourth stage):
     drawn into one of these series, it would pass for a point of that recipe."""
     config = json.loads((study / "fold-0" / "config.json").read_text())
     vit, weight = config["vit"], config["optim"].get("guidance", 0)
     if not weight:
         return "unguided"
     schedule = config["optim"].get("guidance_schedule", "constant")
+    teacher, stages = config["optim"].get("teacher", "resnet18"), config["optim"].get("guidance_stages", 3)
+    if (teacher, stages) != ("resnet18", 3):  # every guided curve's ViT learns layer1-3 of a ResNet-18
+        raise SystemExit(f"{study}: guidance from a {teacher}'s first {stages} stages is none of the curve's recipes (a ResNet-18's "
+                         "first 3); move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
     cct = (vit.get("stem"), vit.get("pool")) == ("conv", "seq")
     sizes = (vit.get("image_size"), config["data"].get("start_size") or 0)
     for recipe, (with_cct, recipe_weight, recipe_schedule) in GUIDANCE.items():

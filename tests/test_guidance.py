@@ -25,6 +25,9 @@ def test_the_guided_blocks_spread_over_the_depth_and_leave_the_last_one_to_the_c
     assert guided_blocks(2) == [0, 0, 0]
     with pytest.raises(ConfigError, match="--depth 2 or more"):
         guided_blocks(1)
+
+
+def test_a_fourth_stage_guides_the_last_block_as_well():
     assert guided_blocks(6, 4) == [1, 2, 4, 5]  # --guidance-stages 4: the teacher's last stage guides the last block
     assert guided_blocks(2, 4) == [0, 0, 0, 1]
     with pytest.raises(ConfigError, match="--guidance-stages must be 3 or 4"):
@@ -219,7 +222,7 @@ def test_a_four_stage_guided_run_trains_four_adapters_and_says_so(photos, tmp_pa
     assert set(state["guidance"]) == {f"{k}.{p}" for k in range(4) for p in ("weight", "bias")}
     assert state["guidance"]["3.weight"].shape[0] == 512  # layer4's width
     report = (tmp_path / "run" / "report.md").read_text()
-    assert "its first 4 stages' feature maps, the last against the ViT's last block (locality guidance, weight 1)" in report
+    assert "its four stages' feature maps, the last against the ViT's last block (locality guidance, weight 1)" in report
 
 
 def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_path):

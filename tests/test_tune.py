@@ -246,13 +246,16 @@ def test_the_curve_tells_the_default_from_the_one_before_by_its_guidance_schedul
 
     curve = bench_module(monkeypatch, "curve")
     config = load_recipe("default")
-    for name, (weight, schedule) in {"today": (1.0, "linear"), "before": (0.5, "constant"), "mixed": (0.5, "linear")}.items():
+    studies = {"today": (1.0, "linear", 3), "before": (0.5, "constant", 3), "mixed": (0.5, "linear", 3), "stages4": (1.0, "linear", 4)}
+    for name, (weight, schedule, stages) in studies.items():
         (tmp_path / name / "fold-0").mkdir(parents=True)
-        optim = replace(config.optim, guidance=weight, guidance_schedule=schedule)
+        optim = replace(config.optim, guidance=weight, guidance_schedule=schedule, guidance_stages=stages)
         (tmp_path / name / "fold-0" / "config.json").write_text(json.dumps(replace(config, optim=optim).to_dict()))
     assert curve.recipe_of(tmp_path / "today") == "default-linear" and curve.recipe_of(tmp_path / "before") == "default-96"
     with pytest.raises(SystemExit, match=r"guidance weight 0.5 \(linear\) with the CCT tokeniser is none of the curve's recipes"):
         curve.recipe_of(tmp_path / "mixed")
+    with pytest.raises(SystemExit, match=r"guidance from a resnet18's first 4 stages is none of the curve's recipes"):
+        curve.recipe_of(tmp_path / "stages4")  # the default's weight and schedule, but another guidance
 
 
 def test_bench_accuracys_paired_results_use_the_studies_arithmetic(monkeypatch, capsys):

@@ -254,7 +254,8 @@ class OptimConfig:
                                  "at the first epoch down towards 0 (epoch e of E weighs W x (1 - e/E)): locality early, "
                                  "while attention forms, and less pull towards a weaker network's features late", choices=GUIDANCE_SCHEDULES)
     guidance_stages: int = opt(3, "the CNN teacher's first stages that guide with --guidance: 3 (each matched to a block before "
-                               "the last, which is left to the classifier) or 4 (its last stage guides the last block too, as Li et al. guide it)",
+                               "the last, which is left to the classifier) or 4 (its last stage guides the last block too, as Li et al. guide the last "
+                               "block; needs --pool gap or seq, whose last block computes every token)",
                                range=Range(3, 4))
     masked: float = opt(0.0, "weight of masked-patch reconstruction: in training, --mask-ratio of each image's patches are hidden "
                         "behind a learned mask token and a linear decoder predicts their pixels from the output tokens (SimMIM-style "

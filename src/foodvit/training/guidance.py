@@ -18,7 +18,7 @@ the finer one is average-pooled to the coarser. Training only: the adapters and 
 not part of the saved model.
 
 Where this differs from Li et al.'s setting (DeiT-Tiny, 12 blocks, CIFAR at 32 px, the teacher at
-low resolution): they guide the first, a middle and the last block (here --guidance-stages 4 guides the last), compare the raw teacher
+low resolution): they guide the first, a middle and the last block (here --guidance-stages 4 guides the last one too), compare the raw teacher
 features after upsampling both maps to the finer grid, sum the pairs with weight 2.5, and feed the
 teacher a downsampled image. Here the teacher's features are standardised at each position (so
 the weight means the same for any teacher), the coarser grid is kept (no detail is invented), the

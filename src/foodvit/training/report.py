@@ -165,8 +165,8 @@ def write_results(out: Path, *, config, data, model, trainable: int, train_size:
                  if config.optim.distill_temperature > 0 else "its labels (distillation, ")
                 + f"weight {config.optim.distill:g})"] if config.optim.distill > 0 else []
         falling = ", falling linearly towards 0 over the epochs" if config.optim.guidance_schedule == "linear" else ""
-        stages = f"its first {config.optim.guidance_stages} stages' feature maps" + (", the last against the ViT's last block"
-                                                                                   if config.optim.guidance_stages > 3 else "")
+        stages = ("its four stages' feature maps, the last against the ViT's last block" if config.optim.guidance_stages == 4
+                  else "its feature maps")
         uses += [f"{stages} (locality guidance, weight {config.optim.guidance:g}{falling})"] if config.optim.guidance > 0 else []
         sections = ["## CNN teacher", "",
                     f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
