@@ -29,7 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from foodvit.cli.main import main as foodvit
-from foodvit.config import TEACHERS, RunConfig, load_recipe
+from foodvit.config import TEACHERS, RunConfig
+from foodvit.recipes import load_recipe
 from foodvit.errors import FoodVitError
 from foodvit.rundir.directory import with_source
 from foodvit.training.distill import teacher_changes

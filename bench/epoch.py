@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from foodvit.config import load_recipe
+from foodvit.recipes import load_recipe
 from foodvit.training.engine import train_one_epoch
 from foodvit.training.trainer import Trainer
 

@@ -47,7 +47,7 @@ def test_a_missing_dependency_is_not_reported_as_a_missing_attribute():
     # a submodule that exists but cannot import something it needs says so (it used to be "no attribute")
     code = ("import sys; sys.modules['tomllib'] = None; sys.modules['tomli'] = None\n"
             "import foodvit\n"
-            "try:\n    foodvit.config\nexcept ModuleNotFoundError as err:\n    print('missing', err.name)\n"
+            "try:\n    foodvit.recipes\nexcept ModuleNotFoundError as err:\n    print('missing', err.name)\n"
             "try:\n    foodvit.no_such_thing\nexcept AttributeError as err:\n    print('attribute', err)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -77,7 +77,7 @@ def test_training_leaves_the_process_as_it_found_it(tmp_path):
     assert torch.rand(3).tolist() == (torch.manual_seed(1234), torch.rand(3))[1].tolist()
 
 
-@pytest.mark.parametrize("module", ["foodvit.config", "foodvit.data.datasource", "foodvit.data.folders", "foodvit.data.photos",
+@pytest.mark.parametrize("module", ["foodvit.config", "foodvit.recipes", "foodvit.data.datasource", "foodvit.data.folders", "foodvit.data.photos",
                                     "foodvit.deploy.predictor", "foodvit.viz.overlay", "foodvit.deploy.serve", "foodvit.deploy.page",
                                     "foodvit.rundir.compare", "foodvit.tuning.compare"])
 def test_torch_free_modules_load_without_torch(module):

@@ -8,7 +8,8 @@ from helpers import make_photo_folder
 from PIL import Image
 
 from foodvit.cli.main import main
-from foodvit.config import RunConfig, list_recipes, load_recipe
+from foodvit.config import RunConfig
+from foodvit.recipes import list_recipes, load_recipe
 
 
 def test_summary_ends_with_the_total(capsys):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import make_photo_folder
 
-from foodvit.config import load_recipe
+from foodvit.recipes import load_recipe
 from foodvit.training.optim import param_groups
 from foodvit.training.trainer import Trainer
 

@@ -17,7 +17,7 @@ from helpers import make_photo_folder, report_figures
 import foodvit
 from foodvit.cli.main import main
 from foodvit.cli.options import build_config
-from foodvit.config import load_recipe
+from foodvit.recipes import load_recipe
 from foodvit.data.sources import resolve
 from foodvit.errors import ConfigError, DataError, RunError
 from foodvit.model.variants import run_model_config, without_recipe_resizing

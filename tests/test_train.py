@@ -13,7 +13,7 @@ import torch
 from helpers import assert_drawn_png, make_photo_folder, report_figures
 
 import foodvit
-from foodvit.config import load_recipe
+from foodvit.recipes import load_recipe
 from foodvit.data.datasets import Path
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split

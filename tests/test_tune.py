@@ -17,7 +17,8 @@ optuna = pytest.importorskip("optuna")
 
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.cli.options import build_config  # noqa: E402
-from foodvit.config import RunConfig, load_recipe, with_settings  # noqa: E402
+from foodvit.config import RunConfig, with_settings  # noqa: E402
+from foodvit.recipes import load_recipe  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import compare, cv  # noqa: E402
 from foodvit.tuning.search import costs, parse_budget, trial_config, tune, write_report  # noqa: E402
@@ -776,7 +777,7 @@ def test_a_study_started_before_a_setting_existed_resumes_and_one_at_another_val
 
 
 def test_a_space_with_distillation_always_on_may_search_its_temperature_and_token(tmp_path):
-    from foodvit.config import load_recipe
+    from foodvit.recipes import load_recipe
     from foodvit.tuning.space import read_space
 
     config = load_recipe("tiny")

@@ -1,5 +1,5 @@
-"""Settings as plain data: the model's (ViTConfig) and a run's (RunConfig), frozen dataclasses, and
-the recipes (TOML files) that set their defaults.
+"""Settings as plain data: the model's (ViTConfig) and a run's (RunConfig), frozen dataclasses. The recipes
+that fill them (TOML files) are read by foodvit.recipes, one layer up.
 
 Every number's allowed range and every text setting's choices are named once, in the field's
 metadata: the dataclasses check them when built (from a recipe, a config.json or Python), and the
@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, FoodVitError, Range, check_value
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 Pool = Literal["cls", "gap", "seq"]
 PosEmbed = Literal["learned", "sincos2d", "none"]
@@ -169,7 +162,6 @@ def _divisors_near(n: int, target: int) -> str:
 # ------------------------------------------------------------------------------------ a run
 
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_RECIPE = "default"
 
 
@@ -371,41 +363,6 @@ def _build(cls, values: dict):
         raise ConfigError(f"unknown {cls.__name__} setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
     # TOML and JSON give lists where the dataclass holds tuples
     return cls(**{k: tuple(v) if isinstance(known[k].default, tuple) else v for k, v in values.items()})
-
-
-# ------------------------------------------------------------------------------------ recipes
-
-
-def list_recipes() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
-
-
-def recipe_path(name_or_file: str) -> Path:
-    path = Path(name_or_file)
-    if path.suffix == ".toml" and path.is_file():
-        return path
-    builtin = RECIPES_DIR / f"{name_or_file}.toml"
-    if builtin.is_file():
-        return builtin
-    raise ConfigError(f"unknown recipe {name_or_file!r}: expected one of {', '.join(list_recipes())} or a path to a .toml file")
-
-
-def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
-    """A RunConfig with the recipe's values over the dataclass defaults."""
-    path = recipe_path(name_or_file)
-    try:
-        values = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"recipe {path} is not valid TOML: {err}") from err
-    allowed = {"model", "vit", *SECTIONS}
-    unknown = sorted(set(values) - allowed)
-    if unknown:
-        raise ConfigError(f"recipe {path}: unknown section(s) or key(s) {', '.join(unknown)}; expected {', '.join(sorted(allowed))}")
-    name = path.stem if path.parent == RECIPES_DIR else str(path)
-    try:
-        return RunConfig.from_dict({**values, "recipe": name}, where=f"recipe {path}")
-    except ConfigError as err:
-        raise ConfigError(f"recipe {path}: {err}") from None
 
 
 def _check_vit(values: dict, where: str) -> None:

@@ -376,7 +376,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
-    from foodvit.config import list_recipes, recipe_path
+    from foodvit.recipes import list_recipes, recipe_path
 
     for name in list_recipes():
         first = recipe_path(name).read_text().splitlines()[0].lstrip("# ").strip()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields, replace
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of, load_recipe, with_settings
+from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of, with_settings
+from foodvit.recipes import load_recipe
 from foodvit.errors import ConfigError, Range, check_value
 from foodvit.model.variants import without_recipe_resizing
 

@@ -87,7 +87,7 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
     """A TOML space file: a table per section, each setting a table of low/high (log, step) or
     choices, e.g. `[optim] lr = {low = 1e-4, high = 1e-2, log = true}`. Unknown settings and
     values the command line would refuse are refused here, in one line naming the file."""
-    from foodvit.config import tomllib
+    from foodvit.recipes import tomllib
 
     path = Path(path)
     try:

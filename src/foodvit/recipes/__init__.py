@@ -1,0 +1,49 @@
+"""The built-in recipes (the TOML files beside this module) and any recipe file: found, read and
+checked into a RunConfig. The settings' schema they fill is config.py's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig
+from foodvit.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+RECIPES_DIR = Path(__file__).parent
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
+
+
+def recipe_path(name_or_file: str) -> Path:
+    path = Path(name_or_file)
+    if path.suffix == ".toml" and path.is_file():
+        return path
+    builtin = RECIPES_DIR / f"{name_or_file}.toml"
+    if builtin.is_file():
+        return builtin
+    raise ConfigError(f"unknown recipe {name_or_file!r}: expected one of {', '.join(list_recipes())} or a path to a .toml file")
+
+
+def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
+    """A RunConfig with the recipe's values over the dataclass defaults."""
+    path = recipe_path(name_or_file)
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"recipe {path} is not valid TOML: {err}") from err
+    allowed = {"model", "vit", *SECTIONS}
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ConfigError(f"recipe {path}: unknown section(s) or key(s) {', '.join(unknown)}; expected {', '.join(sorted(allowed))}")
+    name = path.stem if path.parent == RECIPES_DIR else str(path)
+    try:
+        return RunConfig.from_dict({**values, "recipe": name}, where=f"recipe {path}")
+    except ConfigError as err:
+        raise ConfigError(f"recipe {path}: {err}") from None
