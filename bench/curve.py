@@ -118,14 +118,22 @@ def guided(study: Path) -> bool:
 def recipe_of(study: Path) -> str:
     """Which of the round's ViT recipes a study trained, from its first fold's saved config: the
     default (guidance weight 1 falling linearly to 0 with the CCT tokeniser and sequence pooling, 64 px
-    then 96 px, since round 4's twenty-eighth session: "default-linear"), the default before it (a constant
+    then 96 px, and masked-patch reconstruction at weight 1 hiding a quarter of the patches, since round 4's
+    thirty-fifth session: "default-masked"), the same without the masked patches (the default of the
+    twenty-eighth to thirty-fourth sessions: "default-linear"), the default before it (a constant
     weight 0.5, 64 px then 96 px from the tenth to the twenty-seventh session: "default-96"; at 64 px
     throughout in the eighth and ninth: "default"), the same at weight 1 (the default of the fourth to
     seventh sessions), guidance alone at weight 1 (the default before) or neither (the one before that).
-    Any other guided study is refused (another weight, schedule or size, another teacher or its fourth stage):
+    Any other guided study is refused (another weight, schedule or size, another teacher or its fourth stage,
+    masked patches at another weight or share, or beside any other recipe):
     drawn into one of these series, it would pass for a point of that recipe."""
     config = json.loads((study / "fold-0" / "config.json").read_text())
     vit, weight = config["vit"], config["optim"].get("guidance", 0)
+    masked = (config["optim"].get("masked", 0), config["optim"].get("mask_ratio", 0.25))
+    if masked[0] and not (weight and math.isclose(masked[0], 1.0) and math.isclose(masked[1], 0.25)):
+        raise SystemExit(f"{study}: masked patches at weight {masked[0]:g} hiding a share {masked[1]:g}{'' if weight else ' without guidance'} "
+                         "are none of the curve's recipes (weight 1, a quarter hidden, beside guidance); move the study out of the curve "
+                         "folders (--out, --extra) and plot it with --mark LABEL=STUDY")
     if not weight:
         return "unguided"
     schedule = config["optim"].get("guidance_schedule", "constant")
@@ -135,28 +143,31 @@ def recipe_of(study: Path) -> str:
                          "first 3); move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
     cct = (vit.get("stem"), vit.get("pool")) == ("conv", "seq")
     sizes = (vit.get("image_size"), config["data"].get("start_size") or 0)
-    for recipe, (with_cct, recipe_weight, recipe_schedule) in GUIDANCE.items():
-        if cct == with_cct and math.isclose(weight, recipe_weight) and schedule == recipe_schedule:
+    for recipe, (with_cct, recipe_weight, recipe_schedule, recipe_masked) in GUIDANCE.items():
+        if cct == with_cct and math.isclose(weight, recipe_weight) and schedule == recipe_schedule and bool(masked[0]) == recipe_masked:
             if recipe == "default":
                 if sizes in DEFAULT_SIZES:
                     return DEFAULT_SIZES[sizes]
-            elif recipe != "default-linear" or sizes == (96, 64):
+            elif recipe not in ("default-linear", "default-masked") or sizes == (96, 64):
                 return recipe
             raise SystemExit(f"{study}: the {recipe} recipe at image size {sizes[0]} and start size {sizes[1]} is none of its "
                              "curves; plot it with --mark LABEL=STUDY")
-    raise SystemExit(f"{study}: guidance weight {weight:g} ({schedule}) {'with' if cct else 'without'} the CCT tokeniser is none of "
+    raise SystemExit(f"{study}: guidance weight {weight:g} ({schedule}) {'with' if cct else 'without'} the CCT tokeniser"
+                     f"{', with masked patches,' if masked[0] else ''} is none of "
                      "the curve's recipes; move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
 
 
 DEFAULT_SIZES = {(64, 0): "default", (96, 64): "default-96"}  # (image size, start size) of the default's two curves
-GUIDANCE = {"guided": (False, 1.0, "constant"), "guided+cct": (True, 1.0, "constant"), "default": (True, 0.5, "constant"),
-            "default-linear": (True, 1.0, "linear")}  # (CCT tokeniser, weight, schedule) of each guided recipe
+GUIDANCE = {"guided": (False, 1.0, "constant", False), "guided+cct": (True, 1.0, "constant", False),
+            "default": (True, 0.5, "constant", False), "default-linear": (True, 1.0, "linear", False),
+            "default-masked": (True, 1.0, "linear", True)}  # (CCT tokeniser, weight, schedule, masked patches) of each guided recipe
 RECIPES = {"unguided": ("ViT, without locality guidance", "o-"),
            "guided": ("ViT, with locality guidance (weight 1)", "D-"),
            "guided+cct": ("ViT, guidance (weight 1) + CCT tokeniser", "^-"),
            "default": ("ViT, guidance 0.5 + CCT tokeniser at 64 px (the default of the eighth and ninth sessions)", "v-"),
            "default-96": ("ViT, guidance 0.5 + CCT tokeniser, 64 px then 96 px (the default of the tenth to twenty-seventh sessions)", "P-"),
-           "default-linear": ("ViT, the default: guidance 1 falling to 0 + CCT tokeniser, 64 px then 96 px", "X-")}
+           "default-linear": ("ViT, guidance 1 falling to 0 + CCT tokeniser, 64 px then 96 px (the default of the twenty-eighth to thirty-fourth sessions)", "X-"),
+           "default-masked": ("ViT, the default: guidance 1 falling to 0 + CCT tokeniser, 64 px then 96 px, masked patches", "h-")}
 
 
 def lends_teachers(vit: Path, config) -> bool:

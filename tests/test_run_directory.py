@@ -257,6 +257,23 @@ def test_python_train_adapts_a_pretrained_config_as_the_command_line_does(tmp_pa
     assert build_config("default", {"train.pretrained": str(weights), "data.start_size": 32}).data.start_size == 32
 
 
+def test_the_default_recipe_trains_from_pretrained_weights_without_its_masked_patches(photos, tmp_path):
+    # regression: the default's masked-patch loss reads every output token, which the weights' class-token
+    # model does not compute, so `foodvit train --pretrained W` with the default recipe was refused
+    weights = tmp_path / "w.safetensors"
+    foodvit.save_weights(foodvit.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=1), weights)
+    assert build_config("default").optim.masked == 1.0
+    settings = {"train.pretrained": str(weights), "data.source": str(photos), "train.epochs": 1, "train.batch_size": 12,
+                "optim.guidance": 0.0, "optim.guidance_schedule": "constant", "optim.drloc": 0.0}
+    config = build_config("default", settings)
+    assert config.optim.masked == 0.0 and config.vit.get("pool", "cls") == "cls"
+    result = train(config, tmp_path / "run", quiet=True)
+    assert len(result.history) == 1 and json.loads((tmp_path / "run" / "config.json").read_text())["optim"]["masked"] == 0.0
+    # asked for, it stays, and a class-token model is refused with the option's own message
+    with pytest.raises(ConfigError, match="--masked reconstructs each hidden patch"):
+        train(build_config("default", {**settings, "optim.masked": 1.0}), tmp_path / "asked", quiet=True)
+
+
 def test_the_recipes_progressive_resizing_stays_while_the_model_can_take_it():
     # the default trains at 64 px before its 96: it keeps doing so for any model that can take a 64 px
     # start (below its size, on its patch grid, fixed positions, from scratch), however the model is

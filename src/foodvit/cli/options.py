@@ -119,6 +119,10 @@ def given_overrides(args: argparse.Namespace) -> list[str]:
 # other model settings (size, pooling, 96 px ...) are not meant for the weights, nor is its
 # progressive resizing (model.variants.without_recipe_resizing).
 TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
+# Training settings of a from-scratch recipe that are off with pre-trained weights unless given: masked-patch
+# reconstruction is self-supervision for a model that starts from nothing, and it reads every output token,
+# which the weights' class-token model does not compute in its last block.
+TRANSFER_OFF = {"optim.masked": 0.0}
 
 
 def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | dict | None = None,
@@ -133,6 +137,7 @@ def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | d
     if config.train.pretrained and not base.train.pretrained:
         kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
         config = replace(config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}})
+        config = with_settings(config, {k: v for k, v in TRANSFER_OFF.items() if given.get(k) is None})
     if config.train.pretrained:
         from foodvit.model.pretrained import adapt_config  # reads the weights' description (PyTorch)
 
