@@ -53,6 +53,48 @@ def test_the_hidden_patches_are_classified_as_the_mask_token_and_their_pixels_re
     assert nothing.item() == 0.0
 
 
+def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbouring_tokens():
+    # the conv stem's receptive fields overlap: with the token replaced alone a hidden patch's pixels still
+    # reach its neighbours' tokens; with --mask-pixels they reach no token, so repainting them changes
+    # no output token (what classifies and reconstructs), only the targets
+    from foodvit.config import OptimConfig
+    from foodvit.training.auxiliary import wrap
+
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool="seq", pos_embed="sincos2d", stem="conv")
+    images = torch.randn(2, 3, 32, 32)
+    torch.manual_seed(5)
+    hidden = draw_mask(2, 16, 0.25, images.device)  # the draw the task makes after manual_seed(5)
+    repainted = torch.where(hidden.reshape(2, 1, 4, 4).repeat_interleave(8, -2).repeat_interleave(8, -1), torch.randn(2, 3, 32, 32), images)
+
+    def run(task, x):  # the output tokens (the zero-initialised head's logits would be 0 either way) and the loss
+        seen = {}
+        handle = vit.norm.register_forward_hook(lambda m, a, out: seen.__setitem__("tokens", out))
+        torch.manual_seed(5)
+        try:
+            out = task.forward_heads(x)
+        finally:
+            handle.remove()
+        return seen["tokens"], out.auxiliary
+
+    hiding = wrap(vit, OptimConfig(masked=1.0, mask_pixels=True, drloc=0.0), num_classes=3).masked.train()
+    plain = wrap(vit, OptimConfig(masked=1.0, drloc=0.0), num_classes=3).masked.train()
+    assert hiding.hide_pixels and not plain.hide_pixels
+    plain.reconstruction.load_state_dict(hiding.reconstruction.state_dict())
+    (tokens, loss), (tokens_again, other_loss) = run(hiding, images), run(hiding, repainted)
+    torch.testing.assert_close(tokens, tokens_again, rtol=0, atol=0)
+    assert other_loss.item() != pytest.approx(loss.item())  # only the targets changed
+    leaked, leaked_again = run(plain, images)[0], run(plain, repainted)[0]
+    assert not torch.allclose(leaked, leaked_again)  # the contrast: the neighbours saw the repainted pixels
+
+
+def test_mask_pixels_without_masked_patches_says_what_to_add():
+    from foodvit.config import OptimConfig
+
+    with pytest.raises(ConfigError, match="--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W"):
+        OptimConfig(mask_pixels=True)
+
+
 def test_a_class_token_pooled_model_is_refused_with_what_to_do():
     with pytest.raises(ConfigError, match="--pool gap or --pool seq"):
         WithMaskedPatches(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), 1.0, 0.25)

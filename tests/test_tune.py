@@ -263,6 +263,12 @@ def test_the_curve_tells_the_default_from_the_ones_before_by_its_guidance_and_ma
         curve.recipe_of(tmp_path / "stages4")  # the default's weight and schedule, but another guidance
     with pytest.raises(SystemExit, match=r"masked patches at weight 1 hiding a share 0.5 are none of the curve's recipes"):
         curve.recipe_of(tmp_path / "half-hidden")
+    pixels = json.loads((tmp_path / "today" / "fold-0" / "config.json").read_text())
+    pixels["optim"]["mask_pixels"] = True  # the default's weight and share, but the pixels hidden too
+    (tmp_path / "pixels" / "fold-0").mkdir(parents=True)
+    (tmp_path / "pixels" / "fold-0" / "config.json").write_text(json.dumps(pixels))
+    with pytest.raises(SystemExit, match=r"masked patches at weight 1 hiding a share 0.25, their pixels too, are none of the curve's"):
+        curve.recipe_of(tmp_path / "pixels")
     with pytest.raises(SystemExit, match=r"guidance weight 0.5 \(constant\) with the CCT tokeniser, with masked patches, is none"):
         curve.recipe_of(tmp_path / "before+masked")
     with pytest.raises(SystemExit, match=r"hiding a share 0.25 without guidance are none of the curve's recipes"):

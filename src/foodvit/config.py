@@ -253,6 +253,9 @@ class OptimConfig:
                         "behind a learned mask token and a linear decoder predicts their pixels from the output tokens (SimMIM-style "
                         "self-supervision on the same photos), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
     mask_ratio: float = opt(0.25, "share of each training image's patches hidden with --masked", range=SHARE_ABOVE_0)
+    mask_pixels: bool = opt(False, "with --masked: also set the hidden patches' pixels to 0 before the tokeniser, whose "
+                            "receptive fields overlap with --stem conv or spt and otherwise show a hidden patch's edges to "
+                            "its neighbours' tokens (pre-training always does)")
     pretrain_epochs: int = opt(0, "epochs of self-supervised pre-training on the same training photos before the supervised "
                                "ones: masked-image modelling, the hidden patches' pixels predicted from the output tokens, the "
                                "classes not read (training/pretrain.py), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
@@ -270,6 +273,9 @@ class OptimConfig:
         if self.guidance_stages != 3 and self.guidance <= 0:
             raise ConfigError(f"--guidance-stages {self.guidance_stages} sets which of the teacher's stages --guidance reads: "
                               "add --guidance W (e.g. --guidance 1), or leave --guidance-stages out")
+        if self.mask_pixels and self.masked <= 0:
+            raise ConfigError("--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W "
+                              "(e.g. --masked 1), or leave --mask-pixels out")
         if self.distill_temperature > 0 and self.distill <= 0:
             raise ConfigError("--distill-temperature softens the classes of a teacher that --distill reads: add --distill W "
                               "(e.g. --distill 1), or leave --distill-temperature out")

@@ -63,7 +63,7 @@ def wrap(model: nn.Module, optim: OptimConfig, num_classes: int, frozen: bool = 
     if optim.drloc > 0:
         aux.trained = aux.localization = WithDenseRelativeLocalization(aux.trained, optim.drloc, optim.drloc_pairs)
     if optim.masked > 0:
-        aux.trained = aux.masked = WithMaskedPatches(aux.trained, optim.masked, optim.mask_ratio)
+        aux.trained = aux.masked = WithMaskedPatches(aux.trained, optim.masked, optim.mask_ratio, hide_pixels=optim.mask_pixels)
     if optim.guidance > 0:  # its teacher, like distillation's, is trained when the run starts fitting
         aux.trained = aux.guide = WithLocalityGuidance(aux.trained, optim.guidance, teacher_skeleton(optim.teacher, num_classes),
                                                            optim.guidance_stages)

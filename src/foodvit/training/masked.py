@@ -13,7 +13,8 @@ each patch normalised to zero mean and unit variance (MAE's normalised-pixel tar
 To fill a hole from its neighbours the tokens must carry what lies around them: local structure a
 ViT otherwise learns only from large data. The hiding also acts as an augmentation. (With
 --stem spt a neighbour's token also holds half-patch shifted copies of a hidden patch's pixels,
-and a conv stem's receptive fields overlap: the holes are then partly visible and the task easier.) One forward
+and a conv stem's receptive fields overlap: the holes are then partly visible and the task easier,
+unless --mask-pixels sets their pixels to 0 before the tokeniser.) One forward
 pass, as cheap as plain training. Training only: the saved model is the plain ViT.
 """
 
@@ -73,18 +74,17 @@ def hide_pixels(images: torch.Tensor, hidden: torch.Tensor, patch_size: int) -> 
 class WithMaskedPatches(AuxiliaryLoss):
     """A student trained on masked images with the pixel-reconstruction loss besides its own (the
     whole image in eval mode). The student is a VisionTransformer or one wrapped for training.
-    With hide_pixels, the hidden patches' pixels are also set to 0 before the tokeniser, so that
-    a stem whose receptive fields overlap (--stem conv, --stem spt) cannot show them to their
-    neighbours' tokens (pre-training, pretrain.py)."""
+    With hide_pixels (--mask-pixels; always in pre-training, pretrain.py), the hidden patches' pixels
+    are also set to 0 before the tokeniser, so that a stem whose receptive fields overlap (--stem conv,
+    --stem spt) cannot show them to their neighbours' tokens."""
 
     option = "--masked"
-    hide_pixels = False
 
-    def __init__(self, student: nn.Module, weight: float, ratio: float) -> None:
+    def __init__(self, student: nn.Module, weight: float, ratio: float, hide_pixels: bool = False) -> None:
         vit = innermost_vit(student)
         check_reconstructable(vit.config.pool, self.option)
         super().__init__(student, weight)
-        self.ratio = ratio
+        self.ratio, self.hide_pixels = ratio, hide_pixels
         c = vit.config
         self.reconstruction = Reconstruction(c.embed_dim, c.in_channels * c.patch_size**2)
 

@@ -43,10 +43,9 @@ class MaskedImageModelling(WithMaskedPatches):
     sum to the loss, so that every parameter has a gradient (of 0) as DistributedDataParallel expects."""
 
     option = "--pretrain-epochs"
-    hide_pixels = True
 
     def __init__(self, student: nn.Module, ratio: float) -> None:
-        super().__init__(student, 1.0, ratio)
+        super().__init__(student, 1.0, ratio, hide_pixels=True)
 
     def forward(self, images: torch.Tensor):
         if not self.training:
