@@ -109,6 +109,27 @@ def test_cv_never_reads_the_test_split_and_compare_pairs_two_studies(cv_study, p
     assert result["only_a"] == ["x/3"] and result["only_b"] == ["x/2"] and result["difference"] == 0
 
 
+def test_cv_fold_runs_one_fold_and_the_study_is_written_once_every_fold_has_run(cv_study, photos, tmp_path, capsys):
+    study = tmp_path / "d"
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--fold", "1", "--out", str(study), "--quiet", *TINY]) == 0
+    out = capsys.readouterr()
+    assert (study / "fold-1.json").is_file() and not (study / "fold-0").exists() and not (study / "cv.json").exists()
+    assert "fold 1 of 2: accuracy" in out.out and "seed 42 fold 0" not in out.err and "seed 42 fold 1" in out.err
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--fold", "0", "--out", str(study), "--quiet", *TINY]) == 0
+    whole, alone = (json.loads((s / "cv.json").read_text()) for s in (cv_study["study"], study))
+    assert alone["photos"] == whole["photos"] and alone["accuracy"] == whole["accuracy"]  # the same study, fold by fold
+    assert "2-fold CV accuracy" in capsys.readouterr().out
+    for argv, message in ((["--fold", "2"], "--fold 2: a 2-fold study has folds 0 to 1"),
+                          (["--compare", str(study), str(study), "--fold", "0"], "--fold runs one fold of a study being run; --compare")):
+        assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "e"), *TINY, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "e").exists()  # refused before anything was made
+    with pytest.raises(SystemExit):  # argparse's own refusal, its usage above it
+        main(["cv", "--folds", "2", "--fold", "-1", "--out", str(tmp_path / "e")])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("argument --fold: must be >= 0, got -1")
+
+
 def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study, photos, capsys):
     assert main(["cv", "--data", str(photos), "--folds", "5", "--out", str(cv_study["study"].parent / "c"), *TINY]) == 2
     err = capsys.readouterr().err.strip()

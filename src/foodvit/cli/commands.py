@@ -51,9 +51,9 @@ def cmd_cv(args: argparse.Namespace) -> int:
     if args.compare:
         from foodvit.tuning.compare import compare_studies
 
-        if args.teachers:
-            raise ConfigError("--teachers lends CNN teachers to a study being run; --compare only reads two finished ones: "
-                              "leave --teachers out")
+        if args.teachers or args.fold:
+            option = "--teachers lends CNN teachers to" if args.teachers else "--fold runs one fold of"
+            raise ConfigError(f"{option} a study being run; --compare only reads two finished ones: leave {option.split()[0]} out")
 
         print(compare_studies(*args.compare)[1])
         return 0
@@ -63,10 +63,16 @@ def cmd_cv(args: argparse.Namespace) -> int:
     from foodvit.tuning.cv import cross_validate
 
     config = build_config(args.recipe or "default", args, model=args.model)
-    result = cross_validate(config, args.out, folds=args.folds, seeds=args.seeds, progress=not args.quiet, teachers=args.teachers)
+    result = cross_validate(config, args.out, folds=args.folds, seeds=args.seeds, progress=not args.quiet, teachers=args.teachers,
+                            only=args.fold)
     for f in result.folds:
         print(f"  seed {f['seed']} fold {f['fold']}: {f['accuracy']:.3f} ({f['correct']}/{f['n']})", file=sys.stderr)
-    print(f"{result.line()}; {Path(args.out) / 'cv.md'}")
+    if len(result.folds) < args.folds * args.seeds:
+        shown = ", ".join(str(k) for k in sorted(set(args.fold)))
+        print(f"fold {shown} of {args.folds}: accuracy {result.accuracy:.3f} over {result.n} photos; the study is written once every fold "
+              f"has run (the same command without --fold runs the rest, or reads them when other processes have)")
+    else:
+        print(f"{result.line()}; {Path(args.out) / 'cv.md'}")
     return 0
 
 

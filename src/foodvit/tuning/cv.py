@@ -23,6 +23,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -253,9 +254,10 @@ def summarise(fold_results: list[dict]) -> CvResult:
 
 
 def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, folds: int, seeds: list[int], quiet: bool = True,
-           progress: bool = False, after_fold=None, wait_s: float = 30.0, teachers: Path | None = None) -> tuple[CvResult, list[dict]]:
-    """Each seed's folds, each a run in `runs`; after_fold(index, results so far) after each (the
-    tuner reports and prunes there). The results and every fold's full result, in fold order.
+           progress: bool = False, after_fold=None, wait_s: float = 30.0, teachers: Path | None = None,
+           only: Sequence[int] | None = None) -> tuple[CvResult, list[dict]]:
+    """Each seed's folds (or those numbered in `only`), each a run in `runs`; after_fold(index, results
+    so far) after each (the tuner reports and prunes there). The results and every fold's full result, in fold order.
     teachers: a study of the same folds whose fold runs lend their trained CNN teachers (a fold whose
     lender has none yet trains its own).
     A fold another process is training is skipped, and looked at again (every wait_s seconds once
@@ -263,7 +265,8 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
     from tqdm.auto import tqdm
 
     check_folds(split, folds)
-    todo = [(seed, index, folder) for seed in seeds for index, folder in enumerate(fold_folders(split, folds, seed, folds_dir))]
+    todo = [(seed, index, folder) for seed in seeds for index, folder in enumerate(fold_folders(split, folds, seed, folds_dir))
+            if only is None or index in only]
     results = []
     with tqdm(total=len(todo), desc="folds", unit="fold", disable=not progress, leave=False) as bar:
         while todo:
@@ -292,15 +295,20 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
 
 
 def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seeds: int = 1, quiet: bool = True,
-                   progress: bool = False, teachers: str | Path | None = None) -> CvResult:
+                   progress: bool = False, teachers: str | Path | None = None, only: Sequence[int] | None = None) -> CvResult:
     """`foodvit cv`: the config's k-fold CV over its training photos, seeds config.train.seed and on,
     in the study folder (resumed if it holds this same study). teachers: a study of the same folds
     and teacher settings (a distilled or guided recipe) whose trained CNN teachers the folds borrow:
-    the same teachers they would train, so only the time changes."""
+    the same teachers they would train, so only the time changes. only (`--fold K`): run these folds
+    of each seed alone (to spread a study over machines or over a queue of jobs); the result is then
+    theirs, and the study's files are written only once every fold of it has its result."""
     study = Path(study)
     config = rundir.with_source(config)
     split = training_photos(config)
     check_folds(split, folds)
+    if only is not None and not set(only) <= set(range(folds)):
+        raise StudyError(f"--fold {max(only)}: a {folds}-fold study has folds 0 to {folds - 1}; give a fold of those, "
+                         "or leave --fold out to run them all")
     seed_list = [config.train.seed + i for i in range(seeds)]
     identity = {"kind": "cv", "data": fingerprint(split), "classes": list(split.classes), "folds": folds, "seeds": seed_list,
                 "settings": study_settings(config.to_dict())}
@@ -309,7 +317,12 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
         check_lender(teachers, study, identity, config)
     open_study(study, identity)
     result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet,
-                                  progress=progress, teachers=teachers)
+                                  progress=progress, teachers=teachers, only=only)
+    if only is not None:  # the study is written once it is whole: its other folds' results are then read, not trained
+        names = [fold_name(seed, index, len(seed_list)) for seed in seed_list for index in range(folds)]
+        if not all((study / f"{name}.json").is_file() for name in names):
+            return result
+        result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet)
     write_study(study, config, result, fold_results)
     return result
 
