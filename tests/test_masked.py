@@ -88,11 +88,16 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
     assert not torch.allclose(leaked, leaked_again)  # the contrast: the neighbours saw the repainted pixels
 
 
-def test_mask_pixels_without_masked_patches_says_what_to_add():
+def test_mask_pixels_without_masked_patches_or_with_the_patch_stem_says_what_to_do():
     from foodvit.config import OptimConfig
+    from foodvit.training.auxiliary import wrap
 
     with pytest.raises(ConfigError, match="--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W"):
         OptimConfig(mask_pixels=True)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1, pool="gap")  # the patch stem: nothing to hide
+    with pytest.raises(ConfigError, match="--mask-pixels changes nothing with --stem patch.*use --stem conv or spt"):
+        wrap(vit, OptimConfig(masked=1.0, mask_pixels=True), num_classes=3)
+    assert wrap(vit, OptimConfig(masked=1.0), num_classes=3).masked is not None
 
 
 def test_a_class_token_pooled_model_is_refused_with_what_to_do():

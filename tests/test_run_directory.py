@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -269,6 +270,11 @@ def test_the_default_recipe_trains_from_pretrained_weights_without_its_masked_pa
     assert config.optim.masked == 0.0 and config.vit.get("pool", "cls") == "cls"
     result = train(config, tmp_path / "run", quiet=True)
     assert len(result.history) == 1 and json.loads((tmp_path / "run" / "config.json").read_text())["optim"]["masked"] == 0.0
+    # a recipe that hides the masked patches' pixels too loses that with them (it was refused: --mask-pixels without --masked)
+    hiding = tmp_path / "hiding.toml"
+    hiding.write_text((Path(foodvit.__file__).parent / "recipes" / "default.toml").read_text().replace("masked = 1.0", "masked = 1.0\nmask_pixels = true"))
+    assert build_config(str(hiding)).optim.mask_pixels is True
+    assert (build_config(str(hiding), settings).optim.masked, build_config(str(hiding), settings).optim.mask_pixels) == (0.0, False)
     # asked for, it stays, and a class-token model is refused with the option's own message
     with pytest.raises(ConfigError, match="--masked reconstructs each hidden patch"):
         train(build_config("default", {**settings, "optim.masked": 1.0}), tmp_path / "asked", quiet=True)

@@ -114,13 +114,17 @@ def test_cv_fold_runs_one_fold_and_the_study_is_written_once_every_fold_has_run(
     assert main(["cv", "--data", str(photos), "--folds", "2", "--fold", "1", "--out", str(study), "--quiet", *TINY]) == 0
     out = capsys.readouterr()
     assert (study / "fold-1.json").is_file() and not (study / "fold-0").exists() and not (study / "cv.json").exists()
-    assert "fold 1 of 2: accuracy" in out.out and "seed 42 fold 0" not in out.err and "seed 42 fold 1" in out.err
+    assert "fold 1 of 2: accuracy" in out.out and "fold 0 still to run" in out.out
+    assert "seed 42 fold 0" not in out.err and "seed 42 fold 1" in out.err
+    trained = (study / "fold-1" / "model.safetensors").stat().st_mtime_ns
     assert main(["cv", "--data", str(photos), "--folds", "2", "--fold", "0", "--out", str(study), "--quiet", *TINY]) == 0
+    assert (study / "fold-1" / "model.safetensors").stat().st_mtime_ns == trained  # read, not trained again
     whole, alone = (json.loads((s / "cv.json").read_text()) for s in (cv_study["study"], study))
     assert alone["photos"] == whole["photos"] and alone["accuracy"] == whole["accuracy"]  # the same study, fold by fold
     assert "2-fold CV accuracy" in capsys.readouterr().out
-    for argv, message in ((["--fold", "2"], "--fold 2: a 2-fold study has folds 0 to 1"),
-                          (["--compare", str(study), str(study), "--fold", "0"], "--fold runs one fold of a study being run; --compare")):
+    for argv, message in ((["--fold", "2", "--fold", "3", "--fold", "1"], "--fold 2, 3: a 2-fold study has folds 0 to 1"),
+                          (["--compare", str(study), str(study), "--fold", "0", "--teachers", str(study)],
+                           "--teachers and --fold are for a study being run")):
         assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "e"), *TINY, *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, err
@@ -128,6 +132,20 @@ def test_cv_fold_runs_one_fold_and_the_study_is_written_once_every_fold_has_run(
     with pytest.raises(SystemExit):  # argparse's own refusal, its usage above it
         main(["cv", "--folds", "2", "--fold", "-1", "--out", str(tmp_path / "e")])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("argument --fold: must be >= 0, got -1")
+
+
+@pytest.mark.slow  # two seeds' folds; the fast tier runs --fold on one seed (the test above)
+def test_cv_fold_with_two_seeds_runs_that_fold_of_each_and_names_the_ones_left(cv_study, photos, tmp_path, capsys):
+    study = tmp_path / "s"
+    two = ["cv", "--data", str(photos), "--folds", "2", "--seeds", "2", "--out", str(study), "--quiet", *TINY]
+    assert main([*two, "--fold", "1"]) == 0
+    assert sorted(p.name for p in study.glob("seed-*/fold-*.json")) == ["fold-1.json", "fold-1.json"]
+    out = capsys.readouterr().out
+    assert "fold 1 of 2 (of each seed)" in out and "fold 0 still to run" in out and not (study / "cv.json").exists()
+    assert main([*two, "--fold", "0"]) == 0
+    result = json.loads((study / "cv.json").read_text())
+    assert sorted((f["seed"], f["fold"]) for f in result["folds"]) == [(42, 0), (42, 1), (43, 0), (43, 1)]
+    assert {k: v for k, v in result["photos"].items() if k.startswith("s42/")} == json.loads((cv_study["study"] / "cv.json").read_text())["photos"]
 
 
 def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study, photos, capsys):
@@ -239,7 +257,8 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
             replace(config, data=replace(config.data, start_size=0, start_share=0.5, test_size=112, cache=False, workers=2)),
             replace(config, optim=replace(config.optim, drloc=1.0, guidance=2.0, guidance_schedule="linear", ema=0.99),
                     train=replace(config.train, compile=True)),
-            replace(config, optim=replace(config.optim, pretrain_epochs=50, pretrain_mask_ratio=0.75, sam=0.05, distill=1.0, distill_temperature=3.0))]
+            replace(config, optim=replace(config.optim, pretrain_epochs=50, pretrain_mask_ratio=0.75, sam=0.05, distill=1.0, distill_temperature=3.0)),
+            replace(config, optim=replace(config.optim, masked=2.0, mask_ratio=0.5, mask_pixels=True))]
     other = [replace(config, vit={**config.vit, "image_size": 64}), replace(config, optim=replace(config.optim, lr=2e-3)),
              replace(config, data=replace(config.data, mixup=0.8, workers=2)), replace(config, train=replace(config.train, epochs=50))]
     assert all(teacher_settings(c) == teacher_settings(config) for c in same)

@@ -51,16 +51,17 @@ def cmd_cv(args: argparse.Namespace) -> int:
     if args.compare:
         from foodvit.tuning.compare import compare_studies
 
-        if args.teachers or args.fold:
-            option = "--teachers lends CNN teachers to" if args.teachers else "--fold runs one fold of"
-            raise ConfigError(f"{option} a study being run; --compare only reads two finished ones: leave {option.split()[0]} out")
+        extra = [option for option, given in (("--teachers", args.teachers), ("--fold", args.fold)) if given]
+        if extra:
+            raise ConfigError(f"{' and '.join(extra)} {'are' if len(extra) > 1 else 'is'} for a study being run (borrowed teachers, "
+                              f"chosen folds); --compare only reads two finished ones: leave {' and '.join(extra)} out")
 
         print(compare_studies(*args.compare)[1])
         return 0
     if not args.out:
         raise ConfigError("foodvit cv needs --out STUDY (a folder for the fold runs), or --compare STUDY_A STUDY_B")
     from foodvit.cli.options import build_config
-    from foodvit.tuning.cv import cross_validate
+    from foodvit.tuning.cv import cross_validate, folds_left
 
     config = build_config(args.recipe or "default", args, model=args.model)
     result = cross_validate(config, args.out, folds=args.folds, seeds=args.seeds, progress=not args.quiet, teachers=args.teachers,
@@ -68,9 +69,11 @@ def cmd_cv(args: argparse.Namespace) -> int:
     for f in result.folds:
         print(f"  seed {f['seed']} fold {f['fold']}: {f['accuracy']:.3f} ({f['correct']}/{f['n']})", file=sys.stderr)
     if len(result.folds) < args.folds * args.seeds:
-        shown = ", ".join(str(k) for k in sorted(set(args.fold)))
-        print(f"fold {shown} of {args.folds}: accuracy {result.accuracy:.3f} over {result.n} photos; the study is written once every fold "
-              f"has run (the same command without --fold runs the rest, or reads them when other processes have)")
+        left = sorted({fold for _, fold in folds_left(Path(args.out), args.folds, list(range(config.train.seed, config.train.seed + args.seeds)))})
+        ran = sorted(set(args.fold))
+        print(f"fold{'s' if len(ran) > 1 else ''} {', '.join(map(str, ran))} of {args.folds}{' (of each seed)' if args.seeds > 1 else ''}: "
+              f"accuracy {result.accuracy:.3f} over their {result.n} photos; fold{'s' if len(left) > 1 else ''} "
+              f"{', '.join(map(str, left))} still to run (--fold, or the same command without it); the study is written once every fold has run")
     else:
         print(f"{result.line()}; {Path(args.out) / 'cv.md'}")
     return 0

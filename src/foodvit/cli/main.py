@@ -31,7 +31,7 @@ from foodvit.cli.commands import (
     cmd_tune,
 )
 from foodvit.cli.options import add_config_options, number_type
-from foodvit.errors import AT_LEAST_1, POSITIVE, FoodVitError, Range
+from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, FoodVitError, Range
 
 
 def number(allowed: Range):
@@ -85,9 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teachers", metavar="STUDY", help="borrow the trained CNN teachers (--guidance, --distill) of a study of the same "
                    "photos, folds and teacher settings, instead of training them again: the same teachers, a third less time "
                    "for a study of a change to the ViT")
-    p.add_argument("--fold", type=count(Range(0)), action="append", metavar="K",
-                   help="run fold K of each seed alone (0 to --folds minus 1; may be given again), e.g. to spread a study over "
-                        "machines or a queue of jobs; the study's files are written once every fold has run")
+    p.add_argument("--fold", type=count(AT_LEAST_0), action="append", metavar="K",
+                   help="run fold K of each seed alone (0 to --folds minus 1; again for more: --fold 0 --fold 2), e.g. to spread "
+                        "a study over machines or a queue of jobs; the study's files are written once every fold has run")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     recipe_options(p, "a recipe name (see `foodvit recipes`) or a .toml file")
     p.set_defaults(func=cmd_cv)

@@ -121,8 +121,8 @@ def given_overrides(args: argparse.Namespace) -> list[str]:
 TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
 # Training settings of a from-scratch recipe that are off with pre-trained weights unless given: masked-patch
 # reconstruction is self-supervision for a model that starts from nothing, and it reads every output token,
-# which the weights' class-token model does not compute in its last block.
-TRANSFER_OFF = {"optim.masked": 0.0}
+# which the weights' class-token model does not compute in its last block (its pixel hiding goes with it).
+TRANSFER_OFF = {"optim.masked": 0.0, "optim.mask_pixels": False}
 
 
 def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | dict | None = None,

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from torch import nn
 
 from foodvit.config import OptimConfig
+from foodvit.errors import ConfigError
 from foodvit.training.distill import WithDistillation, teacher_skeleton
 from foodvit.training.drloc import WithDenseRelativeLocalization
 from foodvit.training.guidance import WithLocalityGuidance
+from foodvit.training.heads import innermost_vit
 from foodvit.training.masked import WithMaskedPatches
 
 
@@ -63,6 +65,9 @@ def wrap(model: nn.Module, optim: OptimConfig, num_classes: int, frozen: bool = 
     if optim.drloc > 0:
         aux.trained = aux.localization = WithDenseRelativeLocalization(aux.trained, optim.drloc, optim.drloc_pairs)
     if optim.masked > 0:
+        if optim.mask_pixels and innermost_vit(model).config.stem == "patch":
+            raise ConfigError("--mask-pixels changes nothing with --stem patch, whose tokens each see their own patch alone "
+                              "(the mask token already hides it): use --stem conv or spt, or leave --mask-pixels out")
         aux.trained = aux.masked = WithMaskedPatches(aux.trained, optim.masked, optim.mask_ratio, hide_pixels=optim.mask_pixels)
     if optim.guidance > 0:  # its teacher, like distillation's, is trained when the run starts fitting
         aux.trained = aux.guide = WithLocalityGuidance(aux.trained, optim.guidance, teacher_skeleton(optim.teacher, num_classes),

@@ -306,9 +306,12 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
     config = rundir.with_source(config)
     split = training_photos(config)
     check_folds(split, folds)
-    if only is not None and not set(only) <= set(range(folds)):
-        raise StudyError(f"--fold {max(only)}: a {folds}-fold study has folds 0 to {folds - 1}; give a fold of those, "
-                         "or leave --fold out to run them all")
+    if only is not None:
+        outside = sorted(set(only) - set(range(folds)))
+        if outside or not only:
+            shown = f"--fold {', '.join(map(str, outside))}" if outside else "no fold given"
+            raise StudyError(f"{shown}: a {folds}-fold study has folds 0 to {folds - 1}; give folds of those, "
+                             "or leave --fold out to run them all")
     seed_list = [config.train.seed + i for i in range(seeds)]
     identity = {"kind": "cv", "data": fingerprint(split), "classes": list(split.classes), "folds": folds, "seeds": seed_list,
                 "settings": study_settings(config.to_dict())}
@@ -319,12 +322,17 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
     result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet,
                                   progress=progress, teachers=teachers, only=only)
     if only is not None:  # the study is written once it is whole: its other folds' results are then read, not trained
-        names = [fold_name(seed, index, len(seed_list)) for seed in seed_list for index in range(folds)]
-        if not all((study / f"{name}.json").is_file() for name in names):
+        if folds_left(study, folds, seed_list):
             return result
         result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet)
     write_study(study, config, result, fold_results)
     return result
+
+
+def folds_left(study: Path, folds: int, seeds: list[int]) -> list[tuple[int, int]]:
+    """(seed, fold) of every fold of the study whose result is not written yet (by this process or another)."""
+    return [(seed, fold) for seed in seeds for fold in range(folds)
+            if not (study / f"{fold_name(seed, fold, len(seeds))}.json").is_file()]
 
 
 def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: list[dict]) -> None:
