@@ -61,16 +61,15 @@ def cmd_cv(args: argparse.Namespace) -> int:
     if not args.out:
         raise ConfigError("foodvit cv needs --out STUDY (a folder for the fold runs), or --compare STUDY_A STUDY_B")
     from foodvit.cli.options import build_config
-    from foodvit.tuning.cv import cross_validate, folds_left
+    from foodvit.tuning.cv import cross_validate
 
     config = build_config(args.recipe or "default", args, model=args.model)
     result = cross_validate(config, args.out, folds=args.folds, seeds=args.seeds, progress=not args.quiet, teachers=args.teachers,
                             only=args.fold)
     for f in result.folds:
         print(f"  seed {f['seed']} fold {f['fold']}: {f['accuracy']:.3f} ({f['correct']}/{f['n']})", file=sys.stderr)
-    if len(result.folds) < args.folds * args.seeds:
-        left = sorted({fold for _, fold in folds_left(Path(args.out), args.folds, list(range(config.train.seed, config.train.seed + args.seeds)))})
-        ran = sorted(set(args.fold))
+    if result.left:
+        left, ran = result.left, sorted(set(args.fold))
         print(f"fold{'s' if len(ran) > 1 else ''} {', '.join(map(str, ran))} of {args.folds}{' (of each seed)' if args.seeds > 1 else ''}: "
               f"accuracy {result.accuracy:.3f} over their {result.n} photos; fold{'s' if len(left) > 1 else ''} "
               f"{', '.join(map(str, left))} still to run (--fold, or the same command without it); the study is written once every fold has run")

@@ -232,6 +232,7 @@ class CvResult:
     n: int  # photos (each predicted once per seed)
     per_class: dict[str, float]
     folds: list[dict]  # each fold's result without its predictions
+    left: tuple[int, ...] = ()  # with --fold: the study's folds still without a result (of any seed); () once it is whole
 
     def line(self) -> str:
         k, seeds = len({f["fold"] for f in self.folds}), len({f["seed"] for f in self.folds})
@@ -322,8 +323,9 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
     result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet,
                                   progress=progress, teachers=teachers, only=only)
     if only is not None:  # the study is written once it is whole: its other folds' results are then read, not trained
-        if folds_left(study, folds, seed_list):
-            return result
+        left = folds_left(study, folds, seed_list)
+        if left:
+            return replace(result, left=tuple(sorted({fold for _, fold in left})))
         result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet)
     write_study(study, config, result, fold_results)
     return result
