@@ -116,6 +116,20 @@ def test_cv_fold_runs_one_fold_and_the_study_is_written_once_every_fold_has_run(
     assert (study / "fold-1.json").is_file() and not (study / "fold-0").exists() and not (study / "cv.json").exists()
     assert "fold 1 of 2: accuracy" in out.out and "fold 0 still to run" in out.out
     assert "seed 42 fold 0" not in out.err and "seed 42 fold 1" in out.err
+    # unfinished, it already pairs with the finished study over the fold both have: itself, photo by photo
+    result, line = compare.compare_studies(cv_study["study"], study)
+    half = json.loads((study / "fold-1.json").read_text())["predictions"]
+    assert result["n"] == len(half) and result["difference"] == 0 and "of the folds both have finished, fold 1;" in line
+    assert main(["cv", "--compare", str(cv_study["study"]), str(study)]) == 0 and "fold 1;" in capsys.readouterr().out
+    empty, fresh = tmp_path / "empty", tmp_path / "fresh"
+    empty.mkdir()
+    fresh.mkdir()
+    shutil.copy(study / "study.json", fresh)  # a study opened, no fold run yet
+    for other, message in ((empty, "is no cross-validation study"), (cv_study["study"] / "folds", "is no cross-validation study"),
+                           (fresh, "have no finished fold in common yet")):
+        assert main(["cv", "--compare", str(study), str(other)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
     trained = (study / "fold-1" / "model.safetensors").stat().st_mtime_ns
     assert main(["cv", "--data", str(photos), "--folds", "2", "--fold", "0", "--out", str(study), "--quiet", *TINY]) == 0
     assert (study / "fold-1" / "model.safetensors").stat().st_mtime_ns == trained  # read, not trained again
@@ -205,7 +219,7 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
         assert len(err.splitlines()) == 1 and message in err, (name, err)
         assert not (tmp_path / name).exists()  # refused before the study folder is made
     assert main(["cv", "--compare", str(a), str(b), "--teachers", str(a)]) == 2
-    assert "--compare only reads two finished ones" in capsys.readouterr().err
+    assert "--compare only reads two studies" in capsys.readouterr().err
     # teachers trained on another kind of machine, or with another number of CPU threads (the sums round
     # otherwise: other teachers), or recorded before foodvit kept its threads, are not the ones this run would
     # train: refused before the study folder is made

@@ -54,7 +54,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
         extra = [option for option, given in (("--teachers", args.teachers), ("--fold", args.fold)) if given]
         if extra:
             raise ConfigError(f"{' and '.join(extra)} {'are' if len(extra) > 1 else 'is'} for a study being run (borrowed teachers, "
-                              f"chosen folds); --compare only reads two finished ones: leave {' and '.join(extra)} out")
+                              f"chosen folds); --compare only reads two studies: leave {' and '.join(extra)} out")
 
         print(compare_studies(*args.compare)[1])
         return 0

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="STUDY", help="the study folder (new, empty, or this same study to resume)")
     p.add_argument("--folds", type=count(Range(2)), default=5, help="folds (default 5)")
     p.add_argument("--seeds", type=count(), default=1, help="repeat with this many seeds (the recipe's seed and on; default 1)")
-    p.add_argument("--compare", nargs=2, metavar="STUDY", help="pair two finished studies photo by photo (no training)")
+    p.add_argument("--compare", nargs=2, metavar="STUDY", help="pair two studies photo by photo (no training); over the folds both have finished, while either is unfinished")
     p.add_argument("--teachers", metavar="STUDY", help="borrow the trained CNN teachers (--guidance, --distill) of a study of the same "
                    "photos, folds and teacher settings, instead of training them again: the same teachers, a third less time "
                    "for a study of a change to the ViT")

@@ -4,6 +4,8 @@ Both studies scored the same held-out photos with the same folds and seeds, so e
 prediction (a photo under one seed) is one paired observation: the difference of the accuracies is
 the mean of the per-prediction differences (each -1, 0 or +1), and its standard error is that
 mean's. Reads only the studies' cv.json: no PyTorch is imported, so a comparison answers at once.
+A study still running (or stopped) has no cv.json yet; two such studies, or one and a finished one,
+are paired over the folds both have finished (their fold-K.json), and the line says which.
 """
 
 from __future__ import annotations
@@ -36,13 +38,38 @@ def read_study(study: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def compare_line(result: dict, name_a: str, name_b: str) -> str:
-    """paired()'s result as the one line `foodvit cv --compare` prints."""
+def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
+    """The folds a study has finished so far, (seed, fold) -> each held-out photo right or wrong, keyed
+    as cv.json keys them; or a one-line error when the folder is no cross-validation study."""
+    folder = Path(study)
+    if not (folder / "study.json").is_file():
+        raise StudyError(f"{study} is no cross-validation study (no study.json); give a folder `foodvit cv --out` wrote")
+    found = {}
+    for path in sorted([*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json")]):
+        result = json.loads(path.read_text())
+        found[(result["seed"], result["fold"])] = {f"s{result['seed']}/{p['photo']}": p["right"] for p in result["predictions"]}
+    return found
+
+
+def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str:
+    """paired()'s result as the one line `foodvit cv --compare` prints (folds: which folds, when not all)."""
     return (f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} (paired standard error over "
-            f"{result['n']} predictions; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})")
+            f"{result['n']} predictions{folds}; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})")
 
 
 def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
-    """Study B against study A: paired()'s result and its line."""
-    result = paired(read_study(a)["photos"], read_study(b)["photos"])
-    return result, compare_line(result, str(a), str(b))
+    """Study B against study A: paired()'s result and its line; over the folds both have finished when
+    either study is not finished yet."""
+    if (Path(a) / "cv.json").is_file() and (Path(b) / "cv.json").is_file():
+        result = paired(read_study(a)["photos"], read_study(b)["photos"])
+        return result, compare_line(result, str(a), str(b))
+    folds_a, folds_b = finished_folds(a), finished_folds(b)
+    both = sorted(folds_a.keys() & folds_b.keys())
+    if not both:
+        raise StudyError(f"{a} and {b} have no finished fold in common yet ({len(folds_a)} and {len(folds_b)} finished): "
+                         "compare them once a fold has run in both")
+    result = paired({k: v for f in both for k, v in folds_a[f].items()}, {k: v for f in both for k, v in folds_b[f].items()})
+    seeds = sorted({seed for seed, _ in both})
+    names = ", ".join(f"seed {seed} fold {fold}" if len(seeds) > 1 else f"{fold}" for seed, fold in both)
+    label = f" of the folds both have finished, {'' if len(seeds) > 1 else 'folds ' if len(both) > 1 else 'fold '}{names}"
+    return result, compare_line(result, str(a), str(b), label)
