@@ -18,6 +18,11 @@ from pathlib import Path
 from foodvit.errors import StudyError
 
 
+def prediction_key(seed: int, photo: str) -> str:
+    """How a study keys one held-out prediction: the photo under one seed of folds."""
+    return f"s{seed}/{photo}"
+
+
 def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
     """B - A photo by photo (the same photos, seeds and folds): the mean difference, its standard
     error, and the photos only one of them got right."""
@@ -47,7 +52,7 @@ def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
     found = {}
     for path in sorted([*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json")]):
         result = json.loads(path.read_text())
-        found[(result["seed"], result["fold"])] = {f"s{result['seed']}/{p['photo']}": p["right"] for p in result["predictions"]}
+        found[(result["seed"], result["fold"])] = {prediction_key(result["seed"], p["photo"]): p["right"] for p in result["predictions"]}
     return found
 
 
@@ -69,7 +74,9 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
         raise StudyError(f"{a} and {b} have no finished fold in common yet ({len(folds_a)} and {len(folds_b)} finished): "
                          "compare them once a fold has run in both")
     result = paired({k: v for f in both for k, v in folds_a[f].items()}, {k: v for f in both for k, v in folds_b[f].items()})
-    seeds = sorted({seed for seed, _ in both})
-    names = ", ".join(f"seed {seed} fold {fold}" if len(seeds) > 1 else f"{fold}" for seed, fold in both)
-    label = f" of the folds both have finished, {'' if len(seeds) > 1 else 'folds ' if len(both) > 1 else 'fold '}{names}"
+    if len({seed for seed, _ in both}) > 1:
+        names = ", ".join(f"seed {seed} fold {fold}" for seed, fold in both)
+    else:
+        names = ("folds " if len(both) > 1 else "fold ") + ", ".join(str(fold) for _, fold in both)
+    label = f" of the folds both have finished, {names}"
     return result, compare_line(result, str(a), str(b), label)

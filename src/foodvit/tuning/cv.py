@@ -37,6 +37,7 @@ from foodvit.files import atomic_folder, write_text
 from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.tuning.study import check_lender, open_study, study_settings
+from foodvit.tuning.compare import prediction_key
 
 # ------------------------------------------------------------------------------------ the photos
 
@@ -339,7 +340,7 @@ def folds_left(study: Path, folds: int, seeds: list[int]) -> list[tuple[int, int
 
 def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: list[dict]) -> None:
     """cv.json (the result and every prediction), predictions.jsonl, cv.md."""
-    photos = {f"s{r['seed']}/{p['photo']}": p["right"] for r in fold_results for p in r["predictions"]}
+    photos = {prediction_key(r["seed"], p["photo"]): p["right"] for r in fold_results for p in r["predictions"]}
     write_text(study / "cv.json", json.dumps({"recipe": config.recipe, "accuracy": result.accuracy,
                                               "standard_error": result.standard_error, "n": result.n,
                                               "per_class": result.per_class, "folds": result.folds, "photos": photos}, indent=1))
