@@ -222,6 +222,7 @@ def test_with_attention_is_for_onnx_only(run, tmp_path, capsys):
 
 @pytest.mark.parametrize("options", [{"pool": "seq", "stem": "conv"},  # the default recipe's model
                                      pytest.param({"pool": "gap"}, marks=pytest.mark.slow),
+                                     pytest.param({"pool": "seq", "stem": "conv", "mlp_conv": True}, marks=pytest.mark.slow),  # deviation 12's grid
                                      pytest.param({"distill_token": True}, marks=pytest.mark.slow)])  # the class token: the full suite (and shared_onnx_attention)
 def test_the_attention_output_reads_the_tokens_as_each_pooling_does(options, tmp_path):
     # the graph's rollout goes through pool_readout's every branch: the mean of the patch rows, the learned

@@ -266,7 +266,7 @@ def test_mac_count_matches_the_reference_and_torch_flop_counter():
     assert count_macs(model.config, executed=True) < count_macs(model.config)
 
 
-@pytest.mark.parametrize("options", [{}, {"locality": True}, {"drop_path": 0.2}])
+@pytest.mark.parametrize("options", [{}, {"locality": True}, {"drop_path": 0.2}, {"mlp_conv": True}])
 def test_class_token_forward_computes_only_the_class_token_in_the_last_block(options):
     """forward() skips the last block's other tokens; z_L^0, logits and gradients stay those of the full model."""
     from helpers import randomize_
@@ -293,7 +293,8 @@ def test_class_token_forward_computes_only_the_class_token_in_the_last_block(opt
         model.zero_grad()
         torch.manual_seed(3)
         forward().square().sum().backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        # (a parameter only the last block's other tokens use, mlp_conv's filter, gets no gradient in either: zero or None)
+        grads.append({n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()})
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-5, msg=name)
     with pytest.raises(ValueError, match="class token"):
@@ -340,6 +341,43 @@ def test_locality_self_attention_learns_a_temperature_and_masks_the_diagonal_unl
         logits = logits.masked_fill(torch.eye(17, dtype=torch.bool), float("-inf"))
     torch.testing.assert_close(attentions[0], logits.softmax(-1), rtol=1e-5, atol=1e-6)
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in tiny(locality=True).parameters())
+
+
+def test_mlp_conv_starts_as_the_paper_and_mixes_only_each_tokens_3x3_neighbourhood():
+    """Deviation 12: h + GELU(DWConv3x3(h)) on the patch grid after the MLP's first layer and GELU. At step 0
+    the convolution is zero (the model's outputs are the paper's MLP's); once learned, a patch token's output
+    depends on its 8 neighbours and no farther token, the prefix tokens pass as in Eq. 3, and the values
+    are the depthwise convolution's by hand, on any grid (progressive resizing's smaller first epochs)."""
+    import torch.nn.functional as F
+    from helpers import randomize_
+
+    torch.manual_seed(0)
+    plain = tiny(stem="conv", pool="seq", pos_embed="sincos2d", init="mimetic")
+    torch.manual_seed(0)
+    local = tiny(stem="conv", pool="seq", pos_embed="sincos2d", init="mimetic", mlp_conv=True)
+    assert not local.load_state_dict(plain.state_dict(), strict=False).unexpected_keys
+    assert all(torch.all(block.mlp.conv.weight == 0) for block in local.blocks)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(local.eval()(x), plain.eval()(x), rtol=0, atol=0)
+    added = sum(p.numel() for p in local.parameters()) - sum(p.numel() for p in plain.parameters())
+    assert added == 2 * (96 * 9 + 96)  # per block: one 3 x 3 filter and a bias per hidden feature
+    assert count_params(local.config) == sum(p.numel() for p in local.parameters())
+
+    mlp = randomize_(local.blocks[0].mlp).eval()
+    for side in (4, 3):  # the model's grid, and a smaller one
+        tokens = torch.randn(2, 1 + side * side, 48, requires_grad=True)  # the class token, then the patches
+        out = mlp(tokens)
+        h = mlp.act(mlp.fc1(tokens))
+        grid = h[:, 1:].transpose(1, 2).reshape(2, 96, side, side)
+        by_hand = h[:, 1:] + F.gelu(F.conv2d(grid, mlp.conv.weight, mlp.conv.bias, padding=1, groups=96)).flatten(2).transpose(1, 2)
+        torch.testing.assert_close(out[:, 1:], mlp.fc2(by_hand))
+        torch.testing.assert_close(out[:, :1], mlp.fc2(h[:, :1]))  # the class token: Eq. 3's MLP
+        out[0, 1].sum().backward()  # patch (0, 0)'s output
+        reached = tokens.grad[0].abs().sum(-1) > 0  # which input tokens it depends on
+        expected = torch.zeros(side, side, dtype=torch.bool)
+        expected[:2, :2] = True  # itself and its neighbours inside the grid
+        assert reached.tolist() == [False] + expected.flatten().tolist()
 
 
 def test_locality_mask_off_without_locality_is_refused_in_one_line():

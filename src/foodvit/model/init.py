@@ -126,6 +126,9 @@ def init_weights(model) -> None:
         for fc in (block.mlp.fc1, block.mlp.fc2):
             nn.init.xavier_uniform_(fc.weight)  # MlpBlock: kernel_init=xavier_uniform
             nn.init.normal_(fc.bias, std=1e-6)  # MlpBlock: bias_init=normal(stddev=1e-6)
+        if model.config.mlp_conv:  # deviation 12 starts at zero: at step 0 the MLP is Eq. 3's
+            nn.init.zeros_(block.mlp.conv.weight)
+            nn.init.zeros_(block.mlp.conv.bias)
         # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
         if model.config.init == "mimetic":
             mimetic_init_(block.attn)

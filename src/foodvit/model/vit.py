@@ -63,6 +63,13 @@ option, named here once and cited:
      target is additive (the offset's row plus its column, which sin-cos positions can express
      exactly), solved in closed form (ridge), edges clamped, new taps in each block; with
      locality=True and its mask (deviation 7) no head draws the (0, 0) tap the mask would hide.
+ 12. mlp_conv=True: locality in the MLP of Eq. 3 (LocalViT, Li et al. 2021, "LocalViT: bringing locality
+     to vision transformers", arXiv 2104.05707; CeiT's LeFF, Yuan et al. 2021, is the same idea). After
+     the first layer and its GELU, the patch tokens' M hidden features are laid out on their grid and a
+     depthwise 3 x 3 convolution (one 3 x 3 filter per hidden feature, zero padding) adds, through a
+     GELU, what each token's 8 neighbours hold: h + GELU(DWConv(h)). The prefix tokens have no place
+     on the grid and pass unchanged. The convolution starts at zero, so at step 0 the model is the
+     paper's (and any init's analysis holds); LocalViT has no residual and a batch norm instead.
 
 Notes (not deviations from the paper's text):
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
@@ -207,18 +214,35 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The MLP of Eq. 3: Linear(D, M), GELU, Dropout, Linear(M, D), Dropout."""
+    """The MLP of Eq. 3: Linear(D, M), GELU, Dropout, Linear(M, D), Dropout. With conv_prefix (the
+    number of prefix tokens), deviation 12's depthwise 3 x 3 convolution over the patch grid follows
+    the GELU."""
 
-    def __init__(self, embed_dim: int, mlp_dim: int, dropout: float = 0.0) -> None:
+    def __init__(self, embed_dim: int, mlp_dim: int, dropout: float = 0.0, conv_prefix: int | None = None) -> None:
         super().__init__()
         self.fc1 = nn.Linear(embed_dim, mlp_dim)
         self.act = nn.GELU()
+        self.conv_prefix = conv_prefix
+        if conv_prefix is not None:  # deviation 12: one 3 x 3 filter per hidden feature, starting at zero
+            self.conv = nn.Conv2d(mlp_dim, mlp_dim, 3, padding=1, groups=mlp_dim)
+            nn.init.zeros_(self.conv.weight)
+            nn.init.zeros_(self.conv.bias)
         self.drop1 = nn.Dropout(dropout)
         self.fc2 = nn.Linear(mlp_dim, embed_dim)
         self.drop2 = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))  # (B, T, D) -> (B, T, M) -> (B, T, D)
+        h = self.act(self.fc1(x))  # (B, T, D) -> (B, T, M)
+        if self.conv_prefix is not None and h.shape[1] > self.conv_prefix:  # (a class-only last block has no grid)
+            h = torch.cat([h[:, : self.conv_prefix], self.local(h[:, self.conv_prefix :])], dim=1)
+        return self.drop2(self.fc2(self.drop1(h)))  # (B, T, M) -> (B, T, D)
+
+    def local(self, h: torch.Tensor) -> torch.Tensor:
+        """Deviation 12 on the patch tokens: h + GELU(DWConv3x3(h)) on their grid, (B, N, M) -> (B, N, M)."""
+        B, N, M = h.shape
+        side = math.isqrt(N)
+        grid = h.transpose(1, 2).reshape(B, M, side, side)  # (B, N, M) -> (B, M, H/P, W/P), row-major as Eq. 1 flattens
+        return h + self.act(self.conv(grid)).flatten(2).transpose(1, 2)  # (B, M, H/P, W/P) -> (B, N, M)
 
 
 class DropPath(nn.Module):
@@ -249,7 +273,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(D, eps=eps)
         self.attn = Attention(D, config.num_heads, config.attn_dropout, config.dropout, config.locality, config.locality_mask)
         self.norm2 = nn.LayerNorm(D, eps=eps)
-        self.mlp = MLP(D, config.mlp_dim, config.dropout)
+        self.mlp = MLP(D, config.mlp_dim, config.dropout, config.num_prefix_tokens if config.mlp_conv else None)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, return_attention: bool = False,
