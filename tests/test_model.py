@@ -373,11 +373,15 @@ def test_mlp_conv_starts_as_the_paper_and_mixes_only_each_tokens_3x3_neighbourho
         by_hand = h[:, 1:] + F.gelu(F.conv2d(grid, mlp.conv.weight, mlp.conv.bias, padding=1, groups=96)).flatten(2).transpose(1, 2)
         torch.testing.assert_close(out[:, 1:], mlp.fc2(by_hand))
         torch.testing.assert_close(out[:, :1], mlp.fc2(h[:, :1]))  # the class token: Eq. 3's MLP
-        out[0, 1].sum().backward()  # patch (0, 0)'s output
+        out[0, 1 + 2].sum().backward()  # patch (row 0, column 2)'s output
         reached = tokens.grad[0].abs().sum(-1) > 0  # which input tokens it depends on
         expected = torch.zeros(side, side, dtype=torch.bool)
-        expected[:2, :2] = True  # itself and its neighbours inside the grid
+        expected[:2, 1:4] = True  # itself and its neighbours inside the grid, rows 0-1 and columns 1-3
         assert reached.tolist() == [False] + expected.flatten().tolist()
+    # the grid is the tokeniser's: the tokens laid out as the patch embedding's (B, D, H/P, W/P) map
+    embedded = local.patch_embed.proj(local.patch_embed.stem(x))
+    tokens = local.patch_embed(x)
+    torch.testing.assert_close(tokens.transpose(1, 2).reshape(embedded.shape), embedded)
 
 
 def test_locality_mask_off_without_locality_is_refused_in_one_line():

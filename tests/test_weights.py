@@ -14,6 +14,7 @@ from foodvit.model.weights import (
     detect_layout,
     export_weights,
     from_torchvision,
+    load_weights,
     read_weights,
     save_weights,
     to_torch_encoder,
@@ -170,6 +171,31 @@ def test_model_at_224_accepts_weights_trained_at_384_and_back():
     assert bigger.pos_embed.shape == (1, 577, 192) and bigger.config.image_size == 384
     assert torch.equal(bigger.blocks[3].mlp.fc1.weight, model.blocks[3].mlp.fc1.weight)
     assert bigger(torch.randn(1, 3, 384, 384)).shape == (1, 3)
+
+
+def test_weights_without_the_mlp_convolution_load_with_it_at_zero_and_it_exports_only_where_it_fits():
+    """Deviation 12 starts at zero: a plain ViT's weights (a pre-trained one) load into a model with it and give
+    that ViT's logits; timm's layout, which has no such filter, refuses it in one line; its own keys say foodvit."""
+    torch.manual_seed(0)
+    plain = randomize_(foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=2)).eval()
+    local = foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=2, mlp_conv=True).eval()
+    with torch.no_grad():
+        local.blocks[0].mlp.conv.weight.fill_(1.0)  # a filter that was not at zero is set there
+    load_weights(local, export_weights(plain, "timm"))
+    assert all(torch.all(block.mlp.conv.weight == 0) for block in local.blocks)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(local(x), plain(x))
+    incomplete = {k: v for k, v in plain.state_dict().items() if k != "blocks.0.mlp.fc1.weight"}
+    with pytest.raises(ValueError, match=r"missing from the weights: blocks\.0\.mlp\.fc1\.weight\n"):  # only the filters may be missing
+        load_weights(local, incomplete)
+    with pytest.raises(ValueError, match="not in the model: blocks.0.mlp.conv"):  # and a plain ViT has no place for them
+        load_weights(foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=2), local.state_dict())
+    assert detect_layout(local.state_dict()) == "foodvit"
+    with pytest.raises(ValueError, match="no convolution in its MLP"):
+        export_weights(local, "timm")
+    with pytest.raises(ValueError, match="--mlp-conv"):
+        to_torch_encoder(local)
 
 
 def test_torch_transformer_encoder_layer_stack_agrees():

@@ -94,7 +94,7 @@ class ViTConfig:
                      "'impulse' (each head starts attending to one neighbour, like a 3x3 convolution's tap; deviation 11)",
                      choices=INITS)
     mlp_conv: bool = opt(False, "a depthwise 3x3 convolution over the patch grid inside each MLP, after its first layer and "
-                         "its GELU: every token's hidden features also see its 8 neighbours' (LocalViT; deviation 12)")
+                         "its GELU: every patch token's hidden features also see its 8 neighbours' (LocalViT; deviation 12)")
     distill_token: bool = opt(False, "DeiT's distillation token: a second prefix token whose own head learns the teacher's "
                               "classes (needs --distill); prediction averages the two heads (deviation 9)")
 

@@ -65,11 +65,16 @@ option, named here once and cited:
      locality=True and its mask (deviation 7) no head draws the (0, 0) tap the mask would hide.
  12. mlp_conv=True: locality in the MLP of Eq. 3 (LocalViT, Li et al. 2021, "LocalViT: bringing locality
      to vision transformers", arXiv 2104.05707; CeiT's LeFF, Yuan et al. 2021, is the same idea). After
-     the first layer and its GELU, the patch tokens' M hidden features are laid out on their grid and a
-     depthwise 3 x 3 convolution (one 3 x 3 filter per hidden feature, zero padding) adds, through a
-     GELU, what each token's 8 neighbours hold: h + GELU(DWConv(h)). The prefix tokens have no place
-     on the grid and pass unchanged. The convolution starts at zero, so at step 0 the model is the
-     paper's (and any init's analysis holds); LocalViT has no residual and a batch norm instead.
+     the first layer and its GELU, the patch tokens' M hidden features are laid out on their grid (row-major,
+     as Eq. 1 flattens the patches) and a depthwise 3 x 3 convolution (one 3 x 3 filter per hidden feature,
+     zero padding) adds, through a GELU, a mix of each patch token's and its 8 neighbours' features:
+     h + GELU(DWConv(h)). The prefix tokens have no place on the grid: they skip the convolution, not the
+     MLP. The convolution starts at zero, so at step 0 the model computes the paper's function (and any
+     init's analysis holds), and weights without it (a pre-trained ViT) load with it at zero. Building it
+     draws from the random stream (PyTorch's conv init, then zeroed), so a seed gives other draws than
+     without it, as with deviation 9's token. LocalViT differs: no residual, a batch norm, h-swish and
+     squeeze-excitation, and its class token skips the whole MLP. Attention rollout (viz/attention.py)
+     reads the attention alone and does not see this second path between tokens.
 
 Notes (not deviations from the paper's text):
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
@@ -223,10 +228,9 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(embed_dim, mlp_dim)
         self.act = nn.GELU()
         self.conv_prefix = conv_prefix
-        if conv_prefix is not None:  # deviation 12: one 3 x 3 filter per hidden feature, starting at zero
+        if conv_prefix is not None:  # deviation 12: one 3 x 3 filter per hidden feature, starting at zero (init_weights)
             self.conv = nn.Conv2d(mlp_dim, mlp_dim, 3, padding=1, groups=mlp_dim)
-            nn.init.zeros_(self.conv.weight)
-            nn.init.zeros_(self.conv.bias)
+            self.conv_act = nn.GELU()
         self.drop1 = nn.Dropout(dropout)
         self.fc2 = nn.Linear(mlp_dim, embed_dim)
         self.drop2 = nn.Dropout(dropout)
@@ -242,7 +246,7 @@ class MLP(nn.Module):
         B, N, M = h.shape
         side = math.isqrt(N)
         grid = h.transpose(1, 2).reshape(B, M, side, side)  # (B, N, M) -> (B, M, H/P, W/P), row-major as Eq. 1 flattens
-        return h + self.act(self.conv(grid)).flatten(2).transpose(1, 2)  # (B, M, H/P, W/P) -> (B, N, M)
+        return h + self.conv_act(self.conv(grid)).flatten(2).transpose(1, 2)  # (B, M, H/P, W/P) -> (B, N, M)
 
 
 class DropPath(nn.Module):

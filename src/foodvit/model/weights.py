@@ -79,13 +79,16 @@ def _rename(state: Mapping[str, torch.Tensor], table, layout: str) -> StateDict:
     return out
 
 
+ZERO_START = ".mlp.conv."  # deviation 12's filters: weights without them load, the filters at zero (their start)
+
+
 def detect_layout(state: Mapping[str, torch.Tensor]) -> str:
     """'torchvision', 'timm' or 'foodvit' (timm's names plus foodvit's deviation modules)."""
     keys = set(state)
     if "conv_proj.weight" in keys or any(k.startswith("encoder.layers.") for k in keys):
         return "torchvision"
     if "patch_embed.proj.weight" in keys or any(k.startswith("blocks.") for k in keys):
-        return "foodvit" if any(k.startswith("patch_embed.stem.") for k in keys) else "timm"
+        return "foodvit" if any(k.startswith("patch_embed.stem.") or ".mlp.conv." in k for k in keys) else "timm"
     sample = ", ".join(sorted(keys)[:5])
     raise InputError(
         "cannot tell the layout of these weights: expected torchvision's vit_* keys (conv_proj.weight, "
@@ -118,6 +121,9 @@ def to_timm(state: Mapping[str, torch.Tensor]) -> StateDict:
     unknown = [k for k in state if k.startswith("patch_embed.stem.")]
     if unknown:
         raise InputError(f"timm's VisionTransformer has no convolutional stem; cannot export {unknown[0]!r} ...")
+    unknown = [k for k in state if ".mlp.conv." in k]
+    if unknown:
+        raise InputError(f"timm's VisionTransformer has no convolution in its MLP (deviation 12); cannot export {unknown[0]!r} ...")
     return dict(state)
 
 
@@ -203,7 +209,8 @@ def load_weights(
     own = model.state_dict()
     if "pos_embed" in state and "pos_embed" in own and state["pos_embed"].shape != own["pos_embed"].shape:
         state["pos_embed"] = _resample_for(model.config, state["pos_embed"], resample_mode)
-    missing = [k for k in own if k not in state and not (skip_head and k.startswith(HEADS))]
+    zero_start = [k for k in own if k not in state and ZERO_START in k] if model.config.mlp_conv else []
+    missing = [k for k in own if k not in state and k not in zero_start and not (skip_head and k.startswith(HEADS))]
     unexpected = [k for k in state if k not in own]
     wrong = [f"{k}: file {tuple(state[k].shape)}, model {tuple(own[k].shape)}" for k in state if k in own and state[k].shape != own[k].shape]
     if missing or unexpected or wrong:
@@ -211,6 +218,8 @@ def load_weights(
     with torch.no_grad():
         for key, value in state.items():
             own[key].copy_(value)
+        for key in zero_start:  # weights without deviation 12: its filters start at zero, the weights' own function
+            own[key].zero_()
     return model
 
 
@@ -270,6 +279,9 @@ def to_torch_encoder(model: VisionTransformer) -> nn.Sequential:
     our (B, T, D) layout. Our weights are copied in; outputs agree with our blocks (tests).
     """
     c = model.config
+    if c.mlp_conv or c.locality:
+        raise InputError("torch.nn.TransformerEncoderLayer has no place for locality self-attention (--locality) or the "
+                         "MLP's convolution (--mlp-conv): build the model without them for this exercise")
     layers = []
     for block in model.blocks:
         layer = nn.TransformerEncoderLayer(
