@@ -113,6 +113,10 @@ def from_torchvision(state: Mapping[str, torch.Tensor]) -> StateDict:
 
 def to_torchvision(state: Mapping[str, torch.Tensor]) -> StateDict:
     """foodvit state dict -> torchvision vit_* names (paper-default models only)."""
+    deviations = [k for k in state if k.startswith("patch_embed.stem.") or ZERO_START in k]
+    if deviations:
+        raise InputError(f"torchvision's VisionTransformer has no convolutional stem or MLP convolution (deviations 5 and 12); "
+                         f"cannot export {deviations[0]!r} ...: export this model as 'foodvit' weights or an .onnx file")
     return _rename(state, _TO_TV, "foodvit")
 
 
