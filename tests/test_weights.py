@@ -194,7 +194,7 @@ def test_weights_without_the_mlp_convolution_load_with_it_at_zero_and_it_exports
     assert detect_layout(local.state_dict()) == "foodvit"
     with pytest.raises(ValueError, match="no convolution in its MLP"):
         export_weights(local, "timm")
-    with pytest.raises(ValueError, match="torchvision's VisionTransformer has no convolutional stem or MLP convolution"):
+    with pytest.raises(ValueError, match="torchvision's VisionTransformer has no convolution in its MLP"):
         export_weights(local, "torchvision")
     with pytest.raises(ValueError, match="--mlp-conv"):
         to_torch_encoder(local)

@@ -126,16 +126,14 @@ def init_weights(model) -> None:
         for fc in (block.mlp.fc1, block.mlp.fc2):
             nn.init.xavier_uniform_(fc.weight)  # MlpBlock: kernel_init=xavier_uniform
             nn.init.normal_(fc.bias, std=1e-6)  # MlpBlock: bias_init=normal(stddev=1e-6)
-        if model.config.mlp_conv:  # deviation 12 starts at zero: at step 0 the MLP is Eq. 3's
-            nn.init.zeros_(block.mlp.conv.weight)
-            nn.init.zeros_(block.mlp.conv.bias)
         # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
         if model.config.init == "mimetic":
             mimetic_init_(block.attn)
         elif model.config.init == "impulse" and not model.pos_embed.is_meta:  # (a meta model has no values to solve for)
             impulse_init_(block.attn, F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)),
                           impulse_taps(block.attn.num_heads, model.config.locality and model.config.locality_mask))
-    # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does.
+    # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does; deviation 12's
+    # filters start at zero (GridConv.reset_parameters).
     init_head(model.head)
     if model.config.distill_token:
         init_head(model.head_dist)

@@ -63,18 +63,9 @@ option, named here once and cited:
      target is additive (the offset's row plus its column, which sin-cos positions can express
      exactly), solved in closed form (ridge), edges clamped, new taps in each block; with
      locality=True and its mask (deviation 7) no head draws the (0, 0) tap the mask would hide.
- 12. mlp_conv=True: locality in the MLP of Eq. 3 (LocalViT, Li et al. 2021, "LocalViT: bringing locality
-     to vision transformers", arXiv 2104.05707; CeiT's LeFF, Yuan et al. 2021, is the same idea). After
-     the first layer and its GELU, the patch tokens' M hidden features are laid out on their grid (row-major,
-     as Eq. 1 flattens the patches) and a depthwise 3 x 3 convolution (one 3 x 3 filter per hidden feature,
-     zero padding) adds, through a GELU, a mix of each patch token's and its 8 neighbours' features:
-     h + GELU(DWConv(h)). The prefix tokens have no place on the grid: they skip the convolution, not the
-     MLP. The convolution starts at zero, so at step 0 the model computes the paper's function (and any
-     init's analysis holds), and weights without it (a pre-trained ViT) load with it at zero. Building it
-     draws from the random stream (PyTorch's conv init, then zeroed), so a seed gives other draws than
-     without it, as with deviation 9's token. LocalViT differs: no residual, a batch norm, h-swish and
-     squeeze-excitation, and its class token skips the whole MLP. Attention rollout (viz/attention.py)
-     reads the attention alone and does not see this second path between tokens.
+ 12. mlp_conv=True: locality in the MLP of Eq. 3 (LocalViT, Li et al. 2021, arXiv 2104.05707): after the
+     first layer and its GELU, h + GELU(DWConv3x3(h)) on the patch tokens' grid, the filters starting at
+     zero so that at step 0 the model computes the paper's function (model/gridconv.py says the rest).
 
 Notes (not deviations from the paper's text):
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
@@ -100,6 +91,7 @@ from torch import nn
 
 from foodvit.config import ViTConfig
 from foodvit.errors import ConfigError, InputError
+from foodvit.model.gridconv import GridConv
 from foodvit.model.init import init_head, init_weights
 from foodvit.model.positions import sincos_2d_pos_embed
 from foodvit.model.stems import ConvStem, ShiftedPatches
@@ -220,33 +212,22 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """The MLP of Eq. 3: Linear(D, M), GELU, Dropout, Linear(M, D), Dropout. With conv_prefix (the
-    number of prefix tokens), deviation 12's depthwise 3 x 3 convolution over the patch grid follows
-    the GELU."""
+    number of prefix tokens), deviation 12's convolution over the patch grid follows the GELU."""
 
     def __init__(self, embed_dim: int, mlp_dim: int, dropout: float = 0.0, conv_prefix: int | None = None) -> None:
         super().__init__()
         self.fc1 = nn.Linear(embed_dim, mlp_dim)
         self.act = nn.GELU()
-        self.conv_prefix = conv_prefix
-        if conv_prefix is not None:  # deviation 12: one 3 x 3 filter per hidden feature, starting at zero (init_weights)
-            self.conv = nn.Conv2d(mlp_dim, mlp_dim, 3, padding=1, groups=mlp_dim)
-            self.conv_act = nn.GELU()
+        self.conv = GridConv(mlp_dim, conv_prefix) if conv_prefix is not None else None  # deviation 12
         self.drop1 = nn.Dropout(dropout)
         self.fc2 = nn.Linear(mlp_dim, embed_dim)
         self.drop2 = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.act(self.fc1(x))  # (B, T, D) -> (B, T, M)
-        if self.conv_prefix is not None and h.shape[1] > self.conv_prefix:  # (a class-only last block has no grid)
-            h = torch.cat([h[:, : self.conv_prefix], self.local(h[:, self.conv_prefix :])], dim=1)
+        if self.conv is not None:
+            h = self.conv(h)  # deviation 12: (B, T, M) -> (B, T, M)
         return self.drop2(self.fc2(self.drop1(h)))  # (B, T, M) -> (B, T, D)
-
-    def local(self, h: torch.Tensor) -> torch.Tensor:
-        """Deviation 12 on the patch tokens: h + GELU(DWConv3x3(h)) on their grid, (B, N, M) -> (B, N, M)."""
-        B, N, M = h.shape
-        side = math.isqrt(N)
-        grid = h.transpose(1, 2).reshape(B, M, side, side)  # (B, N, M) -> (B, M, H/P, W/P), row-major as Eq. 1 flattens
-        return h + self.conv_act(self.conv(grid)).flatten(2).transpose(1, 2)  # (B, M, H/P, W/P) -> (B, N, M)
 
 
 class DropPath(nn.Module):

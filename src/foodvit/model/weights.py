@@ -79,7 +79,21 @@ def _rename(state: Mapping[str, torch.Tensor], table, layout: str) -> StateDict:
     return out
 
 
+# Key parts of foodvit's deviation modules that timm's and torchvision's ViTs lack: what each is.
+DEVIATION_KEYS = {"patch_embed.stem.": "convolutional stem (deviation 5)", ".mlp.conv.": "convolution in its MLP (deviation 12)"}
 ZERO_START = ".mlp.conv."  # deviation 12's filters: weights without them load, the filters at zero (their start)
+
+
+def _deviation_key(state: Mapping[str, torch.Tensor]) -> tuple[str, str] | None:
+    """The first key of a deviation module in `state` and what that module is, or None."""
+    return next(((k, what) for k in state for part, what in DEVIATION_KEYS.items() if part in k), None)
+
+
+def _refuse_deviations(state: Mapping[str, torch.Tensor], library: str) -> None:
+    if found := _deviation_key(state):
+        key, what = found
+        raise InputError(f"{library}'s VisionTransformer has no {what}; cannot export {key!r} ...: "
+                         "export this model as 'foodvit' weights or an .onnx file")
 
 
 def detect_layout(state: Mapping[str, torch.Tensor]) -> str:
@@ -88,7 +102,7 @@ def detect_layout(state: Mapping[str, torch.Tensor]) -> str:
     if "conv_proj.weight" in keys or any(k.startswith("encoder.layers.") for k in keys):
         return "torchvision"
     if "patch_embed.proj.weight" in keys or any(k.startswith("blocks.") for k in keys):
-        return "foodvit" if any(k.startswith("patch_embed.stem.") or ".mlp.conv." in k for k in keys) else "timm"
+        return "foodvit" if _deviation_key(state) else "timm"
     sample = ", ".join(sorted(keys)[:5])
     raise InputError(
         "cannot tell the layout of these weights: expected torchvision's vit_* keys (conv_proj.weight, "
@@ -113,21 +127,13 @@ def from_torchvision(state: Mapping[str, torch.Tensor]) -> StateDict:
 
 def to_torchvision(state: Mapping[str, torch.Tensor]) -> StateDict:
     """foodvit state dict -> torchvision vit_* names (paper-default models only)."""
-    deviations = [k for k in state if k.startswith("patch_embed.stem.") or ZERO_START in k]
-    if deviations:
-        raise InputError(f"torchvision's VisionTransformer has no convolutional stem or MLP convolution (deviations 5 and 12); "
-                         f"cannot export {deviations[0]!r} ...: export this model as 'foodvit' weights or an .onnx file")
+    _refuse_deviations(state, "torchvision")
     return _rename(state, _TO_TV, "foodvit")
 
 
 def to_timm(state: Mapping[str, torch.Tensor]) -> StateDict:
     """foodvit state dict -> timm vit_* names: the same names, checked."""
-    unknown = [k for k in state if k.startswith("patch_embed.stem.")]
-    if unknown:
-        raise InputError(f"timm's VisionTransformer has no convolutional stem; cannot export {unknown[0]!r} ...")
-    unknown = [k for k in state if ".mlp.conv." in k]
-    if unknown:
-        raise InputError(f"timm's VisionTransformer has no convolution in its MLP (deviation 12); cannot export {unknown[0]!r} ...")
+    _refuse_deviations(state, "timm")
     return dict(state)
 
 
