@@ -11,7 +11,7 @@ from foodvit.model.variants import create_model
 from foodvit.training import auxiliary
 from foodvit.training.distill import build_teacher
 
-LOSSES = {"drloc": 0.5, "masked": 1.0, "guidance": 1.0, "distill": 1.0}
+LOSSES = {"drloc": 0.5, "masked": 1.0, "guidance": 1.0, "distill": 1.0, "contrast": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def teacher():
     return build_teacher("resnet18", 3)
 
 
-@pytest.mark.parametrize("on", [c for n in range(1, 5) for c in itertools.combinations(LOSSES, n)], ids="+".join)
+@pytest.mark.parametrize("on", [c for n in range(1, len(LOSSES) + 1) for c in itertools.combinations(LOSSES, n)], ids="+".join)
 def test_every_combination_trains_and_keeps_its_parts(on, teacher):
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96, pool="gap",
@@ -37,7 +37,7 @@ def test_every_combination_trains_and_keeps_its_parts(on, teacher):
         return aux.trained.train()(images)[1].detach()
 
     whole, terms = total(), []
-    for wrapper in (aux.localization, aux.masked, aux.guide, aux.distiller):
+    for wrapper in (aux.localization, aux.masked, aux.guide, aux.distiller, aux.contrast):
         if wrapper is not None:  # each loss's own term: what doubling its weight adds
             wrapper.weight *= 2
             terms.append(total() - whole)
@@ -50,7 +50,7 @@ def test_every_combination_trains_and_keeps_its_parts(on, teacher):
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in vit.parameters())  # the ViT learns from it
     state = aux.state_dict()
     assert {key for key, part in state.items() if part is not None} == {k for k, n in (("auxiliary", "drloc"), ("masked", "masked"),
-                                                                                       ("guidance", "guidance")) if n in on}
+                                                                                       ("guidance", "guidance"), ("contrast", "contrast")) if n in on}
     torch.manual_seed(1)
     again = auxiliary.wrap(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96,
                                         pool="gap", pos_embed="sincos2d"), OptimConfig(**{name: LOSSES[name] for name in on}), num_classes=3)

@@ -258,6 +258,11 @@ class OptimConfig:
     mask_pixels: bool = opt(False, "with --masked: also set the hidden patches' pixels to 0 before the tokeniser, whose "
                             "receptive fields overlap with --stem conv or spt and otherwise show a hidden patch's edges to "
                             "its neighbours' tokens (pre-training always does)")
+    contrast: float = opt(0.0, "weight of instance discrimination: in training, a second view of each image (a random resized "
+                          "crop of it, flipped and recoloured at random) also goes through the ViT, and a projection of each "
+                          "pooled state learns to find its photo's other view among the batch's (SimCLR's NT-Xent; "
+                          "training/contrast.py), 0 = off; a second forward and backward pass a step", range=AT_LEAST_0)
+    contrast_temperature: float = opt(0.2, "temperature of --contrast's cosine similarities (SimCLR: 0.1 to 0.5)", range=POSITIVE)
     pretrain_epochs: int = opt(0, "epochs of self-supervised pre-training on the same training photos before the supervised "
                                "ones: masked-image modelling, the hidden patches' pixels predicted from the output tokens, the "
                                "classes not read (training/pretrain.py), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
@@ -278,6 +283,9 @@ class OptimConfig:
         if self.mask_pixels and self.masked <= 0:
             raise ConfigError("--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W "
                               "(e.g. --masked 1), or leave --mask-pixels out")
+        if self.contrast_temperature != 0.2 and self.contrast <= 0:
+            raise ConfigError("--contrast-temperature sets how sharply --contrast compares the two views: add --contrast W "
+                              "(e.g. --contrast 0.5), or leave --contrast-temperature out")
         if self.distill_temperature > 0 and self.distill <= 0:
             raise ConfigError("--distill-temperature softens the classes of a teacher that --distill reads: add --distill W "
                               "(e.g. --distill 1), or leave --distill-temperature out")

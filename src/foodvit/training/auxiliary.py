@@ -5,6 +5,7 @@ Each loss is a wrapper whose training-mode forward returns (logits, auxiliary lo
 forward_heads gives the heads with the auxiliary loss so far (heads.HeadsAndLoss), so they stack:
 
     ViT (or AnyGrid) -> dense relative localization -> masked patches -> locality guidance -> distillation
+        -> instance discrimination (whose second view goes through the bare ViT, outside the others)
 
 The saved model is the ViT alone; these parts live only while training (and in checkpoint.pt, so
 a resumed run ends exactly as an uninterrupted one would). None of them can train a frozen backbone.
@@ -18,6 +19,7 @@ from torch import nn
 
 from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
+from foodvit.training.contrast import WithInstanceDiscrimination
 from foodvit.training.distill import WithDistillation, teacher_skeleton
 from foodvit.training.drloc import WithDenseRelativeLocalization
 from foodvit.training.guidance import WithLocalityGuidance
@@ -26,7 +28,8 @@ from foodvit.training.masked import WithMaskedPatches
 
 
 # The losses with trained parts of their own: (Auxiliaries field, checkpoint.pt key, the wrapper's part).
-PARTS = (("localization", "auxiliary", "drloc"), ("guide", "guidance", "adapters"), ("masked", "masked", "reconstruction"))
+PARTS = (("localization", "auxiliary", "drloc"), ("guide", "guidance", "adapters"), ("masked", "masked", "reconstruction"),
+         ("contrast", "contrast", "projection"))
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Auxiliaries:
     masked: WithMaskedPatches | None = None
     guide: WithLocalityGuidance | None = None
     distiller: WithDistillation | None = None
+    contrast: WithInstanceDiscrimination | None = None
 
     @property
     def need_teacher(self) -> bool:
@@ -74,4 +78,6 @@ def wrap(model: nn.Module, optim: OptimConfig, num_classes: int, frozen: bool = 
                                                            optim.guidance_stages)
     if optim.distill > 0:
         aux.trained = aux.distiller = WithDistillation(aux.trained, optim.distill, temperature=optim.distill_temperature)
+    if optim.contrast > 0:
+        aux.trained = aux.contrast = WithInstanceDiscrimination(aux.trained, optim.contrast, optim.contrast_temperature)
     return aux

@@ -115,7 +115,7 @@ def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | No
 
 # The optimiser settings that shape the ViT's training alone, never the CNN teacher's: its auxiliary losses, its
 # self-supervised pre-training, the average of its weights and sharpness-aware minimisation (its remedy for sharp minima).
-STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "distill_temperature", "guidance", "guidance_schedule", "guidance_stages", "masked", "mask_ratio", "mask_pixels", "pretrain_epochs", "pretrain_mask_ratio", "ema", "sam")
+STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "distill_temperature", "guidance", "guidance_schedule", "guidance_stages", "masked", "mask_ratio", "mask_pixels", "contrast", "contrast_temperature", "pretrain_epochs", "pretrain_mask_ratio", "ema", "sam")
 
 
 def trains_teacher(config: RunConfig) -> bool:

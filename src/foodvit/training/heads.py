@@ -1,4 +1,4 @@
-"""What the auxiliary losses' wrappers share (drloc, masked, guidance, distill; wired by auxiliary.py).
+"""What the auxiliary losses' wrappers share (drloc, masked, guidance, distill, contrast; wired by auxiliary.py).
 
 Each wraps the model it trains, its student (a VisionTransformer, the progressive-resizing AnyGrid
 around one, or another wrapper), and adds one term to the loss. forward_heads(images) gives the
@@ -34,6 +34,13 @@ def innermost_vit(module: nn.Module) -> nn.Module:
     .student, progressive resizing's AnyGrid its ViT as .vit."""
     while hasattr(module, "student") or hasattr(module, "vit"):
         module = module.student if hasattr(module, "student") else module.vit
+    return module
+
+
+def bare_student(module: nn.Module) -> nn.Module:
+    """The model inside every auxiliary loss's wrapper: the ViT, or progressive resizing's AnyGrid around it."""
+    while isinstance(module, AuxiliaryLoss):
+        module = module.student
     return module
 
 

@@ -1,0 +1,128 @@
+"""Instance discrimination as an auxiliary loss during supervised training (self-supervision on the
+same photos: SimCLR's contrastive loss, Chen et al. 2020, used beside the classes as the small-data
+literature's self-supervised recipes suggest: Gani et al. 2022, arXiv 2210.07240; Cao et al. 2022,
+arXiv 2201.10728).
+
+With --contrast W, each training batch x is shown twice: as the loader gives it (the view the
+classifier and every other auxiliary loss read) and as a second view drawn from it on the device, a
+random resized crop of it, flipped at random and its colours distorted (second_view). Both go through
+the ViT; a small projection MLP g maps each pooled state (Eq. 4's z_L^0, or deviation 1's or 6's
+pooled tokens) to z, and the loss asks each photo's two z to be nearer to each other than to any
+other photo's, of either view (NT-Xent over the 2B views, temperature T = --contrast-temperature):
+
+    loss = CE(student(x), y) + W x mean over the 2B views i of -log softmax_j(cos(z_i, z_j) / T)[pair(i)]
+
+To tell a photo from every other in the batch by what survives cropping and recolouring, the
+pooled state must carry what the photo shows rather than only which class it is: the features that
+the self-supervised papers find a ViT lacks on small data. The classes are not read by this term
+(the cross-entropy has them). It costs a second forward and backward pass of the ViT per step.
+Training only: the projection is not part of the saved model.
+
+Where this differs from SimCLR: the second view is drawn from the first, already augmented, batch on
+the device (the loader keeps one view a photo, so every other loss is unchanged), the colour
+distortion is an affine change of the normalised channels (contrast, a shift per channel, grey at
+random) in place of a jitter of hue and saturation, and the negatives are the batch's other photos on
+each process (no gathering across processes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss, bare_student, innermost_vit, loss_so_far
+
+CROP_SCALE = (0.35, 1.0)  # the crop's share of the first view's area
+CROP_RATIO = (3 / 4, 4 / 3)  # its width over its height
+CONTRAST = (0.6, 1.4)  # a view's contrast factor around its mean
+SHIFT = 0.3  # a channel's shift, in normalised units (a photo's standard deviations)
+GREY = 0.2  # the probability that a view loses its colour
+
+
+def draw_boxes(batch: int, height: int, width: int, scale=CROP_SCALE, ratio=CROP_RATIO) -> torch.Tensor:
+    """(B, 4) integer boxes (top, left, height, width) inside a height x width image, each covering a
+    share of its area drawn uniformly in `scale`, its aspect ratio log-uniform in `ratio` (clipped to the image)."""
+    area = height * width * torch.empty(batch).uniform_(*scale)
+    aspect = torch.exp(torch.empty(batch).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    h = torch.sqrt(area / aspect).round().clamp(1, height).long()
+    w = torch.sqrt(area * aspect).round().clamp(1, width).long()
+    top = (torch.rand(batch) * (height - h + 1)).long()
+    left = (torch.rand(batch) * (width - w + 1)).long()
+    return torch.stack([top, left, h, w], dim=1)
+
+
+def crop_resize(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """Each image's box resized back to the batch's side (antialiased bilinear): (B, C, H, W) -> (B, C, H, W)."""
+    size = images.shape[-2:]
+    crops = [F.interpolate(image[None, :, t:t + h, l:l + w], size=size, mode="bilinear", antialias=True, align_corners=False)
+             for image, (t, l, h, w) in zip(images, boxes.tolist())]
+    return torch.cat(crops) if crops else images.clone()
+
+
+def distort_colours(images: torch.Tensor, contrast: torch.Tensor, shift: torch.Tensor, grey: torch.Tensor) -> torch.Tensor:
+    """Each image's channels stretched about its mean by contrast (B,), shifted by shift (B, C), and
+    with grey (B,) True replaced by their mean over the channels."""
+    mean = images.mean(dim=(1, 2, 3), keepdim=True)
+    out = (images - mean) * contrast[:, None, None, None] + mean + shift[:, :, None, None]
+    return torch.where(grey[:, None, None, None], out.mean(dim=1, keepdim=True).expand_as(out), out)
+
+
+def second_view(images: torch.Tensor) -> torch.Tensor:
+    """Another view of each image of the batch: a random resized crop, flipped half the time, its
+    colours distorted; drawn from PyTorch's random stream (the run's seed repeats it)."""
+    B, C, H, W = images.shape
+    view = crop_resize(images, draw_boxes(B, H, W))
+    flip = (torch.rand(B) < 0.5).to(images.device)
+    view = torch.where(flip[:, None, None, None], view.flip(-1), view)
+    contrast = torch.empty(B).uniform_(*CONTRAST).to(images)
+    shift = torch.empty(B, C).uniform_(-SHIFT, SHIFT).to(images)
+    return distort_colours(view, contrast, shift, (torch.rand(B) < GREY).to(images.device))
+
+
+def nt_xent(first: torch.Tensor, second: torch.Tensor, temperature: float) -> torch.Tensor:
+    """SimCLR's loss for B pairs (B, K), (B, K): for each of the 2B views, the cross-entropy of picking
+    its pair among the other 2B - 1 by cosine similarity over the temperature; the mean over views (0 for no pairs)."""
+    z = F.normalize(torch.cat([first, second]).float(), dim=1)
+    n = z.shape[0]
+    if n == 0:
+        return z.sum()  # 0, still joined to the graph: an empty share of a batch takes part in the step
+    similarity = (z @ z.T / temperature).masked_fill(torch.eye(n, dtype=torch.bool, device=z.device), float("-inf"))
+    pairs = torch.arange(n, device=z.device).roll(n // 2)  # view i's pair: i + B, and i - B for the second half
+    return F.cross_entropy(similarity, pairs)
+
+
+class Projection(nn.Module):
+    """SimCLR's projection head g: the pooled state -> the vector the contrast compares (D -> 2D -> 128)."""
+
+    def __init__(self, embed_dim: int, out_dim: int = 128) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(embed_dim, 2 * embed_dim), nn.GELU(), nn.Linear(2 * embed_dim, out_dim))
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.mlp(pooled)
+
+
+class WithInstanceDiscrimination(AuxiliaryLoss):
+    """A student trained to tell each photo from the batch's others across two views, besides its own
+    loss (the whole image and the ViT alone in eval mode). The student is a VisionTransformer or one
+    wrapped for training; the second view goes through the bare model (the ViT, or AnyGrid around it
+    with progressive resizing), not through the other auxiliary losses."""
+
+    option = "--contrast"
+
+    def __init__(self, student: nn.Module, weight: float, temperature: float = 0.2) -> None:
+        super().__init__(student, weight)
+        self.temperature = temperature
+        self.projection = Projection(innermost_vit(student).config.embed_dim)
+
+    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
+        vit = innermost_vit(self.student)
+        pooled: dict[str, torch.Tensor] = {}
+        heads = self.student_heads(images, [(vit.head, lambda m, args, out: pooled.__setitem__("first", args[0]))])
+        tokens, _ = bare_student(self.student).forward_features(second_view(images))
+        first, second = self.projection(pooled["first"]), self.projection(vit.pool(tokens))
+        loss = nt_xent(first, second, self.temperature)
+        return HeadsAndLoss(heads.logits, heads.distilled, loss_so_far(heads) + self.weight * loss)
