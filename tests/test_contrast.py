@@ -2,6 +2,7 @@
 flip and colours, the wrapper's term from both views' pooled states, prediction by the ViT alone, and
 a run that keeps the projection in its checkpoint, not in its model."""
 
+import copy
 import math
 from dataclasses import replace
 
@@ -87,6 +88,23 @@ def test_the_second_view_is_another_view_of_the_same_size_repeated_by_the_seed()
     assert not torch.allclose(view, images)
 
 
+def test_the_second_view_flips_and_greys_a_share_of_the_photos(monkeypatch):
+    import foodvit.training.contrast as C
+
+    images = torch.randn(400, 3, 8, 8)  # the whole photo each time: the flip and the grey are what remain to see
+    monkeypatch.setattr(C, "draw_boxes", lambda B, H, W: torch.tensor([[0, 0, H, W]]).repeat(B, 1))
+    monkeypatch.setattr(C, "CONTRAST", (1.0, 1.0))
+    monkeypatch.setattr(C, "SHIFT", 0.0)
+    torch.manual_seed(0)
+    view = C.second_view(images)
+    grey = (view.std(dim=1) < 1e-6).flatten(1).all(1)  # the three channels equal
+    shown = torch.where(grey[:, None, None, None], images.mean(1, keepdim=True).expand_as(images), images)
+    flipped = (view - shown.flip(-1)).abs().flatten(1).amax(1) < 1e-5
+    kept = (view - shown).abs().flatten(1).amax(1) < 1e-5
+    assert (flipped ^ kept).all()  # each photo flipped or not, nothing else
+    assert 0.4 < flipped.float().mean() < 0.6 and 0.12 < grey.float().mean() < 0.28  # half flipped, a fifth grey
+
+
 def vit_for(pool: str):
     torch.manual_seed(0)
     return create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96, pool=pool,
@@ -113,6 +131,29 @@ def test_the_term_contrasts_the_projected_pooled_states_of_both_views(pool):
     torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
     _, nothing = wrapped.train()(torch.zeros(0, 3, 32, 32))
     assert nothing.item() == 0.0
+
+
+def test_the_second_view_leaves_a_conv_stems_running_statistics_to_the_photos_as_shown():
+    torch.manual_seed(0)
+    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96, pool="seq",
+                       pos_embed="sincos2d", stem="conv")
+    plain = copy.deepcopy(vit).train()
+    images = torch.randn(4, 3, 32, 32) * 2 + 1
+    torch.manual_seed(5)
+    WithInstanceDiscrimination(vit, 1.0).train()(images)
+    plain(images)  # one plain training pass over the same photos
+    norms = [(a, b) for a, b in zip(vit.modules(), plain.modules()) if isinstance(a, torch.nn.BatchNorm2d)]
+    assert norms
+    for ours, theirs in norms:
+        assert ours.num_batches_tracked.item() == 1
+        torch.testing.assert_close(ours.running_mean, theirs.running_mean)
+        torch.testing.assert_close(ours.running_var, theirs.running_var)
+
+
+def test_the_temperature_reaches_the_loss():
+    from foodvit.training.auxiliary import wrap
+
+    assert wrap(vit_for("gap"), OptimConfig(contrast=1.0, contrast_temperature=0.5), num_classes=3).contrast.temperature == 0.5
 
 
 def test_both_views_of_a_smaller_batch_take_its_grid_under_progressive_resizing():

@@ -272,7 +272,8 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
             replace(config, optim=replace(config.optim, drloc=1.0, guidance=2.0, guidance_schedule="linear", ema=0.99),
                     train=replace(config.train, compile=True)),
             replace(config, optim=replace(config.optim, pretrain_epochs=50, pretrain_mask_ratio=0.75, sam=0.05, distill=1.0, distill_temperature=3.0)),
-            replace(config, optim=replace(config.optim, masked=2.0, mask_ratio=0.5, mask_pixels=True))]
+            replace(config, optim=replace(config.optim, masked=2.0, mask_ratio=0.5, mask_pixels=True)),
+            replace(config, optim=replace(config.optim, contrast=0.5, contrast_temperature=0.1))]
     other = [replace(config, vit={**config.vit, "image_size": 64}), replace(config, optim=replace(config.optim, lr=2e-3)),
              replace(config, data=replace(config.data, mixup=0.8, workers=2)), replace(config, train=replace(config.train, epochs=50))]
     assert all(teacher_settings(c) == teacher_settings(config) for c in same)
@@ -720,6 +721,8 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     ("[optim]\nguidance = {choices = [0.0, 1.0]}\nguidance_stages = {choices = [3, 4]}\n",
      "optim.guidance_stages may draw the teacher's fourth stage where optim.guidance may be 0"),
     ("[optim]\ndistill = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n", "vit.distill_token may draw the distillation token"),
+    ("[optim]\ncontrast_temperature = {low = 0.1, high = 0.5}\n",
+     "optim.contrast_temperature may draw a temperature other than 0.2 where optim.contrast may be 0"),
 ])
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
     space = tmp_path / "space.toml"

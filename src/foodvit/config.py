@@ -261,7 +261,8 @@ class OptimConfig:
     contrast: float = opt(0.0, "weight of instance discrimination: in training, a second view of each image (a random resized "
                           "crop of it, flipped and recoloured at random) also goes through the ViT, and a projection of each "
                           "pooled state learns to find its photo's other view among the batch's (SimCLR's NT-Xent; "
-                          "training/contrast.py), 0 = off; a second forward and backward pass a step", range=AT_LEAST_0)
+                          "training/contrast.py), 0 = off; a second forward and backward pass a step; skipped with a frozen backbone, "
+                          "which it cannot train", range=AT_LEAST_0)
     contrast_temperature: float = opt(0.2, "temperature of --contrast's cosine similarities (SimCLR: 0.1 to 0.5)", range=POSITIVE)
     pretrain_epochs: int = opt(0, "epochs of self-supervised pre-training on the same training photos before the supervised "
                                "ones: masked-image modelling, the hidden patches' pixels predicted from the output tokens, the "

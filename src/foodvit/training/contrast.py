@@ -4,8 +4,10 @@ literature's self-supervised recipes suggest: Gani et al. 2022, arXiv 2210.07240
 arXiv 2201.10728).
 
 With --contrast W, each training batch x is shown twice: as the loader gives it (the view the
-classifier and every other auxiliary loss read) and as a second view drawn from it on the device, a
-random resized crop of it, flipped at random and its colours distorted (second_view). Both go through
+classifier and every other auxiliary loss read, so with --masked its patches partly hidden) and as a
+second view drawn from it on the device, a random resized crop of the whole batch image, flipped at
+random and its colours distorted (second_view), that no other loss reads. A conv stem's batch norms
+normalise it with its own statistics but keep the running ones of the first view alone. Both go through
 the ViT; a small projection MLP g maps each pooled state (Eq. 4's z_L^0, or deviation 1's or 6's
 pooled tokens) to z, and the loss asks each photo's two z to be nearer to each other than to any
 other photo's, of either view (NT-Xent over the 2B views, temperature T = --contrast-temperature):
@@ -21,8 +23,10 @@ Training only: the projection is not part of the saved model.
 Where this differs from SimCLR: the second view is drawn from the first, already augmented, batch on
 the device (the loader keeps one view a photo, so every other loss is unchanged), the colour
 distortion is an affine change of the normalised channels (contrast, a shift per channel, grey at
-random) in place of a jitter of hue and saturation, and the negatives are the batch's other photos on
-each process (no gathering across processes).
+random) in place of a jitter of hue and saturation, and the negatives are the other photos of each
+process's share of the batch (of each micro-batch with --accum-steps; no gathering across processes),
+so the term depends on how the batch is split, unlike the other losses; copies of one photo in a batch
+(--repeated-aug) count as negatives of each other.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foodvit.training.engine import norm_statistics_kept
 from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss, bare_student, innermost_vit, loss_so_far
 
 CROP_SCALE = (0.35, 1.0)  # the crop's share of the first view's area
@@ -72,14 +77,16 @@ def distort_colours(images: torch.Tensor, contrast: torch.Tensor, shift: torch.T
 
 def second_view(images: torch.Tensor) -> torch.Tensor:
     """Another view of each image of the batch: a random resized crop, flipped half the time, its
-    colours distorted; drawn from PyTorch's random stream (the run's seed repeats it)."""
+    colours distorted; drawn from PyTorch's random streams (the run's seed repeats it): the boxes on
+    the CPU, where their sizes are read, the rest on the images' device (no wait for it)."""
     B, C, H, W = images.shape
+    device = images.device
     view = crop_resize(images, draw_boxes(B, H, W))
-    flip = (torch.rand(B) < 0.5).to(images.device)
+    flip = torch.rand(B, device=device) < 0.5
     view = torch.where(flip[:, None, None, None], view.flip(-1), view)
-    contrast = torch.empty(B).uniform_(*CONTRAST).to(images)
-    shift = torch.empty(B, C).uniform_(-SHIFT, SHIFT).to(images)
-    return distort_colours(view, contrast, shift, (torch.rand(B) < GREY).to(images.device))
+    contrast = torch.empty(B, device=device).uniform_(*CONTRAST).to(images.dtype)
+    shift = torch.empty(B, C, device=device).uniform_(-SHIFT, SHIFT).to(images.dtype)
+    return distort_colours(view, contrast, shift, torch.rand(B, device=device) < GREY)
 
 
 def nt_xent(first: torch.Tensor, second: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -122,7 +129,9 @@ class WithInstanceDiscrimination(AuxiliaryLoss):
         vit = innermost_vit(self.student)
         pooled: dict[str, torch.Tensor] = {}
         heads = self.student_heads(images, [(vit.head, lambda m, args, out: pooled.__setitem__("first", args[0]))])
-        tokens, _ = bare_student(self.student).forward_features(second_view(images))
+        bare = bare_student(self.student)
+        with norm_statistics_kept(bare):  # a conv stem's batch norms keep the statistics of the photos as shown, not of the views
+            tokens, _ = bare.forward_features(second_view(images))
         first, second = self.projection(pooled["first"]), self.projection(vit.pool(tokens))
         loss = nt_xent(first, second, self.temperature)
         return HeadsAndLoss(heads.logits, heads.distilled, loss_so_far(heads) + self.weight * loss)

@@ -98,9 +98,10 @@ def _objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, s: 
 
 
 @contextlib.contextmanager
-def _norm_statistics_kept(model: nn.Module):
+def norm_statistics_kept(model: nn.Module):
     """Batch norms normalise with the batch's statistics as usual, but their running statistics and
-    batch count come back as they were: a step updates them once, whatever passes it takes."""
+    batch count come back as they were: a step updates them once, whatever passes it takes (SAM's second
+    pass here; instance discrimination's second view, contrast.py)."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
     kept = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)] for m in norms]
     try:
@@ -117,7 +118,7 @@ def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -
     already the processes' average, so every process moves the same way). Three moves:
       1. ascend: eps = rho g / ||g||_2, the steepest point at distance rho (the paper's Eq. 2, p = 2), w + eps;
       2. the group's gradient there, the same micro-batches and scaling (Eq. 3); dropout, drop-path,
-         the localization loss's pairs and masks draw again;
+         the localization loss's pairs, the masks and the contrast's second view draw again;
       3. back to w (up to float rounding, the same on every process).
     The optimiser then steps from w with the gradient of the worst nearby loss. Gradient clipping and
     TensorBoard's gradient norm see that second gradient; the step's loss and accuracy are the first pass's."""
@@ -131,7 +132,7 @@ def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -
             p.add_(e)
     # every parameter of these models is used in each pass (DistributedDataParallel requires it), so each gets its gradient again
     model.zero_grad(set_to_none=True)
-    with _norm_statistics_kept(model):  # 2. the gradient at w + eps
+    with norm_statistics_kept(model):  # 2. the gradient at w + eps
         for k, (images, labels, scale) in enumerate(group):
             with _no_sync(model, k + 1 != len(group)):
                 (_objective(model, images, labels, s)[1] * scale).backward()

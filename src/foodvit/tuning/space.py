@@ -168,12 +168,13 @@ def _param(key: str, spec, config: RunConfig) -> Param:
 NEEDS = {"optim.distill_temperature": ("optim.distill", "a temperature above 0", 0.0, "distillation"),
          "vit.distill_token": ("optim.distill", "the distillation token", False, "distillation"),
          "optim.guidance_schedule": ("optim.guidance", "a schedule other than constant", "constant", "locality guidance"),
-         "optim.guidance_stages": ("optim.guidance", "the teacher's fourth stage", 3, "locality guidance")}
+         "optim.guidance_stages": ("optim.guidance", "the teacher's fourth stage", 3, "locality guidance"),
+         "optim.contrast_temperature": ("optim.contrast", "a temperature other than 0.2", 0.2, "instance discrimination")}
 
 
 def _check_needs(space: dict[str, Param], config: RunConfig) -> None:
     """Refuse a space in which some trial would draw a setting that needs another on (distillation,
-    guidance) with that one off, before any trial runs (each would be refused on its own)."""
+    guidance, instance discrimination) with that one off, before any trial runs (each would be refused on its own)."""
     base = base_values(config)
 
     def possible(key: str) -> tuple:  # the values a trial may draw (a range's two ends stand for it here)
