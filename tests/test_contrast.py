@@ -140,7 +140,9 @@ def test_the_second_view_leaves_a_conv_stems_running_statistics_to_the_photos_as
     plain = copy.deepcopy(vit).train()
     images = torch.randn(4, 3, 32, 32) * 2 + 1
     torch.manual_seed(5)
-    WithInstanceDiscrimination(vit, 1.0).train()(images)
+    logits, extra = WithInstanceDiscrimination(vit, 1.0).train()(images)
+    (logits.sum() + extra).backward()  # both passes' gradients through the stem's batch norms
+    assert vit.patch_embed.stem.layers[0].weight.grad.abs().sum() > 0
     plain(images)  # one plain training pass over the same photos
     norms = [(a, b) for a, b in zip(vit.modules(), plain.modules()) if isinstance(a, torch.nn.BatchNorm2d)]
     assert norms
@@ -175,7 +177,10 @@ def test_a_run_keeps_the_projection_in_its_checkpoint_and_not_in_its_model(tmp_p
     photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2)
     config = small_config(photos, epochs=1, batch_size=8)
     run = tmp_path_factory.mktemp("runs") / "run"
-    result = train(replace(config, optim=replace(config.optim, contrast=0.5)), run, quiet=True)
+    # the default recipe's shape: a conv stem (batch norms) and sequence pooling, beside masked patches
+    config = replace(config, vit={**config.vit, "stem": "conv", "pool": "seq", "pos_embed": "sincos2d"},
+                     optim=replace(config.optim, contrast=0.5, masked=1.0))
+    result = train(config, run, quiet=True)
     state = load_checkpoint(run / "checkpoint.pt")
     assert set(state["contrast"]) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
     assert not any("projection" in k or k.startswith("mlp.") for k in state["model"])

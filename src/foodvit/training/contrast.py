@@ -31,13 +31,13 @@ so the term depends on how the batch is split, unlike the other losses; copies o
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.training.engine import norm_statistics_kept
 from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss, bare_student, innermost_vit, loss_so_far
 
 CROP_SCALE = (0.35, 1.0)  # the crop's share of the first view's area
@@ -101,6 +101,21 @@ def nt_xent(first: torch.Tensor, second: torch.Tensor, temperature: float) -> to
     return F.cross_entropy(similarity, pairs)
 
 
+@contextlib.contextmanager
+def running_statistics_untouched(model: nn.Module):
+    """Within the block the model's batch norms normalise with each batch's own statistics, as in any
+    training pass, and leave their running statistics (and batch count) as they are: nothing is
+    written, so the first pass's saved tensors stay valid for the backward pass."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    for norm in norms:
+        norm.track_running_stats = False  # read by _BatchNorm.forward: no running statistics passed, none updated
+    try:
+        yield
+    finally:
+        for norm in norms:
+            norm.track_running_stats = True
+
+
 class Projection(nn.Module):
     """SimCLR's projection head g: the pooled state -> the vector the contrast compares (D -> 2D -> 128)."""
 
@@ -130,7 +145,7 @@ class WithInstanceDiscrimination(AuxiliaryLoss):
         pooled: dict[str, torch.Tensor] = {}
         heads = self.student_heads(images, [(vit.head, lambda m, args, out: pooled.__setitem__("first", args[0]))])
         bare = bare_student(self.student)
-        with norm_statistics_kept(bare):  # a conv stem's batch norms keep the statistics of the photos as shown, not of the views
+        with running_statistics_untouched(bare):  # a conv stem's batch norms keep the statistics of the photos as shown
             tokens, _ = bare.forward_features(second_view(images))
         first, second = self.projection(pooled["first"]), self.projection(vit.pool(tokens))
         loss = nt_xent(first, second, self.temperature)

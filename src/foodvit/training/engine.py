@@ -98,10 +98,9 @@ def _objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, s: 
 
 
 @contextlib.contextmanager
-def norm_statistics_kept(model: nn.Module):
+def _norm_statistics_kept(model: nn.Module):
     """Batch norms normalise with the batch's statistics as usual, but their running statistics and
-    batch count come back as they were: a step updates them once, whatever passes it takes (SAM's second
-    pass here; instance discrimination's second view, contrast.py)."""
+    batch count come back as they were: a step updates them once, whatever passes it takes."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
     kept = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)] for m in norms]
     try:
@@ -132,7 +131,7 @@ def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -
             p.add_(e)
     # every parameter of these models is used in each pass (DistributedDataParallel requires it), so each gets its gradient again
     model.zero_grad(set_to_none=True)
-    with norm_statistics_kept(model):  # 2. the gradient at w + eps
+    with _norm_statistics_kept(model):  # 2. the gradient at w + eps
         for k, (images, labels, scale) in enumerate(group):
             with _no_sync(model, k + 1 != len(group)):
                 (_objective(model, images, labels, s)[1] * scale).backward()
