@@ -185,3 +185,22 @@ def test_a_run_keeps_the_projection_in_its_checkpoint_and_not_in_its_model(tmp_p
     assert set(state["contrast"]) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
     assert not any("projection" in k or k.startswith("mlp.") for k in state["model"])
     assert math.isfinite(result.history[-1]["train_objective"])
+
+
+@pytest.mark.slow  # two trainings and a resume; exact resume itself is shown fast in test_train
+def test_a_contrast_run_resumes_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    import foodvit.training.trainer as T
+    from foodvit.training.trainer import resume
+
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
+    config = small_config(photos, epochs=2, batch_size=8)
+    config = replace(config, vit={**config.vit, "stem": "conv", "pool": "seq", "pos_embed": "sincos2d"},
+                     optim=replace(config.optim, contrast=0.5))
+    whole = train(config, tmp_path / "whole", quiet=True)
+    real = T.fit
+    monkeypatch.setattr(T, "fit", lambda *a, **k: real(*a, **{**k, "epochs": 1}))
+    train(config, tmp_path / "stopped", quiet=True)
+    monkeypatch.setattr(T, "fit", real)
+    resumed = resume(tmp_path / "stopped", quiet=True)  # the projection and the random streams come back
+    assert resumed.history[-1]["train_objective"] == pytest.approx(whole.history[-1]["train_objective"], rel=1e-5)
+    assert resumed.test["acc"] == pytest.approx(whole.test["acc"])
