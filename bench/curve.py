@@ -125,12 +125,16 @@ def recipe_of(study: Path) -> str:
     throughout in the eighth and ninth: "default"), the same at weight 1 (the default of the fourth to
     seventh sessions), guidance alone at weight 1 (the default before) or neither (the one before that).
     Any other guided study is refused (another weight, schedule or size, another teacher or its fourth stage,
-    masked patches at another weight or share, their pixels hidden too, or beside any other recipe):
+    masked patches at another weight or share, their pixels hidden too, or beside any other recipe; instance
+    discrimination):
     drawn into one of these series, it would pass for a point of that recipe."""
     config = json.loads((study / "fold-0" / "config.json").read_text())
     vit, weight = config["vit"], config["optim"].get("guidance", 0)
     masked = (config["optim"].get("masked", 0), config["optim"].get("mask_ratio", 0.25))
     pixels = config["optim"].get("mask_pixels", False)
+    if config["optim"].get("contrast", 0):
+        raise SystemExit(f"{study}: instance discrimination (--contrast {config['optim']['contrast']:g}) is in none of the curve's "
+                         "recipes; move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
     if masked[0] and (pixels or not (weight and math.isclose(masked[0], 1.0) and math.isclose(masked[1], 0.25))):
         raise SystemExit(f"{study}: masked patches at weight {masked[0]:g} hiding a share {masked[1]:g}{', their pixels too,' if pixels else ''}"
                          f"{'' if weight else ' without guidance'} are none of the curve's recipes (weight 1, a quarter hidden behind the "

@@ -328,6 +328,12 @@ def test_the_curve_tells_the_default_from_the_ones_before_by_its_guidance_and_ma
         curve.recipe_of(tmp_path / "before+masked")
     with pytest.raises(SystemExit, match=r"hiding a share 0.25 without guidance are none of the curve's recipes"):
         curve.recipe_of(tmp_path / "masked-alone")  # not the unguided curve, which had no masked patches
+    contrast = json.loads((tmp_path / "today" / "fold-0" / "config.json").read_text())
+    contrast["optim"]["contrast"] = 0.5  # the default with instance discrimination beside it
+    (tmp_path / "contrast" / "fold-0").mkdir(parents=True)
+    (tmp_path / "contrast" / "fold-0" / "config.json").write_text(json.dumps(contrast))
+    with pytest.raises(SystemExit, match=r"instance discrimination \(--contrast 0.5\) is in none of the curve's recipes"):
+        curve.recipe_of(tmp_path / "contrast")
     saved = json.loads((tmp_path / "previous" / "fold-0" / "config.json").read_text())
     del saved["optim"]["masked"], saved["optim"]["mask_ratio"]  # a study saved before the option existed
     (tmp_path / "previous" / "fold-0" / "config.json").write_text(json.dumps(saved))
