@@ -138,6 +138,22 @@ def test_two_processes_pre_train_before_training(photos, tmp_path):
     assert len(metrics(tmp_path / "two")) == 1
 
 
+@pytest.mark.slow  # torchrun
+def test_two_processes_train_with_instance_discrimination_and_an_empty_share(photos, tmp_path):
+    # the second view passes the ViT on every process, rank 0's empty share of the last batch included, so
+    # DistributedDataParallel sees every parameter used; each share's negatives are its own photos, half as
+    # many as one process's, so the contrast is an easier task there and the objective lower
+    args = [*ARGS, "--stem", "conv", "--pool", "seq", "--pos-embed", "sincos2d", "--contrast", "0.5", "--epochs", "1",
+            "--data", str(photos)]
+    assert main(["train", *args, "--out", str(tmp_path / "one")]) == 0
+    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*args, "--out", "two"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (one,), (two,) = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert float(two["train_objective"]) < float(one["train_objective"]) - 0.2
+    assert float(two["train_loss"]) == pytest.approx(float(one["train_loss"]), rel=0.05)  # the cross-entropy's share
+
+
 # torchrun's SIGTERM, which follows when a process exits, at four moments of rank 0's life (a Context of two
 # processes without a process group: the handler and the teardown are this module's own code)
 SIGTERM_SCENARIO = """
