@@ -211,6 +211,8 @@ class DataConfig:
                 raise ConfigError(f"--{name} takes three numbers (red, green, blue), got {len(getattr(self, name))}")
 
 
+CONTRAST_TEMPERATURE = 0.2  # --contrast-temperature's default: the option counts as given when it differs
+
 @dataclass(frozen=True)
 class OptimConfig:
     optimizer: str = opt("adamw", "optimiser", choices=OPTIMIZERS)
@@ -263,7 +265,7 @@ class OptimConfig:
                           "pooled state learns to find its photo's other view among the batch's (SimCLR's NT-Xent; "
                           "training/contrast.py), 0 = off; a second forward and backward pass a step; skipped with a frozen backbone, "
                           "which it cannot train", range=AT_LEAST_0)
-    contrast_temperature: float = opt(0.2, "temperature of --contrast's cosine similarities (SimCLR: 0.1 to 0.5)", range=POSITIVE)
+    contrast_temperature: float = opt(CONTRAST_TEMPERATURE, "temperature of --contrast's cosine similarities (SimCLR: 0.1 to 0.5)", range=POSITIVE)
     pretrain_epochs: int = opt(0, "epochs of self-supervised pre-training on the same training photos before the supervised "
                                "ones: masked-image modelling, the hidden patches' pixels predicted from the output tokens, the "
                                "classes not read (training/pretrain.py), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
@@ -284,7 +286,7 @@ class OptimConfig:
         if self.mask_pixels and self.masked <= 0:
             raise ConfigError("--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W "
                               "(e.g. --masked 1), or leave --mask-pixels out")
-        if self.contrast_temperature != 0.2 and self.contrast <= 0:
+        if self.contrast_temperature != CONTRAST_TEMPERATURE and self.contrast <= 0:
             raise ConfigError("--contrast-temperature sets how sharply --contrast compares the two views: add --contrast W "
                               "(e.g. --contrast 0.5), or leave --contrast-temperature out")
         if self.distill_temperature > 0 and self.distill <= 0:

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foodvit.config import CONTRAST_TEMPERATURE
 from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss, bare_student, innermost_vit, loss_so_far
 
 CROP_SCALE = (0.35, 1.0)  # the crop's share of the first view's area
@@ -135,7 +136,7 @@ class WithInstanceDiscrimination(AuxiliaryLoss):
 
     option = "--contrast"
 
-    def __init__(self, student: nn.Module, weight: float, temperature: float = 0.2) -> None:
+    def __init__(self, student: nn.Module, weight: float, temperature: float = CONTRAST_TEMPERATURE) -> None:
         super().__init__(student, weight)
         self.temperature = temperature
         self.projection = Projection(innermost_vit(student).config.embed_dim)

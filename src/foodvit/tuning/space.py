@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from foodvit.config import AUGMENT_PRESETS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
+from foodvit.config import AUGMENT_PRESETS, CONTRAST_TEMPERATURE, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
 from foodvit.errors import ConfigError
 
 # The initialisations a default space tries: impulse needs sin-cos positions, which many recipes lack (a
@@ -169,7 +169,8 @@ NEEDS = {"optim.distill_temperature": ("optim.distill", "a temperature above 0",
          "vit.distill_token": ("optim.distill", "the distillation token", False, "distillation"),
          "optim.guidance_schedule": ("optim.guidance", "a schedule other than constant", "constant", "locality guidance"),
          "optim.guidance_stages": ("optim.guidance", "the teacher's fourth stage", 3, "locality guidance"),
-         "optim.contrast_temperature": ("optim.contrast", "a temperature other than 0.2", 0.2, "instance discrimination")}
+         "optim.contrast_temperature": ("optim.contrast", f"a temperature other than {CONTRAST_TEMPERATURE:g}", CONTRAST_TEMPERATURE,
+                                        "instance discrimination")}
 
 
 def _check_needs(space: dict[str, Param], config: RunConfig) -> None:
