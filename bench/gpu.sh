@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the speed issue measures on a lent GPU, in one call of the device tool (a lease is short):
 #   bash bench/gpu.sh [PHASE ...]      phases: env eager eager-profile compiled graphs compiled-peers
-#                                      pure autotune memory epoch tests
+#                                      pure autotune memory epoch tests lab
 #                                      (default: env eager compiled memory epoch)
 # Needs torch, timm and torchvision (the device image has them; foodvit runs from src/). Logs and
 # JSON go to $OUT (the device tool's folder that comes back), else to /tmp/foodvit-gpu.
@@ -30,6 +30,14 @@ for phase in $phases; do
     compiled-peers) $tp --models ViT-B/16 --batch-sizes 256 --rounds 5 --iters 5 --compile foodvit timm --json "$out/compiled_peers.json";;
     memory) $tp --models ViT-B/16 ViT-Ti/16 --modes train --batch-sizes 64 --rounds 1 --iters 1 --warmup 1 --memory --json "$out/memory.json";;
     epoch) $py bench/epoch.py --recipes tiny default --data "$data" --rounds 3 --workers 0 4 8;;
+    # issue 30's recipe laboratory (bench/lab.py): the default and its nearest variants under 5-fold CV on seeds 0-2,
+    # fold runs from one queue in 14 processes, nothing started after LAB_LAUNCH_FOR s, all stopped at LAB_STOP_AT s
+    lab) $py bench/lab.py --data "$data" --out /tmp/foodvit-lab --processes 14 --seeds 0 1 2 --pack "$out/lab.tar.gz" \
+           --launch-for "${LAB_LAUNCH_FOR:-380}" --stop-at "${LAB_STOP_AT:-520}" --variant default= \
+           --variant scale05='--scale-min 0.5' --variant bs16='--batch-size 16' --variant ep130='--epochs 130' \
+           --variant contrast='--contrast 0.5' --variant dp01='--drop-path 0.1' \
+           --variant combo='--scale-min 0.5 --batch-size 16 --drop-path 0.1' --variant nomask='--masked 0' \
+           --variant mixup='--mixup 0.2' -- --no-amp;;
     *) echo "unknown phase $phase"; exit 2;;
   esac
 done 2>&1 | tee -a "$out/log.txt"
