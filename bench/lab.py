@@ -6,9 +6,11 @@ runs taken from one queue by N processes until a deadline, then each variant pai
         --seeds 0 1 2 --variant default= --variant scale05='--scale-min 0.5' [--pack results.tar.gz] [-- CV OPTIONS]
 
 Each variant is `NAME=OPTIONS` (options of `foodvit cv`, empty for the recipe as it is); its study for
-seed S is OUT/NAME-sS. The queue runs seed by seed, variant by variant, fold by fold, so a deadline
-leaves whole seeds of every variant rather than every seed of a few. Nothing is launched after
---launch-for seconds; runs still going at --stop-at are stopped (their folds are simply missing).
+seed S is OUT/NAME-sS. The queue runs seed by seed, fold by fold, variant by variant, so a deadline
+leaves the same folds of every variant to pair, rather than every fold of a few. Nothing is launched
+after --launch-for seconds, nor once the fold runs so far say it would not end by --stop-at; runs still
+going at --stop-at are stopped (their folds are simply missing). Each fold run trains its own CNN
+teacher: the variants' runs of a fold start together, before the default's teacher exists to lend.
 --pack writes the studies' fold results and logs (no checkpoints) to a .tar.gz, every minute and at
 the end, for the device tool's $OUT. A lease is short: one call, e.g.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tarfile
@@ -45,7 +48,7 @@ def pack(out: Path, target: Path) -> None:
     part = target.with_name(target.name + ".part")
     with tarfile.open(part, "w:gz") as tar:
         for path in sorted(out.rglob("*")):
-            if path.is_file() and path.suffix in (".json", ".md", ".log") and "folds" not in path.parts:
+            if path.is_file() and path.suffix in (".json", ".md", ".log") and "folds" not in path.relative_to(out).parts:
                 tar.add(path, arcname=str(path.relative_to(out)))
     part.replace(target)
 
@@ -58,24 +61,30 @@ def pairings(out: Path, names: list[str], seeds: list[int]) -> list[str]:
         pooled_a, pooled_b, common = {}, {}, 0
         for seed in seeds:
             a, b = out / f"{base}-s{seed}", out / f"{name}-s{seed}"
-            if not (a / "study.json").is_file() or not (b / "study.json").is_file():
+            fa = finished_folds(a) if (a / "study.json").is_file() else {}
+            fb = finished_folds(b) if (b / "study.json").is_file() else {}
+            both = sorted(fa.keys() & fb.keys())
+            if not both:
+                lines.append(f"{name}-s{seed} - {base}-s{seed}: no finished fold in common")
                 continue
-            fa, fb = finished_folds(a), finished_folds(b)
-            for key in sorted(fa.keys() & fb.keys()):
-                common += 1
-                pooled_a.update(fa[key])
-                pooled_b.update(fb[key])
-        if pooled_a:
-            result = paired(pooled_a, pooled_b)
-            lines.append(compare_line(result, base, name, f" of the {common} folds both finished"))
+            seed_a = {k: v for key in both for k, v in fa[key].items()}
+            seed_b = {k: v for key in both for k, v in fb[key].items()}
+            lines.append(compare_line(paired(seed_a, seed_b), f"{base}-s{seed}", f"{name}-s{seed}", f" of the {len(both)} folds both finished"))
+            common += len(both)
+            pooled_a.update(seed_a)
+            pooled_b.update(seed_b)
+        if len({k.split("/")[0] for k in pooled_a}) > 1:
+            lines.append(compare_line(paired(pooled_a, pooled_b), base, name, f" of the {common} folds both finished, seeds pooled"))
     return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--variant", type=variant, action="append", required=True)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                     epilog="Options after -- go to every `foodvit cv` run (e.g. -- --no-amp).")
+    parser.add_argument("--data", required=True, help="the photos (a folder holding train/ and test/, each with a folder per class)")
+    parser.add_argument("--out", type=Path, required=True, help="the folder of the studies (OUT/NAME-sSEED) and their logs")
+    parser.add_argument("--variant", type=variant, action="append", required=True,
+                        help="NAME=OPTIONS of `foodvit cv`, again for each; the first is the one the others are paired with")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
@@ -90,8 +99,9 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
-    queue = [(s, v, k) for s in args.seeds for v in variants for k in range(args.folds)]
-    running: dict[subprocess.Popen, tuple[str, int, float]] = {}
+    queue = [(s, v, k) for s in args.seeds for k in range(args.folds) for v in variants]
+    running: dict[subprocess.Popen, tuple[str, int, float, object]] = {}
+    took: list[float] = []  # seconds of each finished fold run
     done = failed = 0
     packed = time.time()
 
@@ -100,7 +110,8 @@ def main() -> None:
 
     while queue or running:
         elapsed = time.time() - start
-        if queue and elapsed >= args.launch_for:
+        typical = sorted(took)[len(took) // 2] if took else 0.0
+        if queue and (elapsed >= min(args.launch_for, args.stop_at) or elapsed + typical > args.stop_at):
             say(f"launch window over: {len(queue)} fold runs not started")
             queue.clear()
         while queue and len(running) < args.processes:
@@ -109,11 +120,15 @@ def main() -> None:
             command = [sys.executable, "-m", "foodvit", "cv", "--seed", str(seed), "--folds", str(args.folds), "--eval-every", "100",
                        "--data", args.data, "--out", str(args.out / study), "--quiet", "--fold", str(fold), *variants[name], *extra]
             log = open(logs / f"{study}-fold-{fold}.log", "w")
-            running[subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)] = (study, fold, time.time())
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            running[process] = (study, fold, time.time(), log)
         for process in list(running):
             if process.poll() is not None:
-                study, fold, began = running.pop(process)
+                study, fold, began, log = running.pop(process)
+                log.close()
                 ok = process.returncode == 0
+                if ok:
+                    took.append(time.time() - began)
                 done, failed = done + ok, failed + (not ok)
                 tail = "" if ok else "\n" + (logs / f"{study}-fold-{fold}.log").read_text()[-1500:]
                 say(f"{study} fold {fold}: rc {process.returncode}, {time.time() - began:.0f} s{tail}")
@@ -123,8 +138,10 @@ def main() -> None:
             args.stop_at = 0
         if time.time() - start >= args.stop_at and running:
             say(f"stop: {len(running)} fold runs stopped unfinished")
-            for process in running:
-                process.kill()
+            for process, (_, _, _, log) in running.items():
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                log.close()
             running.clear()
         if args.pack and time.time() - packed > 60:
             pack(args.out, args.pack)
