@@ -26,6 +26,7 @@ import argparse
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -54,27 +55,23 @@ def pack(out: Path, target: Path) -> None:
 
 
 def pairings(out: Path, names: list[str], seeds: list[int]) -> list[str]:
-    """Each variant against the first, per seed and pooled over the folds both finished."""
-    lines = []
-    base = names[0]
+    """Each variant against the first over the folds both finished: seed by seed, then pooled over the seeds."""
+
+    def folds(name: str) -> dict[tuple[int, int], dict[str, bool]]:  # (seed, fold) -> each held-out photo right or wrong
+        studies = [out / f"{name}-s{seed}" for seed in seeds]
+        return {key: right for study in studies if (study / "study.json").is_file() for key, right in finished_folds(study).items()}
+
+    base, lines = folds(names[0]), []
     for name in names[1:]:
-        pooled_a, pooled_b, common = {}, {}, 0
-        for seed in seeds:
-            a, b = out / f"{base}-s{seed}", out / f"{name}-s{seed}"
-            fa = finished_folds(a) if (a / "study.json").is_file() else {}
-            fb = finished_folds(b) if (b / "study.json").is_file() else {}
-            both = sorted(fa.keys() & fb.keys())
-            if not both:
-                lines.append(f"{name}-s{seed} - {base}-s{seed}: no finished fold in common")
+        other = folds(name)
+        both = sorted(base.keys() & other.keys())
+        groups = [([key for key in both if key[0] == seed], f"seed {seed}") for seed in seeds]
+        for keys, label in groups + ([(both, "seeds pooled")] if len(seeds) > 1 else []):
+            if not keys:
+                lines.append(f"{name} - {names[0]}, {label}: no finished fold in common")
                 continue
-            seed_a = {k: v for key in both for k, v in fa[key].items()}
-            seed_b = {k: v for key in both for k, v in fb[key].items()}
-            lines.append(compare_line(paired(seed_a, seed_b), f"{base}-s{seed}", f"{name}-s{seed}", f" of the {len(both)} folds both finished"))
-            common += len(both)
-            pooled_a.update(seed_a)
-            pooled_b.update(seed_b)
-        if len({k.split("/")[0] for k in pooled_a}) > 1:
-            lines.append(compare_line(paired(pooled_a, pooled_b), base, name, f" of the {common} folds both finished, seeds pooled"))
+            result = paired({p: r for key in keys for p, r in base[key].items()}, {p: r for key in keys for p, r in other[key].items()})
+            lines.append(compare_line(result, names[0], name, f" of the {len(keys)} folds both finished, {label}"))
     return lines
 
 
@@ -102,7 +99,7 @@ def main() -> None:
     queue = [(s, v, k) for s in args.seeds for k in range(args.folds) for v in variants]
     running: dict[subprocess.Popen, tuple[str, int, float, object]] = {}
     took: list[float] = []  # seconds of each finished fold run
-    done = failed = 0
+    failed = 0
     packed = time.time()
 
     def say(text: str) -> None:
@@ -110,7 +107,7 @@ def main() -> None:
 
     while queue or running:
         elapsed = time.time() - start
-        typical = sorted(took)[len(took) // 2] if took else 0.0
+        typical = statistics.median(took) if took else 0.0
         if queue and (elapsed >= min(args.launch_for, args.stop_at) or elapsed + typical > args.stop_at):
             say(f"launch window over: {len(queue)} fold runs not started")
             queue.clear()
@@ -129,10 +126,10 @@ def main() -> None:
                 ok = process.returncode == 0
                 if ok:
                     took.append(time.time() - began)
-                done, failed = done + ok, failed + (not ok)
+                failed += not ok
                 tail = "" if ok else "\n" + (logs / f"{study}-fold-{fold}.log").read_text()[-1500:]
                 say(f"{study} fold {fold}: rc {process.returncode}, {time.time() - began:.0f} s{tail}")
-        if failed >= 3 and not done:
+        if failed >= 3 and not took:
             say("three fold runs failed before any finished: stopping")
             queue.clear()
             args.stop_at = 0
@@ -149,7 +146,7 @@ def main() -> None:
         time.sleep(0.5)
     if args.pack:
         pack(args.out, args.pack)
-    say(f"{done} fold runs finished, {failed} failed")
+    say(f"{len(took)} fold runs finished, {failed} failed")
     for study in sorted(p for p in args.out.iterdir() if (p / "study.json").is_file()):
         folds = finished_folds(study)
         right = sum(sum(f.values()) for f in folds.values())
