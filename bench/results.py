@@ -1,0 +1,82 @@
+"""Results kept as data: every benchmark appends its rows to a CSV file under `results/`.
+
+Each row carries its provenance beside its figures: the command that produced it, the machine (CPU model and
+cores), the torch version, the code's commit and the date. The documentation's tables are generated from
+these files, never typed by hand.
+
+    from bench.results import record
+    record("speed", {"what": "train step", "value": 1.23, "unit": "s"}, command="python -m bench.speed.x")
+
+Run benchmark scripts from the repository root as modules (`python -m bench.speed.x`) so `bench` imports.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+PROVENANCE = ("command", "machine", "torch", "commit", "date")
+
+
+def machine() -> str:
+    """The CPU model and the cores this process may use, e.g. 'AMD EPYC 7B13, 2 cores'."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+
+
+def commit() -> str:
+    """The checked-out commit, with '+dirty' when the working tree differs from it."""
+    root = RESULTS.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def provenance(command: str | None = None) -> dict[str, str]:
+    try:
+        import torch
+        version = torch.__version__
+    except ImportError:
+        version = ""
+    return {"command": command if command is not None else " ".join(["python", *sys.argv]),
+            "machine": machine(), "torch": version, "commit": commit(),
+            "date": datetime.date.today().isoformat()}
+
+
+def record(name: str, row: dict, command: str | None = None, folder: Path = RESULTS) -> Path:
+    """Append `row` (its figures) with its provenance to `folder/<name>.csv`; the header is written once and a row
+    whose columns differ from the file's is refused, so a file stays one table."""
+    full = {**row, **{k: v for k, v in provenance(command).items() if k not in row}}
+    path = folder / f"{name}.csv"
+    folder.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size:
+        with path.open(newline="") as f:
+            header = next(csv.reader(f))
+        if list(full) != header:
+            raise ValueError(f"{path}: columns {list(full)} differ from the file's {header}")
+        with path.open("a", newline="") as f:
+            csv.writer(f).writerow(full.values())
+    else:
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(full)
+            writer.writerow(full.values())
+    return path
