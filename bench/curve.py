@@ -33,7 +33,7 @@ from foodvit.config import TEACHERS, RunConfig
 from foodvit.recipes import load_recipe
 from foodvit.errors import FoodVitError
 from foodvit.rundir.directory import with_source
-from foodvit.training.distill import teacher_changes
+from foodvit.training.teacher import teacher_changes
 from foodvit.tuning.compare import paired, read_study
 from foodvit.tuning.cv import fold_folders, prediction_record, summarise, training_photos, write_study
 
@@ -53,7 +53,7 @@ def vit_study(out: Path, share: float, data: str | None, extra: list[str]) -> Pa
 def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) -> dict:
     """One fold of the CNN: trained (or its teacher.pt reused from a guided or distilled study of the
     same fold, which trained the same network), then its held-out photos predicted."""
-    from foodvit.training.distill import train_or_load_teacher
+    from foodvit.training.teacher import train_or_load_teacher
     from foodvit.training.trainer import Trainer
 
     result_file = run.with_name(run.name + ".json")

@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from foodvit.errors import FoodVitError
+from foodvit.training.batchnorm import running_statistics_untouched
 
 
 class TrainingDiverged(FoodVitError, RuntimeError):
@@ -97,20 +98,6 @@ def _objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, s: 
     return logits, loss_sum if extra is None else loss_sum + extra * images.shape[0]
 
 
-@contextlib.contextmanager
-def _norm_statistics_kept(model: nn.Module):
-    """Batch norms normalise with the batch's statistics as usual, but their running statistics and
-    batch count come back as they were: a step updates them once, whatever passes it takes."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    kept = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)] for m in norms]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for m, (mean, var, count) in zip(norms, kept):
-                m.running_mean.copy_(mean), m.running_var.copy_(var), m.num_batches_tracked.copy_(count)
-
-
 def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -> None:
     """Sharpness-aware minimisation (Foret et al. 2021; for ViTs from scratch, Chen et al. 2022). The
     parameters' .grad hold g, the step's gradient at the weights w (under DistributedDataParallel
@@ -131,7 +118,7 @@ def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -
             p.add_(e)
     # every parameter of these models is used in each pass (DistributedDataParallel requires it), so each gets its gradient again
     model.zero_grad(set_to_none=True)
-    with _norm_statistics_kept(model):  # 2. the gradient at w + eps
+    with running_statistics_untouched(model):  # 2. the gradient at w + eps
         for k, (images, labels, scale) in enumerate(group):
             with _no_sync(model, k + 1 != len(group)):
                 (_objective(model, images, labels, s)[1] * scale).backward()

@@ -32,27 +32,16 @@ from torch import nn
 from foodvit.files import write_text
 from foodvit.rundir.directory import PRETRAINING_FILE
 from foodvit.seeds import derive_seed
-from foodvit.training.masked import WithMaskedPatches
+from foodvit.training.objectives import MaskedPatches, WithObjectives
 from foodvit.training.stages import fit_stage
 
 
-class MaskedImageModelling(WithMaskedPatches):
-    """The pre-training task around a student (a ViT, or AnyGrid around one): in training mode
-    (None, reconstruction loss), which the engine minimises alone; in eval mode the student's
-    prediction. The student's heads (the distillation token's too) are computed and add 0 x their
-    sum to the loss, so that every parameter has a gradient (of 0) as DistributedDataParallel expects."""
-
-    option = "--pretrain-epochs"
-
-    def __init__(self, student: nn.Module, ratio: float) -> None:
-        super().__init__(student, 1.0, ratio, hide_pixels=True)
-
-    def forward(self, images: torch.Tensor):
-        if not self.training:
-            return self.student(images)
-        out = self.forward_heads(images)
-        unused = out.logits.sum() + (out.distilled.sum() if out.distilled is not None else 0.0)
-        return None, out.auxiliary + 0.0 * unused
+def masked_image_modelling(model: nn.Module, ratio: float) -> WithObjectives:
+    """The stage's task around a model (the ViT, or AnyGrid around it): in training mode (None, the
+    reconstruction loss), which the engine minimises alone, the hidden pixels set to 0 before the
+    tokeniser; in eval mode the model's prediction."""
+    reconstruction = MaskedPatches(getattr(model, "vit", model), 1.0, ratio, hide_pixels=True, option="--pretrain-epochs")
+    return WithObjectives(model, [reconstruction], supervised=False)
 
 
 def epoch_line(row: dict, epochs: int) -> str:
@@ -66,7 +55,7 @@ def pretrain(trainer, rows: list[dict]) -> None:
     c, device = trainer.config, trainer.device
     epochs = c.optim.pretrain_epochs
     torch.manual_seed(derive_seed(c.train.seed, "pretrain-init"))
-    task = MaskedImageModelling(trainer.grid_model, c.optim.pretrain_mask_ratio).to(device)
+    task = masked_image_modelling(trainer.grid_model, c.optim.pretrain_mask_ratio).to(device)  # the classes are not read
     size = trainer.input_size(0)
     # sharpness-aware minimisation is the supervised stage's (--sam): here a second pass would draw other masks
     settings = replace(trainer.settings, input_size=0 if size == trainer.model.config.image_size else size, sam=0.0)

@@ -44,8 +44,8 @@ from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
-from foodvit.training import auxiliary
-from foodvit.training.distill import borrowed_teacher, train_or_load_teacher
+from foodvit.training import objectives
+from foodvit.training.teacher import borrowed_teacher, train_or_load_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
@@ -58,8 +58,7 @@ from foodvit.training.engine import (
     own_random_state,
 )
 from foodvit.training.freezing import freeze_backbone
-from foodvit.training.guidance import epoch_weight
-from foodvit.training.masked import check_reconstructable
+from foodvit.training.objectives.masked import check_reconstructable
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.pretrain import pretrain
 from foodvit.training.report import per_class_accuracy, size_note, write_results
@@ -136,16 +135,16 @@ class Trainer:
         check_start_size(self.model.config, d.start_size)
         if self.config.train.freeze_backbone:
             freeze_backbone(self.model)
-        # the module the optimiser steps: the ViT inside the auxiliary losses that are on (training only)
+        # the module the optimiser steps: the ViT, with the training objectives that are on (training only)
         resizing = bool(d.start_size) and d.start_size != self.model.config.image_size  # smaller batches first: any grid
         self.grid_model = AnyGrid(self.model) if resizing else self.model
-        self.aux = auxiliary.wrap(self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone)
+        self.objectives = objectives.build(self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone)
         self.pretrained = False  # whether the self-supervised stage (pretrain.py) is done
         self.pretraining: list[dict] = []  # its epochs' rows, while it runs
         self.stage = "epoch"  # what is training now, for a message: the supervised epochs or the stage before them
         if self.config.optim.pretrain_epochs:
             check_reconstructable(self.model.config.pool, "--pretrain-epochs")  # before any photo is read
-        self.trained = self.aux.trained
+        self.trained = self.objectives if len(self.objectives.objectives) else self.grid_model
         self.teacher_history: list[dict] = []
         self.teacher_lent_by: str | None = None  # the run whose teacher this one borrowed
         self.trained.to(self.device)
@@ -215,7 +214,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "model_config": asdict(self.model.config),
             "preprocess": asdict(self.preprocess),
-            **self.aux.state_dict(),  # the auxiliary losses' own parts
+            **self.objectives.state_dict_of_parts(objectives.checkpoint_keys()),  # the objectives' own parts
             "pretrained": self.pretrained,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -230,7 +229,7 @@ class Trainer:
         rundir.check_same_data(state, self.classes, self.photo_counts(), self.data.root)
         try:
             self.model.load_state_dict(state["model"])
-            self.aux.load_state_dict(state)
+            self.objectives.load_parts(state)
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             first = str(err).strip().splitlines()
@@ -259,9 +258,7 @@ class Trainer:
         self.train_loader.batch_sampler.set_epoch(epoch)  # its order and augmentation seeds
         size = self.input_size(epoch)
         self.settings.input_size = 0 if size == self.model.config.image_size else size
-        if self.aux.guide is not None:
-            o = self.config.optim
-            self.aux.guide.weight = epoch_weight(o.guidance, o.guidance_schedule, epoch, self.config.train.epochs)
+        self.objectives.set_epoch(epoch, self.config.train.epochs)  # an objective's weight may follow the epochs
 
     def _after_epoch(self, epoch: int, row: dict) -> None:
         self.history.append(row)
@@ -296,8 +293,8 @@ class Trainer:
             # of 1 is no copy): DDP copies it into its bucket and warns about performance, needlessly
             warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
             try:
-                if self.aux.need_teacher:
-                    self.aux.set_teacher(train_or_load_teacher(self))
+                if self.objectives.needs_teacher:
+                    self.objectives.set_teacher(train_or_load_teacher(self))
                 if c.optim.pretrain_epochs and not self.pretrained:
                     self.stage = "self-supervised pre-training epoch"
                     pretrain(self, self.pretraining)

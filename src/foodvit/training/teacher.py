@@ -1,34 +1,12 @@
-"""Distillation from a convolutional teacher trained on the same photos (Touvron et al. 2021, "Training
-data-efficient image transformers & distillation through attention" (DeiT), section 5: hard-label
-distillation).
+"""The CNN teacher that distillation and locality guidance read (objectives/distill.py,
+objectives/guidance.py): a torchvision architecture trained first, from random initialisation, on
+the run's own photos, augmentation, optimiser and schedule, then frozen.
 
-A CNN's locality and translation equivariance are what a ViT lacks on small data; a CNN trained
-from scratch on the same few hundred photos classifies better than the ViT does. With --distill W,
-the run first trains the teacher (a torchvision architecture, random initialisation, the run's own
-photos, augmentation, optimiser and schedule), then the ViT with
-
-    loss = CE(student(x), y) + W x CE(student(x), argmax teacher(x))
-
-on every augmented batch x: the teacher labels the crop the student sees, which is what it adds
-over the true label (DeiT's hard distillation; W = 1 is DeiT's equal weighting of the two terms,
-doubled). The teacher is saved as teacher.pt in the run (a resumed run loads it instead of training
-it again) and plays no part in prediction: the saved model is the ViT alone. A run may borrow the
-teacher another run trained (`foodvit cv --teachers STUDY`): only when every setting the teacher
-depends on (teacher_settings) is the same, so the borrowed teacher is the one the run would train.
-
-By default the teacher's labels train the ViT's own head. With --distill-token (DeiT's distillation
-token, model/vit.py deviation 9) they train the token's own head instead:
-
-    loss = CE(head(x), y) + W x CE(head_dist(x), argmax teacher(x))
-
-and the model predicts with the mean of the two heads' logits.
-
-With --distill-temperature T > 0 the term is soft distillation instead (Hinton et al. 2015; DeiT's
-soft variant, T = 3): the student matches the teacher's class probabilities softened at T,
-
-    loss = CE(student(x), y) + W x T^2 x KL(softmax(teacher(x) / T) || softmax(student(x) / T))
-
-which passes on how sure the teacher is and which classes it confuses, not only its choice.
+The teacher is saved as teacher.pt in the run (a resumed run loads it instead of training it again)
+and plays no part in prediction. A run may borrow the teacher another run trained (`foodvit cv
+--teachers STUDY`): only when every setting the teacher depends on (teacher_settings) is the same
+and it trained where the run trains (training_place), so the borrowed teacher is the one the run
+would train.
 """
 
 from __future__ import annotations
@@ -38,17 +16,15 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import TEACHERS, RunConfig
+from foodvit.config import STUDENT_SETTINGS, TEACHERS, RunConfig, reads_teacher
 from foodvit.data.sampling import single_photo_share
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.build import default_preprocess
 from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
-from foodvit.training.heads import HeadsAndLoss, TaughtLoss, loss_so_far
 from foodvit.training.engine import epoch_line
 from foodvit.training.stages import fit_stage
 
@@ -72,35 +48,6 @@ def teacher_skeleton(name: str, num_classes: int) -> nn.Module:
         return build_teacher(name, num_classes)
 
 
-class WithDistillation(TaughtLoss):
-    """A student trained on a frozen teacher's classes besides the true ones: the term is weight x
-    the cross-entropy of the distillation token's logits (without the token: the logits') against
-    the teacher's predicted classes, or, at a temperature T > 0, against its probabilities softened
-    at T: T^2 x KL(softmax(teacher / T) || softmax(student / T)) (Hinton et al. 2015; the T^2 keeps
-    the term's gradients the size of the hard term's as T grows). The student is a VisionTransformer
-    or one wrapped for training."""
-
-    def __init__(self, student: nn.Module, weight: float, teacher: nn.Module | None = None, temperature: float = 0.0) -> None:
-        super().__init__(student, weight, teacher)
-        self.temperature = temperature
-
-    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
-        teacher = self.trained_teacher()
-        heads = self.student.forward_heads(images)
-        with torch.no_grad():
-            taught = teacher(images).float()  # an empty share gives an empty (0, classes) tensor
-        student = (heads.logits if heads.distilled is None else heads.distilled).float()  # the token's own head, if any
-        # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
-        if self.temperature > 0:
-            t = self.temperature
-            distill = t * t * F.kl_div(F.log_softmax(student / t, dim=1), F.log_softmax(taught / t, dim=1),
-                                       reduction="sum", log_target=True)
-        else:
-            distill = F.cross_entropy(student, taught.argmax(dim=1), reduction="sum")
-        distill = distill / max(1, images.shape[0])
-        return HeadsAndLoss(heads.logits, heads.distilled, self.weight * distill + loss_so_far(heads))
-
-
 def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | None:
     """A run's saved CNN teacher (of distillation or locality guidance), or None when it has none yet."""
     if not path.is_file():
@@ -113,14 +60,9 @@ def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | No
     return state
 
 
-# The optimiser settings that shape the ViT's training alone, never the CNN teacher's: its auxiliary losses, its
-# self-supervised pre-training, the average of its weights and sharpness-aware minimisation (its remedy for sharp minima).
-STUDENT_SETTINGS = ("drloc", "drloc_pairs", "distill", "distill_temperature", "guidance", "guidance_schedule", "guidance_stages", "masked", "mask_ratio", "mask_pixels", "contrast", "contrast_temperature", "pretrain_epochs", "pretrain_mask_ratio", "ema", "sam")
-
-
 def trains_teacher(config: RunConfig) -> bool:
-    """Whether a run trains a CNN teacher: distillation or guidance on, on a backbone that trains (auxiliary.wrap)."""
-    return (config.optim.distill > 0 or config.optim.guidance > 0) and not config.train.freeze_backbone
+    """Whether a run trains a CNN teacher: an objective that reads it on (config.OBJECTIVES), on a backbone that trains."""
+    return reads_teacher(config.optim) and not config.train.freeze_backbone
 
 
 def teacher_settings(config: RunConfig) -> dict:

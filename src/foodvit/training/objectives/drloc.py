@@ -17,9 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.model.vit import VisionTransformer
-from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss
-from foodvit.training.resizing import AnyGrid
+from foodvit.config import OBJECTIVE_SETTINGS, OptimConfig
+from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
 
 
 def pair_offsets(first: torch.Tensor, second: torch.Tensor, grid: int) -> torch.Tensor:
@@ -52,18 +51,25 @@ class DenseRelativeLocalization(nn.Module):
         return error / max(1, predicted.numel())
 
 
-class WithDenseRelativeLocalization(AuxiliaryLoss):
-    """A ViT (or AnyGrid around one) trained with the auxiliary task: weight x its loss joins the
-    classification loss. The logits are the ViT's own: same tokens, same pooling, same heads."""
+class Localization(Objective):
+    """The dense relative localization term: the auxiliary head reads the final patch tokens.
+    checkpoint.pt keeps the head under "auxiliary"."""
 
-    def __init__(self, vit: VisionTransformer | AnyGrid, weight: float, pairs: int = 64) -> None:
-        super().__init__(vit, weight)
-        self.drloc = DenseRelativeLocalization(vit.config.embed_dim, pairs)
+    settings = OBJECTIVE_SETTINGS["drloc"]
+    checkpoint_key = "auxiliary"
+    reads_all_tokens = True
 
-    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
-        """The ViT's heads (distill.py reads the distillation token's) and weight x the auxiliary
-        loss, from one forward pass."""
-        tokens, _ = self.student.forward_features(images)  # (B, T, D), every token: the auxiliary task reads them all
-        heads = self.student.heads(tokens)
-        auxiliary = self.weight * self.drloc(tokens[:, self.student.config.num_prefix_tokens:])
-        return HeadsAndLoss(heads.logits, heads.distilled, auxiliary)
+    def __init__(self, embed_dim: int, weight: float, pairs: int = 64) -> None:
+        super().__init__(weight)
+        self.drloc = DenseRelativeLocalization(embed_dim, pairs)
+
+    @classmethod
+    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> Localization:
+        return cls(vit_of(model).config.embed_dim, optim.drloc, optim.drloc_pairs)
+
+    @property
+    def part(self) -> nn.Module:
+        return self.drloc
+
+    def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
+        return self.drloc(outputs.tokens[:, vit_of(batch.model).config.num_prefix_tokens:])
