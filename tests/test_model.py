@@ -578,3 +578,42 @@ def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block(
     assert asked == [True] * 3 + [False] * 3  # a block each: the tap a mask would hide is barred only under the mask
     conv = config.replace(stem="conv")  # a deviation count_params builds on the meta device, where the solve has no values
     assert count_params(conv) == sum(p.numel() for p in VisionTransformer(conv).parameters())
+
+
+def test_forward_intermediates_gives_the_final_tokens_and_the_listed_blocks_outputs():
+    torch.manual_seed(0)
+    model = tiny(pool="gap", depth=3).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        final, blocks = model.forward_intermediates(x, [2, 0])
+        z = model.embed(x)
+        outputs = []
+        for block in model.blocks:
+            z, _ = block(z)
+            outputs.append(z)
+        torch.testing.assert_close(final, model.norm(z), rtol=0, atol=0)
+        torch.testing.assert_close(final, model.forward_features(x), rtol=0, atol=0)
+        assert torch.equal(blocks[0], outputs[2]) and torch.equal(blocks[1], outputs[0])  # in the order asked for
+        torch.testing.assert_close(model.forward_head(final), model(x), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(model.forward_head(final, pre_logits=True), final[:, 1:].mean(1))
+    with pytest.raises(ValueError, match="not all computed in full"):
+        tiny(depth=2).forward_intermediates(x, [1], class_only=True)  # a class-only last block computes no other token
+
+
+def test_a_mask_shows_the_hidden_patches_as_the_mask_token_before_the_positions():
+    torch.manual_seed(0)
+    model = tiny(pool="gap").eval()
+    x = torch.randn(2, 3, 32, 32)
+    token = torch.randn(model.config.embed_dim)
+    mask = torch.zeros(2, 16, dtype=torch.bool)
+    mask[0, 3] = mask[1, 0] = True
+    with torch.no_grad():
+        patches = model.patch_embed(x)
+        patches[mask] = token
+        z = torch.cat([model.cls_token.expand(2, -1, -1), patches], dim=1) + model.pos_embed
+        for block in model.blocks:
+            z, _ = block(z)
+        torch.testing.assert_close(model.forward_features(x, mask, token), model.norm(z), rtol=1e-6, atol=1e-6)
+        assert torch.equal(model.forward_features(x, torch.zeros_like(mask), token), model.forward_features(x))
+    with pytest.raises(ValueError, match="needs a mask token"):
+        model.forward_features(x, mask)
