@@ -53,7 +53,6 @@ def vit_study(out: Path, share: float, data: str | None, extra: list[str]) -> Pa
 def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) -> dict:
     """One fold of the CNN: trained (or its teacher.pt reused from a guided or distilled study of the
     same fold, which trained the same network), then its held-out photos predicted."""
-    from foodvit.training.teacher import train_or_load_teacher
     from foodvit.training.trainer import Trainer
 
     result_file = run.with_name(run.name + ".json")
@@ -63,9 +62,9 @@ def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) 
     lent = teachers / f"fold-{fold}" / "teacher.pt" if teachers is not None else None
     trainer = Trainer(replace(config, data=replace(config.data, source=str(folder.resolve()))), run, quiet=True, log=lambda *a, **k: None,
                       teacher_file=lent if lent is not None and lent.is_file() else None)
-    teacher = train_or_load_teacher(trainer)
+    teacher = trainer.teacher()
     # its training as recorded when it was trained (here or in the guided study), and this evaluation
-    result = held_out_result(trainer, teacher, SEED, fold, run.name, sum(row["seconds"] for row in trainer.teacher_history))
+    result = held_out_result(trainer, teacher.module, SEED, fold, run.name, sum(row["seconds"] for row in teacher.history))
     result_file.write_text(json.dumps(result, indent=1))
     return result
 

@@ -225,7 +225,6 @@ def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_pa
     """bench/curve.py takes a guided study's teacher.pt as its ResNet-18 point: the network a guided
     run saves is, weight for weight, the one distillation (and so the curve's CNN) trains alone."""
     from foodvit.rundir.directory import TEACHER_FILE
-    from foodvit.training.teacher import train_or_load_teacher
     from foodvit.training.trainer import Trainer
 
     config = guided(photos, 1)
@@ -234,7 +233,7 @@ def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_pa
     assert len(saved["history"]) == 1  # trained for its epoch
     (tmp_path / "alone").mkdir()
     distilled = replace(config, optim=replace(config.optim, guidance=0.0, distill=1.0))
-    alone = train_or_load_teacher(Trainer(distilled, tmp_path / "alone", quiet=True, log=lambda *a, **k: None)).state_dict()
+    alone = Trainer(distilled, tmp_path / "alone", quiet=True, log=lambda *a, **k: None).teacher().module.state_dict()
     assert saved["model"].keys() == alone.keys()
     for key in alone:
         torch.testing.assert_close(saved["model"][key], alone[key], rtol=0, atol=0)

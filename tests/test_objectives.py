@@ -11,7 +11,8 @@ from helpers import make_photo_folder
 from test_train import small_config
 from torch import nn
 
-from foodvit.config import OBJECTIVES, STUDENT_SETTINGS, ObjectiveSettings, OptimConfig
+from foodvit.config import OptimConfig
+from foodvit.objective_settings import OBJECTIVES, STUDENT_SETTINGS, ObjectiveSettings
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.training import objectives

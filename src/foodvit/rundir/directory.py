@@ -31,12 +31,13 @@ from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import atomic_write
 from foodvit.rundir.compare import differences
 
-TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (training/distill.py)
+TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (training/teacher.py)
+TEACHER_PROGRESS = "teacher-progress.pt"  # its training after each epoch but the last, until teacher.pt is written
 TENSORBOARD = "tensorboard"  # --tensorboard's event files (training/tracking.py)
 PRETRAINING_FILE = "pretraining.csv"  # each self-supervised pre-training epoch's loss (training/pretrain.py)
 # every file and folder a run writes (a failed start removes these, and only these)
 RUN_FILES = ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "curves.png", "confusion.png",
-             "most_wrong.png", "report.md", TEACHER_FILE, PRETRAINING_FILE)
+             "most_wrong.png", "report.md", TEACHER_FILE, TEACHER_PROGRESS, PRETRAINING_FILE)
 RUN_FOLDERS = (TENSORBOARD,)
 # *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised
 METRIC_COLUMNS = ("epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds",
@@ -181,15 +182,20 @@ def forget_start(out: Path) -> None:
 # ------------------------------------------------------------------------------------ files
 
 
-def write_metrics(path: Path, history: list[dict]) -> Path:
+def write_rows(path: Path, rows: list[dict], columns: tuple[str, ...]) -> Path:
+    """An epoch table (metrics.csv, pretraining.csv): the columns named, floats to 6 significant digits, written whole."""
     def write(tmp: Path) -> None:
         with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
-            for row in history:
+            for row in rows:
                 writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
 
     return atomic_write(path, write)
+
+
+def write_metrics(path: Path, history: list[dict]) -> Path:
+    return write_rows(path, history, METRIC_COLUMNS)
 
 
 def read_config(path: Path) -> RunConfig:

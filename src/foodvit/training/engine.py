@@ -367,8 +367,11 @@ def deterministic_algorithms(enabled: bool = True):
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
-def epoch_line(row: dict, epochs: int) -> str:
-    parts = [f"epoch {row['epoch']:>3}/{epochs}", f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f}"]
+def epoch_line(row: dict, epochs: int, stage: str = "epoch", losses: tuple[tuple[str, str], ...] = ()) -> str:
+    """One epoch's row as a progress line: its number, the training loss and accuracy (or the `losses` given as
+    (label, key) pairs), each evaluated split's, the learning rate and the seconds."""
+    parts = [f"{stage} {row['epoch']:>3}/{epochs}"]
+    parts += [f"{label} {row[key]:.4f}" for label, key in losses] or [f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f}"]
     for split in ("val", "test"):
         if row.get(f"{split}_acc") is not None:
             parts.append(f"{split} loss {row[f'{split}_loss']:.4f} acc {row[f'{split}_acc']:.3f}")

@@ -12,24 +12,36 @@ would train.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from foodvit.config import STUDENT_SETTINGS, TEACHERS, RunConfig, reads_teacher
+from foodvit.config import TEACHERS, OptimConfig, RunConfig
+from foodvit.objective_settings import STUDENT_SETTINGS, reads_teacher
 from foodvit.data.sampling import single_photo_share
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.build import default_preprocess
 from foodvit.rundir.compare import differences
-from foodvit.rundir.directory import TEACHER_FILE, load_checkpoint, save_checkpoint
+from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
-from foodvit.training.engine import epoch_line
-from foodvit.training.stages import fit_stage
+from foodvit.training.engine import StepSettings, epoch_line
+from foodvit.training.stages import Stage, StageData
 
 
 TEACHER_STRIDE = 32  # a ResNet's total stride: at this size or less its last feature map is 1 x 1
+PROGRESS_FORMAT = "foodvit-teacher-progress"  # teacher-progress.pt: a teacher's training after an epoch, before its last
+
+
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
+def _nothing() -> None:
+    pass
 
 
 def build_teacher(name: str, num_classes: int) -> nn.Module:
@@ -94,7 +106,7 @@ def teacher_changes(lender: RunConfig, config: RunConfig) -> str:
 
 def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
     """The teacher.pt of run `lender`, checked to be the teacher `config` would train itself (the same
-    teacher_settings; the caller answers for the photos being the same, train_or_load_teacher checks the
+    teacher_settings; the caller answers for the photos being the same, obtain_teacher checks the
     machine); else a one-line error that says what differs."""
     lender = Path(lender)
     if not trains_teacher(config):
@@ -122,11 +134,6 @@ def training_place(device: torch.device, processes: int, config: RunConfig) -> d
             "torch": str(torch.__version__)}
 
 
-def trained_on(trainer) -> dict:
-    """Where this run's teacher trains (training_place)."""
-    return training_place(trainer.device, trainer.ctx.world_size, trainer.config)
-
-
 def place_changes(theirs: dict | None, ours: dict) -> str:
     """How a teacher's recorded place differs from where a run trains ('' when it does not); a teacher
     written before foodvit recorded some of it is told so."""
@@ -136,73 +143,138 @@ def place_changes(theirs: dict | None, ours: dict) -> str:
     return setting_changes(theirs, ours) if theirs != ours else ""
 
 
-def lent_teacher(trainer) -> dict:
-    """The teacher lent to the run (trainer.teacher_file), trained where this run trains (else it would differ)."""
-    c, path = trainer.config, trainer.teacher_file
-    saved = read_teacher(path, c.optim.teacher, lent=True)
+@dataclass
+class TeacherSetup:
+    """What a run's CNN teacher is made of, besides its photos (StageData): its architecture and
+    classes, the run's epochs, optimiser settings and step settings (the teacher trains at the full
+    size and without sharpness-aware minimisation), the image size and batch size (checked before it
+    trains), the test photos it is evaluated on after its last epoch, and where it trains (training_place)."""
+
+    architecture: str
+    num_classes: int
+    epochs: int
+    optim: OptimConfig
+    settings: StepSettings
+    image_size: int
+    batch_size: int
+    test_loader: Any
+    place: dict
+
+    @classmethod
+    def of_run(cls, config: RunConfig, num_classes: int, settings: StepSettings, image_size: int, test_loader: Any,
+               processes: int) -> TeacherSetup:
+        return cls(config.optim.teacher, num_classes, config.train.epochs, config.optim,
+                   replace(settings, input_size=0, sam=0.0), image_size, config.train.batch_size, test_loader,
+                   training_place(settings.device, processes, config))
+
+
+@dataclass
+class Teacher:
+    """A run's CNN teacher: the trained network, its epochs' rows, and the run that lent it (if one did)."""
+
+    module: nn.Module
+    history: list[dict]
+    lent_by: str | None = None
+
+
+def lent_teacher(path: Path, setup: TeacherSetup) -> dict:
+    """The teacher lent to the run, trained where this run trains (else it would differ)."""
+    saved = read_teacher(path, setup.architecture, lent=True)
     if saved is None:
         raise RunError(f"the CNN teacher lent to this run, {path}, has gone: leave the teacher out, or give a run that has one")
-    where = place_changes(saved.get("trained_on"), trained_on(trainer))
+    where = place_changes(saved.get("trained_on"), setup.place)
     if where:
         raise RunError(f"the CNN teacher {path} was trained elsewhere ({where}); it would not be the teacher this run trains: "
                        "leave the teacher out")
     return saved
 
 
-def check_teacher_batches(trainer) -> None:
+def check_teacher_batches(setup: TeacherSetup, data: StageData) -> None:
     """Before a teacher trains: a ConfigError where its last batch norm would see a 1 x 1 map (at
     TEACHER_STRIDE px or less) and some step gives a process a single photo, one value per channel,
     which batch norm cannot train on; it names the nearest batch size that would do."""
-    c, size, world = trainer.config, trainer.preprocess.image_size, trainer.ctx.world_size
-    n, batch = len(trainer.train_loader.batch_sampler.sampler), c.train.batch_size
+    size, world, batch = setup.image_size, data.context.world_size, setup.batch_size
+    n = len(data.loader.batch_sampler.sampler)
     if size > TEACHER_STRIDE or not single_photo_share(n, batch, world):
         return
     nearest = next((b for d in range(1, n) for b in (batch - d, batch + d) if 2 <= b <= n and not single_photo_share(n, b, world)), None)
     where = f" on {world} processes" if world > 1 else ""
     instead = f"give --batch-size {nearest}, or" if nearest else "give"
-    raise ConfigError(f"the {c.optim.teacher} teacher cannot train on a single photo at {size} px (its last batch norm would see "
-                      f"one value per channel), and {n} photos an epoch in batches of {batch}{where} give a process one photo "
+    raise ConfigError(f"the {setup.architecture} teacher cannot train on a single photo at {size} px (its last batch norm would "
+                      f"see one value per channel), and {n} photos an epoch in batches of {batch}{where} give a process one photo "
                       f"in a step: {instead} an --image-size above {TEACHER_STRIDE}")
 
 
-def train_or_load_teacher(trainer) -> torch.nn.Module:
-    """The CNN teacher of distillation and locality guidance: the run's teacher.pt when it has one (a resumed run), else
-    the one lent to the run (trainer.teacher_file, checked by borrowed_teacher), else a CNN trained now from random
-    initialisation on the run's training photos, with its augmentation, optimiser settings, schedule and epochs; a
-    teacher trained or lent is saved in the run."""
-    c = trainer.config
-    path = trainer.out / TEACHER_FILE
-    torch.manual_seed(derive_seed(c.train.seed, "teacher-init"))
-    teacher = build_teacher(c.optim.teacher, len(trainer.classes)).to(trainer.device)
-    saved = trainer.ctx.broadcast(trainer.ctx.on_main(read_teacher, path, c.optim.teacher))
-    origin = f"{path} ({c.optim.teacher}, trained earlier in this run)"
-    if saved is None and trainer.teacher_file is not None:
-        saved = {**trainer.ctx.broadcast(trainer.ctx.on_main(lent_teacher, trainer)), "lent_by": str(trainer.teacher_file.parent)}
-        origin = f"{trainer.teacher_file} ({c.optim.teacher}, lent by another run with the same settings)"
-        if trainer.main:
-            keep_teacher(trainer, saved)
+def obtain_teacher(setup: TeacherSetup, data: StageData, folder: Path, *, lent: Path | None = None, log: Callable = _silent,
+                   resumable: Callable[[], None] = _nothing) -> Teacher:
+    """The CNN teacher of a run whose folder is `folder`: its teacher.pt when it has one (a resumed run), else the one
+    `lent` to it (checked by borrowed_teacher), else a CNN trained now from random initialisation on the stage's photos,
+    from where an interrupted training stopped (teacher-progress.pt, written after each epoch) if it did. A teacher
+    trained or lent is saved in the folder; `resumable` is called (on every process) whenever the folder holds what a
+    resumed run needs of the teacher, so that the caller can make the run resumable from there."""
+    ctx, path = data.context, folder / TEACHER_FILE
+    torch.manual_seed(derive_seed(data.seed, "teacher-init"))
+    module = build_teacher(setup.architecture, setup.num_classes).to(ctx.device)
+    saved = ctx.broadcast(ctx.on_main(read_teacher, path, setup.architecture))
+    origin = f"{path} ({setup.architecture}, trained earlier in this run)"
+    if saved is None and lent is not None:
+        saved = {**ctx.broadcast(ctx.on_main(lent_teacher, lent, setup)), "lent_by": str(lent.parent)}
+        origin = f"{lent} ({setup.architecture}, lent by another run with the same settings)"
+        ctx.on_main(keep_teacher, folder, saved)
+        resumable()
     if saved is None:
-        check_teacher_batches(trainer)
-        trainer.log(f"training the CNN teacher ({c.optim.teacher}, random initialisation) for {c.train.epochs} epochs")
-        history = fit_stage(trainer, teacher, epochs=c.train.epochs, purpose="teacher-step", optim=c.optim,
-                            settings=replace(trainer.settings, input_size=0, sam=0.0),
-                            after_epoch=[lambda _, row: trainer.log("teacher " + epoch_line(row, c.train.epochs))],
-                            eval_loaders={"test": trainer.eval_loaders["test"]}, eval_every=c.train.epochs, num_classes=len(trainer.classes))
-        saved = {"format": "foodvit-teacher", "architecture": c.optim.teacher, "model": teacher.state_dict(), "history": history,
-                 "trained_on": trained_on(trainer)}
-        if trainer.main:
-            keep_teacher(trainer, saved)
+        saved = train_teacher(module, setup, data, folder, log, resumable)
     else:
-        teacher.load_state_dict(saved["model"])
-        trainer.log(f"CNN teacher: {origin}")
-    trainer.teacher_history = list(saved["history"])
-    trainer.teacher_lent_by = saved.get("lent_by")  # kept in the run's teacher.pt: a resumed run still says so
-    return teacher
+        module.load_state_dict(saved["model"])
+        log(f"CNN teacher: {origin}")
+    return Teacher(module, list(saved["history"]), saved.get("lent_by"))  # lent_by kept in teacher.pt: a resumed run says so
 
 
-def keep_teacher(trainer, saved: dict) -> None:
-    """The teacher saved in the run; a run that has not trained its ViT yet is resumable from here,
-    so an interruption keeps the teacher."""
-    save_checkpoint(trainer.out / TEACHER_FILE, saved)
-    if not trainer.history:
-        save_checkpoint(trainer.out / "checkpoint.pt", trainer.state(0))
+def train_teacher(module: nn.Module, setup: TeacherSetup, data: StageData, folder: Path, log: Callable,
+                  resumable: Callable[[], None]) -> dict:
+    """`module` trained for the run's epochs, each epoch's state kept in teacher-progress.pt (and the
+    training continued from it when it holds some), then saved as teacher.pt; returns what teacher.pt holds."""
+    check_teacher_batches(setup, data)
+    ctx, progress_file = data.context, folder / TEACHER_PROGRESS
+    stage = Stage(module, data, epochs=setup.epochs, purpose="teacher-step", optim=setup.optim)
+    progress = ctx.broadcast(ctx.on_main(read_progress, progress_file, setup.architecture))
+    history = list(progress["history"]) if progress else []
+    if progress:
+        module.load_state_dict(progress["model"])
+        stage.restore(progress["stage"])
+        log(f"continuing the CNN teacher's training ({setup.architecture}) after epoch {len(history)} of {setup.epochs}")
+    else:
+        log(f"training the CNN teacher ({setup.architecture}, random initialisation) for {setup.epochs} epochs")
+
+    def after_epoch(epoch: int, row: dict) -> None:
+        history.append(row)
+        if epoch + 1 < setup.epochs:  # the last epoch's state goes to teacher.pt
+            state = {"format": PROGRESS_FORMAT, "architecture": setup.architecture, "model": module.state_dict(),
+                     "stage": stage.state(), "history": history, "trained_on": setup.place}
+            ctx.on_main(save_checkpoint, progress_file, state)
+            resumable()
+        log("teacher " + epoch_line(row, setup.epochs))
+
+    stage.fit(setup.settings, start_epoch=len(history), after_epoch=[after_epoch], eval_loaders={"test": setup.test_loader},
+              eval_every=setup.epochs, num_classes=setup.num_classes)
+    saved = {"format": "foodvit-teacher", "architecture": setup.architecture, "model": module.state_dict(), "history": history,
+             "trained_on": setup.place}
+    ctx.on_main(keep_teacher, folder, saved)
+    resumable()
+    return saved
+
+
+def read_progress(path: Path, architecture: str) -> dict | None:
+    """An interrupted teacher training's last epoch (teacher-progress.pt), or None."""
+    if not path.is_file():
+        return None
+    state = load_checkpoint(path)
+    if state.get("format") != PROGRESS_FORMAT or state.get("architecture") != architecture:
+        raise RunError(f"{path} is not this run's {architecture} CNN teacher in training; remove it to train the teacher again")
+    return state
+
+
+def keep_teacher(folder: Path, saved: dict) -> None:
+    """The finished teacher saved in the run, its training's progress file removed."""
+    save_checkpoint(folder / TEACHER_FILE, saved)
+    (folder / TEACHER_PROGRESS).unlink(missing_ok=True)

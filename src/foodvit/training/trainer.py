@@ -39,13 +39,15 @@ from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
 from foodvit.errors import FoodVitError, RunError
 from foodvit.files import write_text
 from foodvit.model.build import build_model
+from foodvit.model.resolve import resolve
 from foodvit.model.variants import check_start_size
 from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training import objectives
-from foodvit.training.teacher import borrowed_teacher, train_or_load_teacher
+from foodvit.training.stages import StageData
+from foodvit.training.teacher import Teacher, TeacherSetup, borrowed_teacher, obtain_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
@@ -243,6 +245,25 @@ class Trainer:
         self.start_epoch = int(state["epoch"])
         self.pretrained = bool(state.get("pretrained")) or self.start_epoch > 0
 
+    # ------------------------------------------------------------------ the stages before the run's epochs
+
+    def stage_data(self) -> StageData:
+        """What a stage before the run's own epochs trains on (training/stages.py)."""
+        return StageData(self.train_loader, self.ctx, self.config.train.seed, self.steps_per_epoch, self.quiet)
+
+    def teacher(self) -> Teacher:
+        """The run's CNN teacher (training/teacher.py): its teacher.pt, the one lent to it, or one trained now
+        on the run's photos; while it trains, the run is resumable after each of its epochs."""
+        setup = TeacherSetup.of_run(self.config, len(self.classes), self.settings, self.preprocess.image_size,
+                                    self.eval_loaders["test"], self.ctx.world_size)
+        return obtain_teacher(setup, self.stage_data(), self.out, lent=self.teacher_file, log=self.log,
+                              resumable=self._resumable_before_training)
+
+    def _resumable_before_training(self) -> None:
+        """A checkpoint of the run before its first epoch, where it has none yet: resumable from here."""
+        if self.main and not self.history:
+            rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
+
     # ------------------------------------------------------------------ the run
 
     def input_size(self, epoch: int) -> int:
@@ -294,10 +315,13 @@ class Trainer:
             warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
             try:
                 if self.objectives.needs_teacher:
-                    self.objectives.set_teacher(train_or_load_teacher(self))
+                    teacher = self.teacher()
+                    self.teacher_history, self.teacher_lent_by = teacher.history, teacher.lent_by
+                    self.objectives.set_teacher(teacher.module)
                 if c.optim.pretrain_epochs and not self.pretrained:
                     self.stage = "self-supervised pre-training epoch"
-                    pretrain(self, self.pretraining)
+                    pretrain(self.grid_model, c, self.stage_data(), self.settings, size=self.input_size(0),
+                             out=self.out if self.main else None, rows=self.pretraining, log=self.log)
                     self.pretrained, self.stage = True, "epoch"
                     if self.main:  # resumable from here: an interruption keeps the pre-trained weights
                         rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
@@ -356,13 +380,18 @@ class Trainer:
         return resize_model(model, size).to(self.device).eval(), self.preprocess.at_size(size)
 
 
-def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = False, log=print, verbose: bool = False,
-          context: Context | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, teacher_from: Path | None = None) -> Result:
-    """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). With
-    pre-trained weights, the model is the one the weights dictate (pretrained.adapt_config).
+def train(config: RunConfig | str | Path, out: str | Path | None = None, *, overrides: dict | None = None, model: str | None = None,
+          quiet: bool = False, log=print, verbose: bool = False, context: Context | None = None,
+          timeout_s: float = DEFAULT_TIMEOUT_S, teacher_from: Path | None = None) -> Result:
+    """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). `config`: a RunConfig,
+    or a recipe (a built-in name or a TOML file) resolved with `overrides` ("section.name" -> value) and
+    `model` as `foodvit train` resolves its options (model/resolve.py). With pre-trained weights, the
+    model is the one the weights dictate (pretrained.adapt_config).
     Under torchrun every rank calls this with the same arguments; rank 0 writes the run.
     teacher_from: a distilled or guided run on the same photos whose CNN teacher this run borrows
     instead of training it (checked to have this run's teacher settings; the photos are the caller's word)."""
+    if not isinstance(config, RunConfig):
+        config = resolve(str(config), overrides, model=model)
     out = Path(out) if out else rundir.default_out()
     config = rundir.with_source(config)
     if config.train.pretrained:

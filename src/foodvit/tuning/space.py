@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from foodvit.config import AUGMENT_PRESETS, OBJECTIVES, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
+from foodvit.objective_settings import OBJECTIVES
+from foodvit.config import AUGMENT_PRESETS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
 from foodvit.errors import ConfigError
 
 # The initialisations a default space tries: impulse needs sin-cos positions, which many recipes lack (a

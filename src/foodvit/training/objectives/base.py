@@ -16,7 +16,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from foodvit.config import ObjectiveSettings, OptimConfig
+from foodvit.config import OptimConfig
+from foodvit.objective_settings import ObjectiveSettings
 from foodvit.model.vit import Heads
 
 

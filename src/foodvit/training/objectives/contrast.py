@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import CONTRAST_TEMPERATURE, OBJECTIVE_SETTINGS, OptimConfig
+from foodvit.config import OptimConfig
+from foodvit.objective_settings import CONTRAST_TEMPERATURE, OBJECTIVE_SETTINGS
 from foodvit.training.batchnorm import running_statistics_untouched
 from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
 

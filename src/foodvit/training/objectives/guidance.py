@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import OBJECTIVE_SETTINGS, OptimConfig
+from foodvit.config import OptimConfig
+from foodvit.objective_settings import OBJECTIVE_SETTINGS
 from foodvit.errors import ConfigError
 from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
 from foodvit.training.teacher import teacher_skeleton
