@@ -46,3 +46,12 @@ def test_train_takes_a_recipe_and_overrides(tmp_path):
     assert len(result.history) == 1 and (tmp_path / "run" / "model.safetensors").is_file()
     stored = RunConfig.from_dict(json.loads((tmp_path / "run" / "config.json").read_text()))
     assert stored.vit["depth"] == 1 and stored.recipe == "tiny"
+
+
+def test_recipe_comments_are_one_short_line_a_setting_and_speak_of_the_product_as_it_is():
+    import re
+
+    for recipe in (Path(foodvit.__file__).parent / "recipes").glob("*.toml"):
+        for number, line in enumerate(recipe.read_text().splitlines(), 1):
+            assert len(line) <= 100, f"{recipe.name}:{number} is over 100 characters"
+            assert not re.search(r"\bsession\b|\bissue\s*\d|\bround\b", line, re.I), f"{recipe.name}:{number} tells history"

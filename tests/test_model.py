@@ -179,7 +179,7 @@ def test_no_position_embedding_option():
 
 
 def test_stochastic_depth_is_identity_in_eval_and_drops_whole_samples_in_training():
-    from foodvit.model.vit import DropPath
+    from foodvit.model.blocks import DropPath
 
     dp = DropPath(0.5)
     x = torch.ones(1000, 4, 8)

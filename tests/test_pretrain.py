@@ -117,7 +117,7 @@ def test_a_run_pre_trains_before_its_supervised_epochs(photos, tmp_path):
     assert pre.history[0]["train_loss"] != pytest.approx(plain.history[0]["train_loss"])  # the same seed, other starting weights
     # sharpness-aware minimisation is the supervised stage's: the stage's losses are those of the run without it
     config = pretraining(photos, 1)
-    sam = train(replace(config, optim=replace(config.optim, sam=0.05)), tmp_path / "sam", quiet=True)
+    train(replace(config, optim=replace(config.optim, sam=0.05)), tmp_path / "sam", quiet=True)
     losses = [[r.split(",")[1] for r in (tmp_path / run / PRETRAINING_FILE).read_text().splitlines()[1:]] for run in ("pre", "sam")]
     assert losses[0] == losses[1]
     assert load_checkpoint(tmp_path / "sam" / "checkpoint.pt")["model"]["head.weight"].ne(

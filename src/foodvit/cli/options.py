@@ -7,7 +7,7 @@ saved with every run (config.json) and checkpoint. No PyTorch here unless pre-tr
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields, replace
+from dataclasses import fields
 
 from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of
 from foodvit.errors import ConfigError, Range, check_value

@@ -92,7 +92,7 @@ from torch import nn
 
 from foodvit.config import ViTConfig
 from foodvit.errors import ConfigError, InputError
-from foodvit.model.blocks import Block, DropPath  # noqa: F401  (DropPath: imported from here by callers)
+from foodvit.model.blocks import Block
 from foodvit.model.init import init_head, init_weights
 from foodvit.model.positions import sincos_2d_pos_embed
 from foodvit.model.stems import ConvStem, ShiftedPatches

@@ -2,13 +2,13 @@
 
 A Trainer is a few explicit build steps, in this order: the processes (distributed.Context:
 device from LOCAL_RANK, the process group), the classes of the data, the model (whose
-preprocessing the caches need), the data sets and loaders (this rank's share of each batch), the
-module the optimiser steps (the auxiliary head; wrapped in DistributedDataParallel), the
-optimiser, schedule and EMA. Then fit() trains the CNN teacher when a loss reads one
-(distill.py), pre-trains when --pretrain-epochs asks (pretrain.py), and runs the engine with
-hooks: seeding and sampler order before each epoch; EMA, TensorBoard and the progress bar after
-each step; metrics, checkpoint and report after each epoch (rank 0 alone writes). One process is
-the plain case of the same code.
+preprocessing the caches need) and the training objectives that are on (objectives/), the data
+sets and loaders (loading.py: this rank's share of each batch), the module the optimiser steps
+(wrapped in DistributedDataParallel), the optimiser, schedule and EMA. Then fit() obtains the CNN
+teacher when an objective reads one (teacher.py), pre-trains when --pretrain-epochs asks
+(pretrain.py), and runs the engine with hooks: seeding, sampler order and the objectives' epoch
+before each epoch; EMA, TensorBoard and the progress bar after each step; metrics, checkpoint and
+report after each epoch (rank 0 alone writes). One process is the plain case of the same code.
 
 Reproducibility: every random stream (model initialisation, validation split, photo order,
 augmentation, the rest of a step) has its own seed derived from the run seed (seeds.py), those
@@ -31,11 +31,8 @@ from pathlib import Path
 import torch
 
 from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
-from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_dataset
-from foodvit.data.datasource import DataSource, Listed
+from foodvit.data.datasource import Listed
 from foodvit.data.preprocess import Preprocess
-from foodvit.data.sampling import make_loader
-from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
 from foodvit.errors import FoodVitError, RunError
 from foodvit.files import write_text
 from foodvit.model.build import build_model
@@ -45,7 +42,7 @@ from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
-from foodvit.training import objectives
+from foodvit.training import loading, objectives
 from foodvit.training.stages import StageData
 from foodvit.training.teacher import Teacher, TeacherSetup, borrowed_teacher, obtain_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, is_backend_error
@@ -74,14 +71,7 @@ class Result:
     test: dict  # loss, acc, n, confusion, per_class
 
 
-EVAL_BATCH_SIZE = 64  # evaluation batches at least this large: no gradients, so memory allows it
 GPU_SYNC_EVERY = 25  # on a GPU, check the loss for NaN every this many steps (each check waits for the GPU)
-
-
-def train_decode_size(p: Preprocess) -> int:
-    """The shorter side training photos are decoded to: enough for the eval resize and for random
-    resized crops to zoom in twofold without upsampling."""
-    return max(p.resize_size, 2 * p.image_size)
 
 
 class Trainer:
@@ -103,20 +93,14 @@ class Trainer:
             from foodvit.training.tracking import require_tensorboard
 
             require_tensorboard()  # before any photo is read
-        listed = self._list_data()  # not kept: the checked splits replace it (the list of photos is held once)
+        with self.ctx.main_first():  # the first process of each machine downloads or unpacks the source
+            listed = loading.list_data(config, quiet=self.quiet)  # not kept: the checked splits replace it
         self._build_model(len(listed.classes), saved)
         self._open_data(listed)
-        self._build_loaders()
         self._build_optimisation()
         self.tensorboard = None
 
     # ------------------------------------------------------------------ build steps
-
-    def _list_data(self) -> Listed:
-        """The data's files and classes; the first process of each machine downloads or unpacks the
-        source, the others find it in the cache."""
-        with self.ctx.main_first():
-            return DataSource.parse(self.config.data.source, self.config.data.train_fraction).listed(seed=self.config.train.seed, quiet=self.quiet)
 
     def _build_model(self, num_classes: int, saved: dict | None) -> None:
         """From the checkpoint's architecture and preprocessing when resuming (no download: its
@@ -152,43 +136,16 @@ class Trainer:
         self.trained.to(self.device)
 
     def _open_data(self, listed: Listed) -> None:
-        """The splits, checked; with the cache on, photos decoded once, as far as the memory budget goes.
-        Training photos are decoded and downsized the same way with the cache on or off (kept or
-        not): the cache changes the time a run takes, never what it computes."""
-        c, p = self.config, self.preprocess
-        budget = MemoryBudget(c.data.cache_gb)
-        self.train_photos = PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache, budget=budget)
-        self.eval_cache = PhotoCache.transformed(eval_transform(p), budget=budget) if c.data.cache else None
-        self.data = open_dataset(listed, strict=c.data.strict, val_fraction=c.data.val_fraction, seed=c.train.seed,
-                                   train_cache=self.train_photos if c.data.cache else None,
-                                   eval_cache=self.eval_cache, quiet=self.quiet)
-        if self.main:
-            for split in (self.data.train, self.data.test):
-                for line in split.skipped_summary(self.verbose):
-                    print(line, file=sys.stderr)
+        """The splits, checked, and this rank's loaders (training/loading.py)."""
+        self.data, self.caches = loading.open_data(self.config, self.preprocess, listed, quiet=self.quiet,
+                                                   verbose=self.verbose, main=self.main)
         self.classes = self.data.classes
-
-    def _build_loaders(self) -> None:
-        """This rank's loaders: its share of each global training batch, its part of each evaluation split."""
-        c, p, ctx = self.config, self.preprocess, self.ctx
-        augment = train_transform(p, c.data.augment, c.data.scale_min, c.data.random_erasing)
-        train_ds = PhotoDataset(self.data.train, augment, self.train_photos)
-        mixer = batch_mixer(len(self.classes), c.data.mixup, c.data.cutmix, c.data.mix_prob)
-        pin = self.device.type == "cuda"
-        self.train_loader = make_loader(train_ds, c.train.batch_size, train=True, seed=c.train.seed, repeats=c.data.repeated_aug,
-                                        workers=c.data.workers, mixer=mixer, pin_memory=pin, rank=ctx.rank, world_size=ctx.world_size)
-
-        self.eval_loaders = {"val": self._eval_loader(self.data.val, p)} if self.data.val is not None else {}
-        self.eval_loaders["test"] = self._eval_loader(self.data.test, p)
+        self.train_loader = loading.train_loader(self.config, self.preprocess, self.data, self.caches, self.ctx)
+        self.eval_loaders = {"val": self._eval_loader(self.data.val, self.preprocess)} if self.data.val is not None else {}
+        self.eval_loaders["test"] = self._eval_loader(self.data.test, self.preprocess)
 
     def _eval_loader(self, split, preprocess: Preprocess):
-        """This rank's part of an evaluation split; from the decode cache when it holds this preprocessing's tensors."""
-        c = self.config
-        cached = self.eval_cache is not None and preprocess == self.preprocess
-        ds = PhotoDataset(split, None, self.eval_cache) if cached else PhotoDataset(split, eval_transform(preprocess))
-        # cached photos are finished tensors: workers, started at every evaluation, would only cost time
-        return make_loader(ds, max(c.train.batch_size, EVAL_BATCH_SIZE), train=False, workers=0 if cached else c.data.workers,
-                           pin_memory=self.device.type == "cuda", rank=self.ctx.rank, world_size=self.ctx.world_size)
+        return loading.eval_loader(self.config, split, preprocess, self.caches, self.ctx, own=preprocess == self.preprocess)
 
     def _build_optimisation(self) -> None:
         """DistributedDataParallel between the model and the optimiser, then optimiser, schedule, EMA."""

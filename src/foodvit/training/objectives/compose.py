@@ -39,7 +39,8 @@ class WithObjectives(nn.Module):
 
     @property
     def needs_teacher(self) -> bool:
-        return any(o.teacher_stages or o.teacher_logits for o in self.objectives)
+        """Whether an objective reads the CNN teacher: the settings' rule (objective_settings.reads_teacher)."""
+        return any(o.settings.teacher for o in self.objectives)
 
     def set_teacher(self, teacher: nn.Module | None) -> None:
         """The CNN teacher the objectives read (frozen: its batch-norm statistics stay as trained)."""
