@@ -41,7 +41,13 @@ def test_train_takes_a_recipe_and_overrides(tmp_path):
     from helpers import make_photo_folder
 
     photos = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
-    settings = {"data.source": str(photos), "train.epochs": 1, "vit.image_size": 32, "vit.depth": 1, "train.batch_size": 4}
+    settings = {
+        "data.source": str(photos),
+        "train.epochs": 1,
+        "vit.image_size": 32,
+        "vit.depth": 1,
+        "train.batch_size": 4,
+    }
     result = foodvit.train("tiny", tmp_path / "run", overrides=settings, quiet=True, log=lambda *a, **k: None)
     assert len(result.history) == 1 and (tmp_path / "run" / "model.safetensors").is_file()
     stored = RunConfig.from_dict(json.loads((tmp_path / "run" / "config.json").read_text()))
@@ -54,4 +60,6 @@ def test_recipe_comments_are_one_short_line_a_setting_and_speak_of_the_product_a
     for recipe in (Path(foodvit.__file__).parent / "recipes").glob("*.toml"):
         for number, line in enumerate(recipe.read_text().splitlines(), 1):
             assert len(line) <= 100, f"{recipe.name}:{number} is over 100 characters"
-            assert not re.search(r"\bsession\b|\bissue\s*\d|\bround\b", line, re.I), f"{recipe.name}:{number} tells history"
+            assert not re.search(r"\bsession\b|\bissue\s*\d|\bround\b", line, re.I), (
+                f"{recipe.name}:{number} tells history"
+            )

@@ -32,18 +32,31 @@ def teacher():
 
 def small_vit(seed: int = 0):
     torch.manual_seed(seed)
-    return create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96, pool="gap",
-                        pos_embed="sincos2d")
+    return create_model(
+        "ViT-Ti/8",
+        num_classes=3,
+        image_size=32,
+        depth=2,
+        embed_dim=48,
+        num_heads=3,
+        mlp_dim=96,
+        pool="gap",
+        pos_embed="sincos2d",
+    )
 
 
 def test_the_registry_and_the_settings_name_the_same_objectives_in_the_same_order():
     assert [kind.name() for kind in REGISTRY] == [o.name for o in OBJECTIVES]
     assert all(kind.settings is o for kind, o in zip(REGISTRY, OBJECTIVES))
-    assert {"drloc_pairs", "mask_pixels", "guidance_stages", "distill_temperature", "contrast_temperature"} <= set(STUDENT_SETTINGS)
+    assert {"drloc_pairs", "mask_pixels", "guidance_stages", "distill_temperature", "contrast_temperature"} <= set(
+        STUDENT_SETTINGS
+    )
     assert checkpoint_keys() == ("auxiliary", "masked", "guidance", "contrast")  # what checkpoint.pt has always held
 
 
-@pytest.mark.parametrize("on", [c for n in range(1, len(WEIGHTS) + 1) for c in itertools.combinations(WEIGHTS, n)], ids="+".join)
+@pytest.mark.parametrize(
+    "on", [c for n in range(1, len(WEIGHTS) + 1) for c in itertools.combinations(WEIGHTS, n)], ids="+".join
+)
 def test_every_combination_trains_and_keeps_its_parts(on, teacher):
     vit = small_vit()
     composed = objectives.build(vit, OptimConfig(**{name: WEIGHTS[name] for name in on}), num_classes=3)
@@ -115,7 +128,9 @@ def test_the_distillation_temperature_reaches_the_loss(teacher):
     taught = torch.softmax(teacher(images).detach() / 3, dim=1)
     by_hand = 9 * (taught * (taught.log() - torch.log_softmax(logits / 3, dim=1))).sum(dim=1).mean()
     torch.testing.assert_close(terms[3.0], by_hand, rtol=1e-5, atol=1e-6)  # soft at 3, as --distill-temperature 3 says
-    torch.testing.assert_close(terms[0.0], torch.nn.functional.cross_entropy(logits, teacher(images).argmax(1)), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        terms[0.0], torch.nn.functional.cross_entropy(logits, teacher(images).argmax(1)), rtol=1e-5, atol=1e-6
+    )
 
 
 class Toy(Objective):

@@ -23,8 +23,26 @@ def test_a_run_stopped_in_its_teacher_stage_resumes_to_the_uninterrupted_end(tmp
     import foodvit.training.teacher as T
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
-    args = ["train", "--data", str(photos), "--recipe", "tiny", "--epochs", "3", "--image-size", "32", "--depth", "2",
-            "--batch-size", "8", "--guidance", "1", "--seed", "0", "--quiet"]
+    args = [
+        "train",
+        "--data",
+        str(photos),
+        "--recipe",
+        "tiny",
+        "--epochs",
+        "3",
+        "--image-size",
+        "32",
+        "--depth",
+        "2",
+        "--batch-size",
+        "8",
+        "--guidance",
+        "1",
+        "--seed",
+        "0",
+        "--quiet",
+    ]
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
     real = T.epoch_line
 
@@ -43,7 +61,9 @@ def test_a_run_stopped_in_its_teacher_stage_resumes_to_the_uninterrupted_end(tmp
     assert main(["train", "--resume", str(stopped), "--quiet"]) == 0
     assert not (stopped / TEACHER_PROGRESS).exists()
     teacher, uninterrupted = load_checkpoint(stopped / TEACHER_FILE), load_checkpoint(tmp_path / "whole" / TEACHER_FILE)
-    assert [r["train_loss"] for r in teacher["history"]] == pytest.approx([r["train_loss"] for r in uninterrupted["history"]], rel=1e-6)
+    assert [r["train_loss"] for r in teacher["history"]] == pytest.approx(
+        [r["train_loss"] for r in uninterrupted["history"]], rel=1e-6
+    )
     for key, value in uninterrupted["model"].items():
         torch.testing.assert_close(teacher["model"][key], value, rtol=0, atol=0)
     assert rows(stopped) == rows(tmp_path / "whole")

@@ -52,29 +52,89 @@ class ObjectiveSettings:
             section, _, field = dep.key.partition(".")
             if section == "optim" and getattr(optim, field) != dep.off:
                 option, weight = "--" + field.replace("_", "-"), "--" + self.name.replace("_", "-")
-                raise ConfigError(f"{option} {dep.does}: add {weight} W (e.g. {weight} {self.example}), or leave {option} out")
+                raise ConfigError(
+                    f"{option} {dep.does}: add {weight} W (e.g. {weight} {self.example}), or leave {option} out"
+                )
 
 
 # The training objectives beside the classes, in the order the trainer adds their terms (training/objectives).
 OBJECTIVES = (
     ObjectiveSettings("drloc", "dense relative localization", ("drloc", "drloc_pairs")),
-    ObjectiveSettings("masked", "masked-patch reconstruction", ("masked", "mask_ratio", "mask_pixels"), dependents=(
-        Dependent("optim.mask_pixels", False, "hidden pixels", "hides the pixels of the patches that --masked reconstructs"),)),
-    ObjectiveSettings("guidance", "locality guidance", ("guidance", "guidance_schedule", "guidance_stages"), teacher=True, dependents=(
-        Dependent("optim.guidance_schedule", "constant", "a schedule other than constant",
-                  "sets how the weight of --guidance changes over the epochs"),
-        Dependent("optim.guidance_stages", 3, "the teacher's fourth stage", "sets which of the teacher's stages --guidance reads"))),
-    ObjectiveSettings("distill", "distillation", ("distill", "distill_temperature"), teacher=True, dependents=(
-        Dependent("optim.distill_temperature", 0.0, "a temperature above 0", "softens the classes of a teacher that --distill reads"),
-        Dependent("vit.distill_token", False, "the distillation token", "trains its own head on a teacher's classes"))),
-    ObjectiveSettings("contrast", "instance discrimination", ("contrast", "contrast_temperature"), example="0.5", dependents=(
-        Dependent("optim.contrast_temperature", CONTRAST_TEMPERATURE, f"a temperature other than {CONTRAST_TEMPERATURE:g}",
-                  "sets how sharply --contrast compares the two views"),)),
+    ObjectiveSettings(
+        "masked",
+        "masked-patch reconstruction",
+        ("masked", "mask_ratio", "mask_pixels"),
+        dependents=(
+            Dependent(
+                "optim.mask_pixels",
+                False,
+                "hidden pixels",
+                "hides the pixels of the patches that --masked reconstructs",
+            ),
+        ),
+    ),
+    ObjectiveSettings(
+        "guidance",
+        "locality guidance",
+        ("guidance", "guidance_schedule", "guidance_stages"),
+        teacher=True,
+        dependents=(
+            Dependent(
+                "optim.guidance_schedule",
+                "constant",
+                "a schedule other than constant",
+                "sets how the weight of --guidance changes over the epochs",
+            ),
+            Dependent(
+                "optim.guidance_stages",
+                3,
+                "the teacher's fourth stage",
+                "sets which of the teacher's stages --guidance reads",
+            ),
+        ),
+    ),
+    ObjectiveSettings(
+        "distill",
+        "distillation",
+        ("distill", "distill_temperature"),
+        teacher=True,
+        dependents=(
+            Dependent(
+                "optim.distill_temperature",
+                0.0,
+                "a temperature above 0",
+                "softens the classes of a teacher that --distill reads",
+            ),
+            Dependent(
+                "vit.distill_token", False, "the distillation token", "trains its own head on a teacher's classes"
+            ),
+        ),
+    ),
+    ObjectiveSettings(
+        "contrast",
+        "instance discrimination",
+        ("contrast", "contrast_temperature"),
+        example="0.5",
+        dependents=(
+            Dependent(
+                "optim.contrast_temperature",
+                CONTRAST_TEMPERATURE,
+                f"a temperature other than {CONTRAST_TEMPERATURE:g}",
+                "sets how sharply --contrast compares the two views",
+            ),
+        ),
+    ),
 )
 OBJECTIVE_SETTINGS = {o.name: o for o in OBJECTIVES}
 # The optimiser's settings that shape the ViT's training alone, never the CNN teacher's: the objectives' own, the
 # self-supervised stage's, the average of the weights and sharpness-aware minimisation.
-STUDENT_SETTINGS = (*(s for o in OBJECTIVES for s in o.settings), "pretrain_epochs", "pretrain_mask_ratio", "ema", "sam")
+STUDENT_SETTINGS = (
+    *(s for o in OBJECTIVES for s in o.settings),
+    "pretrain_epochs",
+    "pretrain_mask_ratio",
+    "ema",
+    "sam",
+)
 
 
 def reads_teacher(optim: OptimConfig) -> bool:

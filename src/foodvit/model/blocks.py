@@ -13,7 +13,6 @@ from foodvit.config import ViTConfig
 from foodvit.model.gridconv import GridConv
 
 
-
 class Attention(nn.Module):
     """MSA of Eq. 2, as Appendix A defines it.
 
@@ -24,8 +23,15 @@ class Attention(nn.Module):
     out, and is the one that can hand back the attention weights.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, attn_dropout: float = 0.0, dropout: float = 0.0,
-                 locality: bool = False, locality_mask: bool = True) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        attn_dropout: float = 0.0,
+        dropout: float = 0.0,
+        locality: bool = False,
+        locality_mask: bool = True,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -39,8 +45,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(embed_dim, embed_dim)  # U_msa
         self.proj_drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False,
-                queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, T, D) -> (B, Q, D): every token attends to all T tokens; queries=Q keeps only the first
         Q tokens' outputs (Q = T by default), computing no others."""
         B, T, D = x.shape
@@ -115,13 +122,16 @@ class Block(nn.Module):
         super().__init__()
         D, eps = config.embed_dim, config.layer_norm_eps
         self.norm1 = nn.LayerNorm(D, eps=eps)
-        self.attn = Attention(D, config.num_heads, config.attn_dropout, config.dropout, config.locality, config.locality_mask)
+        self.attn = Attention(
+            D, config.num_heads, config.attn_dropout, config.dropout, config.locality, config.locality_mask
+        )
         self.norm2 = nn.LayerNorm(D, eps=eps)
         self.mlp = MLP(D, config.mlp_dim, config.dropout, config.num_prefix_tokens if config.mlp_conv else None)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False,
-                queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, T, D) -> (B, T, D), or (B, Q, D) with queries=Q: only the first Q tokens' outputs."""
         a, weights = self.attn(self.norm1(x), return_attention, queries)
         if queries is not None:

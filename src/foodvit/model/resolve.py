@@ -31,13 +31,21 @@ TRANSFER_OFF = {"optim.masked": 0.0, "optim.mask_pixels": False}
 def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str | None = None) -> RunConfig:
     """`config` with every setting given: "section.name" -> value ("vit.depth", "optim.lr", ...); None
     values and other keys are not settings given."""
-    values = {key: value for key, value in overrides.items()
-              if value is not None and "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)}
+    values = {
+        key: value
+        for key, value in overrides.items()
+        if value is not None and "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)
+    }
     return replace(with_settings(config, values), model=model or config.model)
 
 
-def resolve(recipe: str = DEFAULT_RECIPE, overrides: Mapping[str, Any] | None = None, *, model: str | None = None,
-            pretrained: str | None = None) -> RunConfig:
+def resolve(
+    recipe: str = DEFAULT_RECIPE,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    model: str | None = None,
+    pretrained: str | None = None,
+) -> RunConfig:
     """A run's settings: the recipe, then the overrides, then, with pre-trained weights (`pretrained`, or
     "train.pretrained" among the overrides or in the recipe), the model that the weights dictate
     (pretrained.adapt_config; a `model` that disagrees stops the run)."""
@@ -46,7 +54,9 @@ def resolve(recipe: str = DEFAULT_RECIPE, overrides: Mapping[str, Any] | None = 
     config = without_recipe_resizing(base, apply_overrides(base, given, model=model), given)
     if config.train.pretrained and not base.train.pretrained:
         kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
-        config = replace(config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}})
+        config = replace(
+            config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}}
+        )
         config = with_settings(config, {k: v for k, v in TRANSFER_OFF.items() if given.get(k) is None})
     if config.train.pretrained:
         from foodvit.model.pretrained import adapt_config  # reads the weights' description (PyTorch)

@@ -39,18 +39,28 @@ def list_data(config: RunConfig, quiet: bool = False) -> Listed:
     return DataSource.parse(config.data.source, config.data.train_fraction).listed(seed=config.train.seed, quiet=quiet)
 
 
-def open_data(config: RunConfig, preprocess: Preprocess, listed: Listed, *, quiet: bool, verbose: bool,
-              main: bool) -> tuple[Any, Caches]:
+def open_data(
+    config: RunConfig, preprocess: Preprocess, listed: Listed, *, quiet: bool, verbose: bool, main: bool
+) -> tuple[Any, Caches]:
     """The splits, checked (what was skipped said once, by the main process), and the caches: with the
     cache on, photos decoded once, as far as the memory budget goes. Training photos are decoded and
     downsized the same way with the cache on or off: the cache changes the time a run takes, never
     what it computes."""
     c, p = config, preprocess
     budget = MemoryBudget(c.data.cache_gb)
-    caches = Caches(PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache, budget=budget),
-                    PhotoCache.transformed(eval_transform(p), budget=budget) if c.data.cache else None)
-    data = open_dataset(listed, strict=c.data.strict, val_fraction=c.data.val_fraction, seed=c.train.seed,
-                        train_cache=caches.train_photos if c.data.cache else None, eval_cache=caches.eval_photos, quiet=quiet)
+    caches = Caches(
+        PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache, budget=budget),
+        PhotoCache.transformed(eval_transform(p), budget=budget) if c.data.cache else None,
+    )
+    data = open_dataset(
+        listed,
+        strict=c.data.strict,
+        val_fraction=c.data.val_fraction,
+        seed=c.train.seed,
+        train_cache=caches.train_photos if c.data.cache else None,
+        eval_cache=caches.eval_photos,
+        quiet=quiet,
+    )
     if main:
         for split in (data.train, data.test):
             for line in split.skipped_summary(verbose):
@@ -63,9 +73,18 @@ def train_loader(config: RunConfig, preprocess: Preprocess, data: Any, caches: C
     c, p = config, preprocess
     augment = train_transform(p, c.data.augment, c.data.scale_min, c.data.random_erasing)
     mixer = batch_mixer(len(data.classes), c.data.mixup, c.data.cutmix, c.data.mix_prob)
-    return make_loader(PhotoDataset(data.train, augment, caches.train_photos), c.train.batch_size, train=True,
-                       seed=c.train.seed, repeats=c.data.repeated_aug, workers=c.data.workers, mixer=mixer,
-                       pin_memory=ctx.device.type == "cuda", rank=ctx.rank, world_size=ctx.world_size)
+    return make_loader(
+        PhotoDataset(data.train, augment, caches.train_photos),
+        c.train.batch_size,
+        train=True,
+        seed=c.train.seed,
+        repeats=c.data.repeated_aug,
+        workers=c.data.workers,
+        mixer=mixer,
+        pin_memory=ctx.device.type == "cuda",
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+    )
 
 
 def eval_loader(config: RunConfig, split, preprocess: Preprocess, caches: Caches, ctx: Context, own: bool):
@@ -74,6 +93,12 @@ def eval_loader(config: RunConfig, split, preprocess: Preprocess, caches: Caches
     cached = caches.eval_photos is not None and own
     ds = PhotoDataset(split, None, caches.eval_photos) if cached else PhotoDataset(split, eval_transform(preprocess))
     # cached photos are finished tensors: workers, started at every evaluation, would only cost time
-    return make_loader(ds, max(config.train.batch_size, EVAL_BATCH_SIZE), train=False,
-                       workers=0 if cached else config.data.workers, pin_memory=ctx.device.type == "cuda",
-                       rank=ctx.rank, world_size=ctx.world_size)
+    return make_loader(
+        ds,
+        max(config.train.batch_size, EVAL_BATCH_SIZE),
+        train=False,
+        workers=0 if cached else config.data.workers,
+        pin_memory=ctx.device.type == "cuda",
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+    )

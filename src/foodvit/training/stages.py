@@ -49,9 +49,17 @@ class Stage:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
-    def fit(self, settings: StepSettings, *, start_epoch: int = 0, after_epoch: Iterable[Callable[[int, dict], None]] = (),
-            eval_loaders: dict | None = None, eval_every: int = 1, num_classes: int | None = None,
-            label: str = "epoch") -> list[dict]:
+    def fit(
+        self,
+        settings: StepSettings,
+        *,
+        start_epoch: int = 0,
+        after_epoch: Iterable[Callable[[int, dict], None]] = (),
+        eval_loaders: dict | None = None,
+        eval_every: int = 1,
+        num_classes: int | None = None,
+        label: str = "epoch",
+    ) -> list[dict]:
         """Fit from start_epoch; each epoch seeds torch from (run seed, purpose, epoch) and sets the
         loader's epoch. Returns the rows of the epochs it trained."""
         data = self.data
@@ -60,7 +68,18 @@ class Stage:
             torch.manual_seed(derive_seed(data.seed, self.purpose, epoch))
             data.loader.batch_sampler.set_epoch(epoch)
 
-        return fit(data.context.wrap(self.module), data.loader, eval_loaders or {}, self.optimizer, self.scheduler,
-                   epochs=self.epochs, start_epoch=start_epoch, settings=settings,
-                   hooks=FitHooks(before_epoch=[before], after_epoch=list(after_epoch)), eval_every=eval_every,
-                   show_progress=not data.quiet, num_classes=num_classes, stage=label)
+        return fit(
+            data.context.wrap(self.module),
+            data.loader,
+            eval_loaders or {},
+            self.optimizer,
+            self.scheduler,
+            epochs=self.epochs,
+            start_epoch=start_epoch,
+            settings=settings,
+            hooks=FitHooks(before_epoch=[before], after_epoch=list(after_epoch)),
+            eval_every=eval_every,
+            show_progress=not data.quiet,
+            num_classes=num_classes,
+            stage=label,
+        )

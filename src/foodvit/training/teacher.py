@@ -33,7 +33,9 @@ from foodvit.training.stages import Stage, StageData
 
 
 TEACHER_STRIDE = 32  # a ResNet's total stride: at this size or less its last feature map is 1 x 1
-PROGRESS_FORMAT = "foodvit-teacher-progress"  # teacher-progress.pt: a teacher's training after an epoch, before its last
+PROGRESS_FORMAT = (
+    "foodvit-teacher-progress"  # teacher-progress.pt: a teacher's training after an epoch, before its last
+)
 
 
 def _silent(*args, **kwargs) -> None:
@@ -66,14 +68,18 @@ def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | No
         return None
     state = load_checkpoint(path)
     if state.get("format") != "foodvit-teacher" or state.get("architecture") != architecture:
-        advice = (f"a {architecture} CNN teacher; leave the teacher out" if lent
-                  else f"this run's {architecture} CNN teacher; remove it to train the teacher again")
+        advice = (
+            f"a {architecture} CNN teacher; leave the teacher out"
+            if lent
+            else f"this run's {architecture} CNN teacher; remove it to train the teacher again"
+        )
         raise RunError(f"{path} is not {advice}")
     return state
 
 
 def trains_teacher(config: RunConfig) -> bool:
-    """Whether a run trains a CNN teacher: an objective that reads it on (config.OBJECTIVES), on a backbone that trains."""
+    """Whether a run trains a CNN teacher: an objective that reads it on (objective_settings), on a backbone
+    that trains."""
     return reads_teacher(config.optim) and not config.train.freeze_backbone
 
 
@@ -85,11 +91,18 @@ def teacher_settings(config: RunConfig) -> dict:
     test size; the cache and the number of loader workers change only the time, except that with
     mixing on, a batch is mixed in the loader's worker when there is one)."""
     settings = config.to_dict()
-    data = {k: v for k, v in settings["data"].items() if k not in ("source", "start_size", "start_share", "test_size", "cache", "cache_gb")}
+    data = {
+        k: v
+        for k, v in settings["data"].items()
+        if k not in ("source", "start_size", "start_share", "test_size", "cache", "cache_gb")
+    }
     data["workers"] = min(config.data.workers, 1) if (config.data.mixup or config.data.cutmix) else 0
-    return {"preprocess": asdict(default_preprocess(config)), "data": data,
-            "optim": {k: v for k, v in settings["optim"].items() if k not in STUDENT_SETTINGS},
-            "train": {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard", "compile")}}
+    return {
+        "preprocess": asdict(default_preprocess(config)),
+        "data": data,
+        "optim": {k: v for k, v in settings["optim"].items() if k not in STUDENT_SETTINGS},
+        "train": {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard", "compile")},
+    }
 
 
 def setting_changes(theirs: dict, ours: dict) -> str:
@@ -100,7 +113,8 @@ def setting_changes(theirs: dict, ours: dict) -> str:
 
 
 def teacher_changes(lender: RunConfig, config: RunConfig) -> str:
-    """What would make `lender`'s CNN teacher another than `config`'s ('' when none): the teacher settings that differ."""
+    """What would make `lender`'s CNN teacher another than `config`'s ('' when none): the teacher settings
+    that differ."""
     return setting_changes(teacher_settings(lender), teacher_settings(config))
 
 
@@ -110,16 +124,23 @@ def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
     machine); else a one-line error that says what differs."""
     lender = Path(lender)
     if not trains_teacher(config):
-        raise ConfigError("a borrowed CNN teacher serves only --distill or --guidance (on a backbone that trains), and this run "
-                          "trains no teacher: leave the teacher out")
+        raise ConfigError(
+            "a borrowed CNN teacher serves only --distill or --guidance (on a backbone that trains), and this run "
+            "trains no teacher: leave the teacher out"
+        )
     if not (lender / TEACHER_FILE).is_file() or not (lender / "config.json").is_file():
-        raise RunError(f"{lender} holds no trained CNN teacher ({TEACHER_FILE} and config.json): give a distilled or guided "
-                       "run whose teacher has finished training, or leave the teacher out")
-    shown = teacher_changes(RunConfig.from_dict(json.loads((lender / "config.json").read_text()), where=str(lender / "config.json")),
-                            config)
+        raise RunError(
+            f"{lender} holds no trained CNN teacher ({TEACHER_FILE} and config.json): give a distilled or guided "
+            "run whose teacher has finished training, or leave the teacher out"
+        )
+    shown = teacher_changes(
+        RunConfig.from_dict(json.loads((lender / "config.json").read_text()), where=str(lender / "config.json")), config
+    )
     if shown:
-        raise RunError(f"{lender}'s CNN teacher was trained with other settings ({shown}); it is not the teacher this run "
-                       "would train: leave the teacher out")
+        raise RunError(
+            f"{lender}'s CNN teacher was trained with other settings ({shown}); it is not the teacher this run "
+            "would train: leave the teacher out"
+        )
     return lender / TEACHER_FILE
 
 
@@ -129,9 +150,14 @@ def training_place(device: torch.device, processes: int, config: RunConfig) -> d
     round differently and train two different teachers from one seed), bf16 and deterministic kernels
     (CUDA only) and the PyTorch version."""
     cuda = device.type == "cuda"
-    return {"device": device.type, "processes": processes, "threads": torch.get_num_threads() if device.type == "cpu" else 0,
-            "bf16": bool(cuda and config.train.amp), "deterministic": bool(cuda and config.train.deterministic),
-            "torch": str(torch.__version__)}
+    return {
+        "device": device.type,
+        "processes": processes,
+        "threads": torch.get_num_threads() if device.type == "cpu" else 0,
+        "bf16": bool(cuda and config.train.amp),
+        "deterministic": bool(cuda and config.train.deterministic),
+        "torch": str(torch.__version__),
+    }
 
 
 def place_changes(theirs: dict | None, ours: dict) -> str:
@@ -161,11 +187,26 @@ class TeacherSetup:
     place: dict
 
     @classmethod
-    def of_run(cls, config: RunConfig, num_classes: int, settings: StepSettings, image_size: int, test_loader: Any,
-               processes: int) -> TeacherSetup:
-        return cls(config.optim.teacher, num_classes, config.train.epochs, config.optim,
-                   replace(settings, input_size=0, sam=0.0), image_size, config.train.batch_size, test_loader,
-                   training_place(settings.device, processes, config))
+    def of_run(
+        cls,
+        config: RunConfig,
+        num_classes: int,
+        settings: StepSettings,
+        image_size: int,
+        test_loader: Any,
+        processes: int,
+    ) -> TeacherSetup:
+        return cls(
+            config.optim.teacher,
+            num_classes,
+            config.train.epochs,
+            config.optim,
+            replace(settings, input_size=0, sam=0.0),
+            image_size,
+            config.train.batch_size,
+            test_loader,
+            training_place(settings.device, processes, config),
+        )
 
 
 @dataclass
@@ -181,11 +222,15 @@ def lent_teacher(path: Path, setup: TeacherSetup) -> dict:
     """The teacher lent to the run, trained where this run trains (else it would differ)."""
     saved = read_teacher(path, setup.architecture, lent=True)
     if saved is None:
-        raise RunError(f"the CNN teacher lent to this run, {path}, has gone: leave the teacher out, or give a run that has one")
+        raise RunError(
+            f"the CNN teacher lent to this run, {path}, has gone: leave the teacher out, or give a run that has one"
+        )
     where = place_changes(saved.get("trained_on"), setup.place)
     if where:
-        raise RunError(f"the CNN teacher {path} was trained elsewhere ({where}); it would not be the teacher this run trains: "
-                       "leave the teacher out")
+        raise RunError(
+            f"the CNN teacher {path} was trained elsewhere ({where}); it would not be the teacher this run trains: "
+            "leave the teacher out"
+        )
     return saved
 
 
@@ -197,16 +242,28 @@ def check_teacher_batches(setup: TeacherSetup, data: StageData) -> None:
     n = len(data.loader.batch_sampler.sampler)
     if size > TEACHER_STRIDE or not single_photo_share(n, batch, world):
         return
-    nearest = next((b for d in range(1, n) for b in (batch - d, batch + d) if 2 <= b <= n and not single_photo_share(n, b, world)), None)
+    nearest = next(
+        (b for d in range(1, n) for b in (batch - d, batch + d) if 2 <= b <= n and not single_photo_share(n, b, world)),
+        None,
+    )
     where = f" on {world} processes" if world > 1 else ""
     instead = f"give --batch-size {nearest}, or" if nearest else "give"
-    raise ConfigError(f"the {setup.architecture} teacher cannot train on a single photo at {size} px (its last batch norm would "
-                      f"see one value per channel), and {n} photos an epoch in batches of {batch}{where} give a process one photo "
-                      f"in a step: {instead} an --image-size above {TEACHER_STRIDE}")
+    raise ConfigError(
+        f"the {setup.architecture} teacher cannot train on a single photo at {size} px (its last batch norm would "
+        f"see one value per channel), and {n} photos an epoch in batches of {batch}{where} give a process one photo "
+        f"in a step: {instead} an --image-size above {TEACHER_STRIDE}"
+    )
 
 
-def obtain_teacher(setup: TeacherSetup, data: StageData, folder: Path, *, lent: Path | None = None, log: Callable = _silent,
-                   resumable: Callable[[], None] = _nothing) -> Teacher:
+def obtain_teacher(
+    setup: TeacherSetup,
+    data: StageData,
+    folder: Path,
+    *,
+    lent: Path | None = None,
+    log: Callable = _silent,
+    resumable: Callable[[], None] = _nothing,
+) -> Teacher:
     """The CNN teacher of a run whose folder is `folder`: its teacher.pt when it has one (a resumed run), else the one
     `lent` to it (checked by borrowed_teacher), else a CNN trained now from random initialisation on the stage's photos,
     from where an interrupted training stopped (teacher-progress.pt, written after each epoch) if it did. A teacher
@@ -227,11 +284,14 @@ def obtain_teacher(setup: TeacherSetup, data: StageData, folder: Path, *, lent: 
     else:
         module.load_state_dict(saved["model"])
         log(f"CNN teacher: {origin}")
-    return Teacher(module, list(saved["history"]), saved.get("lent_by"))  # lent_by kept in teacher.pt: a resumed run says so
+    return Teacher(
+        module, list(saved["history"]), saved.get("lent_by")
+    )  # lent_by kept in teacher.pt: a resumed run says so
 
 
-def train_teacher(module: nn.Module, setup: TeacherSetup, data: StageData, folder: Path, log: Callable,
-                  resumable: Callable[[], None]) -> dict:
+def train_teacher(
+    module: nn.Module, setup: TeacherSetup, data: StageData, folder: Path, log: Callable, resumable: Callable[[], None]
+) -> dict:
     """`module` trained for the run's epochs, each epoch's state kept in teacher-progress.pt (and the
     training continued from it when it holds some), then saved as teacher.pt; returns what teacher.pt holds."""
     check_teacher_batches(setup, data)
@@ -242,23 +302,42 @@ def train_teacher(module: nn.Module, setup: TeacherSetup, data: StageData, folde
     if progress:
         module.load_state_dict(progress["model"])
         stage.restore(progress["stage"])
-        log(f"continuing the CNN teacher's training ({setup.architecture}) after epoch {len(history)} of {setup.epochs}")
+        log(
+            f"continuing the CNN teacher's training ({setup.architecture}) after epoch {len(history)} of {setup.epochs}"
+        )
     else:
         log(f"training the CNN teacher ({setup.architecture}, random initialisation) for {setup.epochs} epochs")
 
     def after_epoch(epoch: int, row: dict) -> None:
         history.append(row)
         if epoch + 1 < setup.epochs:  # the last epoch's state goes to teacher.pt
-            state = {"format": PROGRESS_FORMAT, "architecture": setup.architecture, "model": module.state_dict(),
-                     "stage": stage.state(), "history": history, "trained_on": setup.place}
+            state = {
+                "format": PROGRESS_FORMAT,
+                "architecture": setup.architecture,
+                "model": module.state_dict(),
+                "stage": stage.state(),
+                "history": history,
+                "trained_on": setup.place,
+            }
             ctx.on_main(save_checkpoint, progress_file, state)
             resumable()
         log("teacher " + epoch_line(row, setup.epochs))
 
-    stage.fit(setup.settings, start_epoch=len(history), after_epoch=[after_epoch], eval_loaders={"test": setup.test_loader},
-              eval_every=setup.epochs, num_classes=setup.num_classes)
-    saved = {"format": "foodvit-teacher", "architecture": setup.architecture, "model": module.state_dict(), "history": history,
-             "trained_on": setup.place}
+    stage.fit(
+        setup.settings,
+        start_epoch=len(history),
+        after_epoch=[after_epoch],
+        eval_loaders={"test": setup.test_loader},
+        eval_every=setup.epochs,
+        num_classes=setup.num_classes,
+    )
+    saved = {
+        "format": "foodvit-teacher",
+        "architecture": setup.architecture,
+        "model": module.state_dict(),
+        "history": history,
+        "trained_on": setup.place,
+    }
     ctx.on_main(keep_teacher, folder, saved)
     resumable()
     return saved
@@ -270,7 +349,9 @@ def read_progress(path: Path, architecture: str) -> dict | None:
         return None
     state = load_checkpoint(path)
     if state.get("format") != PROGRESS_FORMAT or state.get("architecture") != architecture:
-        raise RunError(f"{path} is not this run's {architecture} CNN teacher in training; remove it to train the teacher again")
+        raise RunError(
+            f"{path} is not this run's {architecture} CNN teacher in training; remove it to train the teacher again"
+        )
     return state
 
 

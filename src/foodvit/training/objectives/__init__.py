@@ -32,13 +32,24 @@ from foodvit.training.objectives.guidance import LocalityGuidance
 from foodvit.training.objectives.masked import MaskedPatches
 
 # Every objective, in the order their terms are drawn and added.
-REGISTRY: tuple[type[Objective], ...] = (Localization, MaskedPatches, LocalityGuidance, Distillation, InstanceDiscrimination)
+REGISTRY: tuple[type[Objective], ...] = (
+    Localization,
+    MaskedPatches,
+    LocalityGuidance,
+    Distillation,
+    InstanceDiscrimination,
+)
 
 __all__ = ["REGISTRY", "Batch", "Objective", "Outputs", "WithObjectives", "build", "checkpoint_keys"]
 
 
-def build(model: nn.Module, optim: OptimConfig, num_classes: int, frozen: bool = False,
-          registry: tuple[type[Objective], ...] | None = None) -> WithObjectives:
+def build(
+    model: nn.Module,
+    optim: OptimConfig,
+    num_classes: int,
+    frozen: bool = False,
+    registry: tuple[type[Objective], ...] | None = None,
+) -> WithObjectives:
     """The model with the objectives the settings turn on (none with a frozen backbone), each built in
     the registry's order (their parameters drawn in that order)."""
     registry = REGISTRY if registry is None else registry

@@ -27,8 +27,15 @@ class WithObjectives(nn.Module):
     0), as DistributedDataParallel expects. The teacher is held outside the module's parameters:
     the optimiser, DistributedDataParallel and the checkpoint never see it."""
 
-    def __init__(self, model: nn.Module, objectives: Iterable[Objective], *, order: Iterable[type] = (),
-                 supervised: bool = True, teacher: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        objectives: Iterable[Objective],
+        *,
+        order: Iterable[type] = (),
+        supervised: bool = True,
+        teacher: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         rank = {kind: i for i, kind in enumerate(order)}
         self.model = model
@@ -63,7 +70,9 @@ class WithObjectives(nn.Module):
             total = outputs.pooled.sum() * 0.0
         if self.supervised:
             return outputs.heads.logits, total
-        unused = outputs.heads.logits.sum() + (outputs.heads.distilled.sum() if outputs.heads.distilled is not None else 0.0)
+        unused = outputs.heads.logits.sum() + (
+            outputs.heads.distilled.sum() if outputs.heads.distilled is not None else 0.0
+        )
         return None, total + 0.0 * unused
 
     def terms(self, images: torch.Tensor) -> tuple[Outputs, dict[str, torch.Tensor]]:
@@ -72,7 +81,9 @@ class WithObjectives(nn.Module):
         for objective in self.objectives:
             objective.prepare(batch)
         outputs = self.outputs(batch)
-        return outputs, {o.name(): o.weight_at(self.epoch, self.epochs) * o.loss(batch, outputs) for o in self.objectives}
+        return outputs, {
+            o.name(): o.weight_at(self.epoch, self.epochs) * o.loss(batch, outputs) for o in self.objectives
+        }
 
     def outputs(self, batch: Batch) -> Outputs:
         """The ViT's forward pass on the batch as shown, with the blocks the objectives read, and the
@@ -80,8 +91,9 @@ class WithObjectives(nn.Module):
         vit = vit_of(self.model)
         blocks = sorted({i for o in self.objectives for i in o.blocks})
         class_only = vit.config.class_only_last_block and not any(o.reads_all_tokens for o in self.objectives)
-        tokens, kept = self.model.forward_intermediates(batch.shown, blocks, mask=batch.mask, mask_token=batch.mask_token,
-                                                        class_only=class_only)
+        tokens, kept = self.model.forward_intermediates(
+            batch.shown, blocks, mask=batch.mask, mask_token=batch.mask_token, class_only=class_only
+        )
         pooled = vit.pool(tokens)
         outputs = Outputs(tokens, pooled, vit.heads_of(tokens, pooled), dict(zip(blocks, kept)))
         stages = max((o.teacher_stages for o in self.objectives), default=0)
@@ -90,7 +102,9 @@ class WithObjectives(nn.Module):
             if self.teacher is None:
                 raise RuntimeError("an objective reads the CNN teacher, which was not set (set_teacher)")
             with torch.no_grad():
-                outputs.teacher_maps, outputs.teacher_logits = teacher_outputs(self.teacher, batch.images, stages, logits)
+                outputs.teacher_maps, outputs.teacher_logits = teacher_outputs(
+                    self.teacher, batch.images, stages, logits
+                )
         return outputs
 
     def state_dict_of_parts(self, keys: Iterable[str]) -> dict:

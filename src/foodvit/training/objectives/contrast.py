@@ -64,12 +64,18 @@ def draw_boxes(batch: int, height: int, width: int, scale=CROP_SCALE, ratio=CROP
 def crop_resize(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     """Each image's box resized back to the batch's side (antialiased bilinear): (B, C, H, W) -> (B, C, H, W)."""
     size = images.shape[-2:]
-    crops = [F.interpolate(image[None, :, t:t + h, l:l + w], size=size, mode="bilinear", antialias=True, align_corners=False)
-             for image, (t, l, h, w) in zip(images, boxes.tolist())]
+    crops = [
+        F.interpolate(
+            image[None, :, t : t + h, l : l + w], size=size, mode="bilinear", antialias=True, align_corners=False
+        )
+        for image, (t, l, h, w) in zip(images, boxes.tolist())
+    ]
     return torch.cat(crops) if crops else images.clone()
 
 
-def distort_colours(images: torch.Tensor, contrast: torch.Tensor, shift: torch.Tensor, grey: torch.Tensor) -> torch.Tensor:
+def distort_colours(
+    images: torch.Tensor, contrast: torch.Tensor, shift: torch.Tensor, grey: torch.Tensor
+) -> torch.Tensor:
     """Each image's channels stretched about its mean by contrast (B,), shifted by shift (B, C), and
     with grey (B,) True replaced by their mean over the channels."""
     mean = images.mean(dim=(1, 2, 3), keepdim=True)
@@ -136,7 +142,9 @@ class InstanceDiscrimination(Objective):
         return self.projection
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
-        with running_statistics_untouched(batch.model):  # a conv stem's batch norms keep the statistics of the photos as shown
+        with running_statistics_untouched(
+            batch.model
+        ):  # a conv stem's batch norms keep the statistics of the photos as shown
             tokens = batch.model.forward_features(second_view(batch.images))
         first, second = self.projection(outputs.pooled), self.projection(vit_of(batch.model).pool(tokens))
         return nt_xent(first, second, self.temperature)

@@ -59,13 +59,24 @@ class Distillation(Objective):
         return cls(optim.distill, optim.distill_temperature)
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
-        heads, taught = outputs.heads, outputs.teacher_logits.float()  # an empty share gives an empty (0, classes) tensor
+        heads, taught = (
+            outputs.heads,
+            outputs.teacher_logits.float(),
+        )  # an empty share gives an empty (0, classes) tensor
         student = (heads.logits if heads.distilled is None else heads.distilled).float()  # the token's own head, if any
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
         if self.temperature > 0:
             t = self.temperature
-            distill = t * t * F.kl_div(F.log_softmax(student / t, dim=1), F.log_softmax(taught / t, dim=1),
-                                       reduction="sum", log_target=True)
+            distill = (
+                t
+                * t
+                * F.kl_div(
+                    F.log_softmax(student / t, dim=1),
+                    F.log_softmax(taught / t, dim=1),
+                    reduction="sum",
+                    log_target=True,
+                )
+            )
         else:
             distill = F.cross_entropy(student, taught.argmax(dim=1), reduction="sum")
         return distill / max(1, batch.images.shape[0])

@@ -53,7 +53,9 @@ def guided_blocks(depth: int, stages: int = SPREAD) -> list[int]:
     """The ViT blocks (0-based) matched to the teacher's first `stages` stages, in order: the first
     three spread over the first depth - 1 blocks, the fourth (stages 4) the last block."""
     if depth < 2:
-        raise ConfigError(f"--guidance matches blocks before the last one to the teacher's stages: needs --depth 2 or more, got {depth}")
+        raise ConfigError(
+            f"--guidance matches blocks before the last one to the teacher's stages: needs --depth 2 or more, got {depth}"
+        )
     if not SPREAD <= stages <= len(STAGES):
         raise ConfigError(f"--guidance-stages must be 3 or 4 (the teacher's first stages that guide), got {stages}")
     span = depth - 1
@@ -78,8 +80,9 @@ def stage_channels(teacher: nn.Module, stages: int = SPREAD) -> list[int]:
     return channels
 
 
-def teacher_outputs(teacher: nn.Module, images: torch.Tensor, stages: int = 0,
-                    logits: bool = False) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+def teacher_outputs(
+    teacher: nn.Module, images: torch.Tensor, stages: int = 0, logits: bool = False
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """One pass of the teacher (a torchvision ResNet when stages > 0): its feature maps after each of
     its first `stages` stages, (B, C_k, H_k, W_k), and with `logits` its logits (B, classes), as its
     forward computes them; the later stages are not run when the logits are not wanted."""
@@ -110,7 +113,9 @@ def matching_loss(adapted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         adapted = F.adaptive_avg_pool2d(adapted, size)
     if target.shape[-1] > size:
         target = F.adaptive_avg_pool2d(target, size)
-    target = F.layer_norm(target.permute(0, 2, 3, 1), target.shape[1:2]).permute(0, 3, 1, 2)  # each position over its channels
+    target = F.layer_norm(target.permute(0, 2, 3, 1), target.shape[1:2]).permute(
+        0, 3, 1, 2
+    )  # each position over its channels
     return F.mse_loss(adapted.float(), target.float(), reduction="sum") / max(1, adapted.numel())
 
 
@@ -121,23 +126,38 @@ class LocalityGuidance(Objective):
     settings = OBJECTIVE_SETTINGS["guidance"]
     checkpoint_key = "guidance"
 
-    def __init__(self, vit: nn.Module, weight: float, teacher_skeleton: nn.Module, stages: int = SPREAD,
-                 schedule: str = "constant") -> None:
+    def __init__(
+        self,
+        vit: nn.Module,
+        weight: float,
+        teacher_skeleton: nn.Module,
+        stages: int = SPREAD,
+        schedule: str = "constant",
+    ) -> None:
         super().__init__(weight)
         epoch_weight(weight, schedule, 0, 1)  # an unknown schedule is refused here, before training
         self.schedule = schedule
         self.blocks = tuple(guided_blocks(vit.config.depth, stages))
         self.teacher_stages = stages
         if stages > SPREAD and vit.config.class_only_last_block:
-            raise ConfigError(f"--guidance-stages {stages} guides the last block's patch tokens, which a class-token model's last "
-                              "block does not compute: use --pool gap or --pool seq, or leave --guidance-stages out")
+            raise ConfigError(
+                f"--guidance-stages {stages} guides the last block's patch tokens, which a class-token model's last "
+                "block does not compute: use --pool gap or --pool seq, or leave --guidance-stages out"
+            )
         D = vit.config.embed_dim
-        self.adapters = nn.ModuleList(nn.Conv2d(D, channels, kernel_size=1) for channels in stage_channels(teacher_skeleton, stages))
+        self.adapters = nn.ModuleList(
+            nn.Conv2d(D, channels, kernel_size=1) for channels in stage_channels(teacher_skeleton, stages)
+        )
 
     @classmethod
     def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> LocalityGuidance:
-        return cls(vit_of(model), optim.guidance, teacher_skeleton(optim.teacher, num_classes), optim.guidance_stages,
-                   optim.guidance_schedule)
+        return cls(
+            vit_of(model),
+            optim.guidance,
+            teacher_skeleton(optim.teacher, num_classes),
+            optim.guidance_stages,
+            optim.guidance_schedule,
+        )
 
     @property
     def part(self) -> nn.Module:
@@ -148,6 +168,8 @@ class LocalityGuidance(Objective):
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
         prefix = vit_of(batch.model).config.num_prefix_tokens
-        losses = [matching_loss(adapter(token_map(outputs.blocks[block], prefix)), target)
-                  for adapter, block, target in zip(self.adapters, self.blocks, outputs.teacher_maps)]
+        losses = [
+            matching_loss(adapter(token_map(outputs.blocks[block], prefix)), target)
+            for adapter, block, target in zip(self.adapters, self.blocks, outputs.teacher_maps)
+        ]
         return torch.stack(losses).mean()

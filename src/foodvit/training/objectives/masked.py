@@ -34,7 +34,9 @@ def patch_pixels(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     """(B, C, H, W) -> (B, N, C P^2), patches in the token order, each normalised over its pixels."""
     B, C, H, W = images.shape
     P = patch_size
-    patches = images.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // P) * (W // P), C * P * P)
+    patches = (
+        images.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // P) * (W // P), C * P * P)
+    )
     centred = patches - patches.mean(-1, keepdim=True)
     return centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-6)
 
@@ -62,8 +64,10 @@ class Reconstruction(nn.Module):
 def check_reconstructable(pool: str, option: str) -> None:
     """Reconstruction reads every patch's output token, which a class-token model's last block does not compute."""
     if pool == "cls":
-        raise ConfigError(f"{option} reconstructs each hidden patch from its output token, which a class-token model's "
-                          "last block does not compute: use --pool gap or --pool seq")
+        raise ConfigError(
+            f"{option} reconstructs each hidden patch from its output token, which a class-token model's "
+            "last block does not compute: use --pool gap or --pool seq"
+        )
 
 
 def hide_pixels(images: torch.Tensor, hidden: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -85,7 +89,9 @@ class MaskedPatches(Objective):
     checkpoint_key = "masked"
     reads_all_tokens = True
 
-    def __init__(self, vit: nn.Module, weight: float, ratio: float, hide_pixels: bool = False, option: str = "--masked") -> None:
+    def __init__(
+        self, vit: nn.Module, weight: float, ratio: float, hide_pixels: bool = False, option: str = "--masked"
+    ) -> None:
         check_reconstructable(vit.config.pool, option)
         super().__init__(weight)
         self.ratio, self.hide_pixels = ratio, hide_pixels
@@ -96,8 +102,10 @@ class MaskedPatches(Objective):
     def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> MaskedPatches:
         vit = vit_of(model)
         if optim.mask_pixels and vit.config.stem == "patch":
-            raise ConfigError("--mask-pixels changes nothing with --stem patch, whose tokens each see their own patch alone "
-                              "(the mask token already hides it): use --stem conv or spt, or leave --mask-pixels out")
+            raise ConfigError(
+                "--mask-pixels changes nothing with --stem patch, whose tokens each see their own patch alone "
+                "(the mask token already hides it): use --stem conv or spt, or leave --mask-pixels out"
+            )
         return cls(vit, optim.masked, optim.mask_ratio, hide_pixels=optim.mask_pixels)
 
     @property
@@ -107,7 +115,9 @@ class MaskedPatches(Objective):
     def prepare(self, batch: Batch) -> None:
         P = vit_of(batch.model).config.patch_size
         images = batch.images
-        batch.mask = draw_mask(images.shape[0], (images.shape[-2] // P) * (images.shape[-1] // P), self.ratio, images.device)
+        batch.mask = draw_mask(
+            images.shape[0], (images.shape[-2] // P) * (images.shape[-1] // P), self.ratio, images.device
+        )
         batch.mask_token = self.reconstruction.mask_token
         if self.hide_pixels:
             batch.shown = hide_pixels(batch.shown, batch.mask, P)
@@ -115,7 +125,9 @@ class MaskedPatches(Objective):
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
         c = vit_of(batch.model).config
         hidden = batch.mask
-        predicted = self.reconstruction.decoder(outputs.tokens[:, c.num_prefix_tokens:][hidden])  # (hidden patches, C P^2)
+        predicted = self.reconstruction.decoder(
+            outputs.tokens[:, c.num_prefix_tokens :][hidden]
+        )  # (hidden patches, C P^2)
         target = patch_pixels(batch.images, c.patch_size)[hidden]
         # the mean over the hidden pixels, as a sum over their count: an empty share of a batch gives 0
         return F.mse_loss(predicted.float(), target.float(), reduction="sum") / max(1, predicted.numel())
