@@ -1,8 +1,8 @@
 """The training loop: train one epoch, evaluate, fit. It knows nothing of ViTs or photos: any
 classifier, any loader of (inputs, labels) with labels as class indices or as soft targets (B, K).
-A model may return (logits, auxiliary loss) in training mode; the auxiliary loss is added to the
-cross-entropy (e.g. drloc.py's dense relative localization). A self-supervised objective returns
-(None, loss): the loss alone is minimised and the labels are not read (pretrain.py).
+A model may return (logits, extra loss) in training mode, the extra added to the cross-entropy (the
+training objectives' terms, objectives/compose.py), or (None, loss): the loss alone is minimised
+and the labels are not read (pretrain.py).
 
 Accuracy is per image: correct predictions over images seen, never a mean of batch means.
 """
@@ -127,6 +127,39 @@ def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -
             p.sub_(e)
 
 
+def _on_device(batch, s: StepSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch on the device at the size progressive resizing trains at (empty for an empty share: it joins the step)."""
+    if batch is None:
+        shape = (*s.input_shape[:-2], s.input_size, s.input_size) if s.input_size else s.input_shape
+        return torch.zeros((0, *shape), device=s.device), torch.zeros(0, dtype=torch.long, device=s.device)
+    images = batch[0].to(s.device, non_blocking=True)
+    labels = batch[1].to(s.device, non_blocking=True)
+    if s.input_size and images.shape[-1] != s.input_size:  # antialiased, as a photo decoded smaller would be
+        images = F.interpolate(images, size=(s.input_size, s.input_size), mode="bilinear", antialias=True)
+    return images, labels
+
+
+def _optimiser_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, group: list,
+                    s: StepSettings) -> tuple[torch.Tensor | None, float]:
+    """The step at the end of a group of micro-batches (their gradients accumulated): sharpness-aware
+    minimisation's second gradient if on, clipping, the optimiser and the schedule. Returns the
+    gradient norm (when clipped or asked for) and the learning rate the step took."""
+    if s.sam:
+        _sharpness_aware_gradients(model, group, s)
+        group.clear()
+    grad_norm = None
+    if s.clip_grad > 0:
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.clip_grad)
+    elif s.grad_norm:
+        grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if scheduler is not None:
+        scheduler.step()
+    return grad_norm, lr
+
+
 class ProgressBar:
     """The step hook behind the progress bar: optimiser steps, with the epoch's running loss and accuracy."""
 
@@ -181,15 +214,7 @@ def train_one_epoch(
         started = time.perf_counter()
         batch = next(batches)
         waited += time.perf_counter() - started
-        if batch is None:  # this process's share of a small last batch is empty: it still joins the step
-            shape = (*s.input_shape[:-2], s.input_size, s.input_size) if s.input_size else s.input_shape
-            images = torch.zeros((0, *shape), device=s.device)
-            labels = torch.zeros(0, dtype=torch.long, device=s.device)
-        else:
-            images = batch[0].to(s.device, non_blocking=True)
-            labels = batch[1].to(s.device, non_blocking=True)
-            if s.input_size and images.shape[-1] != s.input_size:  # antialiased, as a photo decoded smaller would be
-                images = F.interpolate(images, size=(s.input_size, s.input_size), mode="bilinear", antialias=True)
+        images, labels = _on_device(batch, s)
         group_end = min(total_batches, (i // s.accum_steps + 1) * s.accum_steps)
         group_size = group_end - (i // s.accum_steps) * s.accum_steps
         n = images.shape[0]
@@ -216,19 +241,7 @@ def train_one_epoch(
             if not (math.isfinite(totals[0]) and math.isfinite(totals[1])):
                 raise TrainingDiverged(f"the loss became {totals[1] / max(totals[3], 1)} at step {i + 1} of {total_batches}")
         if i + 1 == group_end:
-            if s.sam:
-                _sharpness_aware_gradients(model, group, s)
-                group.clear()
-            grad_norm = None
-            if s.clip_grad > 0:
-                grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.clip_grad)
-            elif s.grad_norm:
-                grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
+            grad_norm, lr = _optimiser_step(model, optimizer, scheduler, group, s)
             if hooks:
                 seen = max(totals[3], 1)
                 info = StepInfo(epoch, (i // s.accum_steps) + 1, steps, plain.detach() / max(n, 1), lr, grad_norm,
