@@ -11,7 +11,7 @@ share of its training part (drawn with the seed, the same photos for both models
 its whole held-out fifth, so every point is judged on all the training photos and the two models
 pair photo by photo. The ViT is `foodvit cv` with the default recipe (options this script does not
 know go to it, and to it alone); the CNN is torchvision's
-ResNet-18 from random initialisation, trained by foodvit's own teacher code (training/distill.py)
+ResNet-18 from random initialisation, trained by foodvit's own teacher code (training/teacher.py)
 with the recipe's photos, augmentation, optimiser, schedule and epochs: the peer the issue names
 (--cnn resnet34 scores a deeper one, e.g. the teachers of a `--teacher resnet34` study).
 Studies are kept in --out (vit-f<share>, cnn-f<share>, each with cv.json as `foodvit cv` writes

@@ -46,7 +46,7 @@ option, named here once and cited:
   9. distill_token=True: DeiT's distillation token (Touvron et al. 2021, "Training data-efficient
      image transformers & distillation through attention", section 4). A second learned token
      follows the class token; its output state feeds its own linear head (head_dist), which
-     learns the teacher's classes while Eq. 4's head learns the true ones (distill.py). Both
+     learns the teacher's classes while Eq. 4's head learns the true ones (training/objectives/distill.py). Both
      tokens attend and are attended to in every block; prediction is the mean of the two heads'
      logits, as in DeiT.
  10. stem="spt": shifted patch tokenisation (Lee et al. 2021, "Vision Transformer for Small-Size

@@ -3,7 +3,7 @@ Datasets", ECCV; arXiv 2207.10026): a CNN trained on the same photos lends the V
 not its labels.
 
 A ViT on a few hundred photos has to learn locality from them; a CNN has it built in. With
---guidance W, the run first trains the CNN teacher (the same one --distill trains: training/distill.py,
+--guidance W, the run first trains the CNN teacher (the same one --distill trains: training/teacher.py,
 random initialisation, the run's photos and schedule), then the ViT with
 
     loss = CE(student(x), y) + W x mean over pairs of || A_k(tokens of block b_k) - LN(stage_k(x)) ||^2
