@@ -1,6 +1,6 @@
 """Settings: a run directory's config.json as foodvit writes it today still loads to the same settings,
 one resolve() turns a recipe and overrides into them, and the objectives' dependent settings are refused
-while their objective is off, from one table (config.OBJECTIVES)."""
+while their objective is off, from one table (objective_settings.OBJECTIVES)."""
 
 import json
 from pathlib import Path

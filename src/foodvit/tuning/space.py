@@ -167,7 +167,7 @@ def _param(key: str, spec, config: RunConfig) -> Param:
 # Settings that only work with another one on: a trial drawing one of them (a value other than its off value) with
 # the other at 0 would be refused. key -> (the setting it needs, what it draws, its off value, what that setting is)
 # A setting that needs an objective on -> (the objective's weight, what a value other than the off one asks
-# for, the off value, the objective's title): from the objectives' settings (config.OBJECTIVES).
+# for, the off value, the objective's title): from the objectives' settings (objective_settings.OBJECTIVES).
 NEEDS = {dep.key: (f"optim.{o.name}", dep.what, dep.off, o.title) for o in OBJECTIVES for dep in o.dependents}
 
 

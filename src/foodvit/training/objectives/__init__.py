@@ -1,6 +1,6 @@
 """The training objectives beside the classes, one module each, and their registry.
 
-An objective (base.Objective) names its settings (config.OBJECTIVES: its weight, its own settings,
+An objective (base.Objective) names its settings (objective_settings.OBJECTIVES: its weight, its own settings,
 whether it reads the CNN teacher, the settings that need it on), the part of it checkpoint.pt
 keeps, how it is built, its weight at an epoch and its loss. Everything else is derived from
 REGISTRY: which objectives a run builds (build), the trainer's sum (compose.WithObjectives), the

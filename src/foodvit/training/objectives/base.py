@@ -54,7 +54,7 @@ class Objective(nn.Module):
     """One term of the loss: weight_at(epoch, epochs) x loss(batch, outputs). Subclasses set the
     class attributes and build(); parts of their own are submodules, saved as `part`."""
 
-    settings: ClassVar[ObjectiveSettings]  # its section of the settings (config.OBJECTIVES)
+    settings: ClassVar[ObjectiveSettings]  # its section of the settings (objective_settings.OBJECTIVES)
     checkpoint_key: ClassVar[str | None] = None  # where checkpoint.pt keeps `part`; None: nothing of its own
     reads_all_tokens: ClassVar[bool] = False  # reads the final patch tokens (the last block computes all of them)
     teacher_stages: int = 0  # the teacher's first stages whose feature maps it reads
