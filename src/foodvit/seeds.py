@@ -11,7 +11,18 @@ from __future__ import annotations
 
 import hashlib
 
-PURPOSES = ("init", "validation", "order", "augment", "step", "subset", "teacher-init", "teacher-step", "pretrain-init", "pretrain-step")
+PURPOSES = (
+    "init",
+    "validation",
+    "order",
+    "augment",
+    "step",
+    "subset",
+    "teacher-init",
+    "teacher-step",
+    "pretrain-init",
+    "pretrain-step",
+)
 
 
 def derive_seed(seed: int, purpose: str, *keys: int) -> int:

@@ -60,7 +60,9 @@ def resize_for_crop(image_size: int, crop_pct: float) -> int:
     return int(math.floor(image_size / crop_pct + 1e-9))
 
 
-def make_preprocess(image_size: int, mean, std, mode: str = "crop", crop_pct: float = 0.875, interpolation: str = "bilinear") -> Preprocess:
+def make_preprocess(
+    image_size: int, mean, std, mode: str = "crop", crop_pct: float = 0.875, interpolation: str = "bilinear"
+) -> Preprocess:
     resize = image_size if mode == "square" else resize_for_crop(image_size, crop_pct)
     return Preprocess(image_size, resize, mode, tuple(mean), tuple(std), interpolation)
 

@@ -54,7 +54,9 @@ def single_photo_share(n: int, batch_size: int, world_size: int = 1) -> bool:
     its feature map is 1 x 1."""
     full, last = divmod(n, batch_size)
     sizes = ([batch_size] if full else []) + ([last] if last else [])
-    return any(stop - start == 1 for size in sizes for start, stop in (share(size, r, world_size) for r in range(world_size)))
+    return any(
+        stop - start == 1 for size in sizes for start, stop in (share(size, r, world_size) for r in range(world_size))
+    )
 
 
 class ShardedBatchSampler(Sampler[list]):
@@ -102,8 +104,19 @@ class Collate:
         return self.mixer(*stacked) if self.mixer is not None else stacked
 
 
-def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0, repeats: int = 1, workers: int = 0,
-                mixer=None, pin_memory: bool = False, rank: int = 0, world_size: int = 1) -> DataLoader:
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    train: bool,
+    seed: int = 0,
+    repeats: int = 1,
+    workers: int = 0,
+    mixer=None,
+    pin_memory: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+) -> DataLoader:
     """The loader of this rank. Training: `batch_size` is the global batch, of which this rank
     loads its share (ShardedBatchSampler). Evaluation: this rank's contiguous part of the photos,
     in order.
@@ -113,8 +126,17 @@ def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0
     on a GPU), a resumed run sees the same batches, and 0, 1 or 8 workers give the same photos."""
     common = dict(num_workers=workers, pin_memory=pin_memory, collate_fn=Collate(mixer))
     if train:
-        batches = ShardedBatchSampler(EpochSampler(len(dataset), seed, repeats, per_sample_seeds=True), batch_size, rank, world_size)
-        return DataLoader(dataset, batch_sampler=batches, persistent_workers=workers > 0,
-                          generator=torch.Generator().manual_seed(derive_seed(seed, "augment")), **common)
+        batches = ShardedBatchSampler(
+            EpochSampler(len(dataset), seed, repeats, per_sample_seeds=True), batch_size, rank, world_size
+        )
+        return DataLoader(
+            dataset,
+            batch_sampler=batches,
+            persistent_workers=workers > 0,
+            generator=torch.Generator().manual_seed(derive_seed(seed, "augment")),
+            **common,
+        )
     start, stop = share(len(dataset), rank, world_size)
-    return DataLoader(dataset, batch_size=batch_size, sampler=range(start, stop), shuffle=False, drop_last=False, **common)
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=range(start, stop), shuffle=False, drop_last=False, **common
+    )

@@ -42,8 +42,10 @@ def food101(*, quiet: bool = False) -> Path:
 
         Food101(str(base), split="train", download=True)
     except (urllib.error.URLError, OSError, RuntimeError, TimeoutError) as err:
-        raise DataError(f"could not download Food-101 ({getattr(err, 'reason', err)}); with it downloaded elsewhere, "
-                        f"unpack it into {base} (so that {root / 'meta'} exists) or pass --data /path/to/food-101") from err
+        raise DataError(
+            f"could not download Food-101 ({getattr(err, 'reason', err)}); with it downloaded elsewhere, "
+            f"unpack it into {base} (so that {root / 'meta'} exists) or pass --data /path/to/food-101"
+        ) from err
     return root
 
 
@@ -65,7 +67,9 @@ def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, q
         return extract(download(source, timeout=timeout, quiet=quiet))
     path = Path(source).expanduser()
     if not path.exists():
-        raise DataError(f"data source {path} does not exist; expected a folder laid out as {LAYOUT}, a .zip of one, or a URL")
+        raise DataError(
+            f"data source {path} does not exist; expected a folder laid out as {LAYOUT}, a .zip of one, or a URL"
+        )
     if path.is_file():
         if not zipfile.is_zipfile(path):
             raise DataError(f"{path} is a file but not a zip; expected a folder laid out as {LAYOUT}, or a .zip of one")
@@ -117,7 +121,9 @@ def extract(zip_path: Path) -> Path:
             for member in archive.namelist():
                 parts = PurePosixPath(member.replace("\\", "/")).parts
                 if member.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
-                    raise DataError(f"{zip_path} holds an unsafe member {member!r} (absolute or '..' path); refusing to unpack it")
+                    raise DataError(
+                        f"{zip_path} holds an unsafe member {member!r} (absolute or '..' path); refusing to unpack it"
+                    )
 
             def unpack(tmp: Path) -> None:
                 archive.extractall(tmp)
@@ -125,8 +131,10 @@ def extract(zip_path: Path) -> Path:
 
             atomic_folder(target, unpack)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as err:
-        raise DataError(f"{zip_path} is a damaged zip ({type(err).__name__}: {err}); download it again or unpack it "
-                        "yourself and pass the folder") from err
+        raise DataError(
+            f"{zip_path} is a damaged zip ({type(err).__name__}: {err}); download it again or unpack it "
+            "yourself and pass the folder"
+        ) from err
     return _root_of(target, zip_path)
 
 

@@ -48,7 +48,9 @@ def exported_kind(path: str | Path) -> str | None:
             names = archive.namelist()
     except (OSError, zipfile.BadZipFile):
         return None
-    if any("/code/__torch__/" in n or n.endswith("/constants.pkl") for n in names):  # TorchScript keeps the model's code
+    if any(
+        "/code/__torch__/" in n or n.endswith("/constants.pkl") for n in names
+    ):  # TorchScript keeps the model's code
         return "TorchScript"
     if any(n.endswith("/archive_format") for n in names):  # torch.export's archive (.pt2)
         return "torch.export"
@@ -61,13 +63,17 @@ def check_not_exported(path: str | Path) -> None:
 
     kind = exported_kind(path)
     if kind == "ONNX":
-        raise RunError(f"{path} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the "
-                       "trained run directory (or its model.safetensors) it was exported from")
+        raise RunError(
+            f"{path} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the "
+            "trained run directory (or its model.safetensors) it was exported from"
+        )
     if kind is not None:
         load = "torch.jit.load(path)" if kind == "TorchScript" else "torch.export.load(path).module()"
-        raise RunError(f"{path} is a {kind} export (foodvit export --format {'torchscript' if kind == 'TorchScript' else 'exported-program'}), "
-                       f"which foodvit does not read back: use the run directory it was exported from, or an .onnx export "
-                       f"(foodvit export RUN --out model.onnx), or load it in PyTorch with {load}")
+        raise RunError(
+            f"{path} is a {kind} export (foodvit export --format {'torchscript' if kind == 'TorchScript' else 'exported-program'}), "
+            f"which foodvit does not read back: use the run directory it was exported from, or an .onnx export "
+            f"(foodvit export RUN --out model.onnx), or load it in PyTorch with {load}"
+        )
 
 
 class Predictor:
@@ -81,7 +87,9 @@ class Predictor:
 
     def __init__(self, backend, classes: Sequence[str], preprocess: Preprocess, card: dict | None = None) -> None:
         if not callable(backend) or hasattr(backend, "parameters"):  # a PyTorch module
-            from foodvit.deploy.torch_backend import TorchBackend  # only for a PyTorch model: the ONNX path never loads torch
+            from foodvit.deploy.torch_backend import (
+                TorchBackend,
+            )  # only for a PyTorch model: the ONNX path never loads torch
 
             backend = TorchBackend(backend)
         self.model = getattr(backend, "model", None)  # the PyTorch module when there is one (explain, pictures)
@@ -152,7 +160,13 @@ class Predictor:
         reduced (photos.decode's reduce_to: the preprocessing's resize size); max_pixels and
         budget (a DecodeBudget): the server's limits. A PhotoError if it cannot be used."""
         p = self.preprocess
-        return decode(photo, name, max_pixels=max_pixels, reduce_to=p.resize_size if p.mode == "crop" else p.image_size, budget=budget)
+        return decode(
+            photo,
+            name,
+            max_pixels=max_pixels,
+            reduce_to=p.resize_size if p.mode == "crop" else p.image_size,
+            budget=budget,
+        )
 
     def prepare(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None) -> np.ndarray:
         """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used (see decode)."""
@@ -170,8 +184,13 @@ class Predictor:
         {class: p} in the classes' order, top_k [[label, p], ...] best first, seconds."""
         order = np.argsort(-probabilities, kind="stable")[: max(1, min(top_k, len(self.classes)))]
         ranked = [[self.classes[i], float(probabilities[i])] for i in order]
-        return {"label": ranked[0][0], "probability": ranked[0][1],
-                "probabilities": {c: float(p) for c, p in zip(self.classes, probabilities)}, "top_k": ranked, "seconds": seconds}
+        return {
+            "label": ranked[0][0],
+            "probability": ranked[0][1],
+            "probabilities": {c: float(p) for c, p in zip(self.classes, probabilities)},
+            "top_k": ranked,
+            "seconds": seconds,
+        }
 
     @property
     def has_attention(self) -> bool:
@@ -212,4 +231,6 @@ class Predictor:
         probabilities = self.probabilities(np.stack(inputs)) if inputs else np.empty((0, len(self.classes)))
         seconds = time.perf_counter() - started
         good = iter(probabilities)
-        return [{"error": errors[i]} if i in errors else self.result(next(good), seconds, top_k) for i in range(len(photos))]
+        return [
+            {"error": errors[i]} if i in errors else self.result(next(good), seconds, top_k) for i in range(len(photos))
+        ]

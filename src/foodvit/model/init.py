@@ -95,7 +95,9 @@ def impulse_init_(attn, positions: torch.Tensor, offsets: list[tuple[int, int]])
     cols_of = torch.arange(grid * grid) % grid
     for head, (dy, dx) in enumerate(offsets):
         key = impulse_offsets(grid, dy, dx)
-        target = IMPULSE_LOGIT * ((rows_of[None, :] == rows_of[key][:, None]).double() + (cols_of[None, :] == cols_of[key][:, None]).double())
+        target = IMPULSE_LOGIT * (
+            (rows_of[None, :] == rows_of[key][:, None]).double() + (cols_of[None, :] == cols_of[key][:, None]).double()
+        )
         M = (vh.T * shrink) @ (u.T @ target @ u) @ (shrink[:, None] * vh) * math.sqrt(d)  # (D, D): X M X^T ~ target
         left, sv, right = torch.linalg.svd(M)
         root = sv[:d].sqrt()
@@ -114,7 +116,9 @@ def init_weights(model) -> None:
     if model.config.class_token:
         nn.init.zeros_(model.cls_token)  # cls: initializers.zeros
     if model.config.distill_token:
-        nn.init.trunc_normal_(model.dist_token, std=0.02)  # DeiT's: unlike the zero class token, so the two differ at step 0
+        nn.init.trunc_normal_(
+            model.dist_token, std=0.02
+        )  # DeiT's: unlike the zero class token, so the two differ at step 0
     for block in model.blocks:
         # MultiHeadDotProductAttention(kernel_init=xavier_uniform): q, k and v are separate D -> D
         # projections there, so each third of the fused U_qkv gets xavier with fan_in = fan_out = D.
@@ -129,9 +133,14 @@ def init_weights(model) -> None:
         # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
         if model.config.init == "mimetic":
             mimetic_init_(block.attn)
-        elif model.config.init == "impulse" and not model.pos_embed.is_meta:  # (a meta model has no values to solve for)
-            impulse_init_(block.attn, F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)),
-                          impulse_taps(block.attn.num_heads, model.config.locality and model.config.locality_mask))
+        elif (
+            model.config.init == "impulse" and not model.pos_embed.is_meta
+        ):  # (a meta model has no values to solve for)
+            impulse_init_(
+                block.attn,
+                F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)),
+                impulse_taps(block.attn.num_heads, model.config.locality and model.config.locality_mask),
+            )
     # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does; deviation 12's
     # filters start at zero (GridConv.reset_parameters).
     init_head(model.head)

@@ -39,9 +39,13 @@ def summarize(model: nn.Module, input_size: tuple[int, ...], max_depth: int = 3)
         if depth > max_depth:
             continue
         params = list(module.parameters())
-        row = Row(depth, name.rsplit(".", 1)[-1] or type(model).__name__, type(module).__name__,
-                  params=sum(p.numel() for p in params),
-                  trainable=None if not params else all(p.requires_grad for p in params))
+        row = Row(
+            depth,
+            name.rsplit(".", 1)[-1] or type(model).__name__,
+            type(module).__name__,
+            params=sum(p.numel() for p in params),
+            trainable=None if not params else all(p.requires_grad for p in params),
+        )
         rows[name] = row
 
         def hook(mod, args, output, row=row):
@@ -62,8 +66,13 @@ def format_summary(model: nn.Module, input_size: tuple[int, ...], max_depth: int
     rows = summarize(model, input_size, max_depth)
     header = ("Layer (type)", "Input shape", "Output shape", "Param #", "Trainable")
     cells = [header] + [
-        ("  " * r.depth + f"{r.name} ({r.kind})", r.input_shape, r.output_shape, f"{r.params:,}",
-         "--" if r.trainable is None else str(r.trainable))
+        (
+            "  " * r.depth + f"{r.name} ({r.kind})",
+            r.input_shape,
+            r.output_shape,
+            f"{r.params:,}",
+            "--" if r.trainable is None else str(r.trainable),
+        )
         for r in rows
     ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
@@ -74,9 +83,21 @@ def format_summary(model: nn.Module, input_size: tuple[int, ...], max_depth: int
     size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     notes = []
     if getattr(getattr(model, "config", None), "class_only_last_block", False):
-        notes = [f"Block {len(model.blocks) - 1} outputs the class token only: Eq. 4 reads z_L^0 alone, so forward() "
-                 "computes no other token there (forward_features() returns all of them).", line]
-    out = [line, fmt(header), line, *(fmt(c) for c in cells[1:]), line, *notes,
-           f"Trainable params: {trainable:,}", f"Non-trainable params: {total - trainable:,}",
-           f"Params size (MB): {size_mb:,.2f}", f"Total params: {total:,}"]
+        notes = [
+            f"Block {len(model.blocks) - 1} outputs the class token only: Eq. 4 reads z_L^0 alone, so forward() "
+            "computes no other token there (forward_features() returns all of them).",
+            line,
+        ]
+    out = [
+        line,
+        fmt(header),
+        line,
+        *(fmt(c) for c in cells[1:]),
+        line,
+        *notes,
+        f"Trainable params: {trainable:,}",
+        f"Non-trainable params: {total - trainable:,}",
+        f"Params size (MB): {size_mb:,.2f}",
+        f"Total params: {total:,}",
+    ]
     return "\n".join(out)
