@@ -250,9 +250,8 @@ def cv_folds(split: Split, k: int, seed: int) -> list[tuple[Split, Split]]:
     offset = 0
     for order in shuffled_by_class(split.samples, len(split.classes), seed, "validation", k):
         for rank, i in enumerate(order):
-            fold_of[split.samples[i][0]] = (
-                offset + rank
-            ) % k  # continue the rotation across classes: folds stay balanced in size
+            # continue the rotation across classes: folds stay balanced in size
+            fold_of[split.samples[i][0]] = (offset + rank) % k
         offset += len(order)
     folds = []
     for fold in range(k):

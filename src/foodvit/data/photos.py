@@ -16,6 +16,8 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Callable
+from typing import Literal
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -163,7 +165,7 @@ def load_or_explain(path: str | os.PathLike) -> Image.Image:
 
 def decode(
     photo,
-    name: str = "the photo",
+    name: str | os.PathLike = "the photo",
     *,
     max_pixels: int = MAX_PIXELS,
     reduce_to: int | None = None,
@@ -182,6 +184,7 @@ def decode(
         if photo.width * photo.height > min(max_pixels, MAX_PIXELS):
             raise too_large(name, photo.width * photo.height, min(max_pixels, MAX_PIXELS), photo.size)
         return photo if photo.mode == "RGB" else as_rgb(photo)
+    source: io.BytesIO | str | os.PathLike
     if isinstance(photo, (bytes, bytearray, memoryview)):
         source = io.BytesIO(photo)
     elif isinstance(photo, (str, os.PathLike)):
@@ -278,7 +281,7 @@ def release_memory() -> bool:
     return bool(_malloc_trim and _malloc_trim(0) is not None)
 
 
-_malloc_trim = None
+_malloc_trim: Callable[[int], object] | Literal[False] | None = None  # None: not looked up yet; False: no glibc
 
 
 def check_image(path) -> str | None:

@@ -42,10 +42,10 @@ class Preprocess:
             raise ConfigError(f"resize size {self.resize_size} is smaller than the crop {self.image_size}")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Preprocess":
+    def from_dict(cls, d: dict) -> Preprocess:
         return cls(**{**d, "mean": tuple(d["mean"]), "std": tuple(d["std"])})
 
-    def at_size(self, image_size: int) -> "Preprocess":
+    def at_size(self, image_size: int) -> Preprocess:
         """The same preprocessing for another input size: with 'crop', the same crop share."""
         resize = image_size if self.mode == "square" else int(round(image_size * self.resize_size / self.image_size))
         return Preprocess(image_size, max(resize, image_size), self.mode, self.mean, self.std, self.interpolation)

@@ -9,6 +9,9 @@ photos into one contiguous part per rank, without padding, so every photo counts
 
 from __future__ import annotations
 
+from collections.abc import Sized
+from typing import Any, cast
+
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
@@ -124,10 +127,11 @@ def make_loader(
     Training augments each photo from its own seed (EpochSampler's per-sample seeds), so the
     workers stay up between epochs (starting them took longer than a whole epoch of a small model
     on a GPU), a resumed run sees the same batches, and 0, 1 or 8 workers give the same photos."""
-    common = dict(num_workers=workers, pin_memory=pin_memory, collate_fn=Collate(mixer))
+    common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory, collate_fn=Collate(mixer))
+    n = len(cast(Sized, dataset))  # a map-style dataset has a length; torch's Dataset does not declare it
     if train:
         batches = ShardedBatchSampler(
-            EpochSampler(len(dataset), seed, repeats, per_sample_seeds=True), batch_size, rank, world_size
+            EpochSampler(n, seed, repeats, per_sample_seeds=True), batch_size, rank, world_size
         )
         return DataLoader(
             dataset,
@@ -136,7 +140,7 @@ def make_loader(
             generator=torch.Generator().manual_seed(derive_seed(seed, "augment")),
             **common,
         )
-    start, stop = share(len(dataset), rank, world_size)
+    start, stop = share(n, rank, world_size)
     return DataLoader(
         dataset, batch_size=batch_size, sampler=range(start, stop), shuffle=False, drop_last=False, **common
     )

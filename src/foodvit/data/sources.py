@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 import zlib
@@ -78,7 +79,7 @@ def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, q
 
 
 def _download_target(url: str) -> Path:
-    name = PurePosixPath(urllib.request.urlparse(url).path).name or "download"
+    name = PurePosixPath(urllib.parse.urlparse(url).path).name or "download"
     return cache_dir() / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
 
 

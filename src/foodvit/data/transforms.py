@@ -61,7 +61,7 @@ def train_transform(
     return v2.Compose(ops)
 
 
-def batch_mixer(num_classes: int, mixup: float = 0.0, cutmix: float = 0.0, prob: float = 1.0) -> "BatchMixer | None":
+def batch_mixer(num_classes: int, mixup: float = 0.0, cutmix: float = 0.0, prob: float = 1.0) -> BatchMixer | None:
     """Mixup and/or CutMix on whole batches (one of the two, chosen at random, when both are on).
 
     Returns a callable (images, labels) -> (images, soft labels (B, K) summing to 1), or None.

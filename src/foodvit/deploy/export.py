@@ -155,9 +155,9 @@ def export(
             backend = OnnxBackend(staging)
             got = backend(inputs)
             if with_attention:
-                attention = float(
-                    np.abs(backend.attention(inputs).astype(np.float64) - predictor.backend.attention(inputs)).max()
-                )
+                exported, reference_maps = backend.attention(inputs), predictor.attention_maps(inputs)
+                assert exported is not None and reference_maps is not None  # a ViT exported --with-attention
+                attention = float(np.abs(exported.astype(np.float64) - reference_maps).max())
         else:
             got = _export_torch(predictor, staging, fmt, inputs)
         parity = relative_difference(got, reference)
@@ -215,6 +215,7 @@ def _export_onnx(
                 external_data=False,
                 optimize=True,
             )
+            assert program is not None  # dynamo=True always returns the ONNXProgram
             program.save(str(fp32), external_data=False)
         except Exception as err:
             raise ExportError(
@@ -263,9 +264,8 @@ def _export_torch(predictor, out: Path, fmt: str, inputs: np.ndarray) -> np.ndar
     extra = metadata(predictor)
     buffer = io.BytesIO()
     if fmt == "torchscript":
-        with (
-            warnings.catch_warnings()
-        ):  # TorchScript is deprecated upstream (torch.export is its successor); it still runs
+        # TorchScript is deprecated upstream (torch.export is its successor); it still runs
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.inference_mode():
                 traced = torch.jit.trace(model, x[:1], check_trace=False)

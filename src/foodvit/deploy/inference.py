@@ -88,7 +88,7 @@ def plot_predictions(images: list[str | Path], results: list[dict], columns: int
     fig, axes = subplots(rows, cols, figsize=(4.5 * cols, 4.8 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for ax, image, result in zip(axes.flat, images, results):
+    for ax, image, result in zip(axes.flat, images, results, strict=False):
         if "error" in result:
             ax.text(0.5, 0.5, f"{Path(str(image)).name}\ncould not be read", ha="center", va="center", fontsize=10)
             continue

@@ -142,7 +142,8 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
                 # undecoded: gr.Image's own preprocessing opens it with Pillow and answers a bad file with its own
                 # error, which names the server's cache path. (On the instance: a subclass of a Gradio component
                 # makes Gradio write a .pyi stub beside this module.)
-                image.preprocess = lambda payload: None if payload is None else payload.path
+                # (mypy: an assignment over a method is what is meant here)
+                image.preprocess = lambda payload: None if payload is None else payload.path  # type: ignore[method-assign]
                 button = gr.Button("Classify", variant="primary", elem_id="foodvit-classify")
                 if examples:
                     gr.Examples(
@@ -169,5 +170,6 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
         gr.Markdown("API: `POST /predict` with the photo in the form field `file`; `GET /health`.")
         outputs = [label, table, overlay]
         button.click(classify, inputs=[image], outputs=outputs, api_name="classify")
-        image.upload(classify, inputs=[image], outputs=outputs, api_name=False)
+        # api_name=False: no API endpoint for the upload event (Gradio accepts it; its annotation says str | None)
+        image.upload(classify, inputs=[image], outputs=outputs, api_name=False)  # type: ignore[arg-type]
     return page

@@ -178,7 +178,8 @@ def describe(quantization: dict | None) -> str:
     f = figures
     return (
         f"{method} int8, chosen by measurement on {quantization.get('probe_photos', '?')} photos: single-photo latency "
-        f"{f[method]['latency_ms']:.2f} ms vs {other} {f[other]['latency_ms']:.2f} ms (fp32 {f['fp32']['latency_ms']:.2f} ms), "
+        f"{f[method]['latency_ms']:.2f} ms vs {other} {f[other]['latency_ms']:.2f} ms "
+        f"(fp32 {f['fp32']['latency_ms']:.2f} ms), "
         f"top-1 agreement with fp32 {f[method]['agreement']:.0%} vs {f[other]['agreement']:.0%}; "
         f"static calibrated on {quantization['calibration_photos']} training photos"
     )

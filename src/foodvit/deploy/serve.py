@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
@@ -104,7 +105,7 @@ class Batcher:
                     future.set_exception(err)
                 continue
             self.batches += 1
-            for (_, future), p in zip(items, probabilities):
+            for (_, future), p in zip(items, probabilities, strict=True):
                 future.set_result(p)
 
 
@@ -157,7 +158,10 @@ class Service:
 
 
 def too_large_message(max_bytes: int) -> str:
-    return f"the upload is larger than the limit of {max_bytes / 1e6:g} MB; send a smaller photo (the server's --max-upload-mb sets the limit)"
+    return (
+        f"the upload is larger than the limit of {max_bytes / 1e6:g} MB; send a smaller photo "
+        "(the server's --max-upload-mb sets the limit)"
+    )
 
 
 class BodyLimit:
@@ -239,9 +243,8 @@ def create_app(
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     size = predictor.preprocess.image_size
-    predictor.probabilities(
-        np.zeros((1, 3, size, size), np.float32)
-    )  # warm-up: the first visitor waits no longer than others
+    # warm-up: the first visitor waits no longer than others
+    predictor.probabilities(np.zeros((1, 3, size, size), np.float32))
     max_bytes = int(max_upload_mb * 1e6)
     service = Service(
         predictor,
@@ -264,12 +267,15 @@ def create_app(
             status_code=422,
         )
 
-    async def _http_error(request: Request, err: StarletteHTTPException):
+    async def _http_error(request: Request, err: Exception) -> JSONResponse:
+        assert isinstance(err, StarletteHTTPException)  # registered for that class alone, below
         message = str(err.detail).rstrip(".")
-        if (
-            request.url.path == "/predict" and err.status_code == 400
-        ):  # e.g. the multipart parser's "Invalid multipart data"
-            message += "; expected a multipart form with the photo in the field 'file' (e.g. curl -F file=@photo.jpg URL/predict)"
+        # e.g. the multipart parser's "Invalid multipart data"
+        if request.url.path == "/predict" and err.status_code == 400:
+            message += (
+                "; expected a multipart form with the photo in the field 'file' "
+                "(e.g. curl -F file=@photo.jpg URL/predict)"
+            )
         if err.status_code == 404 and message == "Not Found":
             message = (
                 f"nothing at {request.method} {request.url.path}: the page is GET /, the API POST /predict "
@@ -306,10 +312,10 @@ def create_app(
         return service.health()
 
     @app.post("/predict")
-    async def predict(file: UploadFile = File(..., description=f"the photo: {ACCEPTED}")) -> dict:
+    async def predict(file: Annotated[UploadFile, File(description=f"the photo: {ACCEPTED}")]) -> dict:
         data = await file.read()
         if len(data) > max_bytes:  # a multipart body within the limit cannot hold more, but be sure
-            return JSONResponse({"error": too_large_message(max_bytes)}, status_code=413)
+            raise StarletteHTTPException(413, too_large_message(max_bytes))  # answered by _http_error
         return await service.classify_async(data, safe_name(file.filename))
 
     if page:
@@ -327,8 +333,8 @@ def create_app(
             show_error=True,
             allowed_paths=sorted(str(Path(p).resolve()) for p in examples),
             footer_links=["api"],
-            app_kwargs={"exception_handlers": {StarletteHTTPException: _http_error}},
-        )  # its 404s in our shape
+            app_kwargs={"exception_handlers": {StarletteHTTPException: _http_error}},  # its 404s in our shape
+        )
     return BodyLimit(app, max_bytes), service
 
 
@@ -414,7 +420,8 @@ def serve(
         )
         where = f"[{host}]" if ":" in host else host
         print(
-            f"serving {predictor.name} from {run} at http://{where}:{port}/  (API: POST /predict, GET /health; Ctrl+C stops)",
+            f"serving {predictor.name} from {run} at http://{where}:{port}/  "
+            "(API: POST /predict, GET /health; Ctrl+C stops)",
             flush=True,
         )
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5)

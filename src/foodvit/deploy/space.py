@@ -91,8 +91,9 @@ def _readme(predictor, classes: list[str], onnx: bool = False) -> str:
             "",
             f"# {title}",
             "",
-            f"A Vision Transformer trained with foodvit to tell {', '.join(classes)} apart. The page takes a photo and shows the "
-            "probability of each class, the time taken and the attention rollout over the part of the photo the model saw.",
+            f"A Vision Transformer trained with foodvit to tell {', '.join(classes)} apart. The page takes a photo and "
+            "shows the probability of each class, the time taken and the attention rollout over the part of the photo "
+            "the model saw.",
             "",
             *(["The model runs in ONNX Runtime: the Space installs no PyTorch.", ""] if onnx else []),
             "Run it here: `pip install -r requirements.txt && python app.py`, then open http://127.0.0.1:7860/. "

@@ -57,7 +57,8 @@ def mimetic_init_(attn, qk: tuple[float, float] = MIMETIC_QK, vo: tuple[float, f
     # W_v W_o = (U S^1/2)(V S^1/2)^T = a Z - b I
 
 
-IMPULSE_LOGIT = 10.0  # target logit of the chosen neighbour's row and of its column (0 elsewhere): about 64% of the attention at step 0
+# target logit of the chosen neighbour's row and of its column (0 elsewhere): about 64% of the attention at step 0
+IMPULSE_LOGIT = 10.0
 IMPULSE_RIDGE = 1e-4  # ridge of the solve, as a share of the largest squared singular value of the positions
 
 
@@ -116,9 +117,8 @@ def init_weights(model) -> None:
     if model.config.class_token:
         nn.init.zeros_(model.cls_token)  # cls: initializers.zeros
     if model.config.distill_token:
-        nn.init.trunc_normal_(
-            model.dist_token, std=0.02
-        )  # DeiT's: unlike the zero class token, so the two differ at step 0
+        # DeiT's: unlike the zero class token, so the two differ at step 0
+        nn.init.trunc_normal_(model.dist_token, std=0.02)
     for block in model.blocks:
         # MultiHeadDotProductAttention(kernel_init=xavier_uniform): q, k and v are separate D -> D
         # projections there, so each third of the fused U_qkv gets xavier with fan_in = fan_out = D.
@@ -133,9 +133,8 @@ def init_weights(model) -> None:
         # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
         if model.config.init == "mimetic":
             mimetic_init_(block.attn)
-        elif (
-            model.config.init == "impulse" and not model.pos_embed.is_meta
-        ):  # (a meta model has no values to solve for)
+        # (a meta model has no values to solve for)
+        elif model.config.init == "impulse" and not model.pos_embed.is_meta:
             impulse_init_(
                 block.attn,
                 F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)),

@@ -99,13 +99,13 @@ class Pretrained:
 def _torchvision_state_dict(weights) -> dict[str, torch.Tensor]:
     """torchvision's weights file, downloaded once into torch.hub's cache ($TORCH_HOME) as
     torchvision does, its SHA-256 checked against the prefix in the file name."""
-    import urllib.request
+    import urllib.parse
 
     from torch.hub import HASH_REGEX, get_dir
 
     from foodvit.files import download
 
-    name = Path(urllib.request.urlparse(weights.url).path).name
+    name = Path(urllib.parse.urlparse(weights.url).path).name
     target = Path(get_dir()) / "checkpoints" / name
     if not target.is_file():
         expected = HASH_REGEX.search(name)
@@ -187,7 +187,8 @@ def _preprocess_from_timm(name: str) -> tuple[str, int, Preprocess]:
     match = _TIMM_NAME.match(arch)
     if match is None:
         raise PretrainedError(
-            f"timm model {name!r} is not a plain ViT foodvit builds; expected vit_<tiny|small|base|large|huge>_patch<P>_<size>[.tag]"
+            f"timm model {name!r} is not a plain ViT foodvit builds; "
+            "expected vit_<tiny|small|base|large|huge>_patch<P>_<size>[.tag]"
         )
     variant = f"ViT-{_TIMM_SIZES[match[1]]}/{match[2]}"
     if cfg is None:
@@ -208,7 +209,8 @@ def infer_variant(state: dict[str, torch.Tensor]) -> tuple[str, int]:
     size = next((key for key, s in SIZES.items() if (s.depth, s.embed_dim, s.mlp_dim) == (depth, D, M)), None)
     if size is None:
         raise PretrainedError(
-            f"these weights (depth {depth}, width {D}, MLP {M}) match no row of Table 1; foodvit cannot tell their heads"
+            f"these weights (depth {depth}, width {D}, MLP {M}) match no row of Table 1; "
+            "foodvit cannot tell their heads"
         )
     tokens = state["pos_embed"].shape[1] if "pos_embed" in state else None
     grid = math.isqrt(tokens - 1) if tokens else 224 // P
@@ -235,8 +237,8 @@ def resolve(spec: str, model_hint: str | None = None) -> Pretrained:
     state, meta = read_weights(path)
     config = config_from_metadata(meta)
     if config is not None:  # a foodvit file knows everything
-        pre = Preprocess.from_dict(_json(meta["preprocess"])) if "preprocess" in meta else None
-        return Pretrained(str(path), "file", _name_of(config), config.image_size, pre, config)
+        saved = Preprocess.from_dict(_json(meta["preprocess"])) if "preprocess" in meta else None
+        return Pretrained(str(path), "file", _name_of(config), config.image_size, saved, config)
     variant, size = infer_variant(state)
     layout = detect_layout(unwrap(state))
     # torchvision's weights use ImageNet statistics (resize 256, crop 224); timm's ViTs mostly [-1, 1]

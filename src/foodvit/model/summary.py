@@ -6,6 +6,7 @@ Shapes come from one forward pass on the meta device, so even ViT-H/14 costs no 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,14 +78,18 @@ def format_summary(model: nn.Module, input_size: tuple[int, ...], max_depth: int
     ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     line = "=" * (sum(widths) + 2 * (len(widths) - 1))
-    fmt = lambda c: "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths)))  # noqa: E731
+
+    def fmt(c: tuple[str, ...]) -> str:
+        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths, strict=True)))
+
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     notes = []
-    if getattr(getattr(model, "config", None), "class_only_last_block", False):
+    config: Any = getattr(model, "config", None)  # a ViTConfig, or None for a model that is not ours
+    if getattr(config, "class_only_last_block", False):
         notes = [
-            f"Block {len(model.blocks) - 1} outputs the class token only: Eq. 4 reads z_L^0 alone, so forward() "
+            f"Block {config.depth - 1} outputs the class token only: Eq. 4 reads z_L^0 alone, so forward() "
             "computes no other token there (forward_features() returns all of them).",
             line,
         ]

@@ -20,7 +20,7 @@ from foodvit.config import ViTConfig
 from foodvit.errors import InputError
 from foodvit.files import atomic_write
 from foodvit.model.positions import resample_pos_embed
-from foodvit.model.vit import HEADS, VisionTransformer
+from foodvit.model.vit import HEADS, Block, VisionTransformer
 
 StateDict = dict[str, torch.Tensor]
 
@@ -203,7 +203,9 @@ def read_weights(path: str | Path) -> tuple[StateDict, dict[str, str]]:
         ) from err
     if not isinstance(obj, Mapping):
         raise InputError(f"{path} holds a {type(obj).__name__}, not a state dict")
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        meta = {}
     return unwrap(obj), {k: str(v) for k, v in meta.items()}
 
 
@@ -318,6 +320,7 @@ def to_torch_encoder(model: VisionTransformer) -> nn.Sequential:
         )
     layers = []
     for block in model.blocks:
+        assert isinstance(block, Block)  # nn.ModuleList yields its items as plain Modules
         layer = nn.TransformerEncoderLayer(
             c.embed_dim,
             c.num_heads,

@@ -83,7 +83,8 @@ def read_run(run: Path) -> tuple[dict, dict]:
             ) from None
         if not isinstance(final, dict):
             raise RunError(
-                f"{model_json} is not the model card training writes (no metrics object); restore it or leave that run out"
+                f"{model_json} is not the model card training writes (no metrics object); "
+                "restore it or leave that run out"
             )
         metrics.update({k: final[k] for k in ("test_acc", "test_loss") if k in final})
     else:
@@ -110,7 +111,7 @@ def _show(value) -> str:
 
 def table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 

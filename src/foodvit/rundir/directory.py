@@ -87,7 +87,7 @@ class RunLock:
         self.path = self.folder / self.NAME
         self.lock = FileLock(self.path, timeout=0)
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             self.lock.acquire()
         except Timeout:
@@ -110,7 +110,7 @@ class RunLock:
         self.release()
         self.path.unlink(missing_ok=True)
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
@@ -152,7 +152,7 @@ class NewRunDirectory:
         self.out, self.created = Path(out), False
         self.lock = RunLock(self.out)
 
-    def __enter__(self) -> "NewRunDirectory":
+    def __enter__(self) -> NewRunDirectory:
         out = self.out
         if out.exists() and not out.is_dir():
             raise RunError(f"--out {out} is a file; a run directory is a folder: choose another --out")
@@ -171,7 +171,8 @@ class NewRunDirectory:
             self.lock.release() if self.lock_was_there else self.lock.remove()  # the user's folder as it was
             if "checkpoint.pt" in others or "model.safetensors" in others:
                 raise RunError(
-                    f"{out} already holds a run; continue it with `foodvit train --resume {out}` or choose another --out"
+                    f"{out} already holds a run; continue it with `foodvit train --resume {out}` "
+                    "or choose another --out"
                 )
             shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
             raise RunError(
@@ -252,7 +253,8 @@ def load_checkpoint(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise RunError(
-            f"{path} does not exist: nothing to resume (a run writes it after its first epoch, or its CNN teacher or pre-training stage)"
+            f"{path} does not exist: nothing to resume "
+            "(a run writes it after its first epoch, or its CNN teacher or pre-training stage)"
         )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -302,7 +304,8 @@ def read_for_resume(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
     if int(state.get("epoch", 0)) >= config.train.epochs and (out / "model.safetensors").is_file():
         raise RunError(
             f"{out} is finished ({config.train.epochs} of {config.train.epochs} epochs, model saved); nothing to "
-            f"resume and nothing was changed: evaluate it with `foodvit evaluate {out}`, or train more in a new run with --out"
+            f"resume and nothing was changed: evaluate it with `foodvit evaluate {out}`, "
+            "or train more in a new run with --out"
         )
     if data:
         log(f"data: {data} (given with --resume; the run started with {config.data.source or 'the default source'})")

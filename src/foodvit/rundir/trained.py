@@ -89,7 +89,8 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
         raise RunError(f"{weights} lacks class names or preprocessing; it was not written by foodvit train")
     if len(classes) != config.num_classes:
         raise RunError(
-            f"{weights}: {len(classes)} class names for a model with {config.num_classes} outputs; the files do not belong together"
+            f"{weights}: {len(classes)} class names for a model with {config.num_classes} outputs; "
+            "the files do not belong together"
         )
     model = load_weights(VisionTransformer(config), state).eval()
     card = {

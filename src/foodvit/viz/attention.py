@@ -20,13 +20,16 @@ def attention_rollout(attentions: list[torch.Tensor], residual: float = 0.5) -> 
     multiplied from the first to the last. Input: L tensors (B, h, T, T). Output: (B, T, T), each
     row a distribution over the tokens the information came from.
     """
-    rollout = None
+    if not attentions:
+        raise ValueError("attention_rollout needs the attention weights of at least one layer")
+    rollout: torch.Tensor | None = None
     for weights in attentions:
         a = weights.float().mean(dim=1)  # (B, h, T, T) -> (B, T, T)
         eye = torch.eye(a.shape[-1], device=a.device)
         a = residual * eye + (1 - residual) * a
         a = a / a.sum(dim=-1, keepdim=True)
         rollout = a if rollout is None else a @ rollout  # later layers act on what earlier ones mixed
+    assert rollout is not None  # at least one layer, checked above
     return rollout
 
 
@@ -166,7 +169,7 @@ def explain(predictor, photo, top_k: int = 3) -> dict:
     heads = (last / last.sum(-1, keepdim=True)).reshape(-1, g, g)
     top = probs.topk(min(top_k, probs.numel()))
     return {
-        "top_k": [(predictor.classes[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())],
+        "top_k": [(predictor.classes[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)],
         "rollout": pooled_rollout(model, tokens, attentions)[0].cpu(),
         "heads": heads,
         "input": x[0].cpu(),
@@ -187,11 +190,9 @@ def _torch_model(predictor):
 def attention_distances_over(model, images: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
     """Mean attention distance (L, h) averaged over a batch of preprocessed images."""
     c = model.config
-    total, count = None, 0
+    sums = []  # each batch's distances times its number of images
     for start in range(0, len(images), batch_size):
         x = images[start : start + batch_size].to(next(model.parameters()).device)
         _, attentions = model.forward_with_attention(x)
-        d = mean_attention_distance(attentions, c.num_prefix_tokens, c.grid_size, c.patch_size).cpu() * len(x)
-        total = d if total is None else total + d
-        count += len(x)
-    return total / count
+        sums.append(mean_attention_distance(attentions, c.num_prefix_tokens, c.grid_size, c.patch_size).cpu() * len(x))
+    return sum(sums[1:], sums[0]) / len(images)

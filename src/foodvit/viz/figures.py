@@ -145,7 +145,7 @@ def filters_figure(model, k: int = 28):
     fig, axes = subplots(rows, cols, figsize=(cols * 1.3, rows * 1.45))
     for ax in axes.flat:
         ax.axis("off")
-    for i, (ax, tile) in enumerate(zip(axes.flat, components)):
+    for i, (ax, tile) in enumerate(zip(axes.flat, components, strict=False)):
         ax.imshow(_rgb(tile).numpy(), interpolation="nearest")
         ax.set_title(f"{i + 1}: {explained[i]:.1%}", fontsize=7)
     fig.suptitle(f"RGB embedding filters (first {len(components)} principal components)")
@@ -202,7 +202,7 @@ def attention_distance_figure(distances: torch.Tensor, image_size: int):
 
 def most_wrong_figure(results: list[dict], true_labels: list[str], n: int = 9):
     """The test photos the model got wrong with the most confidence (course chapter 09's exercise)."""
-    wrong = [(r, t) for r, t in zip(results, true_labels) if r["label"] != t]
+    wrong = [(r, t) for r, t in zip(results, true_labels, strict=True) if r["label"] != t]
     wrong.sort(key=lambda pair: pair[0]["probability"], reverse=True)
     if not wrong:
         fig, ax = subplots(figsize=(5, 1.2))
@@ -216,7 +216,7 @@ def predictions_figure(results: list[dict], true_labels: list[str], n: int = 6):
     """n test photos spread over the split (so over its classes), each with its prediction: green
     when right, red when wrong."""
     step = max(1, len(results) // n)
-    return photo_grid(list(zip(results, true_labels))[::step][:n], "Test predictions")
+    return photo_grid(list(zip(results, true_labels, strict=True))[::step][:n], "Test predictions")
 
 
 def photo_grid(items: list[tuple[dict, str]], title: str):
@@ -228,7 +228,7 @@ def photo_grid(items: list[tuple[dict, str]], title: str):
     fig, axes = subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for ax, (r, truth) in zip(axes.flat, items):
+    for ax, (r, truth) in zip(axes.flat, items, strict=False):
         ax.imshow(load_or_explain(Path(r["image"])))
         colour = "#2a2" if r["label"] == truth else "#b22"
         ax.set_title(
