@@ -5,6 +5,7 @@ cache. No PyTorch (Food-101's download alone uses torchvision, imported then).""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import urllib.error
 import urllib.parse
@@ -16,6 +17,8 @@ from pathlib import Path, PurePosixPath
 from foodvit.errors import DataError
 from foodvit.files import atomic_folder
 from foodvit.files import download as download_file
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
 LAYOUT = "<root>/train/<class>/*.jpg and <root>/test/<class>/*.jpg (torchvision's ImageFolder layout)"
@@ -37,7 +40,7 @@ def food101(*, quiet: bool = False) -> Path:
     if (root / "images").is_dir() and (root / "meta").is_dir():
         return root
     if not quiet:
-        print(f"downloading Food-101 (5 GB) into {base} (once)", flush=True)
+        logger.info("downloading Food-101 (5 GB) into %s (once)", base)
     try:
         from torchvision.datasets import Food101
 

@@ -14,14 +14,16 @@ stay in float: they are a handful of small matrix products, and the map is read 
 
 from __future__ import annotations
 
+import logging
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from foodvit.errors import FoodVitError
+
+logger = logging.getLogger(__name__)
 
 CALIBRATION_PHOTOS = 96  # training photos the static ranges are calibrated on (spread over the classes)
 AGREEMENT_LOSS = 0.01  # int8 keeps a candidate whose top-1 agreement with fp32 is at most 1 point lower
@@ -136,10 +138,7 @@ def quantize_int8(fp32: Path, out: Path, how: str, predictor, inputs: np.ndarray
             "set FOODVIT_DATA to them, or use --quantize int8-dynamic"
         )
     if how == "int8" and calibration is None:
-        print(
-            "note: the run's training photos are not at hand to calibrate static int8: dynamic int8 it is",
-            file=sys.stderr,
-        )
+        logger.warning("the run's training photos are not at hand to calibrate static int8: dynamic int8 it is")
     info = {"asked": how, "calibration_photos": 0 if calibration is None else len(calibration)}
     if how == "int8-dynamic" or calibration is None:
         _dynamic(fp32, out, exclude)

@@ -22,6 +22,7 @@ extra: pip install 'foodvit[serve]'.
 import asyncio
 import concurrent.futures
 import errno
+import logging
 import queue
 import socket
 import threading
@@ -35,6 +36,8 @@ import numpy as np
 from foodvit.data.photos import ACCEPTED, DecodeBudget, PhotoError, safe_name
 from foodvit.deploy.predictor import Predictor
 from foodvit.errors import FoodVitError
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
 # Uploads over this many pixels are refused from their header. The model needs a few hundred pixels
@@ -419,10 +422,12 @@ def serve(
             examples=shown,
         )
         where = f"[{host}]" if ":" in host else host
-        print(
-            f"serving {predictor.name} from {run} at http://{where}:{port}/  "
-            "(API: POST /predict, GET /health; Ctrl+C stops)",
-            flush=True,
+        logger.info(
+            "serving %s from %s at http://%s:%d/  (API: POST /predict, GET /health; Ctrl+C stops)",
+            predictor.name,
+            run,
+            where,
+            port,
         )
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5)
         uvicorn.Server(config).run(sockets=[sock])
