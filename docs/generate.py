@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from pathlib import Path
 
@@ -276,7 +277,9 @@ def write(pages: dict[Path, str]) -> list[Path]:
     for path, text in pages.items():
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # a reader never sees half a page
+            partial.write_text(text)
+            os.replace(partial, path)
             changed.append(path)
     return changed
 
