@@ -48,3 +48,28 @@ def test_the_line_names_the_photos_as_the_unit_and_other_photos_are_refused():
     assert "6 right only in b, 2 only in a" in line
     with pytest.raises(StudyError, match="do not hold the same photos"):
         compare.paired(predictions(A, [0]), predictions(A, [1]))
+
+
+def test_a_study_names_its_recipe_and_the_settings_it_changed_from_its_own_files(tmp_path):
+    """The data-efficiency curve groups studies by this name, read from the study's files, never inferred."""
+    import json
+
+    from foodvit.recipes import load_recipe
+
+    def study(name: str, settings: dict, recipe: str = "default"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "cv.json").write_text(json.dumps({"recipe": recipe, "photos": {}}))
+        (folder / "study.json").write_text(json.dumps({"settings": settings}))
+        return folder
+
+    default = load_recipe("default").to_dict()
+    share = {**default, "data": {**default["data"], "train_fraction": 0.4}}  # a curve's point: the share is not a change
+    unmasked = {**default, "optim": {**default["optim"], "masked": 0.0}}
+    older = json.loads(json.dumps(default))
+    del older["optim"]["masked"]  # a study stored before a setting existed counts it at its default (off)
+    assert compare.study_recipe(study("a", default)) == "default"
+    assert compare.study_recipe(study("b", share)) == "default"
+    assert compare.study_recipe(study("c", unmasked)) == "default (optim.masked=0.0)"
+    assert compare.study_recipe(study("d", older)) == "default (optim.masked=0.0)"
+    assert compare.study_recipe(study("e", default, recipe="gone.toml")) == "gone.toml"

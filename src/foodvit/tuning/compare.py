@@ -19,7 +19,10 @@ import math
 import statistics
 from pathlib import Path
 
-from foodvit.errors import StudyError
+from foodvit.config import settings_as_today
+from foodvit.errors import FoodVitError, StudyError
+from foodvit.recipes import load_recipe
+from foodvit.rundir.compare import differences
 
 
 def prediction_key(seed: int, photo: str) -> str:
@@ -105,3 +108,22 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
         names = ("folds " if len(both) > 1 else "fold ") + ", ".join(str(fold) for _, fold in both)
     label = f" of the folds both have finished, {names}"
     return result, compare_line(result, str(a), str(b), label)
+
+
+# What a series of studies varies on purpose (the photos' share and where they are), left out of a study's recipe name.
+VARIED = ("recipe", "data.source", "data.train_fraction")
+
+
+def study_recipe(study: str | Path) -> str:
+    """The recipe a finished study names in its own files: cv.json's recipe, and the settings of study.json that differ
+    from that recipe as this version loads it, e.g. 'default' or 'default (optim.masked=0.0)'. The photos' share and
+    folder are left out: studies of one recipe at several shares are one series."""
+    name = read_study(study)["recipe"]
+    stored = json.loads((Path(study) / "study.json").read_text()).get("settings", {})
+    try:
+        recipe = load_recipe(name).to_dict()
+    except FoodVitError:  # a recipe file that is not here: the name alone
+        return name
+    changed = [(key, b) for key, _, b in differences(recipe, settings_as_today(stored))
+               if key not in VARIED and key.split(".")[0] not in VARIED]
+    return name + (" (" + ", ".join(f"{key}={value}" for key, value in changed) + ")" if changed else "")

@@ -5,9 +5,9 @@ the model step (not waiting for batches, from metrics.csv's model_share); the wa
 whole command (start, listing and checking the photos, the cache's decoding, the epoch, the test
 evaluation); and the peak resident memory of the largest process.
 
-    python bench/scale.py                        # the full grid on this machine
-    python bench/scale.py --photos 2000 --grid 1,off,0 1,on,0 2,off,1
-    python bench/scale.py --gpu                  # on a GPU machine: batch 256, workers 0/4/8
+    python -m bench.speed.scale                        # the full grid on this machine
+    python -m bench.speed.scale --photos 2000 --grid 1,off,0 1,on,0 2,off,1
+    python -m bench.speed.scale --gpu                  # on a GPU machine: batch 256, workers 0/4/8
 
 The photos are generated once into bench/.cache/scale-<n> (smooth random colour fields with
 noise, so that they compress like photos: 682 x 512 px, about 95 KB each). Each configuration is a fresh

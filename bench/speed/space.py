@@ -1,9 +1,9 @@
-"""Publishing without PyTorch (issue 31): the Space `foodvit export-space` writes for a run, as it is
+"""Publishing without PyTorch: the Space `foodvit export-space` writes for a run, as it is
 (PyTorch) and with --onnx --quantize int8, each installed from its own requirements.txt into a fresh
 virtual environment: the installed size, and the cold start to the first answer.
 
-    .venv/bin/python bench/space.py --run runs/demo --work /tmp/spaces          # install, then time
-    .venv/bin/python bench/space.py --run runs/demo --work /tmp/spaces --starts 5  # again: reuses the installs
+    python -m bench.speed.space --run runs/demo --work /tmp/spaces          # install, then time
+    python -m bench.speed.space --run runs/demo --work /tmp/spaces --starts 5  # again: reuses the installs
 
 Size: the bytes of the environment's files (du), an empty environment's taken off, so that what
 remains is what the requirements bring. Cold start: `python app.py` started in the Space's folder
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from helpers import free_port  # noqa: E402
 
 from foodvit.data.datasource import DataSource  # noqa: E402

@@ -1,7 +1,7 @@
 """Single-photo CPU latency of a prediction: what a demo user waits for, as the course measured it.
 
-    python bench/latency.py                                  # ViT-B/16, 3 classes, the test photos
-    python bench/latency.py --models ViT-B/16 ViT-Ti/16 --photos 20 --rounds 5
+    python -m bench.speed.latency                                  # ViT-B/16, 3 classes, the test photos
+    python -m bench.speed.latency --models ViT-B/16 ViT-Ti/16 --photos 20 --rounds 5
 
 Each implementation (foodvit, timm, torchvision) runs the same `foodvit.deploy.inference.predict`: read
 the JPEG from disk, decode, resize and crop to 224, normalise, forward pass, softmax, top-k, one
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import PEERS, build, implementations, machine  # noqa: E402
+from bench.speed.throughput import PEERS, build, implementations, machine
 
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split

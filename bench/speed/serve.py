@@ -1,9 +1,9 @@
-"""Serving side by side (issue 31): `foodvit serve` on a run (PyTorch) and on its int8 .onnx (no
+"""Serving side by side: `foodvit serve` on a run (PyTorch) and on its int8 .onnx (no
 PyTorch), against the course's demo design, on the same model, photo and machine.
 
-    .venv/bin/python bench/serve.py --run runs/demo              # a trained run (static int8 calibrates on its photos)
-    .venv/bin/python bench/serve.py --servers peer ours-torch --clients 1 8 --seconds 8
-    .venv/bin/python bench/serve.py --model ViT-B/16             # random weights of another model
+    python -m bench.speed.serve --run runs/demo              # a trained run (static int8 calibrates on its photos)
+    python -m bench.speed.serve --servers peer ours-torch --clients 1 8 --seconds 8
+    python -m bench.speed.serve --model ViT-B/16             # random weights of another model
 
 Servers, each in its own process on 127.0.0.1:
 - peer: the course's chapter-09 app: a `gr.Interface` around the eager PyTorch model
@@ -37,10 +37,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the test suite's server helpers
 from helpers import free_port, start_server, stop_server  # noqa: E402
-from models import in_work_folder, random_run  # noqa: E402
+from bench.speed.models import in_work_folder, random_run  # noqa: E402
 
 from foodvit.data.datasource import DataSource  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402

@@ -2,8 +2,8 @@
 a new 3-class head, Adam 1e-3, 10 epochs, the weights' own preprocessing (the feature-extractor
 recipe), over several seeds. Needs internet once (the weights, 330 MB, are cached by torchvision).
 
-    python bench/transfer.py --seeds 3                       # FoodVision Mini (225 / 75)
-    python bench/transfer.py --seeds 3 --data pizza_steak_sushi_20_percent
+    python -m bench.accuracy.transfer --seeds 3                       # FoodVision Mini (225 / 75)
+    python -m bench.accuracy.transfer --seeds 3 --data pizza_steak_sushi_20_percent
 
 The course reported 0.918 test accuracy on FoodVision Mini (averaged per batch there; per image here).
 Pass another spec after --, e.g. -- --pretrained timm:vit_base_patch16_224.augreg2_in21k_ft_in1k
@@ -11,7 +11,7 @@ Pass another spec after --, e.g. -- --pretrained timm:vit_base_patch16_224.augre
 
 import sys
 
-from accuracy import main
+from bench.accuracy.recipe import main
 
 if __name__ == "__main__":
     argv = sys.argv[1:]

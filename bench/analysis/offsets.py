@@ -1,7 +1,7 @@
 """Would a per-class offset on the model's scores help? Scored after the fact on a finished `foodvit cv`
 study, honestly: nested over its folds.
 
-    python bench/offsets.py runs/r15/scale025 [--json offsets.json]
+    python -m bench.analysis.offsets runs/r15/scale025 [--json offsets.json]
 
 A model that under-predicts a class (the default ViT gives sushi a 0.24 share of its probability on
 photos a third of which are sushi) might gain from adding an offset to that class's log-probability

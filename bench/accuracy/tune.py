@@ -1,8 +1,8 @@
 """The recipe search on FoodVision Mini under a time budget, then the test split, once, at the end.
 
-    python bench/tune.py --budget 60m                        # the default recipe as the starting point
-    python bench/tune.py --budget 2h --recipe tiny --folds 5 --data ../shared/data/pizza_steak_sushi
-    python bench/tune.py --budget 60m -- --epochs 30         # any train option after -- (the fixed starting point)
+    python -m bench.accuracy.tune --budget 60m                        # the default recipe as the starting point
+    python -m bench.accuracy.tune --budget 2h --recipe tiny --folds 5 --data ../shared/data/pizza_steak_sushi
+    python -m bench.accuracy.tune --budget 60m -- --epochs 30         # any train option after -- (the fixed starting point)
 
 1. `foodvit tune` searches from the recipe for --budget, every trial a k-fold CV over the training
    photos (the test split is not read).

@@ -1,8 +1,8 @@
-"""A recipe laboratory for a lent GPU (issue 30's item 4): many `foodvit cv` studies at once, their fold
+"""A recipe laboratory for a lent GPU: many `foodvit cv` studies at once, their fold
 runs taken from one queue by N processes until a deadline, then each variant paired with the first
 (the default) photo by photo over the folds both finished, seed by seed and pooled over the seeds.
 
-    python bench/lab.py --data DATA --out /tmp/lab --processes 14 --launch-for 380 --stop-at 520 \\
+    python -m bench.accuracy.lab --data DATA --out /tmp/lab --processes 14 --launch-for 380 --stop-at 520 \\
         --seeds 0 1 2 --variant default= --variant scale05='--scale-min 0.5' [--pack results.tar.gz] [-- CV OPTIONS]
 
 Each variant is `NAME=OPTIONS` (options of `foodvit cv`, empty for the recipe as it is); its study for
@@ -14,7 +14,7 @@ teacher: the variants' runs of a fold start together, before the default's teach
 --pack writes the studies' fold results and logs (no checkpoints) to a .tar.gz, every minute and at
 the end, for the device tool's $OUT. A lease is short: one call, e.g.
 
-    python3 bench/lab.py --data .gpudata/pizza_steak_sushi --out /tmp/lab --pack $OUT/lab.tar.gz ... -- --no-amp
+    python -m bench.accuracy.lab --data .gpudata/pizza_steak_sushi --out /tmp/lab --pack $OUT/lab.tar.gz ... -- --no-amp
 
 with the data copied into an ignored folder of the checkout and named in the call's carry. Results on a
 GPU are a laboratory's: a change it finds is judged again on the CPU under the CV protocol.
@@ -33,9 +33,9 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-from foodvit.tuning.compare import compare_line, finished_folds, paired  # noqa: E402
+from foodvit.tuning.compare import compare_line, finished_folds, paired
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def variant(text: str) -> tuple[str, list[str]]:

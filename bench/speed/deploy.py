@@ -1,7 +1,7 @@
 """The deployment table: one trained model in each way it can ship, measured on this machine.
 
     .venv/bin/foodvit train --out runs/deploy                      # the default recipe (or any run)
-    .venv/bin/python bench/deploy.py --run runs/deploy [--models default ViT-B/16] [--photos 100]
+    python -m bench.speed.deploy --run runs/deploy [--models default ViT-B/16] [--photos 100]
 
 For the run's model ("default") and for ViT-B/16 with 3 classes (random weights, paper recipe's
 preprocessing), each backend behind the same Predictor: PyTorch eager fp32, torch.compile, ONNX
@@ -30,8 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import random_run  # noqa: E402
+from bench.speed.models import random_run
 
 from foodvit.data.datasource import DataSource
 from foodvit.deploy.export import export, relative_difference

@@ -1,7 +1,7 @@
 """Would averaging models help? Ensembles of finished `foodvit cv` studies on the same folds, scored
 after the fact: each held-out photo's class probabilities averaged over the studies.
 
-    python bench/ensembles.py runs/r10/default runs/r12/strong runs/r12/lsa ... [--json ensembles.json] [--plot errors.png]
+    python -m bench.analysis.ensembles runs/r10/default runs/r12/strong runs/r12/lsa ... [--json ensembles.json] [--plot errors.png]
 
 Prints each study alone (as its cv.json says), the first averaged with each other one (paired photo by
 photo with each of the two alone), all of them averaged, and the photos every study gets wrong: errors
@@ -36,7 +36,7 @@ def probabilities(study: Path, result: dict | None = None) -> dict[str, tuple[di
             run = study / fold_name(f["seed"], f["fold"], seeds)
             if not (run / "model.json").is_file():
                 raise SystemExit(f"{study}'s predictions keep no class probabilities and {run} holds no model to score again (a study "
-                                 "written before they were kept, of CNN teachers?): score the study again (bench/teachers.py, bench/curve.py)")
+                                 "written before they were kept, of CNN teachers?): score the study again (bench/accuracy/teachers.py, bench/accuracy/curve.py)")
             rows += [{"seed": f["seed"], **p} for p in held_out_predictions(run, fold_folder(study / "folds", f["seed"], f["fold"]))]
     return {f"s{r['seed']}/{r['photo']}": (r["probabilities"], r["label"]) for r in rows}
 

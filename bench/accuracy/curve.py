@@ -1,9 +1,9 @@
 """The data-efficiency curve: 5-fold cross-validation accuracy of the default ViT and of a ResNet-18
 from scratch, at several numbers of training photos a class.
 
-    python bench/curve.py --out runs/curve                                  # FoodVision Mini: 15, 30, 45, 75 a class
-    python bench/curve.py --out runs/curve-20 --fractions 1 --data ../shared/data/pizza_steak_sushi_20_percent   # 150 a class
-    python bench/curve.py --out runs/curve --plot docs/images/data-efficiency.png --extra runs/curve-20   # table and plot
+    python -m bench.accuracy.curve --out runs/curve                                  # FoodVision Mini: 15, 30, 45, 75 a class
+    python -m bench.accuracy.curve --out runs/curve-20 --fractions 1 --data ../shared/data/pizza_steak_sushi_20_percent   # 150 a class
+    python -m bench.accuracy.curve --out runs/curve --plot docs/images/data-efficiency.png --extra runs/curve-20   # table and plot
 
 A data set of n photos a class is --train-fraction n / (photos a class) of it: each fold of the
 5-fold CV over the training photos (seed 0, the folds `foodvit cv --seed 0` makes) trains on that
@@ -12,17 +12,19 @@ its whole held-out fifth, so every point is judged on all the training photos an
 pair photo by photo. The ViT is `foodvit cv` with the default recipe (options this script does not
 know go to it, and to it alone); the CNN is torchvision's
 ResNet-18 from random initialisation, trained by foodvit's own teacher code (training/distill.py)
-with the recipe's photos, augmentation, optimiser, schedule and epochs: the peer the issue names
+with the recipe's photos, augmentation, optimiser, schedule and epochs: the CNN peer
 (--cnn resnet34 scores a deeper one, e.g. the teachers of a `--teacher resnet34` study).
 Studies are kept in --out (vit-f<share>, cnn-f<share>, each with cv.json as `foodvit cv` writes
-it, so `foodvit cv --compare` pairs any two); finished folds are not trained again.
+it, so `foodvit cv --compare` pairs any two); finished folds are not trained again. Each ViT study's series is the
+recipe it names in its own files (`foodvit.tuning.compare.study_recipe`: its recipe and the settings it changed).
+`--record` appends each point of the default recipe's series to results/curve.csv.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import math
 import statistics
 import time
 from dataclasses import replace
@@ -34,7 +36,7 @@ from foodvit.recipes import load_recipe
 from foodvit.errors import FoodVitError
 from foodvit.rundir.directory import with_source
 from foodvit.training.distill import teacher_changes
-from foodvit.tuning.compare import paired, read_study
+from foodvit.tuning.compare import paired, read_study, study_recipe
 from foodvit.tuning.cv import fold_folders, prediction_record, summarise, training_photos, write_study
 
 FOLDS, SEED = 5, 0
@@ -109,71 +111,10 @@ def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, 
 
 
 def guided(study: Path) -> bool:
-    """Whether a ViT study trained with locality guidance (the default recipe since round 4; the
+    """Whether a ViT study trained with locality guidance (the default recipe's guidance; the
     curve's first points were measured without it): read from its first fold's saved config."""
     config = json.loads((study / "fold-0" / "config.json").read_text())
     return config["optim"].get("guidance", 0) > 0
-
-
-def recipe_of(study: Path) -> str:
-    """Which of the round's ViT recipes a study trained, from its first fold's saved config: the
-    default (guidance weight 1 falling linearly to 0 with the CCT tokeniser and sequence pooling, 64 px
-    then 96 px, and masked-patch reconstruction at weight 1 hiding a quarter of the patches, since round 4's
-    thirty-fifth session: "default-masked"), the same without the masked patches (the default of the
-    twenty-eighth to thirty-fourth sessions: "default-linear"), the default before it (a constant
-    weight 0.5, 64 px then 96 px from the tenth to the twenty-seventh session: "default-96"; at 64 px
-    throughout in the eighth and ninth: "default"), the same at weight 1 (the default of the fourth to
-    seventh sessions), guidance alone at weight 1 (the default before) or neither (the one before that).
-    Any other guided study is refused (another weight, schedule or size, another teacher or its fourth stage,
-    masked patches at another weight or share, their pixels hidden too, or beside any other recipe; instance
-    discrimination):
-    drawn into one of these series, it would pass for a point of that recipe."""
-    config = json.loads((study / "fold-0" / "config.json").read_text())
-    vit, weight = config["vit"], config["optim"].get("guidance", 0)
-    masked = (config["optim"].get("masked", 0), config["optim"].get("mask_ratio", 0.25))
-    pixels = config["optim"].get("mask_pixels", False)
-    if config["optim"].get("contrast", 0):
-        raise SystemExit(f"{study}: instance discrimination (--contrast {config['optim']['contrast']:g}) is in none of the curve's "
-                         "recipes; move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
-    if masked[0] and (pixels or not (weight and math.isclose(masked[0], 1.0) and math.isclose(masked[1], 0.25))):
-        raise SystemExit(f"{study}: masked patches at weight {masked[0]:g} hiding a share {masked[1]:g}{', their pixels too,' if pixels else ''}"
-                         f"{'' if weight else ' without guidance'} are none of the curve's recipes (weight 1, a quarter hidden behind the "
-                         "mask token alone, beside guidance); move the study out of the curve "
-                         "folders (--out, --extra) and plot it with --mark LABEL=STUDY")
-    if not weight:
-        return "unguided"
-    schedule = config["optim"].get("guidance_schedule", "constant")
-    teacher, stages = config["optim"].get("teacher", "resnet18"), config["optim"].get("guidance_stages", 3)
-    if (teacher, stages) != ("resnet18", 3):  # every guided curve's ViT learns layer1-3 of a ResNet-18
-        raise SystemExit(f"{study}: guidance from a {teacher}'s first {stages} stages is none of the curve's recipes (a ResNet-18's "
-                         "first 3); move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
-    cct = (vit.get("stem"), vit.get("pool")) == ("conv", "seq")
-    sizes = (vit.get("image_size"), config["data"].get("start_size") or 0)
-    for recipe, (with_cct, recipe_weight, recipe_schedule, recipe_masked) in GUIDANCE.items():
-        if cct == with_cct and math.isclose(weight, recipe_weight) and schedule == recipe_schedule and bool(masked[0]) == recipe_masked:
-            if recipe == "default":
-                if sizes in DEFAULT_SIZES:
-                    return DEFAULT_SIZES[sizes]
-            elif recipe not in ("default-linear", "default-masked") or sizes == (96, 64):
-                return recipe
-            raise SystemExit(f"{study}: the {recipe} recipe at image size {sizes[0]} and start size {sizes[1]} is none of its "
-                             "curves; plot it with --mark LABEL=STUDY")
-    raise SystemExit(f"{study}: guidance weight {weight:g} ({schedule}) {'with' if cct else 'without'} the CCT tokeniser"
-                     f"{', with masked patches,' if masked[0] else ''} is none of "
-                     "the curve's recipes; move the study out of the curve folders (--out, --extra) and plot it with --mark LABEL=STUDY")
-
-
-DEFAULT_SIZES = {(64, 0): "default", (96, 64): "default-96"}  # (image size, start size) of the default's two curves
-GUIDANCE = {"guided": (False, 1.0, "constant", False), "guided+cct": (True, 1.0, "constant", False),
-            "default": (True, 0.5, "constant", False), "default-linear": (True, 1.0, "linear", False),
-            "default-masked": (True, 1.0, "linear", True)}  # (CCT tokeniser, weight, schedule, masked patches) of each guided recipe
-RECIPES = {"unguided": ("ViT, without locality guidance", "o-"),
-           "guided": ("ViT, with locality guidance (weight 1)", "D-"),
-           "guided+cct": ("ViT, guidance (weight 1) + CCT tokeniser", "^-"),
-           "default": ("ViT, guidance 0.5 + CCT tokeniser at 64 px (the default of the eighth and ninth sessions)", "v-"),
-           "default-96": ("ViT, guidance 0.5 + CCT tokeniser, 64 px then 96 px (the default of the tenth to twenty-seventh sessions)", "P-"),
-           "default-linear": ("ViT, guidance 1 falling to 0 + CCT tokeniser, 64 px then 96 px (the default of the twenty-eighth to thirty-fourth sessions)", "X-"),
-           "default-masked": ("ViT, the default: guidance 1 falling to 0 + CCT tokeniser, 64 px then 96 px, masked patches", "h-")}
 
 
 def lends_teachers(vit: Path, config) -> bool:
@@ -203,11 +144,23 @@ def rows(out: Path, extra_dirs: list[Path]) -> list[dict]:
             per_class = len(a["photos"]) / len(a["per_class"])  # the data set's photos a class (all are held out once)
             share = float(vit.name.removeprefix("vit-f"))
             difference = paired(b["photos"], a["photos"])  # ViT - CNN, from the two files already read
-            found.append({"photos_per_class": round(per_class * share), "share": share, "folder": str(folder), "recipe": recipe_of(vit),
+            found.append({"only_vit": len(difference["only_b"]), "only_cnn": len(difference["only_a"]),"photos_per_class": round(per_class * share), "share": share, "folder": str(folder), "recipe": study_recipe(vit),
                           "cnn_name": cnn_name(b),
                           "vit": a["accuracy"], "vit_se": a["standard_error"], "cnn": b["accuracy"], "cnn_se": b["standard_error"],
                           "vit_minus_cnn": difference["difference"], "paired_se": difference["standard_error"]})
-    return sorted(found, key=lambda r: (list(RECIPES).index(r["recipe"]), r["photos_per_class"]))
+    return sorted(found, key=lambda r: (r["recipe"], r["photos_per_class"]))
+
+
+def record_points(found: list[dict]) -> None:
+    """Each point as a row of results/curve.csv (its provenance added by bench.results)."""
+    from bench.results import record
+
+    for r in found:
+        record("curve", {"photos_a_class": r["photos_per_class"], "data": r["folder"], "vit": f"{r['vit']:.3f}",
+                         "vit_se": f"{r['vit_se']:.3f}", "cnn": f"{r['cnn']:.3f}", "cnn_se": f"{r['cnn_se']:.3f}",
+                         "difference": f"{r['vit_minus_cnn']:+.3f}", "difference_se": f"{r['paired_se']:.3f}",
+                         "only_vit": r["only_vit"], "only_cnn": r["only_cnn"], "without_masked": "", "without_masked_difference": "",
+                         "protocol": f"{FOLDS}-fold CV, fold seed {SEED}; each fold trained on a share of its photos"})
 
 
 def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> None:
@@ -218,11 +171,10 @@ def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> N
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     x = sorted({r["photos_per_class"] for r in found})
-    for recipe, (label, style) in RECIPES.items():
+    for recipe, style in zip(dict.fromkeys(r["recipe"] for r in found), itertools.cycle(["h-", "o-", "D-", "^-", "v-", "P-", "X-"])):
         series = [r for r in found if r["recipe"] == recipe]
-        if series:
-            ax.errorbar([r["photos_per_class"] for r in series], [r["vit"] for r in series], yerr=[r["vit_se"] for r in series],
-                        fmt=style, capsize=3, label=label)
+        ax.errorbar([r["photos_per_class"] for r in series], [r["vit"] for r in series], yerr=[r["vit_se"] for r in series],
+                    fmt=style, capsize=3, label=f"ViT, {recipe}")
     cnn = {r["photos_per_class"]: r for r in found}  # one CNN study a size (the guided studies' teachers) pairs with every ViT
     for r in found:
         if (r["cnn_name"], r["cnn"], r["cnn_se"]) != tuple(cnn[r["photos_per_class"]][k] for k in ("cnn_name", "cnn", "cnn_se")):
@@ -255,6 +207,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, help="both models' epochs (default: the recipe's; fewer for a quick try)")
     parser.add_argument("--extra", type=Path, nargs="*", default=[], help="other curve folders to include in the table and plot")
     parser.add_argument("--plot", type=Path, help="write the curve here")
+    parser.add_argument("--record", action="store_true", help="append the default recipe's points to results/curve.csv")
     parser.add_argument("--mark", action="append", default=[], metavar="LABEL=STUDY",
                         help="also plot a finished study of all the photos as one point (e.g. another recipe)")
     args, extra = parser.parse_known_args()
@@ -266,12 +219,14 @@ def main() -> int:
                 try:
                     cnn_study(args.out, share, args.data, args.teachers, args.epochs, args.cnn)
                 except FoodVitError as err:  # e.g. lent teachers trained at another thread count: one line, as foodvit prints it
-                    raise SystemExit(f"bench/curve.py: {err}") from None
+                    raise SystemExit(f"bench/accuracy/curve.py: {err}") from None
     found = rows(args.out, args.extra)
     print("| photos a class | ViT recipe | ViT | CNN | ViT - CNN, paired |\n|---|---|---|---|---|")
     for r in found:
         print(f"| {r['photos_per_class']} | {r['recipe']} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn_name']} {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
               f"{r['vit_minus_cnn']:+.3f} +- {r['paired_se']:.3f} |")
+    if args.record:
+        record_points([r for r in found if r["recipe"] == "default"])
     if args.plot and found:
         plot(found, args.plot, [(m.split("=", 1)[0], Path(m.split("=", 1)[1])) for m in args.mark])
         print(f"plot: {args.plot}")

@@ -1,10 +1,10 @@
-"""Labelling a collection (issue 32): photos/s of the real command, `foodvit predict MODEL --files-from
+"""Labelling a collection: photos/s of the real command, `foodvit predict MODEL --files-from
 LIST --out predictions.csv`, against the machine's ceiling for that model, with its peak memory.
 
-    python bench/predict.py                          # the whole grid (about 30 minutes on 2 CPU cores)
-    python bench/predict.py --models default --backends torch --workers 0,2 --photos 2000
+    python -m bench.speed.predict                          # the whole grid (about 30 minutes on 2 CPU cores)
+    python -m bench.speed.predict --models default --backends torch --workers 0,2 --photos 2000
 
-For each model (the default recipe's ViT-Ti/8, at 96 px since issue 30's tenth session; ViT-B/16 at 224 px) and backend (PyTorch from
+For each model (the default recipe's ViT-Ti/8 at 96 px; ViT-B/16 at 224 px) and backend (PyTorch from
 a run folder; the int8 .onnx `foodvit export --quantize int8` writes, run by ONNX Runtime without
 PyTorch), random weights (labelling costs the same whatever they are):
 - the ceiling: the batched forward pass alone (Predictor.probabilities on a batch decoded
@@ -15,7 +15,7 @@ PyTorch), random weights (labelling costs the same whatever they are):
 - for the default model, the same command over 1,000 and over all photos (flat memory is the goal),
   and on 2 processes under torchrun (each its half; rank 0 merges).
 
-The photos are bench/scale.py's (smooth random colour fields with noise, 682 x 512 px JPEGs, about
+The photos are bench/speed/scale.py's (smooth random colour fields with noise, 682 x 512 px JPEGs, about
 95 KB each, generated once into bench/.cache/scale-<n>), listed in a file (no argument limit).
 ViT-B/16 runs over the first --large-photos of them: at a few photos a second on a CPU, the rate is
 steady long before 10,000.
@@ -36,11 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from bench.speed.models import in_work_folder, random_run
+from bench.speed.scale import generate
 
-from models import in_work_folder, random_run  # noqa: E402
-from scale import generate  # noqa: E402
+HERE = Path(__file__).resolve().parents[1]  # bench/: its .cache folder
 
 from foodvit.deploy.labelling import PhotoList  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402

@@ -1,7 +1,7 @@
 """Score a guided (or distilled) `foodvit cv` study's ResNet-18 teachers on their folds' held-out photos,
 as a study of their own that `foodvit cv --compare` pairs with any other on the same folds.
 
-    python bench/teachers.py runs/r12/size112 runs/r12/cnn-size112
+    python -m bench.accuracy.teachers runs/r12/size112 runs/r12/cnn-size112
     foodvit cv --compare runs/r12/cnn-size112 runs/r12/size112
 
 Each fold's saved teacher.pt is loaded and scored, nothing trained or copied, on any machine (scoring
@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from curve import held_out_result
+from bench.accuracy.curve import held_out_result
 
 from foodvit.config import RunConfig
 from foodvit.tuning.cv import fold_folder, fold_name, summarise, write_study
@@ -45,7 +45,7 @@ def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        raise SystemExit("usage: python bench/teachers.py STUDY OUT (a guided cv study of one seed, and a folder for the result)")
+        raise SystemExit("usage: python -m bench.accuracy.teachers STUDY OUT (a guided cv study of one seed, and a folder for the result)")
     study, out = Path(argv[0]), Path(argv[1])
     if not (study / "cv.json").is_file():
         raise SystemExit(f"{study} holds no finished cv study (cv.json): give a guided or distilled `foodvit cv` study")

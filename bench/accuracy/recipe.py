@@ -1,13 +1,13 @@
 """Per-image test accuracy of a recipe over several seeds: mean, spread, per class, wall time.
 
-    python bench/accuracy.py --recipe default --seeds 3
-    python bench/accuracy.py --recipe course --seeds 3 --data ../shared/data/pizza_steak_sushi
-    python bench/accuracy.py --recipe default --seeds 3 -- --epochs 50 --augment strong   # any train option after --
+    python -m bench.accuracy.recipe --recipe default --seeds 3
+    python -m bench.accuracy.recipe --recipe course --seeds 3 --data ../shared/data/pizza_steak_sushi
+    python -m bench.accuracy.recipe --recipe default --seeds 3 -- --epochs 50 --augment strong   # any train option after --
 
 Each seed is a full `foodvit train` run in --out/<recipe>-s<seed>; nothing is chosen by test
 accuracy (the runs report their last epoch). Prints a table, and --json writes the figures.
 
-    python bench/accuracy.py --recipe default --seeds 2 --cv 5      # the tuning protocol: no test photo used
+    python -m bench.accuracy.recipe --recipe default --seeds 2 --cv 5      # the tuning protocol: no test photo used
 
 --cv K: K-fold cross-validation over the training photos alone, through `foodvit cv` (tuning/cv.py;
 folders.cv_folds: stratified, every photo validated once per seed; the study folder is

@@ -1,7 +1,7 @@
 """Wall time of the command line as a user meets it: help, listings, and predicting one photo.
 
-    python bench/startup.py --run runs/demo-... --photo ../shared/data/custom/04-pizza-dad.jpeg
-    python bench/startup.py --rounds 5            # without --run: help and listings only
+    python -m bench.speed.startup --run runs/demo-... --photo ../shared/data/custom/04-pizza-dad.jpeg
+    python -m bench.speed.startup --rounds 5            # without --run: help and listings only
 
 Each command is a fresh process (what a user waits for, interpreter start included), run
 `--rounds` times after one untimed warm-up (so the disk cache is warm); the table gives the median

@@ -1,10 +1,10 @@
 """Images per second of foodvit's ViT against timm and torchvision, in one process, same inputs.
 
-    python bench/throughput.py                                   # ViT-B/16 and ViT-Ti/16, CPU, fp32
-    python bench/throughput.py --models ViT-B/16 --batch-sizes 16 --rounds 5
-    python bench/throughput.py --device cuda --dtype bf16 --batch-sizes 64 256 --compile
-    python bench/throughput.py --memory                          # also peak training memory per image
-    python bench/throughput.py --device cuda --dtype bf16 --compile foodvit --check --profile
+    python -m bench.speed.throughput                                   # ViT-B/16 and ViT-Ti/16, CPU, fp32
+    python -m bench.speed.throughput --models ViT-B/16 --batch-sizes 16 --rounds 5
+    python -m bench.speed.throughput --device cuda --dtype bf16 --batch-sizes 64 256 --compile
+    python -m bench.speed.throughput --memory                          # also peak training memory per image
+    python -m bench.speed.throughput --device cuda --dtype bf16 --compile foodvit --check --profile
                                       # ours compiled against the peers eager; equality check; where the time goes
 
 Rounds are interleaved (ours, timm, torchvision, ours, ...) so that drift in clock speed or load
@@ -209,7 +209,7 @@ def peak_memory(name: str, impl: str, batch: int, args) -> float:
     (MiB), in a fresh subprocess: the CUDA allocator's peak, or on the CPU the peak resident set
     (Linux: writing 5 to /proc/self/clear_refs resets the high-water mark VmHWM)."""
     code = (
-        "import sys, torch; sys.path.insert(0, 'bench'); import throughput as t\n"
+        "import sys, torch; import bench.speed.throughput as t\n"
         f"d = torch.device('{args.device}'); m = t.build('{impl}', '{name}').to(d)\n"
         f"s = t.make_step(m, 'train', {batch}, d, '{args.dtype}', False)\n"
         "print(t.peak_during(lambda: [s() for _ in range(3)], d))"
@@ -328,5 +328,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
     sys.exit(main())

@@ -1,8 +1,8 @@
 """Is the data pipeline the bottleneck? One FoodVision Mini training epoch end to end (decoding,
 augmentation, batching, step), timing inside the same epoch how long the step waits for batches.
 
-    python bench/epoch.py --recipes tiny default --data ../shared/data/pizza_steak_sushi
-    python bench/epoch.py --recipes tiny --no-cache-too      # also with the decode cache off
+    python -m bench.speed.epoch --recipes tiny default --data ../shared/data/pizza_steak_sushi
+    python -m bench.speed.epoch --recipes tiny --no-cache-too      # also with the decode cache off
 
 share in the model step = 1 - (seconds spent fetching batches) / (epoch seconds), both from the
 same epochs, so that drift in the machine's speed between epochs cannot move it (goal: >= 90%).
@@ -94,8 +94,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-cache-too", action="store_true", help="also measure with the decode cache off")
     parser.add_argument("--workers", nargs="+", type=int, help="DataLoader worker processes to try (default: the recipe's)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from accuracy import machine
+    from bench.results import machine
 
     print(f"{machine()} | {time.strftime('%Y-%m-%d')}")
     print(f"{'recipe':<10} {'cache':<5} {'workers':>7} {'images':>6} {'setup s':>8} {'epoch s':>8} {'fetch s':>8} {'model share (min-max)':>22} "
