@@ -41,6 +41,14 @@ test photos), its paired difference against the default of the same code is **at
 choice. The standard error takes the photo as its unit (`foodvit cv --compare`: each photo's predictions averaged over
 its seeds first). The test photos are read once, after the choice, with three training seeds."""
 
+UNCERTAINTY = """**The standard errors on this page.** A study on one fold seed holds one prediction a photo, so its paired standard
+error already takes the photo as its unit, and the figures below stand as measured. The one figure that pooled two
+fold seeds, the masked patches on seeds 0 and 1 (+0.018 +- 0.014 over 450 predictions), counted each photo twice: with
+the photo as the unit its standard error lies between 0.014 and 0.020, and it cannot be recomputed here because the
+studies' per-prediction files were not kept. Either way it is under two standard errors, and on the fresh seed alone
+(+0.013 +- 0.020) under one. The test accuracy over three seeds is on the same 75 photos, so its standard error is at
+most one seed's binomial error (about 0.044), not the spread of the seeds (0.015)."""
+
 
 def read(name: str) -> list[dict]:
     with (RESULTS / f"{name}.csv").open(newline="") as f:
@@ -105,7 +113,7 @@ def results_page() -> str:
              "Every table on this page is generated from the CSV files under `results/` in the repository (one row per "
              "measurement, with the command, machine, torch version, commit and date that produced it) by "
              "`docs/generate.py`; `results/README.md` describes the files. Accuracy is per photo.", "",
-             "## How a change is adopted", "", RULE, "",
+             "## How a change is adopted", "", RULE, "", UNCERTAINTY, "",
              "## Headline figures", "",
              table(["model", "metric", "value", "standard error", "detail", "commit", "date"],
                    [[r["model"], r["metric"], r["value"], r["standard_error"] or "-", r["detail"], r["commit"] or "-",
@@ -165,7 +173,7 @@ def results_page() -> str:
               "Command:", "", commands(space), ""]
     speed = read("throughput")
     parts += ["## Throughput against timm and torchvision", "",
-              "Images per second in the same process on the same inputs, rounds interleaved; the ratio is against the "
+              "Images per second in the same process on the same inputs, rounds interleaved (bf16: autocast); the ratio is against the "
               "fastest peer.", "",
               table(["device", "model", "step", "batch", "precision", "compiled", "foodvit", "timm", "torchvision", "ratio", "MFU"],
                     [[r["device"], r["model"], r["step"], r["batch"], r["precision"], r["compiled"], r["foodvit"], r["timm"],

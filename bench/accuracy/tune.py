@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/bench-tune")
     parser.add_argument("--seeds", type=int, default=3, help="seeds for the final test of each recipe (default 3)")
     parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--record", action="store_true", help="append the result to results/tune.csv")
     parser.add_argument("--search-only", action="store_true", help="stop after the search (test later with --test-only)")
     parser.add_argument("--test-only", action="store_true", help="the test of a finished search only")
     args = parser.parse_args(argv)
@@ -89,6 +90,20 @@ def main(argv: list[str] | None = None) -> int:
         each = " ".join(f"{a:.3f}" for a in r["test_acc"])
         print(f"{name:<16} test accuracy {r['mean']:.3f} +- {r['sem']:.3f} over {args.seeds} seeds ({each}); "
               f"training {statistics.fmean(r['train_minutes']):.1f} min a run")
+    if args.record:
+        from bench.results import record
+
+        import optuna
+
+        study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{out / 'study' / 'study.db'}")
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        first = next(t for t in study.trials if t.user_attrs.get("baseline"))
+        pruned = sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials)
+        record("tune", {"budget": args.budget, "trials": len(study.trials), "pruned": pruned, "best_cv": f"{study.best_value:.3f}",
+                        "default_cv": f"{first.value:.3f}" if first.value is not None else "",
+                        "difference": f"{study.best_value - first.value:+.3f}" if first.value is not None and done else "",
+                        "difference_se": "", "best_test": f"{best['mean']:.3f}", "default_test": f"{start['mean']:.3f}",
+                        "protocol": f"{args.folds}-fold CV, fold seed 0; test photos read once, {args.seeds} seeds"})
     if args.json:
         Path(args.json).write_text(json.dumps({"budget": args.budget, "folds": args.folds, "search_seconds": searched,
                                                "start": start, "best": best, "extra": extra}, indent=2))

@@ -175,6 +175,7 @@ def measure(work: Path, argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=12.0, help="load time per row")
     parser.add_argument("--data", help="data source of the photo (default: $FOODVIT_DATA, else the course's zip)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--record", action="store_true", help="append each row to results/serving.csv")
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)  # ONNX Runtime's quantiser advises on the root logger
 
@@ -224,6 +225,12 @@ def measure(work: Path, argv=None) -> int:
             for clients in args.clients:
                 r = {"server": name, "rss_mib": memory, "limit": top, **load(make, clients, args.seconds)}
                 results.append(r)
+                if args.record:
+                    from bench.results import record
+
+                    record("serving", {"server": name, "clients": clients, "requests_per_s": f"{r['rps']:.1f}",
+                                       "share_of_limit": f"{r['rps'] / top:.0%}", "p50_ms": f"{r['p50'] * 1e3:.0f}",
+                                       "p95_ms": f"{r['p95'] * 1e3:.0f}", "errors": r["errors"], "resident_mib": f"{memory:.0f}"})
                 print(f"| {name} | {clients} | {r['rps']:.1f} | {r['rps'] / top:.0%} | {r['p50'] * 1e3:.0f} | {r['p95'] * 1e3:.0f} | "
                       f"{r['errors']} | {memory:.0f} |", flush=True)
         finally:

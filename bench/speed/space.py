@@ -84,6 +84,7 @@ def main(argv=None) -> int:
     parser.add_argument("--starts", type=int, default=3, help="cold starts timed per Space (median; 0: install only)")
     parser.add_argument("--data", help="data source of the photo (default: $FOODVIT_DATA)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--record", action="store_true", help="append each Space's row to results/space.csv")
     args = parser.parse_args(argv)
     photo = DataSource.parse(args.data).open_split("test").samples[0][0].read_bytes()
     print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()} | {time.strftime('%Y-%m-%d')} | run {args.run}")
@@ -102,6 +103,12 @@ def main(argv=None) -> int:
         starts = [cold_start(space, env, photo) for _ in range(args.starts)]
         r.update(cold_start_s=statistics.median(starts) if starts else float("nan"), starts=starts)
         results[kind] = r
+        if args.record:
+            from bench.results import record
+
+            record("space", {"space": f"foodvit export-space RUN DIR {' '.join(KINDS[kind])}".strip(),
+                             "installed_mb": f"{r['bytes'] / 1e6:.0f}", "packages": r["packages"], "pytorch": "yes" if r["torch"] else "no",
+                             "cold_start_s": f"{r['cold_start_s']:.1f}"})
         print(f"| {kind} | {r['bytes'] / 1e6:,.0f} | {r['packages']} | {'yes' if r['torch'] else 'no'} | {r['install_s']:.0f} | "
               f"{r['cold_start_s']:.1f} | {', '.join(f'{s:.1f}' for s in starts)} |", flush=True)
     a, b = results["pytorch"], results["onnx-int8"]

@@ -260,9 +260,20 @@ def matmul_peak_tflops(device: torch.device, n: int = 8192, repeats: int = 20) -
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    from accuracy import cpu_name
+    from bench.accuracy.recipe import cpu_name
 
     return f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def record_row(row: dict, device: torch.device, args) -> None:
+    """One row of results/throughput.csv: images/s of each implementation and the ratio to the fastest peer."""
+    from bench.results import record
+
+    record("throughput", {
+        "device": "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device), "model": row["model"],
+        "step": "inference" if row["mode"] == "infer" else "training", "batch": row["batch"], "precision": args.dtype,
+        "compiled": ", ".join(args.compiled) or "no", **{i: f"{row[i]:.4g}" if i in row else "" for i in ("foodvit", "timm", "torchvision")},
+        "ratio_to_fastest_peer": f"{row['ratio']:.2f}x", "mfu": f"{row['mfu']['foodvit']:.1%}" if "mfu" in row else ""})
 
 
 def main(argv=None) -> int:
@@ -288,6 +299,7 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="first check on the device that ours equals timm (same weights)")
     parser.add_argument("--profile", action="store_true", help="also print the share of device time by kind of kernel")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--record", action="store_true", help="append each row to results/throughput.csv")
     args = parser.parse_args(argv)
     args.compiled = ["foodvit", "timm", "torchvision"] if args.compile == [] else (args.compile or [])
     device = torch.device(args.device)
@@ -315,6 +327,8 @@ def main(argv=None) -> int:
                 if args.memory and mode == "train":
                     row["mem_mib_per_image"] = {i: peak_memory(name, i, batch, args) for i in implementations(name)}
                 rows.append(row)
+                if args.record:
+                    record_row(row, device, args)
                 cells = "  ".join(f"{r[i]:>12.2f}" if i in r else f"{'--':>12}" for i in ("foodvit", "timm", "torchvision"))
                 line = f"{name:<10} {mode:<6} {batch:>5}  {cells}   {row['ratio']:.3f}x  per round {statistics.median(paired):.3f}x ({min(paired):.2f}-{max(paired):.2f})"
                 if "mfu" in row:
