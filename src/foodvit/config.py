@@ -15,8 +15,19 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
+from foodvit.errors import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    POSITIVE,
+    SHARE,
+    SHARE_ABOVE_0,
+    SHARE_BELOW_1,
+    ConfigError,
+    FoodVitError,
+    Range,
+    check_value,
+)
 from foodvit.objective_settings import CONTRAST_TEMPERATURE, OBJECTIVES
-from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, FoodVitError, Range, check_value
 
 Pool = Literal["cls", "gap", "seq"]
 PosEmbed = Literal["learned", "sincos2d", "none"]
@@ -143,7 +154,7 @@ class ViTConfig:
         the class token, no other token's output of that block is read."""
         return self.pool == "cls"
 
-    def replace(self, **changes) -> "ViTConfig":
+    def replace(self, **changes) -> ViTConfig:
         return replace(self, **changes)
 
 
@@ -321,7 +332,7 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "settings") -> "RunConfig":
+    def from_dict(cls, d: dict, where: str = "settings") -> RunConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: expected a JSON object of settings, got {type(d).__name__}")
         unknown = sorted(set(d) - {"recipe", "model", "vit", *SECTIONS})

@@ -333,7 +333,7 @@ class VisionTransformer(nn.Module):
         x, attentions = self.forward_attention(images)
         return self.classify(x), attentions
 
-    def set_fused_attention(self, fused: bool) -> "VisionTransformer":
+    def set_fused_attention(self, fused: bool) -> VisionTransformer:
         """Choose scaled_dot_product_attention (True) or the plain math path (False) in every block."""
         for block in self.blocks:
             block.attn.fused = fused

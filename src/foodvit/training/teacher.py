@@ -21,16 +21,15 @@ import torch
 from torch import nn
 
 from foodvit.config import TEACHERS, OptimConfig, RunConfig
-from foodvit.objective_settings import STUDENT_SETTINGS, reads_teacher
 from foodvit.data.sampling import single_photo_share
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.build import default_preprocess
+from foodvit.objective_settings import STUDENT_SETTINGS, reads_teacher
 from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
 from foodvit.training.engine import StepSettings, epoch_line
 from foodvit.training.stages import Stage, StageData
-
 
 TEACHER_STRIDE = 32  # a ResNet's total stride: at this size or less its last feature map is 1 x 1
 PROGRESS_FORMAT = (

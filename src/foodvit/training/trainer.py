@@ -43,8 +43,6 @@ from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training import loading, objectives
-from foodvit.training.stages import StageData
-from foodvit.training.teacher import Teacher, TeacherSetup, borrowed_teacher, obtain_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
@@ -62,6 +60,8 @@ from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.pretrain import pretrain
 from foodvit.training.report import per_class_accuracy, size_note, write_results
 from foodvit.training.resizing import AnyGrid
+from foodvit.training.stages import StageData
+from foodvit.training.teacher import Teacher, TeacherSetup, borrowed_teacher, obtain_teacher
 
 
 @dataclass

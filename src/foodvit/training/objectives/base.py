@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from foodvit.config import OptimConfig
-from foodvit.objective_settings import ObjectiveSettings
 from foodvit.model.vit import Heads
+from foodvit.objective_settings import ObjectiveSettings
 
 
 @dataclass

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from foodvit.config import OptimConfig
-from foodvit.objective_settings import OBJECTIVE_SETTINGS
 from foodvit.errors import ConfigError
+from foodvit.objective_settings import OBJECTIVE_SETTINGS
 from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
 from foodvit.training.teacher import teacher_skeleton
 
