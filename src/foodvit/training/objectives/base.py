@@ -11,13 +11,13 @@ terms, one forward pass of the ViT and at most one of the teacher serving them a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 from torch import nn
 
 from foodvit.config import OptimConfig
-from foodvit.model.vit import Heads
+from foodvit.model.vit import Heads, VisionTransformer
 from foodvit.objective_settings import ObjectiveSettings
 
 
@@ -96,6 +96,6 @@ class Objective(nn.Module):
         raise NotImplementedError
 
 
-def vit_of(model: nn.Module) -> nn.Module:
+def vit_of(model: nn.Module) -> VisionTransformer:
     """The VisionTransformer a model computes with: itself, or progressive resizing's AnyGrid's."""
-    return getattr(model, "vit", model)
+    return cast(VisionTransformer, getattr(model, "vit", model))

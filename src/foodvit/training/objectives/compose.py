@@ -95,7 +95,7 @@ class WithObjectives(nn.Module):
             batch.shown, blocks, mask=batch.mask, mask_token=batch.mask_token, class_only=class_only
         )
         pooled = vit.pool(tokens)
-        outputs = Outputs(tokens, pooled, vit.heads_of(tokens, pooled), dict(zip(blocks, kept)))
+        outputs = Outputs(tokens, pooled, vit.heads_of(tokens, pooled), dict(zip(blocks, kept, strict=True)))
         stages = max((o.teacher_stages for o in self.objectives), default=0)
         logits = any(o.teacher_logits for o in self.objectives)
         if stages or logits:

@@ -66,9 +66,9 @@ def crop_resize(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     size = images.shape[-2:]
     crops = [
         F.interpolate(
-            image[None, :, t : t + h, l : l + w], size=size, mode="bilinear", antialias=True, align_corners=False
+            image[None, :, t : t + h, left : left + w], size=size, mode="bilinear", antialias=True, align_corners=False
         )
-        for image, (t, l, h, w) in zip(images, boxes.tolist())
+        for image, (t, left, h, w) in zip(images, boxes.tolist(), strict=True)
     ]
     return torch.cat(crops) if crops else images.clone()
 

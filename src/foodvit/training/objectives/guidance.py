@@ -18,7 +18,8 @@ the finer one is average-pooled to the coarser. Training only: the adapters and 
 not part of the saved model.
 
 Where this differs from Li et al.'s setting (DeiT-Tiny, 12 blocks, CIFAR at 32 px, the teacher at
-low resolution): they guide the first, a middle and the last block (here --guidance-stages 4 guides the last one too), compare the raw teacher
+low resolution): they guide the first, a middle and the last block (here --guidance-stages 4 guides
+the last one too), compare the raw teacher
 features after upsampling both maps to the finer grid, sum the pairs with weight 2.5, and feed the
 teacher a downsampled image. Here the teacher's features are standardised at each position (so
 the weight means the same for any teacher), the coarser grid is kept (no detail is invented), the
@@ -41,6 +42,7 @@ from torch import nn
 
 from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
+from foodvit.model.vit import VisionTransformer
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
 from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
 from foodvit.training.teacher import teacher_skeleton
@@ -54,7 +56,8 @@ def guided_blocks(depth: int, stages: int = SPREAD) -> list[int]:
     three spread over the first depth - 1 blocks, the fourth (stages 4) the last block."""
     if depth < 2:
         raise ConfigError(
-            f"--guidance matches blocks before the last one to the teacher's stages: needs --depth 2 or more, got {depth}"
+            "--guidance matches blocks before the last one to the teacher's stages: "
+            f"needs --depth 2 or more, got {depth}"
         )
     if not SPREAD <= stages <= len(STAGES):
         raise ConfigError(f"--guidance-stages must be 3 or 4 (the teacher's first stages that guide), got {stages}")
@@ -128,7 +131,7 @@ class LocalityGuidance(Objective):
 
     def __init__(
         self,
-        vit: nn.Module,
+        vit: VisionTransformer,
         weight: float,
         teacher_skeleton: nn.Module,
         stages: int = SPREAD,
@@ -170,6 +173,6 @@ class LocalityGuidance(Objective):
         prefix = vit_of(batch.model).config.num_prefix_tokens
         losses = [
             matching_loss(adapter(token_map(outputs.blocks[block], prefix)), target)
-            for adapter, block, target in zip(self.adapters, self.blocks, outputs.teacher_maps)
+            for adapter, block, target in zip(self.adapters, self.blocks, outputs.teacher_maps, strict=True)
         ]
         return torch.stack(losses).mean()

@@ -26,6 +26,7 @@ from torch import nn
 
 from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
+from foodvit.model.vit import VisionTransformer
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
 from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
 
@@ -90,7 +91,7 @@ class MaskedPatches(Objective):
     reads_all_tokens = True
 
     def __init__(
-        self, vit: nn.Module, weight: float, ratio: float, hide_pixels: bool = False, option: str = "--masked"
+        self, vit: VisionTransformer, weight: float, ratio: float, hide_pixels: bool = False, option: str = "--masked"
     ) -> None:
         check_reconstructable(vit.config.pool, option)
         super().__init__(weight)
