@@ -66,4 +66,3 @@ def load_predictor(run, device: str | None = None):
     from foodvit.deploy.predictor import Predictor
 
     return Predictor.open(run, device=device)
-

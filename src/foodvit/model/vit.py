@@ -193,7 +193,9 @@ class VisionTransformer(nn.Module):
             self.register_buffer("pos_embed", fixed[None], persistent=False)  # (1, T, D)
         self.pos_drop = nn.Dropout(config.dropout)  # App. B.1: "directly after adding positional- to patch embeddings"
         L = config.depth
-        rates = [config.drop_path * i / (L - 1) if L > 1 else config.drop_path for i in range(L)]  # linear in depth, as DeiT
+        rates = [
+            config.drop_path * i / (L - 1) if L > 1 else config.drop_path for i in range(L)
+        ]  # linear in depth, as DeiT
         self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
         self.norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
         if config.pool == "seq":
@@ -203,8 +205,13 @@ class VisionTransformer(nn.Module):
             self.head_dist = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
         init_weights(self)
 
-    def embed(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-              mask_token: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(
+        self,
+        images: torch.Tensor,
+        pos_embed: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        mask_token: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos, then dropout. (B, C, H, W) -> (B, T, D).
 
         pos_embed: E_pos of another patch grid, (1, T', D), for images of that grid's side
@@ -215,7 +222,9 @@ class VisionTransformer(nn.Module):
         stays known, the content does not. The caller owns the token (training/objectives/masked.py).
         """
         c = self.config
-        side = c.image_size if pos_embed is None else math.isqrt(pos_embed.shape[1] - c.num_prefix_tokens) * c.patch_size
+        side = (
+            c.image_size if pos_embed is None else math.isqrt(pos_embed.shape[1] - c.num_prefix_tokens) * c.patch_size
+        )
         check_images(images, side, c.in_channels)
         x = self.patch_embed(images)  # (B, C, H, W) -> (B, N, D)
         if mask is not None:
@@ -238,16 +247,25 @@ class VisionTransformer(nn.Module):
         that embeds many batches at one grid keeps it (training/resizing.py)."""
         c = self.config
         if c.pos_embed == "learned":
-            raise ConfigError("training at another input size needs fixed position embeddings: use --pos-embed sincos2d "
-                              "(or none); learned ones exist for one grid")
+            raise ConfigError(
+                "training at another input size needs fixed position embeddings: use --pos-embed sincos2d "
+                "(or none); learned ones exist for one grid"
+            )
         like = self.norm.weight  # the model's device and dtype
         if c.pos_embed == "none":
             return like.new_zeros(1, c.num_prefix_tokens + grid * grid, c.embed_dim)  # adds nothing; names the grid
         return sincos_2d_pos_embed(grid, c.embed_dim, prefix=c.num_prefix_tokens).to(self.pos_embed)[None]  # (1, T', D)
 
-    def forward_intermediates(self, images: torch.Tensor, indices: Sequence[int] = (), *, mask: torch.Tensor | None = None,
-                              mask_token: torch.Tensor | None = None, class_only: bool = False,
-                              pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward_intermediates(
+        self,
+        images: torch.Tensor,
+        indices: Sequence[int] = (),
+        *,
+        mask: torch.Tensor | None = None,
+        mask_token: torch.Tensor | None = None,
+        class_only: bool = False,
+        pos_embed: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Eq. 1-3 and the final LayerNorm of Eq. 4 (timm's convention): the final tokens (B, T, D) and
         the outputs of the blocks listed in `indices` (0-based, each (B, T, D), before any norm), in
         the order listed. mask and mask_token: patches shown as a mask token (see embed).
@@ -272,10 +290,19 @@ class VisionTransformer(nn.Module):
                 kept[i] = x
         return self.norm(x), [kept[i] for i in indices]  # LN of Eq. 4
 
-    def forward_features(self, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None,
-                         *, class_only: bool = False, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_features(
+        self,
+        images: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        mask_token: torch.Tensor | None = None,
+        *,
+        class_only: bool = False,
+        pos_embed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The final tokens after the LayerNorm of Eq. 4, (B, T, D) (see forward_intermediates)."""
-        return self.forward_intermediates(images, mask=mask, mask_token=mask_token, class_only=class_only, pos_embed=pos_embed)[0]
+        return self.forward_intermediates(
+            images, mask=mask, mask_token=mask_token, class_only=class_only, pos_embed=pos_embed
+        )[0]
 
     def forward_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The final tokens (B, T, D) and every block's attention weights (B, h, T, T), one tensor a

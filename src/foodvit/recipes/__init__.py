@@ -28,7 +28,9 @@ def recipe_path(name_or_file: str) -> Path:
     builtin = RECIPES_DIR / f"{name_or_file}.toml"
     if builtin.is_file():
         return builtin
-    raise ConfigError(f"unknown recipe {name_or_file!r}: expected one of {', '.join(list_recipes())} or a path to a .toml file")
+    raise ConfigError(
+        f"unknown recipe {name_or_file!r}: expected one of {', '.join(list_recipes())} or a path to a .toml file"
+    )
 
 
 def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
@@ -41,7 +43,9 @@ def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
     allowed = {"model", "vit", *SECTIONS}
     unknown = sorted(set(values) - allowed)
     if unknown:
-        raise ConfigError(f"recipe {path}: unknown section(s) or key(s) {', '.join(unknown)}; expected {', '.join(sorted(allowed))}")
+        raise ConfigError(
+            f"recipe {path}: unknown section(s) or key(s) {', '.join(unknown)}; expected {', '.join(sorted(allowed))}"
+        )
     name = path.stem if path.parent == RECIPES_DIR else str(path)
     try:
         return RunConfig.from_dict({**values, "recipe": name}, where=f"recipe {path}")

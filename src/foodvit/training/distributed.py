@@ -237,7 +237,9 @@ def backend_reason(err: BaseException) -> str:
 def is_backend_error(err: RuntimeError) -> bool:
     """Whether a RuntimeError comes from the process group's transport (a peer gone, a timeout)."""
     text = str(err).lower()
-    return isinstance(err, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer"))
+    return isinstance(err, dist.DistError) or any(
+        w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer")
+    )
 
 
 class OnMain:

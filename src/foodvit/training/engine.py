@@ -93,8 +93,11 @@ def _objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, s: 
     with autocast(s):
         out = model(images)
     logits, extra = out if isinstance(out, tuple) else (out, None)
-    loss_sum = (F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum") if logits is not None
-                else torch.zeros((), device=s.device))
+    loss_sum = (
+        F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum")
+        if logits is not None
+        else torch.zeros((), device=s.device)
+    )
     return logits, loss_sum if extra is None else loss_sum + extra * images.shape[0]
 
 
@@ -139,8 +142,9 @@ def _on_device(batch, s: StepSettings) -> tuple[torch.Tensor, torch.Tensor]:
     return images, labels
 
 
-def _optimiser_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, group: list,
-                    s: StepSettings) -> tuple[torch.Tensor | None, float]:
+def _optimiser_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, group: list, s: StepSettings
+) -> tuple[torch.Tensor | None, float]:
     """The step at the end of a group of micro-batches (their gradients accumulated): sharpness-aware
     minimisation's second gradient if on, clipping, the optimiser and the schedule. Returns the
     gradient norm (when clipped or asked for) and the learning rate the step took."""
@@ -167,7 +171,9 @@ class ProgressBar:
         self.bar = tqdm(total=total, desc=label, leave=False, unit="step")
 
     def __call__(self, info: StepInfo) -> None:
-        shown = {"loss": f"{info.running_loss:.3f}"} | ({} if info.running_acc is None else {"acc": f"{info.running_acc:.3f}"})
+        shown = {"loss": f"{info.running_loss:.3f}"} | (
+            {} if info.running_acc is None else {"acc": f"{info.running_acc:.3f}"}
+        )
         self.bar.set_postfix(shown, refresh=False)
         self.bar.update(1)
 
@@ -202,7 +208,12 @@ def train_one_epoch(
     total_batches = len(loader)
     steps = math.ceil(total_batches / s.accum_steps)
     sums = torch.zeros(4, device=s.device, dtype=torch.float64)  # plain cross-entropy, objective, correct, images
-    totals = [0.0, 0.0, 0.0, 0.0]  # the sums over all processes, as of the last check (always done after the last batch)
+    totals = [
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    ]  # the sums over all processes, as of the last check (always done after the last batch)
     lr = optimizer.param_groups[0]["lr"]
     bar = ProgressBar(progress, steps) if progress is not None else None
     hooks = list(on_step) + ([bar] if bar is not None else [])
@@ -234,30 +245,60 @@ def train_one_epoch(
                 correct = (logits.detach().argmax(dim=1) == hard).sum()
             else:  # what is shown as its loss: the objective itself
                 plain, correct = objective_sum.detach(), torch.zeros((), device=s.device)
-        sums += torch.stack([plain.double(), objective_sum.detach().double(), correct.double(),
-                             torch.tensor(float(n), device=s.device, dtype=torch.float64)])
+        sums += torch.stack(
+            [
+                plain.double(),
+                objective_sum.detach().double(),
+                correct.double(),
+                torch.tensor(float(n), device=s.device, dtype=torch.float64),
+            ]
+        )
         if (i + 1) % s.sync_every == 0 or i + 1 == total_batches:
             totals = s.reduce(sums).tolist()  # every process sees the same sums: they stop together on NaN
             if not (math.isfinite(totals[0]) and math.isfinite(totals[1])):
-                raise TrainingDiverged(f"the loss became {totals[1] / max(totals[3], 1)} at step {i + 1} of {total_batches}")
+                raise TrainingDiverged(
+                    f"the loss became {totals[1] / max(totals[3], 1)} at step {i + 1} of {total_batches}"
+                )
         if i + 1 == group_end:
             grad_norm, lr = _optimiser_step(model, optimizer, scheduler, group, s)
             if hooks:
                 seen = max(totals[3], 1)
-                info = StepInfo(epoch, (i // s.accum_steps) + 1, steps, plain.detach() / max(n, 1), lr, grad_norm,
-                                totals[0] / seen, totals[2] / seen if supervised else None, model)
+                info = StepInfo(
+                    epoch,
+                    (i // s.accum_steps) + 1,
+                    steps,
+                    plain.detach() / max(n, 1),
+                    lr,
+                    grad_norm,
+                    totals[0] / seen,
+                    totals[2] / seen if supervised else None,
+                    model,
+                )
                 for hook in hooks:
                     hook(info)
     if bar is not None:
         bar.close()
     plain_sum, objective_sum, correct_sum, seen = totals
-    return {"train_loss": plain_sum / max(seen, 1), "train_objective": objective_sum / max(seen, 1),
-            "train_acc": correct_sum / max(seen, 1), "n": int(seen), "lr": lr, "loading_s": waited}
+    return {
+        "train_loss": plain_sum / max(seen, 1),
+        "train_objective": objective_sum / max(seen, 1),
+        "train_acc": correct_sum / max(seen, 1),
+        "n": int(seen),
+        "lr": lr,
+        "loading_s": waited,
+    }
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, settings: StepSettings | None = None, num_classes: int | None = None,
-             progress: str | None = None, keep_probabilities: bool = False, gather=None) -> dict:
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    settings: StepSettings | None = None,
+    num_classes: int | None = None,
+    progress: str | None = None,
+    keep_probabilities: bool = False,
+    gather=None,
+) -> dict:
     """Loss (mean per image), accuracy (per image), n, and the confusion matrix (rows = true class);
     with keep_probabilities, also every sample's class probabilities (n, K), in loader order.
 
@@ -278,8 +319,14 @@ def evaluate(model: nn.Module, loader: Iterable, settings: StepSettings | None =
         if confusion is None:
             confusion = torch.zeros(k, k, dtype=torch.int64)
         predictions = logits.argmax(dim=1)
-        sums += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(), (predictions == labels).sum().item(),
-                              labels.numel()], dtype=torch.float64)
+        sums += torch.tensor(
+            [
+                F.cross_entropy(logits, labels, reduction="sum").item(),
+                (predictions == labels).sum().item(),
+                labels.numel(),
+            ],
+            dtype=torch.float64,
+        )
         confusion += torch.bincount((labels * k + predictions).cpu(), minlength=k * k).reshape(k, k)
         if keep_probabilities:
             kept.append(logits.softmax(dim=-1).cpu())
@@ -339,11 +386,17 @@ def fit(
             hook(epoch)
         started = time.perf_counter()
         label = f"{stage} {epoch + 1}/{epochs}" if show_progress else None
-        row = {"epoch": epoch + 1, **train_one_epoch(model, train_loader, optimizer, scheduler, settings,
-                                                     on_step=hooks.on_step, progress=label, epoch=epoch)}
+        row = {
+            "epoch": epoch + 1,
+            **train_one_epoch(
+                model, train_loader, optimizer, scheduler, settings, on_step=hooks.on_step, progress=label, epoch=epoch
+            ),
+        }
         trained_s = time.perf_counter() - started
         row["images_per_s"] = row.pop("n") / max(trained_s, 1e-9)
-        row["model_share"] = 1 - row.pop("loading_s") / max(trained_s, 1e-9)  # of the training time, not waiting for data
+        row["model_share"] = 1 - row.pop("loading_s") / max(
+            trained_s, 1e-9
+        )  # of the training time, not waiting for data
         if (epoch + 1) % eval_every == 0 or epoch + 1 == epochs:
             target = eval_model() if eval_model else model
             for name, loader in eval_loaders.items():
@@ -384,7 +437,9 @@ def epoch_line(row: dict, epochs: int, stage: str = "epoch", losses: tuple[tuple
     """One epoch's row as a progress line: its number, the training loss and accuracy (or the `losses` given as
     (label, key) pairs), each evaluated split's, the learning rate and the seconds."""
     parts = [f"{stage} {row['epoch']:>3}/{epochs}"]
-    parts += [f"{label} {row[key]:.4f}" for label, key in losses] or [f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f}"]
+    parts += [f"{label} {row[key]:.4f}" for label, key in losses] or [
+        f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f}"
+    ]
     for split in ("val", "test"):
         if row.get(f"{split}_acc") is not None:
             parts.append(f"{split} loss {row[f'{split}_loss']:.4f} acc {row[f'{split}_acc']:.3f}")
@@ -396,5 +451,7 @@ def own_random_state(device: torch.device):
     """A block that seeds and draws from PyTorch's random streams (CPU and this GPU) and gives the
     caller's state back when it ends: a training run seeds its own streams without resetting a
     notebook's."""
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    )
     return torch.random.fork_rng(devices=devices)

@@ -46,34 +46,59 @@ def masked_image_modelling(model: nn.Module, ratio: float) -> WithObjectives:
     """The stage's task around a model (the ViT, or AnyGrid around it): in training mode (None, the
     reconstruction loss), which the engine minimises alone, the hidden pixels set to 0 before the
     tokeniser; in eval mode the model's prediction."""
-    reconstruction = MaskedPatches(getattr(model, "vit", model), 1.0, ratio, hide_pixels=True, option="--pretrain-epochs")
+    reconstruction = MaskedPatches(
+        getattr(model, "vit", model), 1.0, ratio, hide_pixels=True, option="--pretrain-epochs"
+    )
     return WithObjectives(model, [reconstruction], supervised=False)
 
 
 def epoch_line(row: dict, epochs: int) -> str:
-    return engine_epoch_line(row, epochs, stage="pre-training epoch", losses=(("reconstruction loss", "train_objective"),))
+    return engine_epoch_line(
+        row, epochs, stage="pre-training epoch", losses=(("reconstruction loss", "train_objective"),)
+    )
 
 
-def pretrain(model: nn.Module, config: RunConfig, data: StageData, settings: StepSettings, *, size: int, out: Path | None,
-             rows: list[dict], log: Callable = print) -> None:
+def pretrain(
+    model: nn.Module,
+    config: RunConfig,
+    data: StageData,
+    settings: StepSettings,
+    *,
+    size: int,
+    out: Path | None,
+    rows: list[dict],
+    log: Callable = print,
+) -> None:
     """Pre-train `model` (the ViT, or AnyGrid around it) in place for config.optim.pretrain_epochs epochs at
     `size` px, appending each epoch's row (epoch, train_objective: the reconstruction loss, lr, seconds) to
     `rows` and, with `out` (the run's folder, on the process that writes it), writing them to its pretraining.csv."""
     c = config
     epochs = c.optim.pretrain_epochs
     torch.manual_seed(derive_seed(c.train.seed, "pretrain-init"))
-    task = masked_image_modelling(model, c.optim.pretrain_mask_ratio).to(data.context.device)  # the classes are not read
+    task = masked_image_modelling(model, c.optim.pretrain_mask_ratio).to(
+        data.context.device
+    )  # the classes are not read
     # sharpness-aware minimisation is the supervised stage's (--sam): here a second pass would draw other masks
-    settings = replace(settings, input_size=0 if size == getattr(model, "vit", model).config.image_size else size, sam=0.0)
+    settings = replace(
+        settings, input_size=0 if size == getattr(model, "vit", model).config.image_size else size, sam=0.0
+    )
     # the supervised warmup, at most half the stage: a short stage still reaches its peak and decays
     optim = replace(c.optim, warmup_epochs=min(c.optim.warmup_epochs, epochs / 2))
 
     def after(epoch: int, row: dict) -> None:
         rows.append({k: row[k] for k in ("epoch", "train_objective", "lr", "seconds")})
         if out is not None:
-            write_rows(out / PRETRAINING_FILE, [{"reconstruction_loss": r["train_objective"], **r} for r in rows], PRETRAINING_COLUMNS)
+            write_rows(
+                out / PRETRAINING_FILE,
+                [{"reconstruction_loss": r["train_objective"], **r} for r in rows],
+                PRETRAINING_COLUMNS,
+            )
         log(epoch_line(row, epochs))
 
-    log(f"self-supervised pre-training (masked-image modelling, {c.optim.pretrain_mask_ratio:.0%} of the patches hidden) "
-        f"for {epochs} epochs at {size} px")
-    Stage(task, data, epochs=epochs, purpose="pretrain-step", optim=optim).fit(settings, after_epoch=[after], label="pre-training")
+    log(
+        f"self-supervised pre-training (masked-image modelling, {c.optim.pretrain_mask_ratio:.0%} of the patches hidden) "
+        f"for {epochs} epochs at {size} px"
+    )
+    Stage(task, data, epochs=epochs, purpose="pretrain-step", optim=optim).fit(
+        settings, after_epoch=[after], label="pre-training"
+    )

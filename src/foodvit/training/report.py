@@ -44,7 +44,6 @@ def plot_curves(history: list[dict]):
     return fig
 
 
-
 def plot_confusion(confusion: torch.Tensor, classes, title: str = "Test confusion matrix"):
     """Counts, rows = true class, columns = predicted class; each cell also shows its row share."""
     k = len(classes)
@@ -54,14 +53,20 @@ def plot_confusion(confusion: torch.Tensor, classes, title: str = "Test confusio
     ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
     for i in range(k):
         for j in range(k):
-            ax.text(j, i, f"{int(confusion[i, j])}\n{shares[i, j]:.0%}", ha="center", va="center",
-                    color="white" if shares[i, j] > 0.5 else "black", fontsize=9)
+            ax.text(
+                j,
+                i,
+                f"{int(confusion[i, j])}\n{shares[i, j]:.0%}",
+                ha="center",
+                va="center",
+                color="white" if shares[i, j] > 0.5 else "black",
+                fontsize=9,
+            )
     ax.set_xticks(range(k), classes, rotation=30, ha="right")
     ax.set_yticks(range(k), classes)
     ax.set(xlabel="predicted", ylabel="true", title=title)
     fig.tight_layout()
     return fig
-
 
 
 def per_class_accuracy(confusion: torch.Tensor, classes) -> dict[str, float]:
@@ -70,9 +75,17 @@ def per_class_accuracy(confusion: torch.Tensor, classes) -> dict[str, float]:
     return {name: (confusion[i, i] / totals[i]).item() if totals[i] else float("nan") for i, name in enumerate(classes)}
 
 
-
-def write_report(run: Path, *, config, classes, counts: dict, history: list[dict], final: dict, model_info: dict,
-                 extra_sections: list[str] = ()) -> Path:
+def write_report(
+    run: Path,
+    *,
+    config,
+    classes,
+    counts: dict,
+    history: list[dict],
+    final: dict,
+    model_info: dict,
+    extra_sections: list[str] = (),
+) -> Path:
     """report.md: what was trained on what, the per-image test result, curves and confusion matrix."""
     run = Path(run)
     correct = int(round(final["acc"] * final["n"]))
@@ -95,23 +108,42 @@ def write_report(run: Path, *, config, classes, counts: dict, history: list[dict
         f"| model | {config.model} ({model_info['params']:,} parameters, {model_info['trainable']:,} trained) |",
         f"| image size | {size_line} |",
         f"| data | `{model_info['data_root']}` |",
-        "| photos | " + "; ".join(f"{split}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for split, c in counts.items()) + " |",
+        "| photos | "
+        + "; ".join(
+            f"{split}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for split, c in counts.items()
+        )
+        + " |",
         f"| training | {len(history)} epochs, batch {config.train.batch_size} x {config.optim.accum_steps}, "
         f"{config.optim.optimizer} lr {config.optim.lr:g}, weight decay {config.optim.weight_decay:g}, augment `{config.data.augment}` |",
         f"| time | {total_seconds:.0f} s on {model_info['device']}"
-        + (f", {model_info['processes']} processes" if model_info.get("processes", 1) > 1 else "") + " |",
+        + (f", {model_info['processes']} processes" if model_info.get("processes", 1) > 1 else "")
+        + " |",
     ]
     if last.get("val_acc") is not None:
         lines.append(f"| validation accuracy | {last['val_acc']:.3f} (last epoch) |")
     lines += ["", "## Per class (test)", "", "| class | accuracy | photos |", "|---|---|---|"]
     totals = final["confusion"].sum(dim=1).tolist()
     lines += [f"| {name} | {acc:.3f} | {int(totals[i])} |" for i, (name, acc) in enumerate(per_class.items())]
-    lines += ["", "## Curves", "", "![loss and accuracy](curves.png)", "", "## Confusion matrix", "", "![confusion matrix](confusion.png)", ""]
+    lines += [
+        "",
+        "## Curves",
+        "",
+        "![loss and accuracy](curves.png)",
+        "",
+        "## Confusion matrix",
+        "",
+        "![confusion matrix](confusion.png)",
+        "",
+    ]
     lines += list(extra_sections)
-    lines += ["## Files", "", "`model.safetensors` with `model.json` (config, classes, preprocessing), `metrics.csv`, `config.json`, "
-              "`checkpoint.pt` (resume).", ""]
+    lines += [
+        "## Files",
+        "",
+        "`model.safetensors` with `model.json` (config, classes, preprocessing), `metrics.csv`, `config.json`, "
+        "`checkpoint.pt` (resume).",
+        "",
+    ]
     return write_text(run / "report.md", "\n".join(lines))
-
 
 
 def device_name(device: torch.device) -> str:
@@ -123,28 +155,56 @@ def device_name(device: torch.device) -> str:
 def test_results(probabilities: torch.Tensor, split, classes) -> tuple[list[dict], list[str]]:
     """Each test photo's prediction (as predict gives it) and its true class."""
     top = probabilities.max(dim=1)
-    results = [{"image": str(path), "label": classes[i], "probability": p}
-               for (path, _), p, i in zip(split.samples, top.values.tolist(), top.indices.tolist())]
+    results = [
+        {"image": str(path), "label": classes[i], "probability": p}
+        for (path, _), p, i in zip(split.samples, top.values.tolist(), top.indices.tolist())
+    ]
     return results, [classes[label] for _, label in split.samples]
 
 
 def draw_figures(history: list[dict], test: dict, results: list[dict], truths: list[str], classes) -> dict:
     """The report's three figures by file stem: the curves, the confusion matrix and the most
     confidently wrong test photos (matplotlib's text layout makes them 1-3 s of a run's end)."""
-    return {"curves": plot_curves(history), "confusion": plot_confusion(test["confusion"], classes),
-            "most_wrong": most_wrong_figure(results, truths)}
+    return {
+        "curves": plot_curves(history),
+        "confusion": plot_confusion(test["confusion"], classes),
+        "most_wrong": most_wrong_figure(results, truths),
+    }
 
 
-def write_results(out: Path, *, config, data, model, trainable: int, train_size: int, preprocess, test: dict,
-                  probabilities: torch.Tensor, history: list[dict], teacher_history: list[dict], device: torch.device,
-                  processes: int, tensorboard=None, teacher_lent_by: str | None = None) -> None:
+def write_results(
+    out: Path,
+    *,
+    config,
+    data,
+    model,
+    trainable: int,
+    train_size: int,
+    preprocess,
+    test: dict,
+    probabilities: torch.Tensor,
+    history: list[dict],
+    teacher_history: list[dict],
+    device: torch.device,
+    processes: int,
+    tensorboard=None,
+    teacher_lent_by: str | None = None,
+) -> None:
     """What a finished run leaves (rank 0): model.safetensors and model.json, the figures, report.md,
     and TensorBoard's final images and hparams."""
     classes = data.classes
     source = DataSource.parse(config.data.source, config.data.train_fraction)
-    summary = {"test_acc": test["acc"], "test_loss": test["loss"], "test_n": test["n"], "recipe": config.recipe,
-               "epochs": len(history), "trained": time.strftime("%Y-%m-%d"), "data": str(config.data.source or data.root),
-               "data_name": source.name, "train_photos": len(data.train)}
+    summary = {
+        "test_acc": test["acc"],
+        "test_loss": test["loss"],
+        "test_n": test["n"],
+        "recipe": config.recipe,
+        "epochs": len(history),
+        "trained": time.strftime("%Y-%m-%d"),
+        "data": str(config.data.source or data.root),
+        "data_name": source.name,
+        "train_photos": len(data.train),
+    }
     if teacher_history:
         summary["teacher_test_acc"] = teacher_history[-1]["test_acc"]
     save_model(out, model, classes, preprocess, {"metrics": summary})
@@ -155,28 +215,63 @@ def write_results(out: Path, *, config, data, model, trainable: int, train_size:
     counts = {"train": data.train.counts(), "test": data.test.counts()}
     if data.val is not None:
         counts["val"] = data.val.counts()
-    info = {"params": sum(p.numel() for p in model.parameters()), "trainable": trainable, "image_size": model.config.image_size,
-            "train_image_size": train_size, "patch_size": model.config.patch_size, "data_root": str(data.root),
-            "device": device_name(device), "processes": processes}
+    info = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "trainable": trainable,
+        "image_size": model.config.image_size,
+        "train_image_size": train_size,
+        "patch_size": model.config.patch_size,
+        "data_root": str(data.root),
+        "device": device_name(device),
+        "processes": processes,
+    }
     sections = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
     if teacher_history:
         last = teacher_history[-1]  # evaluated on the test split at its last epoch
-        uses = [(f"its probabilities at temperature {config.optim.distill_temperature:g} (soft distillation, "
-                 if config.optim.distill_temperature > 0 else "its labels (distillation, ")
-                + f"weight {config.optim.distill:g})"] if config.optim.distill > 0 else []
+        uses = (
+            [
+                (
+                    f"its probabilities at temperature {config.optim.distill_temperature:g} (soft distillation, "
+                    if config.optim.distill_temperature > 0
+                    else "its labels (distillation, "
+                )
+                + f"weight {config.optim.distill:g})"
+            ]
+            if config.optim.distill > 0
+            else []
+        )
         falling = ", falling linearly towards 0 over the epochs" if config.optim.guidance_schedule == "linear" else ""
-        stages = ("its four stages' feature maps, the last against the ViT's last block" if config.optim.guidance_stages == 4
-                  else "its feature maps")
-        uses += [f"{stages} (locality guidance, weight {config.optim.guidance:g}{falling})"] if config.optim.guidance > 0 else []
-        sections = ["## CNN teacher", "",
-                    f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
-                    f"({sum(r['seconds'] for r in teacher_history):.0f} s"
-                    + (f", in {teacher_lent_by}, which lent it to this run" if teacher_lent_by else "")
-                    + f"): test accuracy {last['test_acc']:.3f} "
-                    f"(per image). The ViT learned from {' and '.join(uses)}; the saved model "
-                    f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.", ""] + sections
-    write_report(out, config=config, classes=classes, counts=counts, history=history, final=test, model_info=info,
-                 extra_sections=sections)
+        stages = (
+            "its four stages' feature maps, the last against the ViT's last block"
+            if config.optim.guidance_stages == 4
+            else "its feature maps"
+        )
+        uses += (
+            [f"{stages} (locality guidance, weight {config.optim.guidance:g}{falling})"]
+            if config.optim.guidance > 0
+            else []
+        )
+        sections = [
+            "## CNN teacher",
+            "",
+            f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
+            f"({sum(r['seconds'] for r in teacher_history):.0f} s"
+            + (f", in {teacher_lent_by}, which lent it to this run" if teacher_lent_by else "")
+            + f"): test accuracy {last['test_acc']:.3f} "
+            f"(per image). The ViT learned from {' and '.join(uses)}; the saved model "
+            f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.",
+            "",
+        ] + sections
+    write_report(
+        out,
+        config=config,
+        classes=classes,
+        counts=counts,
+        history=history,
+        final=test,
+        model_info=info,
+        extra_sections=sections,
+    )
     if tensorboard is not None:
         figures["predictions"] = predictions_figure(results, truths)
         tensorboard.finish(config=config.to_dict(), final=test, figures=figures, epochs=len(history))
@@ -191,6 +286,12 @@ def size_note(config, params: int, device: torch.device) -> str | None:
         return None
     moments = {"adam": 2, "adamw": 2, "sgd": 1}[config.optim.optimizer]
     checkpoint_gb = params * 4 * (1 + moments) / 1e9  # fp32 weights and optimiser state
-    slow = (" On a CPU each epoch takes minutes (the course recipe, ViT-B/16: about 3.5 minutes an epoch of "
-            "FoodVision Mini's 225 photos on 2 cores).") if device.type == "cpu" else ""
+    slow = (
+        (
+            " On a CPU each epoch takes minutes (the course recipe, ViT-B/16: about 3.5 minutes an epoch of "
+            "FoodVision Mini's 225 photos on 2 cores)."
+        )
+        if device.type == "cpu"
+        else ""
+    )
     return f"note: {config.model} has {params / 1e6:.1f} M parameters; checkpoint.pt will hold about {checkpoint_gb:.1f} GB.{slow}"

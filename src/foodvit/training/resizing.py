@@ -43,11 +43,14 @@ class AnyGrid(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.vit(images, pos_embed=self.pos_embed_for(images))  # through __call__: the ViT's hooks still run
 
-    def forward_features(self, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None,
-                         **options) -> torch.Tensor:
+    def forward_features(
+        self, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None, **options
+    ) -> torch.Tensor:
         return self.vit.forward_features(images, mask, mask_token, pos_embed=self.pos_embed_for(images), **options)
 
-    def forward_intermediates(self, images: torch.Tensor, indices=(), **options) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward_intermediates(
+        self, images: torch.Tensor, indices=(), **options
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         return self.vit.forward_intermediates(images, indices, pos_embed=self.pos_embed_for(images), **options)
 
     def heads(self, x: torch.Tensor) -> Heads:

@@ -17,9 +17,17 @@ from pathlib import Path
 from foodvit.errors import FoodVitError
 
 FOLDER = "tensorboard"
-EPOCH_SCALARS = {"train_loss": "train/loss", "train_acc": "train/acc", "val_loss": "val/loss", "val_acc": "val/acc",
-                 "test_loss": "test/loss", "test_acc": "test/acc", "lr": "epoch/lr", "images_per_s": "epoch/images_per_s",
-                 "model_share": "epoch/model_share"}
+EPOCH_SCALARS = {
+    "train_loss": "train/loss",
+    "train_acc": "train/acc",
+    "val_loss": "val/loss",
+    "val_acc": "val/acc",
+    "test_loss": "test/loss",
+    "test_acc": "test/acc",
+    "lr": "epoch/lr",
+    "images_per_s": "epoch/images_per_s",
+    "model_share": "epoch/model_share",
+}
 
 
 def require_tensorboard():
@@ -27,8 +35,10 @@ def require_tensorboard():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise FoodVitError("--tensorboard needs the tensorboard package: pip install 'foodvit[track]' "
-                           "(or pip install tensorboard), or train without --tensorboard") from None
+        raise FoodVitError(
+            "--tensorboard needs the tensorboard package: pip install 'foodvit[track]' "
+            "(or pip install tensorboard), or train without --tensorboard"
+        ) from None
     return SummaryWriter
 
 
@@ -36,8 +46,11 @@ def hparams_of(config: dict) -> dict:
     """A run's settings as the hparams plugin takes them: flat names, numbers, text or booleans."""
     from foodvit.rundir.compare import flatten
 
-    return {name: ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
-            for name, value in flatten(config).items() if isinstance(value, (bool, int, float, str, list, tuple))}
+    return {
+        name: ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+        for name, value in flatten(config).items()
+        if isinstance(value, (bool, int, float, str, list, tuple))
+    }
 
 
 class TensorBoard:

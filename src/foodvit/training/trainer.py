@@ -78,10 +78,22 @@ class Trainer:
     """One run on this process: built step by step from a config (and, when resuming, its
     checkpoint), then fitted. Under torchrun every rank builds one; rank 0 alone writes."""
 
-    def __init__(self, config: RunConfig, out: Path, *, quiet: bool = False, log=print, saved: dict | None = None,
-                 verbose: bool = False, context: Context | None = None, teacher_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        out: Path,
+        *,
+        quiet: bool = False,
+        log=print,
+        saved: dict | None = None,
+        verbose: bool = False,
+        context: Context | None = None,
+        teacher_file: Path | None = None,
+    ) -> None:
         self.config, self.out, self.verbose = config, Path(out), verbose
-        self.teacher_file = teacher_file  # a teacher.pt another run trained with this run's teacher settings (distill.borrowed_teacher)
+        self.teacher_file = (
+            teacher_file  # a teacher.pt another run trained with this run's teacher settings (distill.borrowed_teacher)
+        )
         self.ctx = context or Context.from_environment(config.train.device)
         self.main = self.ctx.is_main
         self.quiet = quiet or not self.main  # progress bars and lines on rank 0 only
@@ -122,9 +134,13 @@ class Trainer:
         if self.config.train.freeze_backbone:
             freeze_backbone(self.model)
         # the module the optimiser steps: the ViT, with the training objectives that are on (training only)
-        resizing = bool(d.start_size) and d.start_size != self.model.config.image_size  # smaller batches first: any grid
+        resizing = (
+            bool(d.start_size) and d.start_size != self.model.config.image_size
+        )  # smaller batches first: any grid
         self.grid_model = AnyGrid(self.model) if resizing else self.model
-        self.objectives = objectives.build(self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone)
+        self.objectives = objectives.build(
+            self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone
+        )
         self.pretrained = False  # whether the self-supervised stage (pretrain.py) is done
         self.pretraining: list[dict] = []  # its epochs' rows, while it runs
         self.stage = "epoch"  # what is training now, for a message: the supervised epochs or the stage before them
@@ -137,23 +153,37 @@ class Trainer:
 
     def _open_data(self, listed: Listed) -> None:
         """The splits, checked, and this rank's loaders (training/loading.py)."""
-        self.data, self.caches = loading.open_data(self.config, self.preprocess, listed, quiet=self.quiet,
-                                                   verbose=self.verbose, main=self.main)
+        self.data, self.caches = loading.open_data(
+            self.config, self.preprocess, listed, quiet=self.quiet, verbose=self.verbose, main=self.main
+        )
         self.classes = self.data.classes
         self.train_loader = loading.train_loader(self.config, self.preprocess, self.data, self.caches, self.ctx)
-        self.eval_loaders = {"val": self._eval_loader(self.data.val, self.preprocess)} if self.data.val is not None else {}
+        self.eval_loaders = (
+            {"val": self._eval_loader(self.data.val, self.preprocess)} if self.data.val is not None else {}
+        )
         self.eval_loaders["test"] = self._eval_loader(self.data.test, self.preprocess)
 
     def _eval_loader(self, split, preprocess: Preprocess):
-        return loading.eval_loader(self.config, split, preprocess, self.caches, self.ctx, own=preprocess == self.preprocess)
+        return loading.eval_loader(
+            self.config, split, preprocess, self.caches, self.ctx, own=preprocess == self.preprocess
+        )
 
     def _build_optimisation(self) -> None:
         """DistributedDataParallel between the model and the optimiser, then optimiser, schedule, EMA."""
         c = self.config
-        self.settings = StepSettings(self.device, c.optim.accum_steps, c.optim.clip_grad, c.optim.label_smoothing, c.train.amp,
-                                     sync_every=1 if self.device.type == "cpu" else GPU_SYNC_EVERY, reduce=self.ctx.all_reduce,
-                                     world_size=self.ctx.world_size, grad_norm=c.train.tensorboard and self.main, sam=c.optim.sam,
-                                     input_shape=(self.model.config.in_channels, self.model.config.image_size, self.model.config.image_size))
+        self.settings = StepSettings(
+            self.device,
+            c.optim.accum_steps,
+            c.optim.clip_grad,
+            c.optim.label_smoothing,
+            c.train.amp,
+            sync_every=1 if self.device.type == "cpu" else GPU_SYNC_EVERY,
+            reduce=self.ctx.all_reduce,
+            world_size=self.ctx.world_size,
+            grad_norm=c.train.tensorboard and self.main,
+            sam=c.optim.sam,
+            input_shape=(self.model.config.in_channels, self.model.config.image_size, self.model.config.image_size),
+        )
         wrapped = self.ctx.wrap(self.trained)
         self.step_model = torch.compile(wrapped) if c.train.compile else wrapped
         self.optimizer = build_optimizer(self.trained, c.optim, self.device)
@@ -164,7 +194,10 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def photo_counts(self) -> dict[str, int]:
-        return {"train": len(self.data.train) + (len(self.data.val) if self.data.val is not None else 0), "test": len(self.data.test)}
+        return {
+            "train": len(self.data.train) + (len(self.data.val) if self.data.val is not None else 0),
+            "test": len(self.data.test),
+        }
 
     def state(self, epochs_done: int) -> dict:
         return {
@@ -192,9 +225,11 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             first = str(err).strip().splitlines()
-            raise RunError(f"{self.out / 'checkpoint.pt'} does not fit the model its config.json describes "
-                           f"({first[1].strip() if len(first) > 1 else first[0][:200]}); was it copied from another run? "
-                           "Start a new run with --out") from None
+            raise RunError(
+                f"{self.out / 'checkpoint.pt'} does not fit the model its config.json describes "
+                f"({first[1].strip() if len(first) > 1 else first[0][:200]}); was it copied from another run? "
+                "Start a new run with --out"
+            ) from None
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state.get("ema") is not None:
             self.ema.load_state_dict(state["ema"])
@@ -211,10 +246,22 @@ class Trainer:
     def teacher(self) -> Teacher:
         """The run's CNN teacher (training/teacher.py): its teacher.pt, the one lent to it, or one trained now
         on the run's photos; while it trains, the run is resumable after each of its epochs."""
-        setup = TeacherSetup.of_run(self.config, len(self.classes), self.settings, self.preprocess.image_size,
-                                    self.eval_loaders["test"], self.ctx.world_size)
-        return obtain_teacher(setup, self.stage_data(), self.out, lent=self.teacher_file, log=self.log,
-                              resumable=self._resumable_before_training)
+        setup = TeacherSetup.of_run(
+            self.config,
+            len(self.classes),
+            self.settings,
+            self.preprocess.image_size,
+            self.eval_loaders["test"],
+            self.ctx.world_size,
+        )
+        return obtain_teacher(
+            setup,
+            self.stage_data(),
+            self.out,
+            lent=self.teacher_file,
+            log=self.log,
+            resumable=self._resumable_before_training,
+        )
 
     def _resumable_before_training(self) -> None:
         """A checkpoint of the run before its first epoch, where it has none yet: resumable from here."""
@@ -232,7 +279,9 @@ class Trainer:
         return self.model.config.image_size
 
     def _before_epoch(self, epoch: int) -> None:
-        torch.manual_seed(derive_seed(self.config.train.seed, "step", epoch))  # dropout, mixup, drloc pairs of this epoch
+        torch.manual_seed(
+            derive_seed(self.config.train.seed, "step", epoch)
+        )  # dropout, mixup, drloc pairs of this epoch
         self.train_loader.batch_sampler.set_epoch(epoch)  # its order and augmentation seeds
         size = self.input_size(epoch)
         self.settings.input_size = 0 if size == self.model.config.image_size else size
@@ -277,26 +326,50 @@ class Trainer:
                     self.objectives.set_teacher(teacher.module)
                 if c.optim.pretrain_epochs and not self.pretrained:
                     self.stage = "self-supervised pre-training epoch"
-                    pretrain(self.grid_model, c, self.stage_data(), self.settings, size=self.input_size(0),
-                             out=self.out if self.main else None, rows=self.pretraining, log=self.log)
+                    pretrain(
+                        self.grid_model,
+                        c,
+                        self.stage_data(),
+                        self.settings,
+                        size=self.input_size(0),
+                        out=self.out if self.main else None,
+                        rows=self.pretraining,
+                        log=self.log,
+                    )
                     self.pretrained, self.stage = True, "epoch"
                     if self.main:  # resumable from here: an interruption keeps the pre-trained weights
                         rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
-                fit(self.step_model, self.train_loader, self.eval_loaders, self.optimizer, self.scheduler, epochs=c.train.epochs,
-                    start_epoch=self.start_epoch, settings=self.settings, hooks=hooks, eval_model=self.eval_model,
-                    eval_every=c.train.eval_every, show_progress=not self.quiet, num_classes=len(self.classes))
+                fit(
+                    self.step_model,
+                    self.train_loader,
+                    self.eval_loaders,
+                    self.optimizer,
+                    self.scheduler,
+                    epochs=c.train.epochs,
+                    start_epoch=self.start_epoch,
+                    settings=self.settings,
+                    hooks=hooks,
+                    eval_model=self.eval_model,
+                    eval_every=c.train.eval_every,
+                    show_progress=not self.quiet,
+                    num_classes=len(self.classes),
+                )
                 return self.finish()
             except TrainingDiverged as err:
                 self.ctx.stopping()  # every rank diverges at once (a collective check): keep this advice through torchrun's SIGTERM
                 epoch = len(self.history if self.stage == "epoch" else self.pretraining) + 1
-                raise TrainingDiverged(f"{err} in {self.stage} {epoch}; training stopped and {self._kept()}. "
-                                       "Lower --lr, add --clip-grad 1.0 or --warmup-epochs, then start a new run.") from None
+                raise TrainingDiverged(
+                    f"{err} in {self.stage} {epoch}; training stopped and {self._kept()}. "
+                    "Lower --lr, add --clip-grad 1.0 or --warmup-epochs, then start a new run."
+                ) from None
             except PeerLost as err:
                 raise PeerLost(f"{err}; {self._kept()}: {rundir.resume_command(self.out)}") from None
             except RuntimeError as err:
                 if not self.ctx.distributed or isinstance(err, FoodVitError) or not is_backend_error(err):
                     raise
-                raise PeerLost(f"{self.ctx.peer_lost(err)}; {self._kept()}: {rundir.resume_command(self.out)}") from None
+                raise PeerLost(
+                    f"{self.ctx.peer_lost(err)}; {self._kept()}: {rundir.resume_command(self.out)}"
+                ) from None
             finally:
                 if self.tensorboard is not None:
                     self.tensorboard.close()
@@ -315,16 +388,35 @@ class Trainer:
         if isinstance(model, torch.optim.swa_utils.AveragedModel):
             model = model.module
         model, preprocess = self._at_test_size(model)
-        loader = self.eval_loaders["test"] if preprocess == self.preprocess else self._eval_loader(self.data.test, preprocess)
-        test = evaluate(model, loader, self.settings, num_classes=len(self.classes), keep_probabilities=True, gather=self.ctx.gather)
+        loader = (
+            self.eval_loaders["test"]
+            if preprocess == self.preprocess
+            else self._eval_loader(self.data.test, preprocess)
+        )
+        test = evaluate(
+            model, loader, self.settings, num_classes=len(self.classes), keep_probabilities=True, gather=self.ctx.gather
+        )
         test["per_class"] = per_class_accuracy(test["confusion"], self.classes)
         probabilities = test.pop("probabilities")
         if self.main:
             trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-            write_results(self.out, config=self.config, data=self.data, model=model, trainable=trainable, train_size=self.model.config.image_size,
-                          preprocess=preprocess, test=test, probabilities=probabilities, history=self.history,
-                          teacher_history=self.teacher_history, teacher_lent_by=self.teacher_lent_by, device=self.device, processes=self.ctx.world_size,
-                          tensorboard=self.tensorboard)
+            write_results(
+                self.out,
+                config=self.config,
+                data=self.data,
+                model=model,
+                trainable=trainable,
+                train_size=self.model.config.image_size,
+                preprocess=preprocess,
+                test=test,
+                probabilities=probabilities,
+                history=self.history,
+                teacher_history=self.teacher_history,
+                teacher_lent_by=self.teacher_lent_by,
+                device=self.device,
+                processes=self.ctx.world_size,
+                tensorboard=self.tensorboard,
+            )
         self.ctx.barrier()  # the other ranks end when the run directory is complete
         return Result(self.out, self.history, test)
 
@@ -337,9 +429,19 @@ class Trainer:
         return resize_model(model, size).to(self.device).eval(), self.preprocess.at_size(size)
 
 
-def train(config: RunConfig | str | Path, out: str | Path | None = None, *, overrides: dict | None = None, model: str | None = None,
-          quiet: bool = False, log=print, verbose: bool = False, context: Context | None = None,
-          timeout_s: float = DEFAULT_TIMEOUT_S, teacher_from: Path | None = None) -> Result:
+def train(
+    config: RunConfig | str | Path,
+    out: str | Path | None = None,
+    *,
+    overrides: dict | None = None,
+    model: str | None = None,
+    quiet: bool = False,
+    log=print,
+    verbose: bool = False,
+    context: Context | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    teacher_from: Path | None = None,
+) -> Result:
     """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). `config`: a RunConfig,
     or a recipe (a built-in name or a TOML file) resolved with `overrides` ("section.name" -> value) and
     `model` as `foodvit train` resolves its options (model/resolve.py). With pre-trained weights, the
@@ -356,31 +458,49 @@ def train(config: RunConfig | str | Path, out: str | Path | None = None, *, over
 
         config = adapt_config(config)
     teacher_file = borrowed_teacher(teacher_from, config) if teacher_from is not None else None
-    with contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx:
+    with (
+        contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx
+    ):
         log = log if ctx.is_main else (lambda *a, **k: None)
         with OnMain(rundir.NewRunDirectory(out), ctx):
             if ctx.is_main:
                 write_text(out / "config.json", config.to_json())
-            trainer = Trainer(config, out, quiet=quiet, log=log, verbose=verbose, context=ctx, teacher_file=teacher_file)
+            trainer = Trainer(
+                config, out, quiet=quiet, log=log, verbose=verbose, context=ctx, teacher_file=teacher_file
+            )
             warning = size_note(config, sum(p.numel() for p in trainer.trained.parameters()), trainer.device)
             if warning and ctx.is_main:
                 print(warning, file=sys.stderr)
             processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
             if not quiet:
-                log(f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
-                    f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}{processes}; run directory {out}")
+                log(
+                    f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
+                    f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}{processes}; run directory {out}"
+                )
             return trainer.fit()
 
 
-def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None = None, verbose: bool = False,
-           context: Context | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Result:
+def resume(
+    out: str | Path,
+    *,
+    quiet: bool = False,
+    log=print,
+    data: str | None = None,
+    verbose: bool = False,
+    context: Context | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Result:
     """Finish the run in `out` from its last checkpoint, exactly as configured when it started, on
     as many processes as given (rank 0 reads the run and hands it to the others).
 
     The photos come from the source stored with the run; `data` points at the same photos moved
     elsewhere (same classes and number of photos, checked)."""
     out = Path(out)
-    with contextlib.nullcontext(context) if context else Context.from_environment(rundir.stored_device(out), timeout_s) as ctx:
+    with (
+        contextlib.nullcontext(context)
+        if context
+        else Context.from_environment(rundir.stored_device(out), timeout_s) as ctx
+    ):
         log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
         ctx.on_main(rundir.check_is_run, out)
         with OnMain(rundir.RunLock(out), ctx):
@@ -391,6 +511,8 @@ def resume(out: str | Path, *, quiet: bool = False, log=print, data: str | None 
             trainer.restore(state)
             if data and ctx.is_main:
                 write_text(out / "config.json", config.to_json())
-            log(f"resuming {out} after epoch {trainer.start_epoch} of {config.train.epochs}"
-                + (f" on {ctx.world_size} processes" if ctx.distributed else ""))
+            log(
+                f"resuming {out} after epoch {trainer.start_epoch} of {config.train.epochs}"
+                + (f" on {ctx.world_size} processes" if ctx.distributed else "")
+            )
             return trainer.fit()

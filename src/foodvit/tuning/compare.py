@@ -52,19 +52,29 @@ def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
     error with the photo as the unit, the numbers of predictions and photos, and the predictions only
     one of them got right."""
     if set(a) != set(b):
-        raise StudyError(f"the two studies do not hold the same photos ({len(set(a) ^ set(b))} differ): compare studies of the "
-                         "same data, folds and seeds")
+        raise StudyError(
+            f"the two studies do not hold the same photos ({len(set(a) ^ set(b))} differ): compare studies of the "
+            "same data, folds and seeds"
+        )
     diffs = {k: float(int(b[k]) - int(a[k])) for k in sorted(a)}
     se, photos = clustered_standard_error(diffs)
-    return {"difference": statistics.mean(diffs.values()), "standard_error": se, "n": len(diffs), "photos": photos,
-            "only_a": sorted(k for k in a if a[k] and not b[k]), "only_b": sorted(k for k in a if b[k] and not a[k])}
+    return {
+        "difference": statistics.mean(diffs.values()),
+        "standard_error": se,
+        "n": len(diffs),
+        "photos": photos,
+        "only_a": sorted(k for k in a if a[k] and not b[k]),
+        "only_b": sorted(k for k in a if b[k] and not a[k]),
+    }
 
 
 def read_study(study: str | Path) -> dict:
     """A finished study's cv.json (accuracy, folds, and each held-out photo right or wrong), or a one-line error."""
     path = Path(study) / "cv.json"
     if not path.is_file():
-        raise StudyError(f"{study} holds no finished cross-validation (no cv.json); run `foodvit cv --out {study}` to finish it")
+        raise StudyError(
+            f"{study} holds no finished cross-validation (no cv.json); run `foodvit cv --out {study}` to finish it"
+        )
     return json.loads(path.read_text())
 
 
@@ -73,11 +83,15 @@ def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
     as cv.json keys them; or a one-line error when the folder is no cross-validation study."""
     folder = Path(study)
     if not (folder / "study.json").is_file():
-        raise StudyError(f"{study} is no cross-validation study (no study.json); give a folder `foodvit cv --out` wrote")
+        raise StudyError(
+            f"{study} is no cross-validation study (no study.json); give a folder `foodvit cv --out` wrote"
+        )
     found = {}
     for path in sorted([*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json")]):
         result = json.loads(path.read_text())
-        found[(result["seed"], result["fold"])] = {prediction_key(result["seed"], p["photo"]): p["right"] for p in result["predictions"]}
+        found[(result["seed"], result["fold"])] = {
+            prediction_key(result["seed"], p["photo"]): p["right"] for p in result["predictions"]
+        }
     return found
 
 
@@ -86,8 +100,10 @@ def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str
     over = f"{result['photos']} photos"
     if result["n"] != result["photos"]:
         over += f" ({result['n']} predictions, each photo's averaged over its seeds first)"
-    return (f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} (paired standard error over "
-            f"{over}{folds}; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})")
+    return (
+        f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} (paired standard error over "
+        f"{over}{folds}; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})"
+    )
 
 
 def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
@@ -99,9 +115,13 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
     folds_a, folds_b = finished_folds(a), finished_folds(b)
     both = sorted(folds_a.keys() & folds_b.keys())
     if not both:
-        raise StudyError(f"{a} and {b} have no finished fold in common yet ({len(folds_a)} and {len(folds_b)} finished): "
-                         "compare them once a fold has run in both")
-    result = paired({k: v for f in both for k, v in folds_a[f].items()}, {k: v for f in both for k, v in folds_b[f].items()})
+        raise StudyError(
+            f"{a} and {b} have no finished fold in common yet ({len(folds_a)} and {len(folds_b)} finished): "
+            "compare them once a fold has run in both"
+        )
+    result = paired(
+        {k: v for f in both for k, v in folds_a[f].items()}, {k: v for f in both for k, v in folds_b[f].items()}
+    )
     if len({seed for seed, _ in both}) > 1:
         names = ", ".join(f"seed {seed} fold {fold}" for seed, fold in both)
     else:
@@ -124,6 +144,9 @@ def study_recipe(study: str | Path) -> str:
         recipe = load_recipe(name).to_dict()
     except FoodVitError:  # a recipe file that is not here: the name alone
         return name
-    changed = [(key, b) for key, _, b in differences(recipe, settings_as_today(stored))
-               if key not in VARIED and key.split(".")[0] not in VARIED]
+    changed = [
+        (key, b)
+        for key, _, b in differences(recipe, settings_as_today(stored))
+        if key not in VARIED and key.split(".")[0] not in VARIED
+    ]
     return name + (" (" + ", ".join(f"{key}={value}" for key, value in changed) + ")" if changed else "")

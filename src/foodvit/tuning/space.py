@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from foodvit.objective_settings import OBJECTIVES
 from foodvit.config import AUGMENT_PRESETS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
 from foodvit.errors import ConfigError
+from foodvit.objective_settings import OBJECTIVES
 
 # The initialisations a default space tries: impulse needs sin-cos positions, which many recipes lack (a
 # space file may add it)
@@ -40,8 +40,17 @@ class Param:
         return self.low <= value <= self.high
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in (("low", self.low), ("high", self.high), ("log", self.log or None), ("step", self.step),
-                                  ("choices", list(self.choices) if self.choices is not None else None)) if v is not None}
+        return {
+            k: v
+            for k, v in (
+                ("low", self.low),
+                ("high", self.high),
+                ("log", self.log or None),
+                ("step", self.step),
+                ("choices", list(self.choices) if self.choices is not None else None),
+            )
+            if v is not None
+        }
 
 
 def base_values(config: RunConfig) -> dict:
@@ -63,22 +72,35 @@ def default_space(config: RunConfig) -> dict[str, Param]:
     follows at the recipe's ratio), image size (on the patch grid), drloc weight, init,
     drop_path, epochs."""
     v = base_values(config)
-    patch, heads, width, grid = v["vit.patch_size"], v["vit.num_heads"], v["vit.embed_dim"], v["vit.image_size"] // v["vit.patch_size"]
+    patch, heads, width, grid = (
+        v["vit.patch_size"],
+        v["vit.num_heads"],
+        v["vit.embed_dim"],
+        v["vit.image_size"] // v["vit.patch_size"],
+    )
     depth, epochs, lr = v["vit.depth"], v["train.epochs"], v["optim.lr"]
     widths = sorted({w for w in (width // 2, width, width + width // 2, 2 * width) if w >= heads and w % heads == 0})
-    return {p.key: p for p in (
-        Param("optim.lr", lr / 5, lr * 5, log=True),
-        # on a log scale unless the recipe starts at 0, which a log scale cannot hold
-        Param("optim.weight_decay", min(1e-3, v["optim.weight_decay"]), max(0.3, v["optim.weight_decay"]), log=v["optim.weight_decay"] > 0),
-        Param("data.augment", choices=AUGMENT_PRESETS),
-        Param("vit.depth", max(1, depth // 2), depth + max(1, depth // 2)),
-        Param("vit.embed_dim", choices=tuple(widths)),
-        Param("vit.image_size", patch * max(1, grid // 2), patch * (grid + max(1, grid // 2)), step=patch),
-        Param("optim.drloc", 0.0, max(1.0, v["optim.drloc"])),
-        Param("vit.init", choices=SEARCHED_INITS),
-        Param("vit.drop_path", 0.0, max(0.3, v["vit.drop_path"])),
-        Param("train.epochs", max(1, epochs // 2), epochs + max(1, epochs // 2)),
-    )}
+    return {
+        p.key: p
+        for p in (
+            Param("optim.lr", lr / 5, lr * 5, log=True),
+            # on a log scale unless the recipe starts at 0, which a log scale cannot hold
+            Param(
+                "optim.weight_decay",
+                min(1e-3, v["optim.weight_decay"]),
+                max(0.3, v["optim.weight_decay"]),
+                log=v["optim.weight_decay"] > 0,
+            ),
+            Param("data.augment", choices=AUGMENT_PRESETS),
+            Param("vit.depth", max(1, depth // 2), depth + max(1, depth // 2)),
+            Param("vit.embed_dim", choices=tuple(widths)),
+            Param("vit.image_size", patch * max(1, grid // 2), patch * (grid + max(1, grid // 2)), step=patch),
+            Param("optim.drloc", 0.0, max(1.0, v["optim.drloc"])),
+            Param("vit.init", choices=SEARCHED_INITS),
+            Param("vit.drop_path", 0.0, max(0.3, v["vit.drop_path"])),
+            Param("train.epochs", max(1, epochs // 2), epochs + max(1, epochs // 2)),
+        )
+    }
 
 
 SPACE_KEYS = {"low", "high", "log", "step", "choices"}
@@ -101,7 +123,9 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
         space = {}
         for section, settings in tables.items():
             if not isinstance(settings, dict):
-                raise ConfigError(f"{section} is not a table; write [vit], [data], [optim] or [train] tables of settings")
+                raise ConfigError(
+                    f"{section} is not a table; write [vit], [data], [optim] or [train] tables of settings"
+                )
             for name, spec in settings.items():
                 key = f"{section}.{name}"
                 space[key] = _param(key, spec, config)
@@ -120,7 +144,9 @@ def _param(key: str, spec, config: RunConfig) -> Param:
     if key == "data.source":
         raise ConfigError("data.source cannot be searched: a study is about one data set")
     if not isinstance(spec, dict) or not spec or set(spec) - SPACE_KEYS:
-        raise ConfigError(f"{key} must be a table of low and high (and log, step) or of choices, e.g. {{low = 1, high = 4}}")
+        raise ConfigError(
+            f"{key} must be a table of low and high (and log, step) or of choices, e.g. {{low = 1, high = 4}}"
+        )
     if "choices" in spec:
         choices = spec["choices"]
         if set(spec) != {"choices"} or not isinstance(choices, list) or not choices:
@@ -159,8 +185,10 @@ def _param(key: str, spec, config: RunConfig) -> Param:
         values = param.choices or range(param.low, param.high + 1, param.step or 1)
         bad = [w for w in values if w % heads]
         if bad:
-            raise ConfigError(f"{key}: width {bad[0]} is not a multiple of the {heads} heads (each head gets D / h channels); "
-                              f"give choices that are, e.g. {{choices = [{heads * 32}, {heads * 64}]}}")
+            raise ConfigError(
+                f"{key}: width {bad[0]} is not a multiple of the {heads} heads (each head gets D / h channels); "
+                f"give choices that are, e.g. {{choices = [{heads * 32}, {heads * 64}]}}"
+            )
     return param
 
 
@@ -182,11 +210,11 @@ def _check_needs(space: dict[str, Param], config: RunConfig) -> None:
 
     for key, (needed, what, off, name) in NEEDS.items():
         if (key in space or needed in space) and any(v != off for v in possible(key)) and min(possible(needed)) <= 0:
-            raise ConfigError(f"{key} may draw {what} where {needed} may be 0, and it needs {name} on: "
-                              f"search {needed} above 0 (e.g. {{low = 0.5, high = 2}}) or leave {key} out")
+            raise ConfigError(
+                f"{key} may draw {what} where {needed} may be 0, and it needs {name} on: "
+                f"search {needed} above 0 (e.g. {{low = 0.5, high = 2}}) or leave {key} out"
+            )
 
 
 def space_table(space: dict[str, Param]) -> dict:
     return {key: p.to_dict() for key, p in sorted(space.items())}
-
-
