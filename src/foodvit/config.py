@@ -150,11 +150,13 @@ class ViTConfig:
             )
         if not self.locality_mask and not self.locality:
             raise ConfigError(
-                "--no-locality-mask keeps locality self-attention's learned temperature without its mask: add --locality"
+                "--no-locality-mask keeps locality self-attention's learned temperature without its mask: "
+                "add --locality"
             )
         if self.stem == "conv" and self.patch_size & (self.patch_size - 1):
             raise ConfigError(
-                f"stem='conv' halves the resolution per stage, so patch size must be a power of 2, got {self.patch_size}"
+                "stem='conv' halves the resolution per stage, so patch size must be a power of 2, "
+                f"got {self.patch_size}"
             )
 
     @property
@@ -228,7 +230,8 @@ class DataConfig:
     )
     resize_mode: str = opt(
         "crop",
-        "eval preprocessing: 'crop' resizes the shorter side then centre-crops; 'square' squashes to a square (the course)",
+        "eval preprocessing: 'crop' resizes the shorter side then centre-crops; "
+        "'square' squashes to a square (the course)",
         choices=RESIZE_MODES,
     )
     crop_pct: float = opt(

@@ -216,7 +216,8 @@ def forget_start(out: Path) -> None:
 
 
 def write_rows(path: Path, rows: list[dict], columns: tuple[str, ...]) -> Path:
-    """An epoch table (metrics.csv, pretraining.csv): the columns named, floats to 6 significant digits, written whole."""
+    """An epoch table (metrics.csv, pretraining.csv): the columns named, floats to 6 significant digits,
+    written whole."""
 
     def write(tmp: Path) -> None:
         with tmp.open("w", newline="") as f:

@@ -50,7 +50,8 @@ class StepSettings:
     input_shape: tuple[int, ...] = ()  # (C, H, W): the model's input, for a process whose share of a batch is empty
     grad_norm: bool = False  # measure the gradient norm every step (for step hooks), also without clipping
     input_size: int = 0  # progressive resizing: training batches are resized to this side first (0: as loaded)
-    sam: float = 0.0  # sharpness-aware minimisation's radius rho (0: off): each step's gradient is taken at the worst nearby weights
+    # sharpness-aware minimisation's radius rho (0: off): each step's gradient is taken at the worst nearby weights
+    sam: float = 0.0
 
 
 @dataclass
@@ -117,21 +118,23 @@ def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -
     norm = nn.utils.get_total_norm([p.grad for p in params])
     with torch.no_grad():  # 1. ascend
         eps = [p.grad * (s.sam / (norm + 1e-12)) for p in params]
-        for p, e in zip(params, eps):
+        for p, e in zip(params, eps, strict=True):
             p.add_(e)
-    # every parameter of these models is used in each pass (DistributedDataParallel requires it), so each gets its gradient again
+    # every parameter of these models is used in each pass (DistributedDataParallel requires it),
+    # so each gets its gradient again
     model.zero_grad(set_to_none=True)
     with running_statistics_untouched(model):  # 2. the gradient at w + eps
         for k, (images, labels, scale) in enumerate(group):
             with _no_sync(model, k + 1 != len(group)):
                 (_objective(model, images, labels, s)[1] * scale).backward()
     with torch.no_grad():  # 3. back to w
-        for p, e in zip(params, eps):
+        for p, e in zip(params, eps, strict=True):
             p.sub_(e)
 
 
 def _on_device(batch, s: StepSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch on the device at the size progressive resizing trains at (empty for an empty share: it joins the step)."""
+    """A batch on the device at the size progressive resizing trains at (empty for an empty share: it joins
+    the step)."""
     if batch is None:
         shape = (*s.input_shape[:-2], s.input_size, s.input_size) if s.input_size else s.input_shape
         return torch.zeros((0, *shape), device=s.device), torch.zeros(0, dtype=torch.long, device=s.device)
@@ -394,9 +397,8 @@ def fit(
         }
         trained_s = time.perf_counter() - started
         row["images_per_s"] = row.pop("n") / max(trained_s, 1e-9)
-        row["model_share"] = 1 - row.pop("loading_s") / max(
-            trained_s, 1e-9
-        )  # of the training time, not waiting for data
+        # of the training time, not waiting for data
+        row["model_share"] = 1 - row.pop("loading_s") / max(trained_s, 1e-9)
         if (epoch + 1) % eval_every == 0 or epoch + 1 == epochs:
             target = eval_model() if eval_model else model
             for name, loader in eval_loaders.items():

@@ -75,9 +75,8 @@ def pretrain(
     c = config
     epochs = c.optim.pretrain_epochs
     torch.manual_seed(derive_seed(c.train.seed, "pretrain-init"))
-    task = masked_image_modelling(model, c.optim.pretrain_mask_ratio).to(
-        data.context.device
-    )  # the classes are not read
+    # the classes are not read
+    task = masked_image_modelling(model, c.optim.pretrain_mask_ratio).to(data.context.device)
     # sharpness-aware minimisation is the supervised stage's (--sam): here a second pass would draw other masks
     settings = replace(
         settings, input_size=0 if size == getattr(model, "vit", model).config.image_size else size, sam=0.0
@@ -96,8 +95,8 @@ def pretrain(
         log(epoch_line(row, epochs))
 
     log(
-        f"self-supervised pre-training (masked-image modelling, {c.optim.pretrain_mask_ratio:.0%} of the patches hidden) "
-        f"for {epochs} epochs at {size} px"
+        "self-supervised pre-training (masked-image modelling, "
+        f"{c.optim.pretrain_mask_ratio:.0%} of the patches hidden) for {epochs} epochs at {size} px"
     )
     Stage(task, data, epochs=epochs, purpose="pretrain-step", optim=optim).fit(
         settings, after_epoch=[after], label="pre-training"

@@ -24,9 +24,9 @@ def plot_curves(history: list[dict]):
     epochs = [row["epoch"] for row in history]
 
     def draw(ax, key: str, style: str, label: str) -> None:
-        points = [(e, row.get(key)) for e, row in zip(epochs, history) if row.get(key) is not None]
+        points = [(e, row.get(key)) for e, row in zip(epochs, history, strict=True) if row.get(key) is not None]
         if points:
-            ax.plot(*zip(*points), style, label=label, markersize=3)
+            ax.plot(*zip(*points, strict=True), style, label=label, markersize=3)
 
     for split, style in (("train", "-o"), ("val", "-s"), ("test", "-^")):
         draw(ax_loss, f"{split}_loss", style, split)
@@ -99,7 +99,8 @@ def write_report(
     lines = [
         f"# foodvit run: {run.name}",
         "",
-        f"**Test accuracy: {final['acc']:.3f}** ({correct}/{final['n']} photos, per image), test loss {final['loss']:.3f}.",
+        f"**Test accuracy: {final['acc']:.3f}** ({correct}/{final['n']} photos, per image), "
+        f"test loss {final['loss']:.3f}.",
         "The test split was used for this report only: nothing (epochs, settings, checkpoint) was chosen by it.",
         "",
         "| | |",
@@ -114,7 +115,8 @@ def write_report(
         )
         + " |",
         f"| training | {len(history)} epochs, batch {config.train.batch_size} x {config.optim.accum_steps}, "
-        f"{config.optim.optimizer} lr {config.optim.lr:g}, weight decay {config.optim.weight_decay:g}, augment `{config.data.augment}` |",
+        f"{config.optim.optimizer} lr {config.optim.lr:g}, weight decay {config.optim.weight_decay:g}, "
+        f"augment `{config.data.augment}` |",
         f"| time | {total_seconds:.0f} s on {model_info['device']}"
         + (f", {model_info['processes']} processes" if model_info.get("processes", 1) > 1 else "")
         + " |",
@@ -157,7 +159,7 @@ def test_results(probabilities: torch.Tensor, split, classes) -> tuple[list[dict
     top = probabilities.max(dim=1)
     results = [
         {"image": str(path), "label": classes[i], "probability": p}
-        for (path, _), p, i in zip(split.samples, top.values.tolist(), top.indices.tolist())
+        for (path, _), p, i in zip(split.samples, top.values.tolist(), top.indices.tolist(), strict=True)
     ]
     return results, [classes[label] for _, label in split.samples]
 
@@ -294,4 +296,7 @@ def size_note(config, params: int, device: torch.device) -> str | None:
         if device.type == "cpu"
         else ""
     )
-    return f"note: {config.model} has {params / 1e6:.1f} M parameters; checkpoint.pt will hold about {checkpoint_gb:.1f} GB.{slow}"
+    return (
+        f"note: {config.model} has {params / 1e6:.1f} M parameters; "
+        f"checkpoint.pt will hold about {checkpoint_gb:.1f} GB.{slow}"
+    )

@@ -283,9 +283,8 @@ def obtain_teacher(
     else:
         module.load_state_dict(saved["model"])
         log(f"CNN teacher: {origin}")
-    return Teacher(
-        module, list(saved["history"]), saved.get("lent_by")
-    )  # lent_by kept in teacher.pt: a resumed run says so
+    # lent_by kept in teacher.pt: a resumed run says so
+    return Teacher(module, list(saved["history"]), saved.get("lent_by"))
 
 
 def train_teacher(

@@ -134,9 +134,8 @@ class Trainer:
         if self.config.train.freeze_backbone:
             freeze_backbone(self.model)
         # the module the optimiser steps: the ViT, with the training objectives that are on (training only)
-        resizing = (
-            bool(d.start_size) and d.start_size != self.model.config.image_size
-        )  # smaller batches first: any grid
+        # smaller batches first: any grid
+        resizing = bool(d.start_size) and d.start_size != self.model.config.image_size
         self.grid_model = AnyGrid(self.model) if resizing else self.model
         self.objectives = objectives.build(
             self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone
@@ -279,9 +278,8 @@ class Trainer:
         return self.model.config.image_size
 
     def _before_epoch(self, epoch: int) -> None:
-        torch.manual_seed(
-            derive_seed(self.config.train.seed, "step", epoch)
-        )  # dropout, mixup, drloc pairs of this epoch
+        # dropout, mixup, drloc pairs of this epoch
+        torch.manual_seed(derive_seed(self.config.train.seed, "step", epoch))
         self.train_loader.batch_sampler.set_epoch(epoch)  # its order and augmentation seeds
         size = self.input_size(epoch)
         self.settings.input_size = 0 if size == self.model.config.image_size else size
@@ -356,7 +354,8 @@ class Trainer:
                 )
                 return self.finish()
             except TrainingDiverged as err:
-                self.ctx.stopping()  # every rank diverges at once (a collective check): keep this advice through torchrun's SIGTERM
+                # every rank diverges at once (a collective check): keep this advice through torchrun's SIGTERM
+                self.ctx.stopping()
                 epoch = len(self.history if self.stage == "epoch" else self.pretraining) + 1
                 raise TrainingDiverged(
                     f"{err} in {self.stage} {epoch}; training stopped and {self._kept()}. "
@@ -474,8 +473,9 @@ def train(
             processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
             if not quiet:
                 log(
-                    f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: {len(trainer.data.train)} train / "
-                    f"{len(trainer.data.test)} test photos, classes {', '.join(trainer.classes)}{processes}; run directory {out}"
+                    f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: "
+                    f"{len(trainer.data.train)} train / {len(trainer.data.test)} test photos, "
+                    f"classes {', '.join(trainer.classes)}{processes}; run directory {out}"
                 )
             return trainer.fit()
 

@@ -101,8 +101,9 @@ def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str
     if result["n"] != result["photos"]:
         over += f" ({result['n']} predictions, each photo's averaged over its seeds first)"
     return (
-        f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} (paired standard error over "
-        f"{over}{folds}; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})"
+        f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} "
+        f"(paired standard error over {over}{folds}; {len(result['only_b'])} right only in {name_b}, "
+        f"{len(result['only_a'])} only in {name_a})"
     )
 
 

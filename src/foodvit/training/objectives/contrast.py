@@ -142,9 +142,8 @@ class InstanceDiscrimination(Objective):
         return self.projection
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
-        with running_statistics_untouched(
-            batch.model
-        ):  # a conv stem's batch norms keep the statistics of the photos as shown
+        # a conv stem's batch norms keep the statistics of the photos as shown
+        with running_statistics_untouched(batch.model):
             tokens = batch.model.forward_features(second_view(batch.images))
         first, second = self.projection(outputs.pooled), self.projection(vit_of(batch.model).pool(tokens))
         return nt_xent(first, second, self.temperature)

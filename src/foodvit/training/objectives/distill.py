@@ -59,10 +59,8 @@ class Distillation(Objective):
         return cls(optim.distill, optim.distill_temperature)
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
-        heads, taught = (
-            outputs.heads,
-            outputs.teacher_logits.float(),
-        )  # an empty share gives an empty (0, classes) tensor
+        # an empty share gives an empty (0, classes) tensor
+        heads, taught = outputs.heads, outputs.teacher_logits.float()
         student = (heads.logits if heads.distilled is None else heads.distilled).float()  # the token's own head, if any
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
         if self.temperature > 0:

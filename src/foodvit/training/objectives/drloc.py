@@ -41,15 +41,13 @@ class DenseRelativeLocalization(nn.Module):
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         B, N, D = patches.shape
-        grid = math.isqrt(
-            N
-        )  # the grid of this batch: smaller than the model's while progressive resizing trains at a lower size
+        # the grid of this batch: smaller than the model's while progressive resizing trains at a lower size
+        grid = math.isqrt(N)
         if grid * grid != N:
             raise ValueError(f"expected a square grid of patch tokens, got {N}")
         index = torch.randint(N, (B, self.pairs, 2), device=patches.device)  # (B, m, 2) flat positions
-        tokens = patches.gather(
-            1, index.view(B, 2 * self.pairs, 1).expand(-1, -1, D)
-        )  # (B, 2m, D): first, second, first, ...
+        # (B, 2m, D): first, second, first, ...
+        tokens = patches.gather(1, index.view(B, 2 * self.pairs, 1).expand(-1, -1, D))
         predicted = self.mlp(tokens.view(B, self.pairs, 2 * D))  # each pair's two tokens concatenated -> (B, m, 2)
         # the mean over pairs, as a sum over their count: a process whose share of the batch is
         # empty (distributed training) gets 0 and still takes part in the gradient's all-reduce

@@ -116,9 +116,8 @@ def matching_loss(adapted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         adapted = F.adaptive_avg_pool2d(adapted, size)
     if target.shape[-1] > size:
         target = F.adaptive_avg_pool2d(target, size)
-    target = F.layer_norm(target.permute(0, 2, 3, 1), target.shape[1:2]).permute(
-        0, 3, 1, 2
-    )  # each position over its channels
+    # each position over its channels
+    target = F.layer_norm(target.permute(0, 2, 3, 1), target.shape[1:2]).permute(0, 3, 1, 2)
     return F.mse_loss(adapted.float(), target.float(), reduction="sum") / max(1, adapted.numel())
 
 

@@ -126,9 +126,8 @@ class MaskedPatches(Objective):
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
         c = vit_of(batch.model).config
         hidden = batch.mask
-        predicted = self.reconstruction.decoder(
-            outputs.tokens[:, c.num_prefix_tokens :][hidden]
-        )  # (hidden patches, C P^2)
+        # (hidden patches, C P^2)
+        predicted = self.reconstruction.decoder(outputs.tokens[:, c.num_prefix_tokens :][hidden])
         target = patch_pixels(batch.images, c.patch_size)[hidden]
         # the mean over the hidden pixels, as a sum over their count: an empty share of a batch gives 0
         return F.mse_loss(predicted.float(), target.float(), reduction="sum") / max(1, predicted.numel())
