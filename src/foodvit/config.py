@@ -1,5 +1,6 @@
-"""Settings as plain data: the model's (ViTConfig) and a run's (RunConfig), frozen dataclasses. The recipes
-that fill them (TOML files) are read by foodvit.recipes, one layer up.
+"""Settings as plain data: the model's (ViTConfig, declared in foodvit.vit_settings and named here too) and a
+run's (RunConfig), frozen dataclasses. The recipes that fill them (TOML files) are read by foodvit.recipes, one
+layer up.
 
 Every number's allowed range and every text setting's choices are named once, in the field's
 metadata: the dataclasses check them when built (from a recipe, a config.json or Python), and the
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal, get_args
 
 from foodvit.errors import (
     AT_LEAST_0,
@@ -25,17 +25,16 @@ from foodvit.errors import (
     ConfigError,
     FoodVitError,
     Range,
-    check_value,
 )
 from foodvit.objective_settings import CONTRAST_TEMPERATURE, OBJECTIVES
+from foodvit.setting_fields import check_field, check_fields, opt
 
-Pool = Literal["cls", "gap", "seq"]
-PosEmbed = Literal["learned", "sincos2d", "none"]
-Stem = Literal["patch", "conv", "spt"]
-Init = Literal["jax", "mimetic", "impulse"]
+# named here too, where the other layers look for the settings
+from foodvit.setting_fields import flag_of as flag_of
+from foodvit.vit_settings import ViTConfig
+from foodvit.vit_settings import check_on_patch_grid as check_on_patch_grid
 
-# Choices of the text settings, named once (preprocess.py and transforms.py read them from here).
-POOLS, POS_EMBEDS, STEMS, INITS = get_args(Pool), get_args(PosEmbed), get_args(Stem), get_args(Init)
+# Choices of the run's text settings, named once (preprocess.py and transforms.py read them from here).
 RESIZE_MODES = ("crop", "square")
 INTERPOLATIONS = ("bilinear", "bicubic")
 AUGMENT_PRESETS = ("none", "flip", "light", "medium", "strong")
@@ -44,168 +43,6 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 GUIDANCE_SCHEDULES = ("constant", "linear")  # the weight of locality guidance over the epochs (objectives/guidance.py)
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-
-
-def opt(
-    default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None, range: Range | None = None
-) -> Any:
-    """A settings field with its command-line help, and optionally a flag name, its choices and
-    the range its number(s) must lie in."""
-    meta = {"help": help, "flag": flag, "choices": choices, "range": range}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def flag_of(f) -> str:
-    return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
-
-
-def _check_field(f, value) -> None:
-    """A ConfigError unless value lies in the field's range and among its choices (its metadata)."""
-    if f.metadata.get("range") is not None:
-        check_value(flag_of(f), value, f.metadata["range"])
-    choices = f.metadata.get("choices")
-    if choices and value not in choices:
-        raise ConfigError(f"{flag_of(f)} must be one of {', '.join(choices)}, got {value!r}")
-
-
-def _check(settings) -> None:
-    for f in fields(settings):
-        _check_field(f, getattr(settings, f.name))
-
-
-# ------------------------------------------------------------------------------------ the model
-
-
-@dataclass(frozen=True)
-class ViTConfig:
-    """Everything that defines a ViT. Defaults are ViT-B/16 at 224 px (Table 1). The deviations
-    named below are listed and cited in model/vit.py's docstring."""
-
-    image_size: int = opt(224, "input resolution H = W in pixels (paper: 224)", range=AT_LEAST_1)
-    patch_size: int = opt(16, "patch size P (paper: 16; 'ViT-B/16')", range=AT_LEAST_1)
-    in_channels: int = opt(3, "image channels C", range=AT_LEAST_1)
-    num_classes: int = opt(1000, "classes of the linear head (0: no head)", range=AT_LEAST_0)
-    embed_dim: int = opt(768, "width D (Table 1: 'Hidden size')", range=AT_LEAST_1)
-    depth: int = opt(12, "encoder blocks L (Table 1: 'Layers')", range=AT_LEAST_1)
-    num_heads: int = opt(12, "attention heads h (Table 1: 'Heads')", range=AT_LEAST_1)
-    mlp_dim: int = opt(3072, "MLP width M (Table 1: 'MLP size')", range=AT_LEAST_1)
-    dropout: float = opt(
-        0.0, "dropout after dense layers and the position embedding (App. B.1, Table 3)", range=SHARE_BELOW_1
-    )
-    attn_dropout: float = opt(0.0, "dropout on the attention weights (JAX reference: 0)", range=SHARE_BELOW_1)
-    drop_path: float = opt(0.0, "stochastic depth rate of the last block (deviation 4; DeiT: 0.1)", range=SHARE_BELOW_1)
-    pool: Pool = opt("cls", "'cls' (Eq. 4), 'gap' (deviation 1) or 'seq' (deviation 6)", choices=POOLS)
-    pos_embed: PosEmbed = opt("learned", "'learned' (Eq. 1), 'sincos2d' or 'none' (deviation 2)", choices=POS_EMBEDS)
-    class_token: bool = opt(True, "prepend the learnable class token (Eq. 1); off is deviation 3")
-    stem: Stem = opt(
-        "patch",
-        "'patch' (one Conv2d, Eq. 1), 'conv' (convolutional tokeniser, deviation 5) or 'spt' "
-        "(shifted patch tokenisation, deviation 10)",
-        choices=STEMS,
-    )
-    locality: bool = opt(
-        False,
-        "locality self-attention: no self-attention to the own token (unless --no-locality-mask), learned "
-        "temperature (deviation 7)",
-    )
-    locality_mask: bool = opt(
-        True,
-        "with --locality: hide each token from itself (LSA as published); false keeps the learned "
-        "temperature alone (deviation 7)",
-    )
-    layer_norm_eps: float = opt(1e-6, "LayerNorm epsilon (JAX reference: 1e-6)", range=POSITIVE)
-    init: Init = opt(
-        "jax",
-        "'jax' (the authors' code), 'mimetic' (attention starts near pre-trained shape, deviation 8) or "
-        "'impulse' (each head starts attending to one neighbour, like a 3x3 convolution's tap; deviation 11)",
-        choices=INITS,
-    )
-    mlp_conv: bool = opt(
-        False,
-        "a depthwise 3x3 convolution over the patch grid inside each MLP, after its first layer and "
-        "its GELU: every patch token's hidden features also see its 8 neighbours' (LocalViT; deviation 12)",
-    )
-    distill_token: bool = opt(
-        False,
-        "DeiT's distillation token: a second prefix token whose own head learns the teacher's "
-        "classes (needs --distill); prediction averages the two heads (deviation 9)",
-    )
-
-    def __post_init__(self) -> None:
-        _check(self)
-        if self.embed_dim % self.num_heads:
-            raise ConfigError(
-                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}: "
-                f"each head gets d = D / h channels; pick num_heads from the divisors of "
-                f"{self.embed_dim} (e.g. {_divisors_near(self.embed_dim, self.num_heads)})"
-            )
-        check_on_patch_grid("image size", self.image_size, self.patch_size)
-        if not self.class_token and self.pool == "cls":
-            raise ConfigError("pool='cls' needs the class token: set class_token=True or pool='gap' or 'seq'")
-        if self.init == "impulse" and self.pos_embed != "sincos2d":
-            raise ConfigError(
-                "init='impulse' builds each head's attention from the fixed sin-cos positions: add --pos-embed sincos2d"
-            )
-        if not self.locality_mask and not self.locality:
-            raise ConfigError(
-                "--no-locality-mask keeps locality self-attention's learned temperature without its mask: "
-                "add --locality"
-            )
-        if self.stem == "conv" and self.patch_size & (self.patch_size - 1):
-            raise ConfigError(
-                "stem='conv' halves the resolution per stage, so patch size must be a power of 2, "
-                f"got {self.patch_size}"
-            )
-
-    @property
-    def grid_size(self) -> int:
-        """Patches per side, H / P."""
-        return self.image_size // self.patch_size
-
-    @property
-    def num_patches(self) -> int:
-        """N = HW / P^2."""
-        return self.grid_size**2
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: the class token and the distillation token, each if any."""
-        return int(self.class_token) + int(self.distill_token)
-
-    @property
-    def num_tokens(self) -> int:
-        """T = N + the prefix tokens (N + 1 with the class token alone)."""
-        return self.num_patches + self.num_prefix_tokens
-
-    @property
-    def class_only_last_block(self) -> bool:
-        """Whether forward() computes the last block for the class token alone: when Eq. 4 pools
-        the class token, no other token's output of that block is read."""
-        return self.pool == "cls"
-
-    def replace(self, **changes) -> ViTConfig:
-        return replace(self, **changes)
-
-
-def check_on_patch_grid(name: str, size: int, patch_size: int) -> None:
-    """The patch-grid rule, written once: a side length the P x P patches tile exactly, or a
-    ConfigError naming the two nearest that do (the model, the trainer's sizes and the patch
-    figure all ask here)."""
-    if size % patch_size:
-        lower = size // patch_size * patch_size
-        nearest = f"{lower} or {lower + patch_size}" if lower else f"{patch_size}"  # below one patch: one choice
-        raise ConfigError(f"{name} {size} is not a multiple of the patch size {patch_size}; use {nearest}")
-
-
-def _divisors_near(n: int, target: int) -> str:
-    divs = sorted((k for k in range(1, n + 1) if n % k == 0), key=lambda k: abs(k - target))
-    return ", ".join(str(k) for k in sorted(divs[:3]))
-
-
-# ------------------------------------------------------------------------------------ a run
-
 
 DEFAULT_RECIPE = "default"
 
@@ -290,7 +127,7 @@ class DataConfig:
     strict: bool = opt(False, "refuse corrupt or non-image files instead of skipping them")
 
     def __post_init__(self) -> None:
-        _check(self)
+        check_fields(self)
         for name in ("mean", "std"):
             if len(getattr(self, name)) not in (0, 3):
                 raise ConfigError(f"--{name} takes three numbers (red, green, blue), got {len(getattr(self, name))}")
@@ -402,7 +239,7 @@ class OptimConfig:
     )
 
     def __post_init__(self) -> None:
-        _check(self)
+        check_fields(self)
         if len(self.betas) != 2:
             raise ConfigError(f"--betas takes two numbers (beta1, beta2), got {len(self.betas)}")
         for objective in OBJECTIVES:
@@ -434,7 +271,7 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        _check(self)
+        check_fields(self)
         if not DEVICE_PATTERN.match(self.device):
             raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
 
@@ -523,21 +360,18 @@ def _check_vit(values: dict, where: str) -> None:
     if unknown:
         raise ConfigError(f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     for name, value in values.items():
-        _check_field(known[name], value)
+        check_field(known[name], value)
 
 
 def setting_field(key: str):
     """The field behind a setting named "section.name" (vit.depth, optim.lr, ...), as the command
     line's overrides name them; a ConfigError for an unknown one, listing its section's names."""
     section, _, name = key.partition(".")
-    known = (
-        {f.name: f for f in VIT_OPTIONS}
-        if section == "vit"
-        else {f.name: f for f in fields(SECTIONS[section])}
-        if section in SECTIONS
-        else None
-    )
-    if known is None:
+    if section == "vit":
+        known = {f.name: f for f in VIT_OPTIONS}
+    elif section in SECTIONS:
+        known = {f.name: f for f in fields(SECTIONS[section])}
+    else:
         raise ConfigError(f"unknown setting {key!r}: the sections are vit, {', '.join(SECTIONS)}")
     if name not in known:
         raise ConfigError(f"unknown setting {key!r}; {section} has {', '.join(sorted(known))}")
@@ -547,13 +381,13 @@ def setting_field(key: str):
 def check_setting(key: str, value) -> None:
     """A ConfigError unless value is allowed for the setting "section.name": the same range and
     choices check, and message, as the command line's."""
-    _check_field(setting_field(key), value)
+    check_field(setting_field(key), value)
 
 
 def with_settings(config: RunConfig, values: dict) -> RunConfig:
     """config with the settings named "section.name" (vit.depth, optim.lr, ...) replaced, each
     checked as the command line checks it (e.g. a tuning trial's sampled settings)."""
-    vit, sections = dict(config.vit), {name: {} for name in SECTIONS}
+    vit, sections = dict(config.vit), {name: dict[str, object]() for name in SECTIONS}
     for key, value in values.items():
         check_setting(key, value)
         section, name = key.split(".", 1)
