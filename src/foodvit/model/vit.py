@@ -112,6 +112,8 @@ class PatchEmbed(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         C, D, P = config.in_channels, config.embed_dim, config.patch_size
+        self.stem: nn.Module | None
+        self.proj: nn.Module
         if config.stem == "conv":  # deviation 5: the stem does the striding, E is a 1x1 projection
             self.stem = ConvStem(C, D, P)
             self.proj = nn.Conv2d(D, D, kernel_size=1)
@@ -363,6 +365,7 @@ class VisionTransformer(nn.Module):
     def set_fused_attention(self, fused: bool) -> VisionTransformer:
         """Choose scaled_dot_product_attention (True) or the plain math path (False) in every block."""
         for block in self.blocks:
+            assert isinstance(block, Block)
             block.attn.fused = fused
         return self
 

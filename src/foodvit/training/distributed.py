@@ -71,8 +71,11 @@ class Context:
             torch.cuda.set_device(chosen)
         if not dist.is_initialized():
             backend = "nccl" if chosen.type == "cuda" else "gloo"
-            kwargs = {"device_id": chosen} if chosen.type == "cuda" else {}
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+            timeout = datetime.timedelta(seconds=timeout_s)
+            if chosen.type == "cuda":  # bound to its GPU at once: NCCL's communicators start eagerly
+                dist.init_process_group(backend, timeout=timeout, device_id=chosen)
+            else:
+                dist.init_process_group(backend, timeout=timeout)
         context = cls(dist.get_rank(), dist.get_world_size(), local_rank, chosen)
         context._stop_cleanly_on_sigterm()
         return context

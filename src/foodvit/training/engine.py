@@ -13,12 +13,14 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from foodvit.errors import FoodVitError
@@ -31,6 +33,14 @@ class TrainingDiverged(FoodVitError, RuntimeError):
 
 def _identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+class Batches(Protocol):
+    """What an epoch reads: batches, and how many (a DataLoader)."""
+
+    def __iter__(self) -> Iterator: ...
+
+    def __len__(self) -> int: ...
 
 
 @dataclass
@@ -85,7 +95,7 @@ def _hard(labels: torch.Tensor) -> torch.Tensor:
 def _no_sync(model: nn.Module, skip: bool):
     """DistributedDataParallel all-reduces gradients in every backward; during accumulation only the
     group's last micro-batch needs it."""
-    return model.no_sync() if skip and hasattr(model, "no_sync") else contextlib.nullcontext()
+    return model.no_sync() if skip and isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
 
 
 def _objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, s: StepSettings):
@@ -112,12 +122,13 @@ def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -
       3. back to w (up to float rounding, the same on every process).
     The optimiser then steps from w with the gradient of the worst nearby loss. Gradient clipping and
     TensorBoard's gradient norm see that second gradient; the step's loss and accuracy are the first pass's."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
+    pairs = [(p, p.grad) for p in model.parameters() if p.grad is not None]
+    if not pairs:
         return
-    norm = nn.utils.get_total_norm([p.grad for p in params])
+    params, grads = [p for p, _ in pairs], [g for _, g in pairs]
+    norm = nn.utils.get_total_norm(grads)
     with torch.no_grad():  # 1. ascend
-        eps = [p.grad * (s.sam / (norm + 1e-12)) for p in params]
+        eps = [g * (s.sam / (norm + 1e-12)) for g in grads]
         for p, e in zip(params, eps, strict=True):
             p.add_(e)
     # every parameter of these models is used in each pass (DistributedDataParallel requires it),
@@ -186,7 +197,7 @@ class ProgressBar:
 
 def train_one_epoch(
     model: nn.Module,
-    loader: Iterable,
+    loader: Batches,
     optimizer: torch.optim.Optimizer,
     scheduler=None,
     settings: StepSettings | None = None,
@@ -341,6 +352,7 @@ def evaluate(
     loss_sum, correct, seen = sums.tolist()
     if seen == 0:
         raise ValueError("nothing to evaluate: the loader is empty")
+    assert confusion is not None  # a batch made it, or num_classes did (required above on several processes)
     result = {"loss": loss_sum / seen, "acc": correct / seen, "n": int(seen), "confusion": confusion}
     if keep_probabilities:
         mine = torch.cat(kept) if kept else torch.zeros(0, confusion.shape[0])
@@ -406,8 +418,8 @@ def fit(
                 row[f"{name}_loss"], row[f"{name}_acc"] = result["loss"], result["acc"]
         row["seconds"] = time.perf_counter() - started
         history.append(row)
-        for hook in hooks.after_epoch:
-            hook(epoch, row)
+        for after in hooks.after_epoch:
+            after(epoch, row)
     return history
 
 

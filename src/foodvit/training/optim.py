@@ -52,9 +52,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
     # fused kernels on CUDA (one launch for all parameters); foreach on the CPU
     fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
     if cfg.optimizer == "adam":  # weight decay as L2 in the gradient, as torch.optim.Adam (and the course) does
-        return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.betas), **fast)
+        return torch.optim.Adam(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), **fast)
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **fast)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), **fast)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **fast)
     raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; expected adam, adamw or sgd")

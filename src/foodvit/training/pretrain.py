@@ -29,7 +29,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from foodvit.config import RunConfig
 from foodvit.rundir.directory import PRETRAINING_FILE, write_rows
@@ -37,18 +36,17 @@ from foodvit.seeds import derive_seed
 from foodvit.training.engine import StepSettings
 from foodvit.training.engine import epoch_line as engine_epoch_line
 from foodvit.training.objectives import MaskedPatches, WithObjectives
+from foodvit.training.objectives.base import Computing, vit_of
 from foodvit.training.stages import Stage, StageData
 
 PRETRAINING_COLUMNS = ("epoch", "reconstruction_loss", "lr", "seconds")
 
 
-def masked_image_modelling(model: nn.Module, ratio: float) -> WithObjectives:
+def masked_image_modelling(model: Computing, ratio: float) -> WithObjectives:
     """The stage's task around a model (the ViT, or AnyGrid around it): in training mode (None, the
     reconstruction loss), which the engine minimises alone, the hidden pixels set to 0 before the
     tokeniser; in eval mode the model's prediction."""
-    reconstruction = MaskedPatches(
-        getattr(model, "vit", model), 1.0, ratio, hide_pixels=True, option="--pretrain-epochs"
-    )
+    reconstruction = MaskedPatches(vit_of(model), 1.0, ratio, hide_pixels=True, option="--pretrain-epochs")
     return WithObjectives(model, [reconstruction], supervised=False)
 
 
@@ -59,7 +57,7 @@ def epoch_line(row: dict, epochs: int) -> str:
 
 
 def pretrain(
-    model: nn.Module,
+    model: Computing,
     config: RunConfig,
     data: StageData,
     settings: StepSettings,
@@ -78,9 +76,7 @@ def pretrain(
     # the classes are not read
     task = masked_image_modelling(model, c.optim.pretrain_mask_ratio).to(data.context.device)
     # sharpness-aware minimisation is the supervised stage's (--sam): here a second pass would draw other masks
-    settings = replace(
-        settings, input_size=0 if size == getattr(model, "vit", model).config.image_size else size, sam=0.0
-    )
+    settings = replace(settings, input_size=0 if size == vit_of(model).config.image_size else size, sam=0.0)
     # the supervised warmup, at most half the stage: a short stage still reaches its peak and decays
     optim = replace(c.optim, warmup_epochs=min(c.optim.warmup_epochs, epochs / 2))
 

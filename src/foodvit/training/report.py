@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -84,7 +85,7 @@ def write_report(
     history: list[dict],
     final: dict,
     model_info: dict,
-    extra_sections: list[str] = (),
+    extra_sections: Sequence[str] = (),
 ) -> Path:
     """report.md: what was trained on what, the per-image test result, curves and confusion matrix."""
     run = Path(run)

@@ -165,7 +165,7 @@ def place_changes(theirs: dict | None, ours: dict) -> str:
     missing = [key for key in ours if key not in (theirs or {})]
     if missing:
         return f"it was written by a foodvit that did not record its {', '.join(missing)}"
-    return setting_changes(theirs, ours) if theirs != ours else ""
+    return setting_changes(theirs or {}, ours) if theirs != ours else ""
 
 
 @dataclass

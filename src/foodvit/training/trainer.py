@@ -27,8 +27,10 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
+from torch import nn
 
 from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
 from foodvit.data.datasource import Listed
@@ -62,6 +64,9 @@ from foodvit.training.report import per_class_accuracy, size_note, write_results
 from foodvit.training.resizing import AnyGrid
 from foodvit.training.stages import StageData
 from foodvit.training.teacher import Teacher, TeacherSetup, borrowed_teacher, obtain_teacher
+
+if TYPE_CHECKING:
+    from foodvit.training.tracking import TensorBoard
 
 
 @dataclass
@@ -110,7 +115,7 @@ class Trainer:
         self._build_model(len(listed.classes), saved)
         self._open_data(listed)
         self._build_optimisation()
-        self.tensorboard = None
+        self.tensorboard: TensorBoard | None = None
 
     # ------------------------------------------------------------------ build steps
 
@@ -184,7 +189,8 @@ class Trainer:
             input_shape=(self.model.config.in_channels, self.model.config.image_size, self.model.config.image_size),
         )
         wrapped = self.ctx.wrap(self.trained)
-        self.step_model = torch.compile(wrapped) if c.train.compile else wrapped
+        # compiling a module gives an OptimizedModule, an nn.Module (torch.compile's stubs say a callable)
+        self.step_model = cast(nn.Module, torch.compile(wrapped)) if c.train.compile else wrapped
         self.optimizer = build_optimizer(self.trained, c.optim, self.device)
         self.steps_per_epoch = math.ceil(len(self.train_loader) / c.optim.accum_steps)
         self.scheduler = build_scheduler(self.optimizer, c.optim, self.steps_per_epoch, c.train.epochs)
@@ -300,8 +306,9 @@ class Trainer:
 
     def _hooks(self) -> FitHooks:
         hooks = FitHooks(before_epoch=[self._before_epoch], after_epoch=[self._after_epoch])
-        if self.ema is not None:
-            hooks.on_step.append(lambda _: self.ema.update_parameters(self.model))
+        ema = self.ema
+        if ema is not None:
+            hooks.on_step.append(lambda _: ema.update_parameters(self.model))
         if self.config.train.tensorboard and self.main:
             from foodvit.training.tracking import TensorBoard
 
@@ -507,6 +514,7 @@ def resume(
             config, state = ctx.on_main(rundir.read_for_resume, out, data, log) or (None, None)
             if ctx.distributed:
                 config, state = ctx.broadcast((config, state))
+            assert config is not None and state is not None  # rank 0 read them (or raised); the others got them
             trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
             trainer.restore(state)
             if data and ctx.is_main:

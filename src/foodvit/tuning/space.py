@@ -27,12 +27,20 @@ class Param:
     step: int | None = None
     choices: tuple | None = None
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(low, high) of a range; a ValueError for a setting searched among choices."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"{self.key} is searched among its choices, not over a range")
+        return self.low, self.high
+
     def suggest(self, trial):
         if self.choices is not None:
             return trial.suggest_categorical(self.key, list(self.choices))
         if isinstance(self.low, int) and isinstance(self.high, int):
             return trial.suggest_int(self.key, self.low, self.high, step=self.step or 1, log=self.log)
-        return trial.suggest_float(self.key, float(self.low), float(self.high), log=self.log)
+        low, high = self.bounds
+        return trial.suggest_float(self.key, float(low), float(high), log=self.log)
 
     def contains(self, value) -> bool:
         if self.choices is not None:
@@ -182,7 +190,7 @@ def _param(key: str, spec, config: RunConfig) -> Param:
         param = Param(key, low if whole else float(low), high if whole else float(high), log, step)
     if key == "vit.embed_dim":
         heads = base_values(config)["vit.num_heads"]
-        values = param.choices or range(param.low, param.high + 1, param.step or 1)
+        values = param.choices or range(int(param.bounds[0]), int(param.bounds[1]) + 1, param.step or 1)
         bad = [w for w in values if w % heads]
         if bad:
             raise ConfigError(

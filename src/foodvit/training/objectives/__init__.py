@@ -20,10 +20,8 @@ so a resumed run ends exactly as an uninterrupted one would). None trains a froz
 
 from __future__ import annotations
 
-from torch import nn
-
 from foodvit.config import OptimConfig
-from foodvit.training.objectives.base import Batch, Objective, Outputs
+from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs
 from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.contrast import InstanceDiscrimination
 from foodvit.training.objectives.distill import Distillation
@@ -44,7 +42,7 @@ __all__ = ["REGISTRY", "Batch", "Objective", "Outputs", "WithObjectives", "build
 
 
 def build(
-    model: nn.Module,
+    model: Computing,
     optim: OptimConfig,
     num_classes: int,
     frozen: bool = False,

@@ -11,7 +11,7 @@ terms, one forward pass of the ViT and at most one of the teacher serving them a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, cast
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -19,6 +19,10 @@ from torch import nn
 from foodvit.config import OptimConfig
 from foodvit.model.vit import Heads, VisionTransformer
 from foodvit.objective_settings import ObjectiveSettings
+from foodvit.training.resizing import AnyGrid
+
+# the model that computes a step: the ViT, or progressive resizing's AnyGrid around it
+Computing = VisionTransformer | AnyGrid
 
 
 @dataclass
@@ -28,14 +32,13 @@ class Batch:
     (mask (B, N) and mask_token (D,)), and the model that computes (the ViT, or AnyGrid around it)."""
 
     images: torch.Tensor
-    model: nn.Module
-    shown: torch.Tensor | None = None
+    model: Computing
+    shown: torch.Tensor = field(init=False)  # the images until an objective hides some pixels
     mask: torch.Tensor | None = None
     mask_token: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.shown is None:
-            self.shown = self.images
+        self.shown = self.images
 
 
 @dataclass
@@ -75,7 +78,7 @@ class Objective(nn.Module):
         return cls.settings.on(optim)
 
     @classmethod
-    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> Objective:
+    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> Objective:
         """The objective for a model (the ViT, or AnyGrid around it), from its settings."""
         raise NotImplementedError
 
@@ -96,6 +99,6 @@ class Objective(nn.Module):
         raise NotImplementedError
 
 
-def vit_of(model: nn.Module) -> VisionTransformer:
+def vit_of(model: Computing) -> VisionTransformer:
     """The VisionTransformer a model computes with: itself, or progressive resizing's AnyGrid's."""
-    return cast(VisionTransformer, getattr(model, "vit", model))
+    return model.vit if isinstance(model, AnyGrid) else model

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
+from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 from foodvit.training.objectives.guidance import teacher_outputs
 
 
@@ -27,9 +27,11 @@ class WithObjectives(nn.Module):
     0), as DistributedDataParallel expects. The teacher is held outside the module's parameters:
     the optimiser, DistributedDataParallel and the checkpoint never see it."""
 
+    teacher: nn.Module | None  # set by set_teacher, outside the submodules
+
     def __init__(
         self,
-        model: nn.Module,
+        model: Computing,
         objectives: Iterable[Objective],
         *,
         order: Iterable[type] = (),
@@ -39,7 +41,8 @@ class WithObjectives(nn.Module):
         super().__init__()
         rank = {kind: i for i, kind in enumerate(order)}
         self.model = model
-        self.objectives = nn.ModuleList(sorted(objectives, key=lambda o: rank.get(type(o), len(rank))))
+        self.each = sorted(objectives, key=lambda o: rank.get(type(o), len(rank)))
+        self.objectives = nn.ModuleList(self.each)  # registered: trained, moved and saved with the model
         self.supervised = supervised
         self.epoch, self.epochs = 0, 1
         self.set_teacher(teacher)
@@ -47,7 +50,7 @@ class WithObjectives(nn.Module):
     @property
     def needs_teacher(self) -> bool:
         """Whether an objective reads the CNN teacher: the settings' rule (objective_settings.reads_teacher)."""
-        return any(o.settings.teacher for o in self.objectives)
+        return any(o.settings.teacher for o in self.each)
 
     def set_teacher(self, teacher: nn.Module | None) -> None:
         """The CNN teacher the objectives read (frozen: its batch-norm statistics stay as trained)."""
@@ -78,26 +81,24 @@ class WithObjectives(nn.Module):
     def terms(self, images: torch.Tensor) -> tuple[Outputs, dict[str, torch.Tensor]]:
         """One step's outputs and each objective's weighted term, by name."""
         batch = Batch(images, self.model)
-        for objective in self.objectives:
+        for objective in self.each:
             objective.prepare(batch)
         outputs = self.outputs(batch)
-        return outputs, {
-            o.name(): o.weight_at(self.epoch, self.epochs) * o.loss(batch, outputs) for o in self.objectives
-        }
+        return outputs, {o.name(): o.weight_at(self.epoch, self.epochs) * o.loss(batch, outputs) for o in self.each}
 
     def outputs(self, batch: Batch) -> Outputs:
         """The ViT's forward pass on the batch as shown, with the blocks the objectives read, and the
         teacher's pass on the batch as loaded (without gradients)."""
         vit = vit_of(self.model)
-        blocks = sorted({i for o in self.objectives for i in o.blocks})
-        class_only = vit.config.class_only_last_block and not any(o.reads_all_tokens for o in self.objectives)
+        blocks = sorted({i for o in self.each for i in o.blocks})
+        class_only = vit.config.class_only_last_block and not any(o.reads_all_tokens for o in self.each)
         tokens, kept = self.model.forward_intermediates(
             batch.shown, blocks, mask=batch.mask, mask_token=batch.mask_token, class_only=class_only
         )
         pooled = vit.pool(tokens)
         outputs = Outputs(tokens, pooled, vit.heads_of(tokens, pooled), dict(zip(blocks, kept, strict=True)))
-        stages = max((o.teacher_stages for o in self.objectives), default=0)
-        logits = any(o.teacher_logits for o in self.objectives)
+        stages = max((o.teacher_stages for o in self.each), default=0)
+        logits = any(o.teacher_logits for o in self.each)
         if stages or logits:
             if self.teacher is None:
                 raise RuntimeError("an objective reads the CNN teacher, which was not set (set_teacher)")
@@ -109,10 +110,10 @@ class WithObjectives(nn.Module):
 
     def state_dict_of_parts(self, keys: Iterable[str]) -> dict:
         """Each objective's trained part by its checkpoint key (None for a key whose objective is off)."""
-        parts = {o.checkpoint_key: o.part for o in self.objectives if o.checkpoint_key}
+        parts = {o.checkpoint_key: o.part for o in self.each if o.checkpoint_key and o.part is not None}
         return {key: parts[key].state_dict() if key in parts else None for key in keys}
 
     def load_parts(self, state: dict) -> None:
-        for o in self.objectives:
-            if o.checkpoint_key:
+        for o in self.each:
+            if o.checkpoint_key and o.part is not None:
                 o.part.load_state_dict(state[o.checkpoint_key])

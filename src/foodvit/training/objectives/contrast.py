@@ -40,7 +40,7 @@ from torch import nn
 from foodvit.config import OptimConfig
 from foodvit.objective_settings import CONTRAST_TEMPERATURE, OBJECTIVE_SETTINGS
 from foodvit.training.batchnorm import running_statistics_untouched
-from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
+from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 
 CROP_SCALE = (0.35, 1.0)  # the crop's share of the first view's area
 CROP_RATIO = (3 / 4, 4 / 3)  # its width over its height
@@ -134,7 +134,7 @@ class InstanceDiscrimination(Objective):
         self.projection = Projection(embed_dim)
 
     @classmethod
-    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> InstanceDiscrimination:
+    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> InstanceDiscrimination:
         return cls(vit_of(model).config.embed_dim, optim.contrast, optim.contrast_temperature)
 
     @property

@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from foodvit.config import OptimConfig
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
-from foodvit.training.objectives.base import Batch, Objective, Outputs
+from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs
 
 
 class Distillation(Objective):
@@ -55,11 +54,12 @@ class Distillation(Objective):
         self.temperature = temperature
 
     @classmethod
-    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> Distillation:
+    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> Distillation:
         return cls(optim.distill, optim.distill_temperature)
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
-        # an empty share gives an empty (0, classes) tensor
+        # the step ran the teacher for its logits (teacher_logits = True); an empty share gives (0, classes)
+        assert outputs.teacher_logits is not None
         heads, taught = outputs.heads, outputs.teacher_logits.float()
         student = (heads.logits if heads.distilled is None else heads.distilled).float()  # the token's own head, if any
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0

@@ -19,7 +19,7 @@ from torch import nn
 
 from foodvit.config import OptimConfig
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
-from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
+from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 
 
 def pair_offsets(first: torch.Tensor, second: torch.Tensor, grid: int) -> torch.Tensor:
@@ -68,7 +68,7 @@ class Localization(Objective):
         self.drloc = DenseRelativeLocalization(embed_dim, pairs)
 
     @classmethod
-    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> Localization:
+    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> Localization:
         return cls(vit_of(model).config.embed_dim, optim.drloc, optim.drloc_pairs)
 
     @property

@@ -35,6 +35,7 @@ network's features once it has.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +45,11 @@ from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
 from foodvit.model.vit import VisionTransformer
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
-from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
+from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 from foodvit.training.teacher import teacher_skeleton
+
+if TYPE_CHECKING:
+    from torchvision.models import ResNet
 
 STAGES = ("layer1", "layer2", "layer3", "layer4")  # a torchvision ResNet's stages; the first --guidance-stages guide
 SPREAD = 3  # the first three stages guide blocks spread before the last; a fourth guides the last block
@@ -84,7 +88,7 @@ def stage_channels(teacher: nn.Module, stages: int = SPREAD) -> list[int]:
 
 
 def teacher_outputs(
-    teacher: nn.Module, images: torch.Tensor, stages: int = 0, logits: bool = False
+    teacher: ResNet, images: torch.Tensor, stages: int = 0, logits: bool = False
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """One pass of the teacher (a torchvision ResNet when stages > 0): its feature maps after each of
     its first `stages` stages, (B, C_k, H_k, W_k), and with `logits` its logits (B, classes), as its
@@ -152,7 +156,7 @@ class LocalityGuidance(Objective):
         )
 
     @classmethod
-    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> LocalityGuidance:
+    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> LocalityGuidance:
         return cls(
             vit_of(model),
             optim.guidance,

@@ -28,7 +28,7 @@ from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
 from foodvit.model.vit import VisionTransformer
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
-from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
+from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 
 
 def patch_pixels(images: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -100,7 +100,7 @@ class MaskedPatches(Objective):
         self.reconstruction = Reconstruction(c.embed_dim, c.in_channels * c.patch_size**2)
 
     @classmethod
-    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> MaskedPatches:
+    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> MaskedPatches:
         vit = vit_of(model)
         if optim.mask_pixels and vit.config.stem == "patch":
             raise ConfigError(
