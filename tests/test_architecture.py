@@ -58,7 +58,7 @@ def test_a_missing_dependency_is_not_reported_as_a_missing_attribute():
 def test_training_leaves_the_process_as_it_found_it(tmp_path):
     # a notebook's random state, warning filters, signal handlers and environment are its own
     from foodvit.cli.options import build_config
-    from foodvit.training.trainer import train
+    from foodvit.training.run import train
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2, size=(40, 40))
     config = build_config("tiny", {"data.source": str(photos), "train.epochs": 1, "vit.image_size": 32, "vit.depth": 1,

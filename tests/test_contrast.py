@@ -20,7 +20,7 @@ from foodvit.training.objectives.contrast import (InstanceDiscrimination, crop_r
                                        second_view)
 from foodvit.training.objectives import WithObjectives, build
 from foodvit.training.resizing import AnyGrid
-from foodvit.training.trainer import train
+from foodvit.training.run import train
 
 
 def test_the_loss_is_simclrs_nt_xent_by_hand():
@@ -191,7 +191,7 @@ def test_a_run_keeps_the_projection_in_its_checkpoint_and_not_in_its_model(tmp_p
 @pytest.mark.slow  # two trainings and a resume; exact resume itself is shown fast in test_train
 def test_a_contrast_run_resumes_as_an_uninterrupted_one(tmp_path, monkeypatch):
     import foodvit.training.trainer as T
-    from foodvit.training.trainer import resume
+    from foodvit.training.run import resume
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     config = small_config(photos, epochs=2, batch_size=8)

@@ -21,7 +21,7 @@ from foodvit.training.objectives import Batch, Outputs, WithObjectives
 from foodvit.training.objectives.distill import Distillation
 from foodvit.training.objectives.drloc import Localization
 from foodvit.training.teacher import build_teacher
-from foodvit.training.trainer import resume, train
+from foodvit.training.run import resume, train
 
 
 class Fixed(nn.Module):

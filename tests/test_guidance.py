@@ -17,7 +17,7 @@ from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.distill import Distillation
 from foodvit.training.objectives.guidance import LocalityGuidance, epoch_weight, guided_blocks
 from foodvit.training.teacher import build_teacher
-from foodvit.training.trainer import resume, train
+from foodvit.training.run import resume, train
 
 
 def test_the_guided_blocks_spread_over_the_depth_and_leave_the_last_one_to_the_classifier():

@@ -15,7 +15,7 @@ from foodvit.rundir.directory import load_checkpoint
 from foodvit.training import objectives
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.masked import MaskedPatches, draw_mask, patch_pixels
-from foodvit.training.trainer import resume, train
+from foodvit.training.run import resume, train
 
 
 def test_the_mask_hides_exactly_the_ratio_of_each_images_patches_at_random():

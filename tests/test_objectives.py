@@ -164,7 +164,7 @@ def test_a_new_objective_is_its_class_and_one_registry_entry(tmp_path, monkeypat
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     config = small_config(photos, epochs=1, batch_size=8)
     config = replace(config, vit={**config.vit, "pool": "gap"}, optim=replace(config.optim, drloc=0.5))
-    from foodvit.training.trainer import train
+    from foodvit.training.run import train
 
     result = train(config, tmp_path / "run", quiet=True)
     state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")

@@ -17,7 +17,7 @@ from foodvit.training.engine import TrainingDiverged, train_one_epoch
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.masked import MaskedPatches, draw_mask, patch_pixels
 from foodvit.training.pretrain import PRETRAINING_FILE, masked_image_modelling
-from foodvit.training.trainer import resume, train
+from foodvit.training.run import resume, train
 
 
 def reconstructions(task, images, seed=5):

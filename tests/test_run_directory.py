@@ -23,7 +23,7 @@ from foodvit.data.sources import resolve
 from foodvit.errors import ConfigError, DataError, RunError
 from foodvit.model.variants import run_model_config, without_recipe_resizing
 from foodvit.rundir.directory import RunLock, training_now
-from foodvit.training.trainer import resume, train
+from foodvit.training.run import resume, train
 
 SMALL = {"image_size": 32, "depth": 1}
 

@@ -20,7 +20,7 @@ from foodvit.data.folders import Split
 from foodvit.deploy.inference import evaluate_split, predict
 from foodvit.errors import RunError
 from foodvit.training.engine import TrainingDiverged
-from foodvit.training.trainer import resume, train
+from foodvit.training.run import resume, train
 
 SMALL = {"image_size": 32, "depth": 2}  # ViT-Ti/8 at 32 px, 2 blocks: an epoch in well under a second
 

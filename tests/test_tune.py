@@ -48,7 +48,7 @@ def photos(tmp_path_factory) -> Path:
 def cv_study(tmp_path_factory, photos):
     """A 2-fold study interrupted (Ctrl-C) while its second fold starts, then run again: the runs
     each attempt started."""
-    import foodvit.training.trainer as trainer
+    import foodvit.training.run as trainer
 
     study = tmp_path_factory.mktemp("studies") / "a"
     real_train, started = trainer.train, []
@@ -500,7 +500,7 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
 def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process_is_gone(cv_study, photos, tmp_path, monkeypatch):
     """Two processes on one study: a fold whose run another process holds is skipped, the free fold
     trained, then the held one waited for and trained once its holder is gone; same result as one process."""
-    import foodvit.training.trainer as trainer
+    import foodvit.training.run as trainer
 
     study = tmp_path / "shared"
     (study / "fold-0").mkdir(parents=True)
@@ -646,7 +646,7 @@ def test_tune_prunes_records_a_crashed_trial_and_writes_a_recipe_that_trains(pho
 
 @pytest.mark.slow  # a study interrupted and run again; the fast tier keeps tune's budget checks and cv's resume
 def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_finished_fold(photos, tmp_path, monkeypatch):
-    import foodvit.training.trainer as trainer
+    import foodvit.training.run as trainer
 
     real_train, started, interrupt = trainer.train, [], [True]
 

@@ -26,7 +26,7 @@ _LAZY = {
     "save_weights": "model.weights",
     "load_recipe": "recipes",
     "resolve": "model.resolve",
-    "train": "training.trainer",
+    "train": "training.run",
     "cross_validate": "tuning.cv",
     "tune": "tuning.search",
 }

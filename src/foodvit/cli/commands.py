@@ -17,7 +17,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from foodvit.cli.options import build_config, given_overrides
     from foodvit.errors import ConfigError
     from foodvit.rundir.directory import default_out
-    from foodvit.training.trainer import resume, train
+    from foodvit.training.run import resume, train
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 alone speaks
     say = (lambda text: print(text, file=sys.stderr)) if main_process else (lambda text: None)

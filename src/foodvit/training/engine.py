@@ -20,19 +20,25 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from foodvit.errors import FoodVitError
-from foodvit.training.batchnorm import running_statistics_untouched
+from foodvit.training.step import (
+    StepInfo,
+    StepSettings,
+    autocast,
+    batch_sums,
+    no_sync,
+    objective,
+    on_device,
+    optimiser_step,
+)
+
+__all__ = ["StepInfo", "StepSettings", "TrainingDiverged", "evaluate", "fit", "train_one_epoch"]
 
 
 class TrainingDiverged(FoodVitError, RuntimeError):
     """The loss became NaN or infinite."""
-
-
-def _identity(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
 
 
 class Batches(Protocol):
@@ -41,141 +47,6 @@ class Batches(Protocol):
     def __iter__(self) -> Iterator: ...
 
     def __len__(self) -> int: ...
-
-
-@dataclass
-class StepSettings:
-    """How each optimisation step is taken, and, for distributed training, how this process
-    combines with the others (distributed.Context gives reduce and world_size; one process: the
-    identity and 1)."""
-
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    accum_steps: int = 1
-    clip_grad: float = 0.0
-    label_smoothing: float = 0.0
-    amp: bool = False  # bf16 autocast (CUDA)
-    sync_every: int = 1  # check the loss for NaN every N steps (a host sync on GPUs)
-    reduce: Callable[[torch.Tensor], torch.Tensor] = _identity  # the sum over processes
-    world_size: int = 1
-    input_shape: tuple[int, ...] = ()  # (C, H, W): the model's input, for a process whose share of a batch is empty
-    grad_norm: bool = False  # measure the gradient norm every step (for step hooks), also without clipping
-    input_size: int = 0  # progressive resizing: training batches are resized to this side first (0: as loaded)
-    # sharpness-aware minimisation's radius rho (0: off): each step's gradient is taken at the worst nearby weights
-    sam: float = 0.0
-
-
-@dataclass
-class StepInfo:
-    """What a step hook sees after each optimiser step. loss is this process's share of the step
-    (a tensor: reading it waits for the GPU); running_loss and running_acc are the epoch's so far
-    over all processes, as of the last NaN check."""
-
-    epoch: int
-    step: int  # optimiser steps so far in this epoch
-    steps: int  # optimiser steps in the epoch
-    loss: torch.Tensor
-    lr: float
-    grad_norm: torch.Tensor | None
-    running_loss: float
-    running_acc: float | None  # None for a self-supervised objective: no classes
-    model: nn.Module
-
-
-def autocast(settings: StepSettings):
-    if settings.amp and settings.device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def _hard(labels: torch.Tensor) -> torch.Tensor:
-    """Class indices, also from soft targets (mixup, cutmix): the dominant class."""
-    return labels.argmax(dim=1) if labels.ndim == 2 else labels
-
-
-def _no_sync(model: nn.Module, skip: bool):
-    """DistributedDataParallel all-reduces gradients in every backward; during accumulation only the
-    group's last micro-batch needs it."""
-    return model.no_sync() if skip and isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
-
-
-def _objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, s: StepSettings):
-    """The model's logits (None for a self-supervised objective) and the objective summed over the
-    batch: cross-entropy with the targets, plus the auxiliary loss a model may return per image."""
-    with autocast(s):
-        out = model(images)
-    logits, extra = out if isinstance(out, tuple) else (out, None)
-    loss_sum = (
-        F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing, reduction="sum")
-        if logits is not None
-        else torch.zeros((), device=s.device)
-    )
-    return logits, loss_sum if extra is None else loss_sum + extra * images.shape[0]
-
-
-def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -> None:
-    """Sharpness-aware minimisation (Foret et al. 2021; for ViTs from scratch, Chen et al. 2022). The
-    parameters' .grad hold g, the step's gradient at the weights w (under DistributedDataParallel
-    already the processes' average, so every process moves the same way). Three moves:
-      1. ascend: eps = rho g / ||g||_2, the steepest point at distance rho (the paper's Eq. 2, p = 2), w + eps;
-      2. the group's gradient there, the same micro-batches and scaling (Eq. 3); dropout, drop-path,
-         the localization loss's pairs, the masks and the contrast's second view draw again;
-      3. back to w (up to float rounding, the same on every process).
-    The optimiser then steps from w with the gradient of the worst nearby loss. Gradient clipping and
-    TensorBoard's gradient norm see that second gradient; the step's loss and accuracy are the first pass's."""
-    pairs = [(p, p.grad) for p in model.parameters() if p.grad is not None]
-    if not pairs:
-        return
-    params, grads = [p for p, _ in pairs], [g for _, g in pairs]
-    norm = nn.utils.get_total_norm(grads)
-    with torch.no_grad():  # 1. ascend
-        eps = [g * (s.sam / (norm + 1e-12)) for g in grads]
-        for p, e in zip(params, eps, strict=True):
-            p.add_(e)
-    # every parameter of these models is used in each pass (DistributedDataParallel requires it),
-    # so each gets its gradient again
-    model.zero_grad(set_to_none=True)
-    with running_statistics_untouched(model):  # 2. the gradient at w + eps
-        for k, (images, labels, scale) in enumerate(group):
-            with _no_sync(model, k + 1 != len(group)):
-                (_objective(model, images, labels, s)[1] * scale).backward()
-    with torch.no_grad():  # 3. back to w
-        for p, e in zip(params, eps, strict=True):
-            p.sub_(e)
-
-
-def _on_device(batch, s: StepSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch on the device at the size progressive resizing trains at (empty for an empty share: it joins
-    the step)."""
-    if batch is None:
-        shape = (*s.input_shape[:-2], s.input_size, s.input_size) if s.input_size else s.input_shape
-        return torch.zeros((0, *shape), device=s.device), torch.zeros(0, dtype=torch.long, device=s.device)
-    images = batch[0].to(s.device, non_blocking=True)
-    labels = batch[1].to(s.device, non_blocking=True)
-    if s.input_size and images.shape[-1] != s.input_size:  # antialiased, as a photo decoded smaller would be
-        images = F.interpolate(images, size=(s.input_size, s.input_size), mode="bilinear", antialias=True)
-    return images, labels
-
-
-def _optimiser_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, group: list, s: StepSettings
-) -> tuple[torch.Tensor | None, float]:
-    """The step at the end of a group of micro-batches (their gradients accumulated): sharpness-aware
-    minimisation's second gradient if on, clipping, the optimiser and the schedule. Returns the
-    gradient norm (when clipped or asked for) and the learning rate the step took."""
-    if s.sam:
-        _sharpness_aware_gradients(model, group, s)
-        group.clear()
-    grad_norm = None
-    if s.clip_grad > 0:
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.clip_grad)
-    elif s.grad_norm:
-        grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-    lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if scheduler is not None:
-        scheduler.step()
-    return grad_norm, lr
 
 
 class ProgressBar:
@@ -222,12 +93,8 @@ def train_one_epoch(
     total_batches = len(loader)
     steps = math.ceil(total_batches / s.accum_steps)
     sums = torch.zeros(4, device=s.device, dtype=torch.float64)  # plain cross-entropy, objective, correct, images
-    totals = [
-        0.0,
-        0.0,
-        0.0,
-        0.0,
-    ]  # the sums over all processes, as of the last check (always done after the last batch)
+    # the sums over all processes, as of the last check (always done after the last batch)
+    totals = [0.0, 0.0, 0.0, 0.0]
     lr = optimizer.param_groups[0]["lr"]
     bar = ProgressBar(progress, steps) if progress is not None else None
     hooks = list(on_step) + ([bar] if bar is not None else [])
@@ -239,34 +106,21 @@ def train_one_epoch(
         started = time.perf_counter()
         batch = next(batches)
         waited += time.perf_counter() - started
-        images, labels = _on_device(batch, s)
+        images, labels = on_device(batch, s)
         group_end = min(total_batches, (i // s.accum_steps + 1) * s.accum_steps)
         group_size = group_end - (i // s.accum_steps) * s.accum_steps
         n = images.shape[0]
         global_n = s.reduce(torch.tensor([float(n)], device=s.device)) if s.world_size > 1 else n
         # DistributedDataParallel averages over processes: scale by world_size / global images
         scale = s.world_size / (global_n * group_size)
-        with _no_sync(model, i + 1 != group_end):
-            logits, objective_sum = _objective(model, images, labels, s)
+        with no_sync(model, i + 1 != group_end):
+            logits, objective_sum = objective(model, images, labels, s)
             (objective_sum * scale).backward()
         supervised = logits is not None  # else a self-supervised objective (pretrain.py): its loss alone, no classes
         if s.sam:  # kept (on the device) until the step's second pass: the accumulated micro-batches of one step
             group.append((images, labels, scale))
-        with torch.no_grad():
-            if supervised:
-                hard = _hard(labels)
-                plain = F.cross_entropy(logits.detach().float(), hard, reduction="sum")
-                correct = (logits.detach().argmax(dim=1) == hard).sum()
-            else:  # what is shown as its loss: the objective itself
-                plain, correct = objective_sum.detach(), torch.zeros((), device=s.device)
-        sums += torch.stack(
-            [
-                plain.double(),
-                objective_sum.detach().double(),
-                correct.double(),
-                torch.tensor(float(n), device=s.device, dtype=torch.float64),
-            ]
-        )
+        row, plain = batch_sums(logits, labels, objective_sum, n, s.device)
+        sums += row
         if (i + 1) % s.sync_every == 0 or i + 1 == total_batches:
             totals = s.reduce(sums).tolist()  # every process sees the same sums: they stop together on NaN
             if not (math.isfinite(totals[0]) and math.isfinite(totals[1])):
@@ -274,20 +128,11 @@ def train_one_epoch(
                     f"the loss became {totals[1] / max(totals[3], 1)} at step {i + 1} of {total_batches}"
                 )
         if i + 1 == group_end:
-            grad_norm, lr = _optimiser_step(model, optimizer, scheduler, group, s)
+            grad_norm, lr = optimiser_step(model, optimizer, scheduler, group, s)
             if hooks:
                 seen = max(totals[3], 1)
-                info = StepInfo(
-                    epoch,
-                    (i // s.accum_steps) + 1,
-                    steps,
-                    plain.detach() / max(n, 1),
-                    lr,
-                    grad_norm,
-                    totals[0] / seen,
-                    totals[2] / seen if supervised else None,
-                    model,
-                )
+                running = (totals[0] / seen, totals[2] / seen if supervised else None)
+                info = StepInfo(epoch, i // s.accum_steps + 1, steps, plain / max(n, 1), lr, grad_norm, *running, model)
                 for hook in hooks:
                     hook(info)
     if bar is not None:

@@ -4,7 +4,7 @@ fetches the source), the splits opened and checked, the decode caches, and this 
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,8 @@ from foodvit.data.preprocess import Preprocess
 from foodvit.data.sampling import make_loader
 from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
 from foodvit.training.distributed import Context
+
+logger = logging.getLogger(__name__)
 
 EVAL_BATCH_SIZE = 64  # evaluation batches at least this large: no gradients, so memory allows it
 
@@ -64,7 +66,7 @@ def open_data(
     if main:
         for split in (data.train, data.test):
             for line in split.skipped_summary(verbose):
-                print(line, file=sys.stderr)
+                logger.warning(line)
     return data, caches
 
 

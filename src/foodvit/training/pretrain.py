@@ -24,6 +24,7 @@ one process would, with other masks, not step for step the same (as with drloc's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +40,7 @@ from foodvit.training.objectives import MaskedPatches, WithObjectives
 from foodvit.training.objectives.base import Computing, vit_of
 from foodvit.training.stages import Stage, StageData
 
+logger = logging.getLogger(__name__)
 PRETRAINING_COLUMNS = ("epoch", "reconstruction_loss", "lr", "seconds")
 
 
@@ -90,10 +92,14 @@ def pretrain(
             )
         log(epoch_line(row, epochs))
 
-    log(
-        "self-supervised pre-training (masked-image modelling, "
-        f"{c.optim.pretrain_mask_ratio:.0%} of the patches hidden) for {epochs} epochs at {size} px"
-    )
+    if not data.quiet:
+        logger.info(
+            "self-supervised pre-training (masked-image modelling, %.0f%% of the patches hidden) "
+            "for %d epochs at %d px",
+            100 * c.optim.pretrain_mask_ratio,
+            epochs,
+            size,
+        )
     Stage(task, data, epochs=epochs, purpose="pretrain-step", optim=optim).fit(
         settings, after_epoch=[after], label="pre-training"
     )

@@ -12,6 +12,7 @@ would train.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -30,6 +31,8 @@ from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkp
 from foodvit.seeds import derive_seed
 from foodvit.training.engine import StepSettings, epoch_line
 from foodvit.training.stages import Stage, StageData
+
+logger = logging.getLogger(__name__)
 
 TEACHER_STRIDE = 32  # a ResNet's total stride: at this size or less its last feature map is 1 x 1
 PROGRESS_FORMAT = (
@@ -282,7 +285,8 @@ def obtain_teacher(
         saved = train_teacher(module, setup, data, folder, log, resumable)
     else:
         module.load_state_dict(saved["model"])
-        log(f"CNN teacher: {origin}")
+        if not data.quiet:
+            logger.info("CNN teacher: %s", origin)
     # lent_by kept in teacher.pt: a resumed run says so
     return Teacher(module, list(saved["history"]), saved.get("lent_by"))
 
@@ -300,11 +304,17 @@ def train_teacher(
     if progress:
         module.load_state_dict(progress["model"])
         stage.restore(progress["stage"])
-        log(
-            f"continuing the CNN teacher's training ({setup.architecture}) after epoch {len(history)} of {setup.epochs}"
+        if not data.quiet:
+            logger.info(
+                "continuing the CNN teacher's training (%s) after epoch %d of %d",
+                setup.architecture,
+                len(history),
+                setup.epochs,
+            )
+    elif not data.quiet:
+        logger.info(
+            "training the CNN teacher (%s, random initialisation) for %d epochs", setup.architecture, setup.epochs
         )
-    else:
-        log(f"training the CNN teacher ({setup.architecture}, random initialisation) for {setup.epochs} epochs")
 
     def after_epoch(epoch: int, row: dict) -> None:
         history.append(row)

@@ -1,4 +1,5 @@
-"""`foodvit train`: a RunConfig in, a run directory out, on one process or on many (torchrun).
+"""A run's machinery: a RunConfig in, a run directory out, on one process or on many (torchrun);
+training/run.py starts or resumes one (`foodvit train`, `foodvit resume`).
 
 A Trainer is a few explicit build steps, in this order: the processes (distributed.Context:
 device from LOCAL_RANK, the process group), the classes of the data, the model (whose
@@ -21,11 +22,9 @@ folder, one writer, nothing left by a failed start) live in rundir/directory.py.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -36,44 +35,33 @@ from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
 from foodvit.data.datasource import Listed
 from foodvit.data.preprocess import Preprocess
 from foodvit.errors import FoodVitError, RunError
-from foodvit.files import write_text
 from foodvit.model.build import build_model
-from foodvit.model.resolve import resolve
 from foodvit.model.variants import check_start_size
 from foodvit.model.vit import VisionTransformer
-from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training import loading, objectives
-from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, is_backend_error
+from foodvit.training.distributed import Context, PeerLost, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
     StepSettings,
     TrainingDiverged,
     deterministic_algorithms,
     epoch_line,
-    evaluate,
     fit,
     own_random_state,
 )
+from foodvit.training.final import Result, final_test
 from foodvit.training.freezing import freeze_backbone
 from foodvit.training.objectives.masked import check_reconstructable
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.pretrain import pretrain
-from foodvit.training.report import per_class_accuracy, size_note, write_results
 from foodvit.training.resizing import AnyGrid
 from foodvit.training.stages import StageData
-from foodvit.training.teacher import Teacher, TeacherSetup, borrowed_teacher, obtain_teacher
+from foodvit.training.teacher import Teacher, TeacherSetup, obtain_teacher
 
 if TYPE_CHECKING:
     from foodvit.training.tracking import TensorBoard
-
-
-@dataclass
-class Result:
-    run: Path
-    history: list[dict]
-    test: dict  # loss, acc, n, confusion, per_class
 
 
 GPU_SYNC_EVERY = 25  # on a GPU, check the loss for NaN every this many steps (each check waits for the GPU)
@@ -96,9 +84,8 @@ class Trainer:
         teacher_file: Path | None = None,
     ) -> None:
         self.config, self.out, self.verbose = config, Path(out), verbose
-        self.teacher_file = (
-            teacher_file  # a teacher.pt another run trained with this run's teacher settings (distill.borrowed_teacher)
-        )
+        # a teacher.pt another run trained with this run's teacher settings (teacher.borrowed_teacher)
+        self.teacher_file = teacher_file
         self.ctx = context or Context.from_environment(config.train.device)
         self.main = self.ctx.is_main
         self.quiet = quiet or not self.main  # progress bars and lines on rank 0 only
@@ -163,11 +150,11 @@ class Trainer:
         self.classes = self.data.classes
         self.train_loader = loading.train_loader(self.config, self.preprocess, self.data, self.caches, self.ctx)
         self.eval_loaders = (
-            {"val": self._eval_loader(self.data.val, self.preprocess)} if self.data.val is not None else {}
+            {"val": self.eval_loader(self.data.val, self.preprocess)} if self.data.val is not None else {}
         )
-        self.eval_loaders["test"] = self._eval_loader(self.data.test, self.preprocess)
+        self.eval_loaders["test"] = self.eval_loader(self.data.test, self.preprocess)
 
-    def _eval_loader(self, split, preprocess: Preprocess):
+    def eval_loader(self, split, preprocess: Preprocess):
         return loading.eval_loader(
             self.config, split, preprocess, self.caches, self.ctx, own=preprocess == self.preprocess
         )
@@ -359,7 +346,7 @@ class Trainer:
                     show_progress=not self.quiet,
                     num_classes=len(self.classes),
                 )
-                return self.finish()
+                return final_test(self)
             except TrainingDiverged as err:
                 # every rank diverges at once (a collective check): keep this advice through torchrun's SIGTERM
                 self.ctx.stopping()
@@ -386,141 +373,3 @@ class Trainer:
         if self.pretrained:
             return f"the pre-trained weights are kept in {self.out / 'checkpoint.pt'}"
         return "no epoch finished"
-
-    def finish(self) -> Result:
-        """Final test evaluation (with the confusion matrix; every rank evaluates its part), then,
-        on rank 0, the model file, plots and report."""
-        model = self.eval_model()
-        if isinstance(model, torch.optim.swa_utils.AveragedModel):
-            model = model.module
-        model, preprocess = self._at_test_size(model)
-        loader = (
-            self.eval_loaders["test"]
-            if preprocess == self.preprocess
-            else self._eval_loader(self.data.test, preprocess)
-        )
-        test = evaluate(
-            model, loader, self.settings, num_classes=len(self.classes), keep_probabilities=True, gather=self.ctx.gather
-        )
-        test["per_class"] = per_class_accuracy(test["confusion"], self.classes)
-        probabilities = test.pop("probabilities")
-        if self.main:
-            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-            write_results(
-                self.out,
-                config=self.config,
-                data=self.data,
-                model=model,
-                trainable=trainable,
-                train_size=self.model.config.image_size,
-                preprocess=preprocess,
-                test=test,
-                probabilities=probabilities,
-                history=self.history,
-                teacher_history=self.teacher_history,
-                teacher_lent_by=self.teacher_lent_by,
-                device=self.device,
-                processes=self.ctx.world_size,
-                tensorboard=self.tensorboard,
-            )
-        self.ctx.barrier()  # the other ranks end when the run directory is complete
-        return Result(self.out, self.history, test)
-
-    def _at_test_size(self, model: VisionTransformer) -> tuple[VisionTransformer, Preprocess]:
-        """The trained model and its preprocessing at --test-size (FixRes): a copy rebuilt for that
-        resolution, position embeddings resampled (fixed sin-cos ones recomputed for the new grid)."""
-        size = self.config.data.test_size
-        if not size or size == model.config.image_size:
-            return model, self.preprocess
-        return resize_model(model, size).to(self.device).eval(), self.preprocess.at_size(size)
-
-
-def train(
-    config: RunConfig | str | Path,
-    out: str | Path | None = None,
-    *,
-    overrides: dict | None = None,
-    model: str | None = None,
-    quiet: bool = False,
-    log=print,
-    verbose: bool = False,
-    context: Context | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    teacher_from: Path | None = None,
-) -> Result:
-    """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). `config`: a RunConfig,
-    or a recipe (a built-in name or a TOML file) resolved with `overrides` ("section.name" -> value) and
-    `model` as `foodvit train` resolves its options (model/resolve.py). With pre-trained weights, the
-    model is the one the weights dictate (pretrained.adapt_config).
-    Under torchrun every rank calls this with the same arguments; rank 0 writes the run.
-    teacher_from: a distilled or guided run on the same photos whose CNN teacher this run borrows
-    instead of training it (checked to have this run's teacher settings; the photos are the caller's word)."""
-    if not isinstance(config, RunConfig):
-        config = resolve(str(config), overrides, model=model)
-    out = Path(out) if out else rundir.default_out()
-    config = rundir.with_source(config)
-    if config.train.pretrained:
-        from foodvit.model.pretrained import adapt_config
-
-        config = adapt_config(config)
-    teacher_file = borrowed_teacher(teacher_from, config) if teacher_from is not None else None
-    with (
-        contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx
-    ):
-        log = log if ctx.is_main else (lambda *a, **k: None)
-        with OnMain(rundir.NewRunDirectory(out), ctx):
-            if ctx.is_main:
-                write_text(out / "config.json", config.to_json())
-            trainer = Trainer(
-                config, out, quiet=quiet, log=log, verbose=verbose, context=ctx, teacher_file=teacher_file
-            )
-            warning = size_note(config, sum(p.numel() for p in trainer.trained.parameters()), trainer.device)
-            if warning and ctx.is_main:
-                print(warning, file=sys.stderr)
-            processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
-            if not quiet:
-                log(
-                    f"training {config.model} ({config.recipe} recipe) on {trainer.data.root}: "
-                    f"{len(trainer.data.train)} train / {len(trainer.data.test)} test photos, "
-                    f"classes {', '.join(trainer.classes)}{processes}; run directory {out}"
-                )
-            return trainer.fit()
-
-
-def resume(
-    out: str | Path,
-    *,
-    quiet: bool = False,
-    log=print,
-    data: str | None = None,
-    verbose: bool = False,
-    context: Context | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Result:
-    """Finish the run in `out` from its last checkpoint, exactly as configured when it started, on
-    as many processes as given (rank 0 reads the run and hands it to the others).
-
-    The photos come from the source stored with the run; `data` points at the same photos moved
-    elsewhere (same classes and number of photos, checked)."""
-    out = Path(out)
-    with (
-        contextlib.nullcontext(context)
-        if context
-        else Context.from_environment(rundir.stored_device(out), timeout_s) as ctx
-    ):
-        log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
-        ctx.on_main(rundir.check_is_run, out)
-        with OnMain(rundir.RunLock(out), ctx):
-            config, state = ctx.on_main(rundir.read_for_resume, out, data, log) or (None, None)
-            if ctx.distributed:
-                config, state = ctx.broadcast((config, state))
-            assert config is not None and state is not None  # rank 0 read them (or raised); the others got them
-            trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
-            trainer.restore(state)
-            if data and ctx.is_main:
-                write_text(out / "config.json", config.to_json())
-            log(
-                f"resuming {out} after epoch {trainer.start_epoch} of {config.train.epochs}"
-                + (f" on {ctx.world_size} processes" if ctx.distributed else "")
-            )
-            return trainer.fit()

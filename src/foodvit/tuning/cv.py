@@ -150,7 +150,7 @@ def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int
              teacher_from: Path | None = None) -> dict:
     """A fold's result: trained (or resumed, or read when finished), then its held-out photos predicted.
     teacher_from: the same fold's run in another study, whose CNN teacher this fold borrows."""
-    from foodvit.training.trainer import resume, train
+    from foodvit.training.run import resume, train
 
     result_file = run.with_name(run.name + ".json")
     if result_file.is_file():

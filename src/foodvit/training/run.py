@@ -1,0 +1,119 @@
+"""`foodvit train` and `foodvit resume`: a run started in a new folder, or resumed from its last
+checkpoint, on one process or on many (torchrun): the processes' context, the run directory's lock and
+the messages around the Trainer (trainer.py) that does the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+from foodvit.config import RunConfig
+from foodvit.files import write_text
+from foodvit.model.resolve import resolve
+from foodvit.rundir import directory as rundir
+from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain
+from foodvit.training.report import size_note
+from foodvit.training.teacher import borrowed_teacher
+from foodvit.training.trainer import Result, Trainer
+
+logger = logging.getLogger(__name__)
+
+
+def train(
+    config: RunConfig | str | Path,
+    out: str | Path | None = None,
+    *,
+    overrides: dict | None = None,
+    model: str | None = None,
+    quiet: bool = False,
+    log=print,
+    verbose: bool = False,
+    context: Context | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    teacher_from: Path | None = None,
+) -> Result:
+    """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). `config`: a RunConfig,
+    or a recipe (a built-in name or a TOML file) resolved with `overrides` ("section.name" -> value) and
+    `model` as `foodvit train` resolves its options (model/resolve.py). With pre-trained weights, the
+    model is the one the weights dictate (pretrained.adapt_config).
+    Under torchrun every rank calls this with the same arguments; rank 0 writes the run.
+    teacher_from: a distilled or guided run on the same photos whose CNN teacher this run borrows
+    instead of training it (checked to have this run's teacher settings; the photos are the caller's word)."""
+    if not isinstance(config, RunConfig):
+        config = resolve(str(config), overrides, model=model)
+    out = Path(out) if out else rundir.default_out()
+    config = rundir.with_source(config)
+    if config.train.pretrained:
+        from foodvit.model.pretrained import adapt_config
+
+        config = adapt_config(config)
+    teacher_file = borrowed_teacher(teacher_from, config) if teacher_from is not None else None
+    with (
+        contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx
+    ):
+        log = log if ctx.is_main else (lambda *a, **k: None)
+        with OnMain(rundir.NewRunDirectory(out), ctx):
+            if ctx.is_main:
+                write_text(out / "config.json", config.to_json())
+            trainer = Trainer(
+                config, out, quiet=quiet, log=log, verbose=verbose, context=ctx, teacher_file=teacher_file
+            )
+            warning = size_note(config, sum(p.numel() for p in trainer.trained.parameters()), trainer.device)
+            if warning and ctx.is_main:
+                logger.warning(warning)
+            processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
+            if not quiet and ctx.is_main:
+                logger.info(
+                    "training %s (%s recipe) on %s: %d train / %d test photos, classes %s%s; run directory %s",
+                    config.model,
+                    config.recipe,
+                    trainer.data.root,
+                    len(trainer.data.train),
+                    len(trainer.data.test),
+                    ", ".join(trainer.classes),
+                    processes,
+                    out,
+                )
+            return trainer.fit()
+
+
+def resume(
+    out: str | Path,
+    *,
+    quiet: bool = False,
+    log=print,
+    data: str | None = None,
+    verbose: bool = False,
+    context: Context | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Result:
+    """Finish the run in `out` from its last checkpoint, exactly as configured when it started, on
+    as many processes as given (rank 0 reads the run and hands it to the others).
+
+    The photos come from the source stored with the run; `data` points at the same photos moved
+    elsewhere (same classes and number of photos, checked)."""
+    out = Path(out)
+    with (
+        contextlib.nullcontext(context)
+        if context
+        else Context.from_environment(rundir.stored_device(out), timeout_s) as ctx
+    ):
+        log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
+        ctx.on_main(rundir.check_is_run, out)
+        with OnMain(rundir.RunLock(out), ctx):
+            config, state = ctx.on_main(rundir.read_for_resume, out, data, log) or (None, None)
+            if ctx.distributed:
+                config, state = ctx.broadcast((config, state))
+            assert config is not None and state is not None  # rank 0 read them (or raised); the others got them
+            trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
+            trainer.restore(state)
+            if data and ctx.is_main:
+                write_text(out / "config.json", config.to_json())
+            if not quiet and ctx.is_main:
+                processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
+                logger.info(
+                    "resuming %s after epoch %d of %d%s", out, trainer.start_epoch, config.train.epochs, processes
+                )
+            return trainer.fit()
