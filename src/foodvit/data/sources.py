@@ -5,6 +5,7 @@ cache. No PyTorch (Food-101's download alone uses torchvision, imported then).""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import urllib.error
 import urllib.request
@@ -14,6 +15,8 @@ from pathlib import Path, PurePosixPath
 
 from foodvit.errors import DataError
 from foodvit.files import atomic_folder
+
+log = logging.getLogger(__name__)
 from foodvit.files import download as download_file
 
 DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
@@ -36,7 +39,7 @@ def food101(*, quiet: bool = False) -> Path:
     if (root / "images").is_dir() and (root / "meta").is_dir():
         return root
     if not quiet:
-        print(f"downloading Food-101 (5 GB) into {base} (once)", flush=True)
+        log.info(f"downloading Food-101 (5 GB) into {base} (once)")
     try:
         from torchvision.datasets import Food101
 

@@ -25,9 +25,9 @@ over the training photos (cv.py), so the test split plays no part in the choice.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -40,6 +40,8 @@ from foodvit.rundir import directory as rundir
 from foodvit.tuning import compare, cv
 from foodvit.tuning.space import Param, base_values, default_space, read_space, space_table
 from foodvit.tuning.study import open_study, study_settings
+
+logger = logging.getLogger(__name__)
 
 STUDY_NAME = "foodvit"
 FAILURES_IN_A_ROW = 3  # a process stops after this many failed trials in a row: something is wrong beyond one setting
@@ -222,7 +224,7 @@ def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, b
     import optuna
 
     started = time.time()
-    log = log or (lambda text: print(text, file=sys.stderr))
+    log = log or logger.info
     study_dir = Path(study_dir)
     base = rundir.with_source(base)
     split = cv.training_photos(base)
