@@ -16,6 +16,7 @@ from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE
 
 STUDY_FILE = "study.json"
+TRIAL_FILE = "trial.json"  # a tuning trial's folder: the settings its folds train with
 
 
 def study_settings(settings: dict) -> dict:
@@ -25,18 +26,48 @@ def study_settings(settings: dict) -> dict:
     return {**settings, "data": {k: v for k, v in data.items() if k != "source"}} if isinstance(data, dict) else settings
 
 
+def read_identity(path: Path) -> dict | None:
+    """What a study file (study.json, a trial's trial.json) says the folder holds; None when absent.
+    A folder, unreadable text or anything but a JSON object there is a StudyError that says so."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        why = "a folder" if path.is_dir() else f"not readable ({getattr(err, 'strerror', None) or err})"
+        raise StudyError(f"{path} is {why}, not the file foodvit writes there: the folder's study cannot be read; "
+                         "choose a new --out (or restore the file)") from None
+    if not isinstance(stored, dict):
+        raise StudyError(f"{path} holds {type(stored).__name__} where foodvit writes a JSON object: the folder's study "
+                         "cannot be read; choose a new --out (or restore the file)")
+    if isinstance(stored.get("settings"), dict):
+        stored["settings"] = study_settings(settings_as_today(stored["settings"]))
+    return stored
+
+
+def changes(stored: dict, identity: dict) -> str:
+    """The first few differences of two identities, as a message shows them ('' when the same)."""
+    changed = differences(stored, identity)
+    return "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed[:4])
+
+
+def check_folder(folder: Path) -> None:
+    """A study folder's path is a folder or a new path: a file there, or above it, is refused in one line."""
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise StudyError(f"{blocker} is a file; a study is a folder: choose a new or empty folder for --out")
+
+
 def open_study(folder: Path, identity: dict) -> None:
     """Make folder a study of `identity`, or check that it already is one: another data set,
     folds, seeds or settings are refused, never mixed in (settings added to foodvit since the study
     started count at their defaults)."""
+    check_folder(folder)
     path = folder / STUDY_FILE
-    if path.is_file():
-        stored = json.loads(path.read_text())
-        if isinstance(stored.get("settings"), dict):
-            stored["settings"] = study_settings(settings_as_today(stored["settings"]))
-        changed = differences(stored, identity)
-        if changed:
-            shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed[:4])
+    stored = read_identity(path)
+    if stored is not None:
+        shown = changes(stored, identity)
+        if shown:
             raise StudyError(f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
                              "choose another --out")
         return
@@ -49,6 +80,23 @@ def open_study(folder: Path, identity: dict) -> None:
         write_text(path, json.dumps(identity, indent=1), replace=False)
     except FileExistsError:
         open_study(folder, identity)
+
+
+def bind_trial(folder: Path, identity: dict, what: str) -> None:
+    """Bind a tuning trial's folder to the settings its folds train with (folder/trial.json), or check
+    that it is bound to these: folds trained under other settings are never reported under these."""
+    path = folder / TRIAL_FILE
+    stored = read_identity(path)
+    if stored is None:
+        if folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):
+            raise StudyError(f"{folder} holds folds with no record of the settings they trained with, so they cannot be "
+                             f"reported as {what}'s; choose a new --out for the study")
+        write_text(path, json.dumps(identity, indent=1))
+        return
+    shown = changes(stored, identity)
+    if shown:
+        raise StudyError(f"{folder} holds folds trained with other settings than {what}'s ({shown}): the study's database "
+                         "does not match its folders; restore the study's own database, or choose a new --out")
 
 
 def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
