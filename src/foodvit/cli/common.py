@@ -43,13 +43,18 @@ def need(extra: str, *modules: str) -> None:
                            f"pip install 'foodvit[{extra}]'")
 
 
-def writable(path: str) -> Path:
-    """An output file's path, or a one-line error before any work is lost to an unwritable place."""
+def writable(path: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """An output file's path, or a one-line error before any work is lost to an unwritable place or
+    to a name that says another format than the one written (suffixes: those allowed, e.g. (".png",))."""
     from foodvit.errors import RunError
 
     out = Path(path)
     if out.is_dir():
         raise RunError(f"{out} is a folder; give a file name, e.g. {out / 'picture.png'}")
+    if suffixes and out.suffix.lower() not in suffixes:
+        raise RunError(f"{out} does not end in {' or '.join(suffixes)}, the format written; give a name such as "
+                       f"{out.with_suffix(suffixes[0]).name}")
+    check_out_folder(str(out.parent))
     folder = out.parent if str(out.parent) else Path(".")
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -79,3 +84,26 @@ def evaluation_source(run: str, data: str | None, predictor):
             return source
     raise DataError(f"the photos {Path(run).name} was trained on are not at hand here; name them with --data PATH "
                     "(a folder with test/<class>/, or a folder of class folders)")
+
+
+def check_recipe(recipe: str | None) -> None:
+    """--recipe naming a file (a .toml name, or a path) that is not there: said as such, before the
+    recipe loader's list of built-in names, which would suggest a file is not what was meant."""
+    from foodvit.errors import ConfigError
+
+    if recipe and (recipe.endswith(".toml") or os.sep in recipe) and not Path(recipe).is_file():
+        what = "is a folder" if Path(recipe).is_dir() else "does not exist"
+        raise ConfigError(f"the recipe file {recipe} {what}; give an existing .toml file, or a built-in recipe's name "
+                          "(foodvit recipes lists them)")
+
+
+def check_out_folder(out: str | None) -> None:
+    """A folder to write (a run, a study): refused in one line when a file stands at it or above it."""
+    from foodvit.errors import RunError
+
+    if not out:
+        return
+    path = Path(out)
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise RunError(f"{blocker} is a file; --out {out} must be a new or empty folder: choose another --out")

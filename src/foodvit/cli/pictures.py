@@ -48,7 +48,7 @@ def cmd_patches(args: argparse.Namespace) -> int:
     from foodvit.viz.figures import add_feature_maps, patches_figure
     from foodvit.viz.plotting import save_figure
 
-    out = writable(args.out)
+    out = writable(args.out, (".png",))
     photo = load_or_explain(Path(args.image))
     predictor = model = None
     if args.feature_maps:
@@ -74,7 +74,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from foodvit.viz.figures import explain_figure
     from foodvit.viz.plotting import save_figure
 
-    out = writable(args.out)
+    out = writable(args.out, (".png",))
     predictor = Predictor.from_run(args.run)
     photo = load_or_explain(Path(args.image))
     print(save_figure(explain_figure(predictor, photo, args.top_k, args.heads), out))

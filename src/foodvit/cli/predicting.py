@@ -39,6 +39,9 @@ def register(sub) -> None:
     p.add_argument("run", help="a run directory (or its model.safetensors), or an exported .onnx file")
     p.add_argument("images", nargs="*", metavar="IMAGE", help="photo files (JPEG, PNG, WebP, ...) or folders of them")
     p.add_argument("--files-from", metavar="FILE", help="also the photos listed in FILE, one path a line (- reads standard input)")
+    p.add_argument("--files-from0", metavar="FILE", help="also the photos listed in FILE, each path ended by a NUL byte, as "
+                                                         "find -print0 writes them (for names that hold a newline; - reads "
+                                                         "standard input)")
     p.add_argument("--top-k", type=count(), default=3, help="how many classes to list per photo, most probable first (default 3)")
     p.add_argument("--plot", metavar="FILE", help="save the photos with their labels and probabilities as a PNG")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per photo (with 'error' for a skipped one)")
@@ -75,19 +78,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from foodvit.deploy.inference import predict
-    from foodvit.deploy.labelling import PhotoList
     from foodvit.deploy.predictor import Predictor
 
     if args.out:
         return label_to_file(args)
-    args.images = list(PhotoList(args.images, args.files_from))  # folders and the list file expanded: a few photos, printed at the end
+    args.images = list(photo_list(args))  # folders and the list file expanded: a few photos, printed at the end
     predictor = Predictor.open(args.run)  # a run directory, or an exported .onnx (then no PyTorch is loaded)
     results = predict(predictor, args.images, top_k=args.top_k)
     if args.plot:
         from foodvit.deploy.inference import plot_predictions
         from foodvit.viz.plotting import save_figure
 
-        save_figure(plot_predictions(args.images, results), writable(args.plot))
+        save_figure(plot_predictions(args.images, results), writable(args.plot, (".png",)))
     failed = [r for r in results if "error" in r]
     for r in failed:
         print(f"foodvit predict: skipped {r['error']}", file=sys.stderr)
@@ -106,8 +108,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def label_to_file(args: argparse.Namespace) -> int:
     """predict --out: every photo a row in a CSV / JSONL file, batched, resumable (deploy/labelling.py)."""
-    from foodvit.deploy.labelling import PhotoList, label, label_share
-    from foodvit.deploy.predictions import Predictions, check_out, model_identity
+    from foodvit.deploy.labelling import label, label_share
+    from foodvit.deploy.predictions import Predictions, check_out, model_identity, read_rows
     from foodvit.deploy.predictor import Predictor
     from foodvit.errors import ConfigError
 
@@ -115,10 +117,10 @@ def label_to_file(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out writes every photo's row to {args.out}; {'--json' if args.json else '--plot'} is for a few photos "
                           "printed or drawn: drop one of them")
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
-    if world > 1 and args.files_from == "-":
+    if world > 1 and "-" in (args.files_from, args.files_from0):
         raise ConfigError("under torchrun each process reads the list itself: give --files-from a file, not standard input")
     out = check_out(args.out)
-    photos = PhotoList(args.images, args.files_from)
+    photos = photo_list(args)
     predictor = Predictor.open(args.run)  # a run directory, or an exported .onnx (then no PyTorch is loaded)
     identity = model_identity(args.run, predictor.classes)
     if world > 1:
@@ -134,6 +136,18 @@ def label_to_file(args: argparse.Namespace) -> int:
         finally:
             predictions.close()
     labelled = done.written + done.failed
-    print(f"{out}: {done.written} photos labelled, {done.failed} could not be read (rows with an error), {done.skipped} already "
-          f"there; {labelled / max(done.seconds, 1e-9):.1f} photos/s", file=sys.stderr)
-    return 1 if done.failed else 0
+    errors = len(read_rows(out)[1])  # this run's and any earlier run's: the file is not whole while it holds one
+    print(f"{out}: {done.written} photos labelled, {done.failed} could not be read, {done.skipped} already there; "
+          f"{errors} row{'' if errors == 1 else 's'} with an error in the file; {labelled / max(done.seconds, 1e-9):.1f} photos/s",
+          file=sys.stderr)
+    return 1 if errors else 0
+
+
+def photo_list(args: argparse.Namespace):
+    """The photos named on the command line, in folders and in a list file (--files-from, --files-from0)."""
+    from foodvit.deploy.labelling import PhotoList
+    from foodvit.errors import ConfigError
+
+    if args.files_from and args.files_from0:
+        raise ConfigError("--files-from and --files-from0 both name a list file; give one (--files-from0 for NUL-separated names)")
+    return PhotoList(args.images, args.files_from0 or args.files_from, nul=bool(args.files_from0))

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from foodvit.cli.common import (
+    check_recipe,
     count,
     need,
     recipe_options,
@@ -68,6 +69,8 @@ def cmd_cv(args: argparse.Namespace) -> int:
             raise ConfigError(f"{' and '.join(extra)} {'are' if len(extra) > 1 else 'is'} for a study being run (borrowed teachers, "
                               f"chosen folds); --compare only reads two studies: leave {' and '.join(extra)} out")
 
+        for study in args.compare:
+            check_cv_study(study)
         print(compare_studies(*args.compare)[1])
         return 0
     if not args.out:
@@ -75,6 +78,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
     from foodvit.cli.options import build_config
     from foodvit.tuning.cv import cross_validate
 
+    check_recipe(args.recipe)
     config = build_config(args.recipe or "default", args, model=args.model)
     result = cross_validate(config, args.out, folds=args.folds, seeds=args.seeds, progress=not args.quiet, teachers=args.teachers,
                             only=args.fold)
@@ -90,6 +94,19 @@ def cmd_cv(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_cv_study(folder: str) -> None:
+    """--compare pairs two cv studies: a tune study is named for the cv studies it holds, its trials."""
+    from foodvit.errors import StudyError
+    from foodvit.tuning.study import STUDY_FILE, read_identity
+
+    stored = read_identity(Path(folder) / STUDY_FILE)
+    if stored is not None and stored.get("kind") == "tune":
+        trials = sorted(p.name for p in Path(folder).glob("trial-*") if (p / "cv.json").is_file())
+        example = f", e.g. {Path(folder) / trials[0]}" if trials else ""
+        raise StudyError(f"{folder} is a tune study, which holds no folds of its own: its finished trials are the cv studies "
+                         f"to compare (its trial-NNNN folders{example})")
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     need("tune", "optuna")
     import optuna
@@ -99,6 +116,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     # the command prints its own line per trial, a failed one's error included (Optuna's warning adds a traceback)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    check_recipe(args.recipe)
     config = build_config(args.recipe or "default", args, model=args.model)
     print(tune(args.out, config, trials=args.trials, budget_s=parse_budget(args.budget) if args.budget else None,
                space_file=args.space, folds=args.folds, storage=args.storage))  # its lines: the library's log

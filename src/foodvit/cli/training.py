@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from foodvit.cli.common import (
+    check_out_folder,
+    check_recipe,
     VERBOSE,
     number,
     recipe_options,
@@ -53,11 +55,18 @@ def cmd_train(args: argparse.Namespace) -> int:
             flags = ["--" + o.split(".", 1)[1].replace("_", "-") if "." in o else o for o in extra] + (["--out"] if args.out else [])
             raise ConfigError(f"--resume continues the run exactly as configured in {args.resume}/config.json; "
                               f"drop {', '.join(flags)}, or start a new run with --out (--data may point at the run's photos moved elsewhere)")
+        from pathlib import Path
+
+        from foodvit.rundir.directory import check_is_run
+
+        check_is_run(Path(args.resume))  # before its name is printed as the run directory
         args.run_dir = args.resume
         say(f"run directory: {args.resume}")
         result = resume(args.resume, quiet=args.quiet, data=getattr(args, "data.source"), verbose=args.verbose,
                         timeout_s=args.dist_timeout)
     else:
+        check_recipe(args.recipe)
+        check_out_folder(args.out)
         config = build_config(args.recipe or "default", args, model=args.model)
         args.run_dir = args.out or str(default_out())
         say(f"run directory: {args.run_dir}")

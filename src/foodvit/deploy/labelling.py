@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import glob
 import heapq
+import io
 import itertools
 import json
 import os
@@ -40,11 +41,14 @@ class PhotoList:
     photos walked in sorted path order by data/folders.py's rules), then the lines of a list file
     ('-': standard input). Iterated lazily, as text paths; an input that does not exist stays in
     the list and gets an error row. A folder without photos, or a list file that cannot be read,
-    is refused here, before any work."""
+    is refused here, before any work. A list file holds a path a line (split at "\n" alone, a CRLF
+    line's "\r" dropped), or with nul=True paths ended by NUL bytes (find -print0), for names that
+    hold a newline; its bytes are taken as the file system's names (os.fsdecode)."""
 
-    def __init__(self, inputs: Iterable[str | os.PathLike] = (), list_file: str | os.PathLike | None = None) -> None:
+    def __init__(self, inputs: Iterable[str | os.PathLike] = (), list_file: str | os.PathLike | None = None, *,
+                 nul: bool = False) -> None:
         self.inputs = [str(i) for i in inputs]
-        self.list_file = None if list_file is None else str(list_file)
+        self.list_file, self.nul = None if list_file is None else str(list_file), nul
         for item in self.inputs:
             if Path(item).is_dir() and next(walk_photos(Path(item)), None) is None:
                 raise DataError(f"{item} holds no photos (files named {', '.join(IMAGE_EXTENSIONS)}, hidden ones left out); "
@@ -62,10 +66,12 @@ class PhotoList:
             else:
                 yield item
         if self.list_file == "-":
-            yield from _lines(sys.stdin)
+            # standard input's bytes; a text stream put in its place (an embedding program's) is read as text
+            stream = getattr(sys.stdin, "buffer", None) or io.BytesIO(os.fsencode(sys.stdin.read()))
+            yield from _names(stream, self.nul)
         elif self.list_file is not None:
-            with open(self.list_file, encoding="utf-8") as lines:
-                yield from _lines(lines)
+            with open(self.list_file, "rb") as names:
+                yield from _names(names, self.nul)
 
     def count(self) -> int | None:
         """How many photos (one more pass over the folders and the list file); None when the list
@@ -73,11 +79,20 @@ class PhotoList:
         return None if self.list_file == "-" else sum(1 for _ in self)
 
 
-def _lines(stream) -> Iterator[str]:
-    for line in stream:
-        line = line.rstrip("\r\n")
-        if line.strip():
-            yield line
+def _names(stream, nul: bool, block: int = 1 << 16) -> Iterator[str]:
+    """The paths of a binary stream: NUL-ended (nul), else one a line ("\n"; a "\r" before it dropped)."""
+    if not nul:
+        for line in stream:  # a binary stream's lines end at b"\n" alone
+            line = line.removesuffix(b"\n").removesuffix(b"\r")
+            if line.strip():
+                yield os.fsdecode(line)
+        return
+    rest = b""
+    while chunk := stream.read(block):
+        *names, rest = (rest + chunk).split(b"\0")
+        yield from (os.fsdecode(name) for name in names if name)
+    if rest:
+        yield os.fsdecode(rest)
 
 
 # ------------------------------------------------------------------------------ the work

@@ -72,11 +72,14 @@ def check_folds(split: Split, k: int) -> None:
     """Every class must have a photo in every held-out fold, else a fold's run sees a class with no test photo."""
     if k < 2:
         raise StudyError(f"cross-validation needs at least 2 folds, got {k}")
+    fewest = min(split.counts().values(), default=0)
     for name, n in split.counts().items():
+        if n < 2:
+            raise StudyError(f"class {name} has {n} training photo(s): every fold holds out at least one photo of each class, "
+                             f"so cross-validation needs at least 2 photos of each; add photos of {name}, or leave the class out")
         if n < k:
             raise StudyError(f"class {name} has {n} training photo(s), fewer than the {k} folds: every fold holds out at "
-                             f"least one photo of each class; use --folds {max(2, min(split.counts().values()))} or fewer, "
-                             "or add photos")
+                             f"least one photo of each class; use --folds {fewest} or fewer, or add photos")
 
 
 def fold_folder(folds_dir: Path, seed: int, fold: int) -> Path:

@@ -1,0 +1,137 @@
+"""Bad input to the studies, predict, data and explain gets one line that says what was expected and
+what to do, never a traceback, and the advice is true: each case through the command line."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import make_photo_folder
+
+from foodvit.cli.main import main
+
+TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2)
+
+
+def one_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"foodvit {command}: error: ") and "Traceback" not in err, err
+    return err
+
+
+def a_file(tmp_path: Path) -> Path:
+    path = tmp_path / "a-file"
+    path.write_text("not a folder")
+    return path
+
+
+@pytest.mark.parametrize("command", ["cv", "tune"])
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_a_study_out_that_is_a_file_or_under_one_is_one_line(photos, tmp_path, capsys, command, where):
+    pytest.importorskip("optuna")
+    out = a_file(tmp_path) if where == "file" else a_file(tmp_path) / "sub"
+    assert main([command, "--data", str(photos), "--out", str(out), "--folds", "2", *TINY]) == 2
+    assert "a-file is a file" in one_line(capsys, command)
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+
+
+def test_train_out_under_a_file_is_one_line(photos, tmp_path, capsys):
+    out = a_file(tmp_path) / "run"
+    assert main(["train", "--data", str(photos), "--out", str(out), *TINY]) == 2
+    assert "a-file" in one_line(capsys, "train")
+
+
+@pytest.mark.parametrize("damage", ["folder", "garbage", "list", "dangling"])
+def test_a_damaged_study_json_is_one_line(photos, tmp_path, capsys, damage):
+    study = tmp_path / "study"
+    study.mkdir()
+    target = study / "study.json"
+    if damage == "folder":
+        target.mkdir()
+    elif damage == "garbage":
+        target.write_bytes(b"\x00\xff{not json")
+    elif damage == "list":
+        target.write_text("[1, 2]")
+    else:
+        target.symlink_to(tmp_path / "nowhere.json")
+    assert main(["cv", "--data", str(photos), "--out", str(study), "--folds", "2", *TINY]) == 2
+    assert "study.json" in one_line(capsys, "cv")
+
+
+@pytest.mark.parametrize("url, says", [("bogus://x", "not a database URL"), ("postgresql://u@127.0.0.1:1/db", "driver"),
+                                       ("sqlite:////nonexistent-dir/x/y.db", "study database")])
+def test_a_storage_that_cannot_be_used_is_one_line(photos, tmp_path, capsys, monkeypatch, url, says):
+    pytest.importorskip("optuna")
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # the driver missing, whether or not it is installed here
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--storage", url, "--folds", "2", *TINY]) == 2
+    assert says in one_line(capsys, "tune")
+
+
+def test_folds_advice_says_what_a_class_needs(tmp_path, capsys):
+    root = make_photo_folder(tmp_path / "p", n_train=3, n_test=1)
+    for extra in (root / "train" / "sushi").glob("00[12].jpg"):
+        extra.unlink()  # one sushi photo
+    assert main(["cv", "--data", str(root), "--out", str(tmp_path / "s"), "--folds", "2", *TINY]) == 2
+    err = one_line(capsys, "cv")
+    assert "sushi has 1 training photo" in err and "--folds 2 or fewer" not in err and "at least 2 photos" in err
+    root3 = make_photo_folder(tmp_path / "q", n_train=2, n_test=1)
+    assert main(["cv", "--data", str(root3), "--out", str(tmp_path / "t"), "--folds", "3", *TINY]) == 2
+    assert "--folds 2" in one_line(capsys, "cv")  # a smaller number of folds that works is still advised
+
+
+def test_a_recipe_file_that_does_not_exist_says_so(tmp_path, capsys):
+    assert main(["train", "--recipe", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "r")]) == 2
+    err = one_line(capsys, "train")
+    assert "does not exist" in err and "unknown recipe" not in err
+
+
+def test_resume_of_a_folder_that_is_no_run_does_not_advise_what_would_be_refused(tmp_path, capsys):
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    assert main(["train", "--resume", str(folder)]) == 2
+    err = one_line(capsys, "train")
+    assert f"--out {folder}" not in err and "train --out" not in err.replace("another", "") or "new" in err
+
+
+def test_data_takes_data_like_every_command_and_refuses_a_folder_of_no_photos(photos, tmp_path, capsys):
+    assert main(["data", "--data", str(photos)]) == 0
+    out = capsys.readouterr().out
+    assert "train: 12 photos, 3 classes" in out and "test: 6 photos" in out
+    assert main(["data", str(photos), "--print-path"]) == 0  # the positional still works
+    assert capsys.readouterr().out.strip() == str(photos.resolve())
+    empty = tmp_path / "no-data"
+    (empty / "docs").mkdir(parents=True)
+    (empty / "docs" / "readme.txt").write_text("nothing")
+    assert main(["data", "--data", str(empty)]) == 2
+    assert "no-data" in one_line(capsys, "data")
+    assert main(["evaluate", "--help"] if False else ["data", "--data", str(photos), str(photos)]) == 2
+    assert "--data" in one_line(capsys, "data")
+
+
+def test_explain_refuses_an_out_that_names_another_format(shared_run, tmp_path, capsys):
+    run, photos = shared_run
+    photo = next((photos / "test").rglob("*.jpg"))
+    assert main(["explain", str(run), str(photo), "--out", str(tmp_path / "ex.txt")]) == 2
+    assert ".png" in one_line(capsys, "explain") and not (tmp_path / "ex.txt").exists()
+    assert main(["patches", str(photo), "--out", str(tmp_path / "p.jpg")]) == 2
+    assert ".png" in one_line(capsys, "patches")
+
+
+def test_compare_with_a_tune_study_says_it_is_no_cv_study(tmp_path, capsys):
+    import json
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, kind in ((a, "cv"), (b, "tune")):
+        folder.mkdir()
+        (folder / "study.json").write_text(json.dumps({"kind": kind, "data": "x", "classes": [], "folds": 2}))
+    assert main(["cv", "--compare", str(a), str(b)]) == 2
+    err = one_line(capsys, "cv")
+    assert "in common yet" not in err and "tune" in err
+
+
