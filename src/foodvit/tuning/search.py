@@ -220,10 +220,10 @@ def storage_problem(given: str | None, url: str, err: Exception) -> str:
 
     where = f"--storage {_hide_password(url)}" if given else url.removeprefix("sqlite:///")
     first = str(getattr(err, "orig", None) or err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-    if isinstance(err, ModuleNotFoundError | ImportError):
-        driver = "psycopg2-binary" if url.startswith("postgresql") else "PyMySQL" if url.startswith("mysql") else err.name
-        return f"{where} needs the database driver {err.name or driver}, which is not installed: pip install 'foodvit[tune]' " \
-               f"(PostgreSQL), or pip install {driver}"
+    if isinstance(err, ImportError):
+        missing = getattr(err.__cause__, "name", None) or err.name or "its driver"  # Optuna wraps SQLAlchemy's ImportError
+        return f"{where} needs the database driver {missing}, which is not installed: pip install 'foodvit[tune]' for " \
+               f"PostgreSQL (psycopg), or the driver the URL names (e.g. mysql+pymysql:// needs PyMySQL)"
     if isinstance(err, sqlalchemy.exc.ArgumentError | sqlalchemy.exc.NoSuchModuleError) or isinstance(err, ValueError):
         return f"{where} is not a database URL: give postgresql://user@host/db, mysql://user@host/db or sqlite:///path ({first})"
     if isinstance(err, sqlalchemy.exc.OperationalError) and given and not url.startswith("sqlite"):
