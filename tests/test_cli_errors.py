@@ -135,3 +135,18 @@ def test_compare_with_a_tune_study_says_it_is_no_cv_study(tmp_path, capsys):
     assert "in common yet" not in err and "tune" in err
 
 
+
+
+def test_one_limit_and_one_wording_for_an_oversized_photo_in_predict_and_explain(shared_run, tmp_path, capsys):
+    from PIL import Image
+
+    from foodvit.deploy.serve import DEFAULT_MAX_MEGAPIXELS
+
+    run, _ = shared_run
+    big = tmp_path / "big.png"
+    Image.new("1", (8_000, 7_500)).save(big)  # 60 megapixels in a few kilobytes: over the limit of 50 that serve keeps
+    assert DEFAULT_MAX_MEGAPIXELS == 50
+    assert main(["explain", str(run), str(big), "--out", str(tmp_path / "e.png")]) == 2
+    assert "60 megapixels, over the limit of 50 megapixels" in one_line(capsys, "explain")
+    assert main(["predict", str(run), str(big)]) == 1
+    assert "60 megapixels, over the limit of 50 megapixels" in capsys.readouterr().err

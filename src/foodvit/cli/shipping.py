@@ -54,8 +54,9 @@ def register(sub) -> None:
     p.add_argument("--max-upload-mb", type=number(Range(0, lo_open=True)), default=10.0,
                    help="uploads over this size are refused with 413 (default 10 MB)")
     p.add_argument("--max-megapixels", type=number(Range(0, 89.4, lo_open=True)), default=50.0,
-                   help="photos over this many pixels are refused with 413 before they are decoded (default 50, "
-                        "a 48-megapixel phone's photos pass; the model needs far fewer, and larger photos are decoded reduced)")
+                   help="photos over this many pixels are refused with 413 before they are decoded (default 50, the limit "
+                        "of every foodvit command: a 48-megapixel phone's photos pass; the model needs far fewer, and larger "
+                        "photos are decoded reduced)")
     p.add_argument("--top-k", type=count(), default=3, help="how many classes each answer ranks (default 3)")
     p.add_argument("--threads", type=count(), help="threads for the model: PyTorch's, or ONNX Runtime's for an .onnx file "
                                                    "(default: the library's choice for this machine)")
