@@ -150,3 +150,18 @@ def test_one_limit_and_one_wording_for_an_oversized_photo_in_predict_and_explain
     assert "60 megapixels, over the limit of 50 megapixels" in one_line(capsys, "explain")
     assert main(["predict", str(run), str(big)]) == 1
     assert "60 megapixels, over the limit of 50 megapixels" in capsys.readouterr().err
+
+
+def test_resume_and_out_agree_on_a_run_stopped_before_its_first_checkpoint(shared_run, tmp_path, capsys):
+    import shutil
+
+    run, photos = shared_run
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    shutil.copy(run / "config.json", stopped / "config.json")  # what a kill -9 before the first checkpoint leaves
+    assert main(["train", "--resume", str(stopped)]) == 2
+    resumed = capsys.readouterr().err.strip().splitlines()[-1]  # after the "run directory:" line
+    assert main(["train", "--data", str(photos), "--out", str(stopped), *TINY]) == 2
+    started = capsys.readouterr().err.strip().splitlines()[-1]
+    for err in (resumed, started):
+        assert "stopped before its first checkpoint" in err and f"remove {stopped}" in err
