@@ -90,3 +90,10 @@ def test_a_rerun_exits_1_while_the_file_still_holds_error_rows(shared_run, tmp_p
     (folder / "broken.jpg").unlink()
     out.write_text("".join(line for line in out.read_text().splitlines(keepends=True) if "broken.jpg" not in line))
     assert main(["predict", str(run), str(folder), "--out", str(out), "--quiet"]) == 0
+
+
+def test_a_list_file_that_is_a_folder_is_one_line(shared_run, tmp_path, capsys):
+    run, photos = shared_run
+    for option in ("--files-from", "--files-from0"):
+        assert main(["predict", str(run), option, str(photos), "--out", str(tmp_path / "x.csv")]) == 2
+        assert "is a folder" in one_line(capsys)

@@ -129,3 +129,32 @@ def test_a_budget_shorter_than_one_fold_stops_the_trial_and_the_next_tune_resume
     assert [t.state.name for t in study_db.trials] == ["PRUNED", "COMPLETE"]
     assert study_db.trials[1].user_attrs["dir"] == "trial-0000" and study_db.trials[1].user_attrs["baseline"]
     assert "0 failed" in summary and "1 stopped by the budget" in summary
+
+
+def test_a_file_where_a_trial_folder_belongs_and_a_binary_space_file_are_one_line(one_trial, photos, space, tmp_path, capsys):
+    study = damage_copy(one_trial, tmp_path, "kept")
+    shutil.rmtree(study / "trial-0000")
+    (study / "trial-0000").write_text("a file")
+    capsys.readouterr()
+    assert main(tune(photos, study, space, "--trials", "1")) == 2
+    assert "trial-0000 is a file" in one_line_error(capsys, "tune")
+    binary = tmp_path / "space.toml"
+    binary.write_bytes(b"\x00\xff\xfe")
+    assert main(tune(photos, tmp_path / "new", binary, "--trials", "1")) == 2
+    assert "not UTF-8" in one_line_error(capsys, "tune")
+
+
+def test_a_damaged_fold_result_is_scored_again_from_its_run_not_trained_again(one_trial, photos, tmp_path, capsys,
+                                                                              monkeypatch):
+    import foodvit.training.trainer as trainer
+
+    study = damage_copy(one_trial, tmp_path, "kept") / "trial-0000"  # a trial folder is a cv study of its settings
+    cv_study = tmp_path / "cv"
+    assert main(["cv", "--data", str(photos), "--out", str(cv_study), "--folds", "2", *TINY]) == 0
+    kept = json.loads((cv_study / "fold-0.json").read_text())
+    (cv_study / "fold-0.json").write_text('{"seed": 0, "fold"')  # cut short
+    monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("a finished fold was trained again"))
+    capsys.readouterr()
+    assert main(["cv", "--data", str(photos), "--out", str(cv_study), "--folds", "2", *TINY]) == 0
+    again = json.loads((cv_study / "fold-0.json").read_text())
+    assert again["predictions"] == kept["predictions"] and study.is_dir()

@@ -107,6 +107,20 @@ def check_cv_study(folder: str) -> None:
                          f"to compare (its trial-NNNN folders{example})")
 
 
+def check_text(path: str, what: str) -> None:
+    """A text file foodvit reads (a space file): refused in one line when its bytes are not UTF-8 text."""
+    from foodvit.errors import ConfigError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            while f.read(1 << 16):
+                pass
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what} {path} is not UTF-8 text ({err.reason} at byte {err.start}); give a TOML file") from None
+    except OSError:
+        pass  # said by the reader, with its own words
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     need("tune", "optuna")
     import optuna
@@ -118,6 +132,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     check_recipe(args.recipe)
     config = build_config(args.recipe or "default", args, model=args.model)
+    if args.space:
+        check_text(args.space, "the space file")
     print(tune(args.out, config, trials=args.trials, budget_s=parse_budget(args.budget) if args.budget else None,
                space_file=args.space, folds=args.folds, storage=args.storage))  # its lines: the library's log
     return 0

@@ -53,6 +53,9 @@ class PhotoList:
             if Path(item).is_dir() and next(walk_photos(Path(item)), None) is None:
                 raise DataError(f"{item} holds no photos (files named {', '.join(IMAGE_EXTENSIONS)}, hidden ones left out); "
                                 "give a folder of photos or photo files")
+        if self.list_file not in (None, "-") and Path(self.list_file).is_dir():
+            raise DataError(f"the list file {self.list_file} is a folder; give a text file with one photo path a line, or name "
+                            "the folder itself (without --files-from) to label every photo in it")
         if self.list_file not in (None, "-") and not os.access(self.list_file, os.R_OK):
             why = "does not exist" if not Path(self.list_file).exists() else "cannot be read"
             raise DataError(f"the list file {self.list_file} {why}; give a text file with one photo path a line (or - for standard input)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import statistics
 import time
@@ -38,6 +39,8 @@ from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.tuning.study import check_lender, open_study, study_settings
 from foodvit.tuning.compare import prediction_key
+
+logger = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------------ the photos
 
@@ -156,8 +159,8 @@ def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int
     from foodvit.training.trainer import resume, train
 
     result_file = run.with_name(run.name + ".json")
-    if result_file.is_file():
-        return json.loads(result_file.read_text())
+    if (finished := read_result(result_file)) is not None:
+        return finished
     run.parent.mkdir(parents=True, exist_ok=True)
     # One process a fold, from the look at its result to the result written (the run's own lock covers
     # only its training): another process takes another fold meanwhile.
@@ -167,12 +170,27 @@ def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int
     except Timeout:
         raise FoldBusy(f"{run} is being run by another process") from None
     try:
-        if result_file.is_file():  # finished by another process between the look and the lock
-            return json.loads(result_file.read_text())
+        if (finished := read_result(result_file)) is not None:  # finished by another process between the look and the lock
+            return finished
         return _run_fold(config, run, folder, result_file, seed=seed, fold=fold, quiet=quiet, resume=resume, train=train,
                          teacher_from=teacher_from)
     finally:
         lock.release()
+
+
+def read_result(path: Path) -> dict | None:
+    """A fold's written result; None when there is none, or when it is damaged (cut short, overwritten):
+    the fold is then scored again from its saved model (trained again only if that is gone too)."""
+    if not path.is_file():
+        return None
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        result = None
+    if isinstance(result, dict) and {"seed", "fold", "predictions", "accuracy", "seconds"} <= result.keys():
+        return result
+    logger.warning(f"{path} is damaged: the fold is scored again from its run")
+    return None
 
 
 def _run_fold(config: RunConfig, run: Path, folder: Path, result_file: Path, *, seed: int, fold: int, quiet: bool, resume,

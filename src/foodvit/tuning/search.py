@@ -286,7 +286,7 @@ def check_trial_folders(study, study_dir: Path, base: RunConfig, split, folds: i
         owner = owners.get(folder.name)
         if owner is None:
             running = any(t.user_attrs.get("dir") == folder.name for t in study.get_trials(deepcopy=False))
-            if running or read_identity(folder / TRIAL_FILE) is None and not any(folder.iterdir()):
+            if running or folder.is_dir() and read_identity(folder / TRIAL_FILE) is None and not any(folder.iterdir()):
                 continue
             raise StudyError(f"{folder} is no trial of the study's database: the database is not this folder's own; "
                              "restore the study's own database, or choose a new --out")

@@ -85,6 +85,8 @@ def open_study(folder: Path, identity: dict) -> None:
 def bind_trial(folder: Path, identity: dict, what: str) -> None:
     """Bind a tuning trial's folder to the settings its folds train with (folder/trial.json), or check
     that it is bound to these: folds trained under other settings are never reported under these."""
+    if folder.exists() and not folder.is_dir():
+        raise StudyError(f"{folder} is a file where {what}'s folder of folds belongs; move it away, or choose a new --out")
     path = folder / TRIAL_FILE
     stored = read_identity(path)
     if stored is None:
