@@ -158,3 +158,9 @@ def test_a_damaged_fold_result_is_scored_again_from_its_run_not_trained_again(on
     assert main(["cv", "--data", str(photos), "--out", str(cv_study), "--folds", "2", *TINY]) == 0
     again = json.loads((cv_study / "fold-0.json").read_text())
     assert again["predictions"] == kept["predictions"] and study.is_dir()
+
+
+def test_a_study_folder_named_with_url_characters_keeps_its_database_inside(photos, space, tmp_path):
+    study = tmp_path / "what? #1 100%"
+    assert main(tune(photos, study, space, "--trials", "1")) == 0
+    assert (study / "study.db").is_file() and sorted(p.name for p in tmp_path.iterdir()) == [study.name]

@@ -31,6 +31,7 @@ import statistics
 import time
 import warnings
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from foodvit.config import SECTIONS, RunConfig, with_settings
 from foodvit.errors import ConfigError, StudyError
@@ -202,7 +203,8 @@ def _storage(study_dir: Path, url: str | None):
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
     given = url
-    url = url or f"sqlite:///{(study_dir / 'study.db').resolve()}"
+    # the folder's path quoted: a "?" or "#" in it is part of the name, not the URL's query or fragment
+    url = url or f"sqlite:///{quote(str((study_dir / 'study.db').resolve()))}"
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # SQLite: wait for the other process's write
     try:
         with warnings.catch_warnings():
@@ -218,7 +220,7 @@ def storage_problem(given: str | None, url: str, err: Exception) -> str:
     takes, a server not there, a file that is no database."""
     import sqlalchemy.exc
 
-    where = f"--storage {_hide_password(url)}" if given else url.removeprefix("sqlite:///")
+    where = f"--storage {_hide_password(url)}" if given else unquote(url.removeprefix("sqlite:///"))
     first = str(getattr(err, "orig", None) or err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
     if isinstance(err, ImportError):
         missing = getattr(err.__cause__, "name", None) or err.name or "its driver"  # Optuna wraps SQLAlchemy's ImportError
