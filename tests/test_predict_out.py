@@ -97,3 +97,17 @@ def test_a_list_file_that_is_a_folder_is_one_line(shared_run, tmp_path, capsys):
     for option in ("--files-from", "--files-from0"):
         assert main(["predict", str(run), option, str(photos), "--out", str(tmp_path / "x.csv")]) == 2
         assert "is a folder" in one_line(capsys)
+
+
+def test_a_row_with_a_newline_cut_short_by_a_kill_is_dropped_and_labelled_again(shared_run, odd_names, tmp_path):
+    run, _ = shared_run
+    out = tmp_path / "labels.csv"
+    assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 0
+    whole = out.read_bytes()
+    cut = whole.index(b'"' + os.fsencode(odd_names / "new\nline.jpg")[:-4])  # the row of the name with a newline, cut
+    rest = [line for line in whole[:cut].split(b"\n") if line]
+    out.write_bytes(b"\n".join(rest) + b"\n" + whole[cut: cut + len(str(odd_names)) + 6])  # ... up to just after its newline
+    assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 0
+    with out.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(Path(r["path"]).name for r in rows) == sorted(p.name for p in odd_names.iterdir())  # each once

@@ -86,11 +86,11 @@ def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
     return True
 
 
-def complete_size(path: Path, block: int = 1 << 16) -> int:
-    """The bytes of a file up to its last newline, found from its end a block at a time: a row cut
-    short by a kill is not a row, and only the tail is read to find it."""
+def complete_size(path: Path, block: int = 1 << 16, before: int | None = None) -> int:
+    """The bytes of a file up to its last newline (before `before`), found from its end a block at a
+    time: a row cut short by a kill is not a row, and only the tail is read to find it."""
     with open(path, "rb") as f:
-        end = f.seek(0, os.SEEK_END)
+        end = f.seek(0, os.SEEK_END) if before is None else before
         while end > 0:
             start = max(0, end - block)
             f.seek(start)
@@ -101,19 +101,37 @@ def complete_size(path: Path, block: int = 1 << 16) -> int:
     return 0
 
 
-def read_rows(path: Path) -> tuple[set[str], set[str]]:
-    """The paths of the complete rows of a predictions file (CSV or JSONL), and of those among them
-    with an error; read a row at a time (a file's rows, never the file, in memory at once)."""
+class _Unfinished(Exception):
+    """A CSV file ending inside a quoted field: a row (holding a newline) cut short by a kill."""
+
+
+def complete_rows_size(path: Path) -> int:
+    """The bytes of a predictions file up to the end of its last complete row: its last newline, or
+    for a CSV file the newline before a row with a newline in its name that a kill cut short."""
+    size = complete_size(path)
+    while size > 0:
+        try:
+            read_rows(path, size)
+            return size
+        except _Unfinished:
+            size = complete_size(path, before=size - 1)
+    return size
+
+
+def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
+    """The paths of the complete rows of a predictions file (CSV or JSONL; its first `size` bytes,
+    default: up to its last newline), and of those among them with an error; read a row at a time
+    (a file's rows, never the file, in memory at once)."""
     done: set[str] = set()
     failed: set[str] = set()
     if not path.exists():
         return done, failed
-    size = complete_size(path)
+    size = complete_size(path) if size is None else size
     with open(path, "rb") as raw:
         text = io.TextIOWrapper(io.BufferedReader(_Bounded(raw, size)), encoding="utf-8", newline="")
         try:
             if path.suffix.lower() == ".csv":
-                rows = csv.reader(text)
+                rows = csv.reader(text, strict=True)
                 header = next(rows, None)
                 if header is not None and tuple(header) != COLUMNS:
                     raise RunError(f"{path} is not a foodvit predictions file (its header is not {','.join(COLUMNS)}); "
@@ -130,7 +148,11 @@ def read_rows(path: Path) -> tuple[set[str], set[str]]:
                         done.add(row["path"])
                         if row.get("error"):
                             failed.add(row["path"])
-        except (ValueError, KeyError, TypeError, csv.Error) as err:
+        except csv.Error as err:
+            if "unexpected end of data" in str(err):
+                raise _Unfinished from None
+            raise RunError(f"{path} is not a foodvit predictions file (CSV: {err}); choose another --out, or delete it") from None
+        except (ValueError, KeyError, TypeError) as err:
             raise RunError(f"{path} is not a foodvit predictions file ({type(err).__name__}: {str(err)[:100]}); "
                            "choose another --out, or delete it") from None
     return done, failed
@@ -138,7 +160,7 @@ def read_rows(path: Path) -> tuple[set[str], set[str]]:
 
 def read_done(path: Path) -> set[str]:
     """The paths of the complete rows of a predictions file (CSV or JSONL); set() if there is none."""
-    return read_rows(path)[0]
+    return read_rows(path, complete_rows_size(path))[0] if path.exists() else set()
 
 
 class _Bounded(io.RawIOBase):
@@ -165,12 +187,12 @@ class Predictions:
     def __init__(self, out: Path, identity: dict, top_k: int) -> None:
         self.path, self.csv = Path(out), Path(out).suffix.lower() == ".csv"
         if check_written_by(self.path, identity, top_k):
-            keep = complete_size(self.path)
+            keep = complete_rows_size(self.path)
             if keep < self.path.stat().st_size:
                 os.truncate(self.path, keep)
         else:
             write_text(meta_path(self.path), json.dumps({**identity, "top_k": top_k}, indent=1) + "\n")
-        self.done, self.failed = read_rows(self.path)  # failed: rows with an error, written by an earlier run
+        self.done, self.failed = read_rows(self.path, self.path.stat().st_size if self.path.exists() else None)  # failed: rows with an error, written by an earlier run
         self.file = open(self.path, "ab")
         if self.file.tell() == 0 and self.csv:
             self._write(self._encode([dict(zip(COLUMNS, COLUMNS))]))
