@@ -54,8 +54,10 @@ def writable(path: str, suffixes: tuple[str, ...] = ()) -> Path:
     if suffixes and out.suffix.lower() not in suffixes:
         raise RunError(f"{out} does not end in {' or '.join(suffixes)}, the format written; give a name such as "
                        f"{out.with_suffix(suffixes[0]).name}")
-    check_out_folder(str(out.parent))
     folder = out.parent if str(out.parent) else Path(".")
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise RunError(f"cannot write {out}: {blocker} is a file, not a folder; choose another path")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -96,14 +98,3 @@ def check_recipe(recipe: str | None) -> None:
         raise ConfigError(f"the recipe file {recipe} {what}; give an existing .toml file, or a built-in recipe's name "
                           "(foodvit recipes lists them)")
 
-
-def check_out_folder(out: str | None) -> None:
-    """A folder to write (a run, a study): refused in one line when a file stands at it or above it."""
-    from foodvit.errors import RunError
-
-    if not out:
-        return
-    path = Path(out)
-    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise RunError(f"{blocker} is a file; --out {out} must be a new or empty folder: choose another --out")

@@ -37,9 +37,12 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="foodvit", description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos.")
-    parser.add_argument("--version", action="version", version=f"foodvit {version()}", help="print foodvit's version and exit")
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of every error, and the library's debug messages")
+    parser = argparse.ArgumentParser(prog="foodvit",
+                                     description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos.")
+    parser.add_argument("--version", action="version", version=f"foodvit {version()}",
+                        help="print foodvit's version and exit")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of every error, and the library's debug messages")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)

@@ -52,7 +52,8 @@ def register(sub) -> None:
                                                    "image size, drloc, init, drop_path, epochs around the recipe's values)")
     p.add_argument("--folds", type=count(Range(2)), default=3, help="folds per trial (default 3)")
     p.add_argument("--storage", metavar="URL", help="an Optuna RDB URL instead of STUDY/study.db, e.g. "
-                                                    "postgresql://user@host/db or mysql://user@host/db (many machines, one study)")
+                                                    "postgresql://user@host/db (its driver comes with the tune extra) or mysql+pymysql://user@host/db "
+                                                    "(many machines, one study)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-trial lines")
     recipe_options(p, "the starting recipe (its values are the first trial; default: default)")
     p.set_defaults(func=cmd_tune)

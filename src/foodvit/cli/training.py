@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from foodvit.cli.common import (
-    check_out_folder,
     check_recipe,
     VERBOSE,
     number,
@@ -66,7 +65,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                         timeout_s=args.dist_timeout)
     else:
         check_recipe(args.recipe)
-        check_out_folder(args.out)
         config = build_config(args.recipe or "default", args, model=args.model)
         args.run_dir = args.out or str(default_out())
         say(f"run directory: {args.run_dir}")

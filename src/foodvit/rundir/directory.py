@@ -129,6 +129,9 @@ class NewRunDirectory:
         out = self.out
         if out.exists() and not out.is_dir():
             raise RunError(f"--out {out} is a file; a run directory is a folder: choose another --out")
+        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise RunError(f"{blocker} is a file; a run directory is a folder (--out {out}): choose another --out")
         self.created = not out.exists()
         self.lock_was_there = self.lock.path.exists()
         try:

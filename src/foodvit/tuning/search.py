@@ -343,7 +343,8 @@ def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, b
                                     load_if_exists=True)
         if not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
             start = base_values(base)
-            study.enqueue_trial({key: start[key] for key in space}, user_attrs={"baseline": True})
+            # skip_if_exists: machines sharing a server, each with its own folder (and lock), enqueue it once
+            study.enqueue_trial({key: start[key] for key in space}, user_attrs={"baseline": True}, skip_if_exists=True)
         check_trial_folders(study, study_dir, base, split, folds)
         _requeue_interrupted(study)
     objective = Objective(study_dir, base, space, split, folds, budget_s=budget_s, started=started, log=log)
