@@ -39,8 +39,10 @@ def need(extra: str, *modules: str) -> None:
 
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise FoodVitError(f"this command needs {', '.join(missing)}, which come with the {extra} extra: "
-                           f"pip install 'foodvit[{extra}]'")
+        raise FoodVitError(
+            f"this command needs {', '.join(missing)}, which come with the {extra} extra: "
+            f"pip install 'foodvit[{extra}]'"
+        )
 
 
 def writable(path: str, suffixes: tuple[str, ...] = ()) -> Path:
@@ -52,8 +54,10 @@ def writable(path: str, suffixes: tuple[str, ...] = ()) -> Path:
     if out.is_dir():
         raise RunError(f"{out} is a folder; give a file name, e.g. {out / 'picture.png'}")
     if suffixes and out.suffix.lower() not in suffixes:
-        raise RunError(f"{out} does not end in {' or '.join(suffixes)}, the format written; give a name such as "
-                       f"{out.with_suffix(suffixes[0]).name}")
+        raise RunError(
+            f"{out} does not end in {' or '.join(suffixes)}, the format written; give a name such as "
+            f"{out.with_suffix(suffixes[0]).name}"
+        )
     folder = out.parent if str(out.parent) else Path(".")
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
@@ -61,7 +65,9 @@ def writable(path: str, suffixes: tuple[str, ...] = ()) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise RunError(f"cannot create the folder {folder} for {out} ({err.strerror or err}); choose another path") from None
+        raise RunError(
+            f"cannot create the folder {folder} for {out} ({err.strerror or err}); choose another path"
+        ) from None
     if not os.access(folder, os.W_OK):
         raise RunError(f"cannot write to {folder} (read-only or not yours); choose another path for {out.name}")
     return out
@@ -84,8 +90,10 @@ def evaluation_source(run: str, data: str | None, predictor):
     for source in predictor.data_sources():
         if source.root_at_hand() is not None:
             return source
-    raise DataError(f"the photos {Path(run).name} was trained on are not at hand here; name them with --data PATH "
-                    "(a folder with test/<class>/, or a folder of class folders)")
+    raise DataError(
+        f"the photos {Path(run).name} was trained on are not at hand here; name them with --data PATH "
+        "(a folder with test/<class>/, or a folder of class folders)"
+    )
 
 
 def check_recipe(recipe: str | None) -> None:
@@ -95,6 +103,7 @@ def check_recipe(recipe: str | None) -> None:
 
     if recipe and (recipe.endswith(".toml") or os.sep in recipe) and not Path(recipe).is_file():
         what = "is a folder" if Path(recipe).is_dir() else "does not exist"
-        raise ConfigError(f"the recipe file {recipe} {what}; give an existing .toml file, or a built-in recipe's name "
-                          "(foodvit recipes lists them)")
-
+        raise ConfigError(
+            f"the recipe file {recipe} {what}; give an existing .toml file, or a built-in recipe's name "
+            "(foodvit recipes lists them)"
+        )

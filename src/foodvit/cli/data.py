@@ -28,15 +28,23 @@ def cmd_data(args: argparse.Namespace) -> int:
     root = source.root()
     splits = [split for split in ("train", "test") if is_food101(root) or (root / split).is_dir()]
     # a folder without train/ and test/ is read as its class folders, as evaluate reads it: no photos there is refused
-    shown = [(split, check(source.listing(split, root), quiet=False)) for split in splits] or \
-        [("photos", check(source.listing("test", root), quiet=False))]
+    shown = [(split, check(source.listing(split, root), quiet=False)) for split in splits] or [
+        ("photos", check(source.listing("test", root), quiet=False))
+    ]
     if args.print_path:
         print(root)
         return 0
-    print(f"data: {root}" + (" (Food-101 layout)" if is_food101(root) else "") + (f", classes {', '.join(source.classes)}" if source.classes else ""))
+    print(
+        f"data: {root}"
+        + (" (Food-101 layout)" if is_food101(root) else "")
+        + (f", classes {', '.join(source.classes)}" if source.classes else "")
+    )
     for split, s in shown:
-        print(f"  {split}: {len(s)} photos, {len(s.classes)} classes; " + ", ".join(f"{k} {v}" for k, v in list(s.counts().items())[:12])
-              + (" ..." if len(s.classes) > 12 else ""))
+        print(
+            f"  {split}: {len(s)} photos, {len(s.classes)} classes; "
+            + ", ".join(f"{k} {v}" for k, v in list(s.counts().items())[:12])
+            + (" ..." if len(s.classes) > 12 else "")
+        )
         for line in s.skipped_summary(args.verbose):
             print(f"  {line}")
     return 0

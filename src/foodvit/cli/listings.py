@@ -38,8 +38,11 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     for name in list_models():
         v = get_variant(name)
-        print(f"{name:<10} layers {v.size.depth:>2}  D {v.size.embed_dim:>4}  MLP {v.size.mlp_dim:>4}  heads {v.size.num_heads:>2}  "
-              f"params {v.num_params:>13,}  ({v.size.source})")
+        print(
+            f"{name:<10} layers {v.size.depth:>2}  D {v.size.embed_dim:>4}  MLP {v.size.mlp_dim:>4}  heads "
+            f"{v.size.num_heads:>2}  "
+            f"params {v.num_params:>13,}  ({v.size.source})"
+        )
     return 0
 
 

@@ -37,12 +37,15 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="foodvit",
-                                     description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos.")
-    parser.add_argument("--version", action="version", version=f"foodvit {version()}",
-                        help="print foodvit's version and exit")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the full traceback of every error, and the library's debug messages")
+    parser = argparse.ArgumentParser(
+        prog="foodvit", description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos."
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"foodvit {version()}", help="print foodvit's version and exit"
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the full traceback of every error, and the library's debug messages"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)
@@ -96,15 +99,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             where = getattr(args, "run_dir", None)
             if where and (Path(where) / "checkpoint.pt").exists():
-                print(f"\ninterrupted: every finished epoch (and stage) is saved in {where}; continue with `foodvit train --resume {where}`",
-                      file=sys.stderr)
+                print(
+                    f"\ninterrupted: every finished epoch (and stage) is saved in {where}; continue with `foodvit "
+                    f"train --resume {where}`",
+                    file=sys.stderr,
+                )
             else:
                 print("\ninterrupted before the first epoch finished: nothing was saved", file=sys.stderr)
         elif args.command == "predict" and getattr(args, "out", None):
-            print(f"\ninterrupted: every finished batch is kept in {args.out}; run the same command again to label the rest",
-                  file=sys.stderr)
+            print(
+                f"\ninterrupted: every finished batch is kept in {args.out}; run the same command again to label the "
+                "rest",
+                file=sys.stderr,
+            )
         elif args.command in ("cv", "tune") and getattr(args, "out", None):
-            print(f"\ninterrupted: finished folds are kept in {args.out}; run the same command again to go on", file=sys.stderr)
+            print(
+                f"\ninterrupted: finished folds are kept in {args.out}; run the same command again to go on",
+                file=sys.stderr,
+            )
         else:
             print("\ninterrupted", file=sys.stderr)
         return 130

@@ -16,11 +16,15 @@ from foodvit.cli.common import (
 
 def register(sub) -> None:
     """Add patches, explain, inspect to the subcommands."""
-    p = sub.add_parser("patches", help="a photo cut into the model's patch grid (and the patch embedding's feature maps)")
+    p = sub.add_parser(
+        "patches", help="a photo cut into the model's patch grid (and the patch embedding's feature maps)"
+    )
     p.add_argument("image", help="a photo file")
     p.add_argument("--image-size", type=count(), help="default 224, or the run's with --feature-maps")
     p.add_argument("--patch-size", type=count(), help="default 16, or the run's with --feature-maps")
-    p.add_argument("--feature-maps", metavar="RUN", help="add the patch embedding's output channels of this run's model")
+    p.add_argument(
+        "--feature-maps", metavar="RUN", help="add the patch embedding's output channels of this run's model"
+    )
     p.add_argument("--channels", type=count(), default=5, help="how many feature maps (default 5)")
     p.add_argument("--out", required=True, metavar="FILE", help="PNG to write")
     p.set_defaults(func=cmd_patches)
@@ -29,15 +33,21 @@ def register(sub) -> None:
     p.add_argument("run", help="a run directory (or its model.safetensors)")
     p.add_argument("image", help="a photo file")
     p.add_argument("--top-k", type=count(), default=3, help="how many classes to show (default 3)")
-    p.add_argument("--heads", action="store_true", help="also each head's last-layer attention, read out as the model pools")
+    p.add_argument(
+        "--heads", action="store_true", help="also each head's last-layer attention, read out as the model pools"
+    )
     p.add_argument("--out", required=True, metavar="FILE", help="PNG to write")
     p.set_defaults(func=cmd_explain)
 
-    p = sub.add_parser("inspect", help="the paper's Figure 7 for a run: filters, position similarity, attention distance")
+    p = sub.add_parser(
+        "inspect", help="the paper's Figure 7 for a run: filters, position similarity, attention distance"
+    )
     p.add_argument("run", help="a run directory (or its model.safetensors)")
     p.add_argument("--data", help="photos for the attention distances (default: the run's data)")
     p.add_argument("--split", default="test", help="the split to take photos from (default test)")
-    p.add_argument("--images", type=count(), default=32, help="how many photos to average the attention distance over (default 32)")
+    p.add_argument(
+        "--images", type=count(), default=32, help="how many photos to average the attention distance over (default 32)"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the pictures into")
     p.set_defaults(func=cmd_inspect)
 
@@ -105,17 +115,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if model.config.stem == "patch":
         written.append(save_figure(filters_figure(model), out / "filters.png"))
     else:
-        print("filters.png: skipped, the model's convolutional stem has no single set of P x P filters", file=sys.stderr)
+        print(
+            "filters.png: skipped, the model's convolutional stem has no single set of P x P filters", file=sys.stderr
+        )
     if model.config.pos_embed == "learned":
         written.append(save_figure(pos_similarity_figure(model), out / "pos_similarity.png"))
     else:
-        print(f"pos_similarity.png: skipped, the model's position embedding is {model.config.pos_embed!r}, not learned, "
-              "so there is nothing learned to compare", file=sys.stderr)
+        print(
+            f"pos_similarity.png: skipped, the model's position embedding is {model.config.pos_embed!r}, not learned, "
+            "so there is nothing learned to compare",
+            file=sys.stderr,
+        )
     split = evaluation_source(args.run, args.data, predictor).open_split(args.split)
     photos = split.samples[:: max(1, len(split.samples) // args.images)][: args.images]  # spread over the classes
     images = torch.stack([torch.from_numpy(predictor.prepare(load_or_explain(path), str(path))) for path, _ in photos])
     distances = attention_distances_over(model, images)
-    written.append(save_figure(attention_distance_figure(distances, model.config.image_size), out / "attention_distance.png"))
+    written.append(
+        save_figure(attention_distance_figure(distances, model.config.image_size), out / "attention_distance.png")
+    )
     for path in written:
         print(path)
     return 0

@@ -20,7 +20,6 @@ COLUMNS = ("path", "label", "probability", "top_k", "error")
 FORMATS = (".csv", ".jsonl")
 
 
-
 def model_identity(where: str | os.PathLike, classes) -> dict:
     """What makes two runs of `predict` the same model: its classes and the SHA-256 of its weights
     file (a run directory's model.safetensors, or the .onnx / .safetensors file itself)."""
@@ -46,18 +45,24 @@ def check_out(out: str | os.PathLike) -> Path:
             except OSError:  # a link to nowhere
                 regular = False
             if not regular:
-                raise RunError(f"{path} is not a regular file (a device, a pipe, or a link to one or to nowhere); "
-                               "predictions are written to a regular file or a new path: choose another --out")
+                raise RunError(
+                    f"{path} is not a regular file (a device, a pipe, or a link to one or to nowhere); "
+                    "predictions are written to a regular file or a new path: choose another --out"
+                )
     if out.suffix.lower() not in FORMATS:
-        raise RunError(f"--out {out}: predictions are written as .csv or .jsonl (chosen by the suffix); "
-                       f"use e.g. --out {out.with_suffix('.csv')}")
+        raise RunError(
+            f"--out {out}: predictions are written as .csv or .jsonl (chosen by the suffix); "
+            f"use e.g. --out {out.with_suffix('.csv')}"
+        )
     folder = out.parent
     if folder.exists() and not folder.is_dir():
         raise RunError(f"cannot write {out.name} into {folder}: it is a file, not a folder; choose another --out")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise RunError(f"cannot create the folder {folder} for {out.name} ({err.strerror or err}); choose another --out") from None
+        raise RunError(
+            f"cannot create the folder {folder} for {out.name} ({err.strerror or err}); choose another --out"
+        ) from None
     if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise RunError(f"cannot write {out} (read-only or not yours); choose another --out")
     return out
@@ -76,13 +81,21 @@ def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
     try:
         stored = json.loads(meta_file.read_text())
     except (OSError, ValueError):
-        raise RunError(f"{path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "
-                       "choose another --out, or delete it") from None
+        raise RunError(
+            f"{path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "
+            "choose another --out, or delete it"
+        ) from None
     if [stored.get("classes"), stored.get("sha256")] != [identity["classes"], identity["sha256"]]:
-        raise RunError(f"{path} holds predictions of another model ({stored.get('model')}, weights sha256 "
-                       f"{str(stored.get('sha256'))[:12]}...); choose another --out for {identity['model']}, or delete it to start over")
+        raise RunError(
+            f"{path} holds predictions of another model ({stored.get('model')}, weights sha256 "
+            f"{str(stored.get('sha256'))[:12]}...); choose another --out for {identity['model']}, or delete it to "
+            "start over"
+        )
     if stored.get("top_k") != top_k:
-        raise RunError(f"{path} was written with --top-k {stored.get('top_k')}; use the same --top-k to continue it, or another --out")
+        raise RunError(
+            f"{path} was written with --top-k {stored.get('top_k')}; use the same --top-k to continue it, or another "
+            "--out"
+        )
     return True
 
 
@@ -134,8 +147,10 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
                 rows = csv.reader(text, strict=True)
                 header = next(rows, None)
                 if header is not None and tuple(header) != COLUMNS:
-                    raise RunError(f"{path} is not a foodvit predictions file (its header is not {','.join(COLUMNS)}); "
-                                   "choose another --out")
+                    raise RunError(
+                        f"{path} is not a foodvit predictions file (its header is not {','.join(COLUMNS)}); "
+                        "choose another --out"
+                    )
                 for row in rows:
                     if row:
                         done.add(row[0])
@@ -151,10 +166,14 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
         except csv.Error as err:
             if "unexpected end of data" in str(err):
                 raise _Unfinished from None
-            raise RunError(f"{path} is not a foodvit predictions file (CSV: {err}); choose another --out, or delete it") from None
+            raise RunError(
+                f"{path} is not a foodvit predictions file (CSV: {err}); choose another --out, or delete it"
+            ) from None
         except (ValueError, KeyError, TypeError) as err:
-            raise RunError(f"{path} is not a foodvit predictions file ({type(err).__name__}: {str(err)[:100]}); "
-                           "choose another --out, or delete it") from None
+            raise RunError(
+                f"{path} is not a foodvit predictions file ({type(err).__name__}: {str(err)[:100]}); "
+                "choose another --out, or delete it"
+            ) from None
     return done, failed
 
 
@@ -192,10 +211,12 @@ class Predictions:
                 os.truncate(self.path, keep)
         else:
             write_text(meta_path(self.path), json.dumps({**identity, "top_k": top_k}, indent=1) + "\n")
-        self.done, self.failed = read_rows(self.path, self.path.stat().st_size if self.path.exists() else None)  # failed: rows with an error, written by an earlier run
+        self.done, self.failed = read_rows(
+            self.path, self.path.stat().st_size if self.path.exists() else None
+        )  # failed: rows with an error, written by an earlier run
         self.file = open(self.path, "ab")
         if self.file.tell() == 0 and self.csv:
-            self._write(self._encode([dict(zip(COLUMNS, COLUMNS))]))
+            self._write(self._encode([dict(zip(COLUMNS, COLUMNS, strict=False))]))
 
     def _encode(self, rows: list[dict]) -> bytes:
         if not self.csv:
@@ -203,11 +224,19 @@ class Predictions:
         text = io.StringIO(newline="")
         # QUOTE_MINIMAL quotes a field with "\n" (the line terminator) but not one with a lone "\r", which a
         # reader splits a row at: a row holding one is quoted whole
-        writer, quoted = csv.writer(text, lineterminator="\n"), csv.writer(text, lineterminator="\n", quoting=csv.QUOTE_ALL)
+        writer, quoted = (
+            csv.writer(text, lineterminator="\n"),
+            csv.writer(text, lineterminator="\n", quoting=csv.QUOTE_ALL),
+        )
         for row in rows:
             top = row.get("top_k")
-            fields = [row["path"], row.get("label", ""), row.get("probability", ""),
-                      json.dumps(top) if isinstance(top, list) else (top or ""), row.get("error", "")]
+            fields = [
+                row["path"],
+                row.get("label", ""),
+                row.get("probability", ""),
+                json.dumps(top) if isinstance(top, list) else (top or ""),
+                row.get("error", ""),
+            ]
             (quoted if any("\r" in str(f) for f in fields) else writer).writerow(fields)
         return text.getvalue().encode("utf-8")
 

@@ -98,8 +98,18 @@ class Objective:
     running mean accuracy reported after each fold (Optuna prunes there), the budget checked
     between folds."""
 
-    def __init__(self, study_dir: Path, base: RunConfig, space: dict[str, Param], split, folds: int, *,
-                 budget_s: float | None, started: float, log) -> None:
+    def __init__(
+        self,
+        study_dir: Path,
+        base: RunConfig,
+        space: dict[str, Param],
+        split,
+        folds: int,
+        *,
+        budget_s: float | None,
+        started: float,
+        log,
+    ) -> None:
         self.study_dir, self.base, self.space, self.split, self.folds = study_dir, base, space, split, folds
         self.budget_s, self.deadline = budget_s, (started + budget_s) if budget_s else None
         self.log = log
@@ -145,25 +155,39 @@ class Objective:
             trial.set_user_attr("fold_accuracy", [r["accuracy"] for r in results])
             seconds = [r["seconds"] for r in results]
             trial.set_user_attr("fold_seconds", seconds)
-            trial.set_user_attr("fold_seconds_here", [r["seconds"] for r in results if f"{r['run']}.json" not in finished])
+            trial.set_user_attr(
+                "fold_seconds_here", [r["seconds"] for r in results if f"{r['run']}.json" not in finished]
+            )
             if step + 1 >= self.folds:
                 return
             if trial.should_prune():
-                raise optuna.TrialPruned(f"running mean {running:.3f} after {step + 1} of {self.folds} folds is below the pruner's mark")
+                raise optuna.TrialPruned(
+                    f"running mean {running:.3f} after {step + 1} of {self.folds} folds is below the pruner's mark"
+                )
             if self.deadline and time.time() + sum(seconds) / len(seconds) > self.deadline:
-                # cut short by the budget, not judged: the next `foodvit tune` runs the trial again, its finished folds kept
+                # cut short by the budget, not judged: the next `foodvit tune` runs the trial again, its folds kept
                 trial.set_user_attr("stopped", "budget")
                 trial.study.stop()
                 if step == 0 and seconds[0] > self.budget_s:
-                    self.short = (f"--budget {_seconds(self.budget_s)} is less than one fold takes here ({seconds[0]:.0f} s, fold "
-                                  f"{results[0]['fold']} of trial {trial.number}); a trial of {self.folds} folds needs about "
-                                  f"{_seconds(self.folds * seconds[0])}: the next `foodvit tune` goes on with trial "
-                                  f"{trial.number}'s other folds (a larger --budget, or fewer --folds, runs it whole)")
+                    self.short = (
+                        f"--budget {_seconds(self.budget_s)} is less than one fold takes here ({seconds[0]:.0f} s, "
+                        "fold "
+                        f"{results[0]['fold']} of trial {trial.number}); a trial of {self.folds} folds needs about "
+                        f"{_seconds(self.folds * seconds[0])}: the next `foodvit tune` goes on with trial "
+                        f"{trial.number}'s other folds (a larger --budget, or fewer --folds, runs it whole)"
+                    )
                 raise optuna.TrialPruned(f"the budget ends before a fold more would ({step + 1} of {self.folds} done)")
 
         try:
-            result, fold_results = cv.run_cv(config, folder, self.study_dir / "folds", self.split, folds=self.folds,
-                                             seeds=[self.base.train.seed], after_fold=after_fold)
+            result, fold_results = cv.run_cv(
+                config,
+                folder,
+                self.study_dir / "folds",
+                self.split,
+                folds=self.folds,
+                seeds=[self.base.train.seed],
+                after_fold=after_fold,
+            )
         except optuna.TrialPruned:
             raise
         except KeyboardInterrupt:
@@ -180,7 +204,9 @@ class Objective:
         after FAILURES_IN_A_ROW failures in a row."""
         from optuna.trial import TrialState
 
-        state = trial.state.name.lower() + (" (the budget ended)" if trial.user_attrs.get("stopped") == "budget" else "")
+        state = trial.state.name.lower() + (
+            " (the budget ended)" if trial.user_attrs.get("stopped") == "budget" else ""
+        )
         value = f" {trial.value:.3f}" if trial.value is not None else ""
         why = f": {trial.user_attrs['error']}" if trial.state == TrialState.FAIL and "error" in trial.user_attrs else ""
         folds = len(trial.user_attrs.get("fold_accuracy", []))
@@ -205,12 +231,19 @@ def _storage(study_dir: Path, url: str | None):
     given = url
     # the folder's path quoted: a "?" or "#" in it is part of the name, not the URL's query or fragment
     url = url or f"sqlite:///{quote(str((study_dir / 'study.db').resolve()))}"
-    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # SQLite: wait for the other process's write
+    engine = (
+        {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    )  # SQLite: wait for the other process's write
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna marks the heartbeat experimental
-            return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=30, grace_period=90,
-                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+            return RDBStorage(
+                url,
+                engine_kwargs=engine,
+                heartbeat_interval=30,
+                grace_period=90,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+            )
     except Exception as err:
         raise StudyError(storage_problem(given, url, err)) from None
 
@@ -221,15 +254,27 @@ def storage_problem(given: str | None, url: str, err: Exception) -> str:
     import sqlalchemy.exc
 
     where = f"--storage {_hide_password(url)}" if given else unquote(url.removeprefix("sqlite:///"))
-    first = str(getattr(err, "orig", None) or err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    first = (
+        str(getattr(err, "orig", None) or err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    )
     if isinstance(err, ImportError):
-        missing = getattr(err.__cause__, "name", None) or err.name or "its driver"  # Optuna wraps SQLAlchemy's ImportError
-        return f"{where} needs the database driver {missing}, which is not installed: pip install 'foodvit[tune]' for " \
-               f"PostgreSQL (psycopg), or the driver the URL names (e.g. mysql+pymysql:// needs PyMySQL)"
+        missing = (
+            getattr(err.__cause__, "name", None) or err.name or "its driver"
+        )  # Optuna wraps SQLAlchemy's ImportError
+        return (
+            f"{where} needs the database driver {missing}, which is not installed: pip install 'foodvit[tune]' for "
+            f"PostgreSQL (psycopg), or the driver the URL names (e.g. mysql+pymysql:// needs PyMySQL)"
+        )
     if isinstance(err, sqlalchemy.exc.ArgumentError | sqlalchemy.exc.NoSuchModuleError) or isinstance(err, ValueError):
-        return f"{where} is not a database URL: give postgresql://user@host/db, mysql://user@host/db or sqlite:///path ({first})"
+        return (
+            f"{where} is not a database URL: give postgresql://user@host/db, mysql://user@host/db or "
+            f"sqlite:///path ({first})"
+        )
     if isinstance(err, sqlalchemy.exc.OperationalError) and given and not url.startswith("sqlite"):
-        return f"cannot reach the database of {where} ({first}): start its server, or check the host, port, user and database"
+        return (
+            f"cannot reach the database of {where} ({first}): start its server, or check the host, port, user "
+            "and database"
+        )
     if isinstance(err, sqlalchemy.exc.DatabaseError | sqlalchemy.exc.OperationalError):
         return f"{where} is not a study database foodvit can use ({first}): restore it, or choose a new --out"
     raise err
@@ -241,8 +286,13 @@ def _hide_password(url: str) -> str:
 
 def trial_identity(config: RunConfig, split, folds: int) -> dict:
     """What a trial's folder holds: folds of these photos, trained with these settings (trial.json)."""
-    return {"kind": "trial", "data": cv.fingerprint(split), "folds": folds, "seed": config.train.seed,
-            "settings": study_settings(config.to_dict())}
+    return {
+        "kind": "trial",
+        "data": cv.fingerprint(split),
+        "folds": folds,
+        "seed": config.train.seed,
+        "settings": study_settings(config.to_dict()),
+    }
 
 
 def check_database(study_dir: Path, storage: str | None) -> None:
@@ -259,8 +309,11 @@ def check_database(study_dir: Path, storage: str | None) -> None:
     advice = f"restore {db} from where it was copied, or choose a new --out for a new study"
     if not db.exists():
         if held:
-            raise StudyError(f"{db} is gone, and without it the trial folders ({', '.join(held[:3])}{' ...' if len(held) > 3 else ''}) "
-                             f"cannot be matched to their trials' settings; {advice}")
+            raise StudyError(
+                f"{db} is gone, and without it the trial folders "
+                f"({', '.join(held[:3])}{' ...' if len(held) > 3 else ''}) "
+                f"cannot be matched to their trials' settings; {advice}"
+            )
         return
     if not db.is_file():
         raise StudyError(f"{db} is not a file; {advice}")
@@ -290,8 +343,10 @@ def check_trial_folders(study, study_dir: Path, base: RunConfig, split, folds: i
             running = any(t.user_attrs.get("dir") == folder.name for t in study.get_trials(deepcopy=False))
             if running or folder.is_dir() and read_identity(folder / TRIAL_FILE) is None and not any(folder.iterdir()):
                 continue
-            raise StudyError(f"{folder} is no trial of the study's database: the database is not this folder's own; "
-                             "restore the study's own database, or choose a new --out")
+            raise StudyError(
+                f"{folder} is no trial of the study's database: the database is not this folder's own; "
+                "restore the study's own database, or choose a new --out"
+            )
         try:
             config = trial_config(owner.params, base)
         except ConfigError:
@@ -306,15 +361,29 @@ def _requeue_interrupted(study) -> None:
 
     retried = {t.user_attrs.get("retries") for t in study.trials}
     for t in study.trials:
-        cut = (t.state == TrialState.FAIL and t.user_attrs.get("interrupted")) or \
-            (t.state == TrialState.PRUNED and t.user_attrs.get("stopped") == "budget")
+        cut = (t.state == TrialState.FAIL and t.user_attrs.get("interrupted")) or (
+            t.state == TrialState.PRUNED and t.user_attrs.get("stopped") == "budget"
+        )
         if cut and t.number not in retried:
-            study.enqueue_trial(t.params, user_attrs={"retries": t.number, **({"baseline": True} if t.user_attrs.get("baseline") else {})})
+            study.enqueue_trial(
+                t.params,
+                user_attrs={"retries": t.number, **({"baseline": True} if t.user_attrs.get("baseline") else {})},
+            )
 
 
-def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, budget_s: float | None = None,
-         space_file: str | Path | None = None, space: dict[str, Param] | None = None, folds: int = 3, storage: str | None = None,
-         pruner=None, log=None) -> str:
+def tune(
+    study_dir: str | Path,
+    base: RunConfig,
+    *,
+    trials: int | None = None,
+    budget_s: float | None = None,
+    space_file: str | Path | None = None,
+    space: dict[str, Param] | None = None,
+    folds: int = 3,
+    storage: str | None = None,
+    pruner=None,
+    log=None,
+) -> str:
     """Search settings around `base` (the starting recipe with its options) by k-fold CV over the
     training photos; `trials` trials in this call (default: until the budget, else 20). Writes the
     report and returns its summary lines."""
@@ -328,8 +397,18 @@ def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, b
     cv.check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
-    open_study(study_dir, {"kind": "tune", "data": cv.fingerprint(split), "classes": list(split.classes), "folds": folds,
-                           "seed": base.train.seed, "space": space_table(space), "settings": study_settings(base.to_dict())})
+    open_study(
+        study_dir,
+        {
+            "kind": "tune",
+            "data": cv.fingerprint(split),
+            "classes": list(split.classes),
+            "folds": folds,
+            "seed": base.train.seed,
+            "space": space_table(space),
+            "settings": study_settings(base.to_dict()),
+        },
+    )
     from filelock import FileLock
 
     # one process at a time opens the study: Optuna's first creation of its tables is not safe
@@ -337,10 +416,14 @@ def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, b
     with FileLock(study_dir / ".open.lock", timeout=300):
         check_database(study_dir, storage)
         # TPE unseeded: processes sharing a study would otherwise propose the same settings
-        study = optuna.create_study(storage=_storage(study_dir, storage), study_name=STUDY_NAME, direction="maximize",
-                                    sampler=optuna.samplers.TPESampler(),
-                                    pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
-                                    load_if_exists=True)
+        study = optuna.create_study(
+            storage=_storage(study_dir, storage),
+            study_name=STUDY_NAME,
+            direction="maximize",
+            sampler=optuna.samplers.TPESampler(),
+            pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+            load_if_exists=True,
+        )
         if not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
             start = base_values(base)
             # skip_if_exists: machines sharing a server, each with its own folder (and lock), enqueue it once
@@ -349,10 +432,15 @@ def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, b
         _requeue_interrupted(study)
     objective = Objective(study_dir, base, space, split, folds, budget_s=budget_s, started=started, log=log)
     with warnings.catch_warnings():
-        # a starting value outside a user's range is tried as it is (the first trial): Optuna's warning says so needlessly
+        # a starting value outside a user's range is tried as it is (the first trial): Optuna's warning is needless
         warnings.filterwarnings("ignore", message=".*out of the range.*|.*is out of range.*")
-        study.optimize(objective, n_trials=trials if trials else (None if budget_s else 20), timeout=budget_s,
-                       catch=(TrialCrashed,), callbacks=[objective.after_trial])
+        study.optimize(
+            objective,
+            n_trials=trials if trials else (None if budget_s else 20),
+            timeout=budget_s,
+            catch=(TrialCrashed,),
+            callbacks=[objective.after_trial],
+        )
     if objective.failures >= FAILURES_IN_A_ROW:
         last = study.trials[-1].user_attrs.get("error", "see tune.md")
         write_report(study, study_dir, base, space, folds)
@@ -399,7 +487,10 @@ def _plots(study, study_dir: Path, space: dict[str, Param], completed: int) -> l
 
     from foodvit.viz.plotting import save_figure
 
-    wanted = [("history.png", lambda: ov.plot_optimization_history(study)), ("slice.png", lambda: ov.plot_slice(study, params=list(space)))]
+    wanted = [
+        ("history.png", lambda: ov.plot_optimization_history(study)),
+        ("slice.png", lambda: ov.plot_slice(study, params=list(space))),
+    ]
     if completed >= 2:
         wanted.insert(1, ("importance.png", lambda: ov.plot_param_importances(study)))
     written = []
@@ -408,7 +499,11 @@ def _plots(study, study_dir: Path, space: dict[str, Param], completed: int) -> l
         for name, draw in wanted:
             try:
                 axes = draw()
-            except (ValueError, RuntimeError, ZeroDivisionError) as err:  # e.g. importances of parameters that never varied
+            except (
+                ValueError,
+                RuntimeError,
+                ZeroDivisionError,
+            ) as err:  # e.g. importances of parameters that never varied
                 written.append(f"{name}: not drawn ({err})")
                 continue
             figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
@@ -426,15 +521,22 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
     all_trials = study.get_trials(deepcopy=False)
     completed = [t for t in all_trials if t.state == TrialState.COMPLETE]
     cut = [t for t in all_trials if t.user_attrs.get("stopped") == "budget" or t.user_attrs.get("interrupted")]
-    counts = {state: sum(t.state == state and t not in cut for t in all_trials)
-              for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
-    summary = [f"{len(all_trials)} trials in {study_dir}: {counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
-               f"{counts[TrialState.FAIL]} failed" + (f", {len(cut)} stopped by the budget or interrupted (run again by the "
-                                                      "next foodvit tune)" if cut else "")]
+    counts = {
+        state: sum(t.state == state and t not in cut for t in all_trials)
+        for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    }
+    summary = [
+        f"{len(all_trials)} trials in {study_dir}: {counts[TrialState.COMPLETE]} complete, "
+        f"{counts[TrialState.PRUNED]} pruned, "
+        f"{counts[TrialState.FAIL]} failed"
+        + (f", {len(cut)} stopped by the budget or interrupted (run again by the next foodvit tune)" if cut else "")
+    ]
     rows = ["| trial | state | CV accuracy | fold accuracies | settings | seconds |", "|---|---|---|---|---|---|"]
     start = base_values(base)
     for t in all_trials:
-        changed = ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(k)) or "(the starting recipe)"
+        changed = (
+            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(k)) or "(the starting recipe)"
+        )
         value = f"{t.value:.3f}" if t.value is not None else "--"
         accs = " ".join(f"{a:.2f}" for a in t.user_attrs.get("fold_accuracy", []))
         seconds = f"{t.duration.total_seconds():.0f}" if t.duration else "--"
@@ -445,18 +547,29 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
             note += f" (runs {t.user_attrs['dir']} again, its finished folds kept)"
         rows.append(f"| {t.number} | {t.state.name.lower()}{note} | {value} | {accs} | {changed} | {seconds} |")
     summary += costs(all_trials, folds)
-    lines = ["# Tuning study", "", f"Starting recipe: {base.recipe}; {folds}-fold CV over the training photos (seed "
-             f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.", "", *summary, ""]
+    lines = [
+        "# Tuning study",
+        "",
+        f"Starting recipe: {base.recipe}; {folds}-fold CV over the training photos (seed "
+        f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.",
+        "",
+        *summary,
+        "",
+    ]
     if completed:
         best = study.best_trial
         config = trial_config(best.params, base)  # what the best trial trained with, its progressive resizing included
-        header = (f"foodvit tune: the best of {len(completed)} finished trials in {study_dir} (trial {best.number}), "
-                  f"{folds}-fold CV accuracy {best.value:.3f} over the training photos; train with\n"
-                  f"foodvit train --recipe {study_dir / 'best.toml'}")
+        header = (
+            f"foodvit tune: the best of {len(completed)} finished trials in {study_dir} (trial {best.number}), "
+            f"{folds}-fold CV accuracy {best.value:.3f} over the training photos; train with\n"
+            f"foodvit train --recipe {study_dir / 'best.toml'}"
+        )
         write_text(study_dir / "best.toml", recipe_toml(config, header))
         summary.append(f"best: trial {best.number}, CV accuracy {best.value:.3f}; recipe {study_dir / 'best.toml'}")
         lines += [summary[-1], ""]
-        lines += [f"![{name}]({name})" for name in _plots(study, study_dir, space, len(completed)) if name.endswith(".png")] + [""]
+        lines += [
+            f"![{name}]({name})" for name in _plots(study, study_dir, space, len(completed)) if name.endswith(".png")
+        ] + [""]
         baseline = next((t for t in completed if t.user_attrs.get("baseline")), None)
         if baseline is None:
             summary.append("the starting recipe's trial has not finished: no paired comparison yet")
@@ -465,12 +578,16 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
         else:
             a, b = _trial_photos(study_dir, baseline), _trial_photos(study_dir, best)
             if a is None or b is None:  # a trial run on another machine (--storage): its photos are not here
-                summary.append(f"best vs starting recipe: trial {best.number if b is None else baseline.number}'s predictions "
-                               f"are not in {study_dir} (run on another machine): no paired comparison here")
+                summary.append(
+                    f"best vs starting recipe: trial {best.number if b is None else baseline.number}'s predictions "
+                    f"are not in {study_dir} (run on another machine): no paired comparison here"
+                )
             else:
                 result = compare.paired(a, b)
-                summary.append("best vs starting recipe, same folds: " + compare.compare_line(result, f"trial {baseline.number} (start)",
-                                                                                           f"trial {best.number} (best)"))
+                summary.append(
+                    "best vs starting recipe, same folds: "
+                    + compare.compare_line(result, f"trial {baseline.number} (start)", f"trial {best.number} (best)")
+                )
     else:
         summary.append("no trial has finished yet: no best recipe")
     lines += rows + ["", summary[-1], ""]
@@ -484,18 +601,34 @@ def costs(trials, folds: int) -> list[str]:
     config), from the trials' recorded fold times."""
     from optuna.trial import TrialState
 
-    pruned = [t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get("stopped") != "budget"
-              and t.user_attrs.get("fold_seconds")]
-    saved = sum((folds - len(t.user_attrs["fold_seconds"])) * statistics.fmean(t.user_attrs["fold_seconds"]) for t in pruned)
+    pruned = [
+        t
+        for t in trials
+        if t.state == TrialState.PRUNED and t.user_attrs.get("stopped") != "budget" and t.user_attrs.get("fold_seconds")
+    ]
+    saved = sum(
+        (folds - len(t.user_attrs["fold_seconds"])) * statistics.fmean(t.user_attrs["fold_seconds"]) for t in pruned
+    )
     spent = sum(sum(t.user_attrs.get("fold_seconds", [])) for t in trials)
-    out = [f"pruning: {len(pruned)} trials stopped early, saving about {_seconds(saved)} ({saved / max(spent + saved, 1e-9):.0%} "
-           f"of the {_seconds(spent + saved)} all trials would have taken unpruned)"] if pruned else []
-    overhead = [t.duration.total_seconds() - sum(t.user_attrs.get("fold_seconds_here", t.user_attrs["fold_seconds"]))
-                for t in trials
-                if t.duration and t.user_attrs.get("fold_seconds") and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    out = (
+        [
+            f"pruning: {len(pruned)} trials stopped early, saving about {_seconds(saved)} "
+            f"({saved / max(spent + saved, 1e-9):.0%} "
+            f"of the {_seconds(spent + saved)} all trials would have taken unpruned)"
+        ]
+        if pruned
+        else []
+    )
+    overhead = [
+        t.duration.total_seconds() - sum(t.user_attrs.get("fold_seconds_here", t.user_attrs["fold_seconds"]))
+        for t in trials
+        if t.duration and t.user_attrs.get("fold_seconds") and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    ]
     if overhead:
-        out.append(f"the study's own cost per trial (beyond its folds): median {statistics.median(overhead):.1f} s, "
-                   f"largest {max(overhead):.1f} s")
+        out.append(
+            f"the study's own cost per trial (beyond its folds): median {statistics.median(overhead):.1f} s, "
+            f"largest {max(overhead):.1f} s"
+        )
     return out
 
 

@@ -23,7 +23,9 @@ def study_settings(settings: dict) -> dict:
     """A config's settings as a study names its recipe: without the photos' folder (a study names its
     photos by their fingerprint, so a moved copy of them is the same study)."""
     data = settings.get("data")
-    return {**settings, "data": {k: v for k, v in data.items() if k != "source"}} if isinstance(data, dict) else settings
+    return (
+        {**settings, "data": {k: v for k, v in data.items() if k != "source"}} if isinstance(data, dict) else settings
+    )
 
 
 def read_identity(path: Path) -> dict | None:
@@ -35,11 +37,15 @@ def read_identity(path: Path) -> dict | None:
         stored = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         why = "a folder" if path.is_dir() else f"not readable ({getattr(err, 'strerror', None) or err})"
-        raise StudyError(f"{path} is {why}, not the file foodvit writes there: the folder's study cannot be read; "
-                         "choose a new --out (or restore the file)") from None
+        raise StudyError(
+            f"{path} is {why}, not the file foodvit writes there: the folder's study cannot be read; "
+            "choose a new --out (or restore the file)"
+        ) from None
     if not isinstance(stored, dict):
-        raise StudyError(f"{path} holds {type(stored).__name__} where foodvit writes a JSON object: the folder's study "
-                         "cannot be read; choose a new --out (or restore the file)")
+        raise StudyError(
+            f"{path} holds {type(stored).__name__} where foodvit writes a JSON object: the folder's study "
+            "cannot be read; choose a new --out (or restore the file)"
+        )
     if isinstance(stored.get("settings"), dict):
         stored["settings"] = study_settings(settings_as_today(stored["settings"]))
     return stored
@@ -68,8 +74,10 @@ def open_study(folder: Path, identity: dict) -> None:
     if stored is not None:
         shown = changes(stored, identity)
         if shown:
-            raise StudyError(f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
-                             "choose another --out")
+            raise StudyError(
+                f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
+                "choose another --out"
+            )
         return
     # not another starter's temporary file, nor the study another starter has just written
     if folder.is_dir() and any(not p.name.startswith(".") and p.name != STUDY_FILE for p in folder.iterdir()):
@@ -86,50 +94,72 @@ def bind_trial(folder: Path, identity: dict, what: str) -> None:
     """Bind a tuning trial's folder to the settings its folds train with (folder/trial.json), or check
     that it is bound to these: folds trained under other settings are never reported under these."""
     if folder.exists() and not folder.is_dir():
-        raise StudyError(f"{folder} is a file where {what}'s folder of folds belongs; move it away, or choose a new --out")
+        raise StudyError(
+            f"{folder} is a file where {what}'s folder of folds belongs; move it away, or choose a new --out"
+        )
     path = folder / TRIAL_FILE
     stored = read_identity(path)
     if stored is None:
         if folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):
-            raise StudyError(f"{folder} holds folds with no record of the settings they trained with, so they cannot be "
-                             f"reported as {what}'s; choose a new --out for the study")
+            raise StudyError(
+                f"{folder} holds folds with no record of the settings they trained with, so they cannot be "
+                f"reported as {what}'s; choose a new --out for the study"
+            )
         write_text(path, json.dumps(identity, indent=1))
         return
     shown = changes(stored, identity)
     if shown:
-        raise StudyError(f"{folder} holds folds trained with other settings than {what}'s ({shown}): the study's database "
-                         "does not match its folders; restore the study's own database, or choose a new --out")
+        raise StudyError(
+            f"{folder} holds folds trained with other settings than {what}'s ({shown}): the study's database "
+            "does not match its folders; restore the study's own database, or choose a new --out"
+        )
 
 
 def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
     """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
     and its recipe trains teachers with this config's teacher settings; else a StudyError that says why."""
-    from foodvit.training.distill import place_changes, read_teacher, teacher_changes, trains_teacher, training_place
+    from foodvit.training.distill import place_changes, read_teacher, teacher_changes, training_place, trains_teacher
     from foodvit.training.distributed import pick_device
 
     path = teachers / STUDY_FILE
     if teachers.resolve() == study.resolve():
-        raise StudyError(f"--teachers {teachers} is the study itself: give another study, whose folds lend their teachers")
+        raise StudyError(
+            f"--teachers {teachers} is the study itself: give another study, whose folds lend their teachers"
+        )
     try:
         theirs = json.loads(path.read_text())
         lender = RunConfig.from_dict(theirs["settings"], where=str(path))
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise StudyError(f"--teachers {teachers} holds no readable study ({STUDY_FILE}: {err}): give a `foodvit cv` study "
-                         "of a distilled or guided recipe") from None
+        raise StudyError(
+            f"--teachers {teachers} holds no readable study ({STUDY_FILE}: {err}): give a `foodvit cv` study "
+            "of a distilled or guided recipe"
+        ) from None
     if not trains_teacher(config):
-        raise StudyError("--teachers lends CNN teachers, and this recipe trains none (no --distill or --guidance): leave --teachers out")
+        raise StudyError(
+            "--teachers lends CNN teachers, and this recipe trains none (no --distill or --guidance): leave "
+            "--teachers out"
+        )
     if not trains_teacher(lender):
-        raise StudyError(f"--teachers {teachers} is a study of a recipe that trains no CNN teacher: give a study with --guidance "
-                         "or --distill, or leave --teachers out")
-    changed = [f"{key}: {theirs.get(key)!r} there, {identity[key]!r} here" for key in ("kind", "data", "classes", "folds", "seeds")
-               if theirs.get(key) != identity[key]]
+        raise StudyError(
+            f"--teachers {teachers} is a study of a recipe that trains no CNN teacher: give a study with --guidance "
+            "or --distill, or leave --teachers out"
+        )
+    changed = [
+        f"{key}: {theirs.get(key)!r} there, {identity[key]!r} here"
+        for key in ("kind", "data", "classes", "folds", "seeds")
+        if theirs.get(key) != identity[key]
+    ]
     if changed:
-        raise StudyError(f"--teachers {teachers} is a study of other photos, folds or seeds ({'; '.join(changed)}): give a "
-                         "`foodvit cv` study with the same --data, --folds, --seed and --seeds, or leave --teachers out")
+        raise StudyError(
+            f"--teachers {teachers} is a study of other photos, folds or seeds ({'; '.join(changed)}): give a "
+            "`foodvit cv` study with the same --data, --folds, --seed and --seeds, or leave --teachers out"
+        )
     shown = teacher_changes(lender, config)
     if shown:
-        raise StudyError(f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
-                         "teachers this study would train; leave --teachers out")
+        raise StudyError(
+            f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
+            "teachers this study would train; leave --teachers out"
+        )
     # where they trained (fold runs only, not the folds' photo links): refused here when no teacher was trained
     # where this process trains; a study whose folds trained at different thread counts (one-thread workers
     # beside a two-thread one) lends each fold's teacher to a process like the one that trained it, which
@@ -142,5 +172,7 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
             return
         first = first or (path, where)
     if first is not None:
-        raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({first[0]}: {first[1]}): they are not the "
-                         "teachers this study would train; leave --teachers out")
+        raise StudyError(
+            f"--teachers {teachers} trained its CNN teachers elsewhere ({first[0]}: {first[1]}): they are not the "
+            "teachers this study would train; leave --teachers out"
+        )
