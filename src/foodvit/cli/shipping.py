@@ -171,8 +171,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     attention = "" if result["attention"] is None else f", attention rollout within {result['attention']:.1e}"
     print(
         f"{result['path']}: {what}, {result['bytes'] / 1e6:.1f} MB; parity on {result['photos']} photos: max relative "
-        "logit "
-        f"difference {result['parity']:.2e}, same top class on {result['agreement']:.0%}{attention}"
+        f"logit difference {result['parity']:.2e}, same top class on {result['agreement']:.0%}{attention}"
     )
     if result["quantization"]:
         from foodvit.deploy.quantize import describe

@@ -168,13 +168,13 @@ class Objective:
                 # cut short by the budget, not judged: the next `foodvit tune` runs the trial again, its folds kept
                 trial.set_user_attr("stopped", "budget")
                 trial.study.stop()
-                if step == 0 and seconds[0] > self.budget_s:
+                if step == 0 and self.budget_s and seconds[0] > self.budget_s:
                     self.short = (
-                        f"--budget {_seconds(self.budget_s)} is less than one fold takes here ({seconds[0]:.0f} s, "
-                        "fold "
-                        f"{results[0]['fold']} of trial {trial.number}); a trial of {self.folds} folds needs about "
-                        f"{_seconds(self.folds * seconds[0])}: the next `foodvit tune` goes on with trial "
-                        f"{trial.number}'s other folds (a larger --budget, or fewer --folds, runs it whole)"
+                        f"--budget {_seconds(self.budget_s)} is less than one fold takes here "
+                        f"({seconds[0]:.0f} s, fold {results[0]['fold']} of trial {trial.number}); a trial of "
+                        f"{self.folds} folds needs about {_seconds(self.folds * seconds[0])}: the next `foodvit tune` "
+                        f"goes on with trial {trial.number}'s other folds (a larger --budget, or fewer --folds, "
+                        "runs it whole)"
                     )
                 raise optuna.TrialPruned(f"the budget ends before a fold more would ({step + 1} of {self.folds} done)")
 
