@@ -166,3 +166,31 @@ def test_resume_and_out_agree_on_a_run_stopped_before_its_first_checkpoint(share
     started = capsys.readouterr().err.strip().splitlines()[-1]
     for err in (resumed, started):
         assert "stopped before its first checkpoint" in err and f"remove {stopped}" in err
+
+
+@pytest.mark.parametrize("damage", ["garbage", "list", "no-predictions", "folder"])
+@pytest.mark.parametrize("where", ["fold-0.json", "cv.json"])
+def test_compare_with_a_damaged_result_file_is_one_line(tmp_path, capsys, damage, where):
+    good = {"seed": 0, "fold": 0, "predictions": [{"photo": "pizza/1.jpg", "right": True}]}
+    studies = []
+    for name in ("a", "b"):
+        study = tmp_path / name
+        study.mkdir()
+        (study / "study.json").write_text("{}")
+        (study / "fold-0.json").write_text(__import__("json").dumps(good))
+        studies.append(study)
+    target = studies[1] / where
+    if damage == "folder":
+        target.unlink(missing_ok=True)
+        target.mkdir()
+    elif damage == "garbage":
+        target.write_bytes(b"\x00\xff{not json")
+    elif damage == "list":
+        target.write_text("[1, 2]")
+    else:
+        target.write_text('{"seed": 0, "fold": 0}')
+    if where == "cv.json":  # both finished, so cv.json is what is read
+        (studies[0] / "cv.json").write_text('{"photos": {"s0/pizza/1.jpg": true}}')
+    assert main(["cv", "--compare", str(studies[0]), str(studies[1])]) == 2
+    err = one_line(capsys, "cv")
+    assert str(target) in err and "damaged" in err
