@@ -59,7 +59,8 @@ def number_type(kind: type, allowed: Range | None = None, several: bool = False)
             try:
                 check_value("value", values, allowed)
             except ConfigError:
-                raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}" + (f"; {allowed.hint}" if allowed.hint else "")) from None
+                hint = f"; {allowed.hint}" if allowed.hint else ""
+                raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}{hint}") from None
         return values
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
@@ -94,8 +95,15 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             allowed = f.metadata.get("range")
             if allowed is not None and allowed != Range():
                 help_text += f" [{allowed}]"
-            group.add_argument(flag, dest=dest, type=_arg_type(f), choices=choices, default=None, help=help_text,
-                               metavar=None if choices else f.name.upper())
+            group.add_argument(
+                flag,
+                dest=dest,
+                type=_arg_type(f),
+                choices=choices,
+                default=None,
+                help=help_text,
+                metavar=None if choices else f.name.upper(),
+            )
 
 
 def apply_overrides(config: RunConfig, args: argparse.Namespace | dict, model: str | None = None) -> RunConfig:
@@ -109,7 +117,8 @@ def given_overrides(args: argparse.Namespace) -> list[str]:
     return [dest for dest, value in vars(args).items() if value is not None and "." in dest]
 
 
-def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | dict | None = None,
-                 model: str | None = None) -> RunConfig:
+def build_config(
+    recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | dict | None = None, model: str | None = None
+) -> RunConfig:
     """A run's settings as `foodvit train` resolves them from its options (model/resolve.py)."""
     return resolve(recipe, vars(overrides) if isinstance(overrides, argparse.Namespace) else overrides, model=model)
