@@ -360,3 +360,16 @@ def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos
     tokens = model.forward_features(images)
     torch.testing.assert_close(model(images), model.classify(tokens), rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(model.head_dist.weight) > 0  # the distillation head was trained and saved
+
+
+def test_the_report_says_what_the_vit_learned_from_its_teacher():
+    from foodvit.config import OptimConfig
+    from foodvit.training.report import teacher_section
+
+    config = RunConfig(optim=OptimConfig(distill=0.5, distill_temperature=2.0, guidance=1.0, guidance_schedule="linear"))
+    history = [{"epoch": 1, "seconds": 1.0, "test_acc": 0.25}, {"epoch": 2, "seconds": 1.5, "test_acc": 0.5}]
+    [title, _, text, _] = teacher_section(config, history, "runs/lender")
+    assert title == "## CNN teacher" and "for 2 epochs (2 s, in runs/lender, which lent it to this run)" in text
+    assert ("its probabilities at temperature 2 (soft distillation, weight 0.5) and its feature maps (locality "
+            "guidance, weight 1, falling linearly towards 0 over the epochs)") in text
+    assert teacher_section(config, [], None) == []

@@ -175,6 +175,35 @@ def draw_figures(history: list[dict], test: dict, results: list[dict], truths: l
     }
 
 
+def teacher_section(config, teacher_history: list[dict], teacher_lent_by: str | None) -> list[str]:
+    """report.md's section on the CNN teacher: how it was trained, its test accuracy and what the ViT
+    learned from it (none without a teacher)."""
+    if not teacher_history:
+        return []
+    last = teacher_history[-1]  # evaluated on the test split at its last epoch
+    o, uses = config.optim, []
+    if o.distill > 0:
+        temperature = o.distill_temperature
+        how = f"its probabilities at temperature {temperature:g} (soft " if temperature > 0 else "its labels ("
+        uses.append(f"{how}distillation, weight {o.distill:g})")
+    if o.guidance > 0:
+        falling = ", falling linearly towards 0 over the epochs" if o.guidance_schedule == "linear" else ""
+        stages = "its four stages' feature maps, the last against the ViT's last block"
+        stages = stages if o.guidance_stages == 4 else "its feature maps"
+        uses.append(f"{stages} (locality guidance, weight {o.guidance:g}{falling})")
+    return [
+        "## CNN teacher",
+        "",
+        f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
+        f"({sum(r['seconds'] for r in teacher_history):.0f} s"
+        + (f", in {teacher_lent_by}, which lent it to this run" if teacher_lent_by else "")
+        + f"): test accuracy {last['test_acc']:.3f} "
+        f"(per image). The ViT learned from {' and '.join(uses)}; the saved model "
+        f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.",
+        "",
+    ]
+
+
 def write_results(
     out: Path,
     *,
@@ -228,43 +257,8 @@ def write_results(
         "device": device_name(device),
         "processes": processes,
     }
-    sections = ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
-    if teacher_history:
-        last = teacher_history[-1]  # evaluated on the test split at its last epoch
-        uses = (
-            [
-                (
-                    f"its probabilities at temperature {config.optim.distill_temperature:g} (soft distillation, "
-                    if config.optim.distill_temperature > 0
-                    else "its labels (distillation, "
-                )
-                + f"weight {config.optim.distill:g})"
-            ]
-            if config.optim.distill > 0
-            else []
-        )
-        falling = ", falling linearly towards 0 over the epochs" if config.optim.guidance_schedule == "linear" else ""
-        stages = (
-            "its four stages' feature maps, the last against the ViT's last block"
-            if config.optim.guidance_stages == 4
-            else "its feature maps"
-        )
-        uses += (
-            [f"{stages} (locality guidance, weight {config.optim.guidance:g}{falling})"]
-            if config.optim.guidance > 0
-            else []
-        )
-        sections = [
-            "## CNN teacher",
-            "",
-            f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
-            f"({sum(r['seconds'] for r in teacher_history):.0f} s"
-            + (f", in {teacher_lent_by}, which lent it to this run" if teacher_lent_by else "")
-            + f"): test accuracy {last['test_acc']:.3f} "
-            f"(per image). The ViT learned from {' and '.join(uses)}; the saved model "
-            f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.",
-            "",
-        ] + sections
+    sections = teacher_section(config, teacher_history, teacher_lent_by)
+    sections += ["## Most confidently wrong test photos", "", "![most wrong](most_wrong.png)", ""]
     write_report(
         out,
         config=config,
