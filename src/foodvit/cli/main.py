@@ -30,6 +30,7 @@ from foodvit.cli.commands import (
     cmd_train,
     cmd_tune,
 )
+from foodvit.cli import export_web
 from foodvit.cli.options import add_config_options, number_type
 from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, FoodVitError, Range
 
@@ -231,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", choices=["int8", "int8-dynamic", "int8-static"],
                    help="with --onnx: an int8 model, as foodvit export --quantize makes it")
     p.set_defaults(func=cmd_export_space)
+
+    export_web.register(sub)
 
     p = sub.add_parser("data", help="download / unpack a data source and show what it holds")
     p.add_argument("source", nargs="?", help="URL, zip or folder (default: $FOODVIT_DATA, else the course's zip)")
