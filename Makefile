@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo test test-fast venv clean bench notebook
+.PHONY: demo test test-fast venv clean bench notebook ort-web
 
 venv: $(STAMP)
 
@@ -42,6 +42,14 @@ notebook: $(STAMP)
 	$(BIN)/python -c "import nbformat, nbclient; p = 'docs/walkthrough.ipynb'; nb = nbformat.read(p, as_version=4); \
 	  nbclient.NotebookClient(nb, timeout=600, kernel_name='python3', resources={'metadata': {'path': 'docs'}}).execute(); \
 	  nbformat.write(nb, p)"
+
+# ONNX Runtime Web's npm package, the pinned version export-web uses, for the page's browser test
+# (tests/test_web_browser.py); npm checks the registry's integrity hash, export-web checks it again.
+ORT_WEB_VERSION := $(shell sed -n 's/^VERSION = "\(.*\)"/\1/p' src/foodvit/deploy/web/runtime.py)
+ort-web: .cache/npm/onnxruntime-web-$(ORT_WEB_VERSION).tgz
+
+.cache/npm/onnxruntime-web-$(ORT_WEB_VERSION).tgz:
+	mkdir -p .cache/npm && cd .cache/npm && npm pack --silent onnxruntime-web@$(ORT_WEB_VERSION) >/dev/null
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
