@@ -36,18 +36,18 @@ class _Quiet(SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def site_url(shared_run, tmp_path_factory):
-    """The exported site (int8, as shipped) served on 127.0.0.1 by a plain static file server."""
+def site(shared_run, tmp_path_factory):
+    """(url, folder): the exported site (int8, as shipped) served on 127.0.0.1 by a plain static file server."""
     from foodvit.deploy.web.site import export_web
 
     cache = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FOODVIT_CACHE", str(cache))  # the tarball is unpacked into a cache of the test's own
-        site = Path(export_web(shared_run[0], tmp_path_factory.mktemp("web") / "site", ort_web=ORT_WEB, quiet=True)["path"])
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
+        folder = Path(export_web(shared_run[0], tmp_path_factory.mktemp("web") / "site", ort_web=ORT_WEB, quiet=True)["path"])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(folder)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    yield f"http://127.0.0.1:{server.server_address[1]}/", folder
     server.shutdown()
     server.server_close()
 
@@ -89,13 +89,13 @@ def upload(page, path, answers: int) -> str:
 
 @pytest.mark.slow  # a browser and an export (int8): about 20 s; the page's computation is checked in Python in test_export_web
 @pytest.mark.parametrize("viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["desktop", "phone"])
-def test_the_page_answers_as_predict_draws_the_overlay_and_needs_no_network(site_url, shared_run, browser, viewport):
+def test_the_page_answers_as_predict_draws_the_overlay_and_needs_no_network(site, shared_run, browser, viewport):
     from foodvit.deploy.predictor import Predictor
 
     run, photos = shared_run
     predictor = Predictor.from_run(run)
     elsewhere: list[str] = []
-    page = open_page(browser, site_url, viewport, elsewhere)
+    page = open_page(browser, site[0], viewport, elsewhere)
     try:
         tested = sorted((photos / "test").rglob("*.jpg"))
         for i, photo in enumerate(tested, 1):
@@ -122,14 +122,14 @@ def test_the_page_answers_as_predict_draws_the_overlay_and_needs_no_network(site
 
 
 @pytest.mark.slow  # a browser (uses the site above)
-def test_a_bad_photo_is_one_line_and_the_page_goes_on(site_url, shared_run, browser, tmp_path):
+def test_a_bad_photo_is_one_line_and_the_page_goes_on(site, shared_run, browser, tmp_path):
     from PIL import Image
 
     (tmp_path / "notes.jpg").write_text("not a photo at all")
     (tmp_path / "empty.jpg").write_bytes(b"")
     Image.new("1", (8000, 6250)).save(tmp_path / "huge.png")  # 50 megapixels, a small file
     elsewhere: list[str] = []
-    page = open_page(browser, site_url, {"width": 1280, "height": 900}, elsewhere)
+    page = open_page(browser, site[0], {"width": 1280, "height": 900}, elsewhere)
     try:
         expected = {"notes.jpg": "notes.jpg is not an image", "empty.jpg": "empty.jpg is empty (0 bytes)",
                     "huge.png": "huge.png is 8000 x 6250 = 50 megapixels, over the page's limit of 40 megapixels"}
@@ -140,5 +140,16 @@ def test_a_bad_photo_is_one_line_and_the_page_goes_on(site_url, shared_run, brow
         good = sorted((shared_run[1] / "test" / "pizza").iterdir())[0]
         assert upload(page, good, 1) == "done" and page.locator("#error").is_hidden()
         assert elsewhere == []
+    finally:
+        page.close()
+
+
+@pytest.mark.slow  # a browser (uses the site above)
+def test_opened_from_disk_the_page_says_how_to_serve_it(site, browser):
+    page = browser.new_page()
+    try:
+        page.goto((site[1] / "index.html").as_uri())
+        page.wait_for_function("() => document.body.dataset.state === 'error'", timeout=30_000)
+        assert "python -m http.server" in page.locator("#error").inner_text()
     finally:
         page.close()
