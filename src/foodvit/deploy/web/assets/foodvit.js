@@ -8,7 +8,7 @@
 const DECODE_TIMEOUT_MS = 30000;
 const MODEL_TIMEOUT_MS = 60000;
 const $ = (id) => document.getElementById(id);
-const state = { config: null, sessions: null, queue: Promise.resolve(), answers: 0, loadMs: null, last: null };
+const state = { config: null, sessions: null, loading: null, queue: Promise.resolve(), answers: 0, loadMs: null, last: null };
 window.foodvit = state;  // what a test or a benchmark reads
 
 class PhotoError extends Error {}
@@ -142,7 +142,8 @@ function show(answer) {
 // one photo at a time, in the order given; a failure is one line and the page goes on
 function submit(blob, name) {
   state.queue = state.queue.then(async () => {
-    if (!state.sessions) return;
+    await state.loading;  // a photo given while the model loads waits for it
+    if (!state.sessions) return;  // the model did not load: its error line stays, saying why
     clearError();
     document.body.dataset.state = "busy";
     $("status").textContent = `classifying ${name}...`;
@@ -238,4 +239,4 @@ drop.addEventListener("drop", (event) => {
   const file = event.dataTransfer.files[0];
   if (file) submit(file, file.name || "the dropped photo");
 });
-start();
+state.loading = start();
