@@ -6,6 +6,7 @@ import base64
 import hashlib
 import io
 import json
+import re
 import tarfile
 import threading
 from functools import partial
@@ -46,8 +47,8 @@ def test_the_preprocessing_graph_computes_what_the_predictor_does_within_one_pix
 
     p = Preprocess(**preprocess)
     session = _session(preprocess_graph(p))
-    # landscape, portrait, odd margins, smaller than the model's size (enlarged), far larger (reduced 10x)
-    for i, size in enumerate([(640, 480), (333, 500), (257, 301), (20, 27), (2600, 2000)]):
+    # landscape, portrait, odd margins, smaller than the model's size (enlarged), far larger (reduced 7x)
+    for i, size in enumerate([(640, 480), (333, 500), (257, 301), (20, 27), (1600, 1200)]):
         photo = _photo(size, i)
         images, crop = session.run(["images", "crop"], {"pixels": rgba(photo)})
         expected = np.asarray(crop_view(p, photo))
@@ -193,12 +194,36 @@ def test_export_web_refuses_before_writing_anything(shared_run, tmp_path, monkey
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["keep.txt"]
 
 
-@pytest.fixture(scope="module")
-def site(shared_run, fake_runtime, tmp_path_factory):
+def test_a_failure_while_writing_leaves_nothing(shared_run, fake_runtime, tmp_path, monkeypatch):
+    from foodvit.deploy import space
     from foodvit.deploy.web.site import export_web
 
+    def broken(*args, **kwargs):
+        (args[1]).write_bytes(b"half a model")
+        raise space.RunError("the export failed")
+
+    monkeypatch.setattr(space, "publishable_onnx", broken)
+    with pytest.raises(space.RunError, match="the export failed"):
+        export_web(shared_run[0], tmp_path / "site", ort_web=fake_runtime, quiet=True)
+    assert list(tmp_path.iterdir()) == []  # neither the site nor its folder under a temporary name
+
+
+@pytest.fixture(scope="module")
+def site(shared_run, fake_runtime, tmp_path_factory):
+    """The site exported through the command line (int8, as shipped): {"path", "agreement", "output"}."""
+    import contextlib
+
+    from foodvit.cli.main import main
+
     out = tmp_path_factory.mktemp("web") / "site"
-    return export_web(shared_run[0], out, ort_web=fake_runtime, examples_per_class=1, quiet=True)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["export-web", str(shared_run[0]), "--out", str(out), "--ort-web", str(fake_runtime)]) == 0
+    output = printed.getvalue()
+    found = re.search(r"same top class as foodvit predict on (\d+)% of (\d+) test photos", output)
+    assert found, output
+    return {"path": str(out), "agreement": {"agreement": int(found.group(1)) / 100, "photos": int(found.group(2))},
+            "output": output}
 
 
 @pytest.mark.slow  # an ONNX export and its int8 quantisation (seconds); the graphs and the files are covered above
@@ -221,6 +246,7 @@ def test_the_site_holds_the_page_the_model_its_graphs_and_the_runtime(site, shar
     readme = (folder / "README.md").read_text()
     assert "python -m http.server" in readme and "GitHub Pages" in readme
     assert site["agreement"]["photos"] == 9 and site["agreement"]["agreement"] == 1.0
+    assert "python -m http.server" in site["output"]
 
 
 @pytest.mark.slow  # uses the exported site (above)

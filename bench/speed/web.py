@@ -12,7 +12,8 @@ Measured, every figure a row of results/web.csv (with its command, machine, comm
   the local server, WebAssembly compiled), and the server's start until /health answers;
 - latency: one photo classified 20 times after a warm-up, the median: in the page the model's time
   (preprocessing graph and forward pass) and the whole (decode, model, overlay); for the server the
-  HTTP round trip (upload, decode, preprocess, forward pass, JSON) from this process;
+  HTTP round trip (upload, decode, preprocess, forward pass, JSON) from this process on one kept-alive
+  connection, and the part of it the server spends on the photo (its answer's seconds);
 - size: the site folder, its model and ONNX Runtime Web's files.
 The page runs ONNX Runtime Web on one thread (WebAssembly, SIMD); the server is given one thread.
 """
