@@ -153,3 +153,30 @@ def test_opened_from_disk_the_page_says_how_to_serve_it(site, browser):
         assert "python -m http.server" in page.locator("#error").inner_text()
     finally:
         page.close()
+
+
+@pytest.mark.slow  # a browser (uses the site above)
+def test_the_browser_decodes_as_pillow_does_upright_and_over_white(site, shared_run, browser, tmp_path):
+    from PIL import Image
+
+    from foodvit.data.photos import load_rgb
+    from foodvit.data.preprocess import crop_view
+    from foodvit.deploy.predictor import Predictor
+
+    preprocess = Predictor.from_run(shared_run[0]).preprocess
+    source = load_rgb(sorted((shared_run[1] / "test" / "sushi").iterdir())[0]).resize((80, 56))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored on its side: shown turned 90 degrees clockwise
+    source.save(tmp_path / "sideways.jpg", exif=exif, quality=95)
+    rgba = source.convert("RGBA")
+    rgba.putalpha(Image.linear_gradient("L").resize(source.size))  # transparent at the top, opaque at the bottom
+    rgba.save(tmp_path / "transparent.png")
+    page = open_page(browser, site[0], {"width": 1280, "height": 900}, [])
+    try:
+        for i, name in enumerate(["sideways.jpg", "transparent.png"], 1):
+            assert upload(page, tmp_path / name, i) == "done", page.locator("#error").inner_text()
+            seen = np.array(page.evaluate("Array.from(window.foodvit.crop)"), dtype=int).reshape(32, 32, 3)
+            expected = np.asarray(crop_view(preprocess, load_rgb(tmp_path / name)), dtype=int)
+            assert np.abs(seen - expected).max() <= 2, name  # the same pixels, to the resize's rounding
+    finally:
+        page.close()

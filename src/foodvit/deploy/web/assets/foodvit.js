@@ -8,7 +8,8 @@
 const DECODE_TIMEOUT_MS = 30000;
 const MODEL_TIMEOUT_MS = 60000;
 const $ = (id) => document.getElementById(id);
-const state = { config: null, sessions: null, loading: null, queue: Promise.resolve(), answers: 0, loadMs: null, last: null };
+const state = { config: null, sessions: null, loading: null, queue: Promise.resolve(), answers: 0, loadMs: null, last: null,
+                crop: null };
 window.foodvit = state;  // what a test or a benchmark reads
 
 class PhotoError extends Error {}
@@ -103,6 +104,7 @@ async function classify(blob, name) {
   const grid = state.config.grid;
   const heat = new ort.Tensor("float32", outputs.attention.data.slice(0, grid * grid), [grid, grid]);
   const drawn = await withTimeout(overlay.run({ crop: prepared.crop, heat }), MODEL_TIMEOUT_MS, "the overlay");
+  state.crop = prepared.crop.data;  // what the model saw (S, S, 3): a test compares it with Python's crop
   return { name, probabilities, overlay: drawn.overlay, decodeMs: decoded - started, modelMs: answered - decoded,
            totalMs: performance.now() - started };
 }
