@@ -8,7 +8,7 @@ Measured, every figure a row of results/web.csv (with its command, machine, comm
 - agreement: the page's top class against `foodvit predict RUN` (PyTorch, fp32) on every test photo,
   and against the same int8 .onnx run by Python's ONNX Runtime on Pillow's preprocessing (what is left
   is the page's own decoding and preprocessing graph); the largest probability difference of each;
-- load: from opening the page to the three graphs ready (a fresh browser context: files fetched from
+- load: from opening the page to the three graphs ready and warmed up (a fresh browser: files fetched from
   the local server, WebAssembly compiled), and the server's start until /health answers;
 - latency: one photo classified 20 times after a warm-up, the median: in the page the model's time
   (preprocessing graph and forward pass) and the whole (decode, model, overlay); for the server the
@@ -165,7 +165,7 @@ def main(argv=None) -> None:
         (f"page top-1 agreement with the same {precision} .onnx in Python (Pillow preprocessing)", 100 * agree_onnx, "%"),
         (f"page max probability difference from the same {precision} .onnx in Python", diff_onnx, "probability"),
         ("export-web's own check (page path in Python vs predict), top-1 agreement", 100 * exported["agreement"]["agreement"], "%"),
-        ("page model load (fetch + compile + 3 sessions, in the page)", page["load_ms"], "ms"),
+        ("page model load (fetch + compile + 3 sessions + a warm-up photo, in the page)", page["load_ms"], "ms"),
         ("page open to ready (wall, from this process)", 1000 * page["load_wall_s"], "ms"),
         ("page per-photo model time (preprocess graph + forward), median of 20", page["model_ms"], "ms"),
         ("page per-photo total (decode + model + overlay), median of 20", page["total_ms"], "ms"),
