@@ -18,7 +18,9 @@ from helpers import needs
 
 from foodvit.deploy.web import runtime
 
-pytestmark = needs("onnx", "onnxruntime", why="the page's graphs and export need the export extra: pip install -e '.[export]'")
+pytestmark = needs(
+    "onnx", "onnxruntime", why="the page's graphs and export need the export extra: pip install -e '.[export]'"
+)
 
 
 def _photo(size, seed=0):
@@ -37,9 +39,21 @@ def _session(model):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("preprocess", [{"image_size": 224, "resize_size": 256}, {"image_size": 32, "resize_size": 36},
-                                        {"image_size": 64, "resize_size": 64, "mode": "square", "mean": (0.485, 0.456, 0.406),
-                                             "std": (0.229, 0.224, 0.225)}], ids=["crop-224", "crop-32", "square-64"])
+@pytest.mark.parametrize(
+    "preprocess",
+    [
+        {"image_size": 224, "resize_size": 256},
+        {"image_size": 32, "resize_size": 36},
+        {
+            "image_size": 64,
+            "resize_size": 64,
+            "mode": "square",
+            "mean": (0.485, 0.456, 0.406),
+            "std": (0.229, 0.224, 0.225),
+        },
+    ],
+    ids=["crop-224", "crop-32", "square-64"],
+)
 def test_the_preprocessing_graph_computes_what_the_predictor_does_within_one_pixel_level(preprocess):
     from foodvit.data.preprocess import Preprocess, crop_view, to_array
     from foodvit.deploy.web.graphs import preprocess_graph
@@ -54,7 +68,11 @@ def test_the_preprocessing_graph_computes_what_the_predictor_does_within_one_pix
         expected = np.asarray(crop_view(p, photo))
         assert images.shape == (1, 3, p.image_size, p.image_size) and crop.shape == expected.shape, size
         off = np.abs(crop.astype(int) - expected)
-        assert off.max() <= 1 and (off > 0).mean() < 0.05, (size, off.max(), (off > 0).mean())  # rounding, in a few pixels
+        assert off.max() <= 1 and (off > 0).mean() < 0.05, (
+            size,
+            off.max(),
+            (off > 0).mean(),
+        )  # rounding, in a few pixels
         # the normalisation is the same float32 arithmetic: exact on the same crop
         assert np.abs(images[0] - to_array(p, photo)).max() <= 1.01 / 255 / min(p.std), size
 
@@ -119,7 +137,9 @@ def test_the_files_come_from_the_registry_once_checked_then_from_the_cache(regis
     assert sorted(p.name for p in folder.iterdir()) == sorted(runtime.FILES)
     assert all((folder / n).read_bytes() == FAKE[f"dist/{n}"] for n in runtime.FILES)
     assert seen == ["/onnxruntime-web/-/onnxruntime-web-0.0.0-test.tgz"]
-    again = runtime.runtime_files(version="0.0.0-test", integrity=_integrity(data), registry="http://127.0.0.1:9", quiet=True)
+    again = runtime.runtime_files(
+        version="0.0.0-test", integrity=_integrity(data), registry="http://127.0.0.1:9", quiet=True
+    )
     assert again == folder and len(seen) == 1  # the cache answered: no second request (port 9 would refuse)
 
 
@@ -128,7 +148,9 @@ def test_a_tarball_that_is_not_the_published_one_is_refused_and_nothing_is_cache
     monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
     with pytest.raises(runtime.RuntimeFilesError, match="not onnxruntime-web .* as published"):
         runtime.runtime_files(version="0.0.0-test", integrity=_integrity(data + b"x"), registry=url, quiet=True)
-    assert not (tmp_path / "cache" / "onnxruntime-web").exists() or not any((tmp_path / "cache" / "onnxruntime-web").rglob("*"))
+    assert not (tmp_path / "cache" / "onnxruntime-web").exists() or not any(
+        (tmp_path / "cache" / "onnxruntime-web").rglob("*")
+    )
 
 
 def test_an_unreachable_registry_is_one_line_saying_what_to_do(tmp_path, monkeypatch):
@@ -222,8 +244,11 @@ def site(shared_run, fake_runtime, tmp_path_factory):
     output = printed.getvalue()
     found = re.search(r"same top class as foodvit predict on (\d+)% of (\d+) test photos", output)
     assert found, output
-    return {"path": str(out), "agreement": {"agreement": int(found.group(1)) / 100, "photos": int(found.group(2))},
-            "output": output}
+    return {
+        "path": str(out),
+        "agreement": {"agreement": int(found.group(1)) / 100, "photos": int(found.group(2))},
+        "output": output,
+    }
 
 
 @pytest.mark.slow  # an ONNX export and its int8 quantisation (seconds); the graphs and the files are covered above
@@ -233,16 +258,30 @@ def test_the_site_holds_the_page_the_model_its_graphs_and_the_runtime(site, shar
     folder = Path(site["path"])
     names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     assert [n for n in names if not n.startswith("examples/")] == sorted(
-        ["README.md", "foodvit.js", "foodvit.json", "index.html", "model.onnx", "overlay.onnx", "preprocess.onnx", "style.css",
-         *(f"ort/{n}" for n in runtime.FILES)])
+        [
+            "README.md",
+            "foodvit.js",
+            "foodvit.json",
+            "index.html",
+            "model.onnx",
+            "overlay.onnx",
+            "preprocess.onnx",
+            "style.css",
+            *(f"ort/{n}" for n in runtime.FILES),
+        ]
+    )
     config = json.loads((folder / "foodvit.json").read_text())
     assert config["classes"] == ["pizza", "steak", "sushi"] and config["precision"] == "int8"
-    assert sorted(config["examples"]) == [n for n in names if n.startswith("examples/")] and len(config["examples"]) == 3
+    assert (
+        sorted(config["examples"]) == [n for n in names if n.startswith("examples/")] and len(config["examples"]) == 3
+    )
     card = dict(config["card"])
     assert str(shared_run[1]) not in json.dumps(config)  # the data set by its name, not where it lies here
     assert card["training data"].startswith("photos") and "int8 ONNX" in card["model file"]
     html = (folder / "index.html").read_text() + (folder / "foodvit.js").read_text()
-    assert "http://" not in html.replace("http://localhost:8000/", "") and "https://" not in html  # nothing fetched from elsewhere
+    assert (
+        "http://" not in html.replace("http://localhost:8000/", "") and "https://" not in html
+    )  # nothing fetched from elsewhere
     readme = (folder / "README.md").read_text()
     assert "python -m http.server" in readme and "GitHub Pages" in readme
     assert site["agreement"]["photos"] == 9 and site["agreement"]["agreement"] == 1.0
@@ -261,6 +300,8 @@ def test_the_pages_path_gives_predicts_probabilities(site, shared_run):
     for photo in sorted((shared_run[1] / "test").rglob("*.jpg"))[:4]:
         probabilities, attention, crop = page(load_or_explain(photo))
         expected = predictor.classify(photo)["probabilities"]
-        assert np.abs(probabilities - np.array([expected[c] for c in predictor.classes])).max() < 0.05  # int8 against fp32
+        assert (
+            np.abs(probabilities - np.array([expected[c] for c in predictor.classes])).max() < 0.05
+        )  # int8 against fp32
         assert attention.shape == (4, 4) and abs(float(attention.sum()) - 1) < 1e-3
         assert crop.shape == (32, 32, 3)

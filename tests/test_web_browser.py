@@ -20,14 +20,22 @@ import pytest
 from foodvit.deploy.web.runtime import VERSION
 
 CHROMIUM = os.environ.get("FOODVIT_CHROMIUM", "/usr/bin/chromium")
-ORT_WEB = Path(os.environ.get("FOODVIT_ORT_WEB") or Path(__file__).parents[1] / ".cache" / "npm" / f"onnxruntime-web-{VERSION}.tgz")
+ORT_WEB = Path(
+    os.environ.get("FOODVIT_ORT_WEB") or Path(__file__).parents[1] / ".cache" / "npm" / f"onnxruntime-web-{VERSION}.tgz"
+)
 if find_spec("playwright") is None or find_spec("onnxruntime") is None:
     pytest.skip("web page test: pip install -e '.[test,export]' for Playwright and the export", allow_module_level=True)
 if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
-    pytest.skip(f"web page test: no Chromium at {CHROMIUM}; install it with `apt-get install -y chromium`", allow_module_level=True)
+    pytest.skip(
+        f"web page test: no Chromium at {CHROMIUM}; install it with `apt-get install -y chromium`",
+        allow_module_level=True,
+    )
 if not ORT_WEB.exists():
-    pytest.skip(f"web page test: no onnxruntime-web {VERSION} at {ORT_WEB}; fetch it with `make ort-web` (needs npm), or set "
-                "FOODVIT_ORT_WEB to its .tgz or dist/ folder", allow_module_level=True)
+    pytest.skip(
+        f"web page test: no onnxruntime-web {VERSION} at {ORT_WEB}; fetch it with `make ort-web` (needs npm), or set "
+        "FOODVIT_ORT_WEB to its .tgz or dist/ folder",
+        allow_module_level=True,
+    )
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -43,7 +51,9 @@ def site(shared_run, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FOODVIT_CACHE", str(cache))  # the tarball is unpacked into a cache of the test's own
-        folder = Path(export_web(shared_run[0], tmp_path_factory.mktemp("web") / "site", ort_web=ORT_WEB, quiet=True)["path"])
+        folder = Path(
+            export_web(shared_run[0], tmp_path_factory.mktemp("web") / "site", ort_web=ORT_WEB, quiet=True)["path"]
+        )
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(folder)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -82,13 +92,18 @@ def open_page(browser, url: str, viewport: dict, elsewhere: list):
 def upload(page, path, answers: int) -> str:
     """Give the page a photo; 'done' (the answers-th answer shown) or 'error'."""
     page.locator("#photo").set_input_files(str(path))
-    page.wait_for_function(f"() => document.body.dataset.state === 'error' || document.body.dataset.answers === '{answers}'",
-                           timeout=60_000)
+    page.wait_for_function(
+        f"() => document.body.dataset.state === 'error' || document.body.dataset.answers === '{answers}'",
+        timeout=60_000,
+    )
     return page.evaluate("document.body.dataset.state")
 
 
-@pytest.mark.slow  # a browser and an export (int8): about 20 s; the page's computation is checked in Python in test_export_web
-@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["desktop", "phone"])
+# a browser and an export (int8): about 20 s; the page's computation is checked in Python in test_export_web
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["desktop", "phone"]
+)
 def test_the_page_answers_as_predict_draws_the_overlay_and_needs_no_network(site, shared_run, browser, viewport):
     from foodvit.deploy.predictor import Predictor
 
@@ -108,10 +123,12 @@ def test_the_page_answers_as_predict_draws_the_overlay_and_needs_no_network(site
                 assert shown["label"] == max(expected, key=expected.get), (photo, shown, expected)
         labels = page.locator("#classes li")
         assert labels.count() == 3 and labels.first.get_attribute("data-label") == shown["label"]
-        drawn = page.evaluate("() => { const c = document.getElementById('overlay'); const d = c.getContext('2d')"
-                              ".getImageData(0, 0, c.width, c.height).data; let lo = 255, hi = 0;"
-                              " for (let i = 0; i < d.length; i += 4) { lo = Math.min(lo, d[i + 2]); hi = Math.max(hi, d[i + 2]); }"
-                              " return [c.width, !document.getElementById('attention').hidden, hi - lo]; }")
+        drawn = page.evaluate(
+            "() => { const c = document.getElementById('overlay'); const d = c.getContext('2d')"
+            ".getImageData(0, 0, c.width, c.height).data; let lo = 255, hi = 0;"
+            " for (let i = 0; i < d.length; i += 4) { lo = Math.min(lo, d[i + 2]); hi = Math.max(hi, d[i + 2]); }"
+            " return [c.width, !document.getElementById('attention').hidden, hi - lo]; }"
+        )
         assert drawn[0] == 32 and drawn[1] and drawn[2] > 20  # the overlay is shown, with a map over it, not blank
         assert "Model card" in page.locator("#card").inner_text() and "int8 ONNX" in page.locator("#card").inner_text()
         width = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
@@ -131,8 +148,11 @@ def test_a_bad_photo_is_one_line_and_the_page_goes_on(site, shared_run, browser,
     elsewhere: list[str] = []
     page = open_page(browser, site[0], {"width": 1280, "height": 900}, elsewhere)
     try:
-        expected = {"notes.jpg": "notes.jpg is not an image", "empty.jpg": "empty.jpg is empty (0 bytes)",
-                    "huge.png": "huge.png is 8000 x 6250 = 50 megapixels, over the page's limit of 40 megapixels"}
+        expected = {
+            "notes.jpg": "notes.jpg is not an image",
+            "empty.jpg": "empty.jpg is empty (0 bytes)",
+            "huge.png": "huge.png is 8000 x 6250 = 50 megapixels, over the page's limit of 40 megapixels",
+        }
         for name, start in expected.items():
             assert upload(page, tmp_path / name, 1) == "error"
             line = page.locator("#error").inner_text()

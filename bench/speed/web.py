@@ -61,7 +61,10 @@ def page_answers(url: str, photos: list[Path]) -> dict:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         elsewhere = []
-        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(url) else (elsewhere.append(r.request.url), r.abort()))
+        page.route(
+            "**/*",
+            lambda r: r.continue_() if r.request.url.startswith(url) else (elsewhere.append(r.request.url), r.abort()),
+        )
         started = time.perf_counter()
         page.goto(url)
         page.wait_for_function("() => document.body.dataset.state === 'ready'", timeout=120_000)
@@ -73,8 +76,10 @@ def page_answers(url: str, photos: list[Path]) -> dict:
             nonlocal count
             count += 1
             page.locator("#photo").set_input_files(str(photo))
-            page.wait_for_function(f"() => document.body.dataset.state === 'error' || document.body.dataset.answers === '{count}'",
-                                   timeout=120_000)
+            page.wait_for_function(
+                f"() => document.body.dataset.state === 'error' || document.body.dataset.answers === '{count}'",
+                timeout=120_000,
+            )
             if page.evaluate("document.body.dataset.state") == "error":
                 raise RuntimeError(page.locator("#error").inner_text())
             return page.evaluate("window.foodvit.last")
@@ -85,8 +90,13 @@ def page_answers(url: str, photos: list[Path]) -> dict:
         repeated = [upload(photos[0]) for _ in range(REPEATS)]
         browser.close()
     assert not elsewhere, f"the page asked for {elsewhere}"
-    return {"answers": answers, "load_ms": load_page, "load_wall_s": load_wall,
-            "model_ms": statistics.median(a["modelMs"] for a in repeated), "total_ms": statistics.median(a["totalMs"] for a in repeated)}
+    return {
+        "answers": answers,
+        "load_ms": load_page,
+        "load_wall_s": load_wall,
+        "model_ms": statistics.median(a["modelMs"] for a in repeated),
+        "total_ms": statistics.median(a["totalMs"] for a in repeated),
+    }
 
 
 def server_figures(model: Path, photo: Path) -> dict:
@@ -94,8 +104,10 @@ def server_figures(model: Path, photo: Path) -> dict:
 
     port = free_port()
     started = time.perf_counter()
-    process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(model), "--port", str(port), "--threads", "1",
-                                 "--no-examples"], port)
+    process, url = start_server(
+        [sys.executable, "-m", "foodvit", "serve", str(model), "--port", str(port), "--threads", "1", "--no-examples"],
+        port,
+    )
     ready = time.perf_counter() - started
     try:
         data = photo.read_bytes()
@@ -115,7 +127,7 @@ def server_figures(model: Path, photo: Path) -> dict:
 
 def compare(answers: list[dict], reference: list[np.ndarray], classes: list[str]) -> tuple[float, float]:
     same, worst = 0, 0.0
-    for answer, expected in zip(answers, reference):
+    for answer, expected in zip(answers, reference, strict=True):
         shown = np.array([answer["probabilities"][c] for c in classes])
         same += int(shown.argmax() == expected.argmax())
         worst = max(worst, float(np.abs(shown - expected).max()))
@@ -125,11 +137,17 @@ def compare(answers: list[dict], reference: list[np.ndarray], classes: list[str]
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="a run trained on FoodVision Mini")
-    parser.add_argument("--ort-web", help="onnxruntime-web's .tgz or dist/ (default: foodvit's cache, else npm's registry)")
+    parser.add_argument(
+        "--ort-web", help="onnxruntime-web's .tgz or dist/ (default: foodvit's cache, else npm's registry)"
+    )
     parser.add_argument("--fp32", action="store_true", help="the fp32 model instead of int8")
-    parser.add_argument("--no-record", action="store_true", help="print the figures without appending them to results/web.csv")
+    parser.add_argument(
+        "--no-record", action="store_true", help="print the figures without appending them to results/web.csv"
+    )
     args = parser.parse_args(argv)
-    logging.getLogger().setLevel(logging.ERROR)  # ONNX Runtime's quantiser's generic advice, as the command line quiets it
+    logging.getLogger().setLevel(
+        logging.ERROR
+    )  # ONNX Runtime's quantiser's generic advice, as the command line quiets it
 
     from foodvit.data.photos import load_or_explain
     from foodvit.deploy.predictor import Predictor
@@ -144,7 +162,9 @@ def main(argv=None) -> None:
         exported = export_web(args.run, site, quantize=None if args.fp32 else "int8", ort_web=args.ort_web, quiet=True)
         onnx_predictor = Predictor.from_onnx(site / "model.onnx", threads=1)
         torch_p = [predictor.classify(p)["probabilities"] for p in photos]
-        onnx_p = [onnx_predictor.probabilities(onnx_predictor.prepare(load_or_explain(p), str(p))[None])[0] for p in photos]
+        onnx_p = [
+            onnx_predictor.probabilities(onnx_predictor.prepare(load_or_explain(p), str(p))[None])[0] for p in photos
+        ]
         torch_p = [np.array([d[c] for c in predictor.classes]) for d in torch_p]
         server, url = serve_folder(site)
         try:
@@ -153,25 +173,39 @@ def main(argv=None) -> None:
             server.shutdown()
             server.server_close()
         served = server_figures(site / "model.onnx", photos[0])
-        sizes = {"site": sum(p.stat().st_size for p in site.rglob("*") if p.is_file()),
-                 "model": (site / "model.onnx").stat().st_size,
-                 "runtime": sum(p.stat().st_size for p in (site / "ort").iterdir())}
+        sizes = {
+            "site": sum(p.stat().st_size for p in site.rglob("*") if p.is_file()),
+            "model": (site / "model.onnx").stat().st_size,
+            "runtime": sum(p.stat().st_size for p in (site / "ort").iterdir()),
+        }
     agree_torch, diff_torch = compare(page["answers"], torch_p, predictor.classes)
     agree_onnx, diff_onnx = compare(page["answers"], onnx_p, predictor.classes)
     precision = "fp32" if args.fp32 else "int8"
     rows = [
         ("page top-1 agreement with foodvit predict (PyTorch fp32)", 100 * agree_torch, "%"),
         ("page max probability difference from foodvit predict", diff_torch, "probability"),
-        (f"page top-1 agreement with the same {precision} .onnx in Python (Pillow preprocessing)", 100 * agree_onnx, "%"),
+        (
+            f"page top-1 agreement with the same {precision} .onnx in Python (Pillow preprocessing)",
+            100 * agree_onnx,
+            "%",
+        ),
         (f"page max probability difference from the same {precision} .onnx in Python", diff_onnx, "probability"),
-        ("export-web's own check (page path in Python vs predict), top-1 agreement", 100 * exported["agreement"]["agreement"], "%"),
+        (
+            "export-web's own check (page path in Python vs predict), top-1 agreement",
+            100 * exported["agreement"]["agreement"],
+            "%",
+        ),
         ("page model load (fetch + compile + 3 sessions + a warm-up photo, in the page)", page["load_ms"], "ms"),
         ("page open to ready (wall, from this process)", 1000 * page["load_wall_s"], "ms"),
         ("page per-photo model time (preprocess graph + forward), median of 20", page["model_ms"], "ms"),
         ("page per-photo total (decode + model + overlay), median of 20", page["total_ms"], "ms"),
         ("foodvit serve model.onnx: start until /health answers", 1000 * served["ready_s"], "ms"),
         ("foodvit serve model.onnx: POST /predict round trip, median of 20", served["http_ms"], "ms"),
-        ("foodvit serve model.onnx: decode + preprocess + model in the server (its seconds), median of 20", served["server_ms"], "ms"),
+        (
+            "foodvit serve model.onnx: decode + preprocess + model in the server (its seconds), median of 20",
+            served["server_ms"],
+            "ms",
+        ),
         ("site folder size", sizes["site"] / 1e6, "MB"),
         ("model.onnx size", sizes["model"] / 1e6, "MB"),
         ("ONNX Runtime Web files size", sizes["runtime"] / 1e6, "MB"),
@@ -180,8 +214,18 @@ def main(argv=None) -> None:
     for what, value, unit in rows:
         print(f"{what}: {value:.4g} {unit}")
         if not args.no_record:
-            record("web", {"what": what, "value": round(float(value), 4), "unit": unit, "model": precision,
-                           "photos": len(photos), "run": Path(args.run).name}, command=command)
+            record(
+                "web",
+                {
+                    "what": what,
+                    "value": round(float(value), 4),
+                    "unit": unit,
+                    "model": precision,
+                    "photos": len(photos),
+                    "run": Path(args.run).name,
+                },
+                command=command,
+            )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,14 @@ def cached(version: str = VERSION) -> Path:
     return cache_dir() / "onnxruntime-web" / version
 
 
-def runtime_files(local: str | Path | None = None, *, version: str = VERSION, integrity: str = INTEGRITY,
-                  registry: str | None = None, quiet: bool = False) -> Path:
+def runtime_files(
+    local: str | Path | None = None,
+    *,
+    version: str = VERSION,
+    integrity: str = INTEGRITY,
+    registry: str | None = None,
+    quiet: bool = False,
+) -> Path:
     """A folder holding FILES: found under `local` (a folder, or the package's .tgz), else in the
     cache, else fetched from the registry into the cache. A RuntimeFilesError in one line when
     neither is possible."""
@@ -66,18 +72,29 @@ def runtime_files(local: str | Path | None = None, *, version: str = VERSION, in
     folder = cached(version)
     if all((folder / name).is_file() for name in FILES):
         return folder
-    return _unpacked(_download(tarball_url(version, registry), quiet), tarball_url(version, registry), version, integrity)
+    return _unpacked(
+        _download(tarball_url(version, registry), quiet), tarball_url(version, registry), version, integrity
+    )
 
 
 def _found_in(local: Path) -> Path:
     if not local.is_dir():
-        raise RuntimeFilesError(f"--ort-web {local} does not exist; give the folder of onnxruntime-web's files (its dist/) "
-                                f"or the package's .tgz ({PACK})")
-    for folder in (local, local / "dist", local / "package" / "dist", local / "node_modules" / "onnxruntime-web" / "dist"):
+        raise RuntimeFilesError(
+            f"--ort-web {local} does not exist; give the folder of onnxruntime-web's files (its dist/) "
+            f"or the package's .tgz ({PACK})"
+        )
+    for folder in (
+        local,
+        local / "dist",
+        local / "package" / "dist",
+        local / "node_modules" / "onnxruntime-web" / "dist",
+    ):
         if all((folder / name).is_file() for name in FILES):
             return folder
-    raise RuntimeFilesError(f"--ort-web {local} does not hold onnxruntime-web's {', '.join(FILES)}; give its dist/ folder "
-                            f"or the package's .tgz ({PACK})")
+    raise RuntimeFilesError(
+        f"--ort-web {local} does not hold onnxruntime-web's {', '.join(FILES)}; give its dist/ folder "
+        f"or the package's .tgz ({PACK})"
+    )
 
 
 def _download(url: str, quiet: bool) -> bytes:
@@ -90,8 +107,10 @@ def _download(url: str, quiet: bool) -> bytes:
             return response.read()
     except OSError as err:  # URLError, HTTPError, time-outs and refused connections are all OSErrors
         reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or err
-        raise RuntimeFilesError(f"cannot download onnxruntime-web from {url} ({reason}); connect to the network, or give "
-                                f"--ort-web with its files (e.g. the .tgz of `{PACK}`)") from None
+        raise RuntimeFilesError(
+            f"cannot download onnxruntime-web from {url} ({reason}); connect to the network, or give "
+            f"--ort-web with its files (e.g. the .tgz of `{PACK}`)"
+        ) from None
 
 
 def check_integrity(data: bytes, integrity: str, where: str) -> None:
@@ -99,8 +118,10 @@ def check_integrity(data: bytes, integrity: str, where: str) -> None:
     algorithm, _, expected = integrity.partition("-")
     digest = base64.b64encode(hashlib.new(algorithm, data).digest()).decode()
     if digest != expected:
-        raise RuntimeFilesError(f"{where} is not onnxruntime-web {VERSION} as published: its {algorithm} differs from the "
-                                f"registry's ({integrity[:24]}...); fetch it again (`{PACK}`)")
+        raise RuntimeFilesError(
+            f"{where} is not onnxruntime-web {VERSION} as published: its {algorithm} differs from the "
+            f"registry's ({integrity[:24]}...); fetch it again (`{PACK}`)"
+        )
 
 
 def _unpacked(data: bytes, where: str, version: str, integrity: str) -> Path:
@@ -120,7 +141,9 @@ def _unpacked(data: bytes, where: str, version: str, integrity: str) -> Path:
                 except KeyError:
                     member = None
                 if member is None:
-                    raise RuntimeFilesError(f"{where} has no dist/{name}: not the onnxruntime-web package foodvit expects")
+                    raise RuntimeFilesError(
+                        f"{where} has no dist/{name}: not the onnxruntime-web package foodvit expects"
+                    )
                 with member, (tmp / name).open("wb") as out:
                     shutil.copyfileobj(member, out)
 

@@ -79,7 +79,9 @@ def agreement(folder: Path, predictor, photos) -> dict:
 
 def check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RunError(f"--out {out} exists and is not an empty folder; export-web writes only into a new or empty folder")
+        raise RunError(
+            f"--out {out} exists and is not an empty folder; export-web writes only into a new or empty folder"
+        )
 
 
 def page_config(predictor, model_file: Path, grid: int, examples: list[str], quantize: str | None) -> dict:
@@ -89,15 +91,27 @@ def page_config(predictor, model_file: Path, grid: int, examples: list[str], qua
     from foodvit.deploy.space import published_card
     from foodvit.deploy.web.runtime import VERSION
 
-    published = SimpleNamespace(card={**published_card(predictor.card), "params": predictor.card.get("params")},
-                                classes=predictor.classes, preprocess=predictor.preprocess)
+    published = SimpleNamespace(
+        card={**published_card(predictor.card), "params": predictor.card.get("params")},
+        classes=predictor.classes,
+        preprocess=predictor.preprocess,
+    )
     precision = "int8" if quantize else "fp32"
-    size = f"{precision} ONNX, {model_file.stat().st_size / 1e6:.1f} MB, run by ONNX Runtime Web {VERSION} in this browser"
+    size = (
+        f"{precision} ONNX, {model_file.stat().st_size / 1e6:.1f} MB, run by ONNX Runtime Web {VERSION} in this browser"
+    )
     rows = [*card_rows(published, code=str), ("model file", size)]
-    return {"title": f"foodvit: {', '.join(predictor.classes)}", "classes": predictor.classes,
-            "preprocess": json.loads(predictor.preprocess.to_json()), "grid": grid, "card": rows,
-            "limits": {"max_megapixels": MAX_MEGAPIXELS, "max_file_mb": MAX_FILE_MB, "accepted": ACCEPTED},
-            "examples": examples, "precision": precision, "runtime": f"onnxruntime-web {VERSION}"}
+    return {
+        "title": f"foodvit: {', '.join(predictor.classes)}",
+        "classes": predictor.classes,
+        "preprocess": json.loads(predictor.preprocess.to_json()),
+        "grid": grid,
+        "card": rows,
+        "limits": {"max_megapixels": MAX_MEGAPIXELS, "max_file_mb": MAX_FILE_MB, "accepted": ACCEPTED},
+        "examples": examples,
+        "precision": precision,
+        "runtime": f"onnxruntime-web {VERSION}",
+    }
 
 
 README = """# {title}: a static web page
@@ -140,8 +154,15 @@ Measured at export: the page's computation gave the same top class as `foodvit p
 """
 
 
-def export_web(run: str | Path, out: str | Path, *, quantize: str | None = "int8", ort_web: str | Path | None = None,
-               examples_per_class: int = 1, quiet: bool = False) -> dict:
+def export_web(
+    run: str | Path,
+    out: str | Path,
+    *,
+    quantize: str | None = "int8",
+    ort_web: str | Path | None = None,
+    examples_per_class: int = 1,
+    quiet: bool = False,
+) -> dict:
     """Write the site folder (new or empty, else refused untouched); returns {"path", "bytes", "model_bytes",
     "agreement" (see agreement()), "quantization"}. quantize: as export's (None: fp32). ort_web: where
     ONNX Runtime Web's files are (runtime.runtime_files; default the cache, else the npm registry)."""
@@ -183,11 +204,29 @@ def export_web(run: str | Path, out: str | Path, *, quantize: str | None = "int8
         config = page_config(predictor, tmp / "model.onnx", grid, examples, quantize)
         (tmp / "foodvit.json").write_text(json.dumps(config, indent=1))
         measured = agreement(tmp, predictor, test_photos)
-        words = (f"{measured['agreement']:.0%} of {measured['photos']} test photos (largest probability difference "
-                 f"{measured['max_difference']:.3f})") if measured["photos"] else "no test photos (none at hand)"
-        (tmp / "README.md").write_text(README.format(title=config["title"], runtime=config["runtime"], folder=out.name,
-                                                     precision=config["precision"], runtime_version=VERSION, agreement=words))
-        result.update(agreement=measured, quantization=exported.get("quantization"), model_bytes=(tmp / "model.onnx").stat().st_size)
+        words = (
+            (
+                f"{measured['agreement']:.0%} of {measured['photos']} test photos (largest probability difference "
+                f"{measured['max_difference']:.3f})"
+            )
+            if measured["photos"]
+            else "no test photos (none at hand)"
+        )
+        (tmp / "README.md").write_text(
+            README.format(
+                title=config["title"],
+                runtime=config["runtime"],
+                folder=out.name,
+                precision=config["precision"],
+                runtime_version=VERSION,
+                agreement=words,
+            )
+        )
+        result.update(
+            agreement=measured,
+            quantization=exported.get("quantization"),
+            model_bytes=(tmp / "model.onnx").stat().st_size,
+        )
 
     atomic_folder(out, fill)
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

@@ -8,8 +8,10 @@
 const DECODE_TIMEOUT_MS = 30000;
 const MODEL_TIMEOUT_MS = 60000;
 const $ = (id) => document.getElementById(id);
-const state = { config: null, sessions: null, loading: null, queue: Promise.resolve(), answers: 0, loadMs: null, last: null,
-                crop: null };
+const state = {
+  config: null, sessions: null, loading: null, queue: Promise.resolve(),
+  answers: 0, loadMs: null, last: null, crop: null,
+};
 window.foodvit = state;  // what a test or a benchmark reads
 
 class PhotoError extends Error {}
@@ -57,21 +59,23 @@ async function decode(blob, name) {
   const limits = state.config.limits;
   if (blob.size === 0) throw new PhotoError(`${name} is empty (0 bytes); expected ${limits.accepted}`);
   if (blob.size > limits.max_file_mb * 1e6) {
-    throw new PhotoError(`${name} is ${(blob.size / 1e6).toFixed(1)} MB, over the page's limit of ${limits.max_file_mb} MB; `
-                         + "send a smaller photo");
+    const mb = (blob.size / 1e6).toFixed(1);
+    throw new PhotoError(`${name} is ${mb} MB, over the page's limit of ${limits.max_file_mb} MB; send a smaller one`);
   }
-  const [width, height] = await withTimeout(dimensions(blob, name, limits.accepted), DECODE_TIMEOUT_MS, `reading ${name}`);
+  const header = dimensions(blob, name, limits.accepted);
+  const [width, height] = await withTimeout(header, DECODE_TIMEOUT_MS, `reading ${name}`);
   if (width * height > limits.max_megapixels * 1e6) {
-    throw new PhotoError(`${name} is ${width} x ${height} = ${megapixels(width * height)} megapixels, over the page's limit of `
-                         + `${limits.max_megapixels} megapixels; resize it below the limit and try again`);
+    throw new PhotoError(`${name} is ${width} x ${height} = ${megapixels(width * height)} megapixels, over the page's `
+                         + `limit of ${limits.max_megapixels} megapixels; resize it below the limit and try again`);
   }
   let bitmap;
   try {
-    bitmap = await withTimeout(createImageBitmap(blob, { imageOrientation: "from-image", colorSpaceConversion: "none",
-                                                         premultiplyAlpha: "none" }), DECODE_TIMEOUT_MS, `decoding ${name}`);
+    const options = { imageOrientation: "from-image", colorSpaceConversion: "none", premultiplyAlpha: "none" };
+    bitmap = await withTimeout(createImageBitmap(blob, options), DECODE_TIMEOUT_MS, `decoding ${name}`);
   } catch (err) {
     if (err instanceof PhotoError) throw err;
-    throw new PhotoError(`${name} cannot be decoded, damaged or truncated? expected a complete image file: ${limits.accepted}`);
+    throw new PhotoError(`${name} cannot be decoded, damaged or truncated? `
+                         + `expected a complete image file: ${limits.accepted}`);
   }
   const canvas = document.createElement("canvas");
   canvas.width = bitmap.width;
@@ -82,7 +86,8 @@ async function decode(blob, name) {
   context.drawImage(bitmap, 0, 0);
   bitmap.close();
   const pixels = context.getImageData(0, 0, canvas.width, canvas.height).data;
-  return new ort.Tensor("uint8", new Uint8Array(pixels.buffer, pixels.byteOffset, pixels.length), [canvas.height, canvas.width, 4]);
+  const bytes = new Uint8Array(pixels.buffer, pixels.byteOffset, pixels.length);
+  return new ort.Tensor("uint8", bytes, [canvas.height, canvas.width, 4]);
 }
 
 function softmax(logits) {
@@ -124,14 +129,16 @@ function show(answer) {
     item.append(bar);
     return item;
   }));
-  $("timing").textContent = `${answer.name}: the model took ${answer.modelMs.toFixed(0)} ms (preprocessing and forward pass); `
+  $("timing").textContent = `${answer.name}: the model took ${answer.modelMs.toFixed(0)} ms `
+                            + "(preprocessing and forward pass); "
                             + `${answer.totalMs.toFixed(0)} ms with decoding and drawing`;
   const size = state.config.preprocess.image_size;
   const canvas = $("overlay");
   canvas.width = size;
   canvas.height = size;
   const data = answer.overlay.data;
-  canvas.getContext("2d").putImageData(new ImageData(new Uint8ClampedArray(data.buffer, data.byteOffset, data.length), size, size), 0, 0);
+  const rgba = new Uint8ClampedArray(data.buffer, data.byteOffset, data.length);
+  canvas.getContext("2d").putImageData(new ImageData(rgba, size, size), 0, 0);
   $("attention").hidden = false;
   state.answers += 1;
   state.last = { name: answer.name, label: classes[order[0]],
@@ -154,7 +161,8 @@ function submit(blob, name) {
       $("status").textContent = "ready";
     } catch (err) {
       $("status").textContent = "ready";
-      showError(err instanceof PhotoError ? err.message : `${name} could not be classified (${err && err.message || err})`);
+      showError(err instanceof PhotoError ? err.message
+                                          : `${name} could not be classified (${err && err.message || err})`);
     }
   });
   return state.queue;
@@ -222,17 +230,20 @@ async function start() {
       ["preprocess.onnx", "model.onnx", "overlay.onnx"].map((f) => ort.InferenceSession.create(f, options)));
     // one blank photo through all three, as the server warms up: the first visitor's photo waits no longer than others
     const size = state.config.preprocess.image_size;
-    const blank = await preprocess.run({ pixels: new ort.Tensor("uint8", new Uint8Array(size * size * 4), [size, size, 4]) });
+    const pixels = new ort.Tensor("uint8", new Uint8Array(size * size * 4), [size, size, 4]);
+    const blank = await preprocess.run({ pixels });
     const first = await model.run({ images: blank.images });
     const grid = state.config.grid;
-    await overlay.run({ crop: blank.crop, heat: new ort.Tensor("float32", first.attention.data.slice(0, grid * grid), [grid, grid]) });
+    const heat = new ort.Tensor("float32", first.attention.data.slice(0, grid * grid), [grid, grid]);
+    await overlay.run({ crop: blank.crop, heat });
     state.sessions = { preprocess, model, overlay };
     state.loadMs = performance.now() - started;
     $("status").textContent = `model loaded in ${state.loadMs.toFixed(0)} ms: ready`;  // fetched, compiled, warmed up
     document.body.dataset.state = "ready";
   } catch (err) {
     $("status").textContent = "not loaded";
-    showError(`the model could not be loaded (${err && err.message || err}); serve this folder over HTTP with all its files`);
+    const why = err && err.message || err;
+    showError(`the model could not be loaded (${why}); serve this folder over HTTP with all its files`);
   }
 }
 
