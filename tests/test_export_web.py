@@ -51,8 +51,9 @@ def _session(model):
             "mean": (0.485, 0.456, 0.406),
             "std": (0.229, 0.224, 0.225),
         },
+        {"image_size": 48, "resize_size": 55, "interpolation": "bicubic"},
     ],
-    ids=["crop-224", "crop-32", "square-64"],
+    ids=["crop-224", "crop-32", "square-64", "bicubic-48"],
 )
 def test_the_preprocessing_graph_computes_what_the_predictor_does_within_one_pixel_level(preprocess):
     from foodvit.data.preprocess import Preprocess, crop_view, to_array

@@ -7,8 +7,9 @@ computes them, so that JavaScript holds no arithmetic that could drift.
                       and crop uint8 (S, S, 3), the part of the photo the model sees.
                       Preprocess 'crop': the shorter side resized to resize_size (the longer in
                       proportion, rounded down), the centre S x S cut out; 'square': both sides to
-                      S. Resize: linear with antialiasing on uint8 (Pillow's resampling, which
-                      ONNX Runtime's antialiased Resize follows); then / 255, - mean, / std in
+                      S. Resize: linear or cubic as the preprocessing's interpolation, antialiased,
+                      on uint8 (Pillow's resampling, which ONNX Runtime's antialiased Resize
+                      follows); then / 255, - mean, / std in
                       float32, the order of preprocess.to_array.
     overlay.onnx      crop uint8 (S, S, 3) and heat float32 (g, g) -> overlay uint8 (S, S, 4): the
                       map upsampled bilinearly (half-pixel centres, as F.interpolate), scaled to
@@ -24,6 +25,8 @@ import numpy as np
 
 OPSET = 18  # Resize's antialias attribute arrived in opset 18
 IR_VERSION = 8  # what ONNX Runtime Web's parser and the Python one both read
+# Pillow's filters as Resize's modes: bilinear is the triangle filter, bicubic Keys' cubic with a = -0.5
+RESAMPLING = {"bilinear": {"mode": "linear"}, "bicubic": {"mode": "cubic", "cubic_coeff_a": -0.5}}
 
 
 def _model(nodes, inputs, outputs, initializers, name: str):
@@ -92,10 +95,10 @@ def preprocess_graph(preprocess):
             "Resize",
             ["nhwc", "", "", "sizes"],
             ["resized"],
-            mode="linear",
             antialias=1,
-            exclude_outside=1,
+            exclude_outside=1,  # Pillow weighs only the pixels inside the photo
             coordinate_transformation_mode="half_pixel",
+            **RESAMPLING[preprocess.interpolation],
         )
     ]
     if preprocess.mode == "square":

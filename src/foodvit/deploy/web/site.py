@@ -114,11 +114,11 @@ def page_config(predictor, model_file: Path, grid: int, examples: list[str], qua
     }
 
 
-README = """# {title}: a static web page
+README = """# {title}
 
-A Vision Transformer trained with foodvit, classifying photos in the browser: the photo never leaves
-the visitor's machine. ONNX Runtime Web ({runtime}, WebAssembly) runs the model; every file the page
-needs is in this folder, and it makes no other request.
+A static web page: a Vision Transformer trained with foodvit classifies photos in the browser, and
+the photo never leaves the visitor's machine. ONNX Runtime Web ({runtime}, WebAssembly) runs the
+model; every file the page needs is in this folder, and it makes no other request.
 
 ## Open it on this machine
 
