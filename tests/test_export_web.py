@@ -191,9 +191,11 @@ def test_local_files_are_found_in_a_folder_or_a_checked_tarball(tmp_path, monkey
 
 @pytest.fixture(scope="module")
 def fake_runtime(tmp_path_factory):
+    """A dist/ folder as npm's package has it: the page's three files among others it does not need."""
     folder = tmp_path_factory.mktemp("ort-web")
     for name in runtime.FILES:
         (folder / name).write_bytes(FAKE[f"dist/{name}"])
+    (folder / "ort.webgpu.min.js").write_text("// not for the page")
     return folder
 
 

@@ -172,6 +172,7 @@ def export_web(
     from foodvit.deploy.predictor import Predictor
     from foodvit.deploy.space import publishable_onnx
     from foodvit.deploy.web.graphs import overlay_graph, preprocess_graph
+    from foodvit.deploy.web.runtime import FILES as RUNTIME_FILES
     from foodvit.deploy.web.runtime import VERSION, runtime_files
     from foodvit.files import atomic_folder
 
@@ -190,8 +191,8 @@ def export_web(
         onnx.save(preprocess_graph(predictor.preprocess), str(tmp / "preprocess.onnx"))
         onnx.save(overlay_graph(size, grid), str(tmp / "overlay.onnx"))
         (tmp / "ort").mkdir()
-        for path in sorted(runtime.iterdir()):
-            shutil.copy2(path, tmp / "ort" / path.name)
+        for name in RUNTIME_FILES:  # only these: a package's dist/ holds a hundred more (WebGPU, WebGL, source maps)
+            shutil.copy2(runtime / name, tmp / "ort" / name)
         (tmp / "examples").mkdir()
         examples = []
         for i, photo in enumerate(_examples(test_photos, predictor.classes, examples_per_class)):
