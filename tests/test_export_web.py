@@ -154,6 +154,14 @@ def test_a_tarball_that_is_not_the_published_one_is_refused_and_nothing_is_cache
     )
 
 
+def test_a_cache_that_cannot_be_written_is_one_line(registry, tmp_path, monkeypatch):
+    url, data, _ = registry
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(runtime.RuntimeFilesError, match="set FOODVIT_CACHE to a folder you can write"):
+        runtime.runtime_files(version="0.0.0-test", integrity=_integrity(data), registry=url, quiet=True)
+
+
 def test_an_unreachable_registry_is_one_line_saying_what_to_do(tmp_path, monkeypatch):
     from helpers import free_port
 

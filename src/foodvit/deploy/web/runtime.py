@@ -147,6 +147,10 @@ def _unpacked(data: bytes, where: str, version: str, integrity: str) -> Path:
                 with member, (tmp / name).open("wb") as out:
                     shutil.copyfileobj(member, out)
 
-    if folder.exists():  # a part left by something else: the checked tarball replaces it
-        shutil.rmtree(folder)
-    return atomic_folder(folder, fill)
+    try:
+        if folder.exists():  # a part left by something else: the checked tarball replaces it
+            shutil.rmtree(folder)
+        return atomic_folder(folder, fill)
+    except OSError as err:
+        raise RuntimeFilesError(f"cannot keep onnxruntime-web's files in {folder} ({err.strerror or err}); set "
+                                "FOODVIT_CACHE to a folder you can write") from None
