@@ -7,18 +7,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo test test-fast venv clean bench notebook ort-web
+.PHONY: demo test test-fast lint venv clean bench notebook docs docs-serve ort-web
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --no-cache-dir --upgrade "pip>=23"
-	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,serve,export,track,tune]'
+	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,lint,serve,export,track,tune,docs]'
 	rm -f $(VENV)/.installed-* && touch $@
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal  # two workers on the two cores; one that runs out takes queued tests from the other
+
+# ruff (lint, then the formatter as a check: it changes nothing) and mypy over src/, as configured in pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check src
+	$(BIN)/ruff format --check src
+	$(BIN)/mypy
 
 # The inner loop: the suite without the tests marked slow (torchrun, the browser, kill -9, servers, ViT-B/16 at full
 # size); every module is still exercised. `make test` stays the one that counts.
@@ -43,6 +49,15 @@ notebook: $(STAMP)
 	  nbclient.NotebookClient(nb, timeout=600, kernel_name='python3', resources={'metadata': {'path': 'docs'}}).execute(); \
 	  nbformat.write(nb, p)"
 
+# The documentation site: docs/generate.py (through docs/hooks.py) writes the Results page, README's results table
+# and the command-line and recipe references from results/ and the code, then MkDocs builds site/ (--strict: a broken
+# link, a missing reference or a page left out of the navigation fails the build).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
 # ONNX Runtime Web's npm package, the pinned version export-web uses, for the page's browser test
 # (tests/test_web_browser.py); npm checks the registry's integrity hash, export-web checks it again.
 ORT_WEB_VERSION := $(shell sed -n 's/^VERSION = "\(.*\)"/\1/p' src/foodvit/deploy/web/runtime.py)
@@ -52,4 +67,4 @@ ort-web: .cache/npm/onnxruntime-web-$(ORT_WEB_VERSION).tgz
 	mkdir -p .cache/npm && cd .cache/npm && npm pack --silent onnxruntime-web@$(ORT_WEB_VERSION) >/dev/null
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache
