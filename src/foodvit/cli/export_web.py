@@ -65,10 +65,14 @@ def cmd_export_web(args: argparse.Namespace) -> int:
     measured = result["agreement"]
     same = "no test photos at hand to compare"
     if measured["photos"]:
-        same = (f"same top class as foodvit predict on {measured['agreement']:.0%} of {measured['photos']} test "
-                f"photos, largest probability difference {measured['max_difference']:.3f}")
+        same = (
+            f"same top class as foodvit predict on {measured['agreement']:.0%} of {measured['photos']} test "
+            f"photos, largest probability difference {measured['max_difference']:.3f}"
+        )
     size, model = result["bytes"] / 1e6, result["model_bytes"] / 1e6
     print(f"{result['path']}: {size:.1f} MB (model {model:.1f} MB); the page's path: {same}")
-    print(f"open it: cd {result['path']} && python -m http.server 8000, then http://localhost:8000/ ; "
-          "publish: copy the folder to any static host (see its README.md)")
+    print(
+        f"open it: cd {result['path']} && python -m http.server 8000, then http://localhost:8000/ ; "
+        "publish: copy the folder to any static host (see its README.md)"
+    )
     return 0

@@ -21,12 +21,17 @@ Built node by node with onnx.helper (no PyTorch): each is a dozen operators.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 OPSET = 18  # Resize's antialias attribute arrived in opset 18
 IR_VERSION = 8  # what ONNX Runtime Web's parser and the Python one both read
 # Pillow's filters as Resize's modes: bilinear is the triangle filter, bicubic Keys' cubic with a = -0.5
-RESAMPLING = {"bilinear": {"mode": "linear"}, "bicubic": {"mode": "cubic", "cubic_coeff_a": -0.5}}
+RESAMPLING: dict[str, dict[str, Any]] = {
+    "bilinear": {"mode": "linear"},
+    "bicubic": {"mode": "cubic", "cubic_coeff_a": -0.5},
+}
 
 
 def _model(nodes, inputs, outputs, initializers, name: str):

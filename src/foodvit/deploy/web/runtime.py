@@ -152,5 +152,7 @@ def _unpacked(data: bytes, where: str, version: str, integrity: str) -> Path:
             shutil.rmtree(folder)
         return atomic_folder(folder, fill)
     except OSError as err:
-        raise RuntimeFilesError(f"cannot keep onnxruntime-web's files in {folder} ({err.strerror or err}); set "
-                                "FOODVIT_CACHE to a folder you can write") from None
+        raise RuntimeFilesError(
+            f"cannot keep onnxruntime-web's files in {folder} ({err.strerror or err}); set "
+            "FOODVIT_CACHE to a folder you can write"
+        ) from None

@@ -187,7 +187,9 @@ def export_web(
     def fill(tmp: Path) -> None:
         exported = publishable_onnx(run, tmp / "model.onnx", quantize, predictor)  # checked against the run (export.py)
         size = predictor.preprocess.image_size
-        grid = OnnxBackend(tmp / "model.onnx").attention(np.zeros((1, 3, size, size), np.float32)).shape[-1]
+        maps = OnnxBackend(tmp / "model.onnx").attention(np.zeros((1, 3, size, size), np.float32))
+        assert maps is not None, "publishable_onnx exports the attention output"
+        grid = maps.shape[-1]
         onnx.save(preprocess_graph(predictor.preprocess), str(tmp / "preprocess.onnx"))
         onnx.save(overlay_graph(size, grid), str(tmp / "overlay.onnx"))
         (tmp / "ort").mkdir()
