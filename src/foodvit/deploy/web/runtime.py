@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import logging
 import os
 import shutil
 import tarfile
@@ -34,6 +35,7 @@ REGISTRY_ENV = "FOODVIT_NPM_REGISTRY"
 # the WebAssembly-only build: its loader script, the module glue it imports and the binary
 FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 TIMEOUT_S = 60.0
+logger = logging.getLogger(__name__)
 PACK = f"npm pack onnxruntime-web@{VERSION}"
 
 
@@ -101,7 +103,7 @@ def _download(url: str, quiet: bool) -> bytes:
     from foodvit.files import open_url
 
     if not quiet:
-        print(f"downloading onnxruntime-web {VERSION} from {url} (once; kept in the cache)", flush=True)
+        logger.info("downloading onnxruntime-web %s from %s (once; kept in the cache)", VERSION, url)
     try:
         with open_url(url, timeout=TIMEOUT_S) as response:
             return response.read()
