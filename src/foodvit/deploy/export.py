@@ -250,7 +250,7 @@ def _with_attention(model):
             self.model = model
 
         def forward(self, images):
-            tokens, attentions = self.model.forward_features(images, return_attention=True)
+            tokens, attentions = self.model.forward_attention(images)
             return self.model.classify(tokens), pooled_rollout(self.model, tokens, attentions)
 
     return WithAttention(model).eval()

@@ -31,7 +31,8 @@ from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import atomic_write
 from foodvit.rundir.compare import differences
 
-TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (training/distill.py)
+TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (training/teacher.py)
+TEACHER_PROGRESS = "teacher-progress.pt"  # its training after each epoch but the last, until teacher.pt is written
 TENSORBOARD = "tensorboard"  # --tensorboard's event files (training/tracking.py)
 PRETRAINING_FILE = "pretraining.csv"  # each self-supervised pre-training epoch's loss (training/pretrain.py)
 # every file and folder a run writes (a failed start removes these, and only these)
@@ -46,6 +47,7 @@ RUN_FILES = (
     "most_wrong.png",
     "report.md",
     TEACHER_FILE,
+    TEACHER_PROGRESS,
     PRETRAINING_FILE,
 )
 RUN_FOLDERS = (TENSORBOARD,)
@@ -213,15 +215,20 @@ def forget_start(out: Path) -> None:
 # ------------------------------------------------------------------------------------ files
 
 
-def write_metrics(path: Path, history: list[dict]) -> Path:
+def write_rows(path: Path, rows: list[dict], columns: tuple[str, ...]) -> Path:
+    """An epoch table (metrics.csv, pretraining.csv): the columns named, floats to 6 significant digits, written whole."""
     def write(tmp: Path) -> None:
         with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
-            for row in history:
+            for row in rows:
                 writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
 
     return atomic_write(path, write)
+
+
+def write_metrics(path: Path, history: list[dict]) -> Path:
+    return write_rows(path, history, METRIC_COLUMNS)
 
 
 def read_config(path: Path) -> RunConfig:

@@ -161,7 +161,7 @@ def explain(predictor, photo, top_k: int = 3) -> dict:
     predictor: a Predictor with a PyTorch model; photo: a PIL image."""
     model = _torch_model(predictor)
     x = torch.from_numpy(predictor.prepare(photo))[None].to(next(model.parameters()).device)
-    tokens, attentions = model.forward_features(x, return_attention=True)
+    tokens, attentions = model.forward_attention(x)
     probs = model.classify(tokens).float().softmax(-1)[0].cpu()
     c, g = model.config, model.config.grid_size
     readout = pool_readout(model, tokens)  # (1, T)
