@@ -218,7 +218,7 @@ def main(argv=None) -> None:
                 "web",
                 {
                     "what": what,
-                    "value": round(float(value), 4),
+                    "value": float(f"{float(value):.4g}"),  # four significant digits: a 2e-5 difference stays one
                     "unit": unit,
                     "model": precision,
                     "photos": len(photos),
