@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from foodvit.cli.options import number_type
+from foodvit.cli.common import count, need
 from foodvit.errors import Range
 
 
@@ -40,7 +40,7 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--examples",
-        type=number_type(int, Range(0)),
+        type=count(Range(0)),
         default=1,
         help="example photos per class from the run's test photos (default 1)",
     )
@@ -50,10 +50,9 @@ def register(sub) -> None:
 def cmd_export_web(args: argparse.Namespace) -> int:
     import logging
 
-    from foodvit.cli.commands import _need
     from foodvit.deploy.web.site import export_web
 
-    _need("export", "onnx", "onnxruntime", "onnxscript")
+    need("export", "onnx", "onnxruntime", "onnxscript")
     logging.getLogger().setLevel(logging.ERROR)  # ONNX Runtime's quantiser's generic advice (as cmd_export)
     result = export_web(
         args.run,
