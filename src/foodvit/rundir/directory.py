@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import shutil
 import socket
@@ -30,6 +31,8 @@ from foodvit.data.datasource import DataSource
 from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import atomic_write
 from foodvit.rundir.compare import differences
+
+logger = logging.getLogger(__name__)
 
 TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (training/teacher.py)
 TEACHER_PROGRESS = "teacher-progress.pt"  # its training after each epoch but the last, until teacher.pt is written
@@ -317,9 +320,10 @@ def check_is_run(out: Path) -> None:
     )
 
 
-def read_for_resume(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
+def read_for_resume(out: Path, data: str | None, quiet: bool = False) -> tuple[RunConfig, dict]:
     """A run's settings and last checkpoint, checked against each other; a finished run is refused
-    (resuming it would train nothing and only rewrite its results)."""
+    (resuming it would train nothing and only rewrite its results). Says (logging, unless quiet) where
+    the photos come from."""
     config_path = out / "config.json"
     config = read_config(config_path)
     state = load_checkpoint(out / "checkpoint.pt")
@@ -339,13 +343,16 @@ def read_for_resume(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
             "or train more in a new run with --out"
         )
     if data:
-        log(f"data: {data} (given with --resume; the run started with {config.data.source or 'the default source'})")
+        started = config.data.source or "the default source"
+        said = f"data: {data} (given with --resume; the run started with {started})"
         config = replace(config, data=replace(config.data, source=str(data)))
     elif config.data.source:
-        log(f"data: {config.data.source} (stored with the run)")
+        said = f"data: {config.data.source} (stored with the run)"
     else:  # runs of older versions stored "" for the default source
         config = with_source(config)
-        log(f"data: {config.data.source} (the run stored no source; the default now)")
+        said = f"data: {config.data.source} (the run stored no source; the default now)"
+    if not quiet:
+        logger.info(said)
     return config, state
 
 

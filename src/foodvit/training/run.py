@@ -103,7 +103,7 @@ def resume(
         log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
         ctx.on_main(rundir.check_is_run, out)
         with OnMain(rundir.RunLock(out), ctx):
-            config, state = ctx.on_main(rundir.read_for_resume, out, data, log) or (None, None)
+            config, state = ctx.on_main(rundir.read_for_resume, out, data, quiet) or (None, None)
             if ctx.distributed:
                 config, state = ctx.broadcast((config, state))
             assert config is not None and state is not None  # rank 0 read them (or raised); the others got them
