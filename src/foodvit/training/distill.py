@@ -231,7 +231,8 @@ def train_or_load_teacher(trainer) -> torch.nn.Module:
     c = trainer.config
     path = trainer.out / TEACHER_FILE
     torch.manual_seed(derive_seed(c.train.seed, "teacher-init"))
-    teacher = build_teacher(c.optim.teacher, len(trainer.classes)).to(trainer.device)
+    # channels-last: its convolutions, batch norms and pools run faster on it (the same sums, another order)
+    teacher = build_teacher(c.optim.teacher, len(trainer.classes)).to(trainer.device, memory_format=torch.channels_last)
     saved = trainer.ctx.broadcast(trainer.ctx.on_main(read_teacher, path, c.optim.teacher))
     origin = f"{path} ({c.optim.teacher}, trained earlier in this run)"
     if saved is None and trainer.teacher_file is not None:
