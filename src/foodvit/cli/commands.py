@@ -65,7 +65,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
 
     config = build_config(args.recipe or "default", args, model=args.model)
     result = cross_validate(config, args.out, folds=args.folds, seeds=args.seeds, progress=not args.quiet, teachers=args.teachers,
-                            only=args.fold)
+                            only=args.fold, jobs=args.jobs)
     for f in result.folds:
         print(f"  seed {f['seed']} fold {f['fold']}: {f['accuracy']:.3f} ({f['correct']}/{f['n']})", file=sys.stderr)
     if result.left:
