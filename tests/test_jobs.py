@@ -49,7 +49,10 @@ def test_jobs_give_the_study_one_process_gives_and_train_each_teacher_once(tmp_p
     for k in range(2):
         assert (a / f"fold-{k}" / "teacher.pt").stat().st_mtime_ns == kept[k]
         lent = load_checkpoint(b / f"fold-{k}" / "teacher.pt")
-        assert lent["lent_by"] == str(a / f"fold-{k}") and lent["history"] == load_checkpoint(a / f"fold-{k}" / "teacher.pt")["history"]
+        assert (
+            lent["lent_by"] == str(a / f"fold-{k}")
+            and lent["history"] == load_checkpoint(a / f"fold-{k}" / "teacher.pt")["history"]
+        )
     assert json.loads((b / "cv.json").read_text())["photos"] == with_jobs["photos"]
 
 
@@ -60,14 +63,32 @@ def test_a_fold_is_evaluated_once_and_learns_what_an_evaluated_run_does(tmp_path
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     tiny = ["--recipe", "tiny", "--epochs", "2", "--image-size", "32", "--depth", "1", "--quiet"]
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--fold", "0", "--out", str(tmp_path / "study"), *tiny]) == 0
+    assert (
+        main(["cv", "--data", str(photos), "--folds", "2", "--fold", "0", "--out", str(tmp_path / "study"), *tiny]) == 0
+    )
     fold = tmp_path / "study" / "fold-0"
-    assert main(["train", "--data", str(fold.parent / "folds" / "seed-42" / "fold-0"), "--out", str(tmp_path / "every"),
-                 *tiny, "--seed", "42"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(fold.parent / "folds" / "seed-42" / "fold-0"),
+                "--out",
+                str(tmp_path / "every"),
+                *tiny,
+                "--seed",
+                "42",
+            ]
+        )
+        == 0
+    )
 
     def rows(run: Path) -> list[dict]:
         with (run / "metrics.csv").open(newline="") as f:
-            return [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in csv.DictReader(f)]
+            return [
+                {k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")}
+                for row in csv.DictReader(f)
+            ]
 
     once, every = rows(fold), rows(tmp_path / "every")
     assert [r["test_acc"] != "" for r in once] == [False, True] and all(r["test_acc"] != "" for r in every)

@@ -39,6 +39,7 @@ def step_of(module: torch.nn.Module, images: torch.Tensor, train: bool):
         else:
             with torch.no_grad():
                 module(images)
+
     return step
 
 
@@ -61,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         "teacher (ResNet-18)": (teacher, copy.deepcopy(teacher).to(memory_format=torch.channels_last)),
         "ViT conv stem": (stem.layers, stem),  # the stem's own layers on rows; the stem converts to channels-last
     }
-    print(f"| module | pass | batch | rows s | channels-last s | ratio | max difference |\n|---|---|---:|---:|---:|---:|---:|")
+    print(
+        "| module | pass | batch | rows s | channels-last s | ratio | max difference |\n"
+        "|---|---|---:|---:|---:|---:|---:|"
+    )
     for name, (rows, last) in cases.items():
         for train, batch in ((True, 32), (False, 64)):
             images = torch.randn(batch, 3, args.size, args.size)
@@ -78,9 +82,20 @@ def main(argv: list[str] | None = None) -> int:
             what = "train step" if train else "evaluation"
             print(f"| {name} | {what} | {batch} | {ta:.3f} | {tb:.3f} | {ta / tb:.2f} | {difference:.2g} |")
             if not args.no_record:
-                record("speed-layouts", {"module": name, "pass": what, "batch": batch, "size": args.size, "threads": args.threads,
-                                         "rows_s": round(ta, 4), "channels_last_s": round(tb, 4), "ratio": round(ta / tb, 3),
-                                         "max_difference": f"{difference:.3g}"})
+                record(
+                    "speed-layouts",
+                    {
+                        "module": name,
+                        "pass": what,
+                        "batch": batch,
+                        "size": args.size,
+                        "threads": args.threads,
+                        "rows_s": round(ta, 4),
+                        "channels_last_s": round(tb, 4),
+                        "ratio": round(ta / tb, 3),
+                        "max_difference": f"{difference:.3g}",
+                    },
+                )
     return 0
 
 

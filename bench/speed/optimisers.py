@@ -31,11 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     from foodvit.recipes import load_recipe
 
     torch.manual_seed(0)
-    models = {"ViT (default recipe)": build_model(load_recipe("default"), 3)[0], "teacher (ResNet-18)": torchvision.models.resnet18(num_classes=3)}
+    models = {
+        "ViT (default recipe)": build_model(load_recipe("default"), 3)[0],
+        "teacher (ResNet-18)": torchvision.models.resnet18(num_classes=3),
+    }
     print("| parameters | optimiser | foreach ms | fused ms | ratio | max difference |\n|---|---|---:|---:|---:|---:|")
     for name, model in models.items():
         base = [p.detach() for p in model.parameters()]
-        for cls, options in ((torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.05}), (torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9})):
+        for cls, options in (
+            (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.05}),
+            (torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9}),
+        ):
             params = {kind: [b.clone().requires_grad_(True) for b in base] for kind in ("foreach", "fused")}
             optimisers = {kind: cls(params[kind], **options, **{kind: True}) for kind in params}
             seconds: dict[str, list[float]] = {kind: [] for kind in params}
@@ -51,9 +57,18 @@ def main(argv: list[str] | None = None) -> int:
             difference = max((x - y).abs().max().item() for x, y in zip(params["foreach"], params["fused"]))
             print(f"| {name} | {cls.__name__} | {a:.1f} | {b:.1f} | {a / b:.2f} | {difference:.2g} |")
             if not args.no_record:
-                record("speed-optimisers", {"parameters": name, "optimiser": cls.__name__, "threads": args.threads,
-                                            "foreach_ms": round(a, 2), "fused_ms": round(b, 2), "ratio": round(a / b, 3),
-                                            "max_difference": f"{difference:.3g}"})
+                record(
+                    "speed-optimisers",
+                    {
+                        "parameters": name,
+                        "optimiser": cls.__name__,
+                        "threads": args.threads,
+                        "foreach_ms": round(a, 2),
+                        "fused_ms": round(b, 2),
+                        "ratio": round(a / b, 3),
+                        "max_difference": f"{difference:.3g}",
+                    },
+                )
     return 0
 
 

@@ -21,7 +21,6 @@ Rows go to results/speed-phases.csv, a markdown table to stdout.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -39,11 +38,29 @@ from bench.results import record
 DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
 OTHER = "other (setup, loop, resizing, logging)"
 TEACHER = "teacher training"
-ORDER = ("forward", "teacher forward (guidance)", "head: drloc", "head: masked", "head: guidance adapters", "backward",
-         "optimiser (clip, step)", "data loading and augmentation", "evaluation", "checkpoints and metrics", "final test and report",
-         "setup")
-STEP = ("forward", "teacher forward (guidance)", "head: drloc", "head: masked", "head: guidance adapters", "backward",
-        "optimiser (clip, step)")
+ORDER = (
+    "forward",
+    "teacher forward (guidance)",
+    "head: drloc",
+    "head: masked",
+    "head: guidance adapters",
+    "backward",
+    "optimiser (clip, step)",
+    "data loading and augmentation",
+    "evaluation",
+    "checkpoints and metrics",
+    "final test and report",
+    "setup",
+)
+STEP = (
+    "forward",
+    "teacher forward (guidance)",
+    "head: drloc",
+    "head: masked",
+    "head: guidance adapters",
+    "backward",
+    "optimiser (clip, step)",
+)
 
 
 # ------------------------------------------------------------------------------------ the machine's ceiling
@@ -159,8 +176,9 @@ class Ranges:
         self.undo += [module.register_forward_pre_hook(before).remove, module.register_forward_hook(after).remove]
 
     def install(self) -> None:
-        import foodvit.training.trainer as trainer_module
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        import foodvit.training.trainer as trainer_module
 
         ranges = self
         self._open: list = []
@@ -177,9 +195,11 @@ class Ranges:
         self.wrap_attribute(trainer_module.Trainer, "finish", "final test and report")
         self.wrap_attribute(trainer_module.Trainer, "__init__", "setup")
         step_pre = register_optimizer_step_pre_hook(
-            lambda opt, args, kwargs: self._open.append(record_function("optimiser (clip, step)").__enter__()))
+            lambda opt, args, kwargs: self._open.append(record_function("optimiser (clip, step)").__enter__())
+        )
         step_post = register_optimizer_step_post_hook(
-            lambda opt, args, kwargs: self._open.pop().__exit__(None, None, None))
+            lambda opt, args, kwargs: self._open.pop().__exit__(None, None, None)
+        )
         self.undo += [step_pre.remove, step_post.remove]
         fit = trainer_module.Trainer.fit
 
@@ -286,7 +306,9 @@ def run_flops(trainer, history_sizes: list[int], n_images: int) -> tuple[float, 
     guide = getattr(trainer.aux, "guide", None) or getattr(trainer.aux, "distiller", None)
     if guide is not None and guide.teacher is not None:
         cnn = copy.deepcopy(guide.teacher).requires_grad_(True)
-        teacher = step_flops(cnn, trainer.model.config.image_size, batch, classes) / batch * n_images * len(history_sizes)
+        teacher = (
+            step_flops(cnn, trainer.model.config.image_size, batch, classes) / batch * n_images * len(history_sizes)
+        )
     return vit, teacher
 
 
@@ -309,8 +331,11 @@ def profiled_run(config, threads: int) -> tuple[dict[str, float], float, object]
         ranges.close()
     events = prof.events()
     run = next(e for e in events if e.name == "run")
-    intervals = [(e.time_range.start, e.time_range.end, phase_of(e.name)) for e in events
-                 if phase_of(e.name) is not None and e.time_range.start >= run.time_range.start]
+    intervals = [
+        (e.time_range.start, e.time_range.end, phase_of(e.name))
+        for e in events
+        if phase_of(e.name) is not None and e.time_range.start >= run.time_range.start
+    ]
     seconds = exclusive_seconds(intervals, run.time_range.start, run.time_range.end)
     return seconds, wall, ranges.trainer
 
@@ -328,11 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="default")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the teacher and of the ViT (default 3)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="PyTorch threads (default: as set now)")
+    parser.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="PyTorch threads (default: as set now)"
+    )
     parser.add_argument("--data", default=DATA, help="the photos (default $FOODVIT_DATA)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting over the recipe, as JSON where it parses (train.compile=true, data.workers=1)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting over the recipe, as JSON where it parses (train.compile=true, data.workers=1)",
+    )
     parser.add_argument("--no-record", action="store_true", help="print the table only, append no row to results/")
     args = parser.parse_args(argv)
 
@@ -358,38 +390,86 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     vit_flops, teacher_flops = run_flops(trainer, sizes, n_images)
     vit_step = sum(seconds.get(name, 0.0) for name in STEP)
-    teacher_step = sum(seconds.get("teacher: " + name, 0.0) for name in ("forward", "backward", "optimiser (clip, step)"))
+    teacher_step = sum(
+        seconds.get("teacher: " + name, 0.0) for name in ("forward", "backward", "optimiser (clip, step)")
+    )
     peak = gflops[args.threads]
     vit_mfu = vit_flops / max(vit_step, 1e-9) / (peak * 1e9)
     teacher_mfu = teacher_flops / max(teacher_step, 1e-9) / (peak * 1e9)
 
-    print(f"## Where the time goes: {config.recipe} recipe, {args.epochs} epochs, {args.threads} thread(s), "
-          f"{n_images} training photos\n")
-    print(f"wall {wall:.1f} s (profiled {total:.1f} s); ceiling (fp32 matmul at the ViT's shapes): "
-          + ", ".join(f"{g:.1f} GFLOP/s on {t} thread(s)" for t, g in gflops.items()) + "\n")
+    print(
+        f"## Where the time goes: {config.recipe} recipe, {args.epochs} epochs, {args.threads} thread(s), "
+        f"{n_images} training photos\n"
+    )
+    print(
+        f"wall {wall:.1f} s (profiled {total:.1f} s); ceiling (fp32 matmul at the ViT's shapes): "
+        + ", ".join(f"{g:.1f} GFLOP/s on {t} thread(s)" for t, g in gflops.items())
+        + "\n"
+    )
     print("| phase | seconds | share |\n|---|---:|---:|")
     for name, s, share in rows:
         print(f"| {name} | {s:.2f} | {share:.1%} |")
-    print(f"\nViT train step: {vit_flops / 1e9:.1f} GFLOP over {vit_step:.2f} s = {vit_flops / max(vit_step, 1e-9) / 1e9:.1f} "
-          f"GFLOP/s, MFU {vit_mfu:.1%} of {peak:.1f} GFLOP/s")
+    print(
+        f"\nViT train step: {vit_flops / 1e9:.1f} GFLOP over {vit_step:.2f} s = "
+        f"{vit_flops / max(vit_step, 1e-9) / 1e9:.1f} GFLOP/s, MFU {vit_mfu:.1%} of {peak:.1f} GFLOP/s"
+    )
     if teacher_flops:
-        print(f"teacher train step: {teacher_flops / 1e9:.1f} GFLOP over {teacher_step:.2f} s = "
-              f"{teacher_flops / max(teacher_step, 1e-9) / 1e9:.1f} GFLOP/s, MFU {teacher_mfu:.1%}")
+        print(
+            f"teacher train step: {teacher_flops / 1e9:.1f} GFLOP over {teacher_step:.2f} s = "
+            f"{teacher_flops / max(teacher_step, 1e-9) / 1e9:.1f} GFLOP/s, MFU {teacher_mfu:.1%}"
+        )
 
     if not args.no_record:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        common = {"run": stamp, "recipe": config.recipe, "epochs": args.epochs, "threads": args.threads,
-                  "settings": " ".join(args.set)}
+        common = {
+            "run": stamp,
+            "recipe": config.recipe,
+            "epochs": args.epochs,
+            "threads": args.threads,
+            "settings": " ".join(args.set),
+        }
         for name, s, share in rows:
-            record("speed-phases", {**common, "phase": name, "seconds": round(s, 3), "share": round(share, 4), "value": "", "unit": ""})
+            record(
+                "speed-phases",
+                {**common, "phase": name, "seconds": round(s, 3), "share": round(share, 4), "value": "", "unit": ""},
+            )
         for t, g in gflops.items():
-            record("speed-phases", {**common, "phase": f"ceiling, {t} thread(s)", "seconds": "", "share": "", "value": round(g, 2),
-                                    "unit": "GFLOP/s"})
-        record("speed-phases", {**common, "phase": "ViT train step MFU", "seconds": round(vit_step, 3), "share": "",
-                                "value": round(vit_mfu, 4), "unit": "fraction of the ceiling"})
-        record("speed-phases", {**common, "phase": "teacher train step MFU", "seconds": round(teacher_step, 3), "share": "",
-                                "value": round(teacher_mfu, 4), "unit": "fraction of the ceiling"})
-        record("speed-phases", {**common, "phase": "wall", "seconds": round(wall, 3), "share": "", "value": "", "unit": ""})
+            record(
+                "speed-phases",
+                {
+                    **common,
+                    "phase": f"ceiling, {t} thread(s)",
+                    "seconds": "",
+                    "share": "",
+                    "value": round(g, 2),
+                    "unit": "GFLOP/s",
+                },
+            )
+        record(
+            "speed-phases",
+            {
+                **common,
+                "phase": "ViT train step MFU",
+                "seconds": round(vit_step, 3),
+                "share": "",
+                "value": round(vit_mfu, 4),
+                "unit": "fraction of the ceiling",
+            },
+        )
+        record(
+            "speed-phases",
+            {
+                **common,
+                "phase": "teacher train step MFU",
+                "seconds": round(teacher_step, 3),
+                "share": "",
+                "value": round(teacher_mfu, 4),
+                "unit": "fraction of the ceiling",
+            },
+        )
+        record(
+            "speed-phases", {**common, "phase": "wall", "seconds": round(wall, 3), "share": "", "value": "", "unit": ""}
+        )
     return 0
 
 

@@ -39,10 +39,30 @@ def checkout(commit: str, where: Path) -> Path:
 
 def timed_train(tree: Path, out: Path, args: argparse.Namespace) -> float:
     """Seconds of one `foodvit train` from `tree`'s source."""
-    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(args.threads),
-           "MKL_NUM_THREADS": str(args.threads)}
-    command = [sys.executable, "-m", "foodvit", "train", "--recipe", args.recipe, "--data", args.data, "--epochs", str(args.epochs),
-               "--seed", str(args.seed), "--out", str(out), "--quiet", *args.extra]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree / "src"),
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "foodvit",
+        "train",
+        "--recipe",
+        args.recipe,
+        "--data",
+        args.data,
+        "--epochs",
+        str(args.epochs),
+        "--seed",
+        str(args.seed),
+        "--out",
+        str(out),
+        "--quiet",
+        *args.extra,
+    ]
     started = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
     seconds = time.perf_counter() - started
@@ -53,6 +73,7 @@ def timed_train(tree: Path, out: Path, args: argparse.Namespace) -> float:
 
 def metrics_difference(a: Path, b: Path) -> str:
     """'identical' when the two metrics.csv agree on every column but the timing ones, else the largest difference."""
+
     def rows(path: Path) -> list[dict]:
         with path.open(newline="") as f:
             return [{k: v for k, v in row.items() if k not in TIMING} for row in csv.DictReader(f)]
@@ -87,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("extra", nargs="*", help="after --: more `foodvit train` options for both runs")
     args = parser.parse_args(argv)
 
-    commit = subprocess.run(["git", "rev-parse", "--short=12", args.commit], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short=12", args.commit], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="versus-") as tmp:
         tmp = Path(tmp)
         baseline = checkout(commit, tmp / "baseline")
@@ -101,21 +123,40 @@ def main(argv: list[str] | None = None) -> int:
                     out = tmp / "runs" / f"{'baseline' if name == commit else 'working'}-{r}"
                     seconds[name].append(timed_train(trees[name], out, args))
                     print(f"round {r + 1}: {name} {seconds[name][-1]:.1f} s", file=sys.stderr)
-            metrics = metrics_difference(tmp / "runs" / "baseline-0" / "metrics.csv", tmp / "runs" / "working-0" / "metrics.csv")
+            metrics = metrics_difference(
+                tmp / "runs" / "baseline-0" / "metrics.csv", tmp / "runs" / "working-0" / "metrics.csv"
+            )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False)
     old, new = statistics.median(seconds[commit]), statistics.median(seconds["working tree"])
     ratio = old / new
-    print(f"| tree | seconds (median of {args.rounds}) |\n|---|---:|\n| {commit} | {old:.1f} |\n| working tree | {new:.1f} |\n")
-    print(f"{args.recipe} recipe, {args.epochs} epoch(s), seed {args.seed}, {args.threads} thread(s): the working tree takes "
-          f"{new / old:.2f} of {commit}'s time ({ratio:.2f}x as fast); metrics.csv: {metrics}")
+    print(
+        f"| tree | seconds (median of {args.rounds}) |\n|---|---:|\n"
+        f"| {commit} | {old:.1f} |\n| working tree | {new:.1f} |\n"
+    )
+    print(
+        f"{args.recipe} recipe, {args.epochs} epoch(s), seed {args.seed}, {args.threads} thread(s): "
+        f"the working tree takes {new / old:.2f} of {commit}'s time ({ratio:.2f}x as fast); metrics.csv: {metrics}"
+    )
     if not args.no_record:
-        common = {"baseline": commit, "recipe": args.recipe, "epochs": args.epochs, "seed": args.seed, "threads": args.threads,
-                  "extra": " ".join(args.extra)}
+        common = {
+            "baseline": commit,
+            "recipe": args.recipe,
+            "epochs": args.epochs,
+            "seed": args.seed,
+            "threads": args.threads,
+            "extra": " ".join(args.extra),
+        }
         for name, values in seconds.items():
             for r, s in enumerate(values):
-                record("speed-versus", {**common, "tree": name, "round": r + 1, "seconds": round(s, 2), "ratio": "", "metrics": ""})
-        record("speed-versus", {**common, "tree": "ratio", "round": "", "seconds": "", "ratio": round(ratio, 3), "metrics": metrics})
+                record(
+                    "speed-versus",
+                    {**common, "tree": name, "round": r + 1, "seconds": round(s, 2), "ratio": "", "metrics": ""},
+                )
+        record(
+            "speed-versus",
+            {**common, "tree": "ratio", "round": "", "seconds": "", "ratio": round(ratio, 3), "metrics": metrics},
+        )
     return 0
 
 

@@ -365,8 +365,9 @@ def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: 
     write_text(study / "cv.md", "\n".join(lines) + "\n")
 
 
-def train_on_processes(config: RunConfig, study: Path, split: Split, *, folds: int, seeds: list[int], teachers: Path | None,
-                       only: Sequence[int] | None, jobs: int | None, progress: bool = False) -> None:
+def train_on_processes(config: RunConfig, study: Path, split: Split, *, folds: int, seeds: list[int],
+                       teachers: Path | None, only: Sequence[int] | None, jobs: int | None,
+                       progress: bool = False) -> None:
     """Every fold of the study without a result (of `only`'s folds, if given) trained on the processes of
     jobs.plan(jobs), each fold as run_cv trains it: its lender's teacher borrowed where the lender has one."""
     tasks = []

@@ -36,7 +36,8 @@ class Plan:
     threads: int  # PyTorch threads of each process
 
     def line(self) -> str:
-        return f"{self.processes} process{'es' if self.processes > 1 else ''} x {self.threads} thread{'s' if self.threads > 1 else ''}"
+        processes, threads = ("es" if self.processes > 1 else ""), ("s" if self.threads > 1 else "")
+        return f"{self.processes} process{processes} x {self.threads} thread{threads}"
 
 
 def plan(jobs: int | None, tasks: int, available: int | None = None) -> Plan:
@@ -78,8 +79,14 @@ def run_tasks(work: Callable, tasks: list[tuple], the_plan: Plan, progress: bool
     from tqdm.auto import tqdm
 
     context = multiprocessing.get_context("spawn")  # fresh processes: no copy of this one's threads or open files
-    with ProcessPoolExecutor(the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads,)) as pool, \
-            tqdm(total=len(tasks), desc=f"folds ({the_plan.line()})", unit="fold", disable=not progress, leave=False) as bar:
+    with (
+        ProcessPoolExecutor(
+            the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads,)
+        ) as pool,
+        tqdm(
+            total=len(tasks), desc=f"folds ({the_plan.line()})", unit="fold", disable=not progress, leave=False
+        ) as bar,
+    ):
         futures = [pool.submit(work, *task) for task in tasks]
         try:
             for future in as_completed(futures):
