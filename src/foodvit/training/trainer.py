@@ -45,6 +45,7 @@ from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training import auxiliary
+from foodvit.training.compiling import compile_step
 from foodvit.training.distill import borrowed_teacher, train_or_load_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, is_backend_error
 from foodvit.training.engine import (
@@ -197,7 +198,7 @@ class Trainer:
                                      world_size=self.ctx.world_size, grad_norm=c.train.tensorboard and self.main, sam=c.optim.sam,
                                      input_shape=(self.model.config.in_channels, self.model.config.image_size, self.model.config.image_size))
         wrapped = self.ctx.wrap(self.trained)
-        self.step_model = torch.compile(wrapped) if c.train.compile else wrapped
+        self.step_model = compile_step(wrapped, self.device) if c.train.compile else wrapped
         self.optimizer = build_optimizer(self.trained, c.optim, self.device)
         self.steps_per_epoch = math.ceil(len(self.train_loader) / c.optim.accum_steps)
         self.scheduler = build_scheduler(self.optimizer, c.optim, self.steps_per_epoch, c.train.epochs)
