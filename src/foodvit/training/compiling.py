@@ -2,7 +2,8 @@
 
 On a GPU the step compiles to Triton kernels; on the CPU, inductor writes C++ and needs a C++ compiler
 (g++, c++ or clang++, or the one $CXX names). Without one, the step runs uncompiled, said once per process:
-the run computes the same, only slower.
+the run computes the same, only slower. The compiled step draws its random numbers as eager PyTorch does
+(inductor's fallback_random), so compiling changes how a step is computed, never what.
 """
 
 from __future__ import annotations
@@ -36,4 +37,6 @@ def compile_step(module: nn.Module, device: torch.device) -> nn.Module:
                 file=sys.stderr,
             )
         return module
-    return torch.compile(module)
+    # the random draws of eager PyTorch (the localization loss's pairs, the masks, dropout), not inductor's own:
+    # the compiled step then learns what the eager one does, to float noise
+    return torch.compile(module, options={"fallback_random": True})
