@@ -7,14 +7,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo test test-fast venv clean bench notebook
+.PHONY: demo test test-fast venv clean bench notebook docs docs-serve
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --no-cache-dir --upgrade "pip>=23"
-	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,serve,export,track,tune]'
+	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,serve,export,track,tune,docs]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: $(STAMP)
@@ -43,5 +43,14 @@ notebook: $(STAMP)
 	  nbclient.NotebookClient(nb, timeout=600, kernel_name='python3', resources={'metadata': {'path': 'docs'}}).execute(); \
 	  nbformat.write(nb, p)"
 
+# The documentation site: docs/generate.py (through docs/hooks.py) writes the Results page, README's results table
+# and the command-line and recipe references from results/ and the code, then MkDocs builds site/ (--strict: a broken
+# link, a missing reference or a page left out of the navigation fails the build).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

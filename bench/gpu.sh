@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the speed issue measures on a lent GPU, in one call of the device tool (a lease is short):
+# Everything measured on a GPU, in one call of the device tool (a lease is short):
 #   bash bench/gpu.sh [PHASE ...]      phases: env eager eager-profile compiled graphs compiled-peers
 #                                      pure autotune memory epoch tests lab
 #                                      (default: env eager compiled memory epoch)
@@ -14,7 +14,7 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 data=${FOODVIT_GPU_DATA:-.gpudata/pizza_steak_sushi}
 phases=${*:-env eager compiled memory epoch}
-tp="$py bench/throughput.py --device cuda --dtype bf16"
+tp="$py -m bench.speed.throughput --device cuda --dtype bf16"
 for phase in $phases; do
   echo "=== $phase ($(date -u +%H:%M:%S))"
   case $phase in
@@ -23,21 +23,22 @@ for phase in $phases; do
     eager) $tp --models ViT-B/16 ViT-Ti/16 --batch-sizes 64 256 --rounds 5 --iters 5 --check --json "$out/eager.json";;
     compiled) $tp --models ViT-B/16 --batch-sizes 256 512 --rounds 5 --iters 5 --compile foodvit --profile --json "$out/compiled.json";;
     graphs) $tp --models ViT-B/16 --batch-sizes 256 --rounds 5 --iters 5 --compile foodvit --compile-mode reduce-overhead --profile --json "$out/graphs.json";;
-    pure) $py bench/throughput.py --device cuda --dtype bf16-pure --models ViT-B/16 --modes infer --batch-sizes 256 1024 --rounds 5 --iters 5 --check --compile foodvit timm --profile --json "$out/pure.json";;
+    pure) $py -m bench.speed.throughput --device cuda --dtype bf16-pure --models ViT-B/16 --modes infer --batch-sizes 256 1024 --rounds 5 --iters 5 --check --compile foodvit timm --profile --json "$out/pure.json";;
     eager-profile) $tp --models ViT-B/16 --batch-sizes 256 --rounds 3 --iters 5 --profile --json "$out/eager_profile.json";;
     tests) FOODVIT_DATA=$PWD/$data timeout 300 $py -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark;;
     autotune) $tp --models ViT-B/16 --modes infer --batch-sizes 256 --rounds 5 --iters 5 --compile foodvit --compile-mode max-autotune-no-cudagraphs --profile --json "$out/autotune.json";;
     compiled-peers) $tp --models ViT-B/16 --batch-sizes 256 --rounds 5 --iters 5 --compile foodvit timm --json "$out/compiled_peers.json";;
     memory) $tp --models ViT-B/16 ViT-Ti/16 --modes train --batch-sizes 64 --rounds 1 --iters 1 --warmup 1 --memory --json "$out/memory.json";;
-    epoch) $py bench/epoch.py --recipes tiny default --data "$data" --rounds 3 --workers 0 4 8;;
-    # issue 30's recipe laboratory (bench/lab.py): the default and its nearest variants under 5-fold CV on seeds 0-2,
-    # fold runs from one queue in 14 processes, nothing started after LAB_LAUNCH_FOR s, all stopped at LAB_STOP_AT s
-    lab) $py bench/lab.py --data "$data" --out /tmp/foodvit-lab --processes 14 --seeds 0 1 2 --pack "$out/lab.tar.gz" \
-           --launch-for "${LAB_LAUNCH_FOR:-380}" --stop-at "${LAB_STOP_AT:-520}" --variant default= \
-           --variant scale05='--scale-min 0.5' --variant bs16='--batch-size 16' --variant ep130='--epochs 130' \
-           --variant contrast='--contrast 0.5' --variant dp01='--drop-path 0.1' \
-           --variant combo='--scale-min 0.5 --batch-size 16 --drop-path 0.1' --variant nomask='--masked 0' \
-           --variant mixup='--mixup 0.2' -- --no-amp;;
+    epoch) $py -m bench.speed.epoch --recipes tiny default --data "$data" --rounds 3 --workers 0 4 8;;
+    # the recipe laboratory (bench/accuracy/lab.py): the variants of $LAB_VARIANTS (default bench/gpu-variants.txt) under
+    # 5-fold CV on seeds 0-2, fold runs from one queue in 14 processes, nothing started after LAB_LAUNCH_FOR s, all
+    # stopped at LAB_STOP_AT s
+    lab) variants=()
+         while IFS= read -r line; do
+           [[ -z $line || $line == \#* ]] || variants+=(--variant "$line")
+         done < "${LAB_VARIANTS:-bench/gpu-variants.txt}"
+         $py -m bench.accuracy.lab --data "$data" --out /tmp/foodvit-lab --processes 14 --seeds 0 1 2 --pack "$out/lab.tar.gz" \
+           --launch-for "${LAB_LAUNCH_FOR:-380}" --stop-at "${LAB_STOP_AT:-520}" "${variants[@]}" -- --no-amp;;
     *) echo "unknown phase $phase"; exit 2;;
   esac
 done 2>&1 | tee -a "$out/log.txt"

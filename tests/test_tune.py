@@ -282,62 +282,19 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=1))) != teacher_settings(mixed)
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=3))) == teacher_settings(replace(mixed, data=replace(mixed.data, workers=1)))
 
+BENCH = {"accuracy": "bench.accuracy.recipe", "teachers": "bench.accuracy.teachers", "curve": "bench.accuracy.curve",
+         "ensembles": "bench.analysis.ensembles", "offsets": "bench.analysis.offsets"}
+
+
 def bench_module(monkeypatch, name: str):
-    """bench/NAME.py as a module (bench/ is no package: its folder on the path for this test alone)."""
+    """A benchmark script as the module it is in the bench package (the repository root is on pytest's pythonpath)."""
     import importlib
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
-    return importlib.import_module(name)
+    return importlib.import_module(BENCH[name])
 
 
 def bench_teachers(monkeypatch):
     return bench_module(monkeypatch, "teachers")
-
-
-def test_the_curve_tells_the_default_from_the_ones_before_by_its_guidance_and_masked_patches(monkeypatch, tmp_path):
-    """bench/curve.py sorts a study into a recipe's curve by its settings, the guidance schedule and the masked
-    patches among them: the default (weight 1 falling to 0, masked patches), the one before it (the same without
-    them) and the one before that (a constant 0.5) are three curves, and a mix of them is none and says so."""
-    from dataclasses import replace
-
-    curve = bench_module(monkeypatch, "curve")
-    config = load_recipe("default")
-    assert (config.optim.guidance, config.optim.guidance_schedule, config.optim.masked, config.optim.mask_ratio) == (1.0, "linear", 1.0, 0.25)
-    studies = {"today": (1.0, "linear", 3, 1.0, 0.25), "previous": (1.0, "linear", 3, 0.0, 0.25), "before": (0.5, "constant", 3, 0.0, 0.25),
-               "mixed": (0.5, "linear", 3, 0.0, 0.25), "stages4": (1.0, "linear", 4, 1.0, 0.25),
-               "half-hidden": (1.0, "linear", 3, 1.0, 0.5), "before+masked": (0.5, "constant", 3, 1.0, 0.25),
-               "masked-alone": (0.0, "constant", 3, 1.0, 0.25)}
-    for name, (weight, schedule, stages, masked, ratio) in studies.items():
-        (tmp_path / name / "fold-0").mkdir(parents=True)
-        optim = replace(config.optim, guidance=weight, guidance_schedule=schedule, guidance_stages=stages, masked=masked, mask_ratio=ratio)
-        (tmp_path / name / "fold-0" / "config.json").write_text(json.dumps(replace(config, optim=optim).to_dict()))
-    assert [curve.recipe_of(tmp_path / name) for name in ("today", "previous", "before")] == ["default-masked", "default-linear", "default-96"]
-    with pytest.raises(SystemExit, match=r"guidance weight 0.5 \(linear\) with the CCT tokeniser is none of the curve's recipes"):
-        curve.recipe_of(tmp_path / "mixed")
-    with pytest.raises(SystemExit, match=r"guidance from a resnet18's first 4 stages is none of the curve's recipes"):
-        curve.recipe_of(tmp_path / "stages4")  # the default's weight and schedule, but another guidance
-    with pytest.raises(SystemExit, match=r"masked patches at weight 1 hiding a share 0.5 are none of the curve's recipes"):
-        curve.recipe_of(tmp_path / "half-hidden")
-    pixels = json.loads((tmp_path / "today" / "fold-0" / "config.json").read_text())
-    pixels["optim"]["mask_pixels"] = True  # the default's weight and share, but the pixels hidden too
-    (tmp_path / "pixels" / "fold-0").mkdir(parents=True)
-    (tmp_path / "pixels" / "fold-0" / "config.json").write_text(json.dumps(pixels))
-    with pytest.raises(SystemExit, match=r"masked patches at weight 1 hiding a share 0.25, their pixels too, are none of the curve's"):
-        curve.recipe_of(tmp_path / "pixels")
-    with pytest.raises(SystemExit, match=r"guidance weight 0.5 \(constant\) with the CCT tokeniser, with masked patches, is none"):
-        curve.recipe_of(tmp_path / "before+masked")
-    with pytest.raises(SystemExit, match=r"hiding a share 0.25 without guidance are none of the curve's recipes"):
-        curve.recipe_of(tmp_path / "masked-alone")  # not the unguided curve, which had no masked patches
-    contrast = json.loads((tmp_path / "today" / "fold-0" / "config.json").read_text())
-    contrast["optim"]["contrast"] = 0.5  # the default with instance discrimination beside it
-    (tmp_path / "contrast" / "fold-0").mkdir(parents=True)
-    (tmp_path / "contrast" / "fold-0" / "config.json").write_text(json.dumps(contrast))
-    with pytest.raises(SystemExit, match=r"instance discrimination \(--contrast 0.5\) is in none of the curve's recipes"):
-        curve.recipe_of(tmp_path / "contrast")
-    saved = json.loads((tmp_path / "previous" / "fold-0" / "config.json").read_text())
-    del saved["optim"]["masked"], saved["optim"]["mask_ratio"]  # a study saved before the option existed
-    (tmp_path / "previous" / "fold-0" / "config.json").write_text(json.dumps(saved))
-    assert curve.recipe_of(tmp_path / "previous") == "default-linear"
 
 
 def test_bench_accuracys_paired_results_use_the_studies_arithmetic(monkeypatch, capsys):

@@ -1,1 +1,1 @@
-"""Speed benchmarks: where a training's time goes, and one commit's training against another's."""
+"""speed benchmarks: run each as `python -m bench.speed.NAME` from the repository root."""

@@ -1,9 +1,13 @@
 """Two finished cross-validation studies side by side, photo by photo (`foodvit cv --compare A B`).
 
 Both studies scored the same held-out photos with the same folds and seeds, so each held-out
-prediction (a photo under one seed) is one paired observation: the difference of the accuracies is
-the mean of the per-prediction differences (each -1, 0 or +1), and its standard error is that
-mean's. Reads only the studies' cv.json: no PyTorch is imported, so a comparison answers at once.
+prediction (a photo under one seed) pairs with the other study's: the difference of the accuracies is
+the mean of the per-prediction differences (each -1, 0 or +1). The photo is the unit of the standard
+error: a photo's predictions under several seeds are not independent draws (the same photo, often the
+same answer), so each photo's differences are averaged over its seeds first, and the standard error is
+that of the mean over photos. Repeating the same photos under more seeds with the same answers leaves
+it where it was; treating every prediction as independent would shrink it by the square root of the
+number of seeds. Reads only the studies' cv.json: no PyTorch is imported, so a comparison answers at once.
 A study still running (or stopped) has no cv.json yet; two such studies, or one and a finished one,
 are paired over the folds both have finished (their fold-K.json), and the line says which.
 """
@@ -15,7 +19,10 @@ import math
 import statistics
 from pathlib import Path
 
-from foodvit.errors import StudyError
+from foodvit.config import settings_as_today
+from foodvit.errors import FoodVitError, StudyError
+from foodvit.recipes import load_recipe
+from foodvit.rundir.compare import differences
 
 
 def prediction_key(seed: int, photo: str) -> str:
@@ -23,15 +30,33 @@ def prediction_key(seed: int, photo: str) -> str:
     return f"s{seed}/{photo}"
 
 
+def photo_of(key: str) -> str:
+    """The photo a prediction key names (its seed prefix dropped): the unit the standard error counts."""
+    return key.split("/", 1)[1] if "/" in key else key
+
+
+def clustered_standard_error(diffs: dict[str, float]) -> tuple[float, int]:
+    """The standard error of the mean of per-prediction values with the photo as the unit: each photo's
+    values averaged over its seeds, then the standard error of the mean over photos. Returns it and the
+    number of photos (NaN under two photos)."""
+    by_photo: dict[str, list[float]] = {}
+    for key, value in diffs.items():
+        by_photo.setdefault(photo_of(key), []).append(value)
+    means = [statistics.mean(values) for values in by_photo.values()]
+    se = statistics.stdev(means) / math.sqrt(len(means)) if len(means) > 1 else float("nan")
+    return se, len(means)
+
+
 def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
     """B - A photo by photo (the same photos, seeds and folds): the mean difference, its standard
-    error, and the photos only one of them got right."""
+    error with the photo as the unit, the numbers of predictions and photos, and the predictions only
+    one of them got right."""
     if set(a) != set(b):
         raise StudyError(f"the two studies do not hold the same photos ({len(set(a) ^ set(b))} differ): compare studies of the "
                          "same data, folds and seeds")
-    diffs = [int(b[k]) - int(a[k]) for k in sorted(a)]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {"difference": statistics.mean(diffs), "standard_error": se, "n": len(diffs),
+    diffs = {k: float(int(b[k]) - int(a[k])) for k in sorted(a)}
+    se, photos = clustered_standard_error(diffs)
+    return {"difference": statistics.mean(diffs.values()), "standard_error": se, "n": len(diffs), "photos": photos,
             "only_a": sorted(k for k in a if a[k] and not b[k]), "only_b": sorted(k for k in a if b[k] and not a[k])}
 
 
@@ -58,8 +83,11 @@ def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
 
 def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str:
     """paired()'s result as the one line `foodvit cv --compare` prints (folds: which folds, when not all)."""
+    over = f"{result['photos']} photos"
+    if result["n"] != result["photos"]:
+        over += f" ({result['n']} predictions, each photo's averaged over its seeds first)"
     return (f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} (paired standard error over "
-            f"{result['n']} predictions{folds}; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})")
+            f"{over}{folds}; {len(result['only_b'])} right only in {name_b}, {len(result['only_a'])} only in {name_a})")
 
 
 def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
@@ -80,3 +108,22 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
         names = ("folds " if len(both) > 1 else "fold ") + ", ".join(str(fold) for _, fold in both)
     label = f" of the folds both have finished, {names}"
     return result, compare_line(result, str(a), str(b), label)
+
+
+# What a series of studies varies on purpose (the photos' share and where they are), left out of a study's recipe name.
+VARIED = ("recipe", "data.source", "data.train_fraction")
+
+
+def study_recipe(study: str | Path) -> str:
+    """The recipe a finished study names in its own files: cv.json's recipe, and the settings of study.json that differ
+    from that recipe as this version loads it, e.g. 'default' or 'default (optim.masked=0.0)'. The photos' share and
+    folder are left out: studies of one recipe at several shares are one series."""
+    name = read_study(study)["recipe"]
+    stored = json.loads((Path(study) / "study.json").read_text()).get("settings", {})
+    try:
+        recipe = load_recipe(name).to_dict()
+    except FoodVitError:  # a recipe file that is not here: the name alone
+        return name
+    changed = [(key, b) for key, _, b in differences(recipe, settings_as_today(stored))
+               if key not in VARIED and key.split(".")[0] not in VARIED]
+    return name + (" (" + ", ".join(f"{key}={value}" for key, value in changed) + ")" if changed else "")

@@ -1,0 +1,1 @@
+"""accuracy benchmarks: run each as `python -m bench.accuracy.NAME` from the repository root."""

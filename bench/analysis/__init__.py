@@ -1,0 +1,1 @@
+"""analysis benchmarks: run each as `python -m bench.analysis.NAME` from the repository root."""
