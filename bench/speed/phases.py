@@ -14,7 +14,8 @@ The backward pass is one range: the auxiliary heads' backward is inside it.
 
 MFU = the step's model FLOPs (counted from the shapes by torch.utils.flop_counter, forward and backward,
 the teacher's forward passes included) / the step's seconds (forward, backward, optimiser) / the ceiling:
-the best fp32 matrix product GFLOP/s at the ViT's own shapes on the run's threads, measured before the run.
+the best fp32 matrix product GFLOP/s at the ViT's own shapes on the run's threads, measured before and after the
+run (the better of the two; a warning when they differ, as on a machine shared with other work).
 Rows go to results/speed-phases.csv, a markdown table to stdout.
 """
 
@@ -380,8 +381,15 @@ def main(argv: list[str] | None = None) -> int:
             values[key] = value
     config = with_settings(load_recipe(args.recipe), values)
 
-    gflops = ceiling(config, config.train.batch_size, sorted({1, 2, args.threads}))
+    threads = sorted({1, 2, args.threads})
+    before = ceiling(config, config.train.batch_size, threads)
     seconds, wall, trainer = profiled_run(config, args.threads)
+    after = ceiling(config, config.train.batch_size, threads)
+    # the best of the two: a machine shared with other work is slower for a while, never faster than it can be
+    gflops = {t: max(before[t], after[t]) for t in threads}
+    if min(before[args.threads], after[args.threads]) < 0.8 * gflops[args.threads]:
+        print(f"phases: the ceiling moved during the run ({before[args.threads]:.1f} GFLOP/s before, "
+              f"{after[args.threads]:.1f} after): the machine is shared, the shares and MFU are rough", file=sys.stderr)
     total = sum(seconds.values())
     rows = table(seconds, total)
 
