@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from typing import cast
 
 import torch
 from torch import nn
@@ -39,4 +40,4 @@ def compile_step(module: nn.Module, device: torch.device) -> nn.Module:
         return module
     # the random draws of eager PyTorch (the localization loss's pairs, the masks, dropout), not inductor's own:
     # the compiled step then learns what the eager one does, to float noise
-    return torch.compile(module, options={"fallback_random": True})
+    return cast(nn.Module, torch.compile(module, options={"fallback_random": True}))  # an OptimizedModule
