@@ -10,7 +10,9 @@ outside the library: `record_function` ranges opened around its functions and mo
 training, the ViT's forward pass with the teacher's forward passes and each auxiliary head inside it, the
 backward pass, the optimiser step with gradient clipping, the loaders, evaluation, checkpoints), and each
 instant of the profile is given to the innermost range open then, so the shares add up to the wall time.
-The backward pass is one range: the auxiliary heads' backward is inside it.
+The backward pass is one range: the auxiliary heads' backward is inside it. With --set train.compile=true
+the compiled forward is one range, the teacher's forward passes and the heads inside it, and its first
+steps include the compilation.
 
 MFU = the step's model FLOPs (counted from the shapes by torch.utils.flop_counter, forward and backward,
 the teacher's forward passes included) / the step's seconds (forward, backward, optimiser) / the ceiling:
@@ -206,6 +208,9 @@ class Ranges:
 
         def fit_with_ranges(trainer):
             ranges.trainer = trainer
+            if trainer.config.train.compile:  # ranges inside a compiled graph are dropped: the step's forward as one
+                ranges.around_module(trainer.step_model, "forward", training_only=True)
+                return fit(trainer)
             ranges.around_module(trainer.trained, "forward", training_only=True)
             aux = trainer.aux
             if getattr(aux, "localization", None) is not None:
