@@ -7,18 +7,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo test test-fast venv clean bench notebook docs docs-serve
+.PHONY: demo test test-fast lint venv clean bench notebook docs docs-serve
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --no-cache-dir --upgrade "pip>=23"
-	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,serve,export,track,tune,docs]'
+	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,lint,serve,export,track,tune,docs]'
 	rm -f $(VENV)/.installed-* && touch $@
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal  # two workers on the two cores; one that runs out takes queued tests from the other
+
+# ruff (lint, then the formatter as a check: it changes nothing) and mypy over src/, as configured in pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check src
+	$(BIN)/ruff format --check src
+	$(BIN)/mypy
 
 # The inner loop: the suite without the tests marked slow (torchrun, the browser, kill -9, servers, ViT-B/16 at full
 # size); every module is still exercised. `make test` stays the one that counts.

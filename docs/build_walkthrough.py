@@ -221,15 +221,14 @@ themselves, and 225 photos take many passes (the default recipe makes 100) befor
 What a few epochs do show is the loop itself: the loss curves, the test accuracy, the files of a run."""),
     (CODE, """import tempfile
 from pathlib import Path
-from foodvit.cli.options import build_config
+import foodvit
 from foodvit.training.report import plot_curves
-from foodvit.training.trainer import train
 from foodvit.viz.attention import attention_distances_over
 
 workdir = tempfile.TemporaryDirectory(prefix="walkthrough-")  # removed when the kernel exits
 run = workdir.name + "/run"
-config = build_config("tiny", {"data.source": os.environ.get("FOODVIT_DATA") or "", "train.epochs": 3, "train.seed": 0})
-result = train(config, run, quiet=True, log=lambda *args, **kwargs: None)
+settings = {"data.source": os.environ.get("FOODVIT_DATA") or "", "train.epochs": 3, "train.seed": 0}
+result = foodvit.train("tiny", run, overrides=settings, quiet=True, log=lambda *args, **kwargs: None)
 print(f"{len(result.history)} epochs; test accuracy {result.test['acc']:.3f} on {result.test['n']} photos (per image; chance is 0.333)")
 print("the run's files:", ", ".join(sorted(p.name for p in Path(run).iterdir())))
 show(plot_curves(result.history))"""),

@@ -16,8 +16,9 @@ from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
-from foodvit.training.contrast import (WithInstanceDiscrimination, crop_resize, distort_colours, draw_boxes, nt_xent,
+from foodvit.training.objectives.contrast import (InstanceDiscrimination, crop_resize, distort_colours, draw_boxes, nt_xent,
                                        second_view)
+from foodvit.training.objectives import WithObjectives, build
 from foodvit.training.resizing import AnyGrid
 from foodvit.training.trainer import train
 
@@ -89,7 +90,7 @@ def test_the_second_view_is_another_view_of_the_same_size_repeated_by_the_seed()
 
 
 def test_the_second_view_flips_and_greys_a_share_of_the_photos(monkeypatch):
-    import foodvit.training.contrast as C
+    import foodvit.training.objectives.contrast as C
 
     images = torch.randn(400, 3, 8, 8)  # the whole photo each time: the flip and the grey are what remain to see
     monkeypatch.setattr(C, "draw_boxes", lambda B, H, W: torch.tensor([[0, 0, H, W]]).repeat(B, 1))
@@ -114,19 +115,20 @@ def vit_for(pool: str):
 @pytest.mark.parametrize("pool", ["cls", "seq"])
 def test_the_term_contrasts_the_projected_pooled_states_of_both_views(pool):
     vit = vit_for(pool)
-    wrapped = WithInstanceDiscrimination(vit, 0.7, temperature=0.3).train()
+    contrast = InstanceDiscrimination(vit.config.embed_dim, 0.7, temperature=0.3)
+    wrapped = WithObjectives(vit, [contrast]).train()
     images = torch.randn(4, 3, 32, 32)
     torch.manual_seed(5)
     logits, extra = wrapped(images)
     with torch.no_grad():  # by hand: the first view as given, the second drawn from the same stream
         torch.manual_seed(5)
         view = second_view(images)
-        z1 = wrapped.projection(vit.pool(vit.forward_features(images)[0]))
-        z2 = wrapped.projection(vit.pool(vit.forward_features(view)[0]))
+        z1 = contrast.projection(vit.pool(vit.forward_features(images)))
+        z2 = contrast.projection(vit.pool(vit.forward_features(view)))
         torch.testing.assert_close(logits, vit(images), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(extra, 0.7 * nt_xent(z1, z2, 0.3), rtol=1e-5, atol=1e-6)
     extra.backward()
-    assert wrapped.projection.mlp[0].weight.grad.abs().sum() > 0 and vit.blocks[0].mlp.fc1.weight.grad.abs().sum() > 0
+    assert contrast.projection.mlp[0].weight.grad.abs().sum() > 0 and vit.blocks[0].mlp.fc1.weight.grad.abs().sum() > 0
     wrapped.eval()
     torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
     _, nothing = wrapped.train()(torch.zeros(0, 3, 32, 32))
@@ -140,7 +142,7 @@ def test_the_second_view_leaves_a_conv_stems_running_statistics_to_the_photos_as
     plain = copy.deepcopy(vit).train()
     images = torch.randn(4, 3, 32, 32) * 2 + 1
     torch.manual_seed(5)
-    logits, extra = WithInstanceDiscrimination(vit, 1.0).train()(images)
+    logits, extra = WithObjectives(vit, [InstanceDiscrimination(48, 1.0)]).train()(images)
     (logits.sum() + extra).backward()  # both passes' gradients through the stem's batch norms
     assert vit.patch_embed.stem.layers[0].weight.grad.abs().sum() > 0
     plain(images)  # one plain training pass over the same photos
@@ -153,14 +155,13 @@ def test_the_second_view_leaves_a_conv_stems_running_statistics_to_the_photos_as
 
 
 def test_the_temperature_reaches_the_loss():
-    from foodvit.training.auxiliary import wrap
-
-    assert wrap(vit_for("gap"), OptimConfig(contrast=1.0, contrast_temperature=0.5), num_classes=3).contrast.temperature == 0.5
+    composed = build(vit_for("gap"), OptimConfig(contrast=1.0, contrast_temperature=0.5), num_classes=3)
+    assert composed.objectives[0].temperature == 0.5
 
 
 def test_both_views_of_a_smaller_batch_take_its_grid_under_progressive_resizing():
     vit = vit_for("gap")
-    wrapped = WithInstanceDiscrimination(AnyGrid(vit), 1.0).train()
+    wrapped = WithObjectives(AnyGrid(vit), [InstanceDiscrimination(48, 1.0)]).train()
     logits, extra = wrapped(torch.randn(4, 3, 16, 16))  # a 2 x 2 grid on a 4 x 4 model
     assert logits.shape == (4, 3) and torch.isfinite(extra) and extra.item() > 0
 

@@ -17,8 +17,10 @@ from foodvit.errors import ConfigError, RunError
 from foodvit.model.variants import create_model
 from foodvit.model.vit import Heads
 from foodvit.rundir.directory import load_checkpoint
-from foodvit.training.distill import WithDistillation, build_teacher
-from foodvit.training.drloc import WithDenseRelativeLocalization
+from foodvit.training.objectives import Batch, Outputs, WithObjectives
+from foodvit.training.objectives.distill import Distillation
+from foodvit.training.objectives.drloc import Localization
+from foodvit.training.teacher import build_teacher
 from foodvit.training.trainer import resume, train
 
 
@@ -36,7 +38,7 @@ class Fixed(nn.Module):
 def test_loss_is_the_cross_entropy_against_the_teachers_classes():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
-    wrapped = WithDistillation(vit, weight=0.7, teacher=Fixed([2, 0, 1, 1]))
+    wrapped = WithObjectives(vit, [Distillation(weight=0.7)], teacher=Fixed([2, 0, 1, 1]))
     images = torch.randn(4, 3, 32, 32)
     wrapped.train()
     logits, extra = wrapped(images)
@@ -46,35 +48,25 @@ def test_loss_is_the_cross_entropy_against_the_teachers_classes():
     torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
 
 
-class Copying(nn.Module):
-    """A 'student' whose logits are another model's."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward_heads(self, x):
-        return Heads(self.model(x), None)
-
-
 def test_at_a_temperature_the_loss_is_the_scaled_divergence_from_the_teachers_softened_probabilities():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
     nn.init.normal_(vit.head.weight)  # a head that does not start at zero: the student's probabilities are not uniform
     teacher = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 3))
     images = torch.randn(4, 3, 32, 32)
-    wrapped = WithDistillation(vit, weight=0.7, teacher=teacher, temperature=3.0).train()
+    wrapped = WithObjectives(vit, [Distillation(weight=0.7, temperature=3.0)], teacher=teacher).train()
     logits, extra = wrapped(images)
     p = torch.softmax(teacher(images).detach() / 3, dim=1)  # the teacher's probabilities at T = 3, by hand
     q = torch.softmax(logits / 3, dim=1)
     by_hand = 0.7 * 9 * (p * (p.log() - q.log())).sum(dim=1).mean()
     torch.testing.assert_close(extra, by_hand, rtol=1e-5, atol=1e-6)
-    hard = WithDistillation(vit, weight=0.7, teacher=teacher).train()(images)[1]
+    hard = WithObjectives(vit, [Distillation(weight=0.7)], teacher=teacher).train()(images)[1]
     assert not torch.isclose(extra, hard)  # not the hard term
     # a student that copies the teacher's logits has nothing left to learn from it, at any temperature
-    copy = WithDistillation(Copying(teacher), weight=1.0, teacher=teacher, temperature=2.0)
-    assert copy.forward_heads(images).auxiliary.abs().item() < 1e-6
-    empty = WithDistillation(vit, weight=1.0, teacher=teacher, temperature=3.0).train()
+    taught = teacher(images).detach()
+    copying = Outputs(tokens=torch.zeros(0), pooled=torch.zeros(0), heads=Heads(taught, None), teacher_logits=taught)
+    assert Distillation(1.0, temperature=2.0).loss(Batch(images, vit), copying).abs().item() < 1e-6
+    empty = WithObjectives(vit, [Distillation(weight=1.0, temperature=3.0)], teacher=teacher).train()
     assert empty(torch.zeros(0, 3, 32, 32))[1].item() == 0.0  # an empty share costs nothing
 
 
@@ -84,12 +76,12 @@ def test_at_a_temperature_with_the_token_its_own_head_learns_the_teachers_probab
     nn.init.normal_(vit.head_dist.weight)
     teacher = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 3))
     images = torch.randn(4, 3, 32, 32)
-    wrapped = WithDistillation(vit, weight=1.0, teacher=teacher, temperature=2.0).train()
-    heads = wrapped.forward_heads(images)
+    wrapped = WithObjectives(vit, [Distillation(weight=1.0, temperature=2.0)], teacher=teacher).train()
+    outputs, terms = wrapped.terms(images)
     p = torch.softmax(teacher(images).detach() / 2, dim=1)
-    by_hand = 4 * (p * (p.log() - torch.log_softmax(heads.distilled / 2, dim=1))).sum(dim=1).mean()
-    torch.testing.assert_close(heads.auxiliary, by_hand, rtol=1e-5, atol=1e-6)
-    heads.auxiliary.backward()
+    by_hand = 4 * (p * (p.log() - torch.log_softmax(outputs.heads.distilled / 2, dim=1))).sum(dim=1).mean()
+    torch.testing.assert_close(terms["distill"], by_hand, rtol=1e-5, atol=1e-6)
+    terms["distill"].backward()
     assert vit.head_dist.weight.grad.abs().sum() > 0 and (vit.head.weight.grad is None or vit.head.weight.grad.abs().sum() == 0)
 
 
@@ -103,7 +95,7 @@ def test_teacher_is_frozen_and_outside_the_trained_parameters():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
     teacher = build_teacher("resnet18", 3)
-    wrapped = WithDistillation(vit, weight=1.0, teacher=teacher)
+    wrapped = WithObjectives(vit, [Distillation(weight=1.0)], teacher=teacher)
     assert {id(p) for p in wrapped.parameters()} == {id(p) for p in vit.parameters()}
     assert all(not k.startswith("teacher") for k in wrapped.state_dict())
     wrapped.train()
@@ -119,8 +111,8 @@ def test_teacher_is_frozen_and_outside_the_trained_parameters():
 def test_adds_to_the_localization_loss():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
-    localization = WithDenseRelativeLocalization(vit, weight=0.5, pairs=4)
-    wrapped = WithDistillation(localization, weight=2.0, teacher=Fixed([1, 1]))
+    localization = WithObjectives(vit, [Localization(vit.config.embed_dim, weight=0.5, pairs=4)])
+    wrapped = WithObjectives(vit, [*localization.objectives, Distillation(weight=2.0)], teacher=Fixed([1, 1]))
     wrapped.train()
     images = torch.randn(2, 3, 32, 32)
     torch.manual_seed(1)
@@ -132,7 +124,7 @@ def test_adds_to_the_localization_loss():
 
 def test_an_empty_share_of_a_batch_costs_nothing():
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
-    wrapped = WithDistillation(vit, weight=1.0, teacher=build_teacher("resnet18", 3)).train()
+    wrapped = WithObjectives(vit, [Distillation(weight=1.0)], teacher=build_teacher("resnet18", 3)).train()
     _, extra = wrapped(torch.zeros(0, 3, 32, 32))
     assert extra.item() == 0.0
 
@@ -142,8 +134,8 @@ def test_unknown_teacher_and_a_wrapper_without_teacher_are_refused():
         build_teacher("vgg11", 3)
     with pytest.raises(ConfigError, match="--teacher must be one of"):
         RunConfig.from_dict({"optim": {"distill": 1.0, "teacher": "alexnet"}})
-    wrapped = WithDistillation(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), weight=1.0).train()
-    with pytest.raises(RuntimeError, match="needs its teacher"):
+    wrapped = WithObjectives(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), [Distillation(weight=1.0)]).train()
+    with pytest.raises(RuntimeError, match="reads the CNN teacher, which was not set"):
         wrapped(torch.randn(1, 3, 32, 32))
 
 
@@ -282,7 +274,7 @@ def test_the_token_is_a_second_prefix_token_and_prediction_averages_the_two_head
     vit = token_vit(pool=pool).eval()
     assert vit.config.num_prefix_tokens == 2 and vit.config.num_tokens == 16 + 2
     images = torch.randn(3, 3, 32, 32)
-    tokens, attentions = vit.forward_features(images, return_attention=True)
+    tokens, attentions = vit.forward_attention(images)
     assert tokens.shape == (3, 18, 192) and attentions[0].shape[-1] == 18  # both tokens attend and are attended to
     by_hand = (vit.head(vit.pool(tokens)) + vit.head_dist(tokens[:, 1])) / 2  # [class; distillation; patches]
     torch.testing.assert_close(vit(images), by_hand, rtol=1e-5, atol=1e-5)  # with pool='cls', the last block's fast path too
@@ -303,7 +295,7 @@ def test_the_token_starts_apart_from_the_class_token_and_is_not_decayed():
 def test_with_the_token_the_teacher_trains_the_distillation_head_and_the_labels_the_class_head():
     vit = token_vit()
     nn.init.normal_(vit.head_dist.weight, std=0.1)  # as after some training: a zero head passes no gradient back to the token
-    wrapped = WithDistillation(vit, weight=0.7, teacher=Fixed([2, 0, 1, 1])).train()
+    wrapped = WithObjectives(vit, [Distillation(weight=0.7)], teacher=Fixed([2, 0, 1, 1])).train()
     images = torch.randn(4, 3, 32, 32)
     logits, extra = wrapped(images)
     torch.manual_seed(0)
@@ -317,12 +309,12 @@ def test_with_the_token_the_teacher_trains_the_distillation_head_and_the_labels_
 
 def test_with_the_token_the_localization_loss_still_reads_the_patch_tokens_only():
     vit = token_vit(pool="gap")
-    localization = WithDenseRelativeLocalization(vit, weight=0.5, pairs=4)
-    wrapped = WithDistillation(localization, weight=1.0, teacher=Fixed([1, 0])).train()
+    localization = Localization(vit.config.embed_dim, weight=0.5, pairs=4)
+    wrapped = WithObjectives(vit, [localization, Distillation(weight=1.0)], teacher=Fixed([1, 0])).train()
     images = torch.randn(2, 3, 32, 32)
     torch.manual_seed(1)
     _, extra = wrapped(images)
-    tokens, _ = vit.forward_features(images)
+    tokens = vit.forward_features(images)
     torch.manual_seed(1)
     drloc = 0.5 * localization.drloc(tokens[:, 2:])  # 16 patch tokens: a 4 x 4 grid, not 18
     torch.testing.assert_close(extra, drloc + F.cross_entropy(vit.head_dist(tokens[:, 1]), torch.tensor([1, 0])),
@@ -365,6 +357,6 @@ def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos
     assert card["model"]["distill_token"] is True
     model = load_model(tmp_path / "run").eval()
     images = torch.randn(2, 3, model.config.image_size, model.config.image_size)
-    tokens, _ = model.forward_features(images)
+    tokens = model.forward_features(images)
     torch.testing.assert_close(model(images), model.classify(tokens), rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(model.head_dist.weight) > 0  # the distillation head was trained and saved

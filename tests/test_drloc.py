@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from foodvit.model.variants import create_model
-from foodvit.training.drloc import DenseRelativeLocalization, WithDenseRelativeLocalization, pair_offsets
+from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.drloc import DenseRelativeLocalization, Localization, pair_offsets
 from foodvit.training.engine import train_one_epoch
 
 
@@ -44,10 +45,10 @@ def test_head_refuses_a_token_count_off_a_square_grid():
 
 def test_head_reads_the_grid_of_each_batch(monkeypatch):
     """Progressive resizing trains at a smaller grid first: the offsets are those of the batch's grid."""
-    import foodvit.training.drloc
+    import foodvit.training.objectives.drloc
 
     grids = []
-    monkeypatch.setattr(foodvit.training.drloc, "pair_offsets", lambda a, b, grid: (grids.append(grid), pair_offsets(a, b, grid))[1])
+    monkeypatch.setattr(foodvit.training.objectives.drloc, "pair_offsets", lambda a, b, grid: (grids.append(grid), pair_offsets(a, b, grid))[1])
     head = DenseRelativeLocalization(4, pairs=16, hidden=8)
     for grid in (3, 5):
         assert torch.isfinite(head(torch.randn(2, grid * grid, 4)))
@@ -58,7 +59,8 @@ def test_wrapper_gives_the_vits_logits_and_trains_both():
     torch.manual_seed(0)
     for pool, class_token in (("gap", False), ("cls", True)):
         vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool=pool, class_token=class_token)
-        wrapped = WithDenseRelativeLocalization(vit, weight=0.5, pairs=8)
+        objective = Localization(vit.config.embed_dim, weight=0.5, pairs=8)
+        wrapped = WithObjectives(vit, [objective])
         images = torch.randn(2, 3, 32, 32)
         wrapped.eval()
         torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)
@@ -68,7 +70,7 @@ def test_wrapper_gives_the_vits_logits_and_trains_both():
         assert extra.ndim == 0 and extra.item() > 0
         extra.backward()
         assert vit.patch_embed.proj.weight.grad.abs().sum() > 0  # the task reaches the tokeniser
-        assert all(p.grad is not None for p in wrapped.drloc.parameters())
+        assert all(p.grad is not None for p in objective.drloc.parameters())
 
 
 class Tupled(nn.Module):

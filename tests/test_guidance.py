@@ -13,9 +13,10 @@ from test_train import small_config
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
-from foodvit.training.distill import WithDistillation, build_teacher
-from foodvit.training.heads import loss_so_far
-from foodvit.training.guidance import WithLocalityGuidance, epoch_weight, guided_blocks
+from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.distill import Distillation
+from foodvit.training.objectives.guidance import LocalityGuidance, epoch_weight, guided_blocks
+from foodvit.training.teacher import build_teacher
 from foodvit.training.trainer import resume, train
 
 
@@ -62,21 +63,22 @@ def test_the_loss_is_the_adapted_tokens_error_against_the_teachers_standardised_
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3)  # 8 x 8 tokens; ResNet stages 16, 8, 4
     teacher = build_teacher("resnet18", 3)
-    wrapped = WithLocalityGuidance(vit, 0.3, teacher)
+    guidance = LocalityGuidance(vit, 0.3, teacher)
+    wrapped = WithObjectives(vit, [guidance])
     wrapped.set_teacher(teacher)
     images = torch.randn(2, 3, 64, 64)
     wrapped.train()
     logits, extra = wrapped(images)
     torch.testing.assert_close(logits, vit(images), rtol=1e-5, atol=1e-5)  # the ViT's own logits
     with torch.no_grad():
-        expected = 0.3 * by_hand(vit, teacher, wrapped.adapters, wrapped.blocks, images)
+        expected = 0.3 * by_hand(vit, teacher, guidance.adapters, guidance.blocks, images)
     torch.testing.assert_close(extra, expected, rtol=1e-4, atol=1e-6)
-    assert [a.out_channels for a in wrapped.adapters] == [64, 128, 256]  # ResNet-18's stage widths
+    assert [a.out_channels for a in guidance.adapters] == [64, 128, 256]  # ResNet-18's stage widths
     extra.backward()
-    assert all(a.weight.grad.abs().sum() > 0 for a in wrapped.adapters)
+    assert all(a.weight.grad.abs().sum() > 0 for a in guidance.adapters)
     assert vit.blocks[1].attn.qkv.weight.grad.abs().sum() > 0  # the guided blocks learn from it
     assert all(p.grad is None for p in teacher.parameters()) and not teacher.training
-    assert {id(p) for p in wrapped.parameters()} == {id(p) for p in vit.parameters()} | {id(p) for p in wrapped.adapters.parameters()}
+    assert {id(p) for p in wrapped.parameters()} == {id(p) for p in vit.parameters()} | {id(p) for p in guidance.adapters.parameters()}
     wrapped.eval()
     torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
     _, nothing = wrapped.train()(torch.zeros(0, 3, 64, 64))
@@ -87,19 +89,15 @@ def test_four_stages_add_the_teachers_last_stage_against_the_last_block():
     torch.manual_seed(0)
     teacher = build_teacher("resnet18", 3).eval()
     with pytest.raises(ConfigError, match="use --pool gap or --pool seq"):  # a class-token model's last block computes no patch token
-        WithLocalityGuidance(create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3), 1.0, teacher, stages=4)
+        LocalityGuidance(create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3), 1.0, teacher, stages=4)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3, pool="gap")  # 8 x 8 tokens; ResNet-18's layer4 at 2 x 2
-    three = WithLocalityGuidance(vit, 1.0, teacher)
-    four = WithLocalityGuidance(vit, 1.0, teacher, stages=4)
-    assert four.blocks == [0, 0, 1, 2] and [a.out_channels for a in four.adapters] == [64, 128, 256, 512]
-    for wrapped in (three, four):
-        wrapped.set_teacher(teacher)
+    three, four = LocalityGuidance(vit, 1.0, teacher), LocalityGuidance(vit, 1.0, teacher, stages=4)
+    assert four.blocks == (0, 0, 1, 2) and [a.out_channels for a in four.adapters] == [64, 128, 256, 512]
     for a3, a4 in zip(three.adapters, four.adapters):  # the same first three adapters: the fourth pair is the only change
         a4.load_state_dict(a3.state_dict())
     images = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        _, loss3 = three.train()(images)
-        _, loss4 = four.train()(images)
+        loss3, loss4 = (WithObjectives(vit, [g], teacher=teacher).train()(images)[1] for g in (three, four))
         expected = by_hand(vit, teacher, four.adapters, four.blocks, images)
     torch.testing.assert_close(loss4, expected, rtol=1e-4, atol=1e-6)
     x = vit.embed(images)  # the fourth pair alone, written out: the last block against layer4, pooled to its 2 x 2
@@ -120,11 +118,11 @@ def test_adds_to_distillation_and_needs_its_teacher():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2)
     teacher = build_teacher("resnet18", 3).eval()
-    guided = WithLocalityGuidance(vit, 1.0, teacher)
-    with pytest.raises(RuntimeError, match="needs its teacher"):
+    guided = WithObjectives(vit, [LocalityGuidance(vit, 1.0, teacher)])
+    with pytest.raises(RuntimeError, match="reads the CNN teacher, which was not set"):
         guided.train()(torch.randn(1, 3, 32, 32))
     guided.set_teacher(teacher)
-    both = WithDistillation(guided, 2.0, teacher).train()
+    both = WithObjectives(vit, [*guided.objectives, Distillation(2.0)], teacher=teacher).train()
     images = torch.randn(3, 3, 32, 32)
     logits, extra = both(images)
     _, guidance_only = guided(images)
@@ -163,22 +161,20 @@ def test_a_schedule_needs_guidance_and_each_epoch_trains_at_its_weight(photos, t
         seen = []
         for epoch in range(4):
             trainer._before_epoch(epoch)
-            seen.append(trainer.aux.guide.weight)
+            seen.append(trainer.objectives.objectives[0].weight_at(trainer.objectives.epoch, 4))
         assert seen == expected
     # and the loss reads it: the linear run's guidance term at its last epoch is a quarter of its first's
     trainer_linear = Trainer(guided(photos, 4, "linear"), tmp_path / "loss", quiet=True, log=lambda *a, **k: None)
-    guide = trainer_linear.aux.guide
-    guide.set_teacher(build_teacher("resnet18", 3))
-    guide.train()
+    composed = trainer_linear.objectives
+    composed.set_teacher(build_teacher("resnet18", 3))
+    composed.train()
     images = torch.randn(2, 3, 32, 32)
 
     def term(epoch):
         trainer_linear._before_epoch(epoch)
         with torch.no_grad():
-            torch.manual_seed(0)  # any other loss inside draws the same both times (drloc's pairs)
-            whole = guide.forward_heads(images).auxiliary
-            torch.manual_seed(0)
-            return whole - loss_so_far(guide.student_heads(images))
+            torch.manual_seed(0)  # any other objective draws the same both times (drloc's pairs)
+            return composed.terms(images)[1]["guidance"]
 
     first, last = term(0), term(3)
     assert first > 0
@@ -229,7 +225,6 @@ def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_pa
     """bench/curve.py takes a guided study's teacher.pt as its ResNet-18 point: the network a guided
     run saves is, weight for weight, the one distillation (and so the curve's CNN) trains alone."""
     from foodvit.rundir.directory import TEACHER_FILE
-    from foodvit.training.distill import train_or_load_teacher
     from foodvit.training.trainer import Trainer
 
     config = guided(photos, 1)
@@ -238,7 +233,7 @@ def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_pa
     assert len(saved["history"]) == 1  # trained for its epoch
     (tmp_path / "alone").mkdir()
     distilled = replace(config, optim=replace(config.optim, guidance=0.0, distill=1.0))
-    alone = train_or_load_teacher(Trainer(distilled, tmp_path / "alone", quiet=True, log=lambda *a, **k: None)).state_dict()
+    alone = Trainer(distilled, tmp_path / "alone", quiet=True, log=lambda *a, **k: None).teacher().module.state_dict()
     assert saved["model"].keys() == alone.keys()
     for key in alone:
         torch.testing.assert_close(saved["model"][key], alone[key], rtol=0, atol=0)

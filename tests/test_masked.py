@@ -12,7 +12,9 @@ from test_train import small_config
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
-from foodvit.training.masked import WithMaskedPatches, draw_mask, patch_pixels
+from foodvit.training import objectives
+from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.masked import MaskedPatches, draw_mask, patch_pixels
 from foodvit.training.trainer import resume, train
 
 
@@ -26,7 +28,8 @@ def test_the_mask_hides_exactly_the_ratio_of_each_images_patches_at_random():
 def test_the_hidden_patches_are_classified_as_the_mask_token_and_their_pixels_reconstructed():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool="gap", pos_embed="sincos2d")
-    wrapped = WithMaskedPatches(vit, 0.7, ratio=0.5).train()
+    objective = MaskedPatches(vit, 0.7, ratio=0.5)
+    wrapped = WithObjectives(vit, [objective]).train()
     images = torch.randn(2, 3, 32, 32)
     torch.manual_seed(5)
     logits, extra = wrapped(images)
@@ -34,19 +37,19 @@ def test_the_hidden_patches_are_classified_as_the_mask_token_and_their_pixels_re
     hidden = draw_mask(2, 16, 0.5, images.device)  # the same draw
     with torch.no_grad():  # by hand: Eq. 1 with the mask token in the hidden patches' place, then the encoder
         x = vit.patch_embed(images)
-        x = torch.where(hidden[..., None], wrapped.reconstruction.mask_token, x)
+        x = torch.where(hidden[..., None], objective.reconstruction.mask_token, x)
         x = torch.cat([vit.cls_token.expand(2, -1, -1), x], dim=1) + vit.pos_embed
         for block in vit.blocks:
             x, _ = block(x)
         tokens = vit.norm(x)
-        predicted = wrapped.reconstruction.decoder(tokens[:, 1:][hidden])
+        predicted = objective.reconstruction.decoder(tokens[:, 1:][hidden])
         target = images.reshape(2, 3, 4, 8, 4, 8).permute(0, 2, 4, 1, 3, 5).reshape(2, 16, 192)[hidden]
         target = (target - target.mean(-1, keepdim=True)) / torch.sqrt(target.var(-1, unbiased=False, keepdim=True) + 1e-6)
         torch.testing.assert_close(logits, vit.head(tokens[:, 1:].mean(1)), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(extra, 0.7 * ((predicted - target) ** 2).mean(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(patch_pixels(images, 8)[hidden], target)
     extra.backward()
-    assert wrapped.reconstruction.mask_token.grad.abs().sum() > 0 and vit.blocks[0].mlp.fc1.weight.grad.abs().sum() > 0
+    assert objective.reconstruction.mask_token.grad.abs().sum() > 0 and vit.blocks[0].mlp.fc1.weight.grad.abs().sum() > 0
     wrapped.eval()
     torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction sees the whole image
     _, nothing = wrapped.train()(torch.zeros(0, 3, 32, 32))
@@ -58,7 +61,6 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
     # reach its neighbours' tokens; with --mask-pixels they reach no token, so repainting them changes
     # no output token (what classifies and reconstructs), only the targets
     from foodvit.config import OptimConfig
-    from foodvit.training.auxiliary import wrap
 
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool="seq", pos_embed="sincos2d", stem="conv")
@@ -68,17 +70,12 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
     repainted = torch.where(hidden.reshape(2, 1, 4, 4).repeat_interleave(8, -2).repeat_interleave(8, -1), torch.randn(2, 3, 32, 32), images)
 
     def run(task, x):  # the output tokens (the zero-initialised head's logits would be 0 either way) and the loss
-        seen = {}
-        handle = vit.norm.register_forward_hook(lambda m, a, out: seen.__setitem__("tokens", out))
         torch.manual_seed(5)
-        try:
-            out = task.forward_heads(x)
-        finally:
-            handle.remove()
-        return seen["tokens"], out.auxiliary
+        outputs, terms = WithObjectives(vit, [task]).train().terms(x)
+        return outputs.tokens, terms["masked"]
 
-    hiding = wrap(vit, OptimConfig(masked=1.0, mask_pixels=True, drloc=0.0), num_classes=3).masked.train()
-    plain = wrap(vit, OptimConfig(masked=1.0, drloc=0.0), num_classes=3).masked.train()
+    hiding = objectives.build(vit, OptimConfig(masked=1.0, mask_pixels=True, drloc=0.0), num_classes=3).objectives[0]
+    plain = objectives.build(vit, OptimConfig(masked=1.0, drloc=0.0), num_classes=3).objectives[0]
     assert hiding.hide_pixels and not plain.hide_pixels
     plain.reconstruction.load_state_dict(hiding.reconstruction.state_dict())
     (tokens, loss), (tokens_again, other_loss) = run(hiding, images), run(hiding, repainted)
@@ -90,19 +87,18 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
 
 def test_mask_pixels_without_masked_patches_or_with_the_patch_stem_says_what_to_do():
     from foodvit.config import OptimConfig
-    from foodvit.training.auxiliary import wrap
 
     with pytest.raises(ConfigError, match="--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W"):
         OptimConfig(mask_pixels=True)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1, pool="gap")  # the patch stem: nothing to hide
     with pytest.raises(ConfigError, match="--mask-pixels changes nothing with --stem patch.*use --stem conv or spt"):
-        wrap(vit, OptimConfig(masked=1.0, mask_pixels=True), num_classes=3)
-    assert wrap(vit, OptimConfig(masked=1.0), num_classes=3).masked is not None
+        objectives.build(vit, OptimConfig(masked=1.0, mask_pixels=True), num_classes=3)
+    assert [o.name() for o in objectives.build(vit, OptimConfig(masked=1.0), num_classes=3).objectives] == ["masked"]
 
 
 def test_a_class_token_pooled_model_is_refused_with_what_to_do():
     with pytest.raises(ConfigError, match="--pool gap or --pool seq"):
-        WithMaskedPatches(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), 1.0, 0.25)
+        MaskedPatches(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), 1.0, 0.25)
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ def test_shapes_at_every_step_of_vit_b16():
     with torch.no_grad():
         patches = model.patch_embed(images)
         tokens = model.embed(images)
-        features, _ = model.forward_features(images)
+        features = model.forward_features(images)
         logits = model(images)
     assert patches.shape == (1, 196, 768)  # Eq. 1, x_p E
     assert tokens.shape == (1, 197, 768)  # Eq. 1, with x_class
@@ -134,9 +134,9 @@ def test_attention_dropout_applies_in_training_only():
         assert torch.equal(model(x), model(x))
     model.train()
     torch.manual_seed(1)
-    a = model.forward_features(x)[0]
+    a = model.forward_features(x)
     torch.manual_seed(2)
-    b = model.forward_features(x)[0]
+    b = model.forward_features(x)
     assert not torch.allclose(a, b)
 
 
@@ -147,7 +147,7 @@ def test_gap_pooling_averages_patch_tokens():
     model = tiny(pool="gap").eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        features, _ = model.forward_features(x)
+        features = model.forward_features(x)
         assert torch.allclose(model.pool(features), features[:, 1:].mean(1))
 
 
@@ -179,7 +179,7 @@ def test_no_position_embedding_option():
 
 
 def test_stochastic_depth_is_identity_in_eval_and_drops_whole_samples_in_training():
-    from foodvit.model.vit import DropPath
+    from foodvit.model.blocks import DropPath
 
     dp = DropPath(0.5)
     x = torch.ones(1000, 4, 8)
@@ -258,7 +258,7 @@ def test_mac_count_matches_the_reference_and_torch_flop_counter():
     assert count_macs(get_variant("ViT-B/16").config(), executed=True) == pytest.approx(16.46e9, rel=1e-3)
     model = tiny().eval().set_fused_attention(False)
     x = torch.randn(1, 3, 32, 32)
-    for forward, executed in ((lambda: model.head(model.pool(model.forward_features(x)[0])), False), (lambda: model(x), True)):
+    for forward, executed in ((lambda: model.head(model.pool(model.forward_features(x))), False), (lambda: model(x), True)):
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
             forward()
@@ -276,12 +276,12 @@ def test_class_token_forward_computes_only_the_class_token_in_the_last_block(opt
     x = torch.randn(4, 3, 32, 32)
 
     def full():  # every token through every block, then Eq. 4
-        return model.head(model.pool(model.forward_features(x)[0]))
+        return model.head(model.pool(model.forward_features(x)))
 
     model.eval()
     with torch.no_grad():
-        everything, _ = model.forward_features(x)
-        only_class, _ = model.forward_features(x, class_only=True)
+        everything = model.forward_features(x)
+        only_class = model.forward_features(x, class_only=True)
         assert everything.shape == (4, 17, 48) and only_class.shape == (4, 1, 48)
         torch.testing.assert_close(only_class[:, 0], everything[:, 0], rtol=1e-5, atol=1e-5)
         for fused in (True, False):
@@ -305,7 +305,7 @@ def test_sequence_pooling_is_an_attention_weighted_mean():
     model = tiny(pool="seq", class_token=False).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        features, _ = model.forward_features(x)
+        features = model.forward_features(x)
         weights = model.attn_pool(features).softmax(dim=1)  # (B, N, 1)
         assert torch.allclose(weights.sum(1), torch.ones(2, 1))
         torch.testing.assert_close(model.pool(features), (weights * features).sum(1))
@@ -485,7 +485,7 @@ def test_the_heads_are_named_and_without_the_token_the_prediction_is_eq4s_head()
     model = tiny(num_classes=3).eval()
     torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would give zeros whatever it read
     images = torch.randn(2, 3, model.config.image_size, model.config.image_size)
-    tokens, _ = model.forward_features(images)
+    tokens = model.forward_features(images)
     heads = model.heads(tokens)
     assert type(heads) is Heads and heads.distilled is None
     torch.testing.assert_close(heads.logits, model.head(tokens[:, 0]))  # Eq. 4 on the class token
@@ -578,3 +578,42 @@ def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block(
     assert asked == [True] * 3 + [False] * 3  # a block each: the tap a mask would hide is barred only under the mask
     conv = config.replace(stem="conv")  # a deviation count_params builds on the meta device, where the solve has no values
     assert count_params(conv) == sum(p.numel() for p in VisionTransformer(conv).parameters())
+
+
+def test_forward_intermediates_gives_the_final_tokens_and_the_listed_blocks_outputs():
+    torch.manual_seed(0)
+    model = tiny(pool="gap", depth=3).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        final, blocks = model.forward_intermediates(x, [2, 0])
+        z = model.embed(x)
+        outputs = []
+        for block in model.blocks:
+            z, _ = block(z)
+            outputs.append(z)
+        torch.testing.assert_close(final, model.norm(z), rtol=0, atol=0)
+        torch.testing.assert_close(final, model.forward_features(x), rtol=0, atol=0)
+        assert torch.equal(blocks[0], outputs[2]) and torch.equal(blocks[1], outputs[0])  # in the order asked for
+        torch.testing.assert_close(model.forward_head(final), model(x), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(model.forward_head(final, pre_logits=True), final[:, 1:].mean(1))
+    with pytest.raises(ValueError, match="not all computed in full"):
+        tiny(depth=2).forward_intermediates(x, [1], class_only=True)  # a class-only last block computes no other token
+
+
+def test_a_mask_shows_the_hidden_patches_as_the_mask_token_before_the_positions():
+    torch.manual_seed(0)
+    model = tiny(pool="gap").eval()
+    x = torch.randn(2, 3, 32, 32)
+    token = torch.randn(model.config.embed_dim)
+    mask = torch.zeros(2, 16, dtype=torch.bool)
+    mask[0, 3] = mask[1, 0] = True
+    with torch.no_grad():
+        patches = model.patch_embed(x)
+        patches[mask] = token
+        z = torch.cat([model.cls_token.expand(2, -1, -1), patches], dim=1) + model.pos_embed
+        for block in model.blocks:
+            z, _ = block(z)
+        torch.testing.assert_close(model.forward_features(x, mask, token), model.norm(z), rtol=1e-6, atol=1e-6)
+        assert torch.equal(model.forward_features(x, torch.zeros_like(mask), token), model.forward_features(x))
+    with pytest.raises(ValueError, match="needs a mask token"):
+        model.forward_features(x, mask)

@@ -41,7 +41,7 @@ def test_class_token_and_position_embedding_are_never_decayed(photos, tmp_path, 
     assert decay["blocks.0.attn.qkv.bias"] == 0.0 and decay["norm.weight"] == 0.0
     assert decay["blocks.0.attn.qkv.weight"] == decay["head.weight"] == trainer.config.optim.weight_decay > 0
     if changes.get("drloc"):  # the auxiliary head is optimised too, its matrices decayed
-        aux = {id(p) for p in trainer.trained.drloc.parameters()}
+        aux = {id(p) for p in trainer.trained.objectives[0].part.parameters()}
         groups = {id(p): g["weight_decay"] for g in trainer.optimizer.param_groups for p in g["params"]}
         assert aux <= set(groups) and sorted({groups[i] for i in aux}) == [0.0, trainer.config.optim.weight_decay]
 

@@ -54,6 +54,11 @@ def test_classify_many_is_one_batch_with_the_same_answers_and_keeps_going_past_b
         np.testing.assert_allclose(list(answers[i]["probabilities"].values()), list(alone["probabilities"].values()), atol=1e-6)
 
 
+def test_classify_many_refuses_names_that_do_not_match_the_photos(predictor):
+    with pytest.raises(ValueError):  # one name per photo, not a shorter list silently dropping photos
+        predictor.classify_many([_jpeg(0), _jpeg(1)], names=["a.jpg"])
+
+
 @pytest.mark.parametrize("data,message", [
     (b"", r"is empty \(0 bytes\); expected a JPEG, PNG"),
     (b"GIF89a but not really", "is not an image Pillow can read"),

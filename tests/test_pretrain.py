@@ -14,15 +14,16 @@ from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.training.engine import TrainingDiverged, train_one_epoch
-from foodvit.training.masked import WithMaskedPatches, draw_mask, patch_pixels
-from foodvit.training.pretrain import PRETRAINING_FILE, MaskedImageModelling
+from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.masked import MaskedPatches, draw_mask, patch_pixels
+from foodvit.training.pretrain import PRETRAINING_FILE, masked_image_modelling
 from foodvit.training.trainer import resume, train
 
 
 def reconstructions(task, images, seed=5):
     """The decoder's predictions for the hidden patches, and the loss, with the mask of `seed`."""
     seen = {}
-    handle = task.reconstruction.decoder.register_forward_hook(lambda m, a, out: seen.__setitem__("out", out))
+    handle = task.objectives[0].reconstruction.decoder.register_forward_hook(lambda m, a, out: seen.__setitem__("out", out))
     torch.manual_seed(seed)
     try:
         logits, loss = task(images)
@@ -36,7 +37,7 @@ def test_no_token_sees_the_pixels_of_a_hidden_patch_in_pre_training():
     # alone (the auxiliary --masked) a hidden patch's pixels reach its neighbours, in pre-training they do not
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool="gap", pos_embed="sincos2d", stem="spt")
-    pre, aux = MaskedImageModelling(vit, ratio=0.5).train(), WithMaskedPatches(vit, 1.0, 0.5).train()
+    pre, aux = masked_image_modelling(vit, 0.5).train(), WithObjectives(vit, [MaskedPatches(vit, 1.0, 0.5)]).train()
     images = torch.randn(2, 3, 32, 32)
     torch.manual_seed(5)
     hidden = draw_mask(2, 16, 0.5, images.device)  # the draw the tasks make after manual_seed(5)
@@ -56,16 +57,16 @@ def test_no_token_sees_the_pixels_of_a_hidden_patch_in_pre_training():
 def test_pre_training_trains_the_encoder_and_not_the_head():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool="seq", pos_embed="sincos2d", stem="conv")
-    task = MaskedImageModelling(vit, ratio=0.5).train()
+    task = masked_image_modelling(vit, 0.5).train()
     _, loss = task(torch.randn(4, 3, 32, 32))
     loss.backward()
     assert all(p.grad is not None for p in task.parameters())  # as DistributedDataParallel expects
     assert vit.head.weight.grad.abs().sum() == 0 and vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
-    assert task.reconstruction.mask_token.grad.abs().sum() > 0 and vit.patch_embed.stem.layers[0].weight.grad.abs().sum() > 0
+    assert task.objectives[0].reconstruction.mask_token.grad.abs().sum() > 0 and vit.patch_embed.stem.layers[0].weight.grad.abs().sum() > 0
     torch.testing.assert_close(task.eval()(torch.ones(1, 3, 32, 32)), vit.eval()(torch.ones(1, 3, 32, 32)))
     # a distillation token's head, which the stage does not train either, still gets its gradient of 0
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1, pool="gap", distill_token=True)
-    _, loss = MaskedImageModelling(vit, ratio=0.5).train()(torch.randn(2, 3, 32, 32))
+    _, loss = masked_image_modelling(vit, 0.5).train()(torch.randn(2, 3, 32, 32))
     loss.backward()
     assert vit.head_dist.weight.grad is not None and vit.head_dist.weight.grad.abs().sum() == 0
 
@@ -89,7 +90,7 @@ def test_the_engine_minimises_a_self_supervised_loss_alone_without_reading_label
 
 def test_pre_training_is_refused_where_it_cannot_work_with_what_to_do():
     with pytest.raises(ConfigError, match="--pretrain-epochs.*--pool gap or --pool seq"):
-        MaskedImageModelling(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), 0.5)
+        masked_image_modelling(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), 0.5)
     with pytest.raises(ConfigError, match="--freeze-backbone"):
         RunConfig(optim=replace(RunConfig().optim, pretrain_epochs=5), train=TrainConfig(freeze_backbone=True))
 
@@ -116,7 +117,7 @@ def test_a_run_pre_trains_before_its_supervised_epochs(photos, tmp_path):
     assert pre.history[0]["train_loss"] != pytest.approx(plain.history[0]["train_loss"])  # the same seed, other starting weights
     # sharpness-aware minimisation is the supervised stage's: the stage's losses are those of the run without it
     config = pretraining(photos, 1)
-    sam = train(replace(config, optim=replace(config.optim, sam=0.05)), tmp_path / "sam", quiet=True)
+    train(replace(config, optim=replace(config.optim, sam=0.05)), tmp_path / "sam", quiet=True)
     losses = [[r.split(",")[1] for r in (tmp_path / run / PRETRAINING_FILE).read_text().splitlines()[1:]] for run in ("pre", "sam")]
     assert losses[0] == losses[1]
     assert load_checkpoint(tmp_path / "sam" / "checkpoint.pt")["model"]["head.weight"].ne(
@@ -124,14 +125,14 @@ def test_a_run_pre_trains_before_its_supervised_epochs(photos, tmp_path):
 
 
 def test_a_run_that_fails_in_pre_training_says_where_and_leaves_nothing_behind(photos, tmp_path, monkeypatch):
-    real, calls = MaskedImageModelling.forward, []
+    real, calls = WithObjectives.forward, []
 
     def diverge(self, images):  # 12 photos in batches of 8: the third step is the second epoch's first
         calls.append(1)
         _, loss = real(self, images)
         return None, loss * float("nan") if len(calls) == 3 else loss
 
-    monkeypatch.setattr(MaskedImageModelling, "forward", diverge)
+    monkeypatch.setattr(WithObjectives, "forward", diverge)
     with pytest.raises(TrainingDiverged, match="in self-supervised pre-training epoch 2; training stopped and no epoch finished"):
         train(pretraining(photos, 1), tmp_path / "run", quiet=True)
     assert not (tmp_path / "run").exists()  # its pretraining.csv too: nothing to resume, nothing left

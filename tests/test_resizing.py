@@ -6,7 +6,8 @@ import torch
 
 from foodvit.config import ViTConfig
 from foodvit.model.vit import VisionTransformer
-from foodvit.training.drloc import WithDenseRelativeLocalization
+from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.drloc import Localization
 from foodvit.training.resizing import AnyGrid
 
 
@@ -43,7 +44,7 @@ def test_each_grid_is_built_once_per_device():
 
 def test_the_localization_loss_trains_through_it_at_a_smaller_size():
     vit = sincos_vit()
-    wrapped = WithDenseRelativeLocalization(AnyGrid(vit), weight=0.5, pairs=4).train()
+    wrapped = WithObjectives(AnyGrid(vit), [Localization(vit.config.embed_dim, 0.5, pairs=4)]).train()
     logits, extra = wrapped(torch.randn(2, 3, 16, 16))  # a 2 x 2 grid of patch tokens
     assert logits.shape == (2, 3) and extra.ndim == 0
     extra.backward()

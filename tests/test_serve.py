@@ -330,6 +330,21 @@ def test_the_json_api_in_this_process_answers_as_the_predictor(run):
         assert answer["probabilities"][name] == pytest.approx(p, abs=1e-6)
     assert 400 <= bad.status_code < 500 and "x.jpg" in bad.json()["error"]
 
+
+def test_an_upload_over_the_limit_behind_the_body_limit_is_refused_by_the_endpoint_too(run):
+    """/predict checks the size itself as well (the BodyLimit middleware in front of it answers
+    first in a server): the same 413 and message in the error shape."""
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import create_app
+
+    out, _ = run
+    limited, _ = create_app(Predictor.from_run(out), examples=(), page=False, max_upload_mb=0.001)
+    with ServerThread(limited.app) as url:  # the FastAPI app without the middleware
+        answer = post(url, b"x" * 2_000, "big.jpg")
+    assert answer.status_code == 413
+    assert answer.json() == {"error": "the upload is larger than the limit of 0.001 MB; send a smaller photo "
+                             "(the server's --max-upload-mb sets the limit)"}
+
 def _memory_of(pid: int, stop: threading.Event, peak: list) -> None:
     import psutil
 

@@ -264,7 +264,7 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
 def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
     from dataclasses import replace
 
-    from foodvit.training.distill import teacher_settings
+    from foodvit.training.teacher import teacher_settings
 
     config = load_recipe("default")
     same = [replace(config, vit={**config.vit, "depth": 8, "drop_path": 0.1}),
@@ -686,6 +686,8 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     ("[optim]\ndistill = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n", "vit.distill_token may draw the distillation token"),
     ("[optim]\ncontrast_temperature = {low = 0.1, high = 0.5}\n",
      "optim.contrast_temperature may draw a temperature other than 0.2 where optim.contrast may be 0"),
+    ("[optim]\nmasked = {choices = [0.0, 1.0]}\nmask_pixels = {choices = [true, false]}\n",
+     "optim.mask_pixels may draw hidden pixels where optim.masked may be 0"),
 ])
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
     space = tmp_path / "space.toml"

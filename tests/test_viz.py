@@ -51,6 +51,11 @@ def test_rollout_of_identity_attention_is_the_identity():
     torch.testing.assert_close(attention_rollout([eye, eye, eye]), torch.eye(5)[None])
 
 
+def test_rollout_of_no_layers_is_an_error_not_none():
+    with pytest.raises(ValueError, match="at least one layer"):
+        attention_rollout([])
+
+
 def test_position_similarity_is_one_on_the_diagonal_and_symmetric():
     sim = position_similarity(_model().pos_embed, 1)
     assert sim.shape == (16, 16)

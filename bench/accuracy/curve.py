@@ -11,7 +11,7 @@ share of its training part (drawn with the seed, the same photos for both models
 its whole held-out fifth, so every point is judged on all the training photos and the two models
 pair photo by photo. The ViT is `foodvit cv` with the default recipe (options this script does not
 know go to it, and to it alone); the CNN is torchvision's
-ResNet-18 from random initialisation, trained by foodvit's own teacher code (training/distill.py)
+ResNet-18 from random initialisation, trained by foodvit's own teacher code (training/teacher.py)
 with the recipe's photos, augmentation, optimiser, schedule and epochs: the CNN peer
 (--cnn resnet34 scores a deeper one, e.g. the teachers of a `--teacher resnet34` study).
 Studies are kept in --out (vit-f<share>, cnn-f<share>, each with cv.json as `foodvit cv` writes
@@ -35,7 +35,7 @@ from foodvit.config import TEACHERS, RunConfig
 from foodvit.recipes import load_recipe
 from foodvit.errors import FoodVitError
 from foodvit.rundir.directory import with_source
-from foodvit.training.distill import teacher_changes
+from foodvit.training.teacher import teacher_changes
 from foodvit.tuning.compare import paired, read_study, study_recipe
 from foodvit.tuning.cv import fold_folders, prediction_record, summarise, training_photos, write_study
 
@@ -55,7 +55,6 @@ def vit_study(out: Path, share: float, data: str | None, extra: list[str]) -> Pa
 def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) -> dict:
     """One fold of the CNN: trained (or its teacher.pt reused from a guided or distilled study of the
     same fold, which trained the same network), then its held-out photos predicted."""
-    from foodvit.training.distill import train_or_load_teacher
     from foodvit.training.trainer import Trainer
 
     result_file = run.with_name(run.name + ".json")
@@ -65,9 +64,9 @@ def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) 
     lent = teachers / f"fold-{fold}" / "teacher.pt" if teachers is not None else None
     trainer = Trainer(replace(config, data=replace(config.data, source=str(folder.resolve()))), run, quiet=True, log=lambda *a, **k: None,
                       teacher_file=lent if lent is not None and lent.is_file() else None)
-    teacher = train_or_load_teacher(trainer)
+    teacher = trainer.teacher()
     # its training as recorded when it was trained (here or in the guided study), and this evaluation
-    result = held_out_result(trainer, teacher, SEED, fold, run.name, sum(row["seconds"] for row in trainer.teacher_history))
+    result = held_out_result(trainer, teacher.module, SEED, fold, run.name, sum(row["seconds"] for row in teacher.history))
     result_file.write_text(json.dumps(result, indent=1))
     return result
 

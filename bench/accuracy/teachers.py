@@ -26,7 +26,7 @@ from foodvit.tuning.cv import fold_folder, fold_name, summarise, write_study
 def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
     """Fold k's teacher, loaded from its teacher.pt, on that fold's held-out photos."""
     from foodvit.rundir.directory import TEACHER_FILE
-    from foodvit.training.distill import build_teacher, read_teacher
+    from foodvit.training.teacher import build_teacher, read_teacher
     from foodvit.training.trainer import Trainer
 
     run = study / fold_name(seed, k, 1)  # a study of one seed

@@ -18,12 +18,12 @@ def random_run(name: str, folder: Path) -> Path:
     the exports' parity checks empty)."""
     import torch
 
-    from foodvit.cli.options import build_config
+    from foodvit.model.resolve import resolve
     from foodvit.model.build import build_model
     from foodvit.rundir.trained import save_model
 
     torch.manual_seed(0)
-    config = build_config("default", {}) if name == "default" else build_config("paper", {}, model=name)
+    config = resolve("default") if name == "default" else resolve("paper", model=name)
     model, preprocess = build_model(config, num_classes=len(CLASSES))
     with torch.no_grad():
         model.head.weight.normal_(0, 0.02)

@@ -185,11 +185,11 @@ class Ranges:
 
         ranges = self
         self._open: list = []
-        self.wrap_everywhere("foodvit.training.distill", "train_or_load_teacher", TEACHER)
-        self.built_with_range("foodvit.training.distill", "build_teacher", "forward")
-        self.wrap_everywhere("foodvit.training.guidance", "stage_maps", "teacher forward (guidance)")
-        self.wrap_everywhere("foodvit.training.guidance", "matching_loss", "head: guidance adapters")
-        self.wrap_everywhere("foodvit.training.masked", "patch_pixels", "head: masked")
+        self.wrap_everywhere("foodvit.training.teacher", "obtain_teacher", TEACHER)
+        self.built_with_range("foodvit.training.teacher", "build_teacher", "forward")
+        self.wrap_everywhere("foodvit.training.objectives.guidance", "teacher_outputs", "teacher forward (guidance)")
+        self.wrap_everywhere("foodvit.training.objectives.guidance", "matching_loss", "head: guidance adapters")
+        self.wrap_everywhere("foodvit.training.objectives.masked", "patch_pixels", "head: masked")
         self.wrap_everywhere("foodvit.training.engine", "evaluate", "evaluation")
         self.wrap_everywhere("foodvit.rundir.directory", "save_checkpoint", "checkpoints and metrics")
         self.wrap_everywhere("foodvit.rundir.directory", "write_metrics", "checkpoints and metrics")
@@ -212,14 +212,14 @@ class Ranges:
                 ranges.around_module(trainer.step_model, "forward", training_only=True)
                 return fit(trainer)
             ranges.around_module(trainer.trained, "forward", training_only=True)
-            aux = trainer.aux
-            if getattr(aux, "localization", None) is not None:
-                ranges.around_module(aux.localization.drloc, "head: drloc")
-            if getattr(aux, "masked", None) is not None:
-                ranges.around_module(aux.masked.reconstruction.decoder, "head: masked")
-            if getattr(aux, "guide", None) is not None:
-                for adapter in aux.guide.adapters:
-                    ranges.around_module(adapter, "head: guidance adapters")
+            for module in trainer.trained.modules():  # the objectives' heads, found by what they hold
+                if type(module).__name__ == "DenseRelativeLocalization":
+                    ranges.around_module(module, "head: drloc")
+                elif hasattr(module, "mask_token") and hasattr(module, "decoder"):
+                    ranges.around_module(module.decoder, "head: masked")
+                elif isinstance(getattr(module, "adapters", None), torch.nn.ModuleList):
+                    for adapter in module.adapters:
+                        ranges.around_module(adapter, "head: guidance adapters")
             return fit(trainer)
 
         trainer_module.Trainer.fit = fit_with_ranges
@@ -309,9 +309,9 @@ def run_flops(trainer, history_sizes: list[int], n_images: int) -> tuple[float, 
     per_image = {s: step_flops(trainer.trained, s, batch, classes) / batch for s in set(history_sizes)}
     vit = sum(per_image[s] * n_images for s in history_sizes)
     teacher = 0.0
-    guide = getattr(trainer.aux, "guide", None) or getattr(trainer.aux, "distiller", None)
-    if guide is not None and guide.teacher is not None:
-        cnn = copy.deepcopy(guide.teacher).requires_grad_(True)
+    held = getattr(trainer.trained, "teacher", None)  # the objectives' CNN teacher, when one reads it
+    if held is not None:
+        cnn = copy.deepcopy(held).requires_grad_(True)
         teacher = (
             step_flops(cnn, trainer.model.config.image_size, batch, classes) / batch * n_images * len(history_sizes)
         )

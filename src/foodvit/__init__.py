@@ -24,6 +24,9 @@ _LAZY = {
     "load_weights": "model.weights",
     "resize_model": "model.weights",
     "save_weights": "model.weights",
+    "load_recipe": "recipes",
+    "resolve": "model.resolve",
+    "train": "training.trainer",
     "cross_validate": "tuning.cv",
     "tune": "tuning.search",
 }
@@ -63,3 +66,4 @@ def load_predictor(run, device: str | None = None):
     from foodvit.deploy.predictor import Predictor
 
     return Predictor.open(run, device=device)
+

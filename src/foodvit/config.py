@@ -15,7 +15,19 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
-from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, SHARE_ABOVE_0, SHARE_BELOW_1, ConfigError, FoodVitError, Range, check_value
+from foodvit.errors import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    POSITIVE,
+    SHARE,
+    SHARE_ABOVE_0,
+    SHARE_BELOW_1,
+    ConfigError,
+    FoodVitError,
+    Range,
+    check_value,
+)
+from foodvit.objective_settings import CONTRAST_TEMPERATURE, OBJECTIVES
 
 Pool = Literal["cls", "gap", "seq"]
 PosEmbed = Literal["learned", "sincos2d", "none"]
@@ -30,7 +42,7 @@ AUGMENT_PRESETS = ("none", "flip", "light", "medium", "strong")
 TEACHERS = ("resnet18", "resnet34", "resnet50")  # torchvision architectures a run can train as its distillation teacher
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
-GUIDANCE_SCHEDULES = ("constant", "linear")  # the weight of locality guidance over the epochs (training/guidance.py)
+GUIDANCE_SCHEDULES = ("constant", "linear")  # the weight of locality guidance over the epochs (objectives/guidance.py)
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -142,7 +154,7 @@ class ViTConfig:
         the class token, no other token's output of that block is read."""
         return self.pool == "cls"
 
-    def replace(self, **changes) -> "ViTConfig":
+    def replace(self, **changes) -> ViTConfig:
         return replace(self, **changes)
 
 
@@ -211,7 +223,6 @@ class DataConfig:
                 raise ConfigError(f"--{name} takes three numbers (red, green, blue), got {len(getattr(self, name))}")
 
 
-CONTRAST_TEMPERATURE = 0.2  # --contrast-temperature's default: the option counts as given when it differs
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -226,72 +237,52 @@ class OptimConfig:
     min_lr_ratio: float = opt(0.0, "final learning rate as a share of the peak", range=SHARE)
     clip_grad: float = opt(0.0, "clip gradients at this global norm, 0 = off (Table 3: 1.0)", range=AT_LEAST_0)
     label_smoothing: float = opt(0.0, "label smoothing (Szegedy et al. 2016; DeiT: 0.1)", range=SHARE_BELOW_1)
-    sam: float = opt(0.0, "sharpness-aware minimisation: each step's gradient is taken again at the weights moved this far "
-                     "(L2) up the first gradient, the worst nearby loss (Foret et al. 2021: 0.05; for ViTs from scratch, Chen et al. "
-                     "2022), 0 = off; twice the ViT's compute a step; the CNN teacher and --pretrain-epochs' stage train without it",
-                     range=AT_LEAST_0)
+    sam: float = opt(0.0, "sharpness-aware minimisation's radius (Foret et al. 2021: 0.05): each step's gradient taken again "
+                     "at the worst nearby weights, twice the compute; 0 = off; not in the teacher's or pre-training's", range=AT_LEAST_0)
     accum_steps: int = opt(1, "gradient accumulation steps: effective batch = batch_size x accum_steps", range=AT_LEAST_1)
     ema: float = opt(0.0, "exponential moving average of the weights, decay per step, 0 = off (DeiT: 0.99996)", range=SHARE_BELOW_1)
-    drloc: float = opt(0.0, "weight of the dense relative localization loss: predict the grid offset of two output "
-                       "tokens (Liu et al. 2021: 0.1 for ViTs), 0 = off; skipped with a frozen backbone, which it cannot train",
-                       range=AT_LEAST_0)
-    drloc_pairs: int = opt(64, "token pairs per image for the dense relative localization loss (Liu et al. 2021: 64)", range=AT_LEAST_1)
-    distill: float = opt(0.0, "weight of distillation (hard labels; soft with --distill-temperature) from a CNN teacher that "
-                         "the run trains first on the same photos (DeiT, Touvron et al. 2021), 0 = off; the saved model is the ViT alone; skipped with a frozen "
-                         "backbone, which it cannot train", range=AT_LEAST_0)
-    distill_temperature: float = opt(0.0, "soft distillation: with --distill, the ViT matches the teacher's class probabilities "
-                                     "softened at this temperature, --distill x T^2 x KL(teacher || student) beside the true labels' "
-                                     "cross-entropy (Hinton et al. 2015; DeiT's soft distillation: T = 3 at --distill 0.11), in "
-                                     "place of its predicted classes; 0 = hard labels", range=AT_LEAST_0)
-    guidance: float = opt(0.0, "weight of locality guidance: a few blocks' patch tokens learn, through 1x1 adapters, to predict "
-                          "the feature maps of a CNN teacher that the run trains first on the same photos (Li et al. 2022), 0 = off; "
-                          "the saved model is the ViT alone; skipped with a frozen backbone, which it cannot train", range=AT_LEAST_0)
-    guidance_schedule: str = opt("constant", "the weight of --guidance over the epochs: 'constant', or 'linear' from --guidance "
-                                 "at the first epoch down towards 0 (epoch e of E weighs W x (1 - e/E)): locality early, "
-                                 "while attention forms, and less pull towards a weaker network's features late", choices=GUIDANCE_SCHEDULES)
-    guidance_stages: int = opt(3, "the CNN teacher's first stages that guide with --guidance: 3 (each matched to a block before "
-                               "the last, which is left to the classifier) or 4 (its last stage guides the last block too, as Li et al. guide the last "
-                               "block; needs --pool gap or seq, whose last block computes every token)",
-                               range=Range(3, 4))
-    masked: float = opt(0.0, "weight of masked-patch reconstruction: in training, --mask-ratio of each image's patches are hidden "
-                        "behind a learned mask token and a linear decoder predicts their pixels from the output tokens (SimMIM-style "
-                        "self-supervision on the same photos), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
+    drloc: float = opt(0.0, "weight of the dense relative localization loss: an auxiliary head predicts the grid offset "
+                       "of two output tokens (Liu et al. 2021), 0 = off; none with a frozen backbone", range=AT_LEAST_0)
+    drloc_pairs: int = opt(64, "token pairs per image for --drloc", range=AT_LEAST_1)
+    distill: float = opt(0.0, "weight of distillation from a CNN teacher trained first on the same photos (DeiT): its "
+                         "predicted classes, or with --distill-temperature its probabilities, 0 = off; none with a frozen "
+                         "backbone", range=AT_LEAST_0)
+    distill_temperature: float = opt(0.0, "with --distill: match the teacher's class probabilities softened at this "
+                                     "temperature, --distill x T^2 x KL(teacher || student); 0 = its predicted classes",
+                                     range=AT_LEAST_0)
+    guidance: float = opt(0.0, "weight of locality guidance: a few blocks' patch tokens predict, through 1x1 adapters, the "
+                          "feature maps of a CNN teacher trained first on the same photos (Li et al. 2022), 0 = off; none "
+                          "with a frozen backbone", range=AT_LEAST_0)
+    guidance_schedule: str = opt("constant", "the weight of --guidance over the epochs: constant, or linear from --guidance "
+                                 "down towards 0 (epoch e of E weighs W x (1 - e/E))", choices=GUIDANCE_SCHEDULES)
+    guidance_stages: int = opt(3, "the teacher's first stages that guide with --guidance: 3 (blocks before the last) or 4 "
+                               "(the last block too; needs --pool gap or seq)", range=Range(3, 4))
+    masked: float = opt(0.0, "weight of masked-patch reconstruction: --mask-ratio of each training image's patches shown as "
+                        "a learned mask token, a linear decoder predicts their pixels, 0 = off; needs --pool gap or seq",
+                        range=AT_LEAST_0)
     mask_ratio: float = opt(0.25, "share of each training image's patches hidden with --masked", range=SHARE_ABOVE_0)
-    mask_pixels: bool = opt(False, "with --masked: also set the hidden patches' pixels to 0 before the tokeniser, whose "
-                            "receptive fields overlap with --stem conv or spt and otherwise show a hidden patch's edges to "
-                            "its neighbours' tokens (pre-training always does)")
-    contrast: float = opt(0.0, "weight of instance discrimination: in training, a second view of each image (a random resized "
-                          "crop of it, flipped and recoloured at random) also goes through the ViT, and a projection of each "
-                          "pooled state learns to find its photo's other view among the batch's (SimCLR's NT-Xent; "
-                          "training/contrast.py), 0 = off; a second forward and backward pass a step; skipped with a frozen backbone, "
-                          "which it cannot train", range=AT_LEAST_0)
-    contrast_temperature: float = opt(CONTRAST_TEMPERATURE, "temperature of --contrast's cosine similarities (SimCLR: 0.1 to 0.5)", range=POSITIVE)
-    pretrain_epochs: int = opt(0, "epochs of self-supervised pre-training on the same training photos before the supervised "
-                               "ones: masked-image modelling, the hidden patches' pixels predicted from the output tokens, the "
-                               "classes not read (training/pretrain.py), 0 = off; needs --pool gap or seq", range=AT_LEAST_0)
-    pretrain_mask_ratio: float = opt(0.5, "share of each image's patches hidden in pre-training (--pretrain-epochs)", range=SHARE_ABOVE_0)
-    teacher: str = opt("resnet18", "the CNN teacher of --distill and --guidance: a torchvision architecture, random initialisation, "
-                       "trained in the run with its photos, augmentation, optimiser and schedule", choices=TEACHERS)
+    mask_pixels: bool = opt(False, "with --masked: also set the hidden patches' pixels to 0 before the tokeniser, so that "
+                            "a conv or spt stem cannot show them to their neighbours' tokens")
+    contrast: float = opt(0.0, "weight of instance discrimination: a second view of each image (cropped, flipped and "
+                          "recoloured at random) goes through the ViT, and each pooled state learns to find its photo's "
+                          "other view in the batch (SimCLR's NT-Xent), 0 = off; none with a frozen backbone",
+                          range=AT_LEAST_0)
+    contrast_temperature: float = opt(CONTRAST_TEMPERATURE, "temperature of --contrast's cosine similarities",
+                                      range=POSITIVE)
+    pretrain_epochs: int = opt(0, "epochs of self-supervised pre-training on the training photos before the supervised "
+                               "ones: the hidden patches' pixels predicted, the classes not read, 0 = off; needs --pool gap "
+                               "or seq", range=AT_LEAST_0)
+    pretrain_mask_ratio: float = opt(0.5, "share of each image's patches hidden in pre-training (--pretrain-epochs)",
+                                     range=SHARE_ABOVE_0)
+    teacher: str = opt("resnet18", "the CNN teacher of --distill and --guidance: a torchvision architecture trained from "
+                       "random initialisation in the run, on its photos with its optimiser and schedule", choices=TEACHERS)
 
     def __post_init__(self) -> None:
         _check(self)
         if len(self.betas) != 2:
             raise ConfigError(f"--betas takes two numbers (beta1, beta2), got {len(self.betas)}")
-        if self.guidance_schedule != "constant" and self.guidance <= 0:
-            raise ConfigError(f"--guidance-schedule {self.guidance_schedule} sets how the weight of --guidance changes over the "
-                              "epochs: add --guidance W (e.g. --guidance 1), or leave --guidance-schedule out")
-        if self.guidance_stages != 3 and self.guidance <= 0:
-            raise ConfigError(f"--guidance-stages {self.guidance_stages} sets which of the teacher's stages --guidance reads: "
-                              "add --guidance W (e.g. --guidance 1), or leave --guidance-stages out")
-        if self.mask_pixels and self.masked <= 0:
-            raise ConfigError("--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W "
-                              "(e.g. --masked 1), or leave --mask-pixels out")
-        if self.contrast_temperature != CONTRAST_TEMPERATURE and self.contrast <= 0:
-            raise ConfigError("--contrast-temperature sets how sharply --contrast compares the two views: add --contrast W "
-                              "(e.g. --contrast 0.5), or leave --contrast-temperature out")
-        if self.distill_temperature > 0 and self.distill <= 0:
-            raise ConfigError("--distill-temperature softens the classes of a teacher that --distill reads: add --distill W "
-                              "(e.g. --distill 1), or leave --distill-temperature out")
+        for objective in OBJECTIVES:
+            objective.check(self)
 
 
 @dataclass(frozen=True)
@@ -341,7 +332,7 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "settings") -> "RunConfig":
+    def from_dict(cls, d: dict, where: str = "settings") -> RunConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: expected a JSON object of settings, got {type(d).__name__}")
         unknown = sorted(set(d) - {"recipe", "model", "vit", *SECTIONS})

@@ -74,7 +74,9 @@ def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha
         digest = hashlib.sha256()
         with tmp.open("wb") as out, open_url(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {Path(target).name}", disable=quiet) as bar:
+            with tqdm(
+                total=total, unit="B", unit_scale=True, desc=f"downloading {Path(target).name}", disable=quiet
+            ) as bar:
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
                     digest.update(chunk)

@@ -2,16 +2,27 @@
 
 Each purpose (model initialisation, the validation split, the order of the photos, their
 augmentation, the rest of a training step: dropout, stochastic depth, mixup, the localization
-loss's pairs; the training subset of --train-fraction) draws from its own seed, hashed from (run seed, purpose, epoch, ...). So changing
-how one of them draws (a new augmentation op, another split) leaves the others as they were, and
-no two purposes ever start from the same state.
+loss's pairs; the training subset of --train-fraction) draws from its own seed, hashed from
+(run seed, purpose, epoch, ...). So changing how one of them draws (a new augmentation op,
+another split) leaves the others as they were, and no two purposes ever start from the same state.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-PURPOSES = ("init", "validation", "order", "augment", "step", "subset", "teacher-init", "teacher-step", "pretrain-init", "pretrain-step")
+PURPOSES = (
+    "init",
+    "validation",
+    "order",
+    "augment",
+    "step",
+    "subset",
+    "teacher-init",
+    "teacher-step",
+    "pretrain-init",
+    "pretrain-step",
+)
 
 
 def derive_seed(seed: int, purpose: str, *keys: int) -> int:

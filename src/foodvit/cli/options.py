@@ -1,21 +1,18 @@
 """The command line's view of the settings: one option per settings field, generated from the
-dataclasses of config.py (never written out one by one), and a run's settings built from a recipe
-and the options given.
-
-Resolution order: dataclass defaults < recipe file < command-line options < what pre-trained
-weights dictate (model/pretrained.py). The resolved configuration is saved with every run
-(config.json) and checkpoint. No PyTorch here unless pre-trained weights are named.
+dataclasses of config.py (never written out one by one); a run's settings are resolved from a recipe
+and the options given by model/resolve.py, the path every caller takes. The resolved configuration is
+saved with every run (config.json) and checkpoint. No PyTorch here unless pre-trained weights are named.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields, replace
+from dataclasses import fields
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of, with_settings
-from foodvit.recipes import load_recipe
+from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of
 from foodvit.errors import ConfigError, Range, check_value
-from foodvit.model.variants import without_recipe_resizing
+from foodvit.model.resolve import apply_overrides as resolve_overrides
+from foodvit.model.resolve import resolve
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -102,12 +99,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_overrides(config: RunConfig, args: argparse.Namespace | dict, model: str | None = None) -> RunConfig:
-    """The recipe's config with every option the user gave: an argparse namespace, or a dict of
-    "section.name" -> value ("vit.depth", "optim.lr", ...)."""
-    given = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    values = {dest: value for dest, value in given.items()
-              if value is not None and "." in dest and dest.split(".", 1)[0] in ("vit", *SECTIONS)}
-    return replace(with_settings(config, values), model=model or config.model)
+    """The recipe's config with every option the user gave (an argparse namespace, or a dict of
+    "section.name" -> value): resolve.apply_overrides."""
+    return resolve_overrides(config, vars(args) if isinstance(args, argparse.Namespace) else dict(args), model=model)
 
 
 def given_overrides(args: argparse.Namespace) -> list[str]:
@@ -115,31 +109,7 @@ def given_overrides(args: argparse.Namespace) -> list[str]:
     return [dest for dest, value in vars(args).items() if value is not None and "." in dest]
 
 
-# Regularisation settings a from-scratch recipe keeps when it is used with pre-trained weights: its
-# other model settings (size, pooling, 96 px ...) are not meant for the weights, nor is its
-# progressive resizing (model.variants.without_recipe_resizing).
-TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
-# Training settings of a from-scratch recipe that are off with pre-trained weights unless given: masked-patch
-# reconstruction is self-supervision for a model that starts from nothing, and it reads every output token,
-# which the weights' class-token model does not compute in its last block (its pixel hiding goes with it).
-TRANSFER_OFF = {"optim.masked": 0.0, "optim.mask_pixels": False}
-
-
 def build_config(recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | dict | None = None,
                  model: str | None = None) -> RunConfig:
-    """A run's settings as `foodvit train` resolves them: the recipe, then the overrides
-    ("section.name" -> value, or an argparse namespace), then, with pre-trained weights, the model
-    that the weights dictate (pretrained.adapt_config; a `model` that disagrees stops the run)."""
-    base = load_recipe(recipe)
-    config = apply_overrides(base, overrides or {}, model=model)
-    given = vars(overrides) if isinstance(overrides, argparse.Namespace) else dict(overrides or {})
-    config = without_recipe_resizing(base, config, given)
-    if config.train.pretrained and not base.train.pretrained:
-        kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
-        config = replace(config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}})
-        config = with_settings(config, {k: v for k, v in TRANSFER_OFF.items() if given.get(k) is None})
-    if config.train.pretrained:
-        from foodvit.model.pretrained import adapt_config  # reads the weights' description (PyTorch)
-
-        config = adapt_config(config, explicit_model=model)
-    return config
+    """A run's settings as `foodvit train` resolves them from its options (model/resolve.py)."""
+    return resolve(recipe, vars(overrides) if isinstance(overrides, argparse.Namespace) else overrides, model=model)

@@ -35,9 +35,17 @@ class DataSet:
         return self.train.classes
 
 
-def open_dataset(source: "DataSource | Listed | str | os.PathLike | None" = None, *, strict: bool = False, val_fraction: float = 0.0,
-                 seed: int = 0, train_fraction: float = 1.0, train_cache: "PhotoCache | None" = None,
-                 eval_cache: "PhotoCache | None" = None, quiet: bool = False) -> DataSet:
+def open_dataset(
+    source: DataSource | Listed | str | os.PathLike | None = None,
+    *,
+    strict: bool = False,
+    val_fraction: float = 0.0,
+    seed: int = 0,
+    train_fraction: float = 1.0,
+    train_cache: PhotoCache | None = None,
+    eval_cache: PhotoCache | None = None,
+    quiet: bool = False,
+) -> DataSet:
     """Check a source's train and test splits (a DataSource, its text, or what DataSource.listed made
     of it), filling the caches if given (which also fully decodes the photos they keep, so unreadable
     ones are found before training starts). With a text, train_fraction keeps that share of each
@@ -64,7 +72,7 @@ class PhotoDataset(Dataset):
     when `transform` is None, used as is (eval: the finished tensor, computed once).
     """
 
-    def __init__(self, split: Split, transform=None, cache: "PhotoCache | None" = None) -> None:
+    def __init__(self, split: Split, transform=None, cache: PhotoCache | None = None) -> None:
         if transform is None and cache is None:
             raise ValueError("PhotoDataset needs a transform, a cache, or both")
         self.split, self.transform, self.cache = split, transform, cache
@@ -130,11 +138,13 @@ class PhotoCache:
         self.full = not keep
 
     @classmethod
-    def decoded(cls, size: int, interpolation: str = "bilinear", keep: bool = True, budget: MemoryBudget | None = None) -> "PhotoCache":
+    def decoded(
+        cls, size: int, interpolation: str = "bilinear", keep: bool = True, budget: MemoryBudget | None = None
+    ) -> PhotoCache:
         return cls(DecodeDownsized(size, interpolation), keep, budget)
 
     @classmethod
-    def transformed(cls, transform, keep: bool = True, budget: MemoryBudget | None = None) -> "PhotoCache":
+    def transformed(cls, transform, keep: bool = True, budget: MemoryBudget | None = None) -> PhotoCache:
         return cls(Transformed(transform), keep, budget)
 
     def get(self, path: Path) -> torch.Tensor:

@@ -17,7 +17,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from foodvit.data.folders import Listing, Split, check, check_layout, is_food101, keep_classes, list_folder, list_split, subsample
+from foodvit.data.folders import (
+    Listing,
+    Split,
+    check,
+    check_layout,
+    is_food101,
+    keep_classes,
+    list_folder,
+    list_split,
+    subsample,
+)
 from foodvit.data.photos import IMAGE_EXTENSIONS
 from foodvit.data.sources import FOOD101, LAYOUT, cached_download, default_source, extract, food101_root, resolve
 from foodvit.errors import DataError
@@ -51,10 +61,18 @@ class DataSource:
         text = str(text or "") or default_source()
         head, sep, tail = text.rpartition(":")
         # a class list follows the last colon, after food101 or an existing path (never a URL's "//host")
-        if sep and head and "/" not in tail and "\\" not in tail and (head == FOOD101 or Path(head).expanduser().exists()):
+        if (
+            sep
+            and head
+            and "/" not in tail
+            and "\\" not in tail
+            and (head == FOOD101 or Path(head).expanduser().exists())
+        ):
             names = tuple(n.strip() for n in tail.split(",") if n.strip())
             if not names:
-                raise DataError(f"{text!r} names no classes after the colon; write {head}:pizza,steak,sushi (or {head} for all)")
+                raise DataError(
+                    f"{text!r} names no classes after the colon; write {head}:pizza,steak,sushi (or {head} for all)"
+                )
             return cls(head, names, train_fraction)
         return cls(text, None, train_fraction)
 
@@ -107,8 +125,10 @@ class DataSource:
         if train.classes != test.classes:
             only_train = sorted(set(train.classes) - set(test.classes))
             only_test = sorted(set(test.classes) - set(train.classes))
-            raise DataError(f"train and test classes differ in {root}: only in train/: {only_train or 'none'}; only in test/: "
-                            f"{only_test or 'none'}; give both splits the same class folders")
+            raise DataError(
+                f"train and test classes differ in {root}: only in train/: {only_train or 'none'}; only in test/: "
+                f"{only_test or 'none'}; give both splits the same class folders"
+            )
         if self.classes:
             train, test = keep_classes(train, self.classes), keep_classes(test, self.classes)
         if self.train_fraction < 1:
@@ -122,7 +142,9 @@ class DataSource:
         if is_food101(root) or (root / split).is_dir():
             listing = list_split(root, split)
         elif (root / "train").is_dir() or (root / "test").is_dir():
-            raise DataError(f"{root} has no {split}/ folder; expected {LAYOUT}, or a folder whose subfolders are the classes")
+            raise DataError(
+                f"{root} has no {split}/ folder; expected {LAYOUT}, or a folder whose subfolders are the classes"
+            )
         else:
             listing = list_folder(root)
         return keep_classes(listing, self.classes) if self.classes else listing
@@ -151,4 +173,3 @@ class DataSource:
             photos = sorted(p for p, y in listing.files if y == label and p.suffix.lower() in IMAGE_EXTENSIONS)
             found += photos[:per_class]
         return found
-

@@ -35,7 +35,11 @@ class Split:
         if not self.skipped:
             return []
         first = self.skipped[0]
-        more = "" if len(self.skipped) == 1 else f" and {len(self.skipped) - 1} more" + ("" if verbose else " (--verbose lists them)")
+        more = (
+            ""
+            if len(self.skipped) == 1
+            else f" and {len(self.skipped) - 1} more" + ("" if verbose else " (--verbose lists them)")
+        )
         lines = [f"skipped {len(self.skipped)} unreadable file(s) in {self.root}: {first}{more}"]
         return lines + [f"  {line}" for line in self.skipped[1:]] if verbose else lines
 
@@ -71,12 +75,20 @@ def list_folder(folder: Path) -> Listing:
     """The classes (subfolders, sorted) of a folder and every file in them."""
     folder = Path(folder)
     classes = class_names(folder)
-    return Listing(folder, classes, tuple((path, index) for index, name in enumerate(classes) for path in _photo_files(folder / name)))
+    return Listing(
+        folder,
+        classes,
+        tuple((path, index) for index, name in enumerate(classes) for path in _photo_files(folder / name)),
+    )
 
 
 def is_food101(root: Path) -> bool:
     """Whether root is laid out as Food-101: images/<class>/<id>.jpg with meta/train.json and meta/test.json."""
-    return (root / "images").is_dir() and (root / "meta" / "train.json").is_file() and (root / "meta" / "test.json").is_file()
+    return (
+        (root / "images").is_dir()
+        and (root / "meta" / "train.json").is_file()
+        and (root / "meta" / "test.json").is_file()
+    )
 
 
 def list_food101(root: Path, split: str) -> Listing:
@@ -90,7 +102,9 @@ def list_food101(root: Path, split: str) -> Listing:
     except (OSError, ValueError) as err:
         raise DataError(f"{meta} is not Food-101's split file ({err}); download the data set again") from None
     classes = tuple(sorted(entries))
-    files = tuple((root / "images" / f"{entry}.jpg", index) for index, name in enumerate(classes) for entry in entries[name])
+    files = tuple(
+        (root / "images" / f"{entry}.jpg", index) for index, name in enumerate(classes) for entry in entries[name]
+    )
     return Listing(root / "images", classes, files)
 
 
@@ -103,7 +117,9 @@ def keep_classes(listing: Listing, names: tuple[str, ...]) -> Listing:
     """Only the named classes (re-indexed in sorted order), e.g. pizza, steak and sushi of Food-101."""
     unknown = [n for n in names if n not in listing.classes]
     if unknown:
-        shown = ", ".join(listing.classes[:8]) + (f" ... ({len(listing.classes)} in all)" if len(listing.classes) > 8 else "")
+        shown = ", ".join(listing.classes[:8]) + (
+            f" ... ({len(listing.classes)} in all)" if len(listing.classes) > 8 else ""
+        )
         raise DataError(f"no class {', '.join(unknown)} in {listing.root}; its classes are {shown}")
     kept = tuple(sorted(set(names)))
     index = {listing.classes.index(name): i for i, name in enumerate(kept)}
@@ -143,7 +159,9 @@ def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, S
     for label, order in enumerate(shuffled_by_class(train.samples, len(train.classes), seed, "validation")):
         n_val = max(1, round(fraction * len(order)))
         if n_val >= len(order):
-            raise DataError(f"class {train.classes[label]} has {len(order)} photo(s): too few to hold out a validation share")
+            raise DataError(
+                f"class {train.classes[label]} has {len(order)} photo(s): too few to hold out a validation share"
+            )
         held += [train.samples[i] for i in order[:n_val]]
         keep += [train.samples[i] for i in order[n_val:]]
     return Split(train.root, train.classes, tuple(sorted(keep))), Split(train.root, train.classes, tuple(sorted(held)))
@@ -170,7 +188,9 @@ def check(listing: Listing, *, strict: bool = False, decode=None, quiet: bool = 
     present = {label for _, label in samples}
     for index, name in enumerate(listing.classes):
         if index not in present:
-            raise DataError(f"class folder {listing.root / name} has no readable photos; add photos or remove the folder")
+            raise DataError(
+                f"class folder {listing.root / name} has no readable photos; add photos or remove the folder"
+            )
     if bad and strict:
         more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
         raise DataError(f"unreadable file {bad[0]}{more}; --strict refuses them (without it they are skipped)")
@@ -185,7 +205,11 @@ def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True)
 def _photo_files(folder: Path) -> list[Path]:
     """Every file under folder, sorted, leaving out hidden files and everything in hidden folders
     (.thumbs/, .ipynb_checkpoints/, ...)."""
-    return sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
 
 
 def walk_photos(folder: Path) -> Iterator[Path]:
@@ -226,7 +250,8 @@ def cv_folds(split: Split, k: int, seed: int) -> list[tuple[Split, Split]]:
     offset = 0
     for order in shuffled_by_class(split.samples, len(split.classes), seed, "validation", k):
         for rank, i in enumerate(order):
-            fold_of[split.samples[i][0]] = (offset + rank) % k  # continue the rotation across classes: folds stay balanced in size
+            # continue the rotation across classes: folds stay balanced in size
+            fold_of[split.samples[i][0]] = (offset + rank) % k
         offset += len(order)
     folds = []
     for fold in range(k):

@@ -16,6 +16,8 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Callable
+from typing import Literal
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -55,8 +57,12 @@ def megapixels(pixels: float) -> str:
 def too_large(name, pixels: int, limit: int, size: tuple[int, int] | None = None) -> PhotoError:
     """The one message for a photo over the pixel limit: its size and the limit, both in megapixels."""
     dims = f"{size[0]} x {size[1]} = " if size else ""
-    return PhotoError(name, f"is {dims}{megapixels(pixels)} megapixels, over the limit of {megapixels(limit)} megapixels "
-                      "(a decompression bomb?); if it is a real photo, resize it below the limit and try again", "too large")
+    return PhotoError(
+        name,
+        f"is {dims}{megapixels(pixels)} megapixels, over the limit of {megapixels(limit)} megapixels "
+        "(a decompression bomb?); if it is a real photo, resize it below the limit and try again",
+        "too large",
+    )
 
 
 def empty(name) -> PhotoError:
@@ -92,8 +98,11 @@ def open_photo(source: str | os.PathLike | io.BytesIO, name=None, max_pixels: in
     except UnidentifiedImageError:
         raise PhotoError(name, f"is not an image Pillow can read; expected {ACCEPTED}") from None
     except (OSError, SyntaxError, ValueError) as err:
-        raise PhotoError(name, f"cannot be read as an image, damaged or truncated? ({type(err).__name__}: {err}); "
-                         f"expected a complete image file: {ACCEPTED}") from None
+        raise PhotoError(
+            name,
+            f"cannot be read as an image, damaged or truncated? ({type(err).__name__}: {err}); "
+            f"expected a complete image file: {ACCEPTED}",
+        ) from None
     with image:
         w, h = image.size
         if w * h > limit:
@@ -154,8 +163,14 @@ def load_or_explain(path: str | os.PathLike) -> Image.Image:
         raise PhotoError(path, f"cannot be read ({err}); remove or replace it") from err
 
 
-def decode(photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, reduce_to: int | None = None,
-           budget: DecodeBudget | None = None) -> Image.Image:
+def decode(
+    photo,
+    name: str | os.PathLike = "the photo",
+    *,
+    max_pixels: int = MAX_PIXELS,
+    reduce_to: int | None = None,
+    budget: DecodeBudget | None = None,
+) -> Image.Image:
     """An RGB PIL image from a PIL image, the bytes of an image file, or a file path; a PhotoError
     that says what is wrong and what is accepted otherwise (empty, truncated, not an image, over
     max_pixels, ...).
@@ -169,12 +184,15 @@ def decode(photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, redu
         if photo.width * photo.height > min(max_pixels, MAX_PIXELS):
             raise too_large(name, photo.width * photo.height, min(max_pixels, MAX_PIXELS), photo.size)
         return photo if photo.mode == "RGB" else as_rgb(photo)
+    source: io.BytesIO | str | os.PathLike
     if isinstance(photo, (bytes, bytearray, memoryview)):
         source = io.BytesIO(photo)
     elif isinstance(photo, (str, os.PathLike)):
         source, name = photo, (photo if name == "the photo" else name)
     else:
-        raise PhotoError(name, f"is a {type(photo).__name__}; expected a PIL image, the bytes of an image file or a path")
+        raise PhotoError(
+            name, f"is a {type(photo).__name__}; expected a PIL image, the bytes of an image file or a path"
+        )
     with open_photo(source, name, max_pixels) as image:
         factor = reduction(image.size, reduce_to)
         if factor > 1 and image.format == "JPEG":  # the decoder scales by 1/2, 1/4 or 1/8 while decoding
@@ -185,7 +203,9 @@ def decode(photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, redu
             try:
                 rgb = as_rgb(_reduced(image, factor))
             except (OSError, ValueError, SyntaxError) as err:  # raised while decoding: truncated or corrupt data
-                raise PhotoError(name, f"is damaged or truncated ({err}); expected a complete image file: {ACCEPTED}") from None
+                raise PhotoError(
+                    name, f"is damaged or truncated ({err}); expected a complete image file: {ACCEPTED}"
+                ) from None
             finally:
                 image.close()  # its full-size pixels go now, while the budget still counts them
     if cost >= TRIM_AFTER_BYTES:
@@ -261,7 +281,7 @@ def release_memory() -> bool:
     return bool(_malloc_trim and _malloc_trim(0) is not None)
 
 
-_malloc_trim = None
+_malloc_trim: Callable[[int], object] | Literal[False] | None = None  # None: not looked up yet; False: no glibc
 
 
 def check_image(path) -> str | None:

@@ -42,10 +42,10 @@ class Preprocess:
             raise ConfigError(f"resize size {self.resize_size} is smaller than the crop {self.image_size}")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Preprocess":
+    def from_dict(cls, d: dict) -> Preprocess:
         return cls(**{**d, "mean": tuple(d["mean"]), "std": tuple(d["std"])})
 
-    def at_size(self, image_size: int) -> "Preprocess":
+    def at_size(self, image_size: int) -> Preprocess:
         """The same preprocessing for another input size: with 'crop', the same crop share."""
         resize = image_size if self.mode == "square" else int(round(image_size * self.resize_size / self.image_size))
         return Preprocess(image_size, max(resize, image_size), self.mode, self.mean, self.std, self.interpolation)
@@ -60,7 +60,9 @@ def resize_for_crop(image_size: int, crop_pct: float) -> int:
     return int(math.floor(image_size / crop_pct + 1e-9))
 
 
-def make_preprocess(image_size: int, mean, std, mode: str = "crop", crop_pct: float = 0.875, interpolation: str = "bilinear") -> Preprocess:
+def make_preprocess(
+    image_size: int, mean, std, mode: str = "crop", crop_pct: float = 0.875, interpolation: str = "bilinear"
+) -> Preprocess:
     resize = image_size if mode == "square" else resize_for_crop(image_size, crop_pct)
     return Preprocess(image_size, resize, mode, tuple(mean), tuple(std), interpolation)
 

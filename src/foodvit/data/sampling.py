@@ -9,6 +9,9 @@ photos into one contiguous part per rank, without padding, so every photo counts
 
 from __future__ import annotations
 
+from collections.abc import Sized
+from typing import Any, cast
+
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
@@ -54,7 +57,9 @@ def single_photo_share(n: int, batch_size: int, world_size: int = 1) -> bool:
     its feature map is 1 x 1."""
     full, last = divmod(n, batch_size)
     sizes = ([batch_size] if full else []) + ([last] if last else [])
-    return any(stop - start == 1 for size in sizes for start, stop in (share(size, r, world_size) for r in range(world_size)))
+    return any(
+        stop - start == 1 for size in sizes for start, stop in (share(size, r, world_size) for r in range(world_size))
+    )
 
 
 class ShardedBatchSampler(Sampler[list]):
@@ -102,8 +107,19 @@ class Collate:
         return self.mixer(*stacked) if self.mixer is not None else stacked
 
 
-def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0, repeats: int = 1, workers: int = 0,
-                mixer=None, pin_memory: bool = False, rank: int = 0, world_size: int = 1) -> DataLoader:
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    train: bool,
+    seed: int = 0,
+    repeats: int = 1,
+    workers: int = 0,
+    mixer=None,
+    pin_memory: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+) -> DataLoader:
     """The loader of this rank. Training: `batch_size` is the global batch, of which this rank
     loads its share (ShardedBatchSampler). Evaluation: this rank's contiguous part of the photos,
     in order.
@@ -111,10 +127,20 @@ def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int = 0
     Training augments each photo from its own seed (EpochSampler's per-sample seeds), so the
     workers stay up between epochs (starting them took longer than a whole epoch of a small model
     on a GPU), a resumed run sees the same batches, and 0, 1 or 8 workers give the same photos."""
-    common = dict(num_workers=workers, pin_memory=pin_memory, collate_fn=Collate(mixer))
+    common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory, collate_fn=Collate(mixer))
+    n = len(cast(Sized, dataset))  # a map-style dataset has a length; torch's Dataset does not declare it
     if train:
-        batches = ShardedBatchSampler(EpochSampler(len(dataset), seed, repeats, per_sample_seeds=True), batch_size, rank, world_size)
-        return DataLoader(dataset, batch_sampler=batches, persistent_workers=workers > 0,
-                          generator=torch.Generator().manual_seed(derive_seed(seed, "augment")), **common)
-    start, stop = share(len(dataset), rank, world_size)
-    return DataLoader(dataset, batch_size=batch_size, sampler=range(start, stop), shuffle=False, drop_last=False, **common)
+        batches = ShardedBatchSampler(
+            EpochSampler(n, seed, repeats, per_sample_seeds=True), batch_size, rank, world_size
+        )
+        return DataLoader(
+            dataset,
+            batch_sampler=batches,
+            persistent_workers=workers > 0,
+            generator=torch.Generator().manual_seed(derive_seed(seed, "augment")),
+            **common,
+        )
+    start, stop = share(n, rank, world_size)
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=range(start, stop), shuffle=False, drop_last=False, **common
+    )

@@ -5,8 +5,10 @@ cache. No PyTorch (Food-101's download alone uses torchvision, imported then).""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 import zlib
@@ -15,6 +17,8 @@ from pathlib import Path, PurePosixPath
 from foodvit.errors import DataError
 from foodvit.files import atomic_folder
 from foodvit.files import download as download_file
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi.zip"
 LAYOUT = "<root>/train/<class>/*.jpg and <root>/test/<class>/*.jpg (torchvision's ImageFolder layout)"
@@ -36,14 +40,16 @@ def food101(*, quiet: bool = False) -> Path:
     if (root / "images").is_dir() and (root / "meta").is_dir():
         return root
     if not quiet:
-        print(f"downloading Food-101 (5 GB) into {base} (once)", flush=True)
+        logger.info("downloading Food-101 (5 GB) into %s (once)", base)
     try:
         from torchvision.datasets import Food101
 
         Food101(str(base), split="train", download=True)
     except (urllib.error.URLError, OSError, RuntimeError, TimeoutError) as err:
-        raise DataError(f"could not download Food-101 ({getattr(err, 'reason', err)}); with it downloaded elsewhere, "
-                        f"unpack it into {base} (so that {root / 'meta'} exists) or pass --data /path/to/food-101") from err
+        raise DataError(
+            f"could not download Food-101 ({getattr(err, 'reason', err)}); with it downloaded elsewhere, "
+            f"unpack it into {base} (so that {root / 'meta'} exists) or pass --data /path/to/food-101"
+        ) from err
     return root
 
 
@@ -65,7 +71,9 @@ def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, q
         return extract(download(source, timeout=timeout, quiet=quiet))
     path = Path(source).expanduser()
     if not path.exists():
-        raise DataError(f"data source {path} does not exist; expected a folder laid out as {LAYOUT}, a .zip of one, or a URL")
+        raise DataError(
+            f"data source {path} does not exist; expected a folder laid out as {LAYOUT}, a .zip of one, or a URL"
+        )
     if path.is_file():
         if not zipfile.is_zipfile(path):
             raise DataError(f"{path} is a file but not a zip; expected a folder laid out as {LAYOUT}, or a .zip of one")
@@ -74,7 +82,7 @@ def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, q
 
 
 def _download_target(url: str) -> Path:
-    name = PurePosixPath(urllib.request.urlparse(url).path).name or "download"
+    name = PurePosixPath(urllib.parse.urlparse(url).path).name or "download"
     return cache_dir() / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
 
 
@@ -117,7 +125,9 @@ def extract(zip_path: Path) -> Path:
             for member in archive.namelist():
                 parts = PurePosixPath(member.replace("\\", "/")).parts
                 if member.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
-                    raise DataError(f"{zip_path} holds an unsafe member {member!r} (absolute or '..' path); refusing to unpack it")
+                    raise DataError(
+                        f"{zip_path} holds an unsafe member {member!r} (absolute or '..' path); refusing to unpack it"
+                    )
 
             def unpack(tmp: Path) -> None:
                 archive.extractall(tmp)
@@ -125,8 +135,10 @@ def extract(zip_path: Path) -> Path:
 
             atomic_folder(target, unpack)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as err:
-        raise DataError(f"{zip_path} is a damaged zip ({type(err).__name__}: {err}); download it again or unpack it "
-                        "yourself and pass the folder") from err
+        raise DataError(
+            f"{zip_path} is a damaged zip ({type(err).__name__}: {err}); download it again or unpack it "
+            "yourself and pass the folder"
+        ) from err
     return _root_of(target, zip_path)
 
 

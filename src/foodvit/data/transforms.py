@@ -27,7 +27,9 @@ def _resize_ops(p: Preprocess) -> list:
     return [v2.Resize(p.resize_size, interpolation=interp, antialias=True), v2.CenterCrop(p.image_size)]
 
 
-def train_transform(p: Preprocess, preset: str = "none", scale_min: float = 0.25, random_erasing: float = 0.0) -> v2.Compose:
+def train_transform(
+    p: Preprocess, preset: str = "none", scale_min: float = 0.25, random_erasing: float = 0.0
+) -> v2.Compose:
     """The training transform of an augmentation preset.
 
     none:   the eval transform (the course trained without augmentation).
@@ -45,8 +47,10 @@ def train_transform(p: Preprocess, preset: str = "none", scale_min: float = 0.25
         if preset == "flip":
             ops.append(v2.RandomHorizontalFlip())
     else:
-        ops = [v2.RandomResizedCrop(p.image_size, scale=(scale_min, 1.0), interpolation=interp, antialias=True),
-               v2.RandomHorizontalFlip()]
+        ops = [
+            v2.RandomResizedCrop(p.image_size, scale=(scale_min, 1.0), interpolation=interp, antialias=True),
+            v2.RandomHorizontalFlip(),
+        ]
         if preset == "medium":
             ops.append(v2.TrivialAugmentWide(interpolation=interp))
         elif preset == "strong":
@@ -57,7 +61,7 @@ def train_transform(p: Preprocess, preset: str = "none", scale_min: float = 0.25
     return v2.Compose(ops)
 
 
-def batch_mixer(num_classes: int, mixup: float = 0.0, cutmix: float = 0.0, prob: float = 1.0) -> "BatchMixer | None":
+def batch_mixer(num_classes: int, mixup: float = 0.0, cutmix: float = 0.0, prob: float = 1.0) -> BatchMixer | None:
     """Mixup and/or CutMix on whole batches (one of the two, chosen at random, when both are on).
 
     Returns a callable (images, labels) -> (images, soft labels (B, K) summing to 1), or None.

@@ -53,11 +53,18 @@ def metadata(predictor, with_attention: bool = False, quantization: dict | None 
     its outputs (logits, and the attention rollout with_attention) and how it was quantised."""
     card = {k: v for k, v in predictor.card.items() if k in ("model", "metrics", "params", "format")}
     outputs = ["logits", "attention"] if with_attention else ["logits"]
-    meta = {"foodvit.classes": json.dumps(predictor.classes), "foodvit.preprocess": predictor.preprocess.to_json(),
-            "foodvit.card": json.dumps(card), "foodvit.version": "1", "foodvit.outputs": json.dumps(outputs)}
+    meta = {
+        "foodvit.classes": json.dumps(predictor.classes),
+        "foodvit.preprocess": predictor.preprocess.to_json(),
+        "foodvit.card": json.dumps(card),
+        "foodvit.version": "1",
+        "foodvit.outputs": json.dumps(outputs),
+    }
     if with_attention:
-        meta["foodvit.attention"] = ("attention rollout (Abnar & Zuidema 2020) over the patch grid, (batch, grid, grid), "
-                                     "read out as the model pools: the map foodvit explain draws")
+        meta["foodvit.attention"] = (
+            "attention rollout (Abnar & Zuidema 2020) over the patch grid, (batch, grid, grid), "
+            "read out as the model pools: the map foodvit explain draws"
+        )
     if quantization:
         meta["foodvit.quantize"] = json.dumps(quantization)
     return meta
@@ -71,8 +78,10 @@ def parity_inputs(predictor, photos=()) -> np.ndarray:
     if not chosen:
         chosen = predictor.photos_at_hand(max(1, PARITY_PHOTOS // len(predictor.classes)))
     if not chosen:
-        raise ExportError("no photos for the parity check: the run's test photos are not at hand; "
-                          "name a few with --photos (or set FOODVIT_DATA)")
+        raise ExportError(
+            "no photos for the parity check: the run's test photos are not at hand; "
+            "name a few with --photos (or set FOODVIT_DATA)"
+        )
     return np.stack([predictor.prepare(load_or_explain(p), str(p)) for p in chosen])
 
 
@@ -85,8 +94,10 @@ def check_destination(out: Path, fmt: str, force: bool = False) -> None:
     if out.suffix.lower() != suffix:
         other = next((f for f, s in SUFFIXES.items() if s == out.suffix.lower()), None)
         also = f", or --format {other} to write the file {out.name} is named for" if other else ""
-        raise ExportError(f"--out {out}: --format {fmt} writes a {suffix} file, and what opens it looks for that name; "
-                          f"use --out {out.with_suffix(suffix)}{also}")
+        raise ExportError(
+            f"--out {out}: --format {fmt} writes a {suffix} file, and what opens it looks for that name; "
+            f"use --out {out.with_suffix(suffix)}{also}"
+        )
     if out.exists() and not force:
         raise ExportError(f"--out {out} exists; add --force to overwrite it, or choose another name")
     folder = out.parent
@@ -95,7 +106,9 @@ def check_destination(out: Path, fmt: str, force: bool = False) -> None:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".foodvit-export-check-"):
             pass  # the real test of a place (os.access says yes for root in /sys or on a read-only mount)
     except OSError as err:
-        raise ExportError(f"cannot write {out.name} into {folder} ({err.strerror or type(err).__name__}); choose another --out") from None
+        raise ExportError(
+            f"cannot write {out.name} into {folder} ({err.strerror or type(err).__name__}); choose another --out"
+        ) from None
 
 
 def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
@@ -103,8 +116,17 @@ def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-12))
 
 
-def export(run: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | None = None, opset: int | None = None,
-           photos=(), quiet: bool = False, force: bool = False, with_attention: bool = False) -> dict:
+def export(
+    run: str | Path,
+    out: str | Path,
+    fmt: str = "onnx",
+    quantize: str | None = None,
+    opset: int | None = None,
+    photos=(),
+    quiet: bool = False,
+    force: bool = False,
+    with_attention: bool = False,
+) -> dict:
     """Export a run; returns {"path", "format", "quantize", "bytes", "parity", "agreement", "photos",
     "attention" (the largest rollout difference, with_attention), "quantization" (quantize.py's
     figures and choice)}. An existing `out` is overwritten only with force=True."""
@@ -133,26 +155,42 @@ def export(run: str | Path, out: str | Path, fmt: str = "onnx", quantize: str | 
             backend = OnnxBackend(staging)
             got = backend(inputs)
             if with_attention:
-                attention = float(np.abs(backend.attention(inputs).astype(np.float64) - predictor.backend.attention(inputs)).max())
+                exported, reference_maps = backend.attention(inputs), predictor.attention_maps(inputs)
+                assert exported is not None and reference_maps is not None  # a ViT exported --with-attention
+                attention = float(np.abs(exported.astype(np.float64) - reference_maps).max())
         else:
             got = _export_torch(predictor, staging, fmt, inputs)
         parity = relative_difference(got, reference)
         agreement = float((got.argmax(1) == reference.argmax(1)).mean())
         if quantize is None and parity > PARITY_LIMIT:
-            raise ExportError(f"the exported model's logits differ from the PyTorch model's by {parity:.2e} (relative), over "
-                              f"{PARITY_LIMIT:g}; nothing was written. Report it with the run's model.json")
+            raise ExportError(
+                f"the exported model's logits differ from the PyTorch model's by {parity:.2e} (relative), over "
+                f"{PARITY_LIMIT:g}; nothing was written. Report it with the run's model.json"
+            )
         if quantize is None and attention is not None and attention > ATTENTION_LIMIT:
-            raise ExportError(f"the exported attention rollout differs from the PyTorch model's by {attention:.2e}, over "
-                              f"{ATTENTION_LIMIT:g}; nothing was written. Report it with the run's model.json")
+            raise ExportError(
+                f"the exported attention rollout differs from the PyTorch model's by {attention:.2e}, over "
+                f"{ATTENTION_LIMIT:g}; nothing was written. Report it with the run's model.json"
+            )
         os.replace(staging, out)
     finally:
         staging.unlink(missing_ok=True)
-    return {"path": str(out), "format": fmt, "quantize": quantize, "bytes": out.stat().st_size, "parity": parity,
-            "agreement": agreement, "photos": len(inputs), "attention": attention, "quantization": quantization}
+    return {
+        "path": str(out),
+        "format": fmt,
+        "quantize": quantize,
+        "bytes": out.stat().st_size,
+        "parity": parity,
+        "agreement": agreement,
+        "photos": len(inputs),
+        "attention": attention,
+        "quantization": quantization,
+    }
 
 
-def _export_onnx(predictor, out: Path, quantize: str | None, opset: int | None, inputs: np.ndarray,
-                 with_attention: bool = False) -> dict | None:
+def _export_onnx(
+    predictor, out: Path, quantize: str | None, opset: int | None, inputs: np.ndarray, with_attention: bool = False
+) -> dict | None:
     """Write the .onnx file (with its metadata) to `out`; returns the quantisation's figures (quantize.py) or None."""
     import onnx
     import torch
@@ -165,13 +203,24 @@ def _export_onnx(predictor, out: Path, quantize: str | None, opset: int | None, 
     with tempfile.TemporaryDirectory() as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         try:
-            program = torch.onnx.export(model, (example,), dynamo=True, verbose=False, input_names=["images"],
-                                        output_names=["logits", "attention"] if with_attention else ["logits"],
-                                        dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},), opset_version=opset,
-                                        external_data=False, optimize=True)
+            program = torch.onnx.export(
+                model,
+                (example,),
+                dynamo=True,
+                verbose=False,
+                input_names=["images"],
+                output_names=["logits", "attention"] if with_attention else ["logits"],
+                dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},),
+                opset_version=opset,
+                external_data=False,
+                optimize=True,
+            )
+            assert program is not None  # dynamo=True always returns the ONNXProgram
             program.save(str(fp32), external_data=False)
         except Exception as err:
-            raise ExportError(f"torch.onnx could not export this model ({type(err).__name__}: {str(err).splitlines()[0][:300]})") from err
+            raise ExportError(
+                f"torch.onnx could not export this model ({type(err).__name__}: {str(err).splitlines()[0][:300]})"
+            ) from err
         target, quantization = fp32, None
         if quantize is not None:
             from foodvit.deploy.quantize import quantize_int8
@@ -201,7 +250,7 @@ def _with_attention(model):
             self.model = model
 
         def forward(self, images):
-            tokens, attentions = self.model.forward_features(images, return_attention=True)
+            tokens, attentions = self.model.forward_attention(images)
             return self.model.classify(tokens), pooled_rollout(self.model, tokens, attentions)
 
     return WithAttention(model).eval()
@@ -215,7 +264,8 @@ def _export_torch(predictor, out: Path, fmt: str, inputs: np.ndarray) -> np.ndar
     extra = metadata(predictor)
     buffer = io.BytesIO()
     if fmt == "torchscript":
-        with warnings.catch_warnings():  # TorchScript is deprecated upstream (torch.export is its successor); it still runs
+        # TorchScript is deprecated upstream (torch.export is its successor); it still runs
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.inference_mode():
                 traced = torch.jit.trace(model, x[:1], check_trace=False)
@@ -223,7 +273,9 @@ def _export_torch(predictor, out: Path, fmt: str, inputs: np.ndarray) -> np.ndar
             atomic_write(out, lambda path: path.write_bytes(buffer.getvalue()))
             loaded = torch.jit.load(str(out))
     else:
-        program = torch.export.export(model, (x[:2],), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))
+        program = torch.export.export(
+            model, (x[:2],), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},)
+        )
         torch.export.save(program, buffer, extra_files=extra)
         atomic_write(out, lambda path: path.write_bytes(buffer.getvalue()))
         loaded = torch.export.load(str(out)).module()

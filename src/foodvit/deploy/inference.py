@@ -16,8 +16,10 @@ def evaluate_split(predictor, split, batch_size: int = 64) -> dict:
     """accuracy (per image), loss (mean cross-entropy), n, per_class {class: accuracy}, confusion
     (rows = true class), computed from the Predictor's probabilities in batches."""
     if list(split.classes) != list(predictor.classes):
-        raise DataError(f"{split.root} has classes {list(split.classes)}, the model was trained on {list(predictor.classes)}; "
-                        "evaluate on a folder with the same class folders")
+        raise DataError(
+            f"{split.root} has classes {list(split.classes)}, the model was trained on {list(predictor.classes)}; "
+            "evaluate on a folder with the same class folders"
+        )
     k = len(predictor.classes)
     confusion = np.zeros((k, k), dtype=np.int64)
     loss = 0.0
@@ -30,9 +32,16 @@ def evaluate_split(predictor, split, batch_size: int = 64) -> dict:
         np.add.at(confusion, (labels, probabilities.argmax(axis=1)), 1)
     n = int(confusion.sum())
     totals = confusion.sum(axis=1)
-    per_class = {name: float(confusion[i, i] / totals[i]) if totals[i] else float("nan") for i, name in enumerate(split.classes)}
-    return {"accuracy": float(np.trace(confusion) / max(n, 1)), "loss": loss / max(n, 1), "n": n, "per_class": per_class,
-            "confusion": confusion.tolist()}
+    per_class = {
+        name: float(confusion[i, i] / totals[i]) if totals[i] else float("nan") for i, name in enumerate(split.classes)
+    }
+    return {
+        "accuracy": float(np.trace(confusion) / max(n, 1)),
+        "loss": loss / max(n, 1),
+        "n": n,
+        "per_class": per_class,
+        "confusion": confusion.tolist(),
+    }
 
 
 def predict(predictor, images: list[str | Path], top_k: int = 3) -> list[dict]:
@@ -43,7 +52,9 @@ def predict(predictor, images: list[str | Path], top_k: int = 3) -> list[dict]:
     results = []
     for image in images:
         try:
-            results.append({"image": str(image), **predictor.classify(local_photo(image), top_k=top_k, name=str(image))})
+            results.append(
+                {"image": str(image), **predictor.classify(local_photo(image), top_k=top_k, name=str(image))}
+            )
         except DataError as err:
             results.append({"image": str(image), "error": str(err)})
     return results
@@ -53,7 +64,10 @@ def local_photo(image: str | Path) -> Path:
     """A local photo's path; URLs are refused with a message that says what to do."""
     text = str(image)
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
-        raise PhotoError(text, f"is a URL: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file")
+        raise PhotoError(
+            text,
+            f"is a URL: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file",
+        )
     path = Path(image)
     if not path.exists():
         raise PhotoError(path, "does not exist")
@@ -74,7 +88,7 @@ def plot_predictions(images: list[str | Path], results: list[dict], columns: int
     fig, axes = subplots(rows, cols, figsize=(4.5 * cols, 4.8 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for ax, image, result in zip(axes.flat, images, results):
+    for ax, image, result in zip(axes.flat, images, results, strict=False):
         if "error" in result:
             ax.text(0.5, 0.5, f"{Path(str(image)).name}\ncould not be read", ha="center", va="center", fontsize=10)
             continue

@@ -39,8 +39,10 @@ class OnnxBackend:
         try:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own Fail / InvalidProtobuf / InvalidGraph types
-            raise RunError(f"{path} is not a readable ONNX model ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
-                           "export it again with foodvit export") from None
+            raise RunError(
+                f"{path} is not a readable ONNX model ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                "export it again with foodvit export"
+            ) from None
         self.input = self.session.get_inputs()[0].name
         self.outputs = [output.name for output in self.session.get_outputs()]
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
@@ -69,6 +71,8 @@ class OnnxBackend:
             preprocess = json.loads(self.metadata[META_PREFIX + "preprocess"])
             card = json.loads(self.metadata.get(META_PREFIX + "card", "{}"))
         except (KeyError, json.JSONDecodeError):
-            raise RunError(f"{self.path} is an ONNX model but not one exported by foodvit: its metadata has no class names "
-                           "and preprocessing; export a run with foodvit export RUN --format onnx") from None
+            raise RunError(
+                f"{self.path} is an ONNX model but not one exported by foodvit: its metadata has no class names "
+                "and preprocessing; export a run with foodvit export RUN --format onnx"
+            ) from None
         return classes, preprocess, card

@@ -28,18 +28,30 @@ def model_card(predictor) -> str:
     """A short model card in Markdown: model, size, recipe, classes, test accuracy, data, date."""
     card, metrics = predictor.card, predictor.card.get("metrics", {})
     model = card.get("model", {})
-    rows = [("model", f"ViT, {_count(model.get('depth'), 'block')}, D={model.get('embed_dim', '?')}, "
-                      f"{_count(model.get('num_heads'), 'head')}, patch {model.get('patch_size', '?')}, "
-                      f"{predictor.preprocess.image_size} px input"),
-            ("parameters", f"{card['params'] / 1e6:.2f} M" if card.get("params") else "unknown"),
-            ("recipe", f"`{metrics['recipe']}`, {_count(metrics.get('epochs'), 'epoch')}" if metrics.get("recipe") else "unknown"),
-            ("classes", ", ".join(predictor.classes))]
+    rows = [
+        (
+            "model",
+            f"ViT, {_count(model.get('depth'), 'block')}, D={model.get('embed_dim', '?')}, "
+            f"{_count(model.get('num_heads'), 'head')}, patch {model.get('patch_size', '?')}, "
+            f"{predictor.preprocess.image_size} px input",
+        ),
+        ("parameters", f"{card['params'] / 1e6:.2f} M" if card.get("params") else "unknown"),
+        (
+            "recipe",
+            f"`{metrics['recipe']}`, {_count(metrics.get('epochs'), 'epoch')}" if metrics.get("recipe") else "unknown",
+        ),
+        ("classes", ", ".join(predictor.classes)),
+    ]
     if "test_acc" in metrics:
         n = metrics.get("test_n")
         correct = f" ({round(metrics['test_acc'] * n)}/{n} photos)" if n else ""
         rows.append(("test accuracy", f"{metrics['test_acc']:.3f}{correct}, per image"))
     if metrics.get("data"):
-        counts = [f"{metrics[k]} {what} photos" for k, what in (("train_photos", "training"), ("test_n", "test")) if metrics.get(k)]
+        counts = [
+            f"{metrics[k]} {what} photos"
+            for k, what in (("train_photos", "training"), ("test_n", "test"))
+            if metrics.get(k)
+        ]
         rows.append(("training data", f"`{data_name(metrics['data'])}`" + "".join(f", {c}" for c in counts)))
     if metrics.get("trained"):
         rows.append(("trained", metrics["trained"]))
@@ -62,7 +74,10 @@ def probability_table(answer: dict) -> str:
     """The probabilities to three decimals, best first, and the time taken."""
     lines = ["| class | probability |", "|---|---|"]
     lines += [f"| {label} | {p:.3f} |" for label, p in sorted(answer["probabilities"].items(), key=lambda kv: -kv[1])]
-    return "\n".join(lines) + f"\n\nanswered in **{answer['seconds'] * 1000:.0f} ms** (decoding, preprocessing and the model)"
+    return (
+        "\n".join(lines)
+        + f"\n\nanswered in **{answer['seconds'] * 1000:.0f} ms** (decoding, preprocessing and the model)"
+    )
 
 
 def attention_overlay(predictor, photo):
@@ -110,32 +125,51 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
 
     title = f"foodvit: {', '.join(predictor.classes)}"
     with gr.Blocks(title=title, analytics_enabled=False, delete_cache=cache or PAGE_CACHE) as page:
-        gr.Markdown(f"# {title}\nA Vision Transformer (Dosovitskiy et al., 2021) trained with foodvit. "
-                    "Give it a photo: it answers with the probability of each class and shows where it looked.")
+        gr.Markdown(
+            f"# {title}\nA Vision Transformer (Dosovitskiy et al., 2021) trained with foodvit. "
+            "Give it a photo: it answers with the probability of each class and shows where it looked."
+        )
         with gr.Row(equal_height=False):
             with gr.Column(min_width=300):
-                image = gr.Image(type="filepath", image_mode=None, sources=["upload", "clipboard", "webcam"], label="photo",
-                                 elem_id="foodvit-photo")
+                image = gr.Image(
+                    type="filepath",
+                    image_mode=None,
+                    sources=["upload", "clipboard", "webcam"],
+                    label="photo",
+                    elem_id="foodvit-photo",
+                )
                 # gr.Image in the browser (upload, paste, webcam), but the upload handed over as its file path,
                 # undecoded: gr.Image's own preprocessing opens it with Pillow and answers a bad file with its own
                 # error, which names the server's cache path. (On the instance: a subclass of a Gradio component
                 # makes Gradio write a .pyi stub beside this module.)
-                image.preprocess = lambda payload: None if payload is None else payload.path
+                # (mypy: an assignment over a method is what is meant here)
+                image.preprocess = lambda payload: None if payload is None else payload.path  # type: ignore[method-assign]
                 button = gr.Button("Classify", variant="primary", elem_id="foodvit-classify")
                 if examples:
-                    gr.Examples(examples=[[str(p)] for p in examples], inputs=[image], label="examples from the test photos")
+                    gr.Examples(
+                        examples=[[str(p)] for p in examples], inputs=[image], label="examples from the test photos"
+                    )
             with gr.Column(min_width=300):
-                label = gr.Label(num_top_classes=min(service.top_k, len(predictor.classes)), label="prediction",
-                                 elem_id="foodvit-label")
+                label = gr.Label(
+                    num_top_classes=min(service.top_k, len(predictor.classes)),
+                    label="prediction",
+                    elem_id="foodvit-label",
+                )
                 table = gr.Markdown(elem_id="foodvit-probabilities")
-                overlay = gr.Image(label="attention rollout over the model's crop (Abnar & Zuidema 2020)", interactive=False,
-                                   type="pil", height=OVERLAY_SIZE + 40, elem_id="foodvit-attention",
-                                   visible=predictor.has_attention)
+                overlay = gr.Image(
+                    label="attention rollout over the model's crop (Abnar & Zuidema 2020)",
+                    interactive=False,
+                    type="pil",
+                    height=OVERLAY_SIZE + 40,
+                    elem_id="foodvit-attention",
+                    visible=predictor.has_attention,
+                )
                 if not predictor.has_attention:
                     gr.Markdown(NO_ATTENTION, elem_id="foodvit-no-attention")
         gr.Markdown(model_card(predictor), elem_id="foodvit-card")
         gr.Markdown("API: `POST /predict` with the photo in the form field `file`; `GET /health`.")
         outputs = [label, table, overlay]
         button.click(classify, inputs=[image], outputs=outputs, api_name="classify")
-        image.upload(classify, inputs=[image], outputs=outputs, api_name=False)
+        # api_name=False: no API endpoint for the upload event (Gradio accepts it; its annotation says str | None)
+        image.upload(classify, inputs=[image], outputs=outputs, api_name=False)  # type: ignore[arg-type]
     return page

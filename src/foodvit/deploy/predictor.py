@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -25,6 +26,18 @@ from foodvit.data.photos import MAX_PIXELS, PhotoError, decode
 from foodvit.data.preprocess import Preprocess, to_array
 
 Logits = Callable[[np.ndarray], np.ndarray]
+
+
+@runtime_checkable
+class AttentionBackend(Protocol):
+    """A backend that can also give attention rollout maps: TorchBackend, OnnxBackend."""
+
+    @property
+    def has_attention(self) -> bool: ...
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray: ...
+
+    def attention(self, batch: np.ndarray) -> np.ndarray | None: ...
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -48,7 +61,8 @@ def exported_kind(path: str | Path) -> str | None:
             names = archive.namelist()
     except (OSError, zipfile.BadZipFile):
         return None
-    if any("/code/__torch__/" in n or n.endswith("/constants.pkl") for n in names):  # TorchScript keeps the model's code
+    # TorchScript keeps the model's code
+    if any("/code/__torch__/" in n or n.endswith("/constants.pkl") for n in names):
         return "TorchScript"
     if any(n.endswith("/archive_format") for n in names):  # torch.export's archive (.pt2)
         return "torch.export"
@@ -61,13 +75,18 @@ def check_not_exported(path: str | Path) -> None:
 
     kind = exported_kind(path)
     if kind == "ONNX":
-        raise RunError(f"{path} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the "
-                       "trained run directory (or its model.safetensors) it was exported from")
+        raise RunError(
+            f"{path} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the "
+            "trained run directory (or its model.safetensors) it was exported from"
+        )
     if kind is not None:
         load = "torch.jit.load(path)" if kind == "TorchScript" else "torch.export.load(path).module()"
-        raise RunError(f"{path} is a {kind} export (foodvit export --format {'torchscript' if kind == 'TorchScript' else 'exported-program'}), "
-                       f"which foodvit does not read back: use the run directory it was exported from, or an .onnx export "
-                       f"(foodvit export RUN --out model.onnx), or load it in PyTorch with {load}")
+        fmt = "torchscript" if kind == "TorchScript" else "exported-program"
+        raise RunError(
+            f"{path} is a {kind} export (foodvit export --format {fmt}), "
+            f"which foodvit does not read back: use the run directory it was exported from, or an .onnx export "
+            f"(foodvit export RUN --out model.onnx), or load it in PyTorch with {load}"
+        )
 
 
 class Predictor:
@@ -81,7 +100,8 @@ class Predictor:
 
     def __init__(self, backend, classes: Sequence[str], preprocess: Preprocess, card: dict | None = None) -> None:
         if not callable(backend) or hasattr(backend, "parameters"):  # a PyTorch module
-            from foodvit.deploy.torch_backend import TorchBackend  # only for a PyTorch model: the ONNX path never loads torch
+            # only for a PyTorch model: the ONNX path never loads torch
+            from foodvit.deploy.torch_backend import TorchBackend
 
             backend = TorchBackend(backend)
         self.model = getattr(backend, "model", None)  # the PyTorch module when there is one (explain, pictures)
@@ -152,7 +172,13 @@ class Predictor:
         reduced (photos.decode's reduce_to: the preprocessing's resize size); max_pixels and
         budget (a DecodeBudget): the server's limits. A PhotoError if it cannot be used."""
         p = self.preprocess
-        return decode(photo, name, max_pixels=max_pixels, reduce_to=p.resize_size if p.mode == "crop" else p.image_size, budget=budget)
+        return decode(
+            photo,
+            name,
+            max_pixels=max_pixels,
+            reduce_to=p.resize_size if p.mode == "crop" else p.image_size,
+            budget=budget,
+        )
 
     def prepare(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None) -> np.ndarray:
         """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used (see decode)."""
@@ -170,13 +196,18 @@ class Predictor:
         {class: p} in the classes' order, top_k [[label, p], ...] best first, seconds."""
         order = np.argsort(-probabilities, kind="stable")[: max(1, min(top_k, len(self.classes)))]
         ranked = [[self.classes[i], float(probabilities[i])] for i in order]
-        return {"label": ranked[0][0], "probability": ranked[0][1],
-                "probabilities": {c: float(p) for c, p in zip(self.classes, probabilities)}, "top_k": ranked, "seconds": seconds}
+        return {
+            "label": ranked[0][0],
+            "probability": ranked[0][1],
+            "probabilities": {c: float(p) for c, p in zip(self.classes, probabilities, strict=True)},
+            "top_k": ranked,
+            "seconds": seconds,
+        }
 
     @property
     def has_attention(self) -> bool:
         """Whether attention() gives maps: a PyTorch ViT, or an .onnx exported --with-attention."""
-        return bool(getattr(self.backend, "has_attention", False))
+        return isinstance(self.backend, AttentionBackend) and self.backend.has_attention
 
     def attention(self, photo, name: str = "the photo") -> np.ndarray | None:
         """Where the prediction looks: the attention rollout over the patch grid (grid, grid), summing
@@ -185,8 +216,15 @@ class Predictor:
         (an .onnx exported without --with-attention). A PhotoError if the photo cannot be used."""
         if not self.has_attention:
             return None
-        maps = self.backend.attention(self.prepare(photo, name)[None])
-        return None if maps is None else np.asarray(maps)[0]
+        maps = self.attention_maps(self.prepare(photo, name)[None])
+        return None if maps is None else maps[0]
+
+    def attention_maps(self, batch: np.ndarray) -> np.ndarray | None:
+        """attention() of a prepared batch (B, 3, S, S): (B, grid, grid), or None without maps."""
+        if not isinstance(self.backend, AttentionBackend) or not self.backend.has_attention:
+            return None
+        maps = self.backend.attention(batch)
+        return None if maps is None else np.asarray(maps)
 
     # ------------------------------------------------------------------------------ the uses
 
@@ -204,7 +242,7 @@ class Predictor:
         started = time.perf_counter()
         names = list(names) if names is not None else [f"photo {i + 1}" for i in range(len(photos))]
         inputs, errors = [], {}
-        for i, (photo, name) in enumerate(zip(photos, names)):
+        for i, (photo, name) in enumerate(zip(photos, names, strict=True)):
             try:
                 inputs.append(self.prepare(photo, name))
             except PhotoError as err:
@@ -212,4 +250,6 @@ class Predictor:
         probabilities = self.probabilities(np.stack(inputs)) if inputs else np.empty((0, len(self.classes)))
         seconds = time.perf_counter() - started
         good = iter(probabilities)
-        return [{"error": errors[i]} if i in errors else self.result(next(good), seconds, top_k) for i in range(len(photos))]
+        return [
+            {"error": errors[i]} if i in errors else self.result(next(good), seconds, top_k) for i in range(len(photos))
+        ]

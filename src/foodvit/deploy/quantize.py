@@ -14,14 +14,16 @@ stay in float: they are a handful of small matrix products, and the map is read 
 
 from __future__ import annotations
 
+import logging
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from foodvit.errors import FoodVitError
+
+logger = logging.getLogger(__name__)
 
 CALIBRATION_PHOTOS = 96  # training photos the static ranges are calibrated on (spread over the classes)
 AGREEMENT_LOSS = 0.01  # int8 keeps a candidate whose top-1 agreement with fp32 is at most 1 point lower
@@ -95,8 +97,16 @@ def _static(fp32: Path, out: Path, exclude: list[str], calibration: np.ndarray) 
         def get_next(self):
             return next(self.batches, None)
 
-    quantize_static(str(fp32), str(out), Photos(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=exclude)
+    quantize_static(
+        str(fp32),
+        str(out),
+        Photos(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        nodes_to_exclude=exclude,
+    )
 
 
 def measure(path: Path, inputs: np.ndarray, reference_top1: np.ndarray, runs: int = LATENCY_RUNS) -> dict:
@@ -123,11 +133,12 @@ def quantize_int8(fp32: Path, out: Path, how: str, predictor, inputs: np.ndarray
     exclude = _float_only_nodes(fp32)
     calibration = None if how == "int8-dynamic" else calibration_inputs(predictor)
     if how == "int8-static" and calibration is None:
-        raise QuantizeError("--quantize int8-static calibrates on the run's training photos, which are not at hand; "
-                            "set FOODVIT_DATA to them, or use --quantize int8-dynamic")
+        raise QuantizeError(
+            "--quantize int8-static calibrates on the run's training photos, which are not at hand; "
+            "set FOODVIT_DATA to them, or use --quantize int8-dynamic"
+        )
     if how == "int8" and calibration is None:
-        print("note: the run's training photos are not at hand to calibrate static int8: dynamic int8 it is",
-              file=sys.stderr)
+        logger.warning("the run's training photos are not at hand to calibrate static int8: dynamic int8 it is")
     info = {"asked": how, "calibration_photos": 0 if calibration is None else len(calibration)}
     if how == "int8-dynamic" or calibration is None:
         _dynamic(fp32, out, exclude)
@@ -158,11 +169,16 @@ def describe(quantization: dict | None) -> str:
     figures = quantization.get("figures") or {}
     if not figures:
         how = "as asked" if quantization["asked"] != "int8" else "training photos not at hand"
-        calibrated = f", calibrated on {quantization['calibration_photos']} training photos" if method == "static" else ""
+        calibrated = (
+            f", calibrated on {quantization['calibration_photos']} training photos" if method == "static" else ""
+        )
         return f"{method} int8 ({how}{calibrated})"
     other = "dynamic" if method == "static" else "static"
     f = figures
-    return (f"{method} int8, chosen by measurement on {quantization.get('probe_photos', '?')} photos: single-photo latency "
-            f"{f[method]['latency_ms']:.2f} ms vs {other} {f[other]['latency_ms']:.2f} ms (fp32 {f['fp32']['latency_ms']:.2f} ms), "
-            f"top-1 agreement with fp32 {f[method]['agreement']:.0%} vs {f[other]['agreement']:.0%}; "
-            f"static calibrated on {quantization['calibration_photos']} training photos")
+    return (
+        f"{method} int8, chosen by measurement on {quantization.get('probe_photos', '?')} photos: single-photo latency "
+        f"{f[method]['latency_ms']:.2f} ms vs {other} {f[other]['latency_ms']:.2f} ms "
+        f"(fp32 {f['fp32']['latency_ms']:.2f} ms), "
+        f"top-1 agreement with fp32 {f[method]['agreement']:.0%} vs {f[other]['agreement']:.0%}; "
+        f"static calibrated on {quantization['calibration_photos']} training photos"
+    )

@@ -22,18 +22,22 @@ extra: pip install 'foodvit[serve]'.
 import asyncio
 import concurrent.futures
 import errno
+import logging
 import queue
 import socket
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
 from foodvit.data.photos import ACCEPTED, DecodeBudget, PhotoError, safe_name
 from foodvit.deploy.predictor import Predictor
 from foodvit.errors import FoodVitError
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
 # Uploads over this many pixels are refused from their header. The model needs a few hundred pixels
@@ -104,16 +108,24 @@ class Batcher:
                     future.set_exception(err)
                 continue
             self.batches += 1
-            for (_, future), p in zip(items, probabilities):
+            for (_, future), p in zip(items, probabilities, strict=True):
                 future.set_result(p)
 
 
 class Service:
     """What the API and the page share: the Predictor, the Batcher and the limits."""
 
-    def __init__(self, predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float = 5.0, top_k: int = 3,
-                 max_upload_bytes: int = int(DEFAULT_MAX_UPLOAD_MB * 1e6), max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
-                 decode_budget_mb: float = DECODE_BUDGET_MB) -> None:
+    def __init__(
+        self,
+        predictor: Predictor,
+        *,
+        max_batch: int = 16,
+        max_wait_ms: float = 5.0,
+        top_k: int = 3,
+        max_upload_bytes: int = int(DEFAULT_MAX_UPLOAD_MB * 1e6),
+        max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
+        decode_budget_mb: float = DECODE_BUDGET_MB,
+    ) -> None:
         self.predictor, self.top_k, self.max_upload_bytes = predictor, top_k, max_upload_bytes
         self.max_pixels, self.budget = int(max_megapixels * 1e6), DecodeBudget(int(decode_budget_mb * 2**20))
         self._decoding, self._lock = 0, threading.Lock()  # requests accepted and not yet queued for the model
@@ -149,7 +161,10 @@ class Service:
 
 
 def too_large_message(max_bytes: int) -> str:
-    return f"the upload is larger than the limit of {max_bytes / 1e6:g} MB; send a smaller photo (the server's --max-upload-mb sets the limit)"
+    return (
+        f"the upload is larger than the limit of {max_bytes / 1e6:g} MB; send a smaller photo "
+        "(the server's --max-upload-mb sets the limit)"
+    )
 
 
 class BodyLimit:
@@ -211,9 +226,18 @@ class _TooLarge(Exception):
 API_METHODS = {"/predict": ("POST",), "/health": ("GET", "HEAD")}  # HEAD where GET is, as HTTP has it
 
 
-def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float = 5.0, top_k: int = 3,
-               max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
-               examples: Sequence[Path] = (), page: bool = True, page_cache: tuple[int, int] | None = None):
+def create_app(
+    predictor: Predictor,
+    *,
+    max_batch: int = 16,
+    max_wait_ms: float = 5.0,
+    top_k: int = 3,
+    max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
+    max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
+    examples: Sequence[Path] = (),
+    page: bool = True,
+    page_cache: tuple[int, int] | None = None,
+):
     """The FastAPI application: /predict and /health, and the Gradio page mounted at / (page_cache:
     see page.build_page)."""
     from fastapi import FastAPI, File, Request, UploadFile
@@ -222,25 +246,44 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     size = predictor.preprocess.image_size
-    predictor.probabilities(np.zeros((1, 3, size, size), np.float32))  # warm-up: the first visitor waits no longer than others
+    # warm-up: the first visitor waits no longer than others
+    predictor.probabilities(np.zeros((1, 3, size, size), np.float32))
     max_bytes = int(max_upload_mb * 1e6)
-    service = Service(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_bytes=max_bytes,
-                      max_megapixels=max_megapixels)
+    service = Service(
+        predictor,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        top_k=top_k,
+        max_upload_bytes=max_bytes,
+        max_megapixels=max_megapixels,
+    )
     app = FastAPI(title="foodvit", description=f"{predictor.name}: {', '.join(predictor.classes)}")
     app.state.service = service
 
     @app.exception_handler(RequestValidationError)
     async def _malformed(request: Request, err: RequestValidationError):
-        return JSONResponse({"error": "expected a multipart form with the photo in the field 'file' "
-                                      "(e.g. curl -F file=@photo.jpg http://HOST:PORT/predict)"}, status_code=422)
+        return JSONResponse(
+            {
+                "error": "expected a multipart form with the photo in the field 'file' "
+                "(e.g. curl -F file=@photo.jpg http://HOST:PORT/predict)"
+            },
+            status_code=422,
+        )
 
-    async def _http_error(request: Request, err: StarletteHTTPException):
+    async def _http_error(request: Request, err: Exception) -> JSONResponse:
+        assert isinstance(err, StarletteHTTPException)  # registered for that class alone, below
         message = str(err.detail).rstrip(".")
-        if request.url.path == "/predict" and err.status_code == 400:  # e.g. the multipart parser's "Invalid multipart data"
-            message += "; expected a multipart form with the photo in the field 'file' (e.g. curl -F file=@photo.jpg URL/predict)"
+        # e.g. the multipart parser's "Invalid multipart data"
+        if request.url.path == "/predict" and err.status_code == 400:
+            message += (
+                "; expected a multipart form with the photo in the field 'file' "
+                "(e.g. curl -F file=@photo.jpg URL/predict)"
+            )
         if err.status_code == 404 and message == "Not Found":
-            message = (f"nothing at {request.method} {request.url.path}: the page is GET /, the API POST /predict "
-                       "(the photo in the form field 'file') and GET /health")
+            message = (
+                f"nothing at {request.method} {request.url.path}: the page is GET /, the API POST /predict "
+                "(the photo in the form field 'file') and GET /health"
+            )
         return JSONResponse({"error": message}, status_code=err.status_code, headers=getattr(err, "headers", None))
 
     app.add_exception_handler(StarletteHTTPException, _http_error)
@@ -249,9 +292,16 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
         others = [m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE") if m not in allowed]
 
         async def _wrong_method(request: Request, allowed=allowed):
-            how = " with the photo in the form field 'file' (e.g. curl -F file=@photo.jpg URL/predict)" if "POST" in allowed else ""
-            return JSONResponse({"error": f"{request.url.path} does not answer {request.method}; send {' or '.join(allowed)}{how}"},
-                                status_code=405, headers={"Allow": ", ".join(allowed)})
+            how = (
+                " with the photo in the form field 'file' (e.g. curl -F file=@photo.jpg URL/predict)"
+                if "POST" in allowed
+                else ""
+            )
+            return JSONResponse(
+                {"error": f"{request.url.path} does not answer {request.method}; send {' or '.join(allowed)}{how}"},
+                status_code=405,
+                headers={"Allow": ", ".join(allowed)},
+            )
 
         app.add_api_route(path, _wrong_method, methods=others, include_in_schema=False)
 
@@ -265,10 +315,10 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
         return service.health()
 
     @app.post("/predict")
-    async def predict(file: UploadFile = File(..., description=f"the photo: {ACCEPTED}")) -> dict:
+    async def predict(file: Annotated[UploadFile, File(description=f"the photo: {ACCEPTED}")]) -> dict:
         data = await file.read()
         if len(data) > max_bytes:  # a multipart body within the limit cannot hold more, but be sure
-            return JSONResponse({"error": too_large_message(max_bytes)}, status_code=413)
+            raise StarletteHTTPException(413, too_large_message(max_bytes))  # answered by _http_error
         return await service.classify_async(data, safe_name(file.filename))
 
     if page:
@@ -278,9 +328,16 @@ def create_app(predictor: Predictor, *, max_batch: int = 16, max_wait_ms: float 
 
         demo = build_page(service, examples, cache=page_cache)
         # the example photos themselves, never their folders: other files beside them are not served
-        app = gr.mount_gradio_app(app, demo, path="/", max_file_size=max_bytes, show_error=True,
-                                  allowed_paths=sorted(str(Path(p).resolve()) for p in examples), footer_links=["api"],
-                                  app_kwargs={"exception_handlers": {StarletteHTTPException: _http_error}})  # its 404s in our shape
+        app = gr.mount_gradio_app(
+            app,
+            demo,
+            path="/",
+            max_file_size=max_bytes,
+            show_error=True,
+            allowed_paths=sorted(str(Path(p).resolve()) for p in examples),
+            footer_links=["api"],
+            app_kwargs={"exception_handlers": {StarletteHTTPException: _http_error}},  # its 404s in our shape
+        )
     return BodyLimit(app, max_bytes), service
 
 
@@ -296,11 +353,15 @@ def listening_socket(host: str, port: int) -> socket.socket:
     try:
         # the family as uvicorn picks it: IPv6 for an address with colons, else IPv4 (localhost is 127.0.0.1)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, family, socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except (socket.gaierror, UnicodeError, ValueError) as err:  # UnicodeError: an IDNA-invalid name such as bad..host
         reason = err.strerror if isinstance(err, socket.gaierror) else "not a valid host name"
-        raise FoodVitError(f"--host {host}: cannot resolve it ({reason}); give an address of this machine, "
-                           "e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every network)") from None
+        raise FoodVitError(
+            f"--host {host}: cannot resolve it ({reason}); give an address of this machine, "
+            "e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every network)"
+        ) from None
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a port in TIME_WAIT is free
     try:
@@ -308,21 +369,39 @@ def listening_socket(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
-            raise FoodVitError(f"cannot listen on {host}:{port}: the port is in use (another server?); choose another --port") from None
+            raise FoodVitError(
+                f"cannot listen on {host}:{port}: the port is in use (another server?); choose another --port"
+            ) from None
         if err.errno == errno.EADDRNOTAVAIL:
-            raise FoodVitError(f"cannot listen on {host}:{port}: {host} is not an address of this machine; "
-                               "use 127.0.0.1 or 0.0.0.0") from None
+            raise FoodVitError(
+                f"cannot listen on {host}:{port}: {host} is not an address of this machine; use 127.0.0.1 or 0.0.0.0"
+            ) from None
         if err.errno == errno.EACCES:
-            raise FoodVitError(f"cannot listen on {host}:{port}: ports below 1024 need administrator rights; "
-                               "choose a --port from 1024 up") from None
-        raise FoodVitError(f"cannot listen on {host}:{port} ({err.strerror or err}); choose another --host or --port") from None
+            raise FoodVitError(
+                f"cannot listen on {host}:{port}: ports below 1024 need administrator rights; "
+                "choose a --port from 1024 up"
+            ) from None
+        raise FoodVitError(
+            f"cannot listen on {host}:{port} ({err.strerror or err}); choose another --host or --port"
+        ) from None
     return sock
 
 
-def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 7860, max_batch: int = 16, max_wait_ms: float = 5.0,
-          top_k: int = 3, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
-          examples: bool = True, example_photos: Sequence[Path] | None = None, log_level: str = "warning",
-          threads: int | None = None) -> None:
+def serve(
+    run: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    max_batch: int = 16,
+    max_wait_ms: float = 5.0,
+    top_k: int = 3,
+    max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
+    max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
+    examples: bool = True,
+    example_photos: Sequence[Path] | None = None,
+    log_level: str = "warning",
+    threads: int | None = None,
+) -> None:
     """Load the run (a run directory, or an exported .onnx: then no PyTorch is imported) once and
     serve it until interrupted. The page's examples: example_photos if given, else (examples=True)
     one photo per class from the model's test photos when at hand. threads: ONNX Runtime's; what is
@@ -333,11 +412,23 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 7860, max_bat
     try:
         predictor = Predictor.open(run, threads=threads)
         shown = list(example_photos) if example_photos is not None else run_examples(predictor) if examples else []
-        app, _ = create_app(predictor, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k, max_upload_mb=max_upload_mb,
-                            max_megapixels=max_megapixels, examples=shown)
+        app, _ = create_app(
+            predictor,
+            max_batch=max_batch,
+            max_wait_ms=max_wait_ms,
+            top_k=top_k,
+            max_upload_mb=max_upload_mb,
+            max_megapixels=max_megapixels,
+            examples=shown,
+        )
         where = f"[{host}]" if ":" in host else host
-        print(f"serving {predictor.name} from {run} at http://{where}:{port}/  (API: POST /predict, GET /health; Ctrl+C stops)",
-              flush=True)
+        logger.info(
+            "serving %s from %s at http://%s:%d/  (API: POST /predict, GET /health; Ctrl+C stops)",
+            predictor.name,
+            run,
+            where,
+            port,
+        )
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5)
         uvicorn.Server(config).run(sockets=[sock])
     finally:

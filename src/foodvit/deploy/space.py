@@ -26,7 +26,19 @@ from foodvit.errors import RunError
 from foodvit.files import atomic_folder
 
 # what app.py imports at run time, by distribution name
-REQUIREMENTS = ("torch", "numpy", "pillow", "safetensors", "matplotlib", "tqdm", "filelock", "gradio", "fastapi", "uvicorn", "python-multipart")
+REQUIREMENTS = (
+    "torch",
+    "numpy",
+    "pillow",
+    "safetensors",
+    "matplotlib",
+    "tqdm",
+    "filelock",
+    "gradio",
+    "fastapi",
+    "uvicorn",
+    "python-multipart",
+)
 # with --onnx: the model runs in ONNX Runtime, and the server's path imports no PyTorch (an import-linter contract)
 ONNX_REQUIREMENTS = ("onnxruntime", "numpy", "pillow", "tqdm", "gradio", "fastapi", "uvicorn", "python-multipart")
 
@@ -63,17 +75,34 @@ def _readme(predictor, classes: list[str], onnx: bool = False) -> str:
 
     title = "FoodVision Mini" if set(classes) == {"pizza", "steak", "sushi"} else f"foodvit: {', '.join(classes[:4])}"
     gradio = metadata.version("gradio") if _version("gradio") else "5.0.0"
-    return "\n".join([
-        "---", f"title: {title}", "emoji: 🍕", "colorFrom: red", "colorTo: yellow", "sdk: gradio", f"sdk_version: {gradio}",
-        "app_file: app.py", "pinned: false", "license: mit", "---", "",
-        f"# {title}", "",
-        f"A Vision Transformer trained with foodvit to tell {', '.join(classes)} apart. The page takes a photo and shows the "
-        "probability of each class, the time taken and the attention rollout over the part of the photo the model saw.", "",
-        *(["The model runs in ONNX Runtime: the Space installs no PyTorch.", ""] if onnx else []),
-        "Run it here: `pip install -r requirements.txt && python app.py`, then open http://127.0.0.1:7860/. "
-        "The JSON API: `curl -F file=@photo.jpg http://127.0.0.1:7860/predict`.", "",
-        model_card(predictor), "",
-    ])
+    return "\n".join(
+        [
+            "---",
+            f"title: {title}",
+            "emoji: 🍕",
+            "colorFrom: red",
+            "colorTo: yellow",
+            "sdk: gradio",
+            f"sdk_version: {gradio}",
+            "app_file: app.py",
+            "pinned: false",
+            "license: mit",
+            "---",
+            "",
+            f"# {title}",
+            "",
+            f"A Vision Transformer trained with foodvit to tell {', '.join(classes)} apart. The page takes a photo and "
+            "shows the probability of each class, the time taken and the attention rollout over the part of the photo "
+            "the model saw.",
+            "",
+            *(["The model runs in ONNX Runtime: the Space installs no PyTorch.", ""] if onnx else []),
+            "Run it here: `pip install -r requirements.txt && python app.py`, then open http://127.0.0.1:7860/. "
+            "The JSON API: `curl -F file=@photo.jpg http://127.0.0.1:7860/predict`.",
+            "",
+            model_card(predictor),
+            "",
+        ]
+    )
 
 
 def published_card(card: dict) -> dict:
@@ -86,8 +115,9 @@ def published_card(card: dict) -> dict:
     return {**{k: v for k, v in card.items() if k != "params"}, "metrics": metrics}
 
 
-def export_space(run: str | Path, folder: str | Path, examples_per_class: int = 2, onnx: bool = False,
-                 quantize: str | None = None) -> Path:
+def export_space(
+    run: str | Path, folder: str | Path, examples_per_class: int = 2, onnx: bool = False, quantize: str | None = None
+) -> Path:
     """Write the Space folder (new or empty: anything else is refused and left untouched). onnx=True:
     the model as model.onnx with its attention output, quantised as `quantize` asks (export.py)."""
     import foodvit
@@ -100,7 +130,9 @@ def export_space(run: str | Path, folder: str | Path, examples_per_class: int = 
     if not (run / "model.safetensors").is_file():
         raise RunError(f"{run} holds no trained model (model.safetensors); export a finished run directory")
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise RunError(f"{folder} exists and is not an empty folder; export-space writes only into a new or empty folder")
+        raise RunError(
+            f"{folder} exists and is not an empty folder; export-space writes only into a new or empty folder"
+        )
     predictor = Predictor.from_run(run)
     examples = run_examples(predictor, per_class=examples_per_class)
     package = Path(foodvit.__file__).parent
@@ -133,8 +165,10 @@ def _onnx_model(run: Path, out: Path, quantize: str | None, predictor) -> dict:
     from foodvit.deploy.export import export
 
     if not predictor.photos_at_hand(1):
-        raise RunError("export-space --onnx checks the .onnx file against the run on the run's test photos, which are not "
-                       "at hand here; set FOODVIT_DATA to the run's photos")
+        raise RunError(
+            "export-space --onnx checks the .onnx file against the run on the run's test photos, which are not "
+            "at hand here; set FOODVIT_DATA to the run's photos"
+        )
     result = export(run, out, "onnx", quantize, with_attention=True)  # its parity check on the run's test photos
     proto = onnx.load(str(out))
     card = {**published_card(predictor.card), "params": predictor.card.get("params")}

@@ -34,7 +34,7 @@ class TorchBackend:
         from foodvit.viz.attention import pooled_rollout
 
         with torch.inference_mode():
-            tokens, attentions = self.model.forward_features(torch.from_numpy(batch).to(self.device), return_attention=True)
+            tokens, attentions = self.model.forward_attention(torch.from_numpy(batch).to(self.device))
             return pooled_rollout(self.model, tokens, attentions).float().cpu().numpy()
 
 

@@ -13,8 +13,14 @@ def default_preprocess(config: RunConfig) -> Preprocess:
     """Preprocessing from the model's registry entry (size, normalisation) and the data settings."""
     variant = get_variant(config.model)
     d = config.data
-    return make_preprocess(run_model_config(config).image_size, d.mean or variant.mean, d.std or variant.std, d.resize_mode,
-                           d.crop_pct, d.interpolation)
+    return make_preprocess(
+        run_model_config(config).image_size,
+        d.mean or variant.mean,
+        d.std or variant.std,
+        d.resize_mode,
+        d.crop_pct,
+        d.interpolation,
+    )
 
 
 def build_model(config: RunConfig, num_classes: int) -> tuple[VisionTransformer, Preprocess]:

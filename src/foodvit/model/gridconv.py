@@ -37,6 +37,7 @@ class GridConv(nn.Conv2d):
     def reset_parameters(self) -> None:
         super().reset_parameters()  # (the draws of PyTorch's init, kept so seeds give the weights they gave)
         nn.init.zeros_(self.weight)
+        assert self.bias is not None  # made by Conv2d's default bias=True
         nn.init.zeros_(self.bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:

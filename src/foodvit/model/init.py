@@ -57,7 +57,8 @@ def mimetic_init_(attn, qk: tuple[float, float] = MIMETIC_QK, vo: tuple[float, f
     # W_v W_o = (U S^1/2)(V S^1/2)^T = a Z - b I
 
 
-IMPULSE_LOGIT = 10.0  # target logit of the chosen neighbour's row and of its column (0 elsewhere): about 64% of the attention at step 0
+# target logit of the chosen neighbour's row and of its column (0 elsewhere): about 64% of the attention at step 0
+IMPULSE_LOGIT = 10.0
 IMPULSE_RIDGE = 1e-4  # ridge of the solve, as a share of the largest squared singular value of the positions
 
 
@@ -95,7 +96,9 @@ def impulse_init_(attn, positions: torch.Tensor, offsets: list[tuple[int, int]])
     cols_of = torch.arange(grid * grid) % grid
     for head, (dy, dx) in enumerate(offsets):
         key = impulse_offsets(grid, dy, dx)
-        target = IMPULSE_LOGIT * ((rows_of[None, :] == rows_of[key][:, None]).double() + (cols_of[None, :] == cols_of[key][:, None]).double())
+        target = IMPULSE_LOGIT * (
+            (rows_of[None, :] == rows_of[key][:, None]).double() + (cols_of[None, :] == cols_of[key][:, None]).double()
+        )
         M = (vh.T * shrink) @ (u.T @ target @ u) @ (shrink[:, None] * vh) * math.sqrt(d)  # (D, D): X M X^T ~ target
         left, sv, right = torch.linalg.svd(M)
         root = sv[:d].sqrt()
@@ -114,7 +117,8 @@ def init_weights(model) -> None:
     if model.config.class_token:
         nn.init.zeros_(model.cls_token)  # cls: initializers.zeros
     if model.config.distill_token:
-        nn.init.trunc_normal_(model.dist_token, std=0.02)  # DeiT's: unlike the zero class token, so the two differ at step 0
+        # DeiT's: unlike the zero class token, so the two differ at step 0
+        nn.init.trunc_normal_(model.dist_token, std=0.02)
     for block in model.blocks:
         # MultiHeadDotProductAttention(kernel_init=xavier_uniform): q, k and v are separate D -> D
         # projections there, so each third of the fused U_qkv gets xavier with fan_in = fan_out = D.
@@ -129,9 +133,13 @@ def init_weights(model) -> None:
         # LayerNorm: scale ones, bias zeros (PyTorch's default is flax's).
         if model.config.init == "mimetic":
             mimetic_init_(block.attn)
-        elif model.config.init == "impulse" and not model.pos_embed.is_meta:  # (a meta model has no values to solve for)
-            impulse_init_(block.attn, F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)),
-                          impulse_taps(block.attn.num_heads, model.config.locality and model.config.locality_mask))
+        # (a meta model has no values to solve for)
+        elif model.config.init == "impulse" and not model.pos_embed.is_meta:
+            impulse_init_(
+                block.attn,
+                F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)),
+                impulse_taps(block.attn.num_heads, model.config.locality and model.config.locality_mask),
+            )
     # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does; deviation 12's
     # filters start at zero (GridConv.reset_parameters).
     init_head(model.head)

@@ -22,7 +22,9 @@ def sincos_2d_pos_embed(grid_size: int, embed_dim: int, temperature: float = 100
     """
     if embed_dim % 4:
         raise ConfigError(f"sincos2d position embedding needs embed_dim divisible by 4, got {embed_dim}")
-    rows, cols = torch.meshgrid(torch.arange(grid_size, dtype=torch.float64), torch.arange(grid_size, dtype=torch.float64), indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(grid_size, dtype=torch.float64), torch.arange(grid_size, dtype=torch.float64), indexing="ij"
+    )
     omega = 1.0 / temperature ** (torch.arange(embed_dim // 4, dtype=torch.float64) / (embed_dim // 4))
     rows = rows.flatten()[:, None] * omega[None, :]  # (N, D/4)
     cols = cols.flatten()[:, None] * omega[None, :]  # (N, D/4)

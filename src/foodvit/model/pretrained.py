@@ -25,15 +25,40 @@ import torch
 from foodvit.config import RunConfig, ViTConfig
 from foodvit.data.preprocess import Preprocess, make_preprocess
 from foodvit.errors import FoodVitError
-from foodvit.model.variants import DEFAULT_MEAN, DEFAULT_STD, IMAGENET_MEAN, IMAGENET_STD, SIZES, create_model, get_variant
+from foodvit.model.variants import (
+    DEFAULT_MEAN,
+    DEFAULT_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    SIZES,
+    create_model,
+    get_variant,
+)
 from foodvit.model.vit import VisionTransformer
 
 # torchvision's ViT builders and the paper names they build
-TORCHVISION_MODELS = {"vit_b_16": "ViT-B/16", "vit_b_32": "ViT-B/32", "vit_l_16": "ViT-L/16", "vit_l_32": "ViT-L/32", "vit_h_14": "ViT-H/14"}
+TORCHVISION_MODELS = {
+    "vit_b_16": "ViT-B/16",
+    "vit_b_32": "ViT-B/32",
+    "vit_l_16": "ViT-L/16",
+    "vit_l_32": "ViT-L/32",
+    "vit_h_14": "ViT-H/14",
+}
 _TIMM_NAME = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(\d+)_(\d+)")
 _TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
 # Settings of the model that the weights fix; a recipe's values for these are not applied.
-ARCHITECTURE = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_dim", "pool", "pos_embed", "class_token", "stem", "layer_norm_eps")
+ARCHITECTURE = (
+    "patch_size",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_dim",
+    "pool",
+    "pos_embed",
+    "class_token",
+    "stem",
+    "layer_norm_eps",
+)
 DOWNLOAD_TIMEOUT = 20.0
 
 
@@ -74,13 +99,13 @@ class Pretrained:
 def _torchvision_state_dict(weights) -> dict[str, torch.Tensor]:
     """torchvision's weights file, downloaded once into torch.hub's cache ($TORCH_HOME) as
     torchvision does, its SHA-256 checked against the prefix in the file name."""
-    import urllib.request
+    import urllib.parse
 
     from torch.hub import HASH_REGEX, get_dir
 
     from foodvit.files import download
 
-    name = Path(urllib.request.urlparse(weights.url).path).name
+    name = Path(urllib.parse.urlparse(weights.url).path).name
     target = Path(get_dir()) / "checkpoints" / name
     if not target.is_file():
         expected = HASH_REGEX.search(name)
@@ -97,10 +122,14 @@ def _torchvision_weights(spec: str, variant: str | None):
     if not builder:
         builder = next((k for k, v in TORCHVISION_MODELS.items() if v == variant), "vit_b_16")
     if builder not in TORCHVISION_MODELS:
-        raise PretrainedError(f"torchvision has no ViT called {builder!r}; expected one of {', '.join(TORCHVISION_MODELS)}")
+        raise PretrainedError(
+            f"torchvision has no ViT called {builder!r}; expected one of {', '.join(TORCHVISION_MODELS)}"
+        )
     enum = get_model_weights(builder)
     if member not in enum.__members__:
-        raise PretrainedError(f"torchvision's {builder} has no weights {member!r}; expected one of {', '.join(enum.__members__)}")
+        raise PretrainedError(
+            f"torchvision's {builder} has no weights {member!r}; expected one of {', '.join(enum.__members__)}"
+        )
     return enum[member]
 
 
@@ -119,7 +148,9 @@ def _timm_state_dict(name: str) -> dict[str, torch.Tensor]:
     cfg = get_pretrained_cfg(name)
     repo = cfg.hf_hub_id if cfg is not None else None
     if not repo:
-        raise PretrainedError(f"timm's weights {name!r} are not on the Hugging Face hub; download them and pass the file")
+        raise PretrainedError(
+            f"timm's weights {name!r} are not on the Hugging Face hub; download them and pass the file"
+        )
     for filename in ("model.safetensors", "pytorch_model.bin"):
         cached = try_to_load_from_cache(repo, filename)
         if isinstance(cached, str):
@@ -155,7 +186,10 @@ def _preprocess_from_timm(name: str) -> tuple[str, int, Preprocess]:
     arch = name.split(".")[0]
     match = _TIMM_NAME.match(arch)
     if match is None:
-        raise PretrainedError(f"timm model {name!r} is not a plain ViT foodvit builds; expected vit_<tiny|small|base|large|huge>_patch<P>_<size>[.tag]")
+        raise PretrainedError(
+            f"timm model {name!r} is not a plain ViT foodvit builds; "
+            "expected vit_<tiny|small|base|large|huge>_patch<P>_<size>[.tag]"
+        )
     variant = f"ViT-{_TIMM_SIZES[match[1]]}/{match[2]}"
     if cfg is None:
         raise PretrainedError(f"timm knows no pre-trained weights {name!r}; see timm.list_pretrained('vit_*')")
@@ -174,7 +208,10 @@ def infer_variant(state: dict[str, torch.Tensor]) -> tuple[str, int]:
     M = state["blocks.0.mlp.fc1.weight"].shape[0]
     size = next((key for key, s in SIZES.items() if (s.depth, s.embed_dim, s.mlp_dim) == (depth, D, M)), None)
     if size is None:
-        raise PretrainedError(f"these weights (depth {depth}, width {D}, MLP {M}) match no row of Table 1; foodvit cannot tell their heads")
+        raise PretrainedError(
+            f"these weights (depth {depth}, width {D}, MLP {M}) match no row of Table 1; "
+            "foodvit cannot tell their heads"
+        )
     tokens = state["pos_embed"].shape[1] if "pos_embed" in state else None
     grid = math.isqrt(tokens - 1) if tokens else 224 // P
     return f"ViT-{size}/{P}", grid * P
@@ -192,19 +229,23 @@ def resolve(spec: str, model_hint: str | None = None) -> Pretrained:
         return Pretrained(spec, "timm", variant, size, pre)
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise PretrainedError(f"--pretrained {spec!r}: expected torchvision:WEIGHTS, timm:NAME or an existing weights file")
+        raise PretrainedError(
+            f"--pretrained {spec!r}: expected torchvision:WEIGHTS, timm:NAME or an existing weights file"
+        )
     from foodvit.model.weights import config_from_metadata, detect_layout, read_weights, unwrap
 
     state, meta = read_weights(path)
     config = config_from_metadata(meta)
     if config is not None:  # a foodvit file knows everything
-        pre = Preprocess.from_dict(_json(meta["preprocess"])) if "preprocess" in meta else None
-        return Pretrained(str(path), "file", _name_of(config), config.image_size, pre, config)
+        saved = Preprocess.from_dict(_json(meta["preprocess"])) if "preprocess" in meta else None
+        return Pretrained(str(path), "file", _name_of(config), config.image_size, saved, config)
     variant, size = infer_variant(state)
     layout = detect_layout(unwrap(state))
     # torchvision's weights use ImageNet statistics (resize 256, crop 224); timm's ViTs mostly [-1, 1]
     mean, std = (IMAGENET_MEAN, IMAGENET_STD) if layout == "torchvision" else (DEFAULT_MEAN, DEFAULT_STD)
-    return Pretrained(str(path), "file", variant, size, Preprocess(size, int(math.floor(size / 0.875)), "crop", mean, std))
+    return Pretrained(
+        str(path), "file", variant, size, Preprocess(size, int(math.floor(size / 0.875)), "crop", mean, std)
+    )
 
 
 def _json(text: str):
@@ -215,7 +256,12 @@ def _json(text: str):
 
 def _name_of(config) -> str | None:
     for key, s in SIZES.items():
-        if (s.depth, s.embed_dim, s.mlp_dim, s.num_heads) == (config.depth, config.embed_dim, config.mlp_dim, config.num_heads):
+        if (s.depth, s.embed_dim, s.mlp_dim, s.num_heads) == (
+            config.depth,
+            config.embed_dim,
+            config.mlp_dim,
+            config.num_heads,
+        ):
             return f"ViT-{key}/{config.patch_size}"
     return None
 

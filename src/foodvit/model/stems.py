@@ -4,6 +4,7 @@ same H/P x W/P grid of tokens the paper's stem makes."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -23,8 +24,13 @@ class ConvStem(nn.Module):
         stages = int(math.log2(patch_size))
         widths = [in_channels] + [max(embed_dim // 2 ** (stages - 1 - i), 16) for i in range(stages)]
         layers: list[nn.Module] = []
-        for c_in, c_out in zip(widths[:-1], widths[1:]):
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)]
+        for c_in, c_out in itertools.pairwise(widths):
+            layers += [
+                nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+                nn.BatchNorm2d(c_out),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(3, stride=2, padding=1),
+            ]
         self.layers = nn.Sequential(*layers)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -38,7 +44,8 @@ class ShiftedPatches(nn.Module):
     flattened and layer-normalised: (B, C, H, W) -> (B, N, 5 C P^2)."""
 
     COPIES = 5  # the image and its four diagonal shifts
-    SHIFTS = ((-1, -1), (-1, 1), (1, -1), (1, 1))  # (rows, columns) in half patches: up-left, up-right, down-left, down-right
+    # (rows, columns) in half patches: up-left, up-right, down-left, down-right
+    SHIFTS = ((-1, -1), (-1, 1), (1, -1), (1, 1))
 
     def __init__(self, in_channels: int, patch_size: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -55,7 +62,8 @@ class ShiftedPatches(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         half, P = self.patch_size // 2, self.patch_size
-        x = torch.cat([images] + [self.shift(images, r * half, c * half) for r, c in self.SHIFTS], dim=1)  # (B, 5C, H, W)
+        shifted = [self.shift(images, r * half, c * half) for r, c in self.SHIFTS]
+        x = torch.cat([images, *shifted], dim=1)  # (B, 5C, H, W)
         B, C5, H, W = x.shape
         x = x.reshape(B, C5, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5)  # (B, H/P, W/P, 5C, P, P)
         return self.norm(x.reshape(B, (H // P) * (W // P), C5 * P * P))  # (B, N, 5CP^2), each patch normalised

@@ -6,6 +6,7 @@ Shapes come from one forward pass on the meta device, so even ViT-H/14 costs no 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,9 +40,13 @@ def summarize(model: nn.Module, input_size: tuple[int, ...], max_depth: int = 3)
         if depth > max_depth:
             continue
         params = list(module.parameters())
-        row = Row(depth, name.rsplit(".", 1)[-1] or type(model).__name__, type(module).__name__,
-                  params=sum(p.numel() for p in params),
-                  trainable=None if not params else all(p.requires_grad for p in params))
+        row = Row(
+            depth,
+            name.rsplit(".", 1)[-1] or type(model).__name__,
+            type(module).__name__,
+            params=sum(p.numel() for p in params),
+            trainable=None if not params else all(p.requires_grad for p in params),
+        )
         rows[name] = row
 
         def hook(mod, args, output, row=row):
@@ -62,21 +67,42 @@ def format_summary(model: nn.Module, input_size: tuple[int, ...], max_depth: int
     rows = summarize(model, input_size, max_depth)
     header = ("Layer (type)", "Input shape", "Output shape", "Param #", "Trainable")
     cells = [header] + [
-        ("  " * r.depth + f"{r.name} ({r.kind})", r.input_shape, r.output_shape, f"{r.params:,}",
-         "--" if r.trainable is None else str(r.trainable))
+        (
+            "  " * r.depth + f"{r.name} ({r.kind})",
+            r.input_shape,
+            r.output_shape,
+            f"{r.params:,}",
+            "--" if r.trainable is None else str(r.trainable),
+        )
         for r in rows
     ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     line = "=" * (sum(widths) + 2 * (len(widths) - 1))
-    fmt = lambda c: "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths)))  # noqa: E731
+
+    def fmt(c: tuple[str, ...]) -> str:
+        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths, strict=True)))
+
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     notes = []
-    if getattr(getattr(model, "config", None), "class_only_last_block", False):
-        notes = [f"Block {len(model.blocks) - 1} outputs the class token only: Eq. 4 reads z_L^0 alone, so forward() "
-                 "computes no other token there (forward_features() returns all of them).", line]
-    out = [line, fmt(header), line, *(fmt(c) for c in cells[1:]), line, *notes,
-           f"Trainable params: {trainable:,}", f"Non-trainable params: {total - trainable:,}",
-           f"Params size (MB): {size_mb:,.2f}", f"Total params: {total:,}"]
+    config: Any = getattr(model, "config", None)  # a ViTConfig, or None for a model that is not ours
+    if getattr(config, "class_only_last_block", False):
+        notes = [
+            f"Block {config.depth - 1} outputs the class token only: Eq. 4 reads z_L^0 alone, so forward() "
+            "computes no other token there (forward_features() returns all of them).",
+            line,
+        ]
+    out = [
+        line,
+        fmt(header),
+        line,
+        *(fmt(c) for c in cells[1:]),
+        line,
+        *notes,
+        f"Trainable params: {trainable:,}",
+        f"Non-trainable params: {total - trainable:,}",
+        f"Params size (MB): {size_mb:,.2f}",
+        f"Total params: {total:,}",
+    ]
     return "\n".join(out)

@@ -54,7 +54,9 @@ DEFAULT_STD = (0.5, 0.5, 0.5)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-_NAME = re.compile(r"^vit[-_ ]?(?P<size>ti|s|b|l|h|tiny|small|base|large|huge)\s*[/_-]\s*(?P<patch>\d+)$", re.IGNORECASE)
+_NAME = re.compile(
+    r"^vit[-_ ]?(?P<size>ti|s|b|l|h|tiny|small|base|large|huge)\s*[/_-]\s*(?P<patch>\d+)$", re.IGNORECASE
+)
 _LONG = {size.name.lower(): key for key, size in SIZES.items()}
 
 
@@ -100,10 +102,14 @@ def check_start_size(model: ViTConfig, start: int) -> None:
     positions; else a ConfigError that says what to change."""
     check_on_patch_grid("--start-size", start, model.patch_size)
     if start > model.image_size:
-        raise ConfigError(f"--start-size {start} is above the image size {model.image_size}: progressive "
-                          "resizing trains smaller photos first; give a smaller --start-size, or 0 to turn it off")
+        raise ConfigError(
+            f"--start-size {start} is above the image size {model.image_size}: progressive "
+            "resizing trains smaller photos first; give a smaller --start-size, or 0 to turn it off"
+        )
     if start and start != model.image_size and model.pos_embed == "learned":
-        raise ConfigError("--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d")
+        raise ConfigError(
+            "--start-size (progressive resizing) needs fixed position embeddings: add --pos-embed sincos2d"
+        )
 
 
 def _takes_start(config: RunConfig, start: int) -> bool | None:
@@ -173,9 +179,17 @@ def create_model(name: str, num_classes: int = 1000, image_size: int = 224, **ov
 
 def count_params(config: ViTConfig) -> int:
     """Closed-form parameter count of the paper's ViT (patchify stem) for a configuration."""
-    if config.stem != "patch" or config.pool == "seq" or config.locality or config.mlp_conv:  # deviations: count them built
+    # deviations: count them built
+    if config.stem != "patch" or config.pool == "seq" or config.locality or config.mlp_conv:
         return sum(p.numel() for p in _meta_model(config).parameters())
-    C, P, D, M, K, L = config.in_channels, config.patch_size, config.embed_dim, config.mlp_dim, config.num_classes, config.depth
+    C, P, D, M, K, L = (
+        config.in_channels,
+        config.patch_size,
+        config.embed_dim,
+        config.mlp_dim,
+        config.num_classes,
+        config.depth,
+    )
     embed = C * P * P * D + D  # patch conv E and its bias
     embed += D * config.class_token  # x_class
     embed += config.num_tokens * D * (config.pos_embed == "learned")  # E_pos

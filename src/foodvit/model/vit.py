@@ -46,7 +46,7 @@ option, named here once and cited:
   9. distill_token=True: DeiT's distillation token (Touvron et al. 2021, "Training data-efficient
      image transformers & distillation through attention", section 4). A second learned token
      follows the class token; its output state feeds its own linear head (head_dist), which
-     learns the teacher's classes while Eq. 4's head learns the true ones (distill.py). Both
+     learns the teacher's classes while Eq. 4's head learns the true ones (training/objectives/distill.py). Both
      tokens attend and are attended to in every block; prediction is the mean of the two heads'
      logits, as in DeiT.
  10. stem="spt": shifted patch tokenisation (Lee et al. 2021, "Vision Transformer for Small-Size
@@ -73,7 +73,8 @@ Notes (not deviations from the paper's text):
   - LayerNorm epsilon is 1e-6, the JAX reference's value (torchvision and timm agree).
   - With the class token pooled (Eq. 4), forward() computes the last block for the class token
     only (all tokens still serve as its keys and values): the same logits and gradients, 6% fewer
-    FLOPs for ViT-B/16. forward_features() returns every token.
+    FLOPs for ViT-B/16. forward_features() returns every token; forward_intermediates() the listed
+    blocks' tokens too (timm's convention), forward_attention() every block's attention weights.
   - The model keeps one input size (its config's). forward(images, pos_embed=...) embeds a batch of
     another patch grid with that grid's E_pos (pos_embed_for_grid: with fixed sin-cos or no position
     embeddings any grid has one), for progressive resizing's smaller first epochs; the training side
@@ -83,15 +84,15 @@ Notes (not deviations from the paper's text):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from foodvit.config import ViTConfig
 from foodvit.errors import ConfigError, InputError
-from foodvit.model.gridconv import GridConv
+from foodvit.model.blocks import Block
 from foodvit.model.init import init_head, init_weights
 from foodvit.model.positions import sincos_2d_pos_embed
 from foodvit.model.stems import ConvStem, ShiftedPatches
@@ -151,128 +152,6 @@ def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> Non
 
 
 # ---------------------------------------------------------------------------------------------
-# Eq. 2 and 3: the encoder block
-# ---------------------------------------------------------------------------------------------
-
-
-class Attention(nn.Module):
-    """MSA of Eq. 2, as Appendix A defines it.
-
-    One fused projection U_qkv (D -> 3D, with bias), softmax(q k^T / sqrt(d)) v for each of the
-    h heads, heads concatenated, output projection U_msa (D -> D), then dropout (App. B.1).
-    `fused=True` computes the middle with torch's scaled_dot_product_attention (flash or
-    memory-efficient kernels where available); the plain path below it is the same math, written
-    out, and is the one that can hand back the attention weights.
-    """
-
-    def __init__(self, embed_dim: int, num_heads: int, attn_dropout: float = 0.0, dropout: float = 0.0,
-                 locality: bool = False, locality_mask: bool = True) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = embed_dim // num_heads
-        self.scale = self.head_dim**-0.5  # 1 / sqrt(d)
-        self.attn_dropout = attn_dropout
-        self.fused = True
-        if locality:  # deviation 7: a learned temperature tau in softmax(q k^T / tau), starting at sqrt(d)
-            self.temperature = nn.Parameter(torch.tensor(self.head_dim**0.5))
-        self.mask_self = locality and locality_mask  # deviation 7: no token attends to itself
-        self.qkv = nn.Linear(embed_dim, 3 * embed_dim)  # U_qkv
-        self.proj = nn.Linear(embed_dim, embed_dim)  # U_msa
-        self.proj_drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor, return_attention: bool = False,
-                queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, T, D) -> (B, Q, D): every token attends to all T tokens; queries=Q keeps only the first
-        Q tokens' outputs (Q = T by default), computing no others."""
-        B, T, D = x.shape
-        h, d = self.num_heads, self.head_dim
-        qkv = self.qkv(x).reshape(B, T, 3, h, d).permute(2, 0, 3, 1, 4)  # (B, T, 3D) -> (3, B, h, T, d)
-        q, k, v = qkv.unbind(0)  # each (B, h, T, d)
-        if queries is not None:
-            q = q[:, :, :queries]  # (B, h, T, d) -> (B, h, Q, d); k and v keep all T tokens
-        Q = q.shape[2]
-        p = self.attn_dropout if self.training else 0.0
-        scale, mask = self.scale, None  # mask: True where attention is allowed
-        if hasattr(self, "temperature"):  # deviation 7: softmax(q k^T / tau)
-            q, scale = q / self.temperature, 1.0
-        if self.mask_self:  # deviation 7: no token attending to itself
-            mask = ~torch.eye(Q, T, dtype=torch.bool, device=x.device)  # (Q, T), False where query i meets key i
-        weights = None
-        if self.fused and not return_attention:
-            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)  # (B, h, Q, d)
-        else:
-            weights = (q * scale) @ k.transpose(-2, -1)  # (B, h, Q, d) @ (B, h, d, T) -> (B, h, Q, T)
-            if mask is not None:
-                weights = weights.masked_fill(~mask, float("-inf"))
-            weights = weights.softmax(dim=-1)
-            x = F.dropout(weights, p, self.training) @ v  # (B, h, Q, T) @ (B, h, T, d) -> (B, h, Q, d)
-        x = x.transpose(1, 2).reshape(B, Q, D)  # (B, h, Q, d) -> (B, Q, h, d) -> (B, Q, D)
-        return self.proj_drop(self.proj(x)), weights
-
-
-class MLP(nn.Module):
-    """The MLP of Eq. 3: Linear(D, M), GELU, Dropout, Linear(M, D), Dropout. With conv_prefix (the
-    number of prefix tokens), deviation 12's convolution over the patch grid follows the GELU."""
-
-    def __init__(self, embed_dim: int, mlp_dim: int, dropout: float = 0.0, conv_prefix: int | None = None) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(embed_dim, mlp_dim)
-        self.act = nn.GELU()
-        self.conv = GridConv(mlp_dim, conv_prefix) if conv_prefix is not None else None  # deviation 12
-        self.drop1 = nn.Dropout(dropout)
-        self.fc2 = nn.Linear(mlp_dim, embed_dim)
-        self.drop2 = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.act(self.fc1(x))  # (B, T, D) -> (B, T, M)
-        if self.conv is not None:
-            h = self.conv(h)  # deviation 12: (B, T, M) -> (B, T, M)
-        return self.drop2(self.fc2(self.drop1(h)))  # (B, T, M) -> (B, T, D)
-
-
-class DropPath(nn.Module):
-    """Deviation 4: stochastic depth. In training, drop a sample's whole residual branch with
-    probability p and scale the kept ones by 1 / (1 - p); identity in eval."""
-
-    def __init__(self, p: float = 0.0) -> None:
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        keep = 1.0 - self.p
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)  # one draw per sample
-        return x * mask / keep
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-
-class Block(nn.Module):
-    """One pre-norm encoder layer: Eq. 2 then Eq. 3, a residual after each."""
-
-    def __init__(self, config: ViTConfig, drop_path: float = 0.0) -> None:
-        super().__init__()
-        D, eps = config.embed_dim, config.layer_norm_eps
-        self.norm1 = nn.LayerNorm(D, eps=eps)
-        self.attn = Attention(D, config.num_heads, config.attn_dropout, config.dropout, config.locality, config.locality_mask)
-        self.norm2 = nn.LayerNorm(D, eps=eps)
-        self.mlp = MLP(D, config.mlp_dim, config.dropout, config.num_prefix_tokens if config.mlp_conv else None)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-
-    def forward(self, x: torch.Tensor, return_attention: bool = False,
-                queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, T, D) -> (B, T, D), or (B, Q, D) with queries=Q: only the first Q tokens' outputs."""
-        a, weights = self.attn(self.norm1(x), return_attention, queries)
-        if queries is not None:
-            x = x[:, :queries]  # the residual stream of the tokens still computed
-        x = x + self.drop_path(a)  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
-        x = x + self.drop_path(self.mlp(self.norm2(x)))  # Eq. 3: z_l = MLP(LN(z'_l)) + z'_l
-        return x, weights
-
-
-# ---------------------------------------------------------------------------------------------
 # The whole model, Eq. 1 -> Eq. 4
 # ---------------------------------------------------------------------------------------------
 
@@ -324,17 +203,25 @@ class VisionTransformer(nn.Module):
             self.head_dist = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
         init_weights(self)
 
-    def embed(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+              mask_token: torch.Tensor | None = None) -> torch.Tensor:
         """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos, then dropout. (B, C, H, W) -> (B, T, D).
 
         pos_embed: E_pos of another patch grid, (1, T', D), for images of that grid's side
         (progressive resizing trains at a smaller one; pos_embed_for_grid builds it). By default the
         model's own, for images of its own side.
+        mask: (B, N) booleans, True for the patches whose embedding x_p^i E is replaced by mask_token
+        (D,) or (1, 1, D) before the position embedding is added (masked-patch training): the position
+        stays known, the content does not. The caller owns the token (training/objectives/masked.py).
         """
         c = self.config
-        side = c.image_size if pos_embed is None else math.isqrt(pos_embed.shape[1] - c.num_prefix_tokens) * c.patch_size  # T' = prefix + (H/P)^2
+        side = c.image_size if pos_embed is None else math.isqrt(pos_embed.shape[1] - c.num_prefix_tokens) * c.patch_size
         check_images(images, side, c.in_channels)
         x = self.patch_embed(images)  # (B, C, H, W) -> (B, N, D)
+        if mask is not None:
+            if mask_token is None or mask.shape != x.shape[:2]:
+                raise ValueError(f"a mask needs a mask token and one boolean a patch, {tuple(x.shape[:2])}")
+            x = torch.where(mask[..., None], mask_token.reshape(1, 1, -1).to(x.dtype), x)
         prefix = [token for name in ("cls_token", "dist_token") if (token := getattr(self, name, None)) is not None]
         if prefix:  # [x_class; x_distillation; patches] (DeiT's order): (B, N, D) -> (B, T, D)
             x = torch.cat([token.expand(x.shape[0], -1, -1) for token in prefix] + [x], dim=1)
@@ -358,29 +245,46 @@ class VisionTransformer(nn.Module):
             return like.new_zeros(1, c.num_prefix_tokens + grid * grid, c.embed_dim)  # adds nothing; names the grid
         return sincos_2d_pos_embed(grid, c.embed_dim, prefix=c.num_prefix_tokens).to(self.pos_embed)[None]  # (1, T', D)
 
-    def forward_features(self, images: torch.Tensor, return_attention: bool = False, class_only: bool = False,
-                         pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Eq. 1-3 and the final LayerNorm of Eq. 4 on every token: (B, C, H, W) -> (B, T, D).
+    def forward_intermediates(self, images: torch.Tensor, indices: Sequence[int] = (), *, mask: torch.Tensor | None = None,
+                              mask_token: torch.Tensor | None = None, class_only: bool = False,
+                              pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eq. 1-3 and the final LayerNorm of Eq. 4 (timm's convention): the final tokens (B, T, D) and
+        the outputs of the blocks listed in `indices` (0-based, each (B, T, D), before any norm), in
+        the order listed. mask and mask_token: patches shown as a mask token (see embed).
 
-        With return_attention=True each block takes the plain attention path and its weights
-        (B, h, T, T) are returned, one tensor a layer; the output is the same either way.
-        class_only=True returns only the prefix tokens' states, (B, 1, D) (the class token; (B, 2, D)
-        with the distillation token), and the last block computes nothing else: Eq. 4 reads z_L^0
-        alone, and no other token's output of the last block reaches it. Every token still serves as
-        a key and value there, so z_L^0 is unchanged while that block's U_msa and MLP run on 1 token
-        instead of T (ViT-B/16: 1/16 fewer FLOPs). pos_embed: another grid's E_pos (see embed).
+        class_only=True returns only the prefix tokens' final states, (B, 1, D) (the class token;
+        (B, 2, D) with the distillation token), and the last block computes nothing else: Eq. 4 reads
+        z_L^0 alone, and no other token's output of the last block reaches it. Every token still
+        serves as a key and value there, so z_L^0 is unchanged while that block's U_msa and MLP run
+        on 1 token instead of T (ViT-B/16: 1/16 fewer FLOPs). pos_embed: another grid's E_pos (see embed).
         """
         if class_only and not self.config.class_token:
             raise ValueError("class_only=True needs a model with a class token")
-        x = self.embed(images, pos_embed)
-        attentions = []
         last = len(self.blocks) - 1
+        wanted = set(indices)
+        if any(not 0 <= i <= last for i in wanted) or (class_only and last in wanted):
+            raise ValueError(f"blocks {sorted(wanted)} are not all computed in full by a model of {last + 1} blocks")
+        x = self.embed(images, pos_embed, mask, mask_token)
+        kept: dict[int, torch.Tensor] = {}
         for i, block in enumerate(self.blocks):
-            queries = self.config.num_prefix_tokens if class_only and i == last else None
-            x, weights = block(x, return_attention, queries=queries)  # Eq. 2 and 3
-            if weights is not None:
-                attentions.append(weights)
-        return self.norm(x), attentions  # LN of Eq. 4
+            x, _ = block(x, queries=self.config.num_prefix_tokens if class_only and i == last else None)  # Eq. 2 and 3
+            if i in wanted:
+                kept[i] = x
+        return self.norm(x), [kept[i] for i in indices]  # LN of Eq. 4
+
+    def forward_features(self, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None,
+                         *, class_only: bool = False, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
+        """The final tokens after the LayerNorm of Eq. 4, (B, T, D) (see forward_intermediates)."""
+        return self.forward_intermediates(images, mask=mask, mask_token=mask_token, class_only=class_only, pos_embed=pos_embed)[0]
+
+    def forward_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The final tokens (B, T, D) and every block's attention weights (B, h, T, T), one tensor a
+        block, on the plain attention path (the tokens are those of forward_features)."""
+        x, attentions = self.embed(images), []
+        for block in self.blocks:
+            x, weights = block(x, return_attention=True)
+            attentions.append(weights)
+        return self.norm(x), attentions
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 4's z_L^0: the class token's state (B, T, D) -> (B, D); or the patch-token mean
@@ -396,31 +300,40 @@ class VisionTransformer(nn.Module):
     def heads(self, x: torch.Tensor) -> Heads:
         """The final tokens (B, T, D) -> Eq. 4's logits and the distillation head's, from the
         distillation token's state (deviation 9; None without that token)."""
-        logits = self.head(self.pool(x))  # Eq. 4: y = LN(z_L^0), then the linear head
+        return self.heads_of(x, self.pool(x))
+
+    def heads_of(self, x: torch.Tensor, pooled: torch.Tensor) -> Heads:
+        """heads(x) from the final tokens and their pooled state (B, D), pooled once by the caller."""
+        logits = self.head(pooled)  # Eq. 4: y = LN(z_L^0), then the linear head
         if not self.config.distill_token:
             return Heads(logits, None)
         return Heads(logits, self.head_dist(x[:, self.config.num_prefix_tokens - 1]))  # the token follows x_class
 
-    def classify(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """The final tokens (B, T, D) -> the model's logits (B, num_classes): Eq. 4; with the
-        distillation token, the mean of its head's logits and Eq. 4's (DeiT's prediction)."""
-        return self.heads(x).prediction()
+        distillation token, the mean of its head's logits and Eq. 4's (DeiT's prediction).
+        pre_logits=True: the pooled state (B, D) the head reads (timm's convention)."""
+        return self.pool(x) if pre_logits else self.heads(x).prediction()
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """forward_head(x): the final tokens -> the model's logits."""
+        return self.forward_head(x)
 
     def forward(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
         """(B, C, H, W) -> logits (B, num_classes); pos_embed: another grid's E_pos (see embed)."""
         return self.forward_heads(images, pos_embed).prediction()
 
     def forward_heads(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None) -> Heads:
-        """Both heads' logits, which training with a teacher reads (distill.py): (B, C, H, W) -> Heads."""
-        x, _ = self.forward_features(images, class_only=self.config.class_only_last_block, pos_embed=pos_embed)
+        """Both heads' logits (the distillation token's too): (B, C, H, W) -> Heads."""
+        x = self.forward_features(images, class_only=self.config.class_only_last_block, pos_embed=pos_embed)
         return self.heads(x)
 
     def forward_with_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and the attention weights of every layer, [(B, h, T, T)] * L."""
-        x, attentions = self.forward_features(images, return_attention=True)
+        x, attentions = self.forward_attention(images)
         return self.classify(x), attentions
 
-    def set_fused_attention(self, fused: bool) -> "VisionTransformer":
+    def set_fused_attention(self, fused: bool) -> VisionTransformer:
         """Choose scaled_dot_product_attention (True) or the plain math path (False) in every block."""
         for block in self.blocks:
             block.attn.fused = fused

@@ -20,7 +20,7 @@ from foodvit.config import ViTConfig
 from foodvit.errors import InputError
 from foodvit.files import atomic_write
 from foodvit.model.positions import resample_pos_embed
-from foodvit.model.vit import HEADS, VisionTransformer
+from foodvit.model.vit import HEADS, Block, VisionTransformer
 
 StateDict = dict[str, torch.Tensor]
 
@@ -75,12 +75,17 @@ def _rename(state: Mapping[str, torch.Tensor], table, layout: str) -> StateDict:
                 out[target.replace("{i}", m.groupdict().get("i") or "")] = value
                 break
         else:
-            raise InputError(f"{layout} state dict has a key foodvit does not know: {key!r} (a ViT variant foodvit does not build?)")
+            raise InputError(
+                f"{layout} state dict has a key foodvit does not know: {key!r} (a ViT variant foodvit does not build?)"
+            )
     return out
 
 
 # Key parts of foodvit's deviation modules that timm's and torchvision's ViTs lack: what each is.
-DEVIATION_KEYS = {"patch_embed.stem.": "convolutional stem (deviation 5)", ".mlp.conv.": "convolution in its MLP (deviation 12)"}
+DEVIATION_KEYS = {
+    "patch_embed.stem.": "convolutional stem (deviation 5)",
+    ".mlp.conv.": "convolution in its MLP (deviation 12)",
+}
 ZERO_START = ".mlp.conv."  # deviation 12's filters: weights without them load, the filters at zero (their start)
 
 
@@ -92,8 +97,10 @@ def _deviation_key(state: Mapping[str, torch.Tensor]) -> tuple[str, str] | None:
 def _refuse_deviations(state: Mapping[str, torch.Tensor], library: str) -> None:
     if found := _deviation_key(state):
         key, what = found
-        raise InputError(f"{library}'s VisionTransformer has no {what}; cannot export {key!r} ...: "
-                         "export this model as 'foodvit' weights or an .onnx file")
+        raise InputError(
+            f"{library}'s VisionTransformer has no {what}; cannot export {key!r} ...: "
+            "export this model as 'foodvit' weights or an .onnx file"
+        )
 
 
 def detect_layout(state: Mapping[str, torch.Tensor]) -> str:
@@ -150,17 +157,24 @@ def export_weights(model: nn.Module, layout: str = "timm") -> StateDict:
 def unwrap(state: Mapping) -> StateDict:
     """Find the state dict inside a training checkpoint and strip DDP / compile prefixes."""
     for key in _NESTED:
-        if key in state and isinstance(state[key], Mapping) and state[key] and all(isinstance(v, torch.Tensor) for v in state[key].values()):
+        if (
+            key in state
+            and isinstance(state[key], Mapping)
+            and state[key]
+            and all(isinstance(v, torch.Tensor) for v in state[key].values())
+        ):
             state = state[key]
             break
     if not all(isinstance(v, torch.Tensor) for v in state.values()):
         found = ", ".join(f"{k} ({type(v).__name__})" for k, v in list(state.items())[:5])
-        raise InputError(f"expected a state dict of tensors (or a checkpoint holding one under {', '.join(_NESTED)}), found {found}")
+        raise InputError(
+            f"expected a state dict of tensors (or a checkpoint holding one under {', '.join(_NESTED)}), found {found}"
+        )
     out = {}
     for key, value in state.items():
         for prefix in _WRAPPER_PREFIXES:
             while key.startswith(prefix):
-                key = key[len(prefix):]
+                key = key[len(prefix) :]
         out[key] = value
     return out
 
@@ -189,7 +203,9 @@ def read_weights(path: str | Path) -> tuple[StateDict, dict[str, str]]:
         ) from err
     if not isinstance(obj, Mapping):
         raise InputError(f"{path} holds a {type(obj).__name__}, not a state dict")
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        meta = {}
     return unwrap(obj), {k: str(v) for k, v in meta.items()}
 
 
@@ -222,7 +238,11 @@ def load_weights(
     zero_start = [k for k in own if k not in state and ZERO_START in k] if model.config.mlp_conv else []
     missing = [k for k in own if k not in state and k not in zero_start and not (skip_head and k.startswith(HEADS))]
     unexpected = [k for k in state if k not in own]
-    wrong = [f"{k}: file {tuple(state[k].shape)}, model {tuple(own[k].shape)}" for k in state if k in own and state[k].shape != own[k].shape]
+    wrong = [
+        f"{k}: file {tuple(state[k].shape)}, model {tuple(own[k].shape)}"
+        for k in state
+        if k in own and state[k].shape != own[k].shape
+    ]
     if missing or unexpected or wrong:
         raise InputError(_mismatch_message(layout, model.config, missing, unexpected, wrong))
     with torch.no_grad():
@@ -241,8 +261,10 @@ def _resample_for(config: ViTConfig, pos_embed: torch.Tensor, mode: str) -> torc
 
 
 def _mismatch_message(layout, config, missing, unexpected, wrong) -> str:
-    lines = [f"these {layout}-layout weights do not fit the model (image {config.image_size}, patch {config.patch_size}, "
-             f"D {config.embed_dim}, depth {config.depth}, heads {config.num_heads}, classes {config.num_classes}):"]
+    lines = [
+        f"these {layout}-layout weights do not fit the model (image {config.image_size}, patch {config.patch_size}, "
+        f"D {config.embed_dim}, depth {config.depth}, heads {config.num_heads}, classes {config.num_classes}):"
+    ]
     if wrong:
         lines.append("  shapes differ: " + "; ".join(wrong[:6]) + (" ..." if len(wrong) > 6 else ""))
     if missing:
@@ -252,7 +274,9 @@ def _mismatch_message(layout, config, missing, unexpected, wrong) -> str:
     if any(k.startswith("head.") for k in (w.split(":")[0] for w in wrong)):
         lines.append("  the head differs: pass skip_head=True (--pretrained does) to train a new head for your classes")
     else:
-        lines.append("  build the model the weights were trained as (e.g. foodvit.create_model('ViT-B/16', ...)) and try again")
+        lines.append(
+            "  build the model the weights were trained as (e.g. foodvit.create_model('ViT-B/16', ...)) and try again"
+        )
     return "\n".join(lines)
 
 
@@ -290,21 +314,36 @@ def to_torch_encoder(model: VisionTransformer) -> nn.Sequential:
     """
     c = model.config
     if c.mlp_conv or c.locality:
-        raise InputError("torch.nn.TransformerEncoderLayer has no place for locality self-attention (--locality) or the "
-                         "MLP's convolution (--mlp-conv): build the model without them for this exercise")
+        raise InputError(
+            "torch.nn.TransformerEncoderLayer has no place for locality self-attention (--locality) or the "
+            "MLP's convolution (--mlp-conv): build the model without them for this exercise"
+        )
     layers = []
     for block in model.blocks:
+        assert isinstance(block, Block)  # nn.ModuleList yields its items as plain Modules
         layer = nn.TransformerEncoderLayer(
-            c.embed_dim, c.num_heads, dim_feedforward=c.mlp_dim, dropout=c.dropout, activation="gelu",
-            layer_norm_eps=c.layer_norm_eps, batch_first=True, norm_first=True,
+            c.embed_dim,
+            c.num_heads,
+            dim_feedforward=c.mlp_dim,
+            dropout=c.dropout,
+            activation="gelu",
+            layer_norm_eps=c.layer_norm_eps,
+            batch_first=True,
+            norm_first=True,
         )
         pairs = [
-            (layer.self_attn.in_proj_weight, block.attn.qkv.weight), (layer.self_attn.in_proj_bias, block.attn.qkv.bias),
-            (layer.self_attn.out_proj.weight, block.attn.proj.weight), (layer.self_attn.out_proj.bias, block.attn.proj.bias),
-            (layer.linear1.weight, block.mlp.fc1.weight), (layer.linear1.bias, block.mlp.fc1.bias),
-            (layer.linear2.weight, block.mlp.fc2.weight), (layer.linear2.bias, block.mlp.fc2.bias),
-            (layer.norm1.weight, block.norm1.weight), (layer.norm1.bias, block.norm1.bias),
-            (layer.norm2.weight, block.norm2.weight), (layer.norm2.bias, block.norm2.bias),
+            (layer.self_attn.in_proj_weight, block.attn.qkv.weight),
+            (layer.self_attn.in_proj_bias, block.attn.qkv.bias),
+            (layer.self_attn.out_proj.weight, block.attn.proj.weight),
+            (layer.self_attn.out_proj.bias, block.attn.proj.bias),
+            (layer.linear1.weight, block.mlp.fc1.weight),
+            (layer.linear1.bias, block.mlp.fc1.bias),
+            (layer.linear2.weight, block.mlp.fc2.weight),
+            (layer.linear2.bias, block.mlp.fc2.bias),
+            (layer.norm1.weight, block.norm1.weight),
+            (layer.norm1.bias, block.norm1.bias),
+            (layer.norm2.weight, block.norm2.weight),
+            (layer.norm2.bias, block.norm2.bias),
         ]
         with torch.no_grad():
             for theirs, ours in pairs:

@@ -10,9 +10,17 @@ from pathlib import Path
 
 from foodvit.errors import RunError
 
-METRICS = (("epochs", "epochs"), ("train_loss", "train loss"), ("train_acc", "train acc"), ("val_acc", "val acc"),
-           ("test_loss", "test loss"), ("test_acc", "test acc"), ("seconds", "time (s)"), ("images_per_s", "images/s"),
-           ("model_share", "model step share"))
+METRICS = (
+    ("epochs", "epochs"),
+    ("train_loss", "train loss"),
+    ("train_acc", "train acc"),
+    ("val_acc", "val acc"),
+    ("test_loss", "test loss"),
+    ("test_acc", "test acc"),
+    ("seconds", "time (s)"),
+    ("images_per_s", "images/s"),
+    ("model_share", "model step share"),
+)
 
 
 def flatten(values: dict, prefix: str = "") -> dict:
@@ -35,8 +43,11 @@ def differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
     """(key, a's value, b's value) for every setting that differs between two nested config dicts,
     keys flattened ("optim.lr")."""
     flat_a, flat_b = flatten(a), flatten(b)
-    return [(key, flat_a.get(key), flat_b.get(key)) for key in sorted(set(flat_a) | set(flat_b))
-            if _canonical(flat_a.get(key)) != _canonical(flat_b.get(key))]
+    return [
+        (key, flat_a.get(key), flat_b.get(key))
+        for key in sorted(set(flat_a) | set(flat_b))
+        if _canonical(flat_a.get(key)) != _canonical(flat_b.get(key))
+    ]
 
 
 def read_run(run: Path) -> tuple[dict, dict]:
@@ -66,10 +77,15 @@ def read_run(run: Path) -> tuple[dict, dict]:
             card = json.loads(model_json.read_text())
             final = card.get("metrics", {}) if isinstance(card, dict) else None
         except (OSError, ValueError) as err:
-            raise RunError(f"{model_json} is not readable JSON ({err}); restore it (training writes it with the model) "
-                           "or leave that run out of the comparison") from None
+            raise RunError(
+                f"{model_json} is not readable JSON ({err}); restore it (training writes it with the model) "
+                "or leave that run out of the comparison"
+            ) from None
         if not isinstance(final, dict):
-            raise RunError(f"{model_json} is not the model card training writes (no metrics object); restore it or leave that run out")
+            raise RunError(
+                f"{model_json} is not the model card training writes (no metrics object); "
+                "restore it or leave that run out"
+            )
         metrics.update({k: final[k] for k in ("test_acc", "test_loss") if k in final})
     else:
         total = settings.get("train.epochs")
@@ -95,7 +111,7 @@ def _show(value) -> str:
 
 def table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
@@ -113,6 +129,10 @@ def compare_runs(runs: list[Path]) -> str:
             parts.append("same settings in every run")
     else:
         parts.append(table(["setting", names[0]], [[k, _show(read[0][0][k])] for k in keys]))
-    metric_rows = [[label, *(_show(m.get(key)) for _, m in read)] for key, label in METRICS if any(m.get(key) is not None for _, m in read)]
+    metric_rows = [
+        [label, *(_show(m.get(key)) for _, m in read)]
+        for key, label in METRICS
+        if any(m.get(key) is not None for _, m in read)
+    ]
     parts.append(table(["metric", *names], metric_rows))
     return "\n\n".join(parts)

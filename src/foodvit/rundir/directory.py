@@ -31,16 +31,41 @@ from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import atomic_write
 from foodvit.rundir.compare import differences
 
-TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (training/distill.py)
+TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (training/teacher.py)
+TEACHER_PROGRESS = "teacher-progress.pt"  # its training after each epoch but the last, until teacher.pt is written
 TENSORBOARD = "tensorboard"  # --tensorboard's event files (training/tracking.py)
 PRETRAINING_FILE = "pretraining.csv"  # each self-supervised pre-training epoch's loss (training/pretrain.py)
 # every file and folder a run writes (a failed start removes these, and only these)
-RUN_FILES = ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "curves.png", "confusion.png",
-             "most_wrong.png", "report.md", TEACHER_FILE, PRETRAINING_FILE)
+RUN_FILES = (
+    "config.json",
+    "metrics.csv",
+    "checkpoint.pt",
+    "model.safetensors",
+    "model.json",
+    "curves.png",
+    "confusion.png",
+    "most_wrong.png",
+    "report.md",
+    TEACHER_FILE,
+    TEACHER_PROGRESS,
+    PRETRAINING_FILE,
+)
 RUN_FOLDERS = (TENSORBOARD,)
 # *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised
-METRIC_COLUMNS = ("epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds",
-                  "images_per_s", "model_share")
+METRIC_COLUMNS = (
+    "epoch",
+    "train_loss",
+    "train_objective",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "test_loss",
+    "test_acc",
+    "lr",
+    "seconds",
+    "images_per_s",
+    "model_share",
+)
 
 
 # ------------------------------------------------------------------------------------ one writer
@@ -64,13 +89,17 @@ class RunLock:
         self.path = self.folder / self.NAME
         self.lock = FileLock(self.path, timeout=0)
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             self.lock.acquire()
         except Timeout:
-            raise LockedError(f"{self.folder} is in use by another foodvit process ({self.holder() or 'owner unknown'}); "
-                              "wait for it to finish or choose another --out") from None
-        (self.folder / self.OWNER).write_text(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}\n")
+            raise LockedError(
+                f"{self.folder} is in use by another foodvit process ({self.holder() or 'owner unknown'}); "
+                "wait for it to finish or choose another --out"
+            ) from None
+        (self.folder / self.OWNER).write_text(
+            f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}\n"
+        )
         return self
 
     def release(self) -> None:
@@ -83,7 +112,7 @@ class RunLock:
         self.release()
         self.path.unlink(missing_ok=True)
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
@@ -125,7 +154,7 @@ class NewRunDirectory:
         self.out, self.created = Path(out), False
         self.lock = RunLock(self.out)
 
-    def __enter__(self) -> "NewRunDirectory":
+    def __enter__(self) -> NewRunDirectory:
         out = self.out
         if out.exists() and not out.is_dir():
             raise RunError(f"--out {out} is a file; a run directory is a folder: choose another --out")
@@ -143,10 +172,15 @@ class NewRunDirectory:
         if others:
             self.lock.release() if self.lock_was_there else self.lock.remove()  # the user's folder as it was
             if "checkpoint.pt" in others or "model.safetensors" in others:
-                raise RunError(f"{out} already holds a run; continue it with `foodvit train --resume {out}` or choose another --out")
+                raise RunError(
+                    f"{out} already holds a run; continue it with `foodvit train --resume {out}` "
+                    "or choose another --out"
+                )
             shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-            raise RunError(f"{out} is not empty ({shown}) and holds no foodvit run; foodvit writes a new run only into a new "
-                           "or empty folder, so that nothing of yours is overwritten: choose another --out")
+            raise RunError(
+                f"{out} is not empty ({shown}) and holds no foodvit run; foodvit writes a new run only into a new "
+                "or empty folder, so that nothing of yours is overwritten: choose another --out"
+            )
         return self
 
     def __exit__(self, kind, error, tb) -> None:
@@ -181,15 +215,20 @@ def forget_start(out: Path) -> None:
 # ------------------------------------------------------------------------------------ files
 
 
-def write_metrics(path: Path, history: list[dict]) -> Path:
+def write_rows(path: Path, rows: list[dict], columns: tuple[str, ...]) -> Path:
+    """An epoch table (metrics.csv, pretraining.csv): the columns named, floats to 6 significant digits, written whole."""
     def write(tmp: Path) -> None:
         with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
-            for row in history:
+            for row in rows:
                 writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
 
     return atomic_write(path, write)
+
+
+def write_metrics(path: Path, history: list[dict]) -> Path:
+    return write_rows(path, history, METRIC_COLUMNS)
 
 
 def read_config(path: Path) -> RunConfig:
@@ -199,7 +238,9 @@ def read_config(path: Path) -> RunConfig:
     except (OSError, UnicodeDecodeError) as err:
         raise RunError(f"cannot read {path} ({err})") from None
     except json.JSONDecodeError as err:
-        raise RunError(f"{path} is not valid JSON ({err}); restore it from the checkpoint's settings or start a new run") from None
+        raise RunError(
+            f"{path} is not valid JSON ({err}); restore it from the checkpoint's settings or start a new run"
+        ) from None
     try:
         return RunConfig.from_dict(values, where=str(path))
     except (ConfigError, TypeError) as err:
@@ -218,7 +259,10 @@ def load_checkpoint(path: Path) -> dict:
 
     path = Path(path)
     if not path.is_file():
-        raise RunError(f"{path} does not exist: nothing to resume (a run writes it after its first epoch, or its CNN teacher or pre-training stage)")
+        raise RunError(
+            f"{path} does not exist: nothing to resume "
+            "(a run writes it after its first epoch, or its CNN teacher or pre-training stage)"
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load raises many kinds for a damaged or foreign file; all mean the same here
@@ -260,11 +304,16 @@ def read_for_resume(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
         changed = differences(settings_as_today(state["config"]), config.to_dict())
         if changed:
             shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed)
-            raise RunError(f"{config_path} differs from the settings the run started with ({shown}); "
-                           "a resumed run continues with its own settings: undo the edit, or start a new run with --out")
+            raise RunError(
+                f"{config_path} differs from the settings the run started with ({shown}); "
+                "a resumed run continues with its own settings: undo the edit, or start a new run with --out"
+            )
     if int(state.get("epoch", 0)) >= config.train.epochs and (out / "model.safetensors").is_file():
-        raise RunError(f"{out} is finished ({config.train.epochs} of {config.train.epochs} epochs, model saved); nothing to "
-                       f"resume and nothing was changed: evaluate it with `foodvit evaluate {out}`, or train more in a new run with --out")
+        raise RunError(
+            f"{out} is finished ({config.train.epochs} of {config.train.epochs} epochs, model saved); nothing to "
+            f"resume and nothing was changed: evaluate it with `foodvit evaluate {out}`, "
+            "or train more in a new run with --out"
+        )
     if data:
         log(f"data: {data} (given with --resume; the run started with {config.data.source or 'the default source'})")
         config = replace(config, data=replace(config.data, source=str(data)))
@@ -279,12 +328,16 @@ def read_for_resume(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:
 def check_same_data(state: dict, classes, counts: dict[str, int], root: Path) -> None:
     """A checkpoint resumes only on the photos it was trained on: the same classes and counts."""
     if list(state["classes"]) != list(classes):
-        raise RunError(f"the checkpoint was trained on classes {state['classes']}, the data in {root} has "
-                       f"{list(classes)}; resume with the run's own data (--data) or start a new run")
+        raise RunError(
+            f"the checkpoint was trained on classes {state['classes']}, the data in {root} has "
+            f"{list(classes)}; resume with the run's own data (--data) or start a new run"
+        )
     photos = state.get("photos")
     if photos is not None and photos != counts:
-        raise RunError(f"the run was trained on {photos['train']} train / {photos['test']} test photos, the data in "
-                       f"{root} has {counts['train']} / {counts['test']}; resume with the same photos, or start a new run")
+        raise RunError(
+            f"the run was trained on {photos['train']} train / {photos['test']} test photos, the data in "
+            f"{root} has {counts['train']} / {counts['test']}; resume with the same photos, or start a new run"
+        )
 
 
 def resume_command(out: Path) -> str:

@@ -19,8 +19,13 @@ from foodvit.rundir.directory import training_now
 
 
 def model_card(config: ViTConfig, classes, preprocess: Preprocess, extra: dict | None = None) -> dict:
-    return {"format": "foodvit", "model": config.__dict__, "classes": list(classes), "preprocess": json.loads(preprocess.to_json()),
-            **(extra or {})}
+    return {
+        "format": "foodvit",
+        "model": config.__dict__,
+        "classes": list(classes),
+        "preprocess": json.loads(preprocess.to_json()),
+        **(extra or {}),
+    }
 
 
 def save_model(run: Path, model: VisionTransformer, classes, preprocess: Preprocess, extra: dict | None = None) -> Path:
@@ -38,7 +43,9 @@ def _read_card(path: Path) -> dict:
     try:
         card = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunError(f"{path} is not readable JSON ({err}); training writes it with the model: train again or restore it") from None
+        raise RunError(
+            f"{path} is not readable JSON ({err}); training writes it with the model: train again or restore it"
+        ) from None
     if not isinstance(card, dict):
         raise RunError(f"{path} holds a JSON {type(card).__name__}, not the model card object training writes")
     return card
@@ -53,8 +60,14 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
     weights = run / "model.safetensors" if run.is_dir() else run
     if not weights.is_file():
         if run.is_dir() and (holder := training_now(run)):
-            raise RunError(f"{run} is being trained right now ({holder}); its model is written when training finishes: wait for it")
-        hint = " (training writes it when it finishes; resume an unfinished run with foodvit train --resume DIR)" if run.is_dir() else ""
+            raise RunError(
+                f"{run} is being trained right now ({holder}); its model is written when training finishes: wait for it"
+            )
+        hint = (
+            " (training writes it when it finishes; resume an unfinished run with foodvit train --resume DIR)"
+            if run.is_dir()
+            else ""
+        )
         raise RunError(f"no trained model at {weights}{hint}")
     state, meta = read_weights(weights)
     card_path = weights.with_name("model.json")
@@ -62,19 +75,31 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
     try:
         config = ViTConfig(**card["model"]) if "model" in card else config_from_metadata(meta)
     except TypeError as err:
-        raise RunError(f"{card_path} describes a model this foodvit does not build ({err}); was it written by another version?") from None
+        raise RunError(
+            f"{card_path} describes a model this foodvit does not build ({err}); was it written by another version?"
+        ) from None
     if config is None:
-        raise RunError(f"{weights} carries no model configuration: it is not a foodvit model file; "
-                       "load foreign weights with foodvit.load_weights(foodvit.create_model(...), path)")
+        raise RunError(
+            f"{weights} carries no model configuration: it is not a foodvit model file; "
+            "load foreign weights with foodvit.load_weights(foodvit.create_model(...), path)"
+        )
     classes = card.get("classes") or json.loads(meta.get("classes", "[]"))
     preprocess = card.get("preprocess") or json.loads(meta.get("preprocess", "null"))
     if not classes or not preprocess:
         raise RunError(f"{weights} lacks class names or preprocessing; it was not written by foodvit train")
     if len(classes) != config.num_classes:
-        raise RunError(f"{weights}: {len(classes)} class names for a model with {config.num_classes} outputs; the files do not belong together")
+        raise RunError(
+            f"{weights}: {len(classes)} class names for a model with {config.num_classes} outputs; "
+            "the files do not belong together"
+        )
     model = load_weights(VisionTransformer(config), state).eval()
-    card = {**card, "model": config.__dict__, "classes": list(classes), "preprocess": preprocess,
-            "params": sum(p.numel() for p in model.parameters())}
+    card = {
+        **card,
+        "model": config.__dict__,
+        "classes": list(classes),
+        "preprocess": preprocess,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
     return model, list(classes), Preprocess.from_dict(preprocess), card
 
 

@@ -1,3 +1,5 @@
 """The training layer: a run built and fitted (trainer), the model-agnostic loop (engine), optimisation,
-auxiliary losses (drloc, masked, guidance, distill, contrast; wired in auxiliary.py), self-supervised pre-training, processes (distributed), TensorBoard and the report. It may import rundir,
+the training objectives beside the classes (objectives/: one module each and their registry), the CNN
+teacher they may read (teacher), self-supervised pre-training, processes (distributed), TensorBoard and
+the report. It may import rundir,
 viz, model, data and the ground modules, never deployment or the command line."""

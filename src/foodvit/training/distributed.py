@@ -60,7 +60,7 @@ class Context:
         return self.rank == 0
 
     @classmethod
-    def from_environment(cls, device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> "Context":
+    def from_environment(cls, device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Context:
         """One process, or, under torchrun (WORLD_SIZE > 1), this rank of the process group."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -205,7 +205,7 @@ class Context:
                 with contextlib.suppress(ValueError):
                     signal.signal(signal.SIGTERM, previous)
 
-    def __enter__(self) -> "Context":
+    def __enter__(self) -> Context:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,8 +1,8 @@
 """The training loop: train one epoch, evaluate, fit. It knows nothing of ViTs or photos: any
 classifier, any loader of (inputs, labels) with labels as class indices or as soft targets (B, K).
-A model may return (logits, auxiliary loss) in training mode; the auxiliary loss is added to the
-cross-entropy (e.g. drloc.py's dense relative localization). A self-supervised objective returns
-(None, loss): the loss alone is minimised and the labels are not read (pretrain.py).
+A model may return (logits, extra loss) in training mode, the extra added to the cross-entropy (the
+training objectives' terms, objectives/compose.py), or (None, loss): the loss alone is minimised
+and the labels are not read (pretrain.py).
 
 Accuracy is per image: correct predictions over images seen, never a mean of batch means.
 """
@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from foodvit.errors import FoodVitError
+from foodvit.training.batchnorm import running_statistics_untouched
 
 
 class TrainingDiverged(FoodVitError, RuntimeError):
@@ -97,20 +98,6 @@ def _objective(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, s: 
     return logits, loss_sum if extra is None else loss_sum + extra * images.shape[0]
 
 
-@contextlib.contextmanager
-def _norm_statistics_kept(model: nn.Module):
-    """Batch norms normalise with the batch's statistics as usual, but their running statistics and
-    batch count come back as they were: a step updates them once, whatever passes it takes."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    kept = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)] for m in norms]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for m, (mean, var, count) in zip(norms, kept):
-                m.running_mean.copy_(mean), m.running_var.copy_(var), m.num_batches_tracked.copy_(count)
-
-
 def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -> None:
     """Sharpness-aware minimisation (Foret et al. 2021; for ViTs from scratch, Chen et al. 2022). The
     parameters' .grad hold g, the step's gradient at the weights w (under DistributedDataParallel
@@ -131,13 +118,46 @@ def _sharpness_aware_gradients(model: nn.Module, group: list, s: StepSettings) -
             p.add_(e)
     # every parameter of these models is used in each pass (DistributedDataParallel requires it), so each gets its gradient again
     model.zero_grad(set_to_none=True)
-    with _norm_statistics_kept(model):  # 2. the gradient at w + eps
+    with running_statistics_untouched(model):  # 2. the gradient at w + eps
         for k, (images, labels, scale) in enumerate(group):
             with _no_sync(model, k + 1 != len(group)):
                 (_objective(model, images, labels, s)[1] * scale).backward()
     with torch.no_grad():  # 3. back to w
         for p, e in zip(params, eps):
             p.sub_(e)
+
+
+def _on_device(batch, s: StepSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch on the device at the size progressive resizing trains at (empty for an empty share: it joins the step)."""
+    if batch is None:
+        shape = (*s.input_shape[:-2], s.input_size, s.input_size) if s.input_size else s.input_shape
+        return torch.zeros((0, *shape), device=s.device), torch.zeros(0, dtype=torch.long, device=s.device)
+    images = batch[0].to(s.device, non_blocking=True)
+    labels = batch[1].to(s.device, non_blocking=True)
+    if s.input_size and images.shape[-1] != s.input_size:  # antialiased, as a photo decoded smaller would be
+        images = F.interpolate(images, size=(s.input_size, s.input_size), mode="bilinear", antialias=True)
+    return images, labels
+
+
+def _optimiser_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, group: list,
+                    s: StepSettings) -> tuple[torch.Tensor | None, float]:
+    """The step at the end of a group of micro-batches (their gradients accumulated): sharpness-aware
+    minimisation's second gradient if on, clipping, the optimiser and the schedule. Returns the
+    gradient norm (when clipped or asked for) and the learning rate the step took."""
+    if s.sam:
+        _sharpness_aware_gradients(model, group, s)
+        group.clear()
+    grad_norm = None
+    if s.clip_grad > 0:
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.clip_grad)
+    elif s.grad_norm:
+        grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if scheduler is not None:
+        scheduler.step()
+    return grad_norm, lr
 
 
 class ProgressBar:
@@ -194,15 +214,7 @@ def train_one_epoch(
         started = time.perf_counter()
         batch = next(batches)
         waited += time.perf_counter() - started
-        if batch is None:  # this process's share of a small last batch is empty: it still joins the step
-            shape = (*s.input_shape[:-2], s.input_size, s.input_size) if s.input_size else s.input_shape
-            images = torch.zeros((0, *shape), device=s.device)
-            labels = torch.zeros(0, dtype=torch.long, device=s.device)
-        else:
-            images = batch[0].to(s.device, non_blocking=True)
-            labels = batch[1].to(s.device, non_blocking=True)
-            if s.input_size and images.shape[-1] != s.input_size:  # antialiased, as a photo decoded smaller would be
-                images = F.interpolate(images, size=(s.input_size, s.input_size), mode="bilinear", antialias=True)
+        images, labels = _on_device(batch, s)
         group_end = min(total_batches, (i // s.accum_steps + 1) * s.accum_steps)
         group_size = group_end - (i // s.accum_steps) * s.accum_steps
         n = images.shape[0]
@@ -229,19 +241,7 @@ def train_one_epoch(
             if not (math.isfinite(totals[0]) and math.isfinite(totals[1])):
                 raise TrainingDiverged(f"the loss became {totals[1] / max(totals[3], 1)} at step {i + 1} of {total_batches}")
         if i + 1 == group_end:
-            if s.sam:
-                _sharpness_aware_gradients(model, group, s)
-                group.clear()
-            grad_norm = None
-            if s.clip_grad > 0:
-                grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.clip_grad)
-            elif s.grad_norm:
-                grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
+            grad_norm, lr = _optimiser_step(model, optimizer, scheduler, group, s)
             if hooks:
                 seen = max(totals[3], 1)
                 info = StepInfo(epoch, (i // s.accum_steps) + 1, steps, plain.detach() / max(n, 1), lr, grad_norm,
@@ -380,8 +380,11 @@ def deterministic_algorithms(enabled: bool = True):
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
-def epoch_line(row: dict, epochs: int) -> str:
-    parts = [f"epoch {row['epoch']:>3}/{epochs}", f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f}"]
+def epoch_line(row: dict, epochs: int, stage: str = "epoch", losses: tuple[tuple[str, str], ...] = ()) -> str:
+    """One epoch's row as a progress line: its number, the training loss and accuracy (or the `losses` given as
+    (label, key) pairs), each evaluated split's, the learning rate and the seconds."""
+    parts = [f"{stage} {row['epoch']:>3}/{epochs}"]
+    parts += [f"{label} {row[key]:.4f}" for label, key in losses] or [f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f}"]
     for split in ("val", "test"):
         if row.get(f"{split}_acc") is not None:
             parts.append(f"{split} loss {row[f'{split}_loss']:.4f} acc {row[f'{split}_acc']:.3f}")

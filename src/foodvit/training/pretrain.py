@@ -24,63 +24,56 @@ one process would, with other masks, not step for step the same (as with drloc's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from foodvit.files import write_text
-from foodvit.rundir.directory import PRETRAINING_FILE
+from foodvit.config import RunConfig
+from foodvit.rundir.directory import PRETRAINING_FILE, write_rows
 from foodvit.seeds import derive_seed
-from foodvit.training.masked import WithMaskedPatches
-from foodvit.training.stages import fit_stage
+from foodvit.training.engine import StepSettings
+from foodvit.training.engine import epoch_line as engine_epoch_line
+from foodvit.training.objectives import MaskedPatches, WithObjectives
+from foodvit.training.stages import Stage, StageData
+
+PRETRAINING_COLUMNS = ("epoch", "reconstruction_loss", "lr", "seconds")
 
 
-class MaskedImageModelling(WithMaskedPatches):
-    """The pre-training task around a student (a ViT, or AnyGrid around one): in training mode
-    (None, reconstruction loss), which the engine minimises alone; in eval mode the student's
-    prediction. The student's heads (the distillation token's too) are computed and add 0 x their
-    sum to the loss, so that every parameter has a gradient (of 0) as DistributedDataParallel expects."""
-
-    option = "--pretrain-epochs"
-
-    def __init__(self, student: nn.Module, ratio: float) -> None:
-        super().__init__(student, 1.0, ratio, hide_pixels=True)
-
-    def forward(self, images: torch.Tensor):
-        if not self.training:
-            return self.student(images)
-        out = self.forward_heads(images)
-        unused = out.logits.sum() + (out.distilled.sum() if out.distilled is not None else 0.0)
-        return None, out.auxiliary + 0.0 * unused
+def masked_image_modelling(model: nn.Module, ratio: float) -> WithObjectives:
+    """The stage's task around a model (the ViT, or AnyGrid around it): in training mode (None, the
+    reconstruction loss), which the engine minimises alone, the hidden pixels set to 0 before the
+    tokeniser; in eval mode the model's prediction."""
+    reconstruction = MaskedPatches(getattr(model, "vit", model), 1.0, ratio, hide_pixels=True, option="--pretrain-epochs")
+    return WithObjectives(model, [reconstruction], supervised=False)
 
 
 def epoch_line(row: dict, epochs: int) -> str:
-    return f"pre-training epoch {row['epoch']:>3}/{epochs} | reconstruction loss {row['train_objective']:.4f} | lr {row['lr']:.2e} | {row['seconds']:.1f} s"
+    return engine_epoch_line(row, epochs, stage="pre-training epoch", losses=(("reconstruction loss", "train_objective"),))
 
 
-def pretrain(trainer, rows: list[dict]) -> None:
-    """Pre-train trainer.model in place for config.optim.pretrain_epochs epochs, appending each
-    epoch's row (epoch, train_objective: the reconstruction loss, lr, seconds) to `rows` and
-    writing them to the run's pretraining.csv."""
-    c, device = trainer.config, trainer.device
+def pretrain(model: nn.Module, config: RunConfig, data: StageData, settings: StepSettings, *, size: int, out: Path | None,
+             rows: list[dict], log: Callable = print) -> None:
+    """Pre-train `model` (the ViT, or AnyGrid around it) in place for config.optim.pretrain_epochs epochs at
+    `size` px, appending each epoch's row (epoch, train_objective: the reconstruction loss, lr, seconds) to
+    `rows` and, with `out` (the run's folder, on the process that writes it), writing them to its pretraining.csv."""
+    c = config
     epochs = c.optim.pretrain_epochs
     torch.manual_seed(derive_seed(c.train.seed, "pretrain-init"))
-    task = MaskedImageModelling(trainer.grid_model, c.optim.pretrain_mask_ratio).to(device)
-    size = trainer.input_size(0)
+    task = masked_image_modelling(model, c.optim.pretrain_mask_ratio).to(data.context.device)  # the classes are not read
     # sharpness-aware minimisation is the supervised stage's (--sam): here a second pass would draw other masks
-    settings = replace(trainer.settings, input_size=0 if size == trainer.model.config.image_size else size, sam=0.0)
+    settings = replace(settings, input_size=0 if size == getattr(model, "vit", model).config.image_size else size, sam=0.0)
     # the supervised warmup, at most half the stage: a short stage still reaches its peak and decays
     optim = replace(c.optim, warmup_epochs=min(c.optim.warmup_epochs, epochs / 2))
 
     def after(epoch: int, row: dict) -> None:
         rows.append({k: row[k] for k in ("epoch", "train_objective", "lr", "seconds")})
-        if trainer.main:
-            lines = [f"{r['epoch']},{r['train_objective']:.6f},{r['lr']:.6g},{r['seconds']:.2f}" for r in rows]
-            write_text(trainer.out / PRETRAINING_FILE, "\n".join(["epoch,reconstruction_loss,lr,seconds", *lines]) + "\n")
-        trainer.log(epoch_line(row, epochs))
+        if out is not None:
+            write_rows(out / PRETRAINING_FILE, [{"reconstruction_loss": r["train_objective"], **r} for r in rows], PRETRAINING_COLUMNS)
+        log(epoch_line(row, epochs))
 
-    trainer.log(f"self-supervised pre-training (masked-image modelling, {c.optim.pretrain_mask_ratio:.0%} of the patches hidden) "
-                f"for {epochs} epochs at {size} px")
-    fit_stage(trainer, task, epochs=epochs, purpose="pretrain-step", optim=optim, settings=settings, after_epoch=[after],
-              stage="pre-training")
+    log(f"self-supervised pre-training (masked-image modelling, {c.optim.pretrain_mask_ratio:.0%} of the patches hidden) "
+        f"for {epochs} epochs at {size} px")
+    Stage(task, data, epochs=epochs, purpose="pretrain-step", optim=optim).fit(settings, after_epoch=[after], label="pre-training")

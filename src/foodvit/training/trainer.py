@@ -2,13 +2,13 @@
 
 A Trainer is a few explicit build steps, in this order: the processes (distributed.Context:
 device from LOCAL_RANK, the process group), the classes of the data, the model (whose
-preprocessing the caches need), the data sets and loaders (this rank's share of each batch), the
-module the optimiser steps (the auxiliary head; wrapped in DistributedDataParallel), the
-optimiser, schedule and EMA. Then fit() trains the CNN teacher when a loss reads one
-(distill.py), pre-trains when --pretrain-epochs asks (pretrain.py), and runs the engine with
-hooks: seeding and sampler order before each epoch; EMA, TensorBoard and the progress bar after
-each step; metrics, checkpoint and report after each epoch (rank 0 alone writes). One process is
-the plain case of the same code.
+preprocessing the caches need) and the training objectives that are on (objectives/), the data
+sets and loaders (loading.py: this rank's share of each batch), the module the optimiser steps
+(wrapped in DistributedDataParallel), the optimiser, schedule and EMA. Then fit() obtains the CNN
+teacher when an objective reads one (teacher.py), pre-trains when --pretrain-epochs asks
+(pretrain.py), and runs the engine with hooks: seeding, sampler order and the objectives' epoch
+before each epoch; EMA, TensorBoard and the progress bar after each step; metrics, checkpoint and
+report after each epoch (rank 0 alone writes). One process is the plain case of the same code.
 
 Reproducibility: every random stream (model initialisation, validation split, photo order,
 augmentation, the rest of a step) has its own seed derived from the run seed (seeds.py), those
@@ -31,22 +31,19 @@ from pathlib import Path
 import torch
 
 from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
-from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_dataset
-from foodvit.data.datasource import DataSource, Listed
+from foodvit.data.datasource import Listed
 from foodvit.data.preprocess import Preprocess
-from foodvit.data.sampling import make_loader
-from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
 from foodvit.errors import FoodVitError, RunError
 from foodvit.files import write_text
 from foodvit.model.build import build_model
+from foodvit.model.resolve import resolve
 from foodvit.model.variants import check_start_size
 from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
-from foodvit.training import auxiliary
+from foodvit.training import loading, objectives
 from foodvit.training.compiling import compile_step
-from foodvit.training.distill import borrowed_teacher, train_or_load_teacher
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain, PeerLost, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
@@ -59,12 +56,13 @@ from foodvit.training.engine import (
     own_random_state,
 )
 from foodvit.training.freezing import freeze_backbone
-from foodvit.training.guidance import epoch_weight
-from foodvit.training.masked import check_reconstructable
+from foodvit.training.objectives.masked import check_reconstructable
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.pretrain import pretrain
 from foodvit.training.report import per_class_accuracy, size_note, write_results
 from foodvit.training.resizing import AnyGrid
+from foodvit.training.stages import StageData
+from foodvit.training.teacher import Teacher, TeacherSetup, borrowed_teacher, obtain_teacher
 
 
 @dataclass
@@ -74,14 +72,7 @@ class Result:
     test: dict  # loss, acc, n, confusion, per_class
 
 
-EVAL_BATCH_SIZE = 64  # evaluation batches at least this large: no gradients, so memory allows it
 GPU_SYNC_EVERY = 25  # on a GPU, check the loss for NaN every this many steps (each check waits for the GPU)
-
-
-def train_decode_size(p: Preprocess) -> int:
-    """The shorter side training photos are decoded to: enough for the eval resize and for random
-    resized crops to zoom in twofold without upsampling."""
-    return max(p.resize_size, 2 * p.image_size)
 
 
 class Trainer:
@@ -103,20 +94,14 @@ class Trainer:
             from foodvit.training.tracking import require_tensorboard
 
             require_tensorboard()  # before any photo is read
-        listed = self._list_data()  # not kept: the checked splits replace it (the list of photos is held once)
+        with self.ctx.main_first():  # the first process of each machine downloads or unpacks the source
+            listed = loading.list_data(config, quiet=self.quiet)  # not kept: the checked splits replace it
         self._build_model(len(listed.classes), saved)
         self._open_data(listed)
-        self._build_loaders()
         self._build_optimisation()
         self.tensorboard = None
 
     # ------------------------------------------------------------------ build steps
-
-    def _list_data(self) -> Listed:
-        """The data's files and classes; the first process of each machine downloads or unpacks the
-        source, the others find it in the cache."""
-        with self.ctx.main_first():
-            return DataSource.parse(self.config.data.source, self.config.data.train_fraction).listed(seed=self.config.train.seed, quiet=self.quiet)
 
     def _build_model(self, num_classes: int, saved: dict | None) -> None:
         """From the checkpoint's architecture and preprocessing when resuming (no download: its
@@ -137,58 +122,31 @@ class Trainer:
         check_start_size(self.model.config, d.start_size)
         if self.config.train.freeze_backbone:
             freeze_backbone(self.model)
-        # the module the optimiser steps: the ViT inside the auxiliary losses that are on (training only)
+        # the module the optimiser steps: the ViT, with the training objectives that are on (training only)
         resizing = bool(d.start_size) and d.start_size != self.model.config.image_size  # smaller batches first: any grid
         self.grid_model = AnyGrid(self.model) if resizing else self.model
-        self.aux = auxiliary.wrap(self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone)
+        self.objectives = objectives.build(self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone)
         self.pretrained = False  # whether the self-supervised stage (pretrain.py) is done
         self.pretraining: list[dict] = []  # its epochs' rows, while it runs
         self.stage = "epoch"  # what is training now, for a message: the supervised epochs or the stage before them
         if self.config.optim.pretrain_epochs:
             check_reconstructable(self.model.config.pool, "--pretrain-epochs")  # before any photo is read
-        self.trained = self.aux.trained
+        self.trained = self.objectives if len(self.objectives.objectives) else self.grid_model
         self.teacher_history: list[dict] = []
         self.teacher_lent_by: str | None = None  # the run whose teacher this one borrowed
         self.trained.to(self.device)
 
     def _open_data(self, listed: Listed) -> None:
-        """The splits, checked; with the cache on, photos decoded once, as far as the memory budget goes.
-        Training photos are decoded and downsized the same way with the cache on or off (kept or
-        not): the cache changes the time a run takes, never what it computes."""
-        c, p = self.config, self.preprocess
-        budget = MemoryBudget(c.data.cache_gb)
-        self.train_photos = PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache, budget=budget)
-        self.eval_cache = PhotoCache.transformed(eval_transform(p), budget=budget) if c.data.cache else None
-        self.data = open_dataset(listed, strict=c.data.strict, val_fraction=c.data.val_fraction, seed=c.train.seed,
-                                   train_cache=self.train_photos if c.data.cache else None,
-                                   eval_cache=self.eval_cache, quiet=self.quiet)
-        if self.main:
-            for split in (self.data.train, self.data.test):
-                for line in split.skipped_summary(self.verbose):
-                    print(line, file=sys.stderr)
+        """The splits, checked, and this rank's loaders (training/loading.py)."""
+        self.data, self.caches = loading.open_data(self.config, self.preprocess, listed, quiet=self.quiet,
+                                                   verbose=self.verbose, main=self.main)
         self.classes = self.data.classes
-
-    def _build_loaders(self) -> None:
-        """This rank's loaders: its share of each global training batch, its part of each evaluation split."""
-        c, p, ctx = self.config, self.preprocess, self.ctx
-        augment = train_transform(p, c.data.augment, c.data.scale_min, c.data.random_erasing)
-        train_ds = PhotoDataset(self.data.train, augment, self.train_photos)
-        mixer = batch_mixer(len(self.classes), c.data.mixup, c.data.cutmix, c.data.mix_prob)
-        pin = self.device.type == "cuda"
-        self.train_loader = make_loader(train_ds, c.train.batch_size, train=True, seed=c.train.seed, repeats=c.data.repeated_aug,
-                                        workers=c.data.workers, mixer=mixer, pin_memory=pin, rank=ctx.rank, world_size=ctx.world_size)
-
-        self.eval_loaders = {"val": self._eval_loader(self.data.val, p)} if self.data.val is not None else {}
-        self.eval_loaders["test"] = self._eval_loader(self.data.test, p)
+        self.train_loader = loading.train_loader(self.config, self.preprocess, self.data, self.caches, self.ctx)
+        self.eval_loaders = {"val": self._eval_loader(self.data.val, self.preprocess)} if self.data.val is not None else {}
+        self.eval_loaders["test"] = self._eval_loader(self.data.test, self.preprocess)
 
     def _eval_loader(self, split, preprocess: Preprocess):
-        """This rank's part of an evaluation split; from the decode cache when it holds this preprocessing's tensors."""
-        c = self.config
-        cached = self.eval_cache is not None and preprocess == self.preprocess
-        ds = PhotoDataset(split, None, self.eval_cache) if cached else PhotoDataset(split, eval_transform(preprocess))
-        # cached photos are finished tensors: workers, started at every evaluation, would only cost time
-        return make_loader(ds, max(c.train.batch_size, EVAL_BATCH_SIZE), train=False, workers=0 if cached else c.data.workers,
-                           pin_memory=self.device.type == "cuda", rank=self.ctx.rank, world_size=self.ctx.world_size)
+        return loading.eval_loader(self.config, split, preprocess, self.caches, self.ctx, own=preprocess == self.preprocess)
 
     def _build_optimisation(self) -> None:
         """DistributedDataParallel between the model and the optimiser, then optimiser, schedule, EMA."""
@@ -216,7 +174,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "model_config": asdict(self.model.config),
             "preprocess": asdict(self.preprocess),
-            **self.aux.state_dict(),  # the auxiliary losses' own parts
+            **self.objectives.state_dict_of_parts(objectives.checkpoint_keys()),  # the objectives' own parts
             "pretrained": self.pretrained,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -231,7 +189,7 @@ class Trainer:
         rundir.check_same_data(state, self.classes, self.photo_counts(), self.data.root)
         try:
             self.model.load_state_dict(state["model"])
-            self.aux.load_state_dict(state)
+            self.objectives.load_parts(state)
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             first = str(err).strip().splitlines()
@@ -244,6 +202,25 @@ class Trainer:
         self.history = list(state["history"])
         self.start_epoch = int(state["epoch"])
         self.pretrained = bool(state.get("pretrained")) or self.start_epoch > 0
+
+    # ------------------------------------------------------------------ the stages before the run's epochs
+
+    def stage_data(self) -> StageData:
+        """What a stage before the run's own epochs trains on (training/stages.py)."""
+        return StageData(self.train_loader, self.ctx, self.config.train.seed, self.steps_per_epoch, self.quiet)
+
+    def teacher(self) -> Teacher:
+        """The run's CNN teacher (training/teacher.py): its teacher.pt, the one lent to it, or one trained now
+        on the run's photos; while it trains, the run is resumable after each of its epochs."""
+        setup = TeacherSetup.of_run(self.config, len(self.classes), self.settings, self.preprocess.image_size,
+                                    self.eval_loaders["test"], self.ctx.world_size)
+        return obtain_teacher(setup, self.stage_data(), self.out, lent=self.teacher_file, log=self.log,
+                              resumable=self._resumable_before_training)
+
+    def _resumable_before_training(self) -> None:
+        """A checkpoint of the run before its first epoch, where it has none yet: resumable from here."""
+        if self.main and not self.history:
+            rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
 
     # ------------------------------------------------------------------ the run
 
@@ -260,9 +237,7 @@ class Trainer:
         self.train_loader.batch_sampler.set_epoch(epoch)  # its order and augmentation seeds
         size = self.input_size(epoch)
         self.settings.input_size = 0 if size == self.model.config.image_size else size
-        if self.aux.guide is not None:
-            o = self.config.optim
-            self.aux.guide.weight = epoch_weight(o.guidance, o.guidance_schedule, epoch, self.config.train.epochs)
+        self.objectives.set_epoch(epoch, self.config.train.epochs)  # an objective's weight may follow the epochs
 
     def _after_epoch(self, epoch: int, row: dict) -> None:
         self.history.append(row)
@@ -297,11 +272,14 @@ class Trainer:
             # of 1 is no copy): DDP copies it into its bucket and warns about performance, needlessly
             warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
             try:
-                if self.aux.need_teacher:
-                    self.aux.set_teacher(train_or_load_teacher(self))
+                if self.objectives.needs_teacher:
+                    teacher = self.teacher()
+                    self.teacher_history, self.teacher_lent_by = teacher.history, teacher.lent_by
+                    self.objectives.set_teacher(teacher.module)
                 if c.optim.pretrain_epochs and not self.pretrained:
                     self.stage = "self-supervised pre-training epoch"
-                    pretrain(self, self.pretraining)
+                    pretrain(self.grid_model, c, self.stage_data(), self.settings, size=self.input_size(0),
+                             out=self.out if self.main else None, rows=self.pretraining, log=self.log)
                     self.pretrained, self.stage = True, "epoch"
                     if self.main:  # resumable from here: an interruption keeps the pre-trained weights
                         rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
@@ -360,13 +338,18 @@ class Trainer:
         return resize_model(model, size).to(self.device).eval(), self.preprocess.at_size(size)
 
 
-def train(config: RunConfig, out: str | Path | None = None, *, quiet: bool = False, log=print, verbose: bool = False,
-          context: Context | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, teacher_from: Path | None = None) -> Result:
-    """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). With
-    pre-trained weights, the model is the one the weights dictate (pretrained.adapt_config).
+def train(config: RunConfig | str | Path, out: str | Path | None = None, *, overrides: dict | None = None, model: str | None = None,
+          quiet: bool = False, log=print, verbose: bool = False, context: Context | None = None,
+          timeout_s: float = DEFAULT_TIMEOUT_S, teacher_from: Path | None = None) -> Result:
+    """Start a new run in `out` (a new or empty folder; default runs/<date>-<time>). `config`: a RunConfig,
+    or a recipe (a built-in name or a TOML file) resolved with `overrides` ("section.name" -> value) and
+    `model` as `foodvit train` resolves its options (model/resolve.py). With pre-trained weights, the
+    model is the one the weights dictate (pretrained.adapt_config).
     Under torchrun every rank calls this with the same arguments; rank 0 writes the run.
     teacher_from: a distilled or guided run on the same photos whose CNN teacher this run borrows
     instead of training it (checked to have this run's teacher settings; the photos are the caller's word)."""
+    if not isinstance(config, RunConfig):
+        config = resolve(str(config), overrides, model=model)
     out = Path(out) if out else rundir.default_out()
     config = rundir.with_source(config)
     if config.train.pretrained:

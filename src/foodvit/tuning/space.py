@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from foodvit.config import AUGMENT_PRESETS, CONTRAST_TEMPERATURE, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
+from foodvit.objective_settings import OBJECTIVES
+from foodvit.config import AUGMENT_PRESETS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
 from foodvit.errors import ConfigError
 
 # The initialisations a default space tries: impulse needs sin-cos positions, which many recipes lack (a
@@ -165,12 +166,9 @@ def _param(key: str, spec, config: RunConfig) -> Param:
 
 # Settings that only work with another one on: a trial drawing one of them (a value other than its off value) with
 # the other at 0 would be refused. key -> (the setting it needs, what it draws, its off value, what that setting is)
-NEEDS = {"optim.distill_temperature": ("optim.distill", "a temperature above 0", 0.0, "distillation"),
-         "vit.distill_token": ("optim.distill", "the distillation token", False, "distillation"),
-         "optim.guidance_schedule": ("optim.guidance", "a schedule other than constant", "constant", "locality guidance"),
-         "optim.guidance_stages": ("optim.guidance", "the teacher's fourth stage", 3, "locality guidance"),
-         "optim.contrast_temperature": ("optim.contrast", f"a temperature other than {CONTRAST_TEMPERATURE:g}", CONTRAST_TEMPERATURE,
-                                        "instance discrimination")}
+# A setting that needs an objective on -> (the objective's weight, what a value other than the off one asks
+# for, the off value, the objective's title): from the objectives' settings (objective_settings.OBJECTIVES).
+NEEDS = {dep.key: (f"optim.{o.name}", dep.what, dep.off, o.title) for o in OBJECTIVES for dep in o.dependents}
 
 
 def _check_needs(space: dict[str, Param], config: RunConfig) -> None:

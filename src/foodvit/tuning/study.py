@@ -54,7 +54,7 @@ def open_study(folder: Path, identity: dict) -> None:
 def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
     """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
     and its recipe trains teachers with this config's teacher settings; else a StudyError that says why."""
-    from foodvit.training.distill import place_changes, read_teacher, teacher_changes, trains_teacher, training_place
+    from foodvit.training.teacher import place_changes, read_teacher, teacher_changes, trains_teacher, training_place
     from foodvit.training.distributed import pick_device
 
     path = teachers / STUDY_FILE
@@ -83,7 +83,7 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
     # where they trained (fold runs only, not the folds' photo links): refused here when no teacher was trained
     # where this process trains; a study whose folds trained at different thread counts (one-thread workers
     # beside a two-thread one) lends each fold's teacher to a process like the one that trained it, which
-    # each fold checks as it starts (training.distill.lent_teacher)
+    # each fold checks as it starts (training.teacher.lent_teacher)
     here = training_place(pick_device(config.train.device), 1, config)
     first = None  # the first teacher trained elsewhere, and how; the teachers are read until one serves here
     for path in sorted([*teachers.glob(f"fold-*/{TEACHER_FILE}"), *teachers.glob(f"seed-*/fold-*/{TEACHER_FILE}")]):

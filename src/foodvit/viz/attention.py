@@ -20,18 +20,22 @@ def attention_rollout(attentions: list[torch.Tensor], residual: float = 0.5) -> 
     multiplied from the first to the last. Input: L tensors (B, h, T, T). Output: (B, T, T), each
     row a distribution over the tokens the information came from.
     """
-    rollout = None
+    if not attentions:
+        raise ValueError("attention_rollout needs the attention weights of at least one layer")
+    rollout: torch.Tensor | None = None
     for weights in attentions:
         a = weights.float().mean(dim=1)  # (B, h, T, T) -> (B, T, T)
         eye = torch.eye(a.shape[-1], device=a.device)
         a = residual * eye + (1 - residual) * a
         a = a / a.sum(dim=-1, keepdim=True)
         rollout = a if rollout is None else a @ rollout  # later layers act on what earlier ones mixed
+    assert rollout is not None  # at least one layer, checked above
     return rollout
 
 
-
-def rollout_map(rollout: torch.Tensor, num_prefix_tokens: int, grid: int, readout: torch.Tensor | None = None) -> torch.Tensor:
+def rollout_map(
+    rollout: torch.Tensor, num_prefix_tokens: int, grid: int, readout: torch.Tensor | None = None
+) -> torch.Tensor:
     """Where the prediction looks: (B, T, T) -> (B, grid, grid), summing to 1 over the patches.
 
     readout (B, T): how much the pooling reads each token's row (pool_readout); by default the
@@ -50,7 +54,6 @@ def rollout_map(rollout: torch.Tensor, num_prefix_tokens: int, grid: int, readou
     return patches.reshape(-1, grid, grid)
 
 
-
 @torch.no_grad()
 def pool_readout(model, tokens: torch.Tensor) -> torch.Tensor:
     """The weight the prediction gives each output token, (B, T, D) -> (B, T). Eq. 4's pooling: one-hot
@@ -64,9 +67,11 @@ def pool_readout(model, tokens: torch.Tensor) -> torch.Tensor:
     if c.pool == "cls":
         readout[:, 0] = 1
     elif c.pool == "gap":
-        readout[:, c.num_prefix_tokens:] = 1 / (T - c.num_prefix_tokens)
+        readout[:, c.num_prefix_tokens :] = 1 / (T - c.num_prefix_tokens)
     else:
-        readout[:, c.num_prefix_tokens:] = model.attn_pool(tokens[:, c.num_prefix_tokens:]).float().softmax(dim=1)[..., 0]
+        readout[:, c.num_prefix_tokens :] = (
+            model.attn_pool(tokens[:, c.num_prefix_tokens :]).float().softmax(dim=1)[..., 0]
+        )
     if c.distill_token:  # prediction = (Eq. 4's logits + the distillation head's) / 2 (Heads.prediction)
         readout /= 2
         readout[:, c.num_prefix_tokens - 1] = 0.5  # the distillation token follows the class token
@@ -82,7 +87,11 @@ def pooled_rollout(model, tokens: torch.Tensor, attentions: list[torch.Tensor]) 
     return rollout_map(attention_rollout(attentions), c.num_prefix_tokens, c.grid_size, pool_readout(model, tokens))
 
 
-POOL_WORDS = {"cls": "the class token", "gap": "the mean of the patch tokens", "seq": "the sequence-pooled patch tokens"}
+POOL_WORDS = {
+    "cls": "the class token",
+    "gap": "the mean of the patch tokens",
+    "seq": "the sequence-pooled patch tokens",
+}
 
 
 def read_by(config) -> str:
@@ -90,12 +99,10 @@ def read_by(config) -> str:
     return POOL_WORDS[config.pool] + (" and the distillation token" if config.distill_token else "")
 
 
-
 def position_similarity(pos_embed: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     """Cosine similarity between the position embeddings of every pair of patches: (N, N)."""
     patches = F.normalize(pos_embed.detach().float()[0, num_prefix_tokens:], dim=-1)  # (N, D)
     return patches @ patches.T
-
 
 
 def patch_distances(grid: int, patch_size: int) -> torch.Tensor:
@@ -105,8 +112,9 @@ def patch_distances(grid: int, patch_size: int) -> torch.Tensor:
     return torch.cdist(centres, centres)
 
 
-
-def mean_attention_distance(attentions: list[torch.Tensor], num_prefix_tokens: int, grid: int, patch_size: int) -> torch.Tensor:
+def mean_attention_distance(
+    attentions: list[torch.Tensor], num_prefix_tokens: int, grid: int, patch_size: int
+) -> torch.Tensor:
     """Figure 7 (right): for each layer and head, the attention-weighted distance in pixels between
     a patch and the patches it attends to, averaged over patches and images. (L, h).
 
@@ -119,7 +127,6 @@ def mean_attention_distance(attentions: list[torch.Tensor], num_prefix_tokens: i
         w = w / w.sum(dim=-1, keepdim=True)
         out.append((w * distance.to(w.device)).sum(dim=-1).mean(dim=(0, 2)))  # (h,)
     return torch.stack(out)
-
 
 
 def filter_components(patch_weight: torch.Tensor, k: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,14 +144,12 @@ def filter_components(patch_weight: torch.Tensor, k: int = 28) -> tuple[torch.Te
     return vh[:k].reshape(k, C, P, P), explained
 
 
-
 @torch.no_grad()
 def feature_maps(model, x: torch.Tensor, n: int = 5) -> torch.Tensor:
     """The patch embedding's output for one image, as n of its D channels on the patch grid: (n, g, g)."""
     tokens = model.patch_embed(x)  # (1, C, H, W) -> (1, N, D)
     g = model.config.grid_size
     return tokens[0, :, :n].T.reshape(n, g, g).cpu()  # (N, n) -> (n, g, g)
-
 
 
 @torch.no_grad()
@@ -156,37 +161,38 @@ def explain(predictor, photo, top_k: int = 3) -> dict:
     predictor: a Predictor with a PyTorch model; photo: a PIL image."""
     model = _torch_model(predictor)
     x = torch.from_numpy(predictor.prepare(photo))[None].to(next(model.parameters()).device)
-    tokens, attentions = model.forward_features(x, return_attention=True)
+    tokens, attentions = model.forward_attention(x)
     probs = model.classify(tokens).float().softmax(-1)[0].cpu()
     c, g = model.config, model.config.grid_size
     readout = pool_readout(model, tokens)  # (1, T)
-    last = torch.einsum("t,hts->hs", readout[0], attentions[-1][0].float())[:, c.num_prefix_tokens:].cpu()  # (h, N)
+    last = torch.einsum("t,hts->hs", readout[0], attentions[-1][0].float())[:, c.num_prefix_tokens :].cpu()  # (h, N)
     heads = (last / last.sum(-1, keepdim=True)).reshape(-1, g, g)
     top = probs.topk(min(top_k, probs.numel()))
-    return {"top_k": [(predictor.classes[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())],
-            "rollout": pooled_rollout(model, tokens, attentions)[0].cpu(), "heads": heads,
-            "input": x[0].cpu(), "read_by": read_by(c)}
-
+    return {
+        "top_k": [(predictor.classes[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)],
+        "rollout": pooled_rollout(model, tokens, attentions)[0].cpu(),
+        "heads": heads,
+        "input": x[0].cpu(),
+        "read_by": read_by(c),
+    }
 
 
 def _torch_model(predictor):
     if predictor.model is None:
-        raise ConfigError("attention maps need the PyTorch model: open the run directory (foodvit.Predictor.from_run), "
-                          "not an exported file")
+        raise ConfigError(
+            "attention maps need the PyTorch model: open the run directory (foodvit.Predictor.from_run), "
+            "not an exported file"
+        )
     return predictor.model
-
 
 
 @torch.no_grad()
 def attention_distances_over(model, images: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
     """Mean attention distance (L, h) averaged over a batch of preprocessed images."""
     c = model.config
-    total, count = None, 0
+    sums = []  # each batch's distances times its number of images
     for start in range(0, len(images), batch_size):
         x = images[start : start + batch_size].to(next(model.parameters()).device)
         _, attentions = model.forward_with_attention(x)
-        d = mean_attention_distance(attentions, c.num_prefix_tokens, c.grid_size, c.patch_size).cpu() * len(x)
-        total = d if total is None else total + d
-        count += len(x)
-    return total / count
-
+        sums.append(mean_attention_distance(attentions, c.num_prefix_tokens, c.grid_size, c.patch_size).cpu() * len(x))
+    return sum(sums[1:], sums[0]) / len(images)

@@ -22,13 +22,11 @@ def _rgb(tile: torch.Tensor) -> torch.Tensor:
     return tile.permute(1, 2, 0).expand(-1, -1, 3) if tile.shape[0] == 1 else tile.permute(1, 2, 0)
 
 
-
 def _resized(photo, image_size: int) -> torch.Tensor:
     """The course's view: the photo squashed to S x S, uint8 (3, S, S)."""
     from torchvision.transforms.v2 import functional as TF
 
     return TF.pil_to_tensor(TF.resize(photo, [image_size, image_size], antialias=True))
-
 
 
 def patches_figure(photo, image_size: int = 224, patch_size: int = 16, preprocess=None):
@@ -47,8 +45,9 @@ def patches_figure(photo, image_size: int = 224, patch_size: int = 16, preproces
     canvas = torch.full((3, g * step - gap, g * step - gap), 255, dtype=torch.uint8)
     for r in range(g):
         for c in range(g):
-            canvas[:, r * step : r * step + patch_size, c * step : c * step + patch_size] = \
-                image[:, r * patch_size : (r + 1) * patch_size, c * patch_size : (c + 1) * patch_size]
+            canvas[:, r * step : r * step + patch_size, c * step : c * step + patch_size] = image[
+                :, r * patch_size : (r + 1) * patch_size, c * patch_size : (c + 1) * patch_size
+            ]
     fig, (ax_photo, ax_grid) = subplots(1, 2, figsize=(12, 6.3))
     ax_photo.imshow(image.permute(1, 2, 0).numpy())
     ax_photo.set_title(f"{image_size} x {image_size} photo")
@@ -61,11 +60,13 @@ def patches_figure(photo, image_size: int = 224, patch_size: int = 16, preproces
     ax_grid.tick_params(length=0)
     for side in ax_grid.spines.values():
         side.set_visible(False)
-    ax_grid.set(xlabel="patch column", ylabel="patch row",
-                title=f"{g} x {g} = {g * g} patches of {patch_size} x {patch_size} px (N in Eq. 1)")
+    ax_grid.set(
+        xlabel="patch column",
+        ylabel="patch row",
+        title=f"{g} x {g} = {g * g} patches of {patch_size} x {patch_size} px (N in Eq. 1)",
+    )
     fig.tight_layout()
     return fig
-
 
 
 def add_feature_maps(fig, maps: torch.Tensor):
@@ -82,7 +83,6 @@ def add_feature_maps(fig, maps: torch.Tensor):
     return fig
 
 
-
 def overlay_array(image: torch.Tensor, heat: torch.Tensor, alpha: float = 0.45):
     """The heat map laid over the image as one RGB uint8 array (H, W, 3): no figure, no pyplot, so it
     is safe in a server's threads. The picture of viz/overlay.py (NumPy), which the demo page draws."""
@@ -91,12 +91,10 @@ def overlay_array(image: torch.Tensor, heat: torch.Tensor, alpha: float = 0.45):
     return draw(image.cpu().numpy(), heat.detach().float().cpu().numpy(), alpha)
 
 
-
 def _overlay(ax, image: torch.Tensor, heat: torch.Tensor, title: str) -> None:
     ax.imshow(overlay_array(image, heat))  # the same picture the demo page shows
     ax.set_title(title, fontsize=10)
     ax.axis("off")
-
 
 
 def explain_figure(predictor, photo, top_k: int = 3, show_heads: bool = False):
@@ -119,33 +117,40 @@ def explain_figure(predictor, photo, top_k: int = 3, show_heads: bool = False):
     bars = ax.barh(labels, values, color=["#9ab"] * (len(values) - 1) + ["#d62"])
     ax.bar_label(bars, fmt="%.3f", padding=3)
     ax.set(xlim=(0, 1.15), title=f"prediction: {result['top_k'][0][0]}", xlabel="probability")
-    _overlay(fig.add_subplot(grid[0, 2]), image, result["rollout"], f"attention rollout (Abnar & Zuidema 2020)\nread by {result['read_by']}")
+    _overlay(
+        fig.add_subplot(grid[0, 2]),
+        image,
+        result["rollout"],
+        f"attention rollout (Abnar & Zuidema 2020)\nread by {result['read_by']}",
+    )
     if heads is not None:
         sub = grid[1:, :].subgridspec(extra, 3 * 2)
         for i in range(heads.shape[0]):
-            _overlay(fig.add_subplot(sub[i // 6, i % 6]), image, heads[i], f"last layer, head {i + 1}\n({result['read_by']})")
+            _overlay(
+                fig.add_subplot(sub[i // 6, i % 6]), image, heads[i], f"last layer, head {i + 1}\n({result['read_by']})"
+            )
     fig.tight_layout()
     return fig
-
 
 
 def filters_figure(model, k: int = 28):
     """Figure 7 (left): the first k principal components of the patch-embedding filters, as RGB tiles."""
     if model.config.stem != "patch":
-        raise ConfigError("this model has a convolutional stem: its embedding is no single set of P x P filters to decompose")
+        raise ConfigError(
+            "this model has a convolutional stem: its embedding is no single set of P x P filters to decompose"
+        )
     components, explained = filter_components(model.patch_embed.proj.weight, k)
     cols = 7
     rows = math.ceil(len(components) / cols)
     fig, axes = subplots(rows, cols, figsize=(cols * 1.3, rows * 1.45))
     for ax in axes.flat:
         ax.axis("off")
-    for i, (ax, tile) in enumerate(zip(axes.flat, components)):
+    for i, (ax, tile) in enumerate(zip(axes.flat, components, strict=False)):
         ax.imshow(_rgb(tile).numpy(), interpolation="nearest")
         ax.set_title(f"{i + 1}: {explained[i]:.1%}", fontsize=7)
     fig.suptitle(f"RGB embedding filters (first {len(components)} principal components)")
     fig.tight_layout()
     return fig
-
 
 
 def pos_similarity_figure(model):
@@ -175,15 +180,18 @@ def pos_similarity_figure(model):
     return fig
 
 
-
 def attention_distance_figure(distances: torch.Tensor, image_size: int):
     """Figure 7 (right): mean attention distance of each head against network depth."""
     L, h = distances.shape
     fig, ax = subplots(figsize=(6.5, 4.5))
     for head in range(h):
         ax.scatter(range(1, L + 1), distances[:, head].numpy(), s=14, label=f"head {head + 1}" if h <= 16 else None)
-    ax.set(xlabel="network depth (layer)", ylabel="mean attention distance (pixels)",
-           title=f"Mean attention distance ({image_size} px input)", ylim=(0, image_size))
+    ax.set(
+        xlabel="network depth (layer)",
+        ylabel="mean attention distance (pixels)",
+        title=f"Mean attention distance ({image_size} px input)",
+        ylim=(0, image_size),
+    )
     integer_ticks(ax.xaxis)
     if h <= 16:
         ax.legend(fontsize=7, ncol=2, loc="lower right")
@@ -192,10 +200,9 @@ def attention_distance_figure(distances: torch.Tensor, image_size: int):
     return fig
 
 
-
 def most_wrong_figure(results: list[dict], true_labels: list[str], n: int = 9):
     """The test photos the model got wrong with the most confidence (course chapter 09's exercise)."""
-    wrong = [(r, t) for r, t in zip(results, true_labels) if r["label"] != t]
+    wrong = [(r, t) for r, t in zip(results, true_labels, strict=True) if r["label"] != t]
     wrong.sort(key=lambda pair: pair[0]["probability"], reverse=True)
     if not wrong:
         fig, ax = subplots(figsize=(5, 1.2))
@@ -205,13 +212,11 @@ def most_wrong_figure(results: list[dict], true_labels: list[str], n: int = 9):
     return photo_grid(wrong[:n], "Most confidently wrong test predictions")
 
 
-
 def predictions_figure(results: list[dict], true_labels: list[str], n: int = 6):
     """n test photos spread over the split (so over its classes), each with its prediction: green
     when right, red when wrong."""
     step = max(1, len(results) // n)
-    return photo_grid(list(zip(results, true_labels))[::step][:n], "Test predictions")
-
+    return photo_grid(list(zip(results, true_labels, strict=True))[::step][:n], "Test predictions")
 
 
 def photo_grid(items: list[tuple[dict, str]], title: str):
@@ -223,11 +228,14 @@ def photo_grid(items: list[tuple[dict, str]], title: str):
     fig, axes = subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for ax, (r, truth) in zip(axes.flat, items):
+    for ax, (r, truth) in zip(axes.flat, items, strict=False):
         ax.imshow(load_or_explain(Path(r["image"])))
         colour = "#2a2" if r["label"] == truth else "#b22"
-        ax.set_title(f"true: {truth} | pred: {r['label']} ({r['probability']:.2f})\n{Path(r['image']).name}", fontsize=9, color=colour)
+        ax.set_title(
+            f"true: {truth} | pred: {r['label']} ({r['probability']:.2f})\n{Path(r['image']).name}",
+            fontsize=9,
+            color=colour,
+        )
     fig.suptitle(title)
     fig.tight_layout()
     return fig
-

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import numpy as np
 
-
 # matplotlib's 'jet' (matplotlib/_cm.py): per channel, (x, value) points joined linearly
-_JET = {"red": ((0.0, 0.0), (0.35, 0.0), (0.66, 1.0), (0.89, 1.0), (1.0, 0.5)),
-        "green": ((0.0, 0.0), (0.125, 0.0), (0.375, 1.0), (0.64, 1.0), (0.91, 0.0), (1.0, 0.0)),
-        "blue": ((0.0, 0.5), (0.11, 1.0), (0.34, 1.0), (0.65, 0.0), (1.0, 0.0))}
+_JET = {
+    "red": ((0.0, 0.0), (0.35, 0.0), (0.66, 1.0), (0.89, 1.0), (1.0, 0.5)),
+    "green": ((0.0, 0.0), (0.125, 0.0), (0.375, 1.0), (0.64, 1.0), (0.91, 0.0), (1.0, 0.0)),
+    "blue": ((0.0, 0.5), (0.11, 1.0), (0.34, 1.0), (0.65, 0.0), (1.0, 0.0)),
+}
 _LEVELS = 256  # matplotlib's colour maps are tables of 256 colours
 
 
 def jet(x: np.ndarray) -> np.ndarray:
     """matplotlib's colormaps["jet"](x)[..., :3] for x in [0, 1], without matplotlib: (..., 3) in [0, 1]."""
     grid = np.linspace(0.0, 1.0, _LEVELS)
-    table = np.stack([np.interp(grid, *zip(*_JET[c])) for c in ("red", "green", "blue")], axis=-1)  # (256, 3)
-    index = np.clip((np.asarray(x, dtype=np.float64) * _LEVELS).astype(np.int64), 0, _LEVELS - 1)  # as matplotlib indexes it
+    table = np.stack([np.interp(grid, *np.asarray(_JET[c]).T) for c in ("red", "green", "blue")], axis=-1)  # (256, 3)
+    # as matplotlib indexes it
+    index = np.clip((np.asarray(x, dtype=np.float64) * _LEVELS).astype(np.int64), 0, _LEVELS - 1)
     return table[index]
 
 

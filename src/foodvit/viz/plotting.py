@@ -16,12 +16,10 @@ def new_figure(figsize):
     return Figure(figsize=figsize)
 
 
-
 def subplots(nrows: int = 1, ncols: int = 1, *, figsize, **kwargs):
     """A new_figure() and its axes."""
     fig = new_figure(figsize)
     return fig, fig.subplots(nrows, ncols, **kwargs)
-
 
 
 def integer_ticks(axis) -> None:
@@ -30,10 +28,8 @@ def integer_ticks(axis) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
-
 def save_figure(fig, path: Path) -> Path:
     def write(tmp: Path) -> None:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
 
     return atomic_write(path, write)
-

@@ -3,7 +3,7 @@ Datasets", ECCV; arXiv 2207.10026): a CNN trained on the same photos lends the V
 not its labels.
 
 A ViT on a few hundred photos has to learn locality from them; a CNN has it built in. With
---guidance W, the run first trains the CNN teacher (the same one --distill trains: training/distill.py,
+--guidance W, the run first trains the CNN teacher (the same one --distill trains: training/teacher.py,
 random initialisation, the run's photos and schedule), then the ViT with
 
     loss = CE(student(x), y) + W x mean over pairs of || A_k(tokens of block b_k) - LN(stage_k(x)) ||^2
@@ -18,7 +18,8 @@ the finer one is average-pooled to the coarser. Training only: the adapters and 
 not part of the saved model.
 
 Where this differs from Li et al.'s setting (DeiT-Tiny, 12 blocks, CIFAR at 32 px, the teacher at
-low resolution): they guide the first, a middle and the last block (here --guidance-stages 4 guides the last one too), compare the raw teacher
+low resolution): they guide the first, a middle and the last block (here --guidance-stages 4 guides
+the last one too), compare the raw teacher
 features after upsampling both maps to the finer grid, sum the pairs with weight 2.5, and feed the
 teacher a downsampled image. Here the teacher's features are standardised at each position (so
 the weight means the same for any teacher), the coarser grid is kept (no detail is invented), the
@@ -39,8 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
-from foodvit.training.heads import HeadsAndLoss, TaughtLoss, innermost_vit, loss_so_far
+from foodvit.model.vit import VisionTransformer
+from foodvit.objective_settings import OBJECTIVE_SETTINGS
+from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
+from foodvit.training.teacher import teacher_skeleton
 
 STAGES = ("layer1", "layer2", "layer3", "layer4")  # a torchvision ResNet's stages; the first --guidance-stages guide
 SPREAD = 3  # the first three stages guide blocks spread before the last; a fourth guides the last block
@@ -50,7 +55,10 @@ def guided_blocks(depth: int, stages: int = SPREAD) -> list[int]:
     """The ViT blocks (0-based) matched to the teacher's first `stages` stages, in order: the first
     three spread over the first depth - 1 blocks, the fourth (stages 4) the last block."""
     if depth < 2:
-        raise ConfigError(f"--guidance matches blocks before the last one to the teacher's stages: needs --depth 2 or more, got {depth}")
+        raise ConfigError(
+            "--guidance matches blocks before the last one to the teacher's stages: "
+            f"needs --depth 2 or more, got {depth}"
+        )
     if not SPREAD <= stages <= len(STAGES):
         raise ConfigError(f"--guidance-stages must be 3 or 4 (the teacher's first stages that guide), got {stages}")
     span = depth - 1
@@ -75,14 +83,21 @@ def stage_channels(teacher: nn.Module, stages: int = SPREAD) -> list[int]:
     return channels
 
 
-def stage_maps(teacher: nn.Module, images: torch.Tensor, stages: int = SPREAD) -> list[torch.Tensor]:
-    """The teacher's feature maps after each of its first `stages` stages, (B, C_k, H_k, W_k); the later ones are not run."""
+def teacher_outputs(
+    teacher: nn.Module, images: torch.Tensor, stages: int = 0, logits: bool = False
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """One pass of the teacher (a torchvision ResNet when stages > 0): its feature maps after each of
+    its first `stages` stages, (B, C_k, H_k, W_k), and with `logits` its logits (B, classes), as its
+    forward computes them; the later stages are not run when the logits are not wanted."""
+    if not stages:
+        return [], teacher(images) if logits else None
     x = teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))
     maps = []
-    for name in STAGES[:stages]:
+    for k, name in enumerate(STAGES if logits else STAGES[:stages]):
         x = getattr(teacher, name)(x)
-        maps.append(x)
-    return maps
+        if k < stages:
+            maps.append(x)
+    return maps, teacher.fc(torch.flatten(teacher.avgpool(x), 1)) if logits else None
 
 
 def token_map(tokens: torch.Tensor, prefix: int) -> torch.Tensor:
@@ -101,38 +116,63 @@ def matching_loss(adapted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         adapted = F.adaptive_avg_pool2d(adapted, size)
     if target.shape[-1] > size:
         target = F.adaptive_avg_pool2d(target, size)
-    target = F.layer_norm(target.permute(0, 2, 3, 1), target.shape[1:2]).permute(0, 3, 1, 2)  # each position over its channels
+    target = F.layer_norm(target.permute(0, 2, 3, 1), target.shape[1:2]).permute(
+        0, 3, 1, 2
+    )  # each position over its channels
     return F.mse_loss(adapted.float(), target.float(), reduction="sum") / max(1, adapted.numel())
 
 
-class WithLocalityGuidance(TaughtLoss):
-    """A student trained to let a few of its blocks' tokens predict a CNN teacher's feature maps.
-    The student is a VisionTransformer or one wrapped for training; the teacher is a torchvision
-    ResNet."""
+class LocalityGuidance(Objective):
+    """A few blocks' patch tokens, through 1x1 adapters, predict the CNN teacher's feature maps of the
+    matching stages (a torchvision ResNet's). checkpoint.pt keeps the adapters under "guidance"."""
 
-    def __init__(self, student: nn.Module, weight: float, teacher_skeleton: nn.Module, stages: int = SPREAD) -> None:
-        super().__init__(student, weight)
-        vit = innermost_vit(student)
-        self.blocks = guided_blocks(vit.config.depth, stages)
+    settings = OBJECTIVE_SETTINGS["guidance"]
+    checkpoint_key = "guidance"
+
+    def __init__(
+        self,
+        vit: VisionTransformer,
+        weight: float,
+        teacher_skeleton: nn.Module,
+        stages: int = SPREAD,
+        schedule: str = "constant",
+    ) -> None:
+        super().__init__(weight)
+        epoch_weight(weight, schedule, 0, 1)  # an unknown schedule is refused here, before training
+        self.schedule = schedule
+        self.blocks = tuple(guided_blocks(vit.config.depth, stages))
+        self.teacher_stages = stages
         if stages > SPREAD and vit.config.class_only_last_block:
-            raise ConfigError(f"--guidance-stages {stages} guides the last block's patch tokens, which a class-token model's last "
-                              "block does not compute: use --pool gap or --pool seq, or leave --guidance-stages out")
+            raise ConfigError(
+                f"--guidance-stages {stages} guides the last block's patch tokens, which a class-token model's last "
+                "block does not compute: use --pool gap or --pool seq, or leave --guidance-stages out"
+            )
         D = vit.config.embed_dim
-        self.adapters = nn.ModuleList(nn.Conv2d(D, channels, kernel_size=1) for channels in stage_channels(teacher_skeleton, stages))
+        self.adapters = nn.ModuleList(
+            nn.Conv2d(D, channels, kernel_size=1) for channels in stage_channels(teacher_skeleton, stages)
+        )
 
-    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
-        teacher = self.trained_teacher()
-        vit = innermost_vit(self.student)
-        outputs: dict[int, torch.Tensor] = {}
+    @classmethod
+    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> LocalityGuidance:
+        return cls(
+            vit_of(model),
+            optim.guidance,
+            teacher_skeleton(optim.teacher, num_classes),
+            optim.guidance_stages,
+            optim.guidance_schedule,
+        )
 
-        def keep(index: int):
-            return lambda module, args, out: outputs.__setitem__(index, out[0])  # a block returns (tokens, attention)
+    @property
+    def part(self) -> nn.Module:
+        return self.adapters
 
-        heads = self.student_heads(images, [(vit.blocks[i], keep(i)) for i in sorted(set(self.blocks))])
-        with torch.no_grad():
-            maps = stage_maps(teacher, images, len(self.blocks))
-        prefix = vit.config.num_prefix_tokens
-        losses = [matching_loss(adapter(token_map(outputs[block], prefix)), target)
-                  for adapter, block, target in zip(self.adapters, self.blocks, maps)]
-        guidance = self.weight * torch.stack(losses).mean()
-        return HeadsAndLoss(heads.logits, heads.distilled, loss_so_far(heads) + guidance)
+    def weight_at(self, epoch: int, epochs: int) -> float:
+        return epoch_weight(self.weight, self.schedule, epoch, epochs)
+
+    def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
+        prefix = vit_of(batch.model).config.num_prefix_tokens
+        losses = [
+            matching_loss(adapter(token_map(outputs.blocks[block], prefix)), target)
+            for adapter, block, target in zip(self.adapters, self.blocks, outputs.teacher_maps, strict=True)
+        ]
+        return torch.stack(losses).mean()

@@ -24,15 +24,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
-from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss, innermost_vit, loss_so_far
+from foodvit.model.vit import VisionTransformer
+from foodvit.objective_settings import OBJECTIVE_SETTINGS
+from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
 
 
 def patch_pixels(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     """(B, C, H, W) -> (B, N, C P^2), patches in the token order, each normalised over its pixels."""
     B, C, H, W = images.shape
     P = patch_size
-    patches = images.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // P) * (W // P), C * P * P)
+    patches = (
+        images.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // P) * (W // P), C * P * P)
+    )
     centred = patches - patches.mean(-1, keepdim=True)
     return centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-6)
 
@@ -60,8 +65,10 @@ class Reconstruction(nn.Module):
 def check_reconstructable(pool: str, option: str) -> None:
     """Reconstruction reads every patch's output token, which a class-token model's last block does not compute."""
     if pool == "cls":
-        raise ConfigError(f"{option} reconstructs each hidden patch from its output token, which a class-token model's "
-                          "last block does not compute: use --pool gap or --pool seq")
+        raise ConfigError(
+            f"{option} reconstructs each hidden patch from its output token, which a class-token model's "
+            "last block does not compute: use --pool gap or --pool seq"
+        )
 
 
 def hide_pixels(images: torch.Tensor, hidden: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -71,34 +78,57 @@ def hide_pixels(images: torch.Tensor, hidden: torch.Tensor, patch_size: int) -> 
     return images * shown.repeat_interleave(patch_size, dim=-2).repeat_interleave(patch_size, dim=-1)
 
 
-class WithMaskedPatches(AuxiliaryLoss):
-    """A student trained on masked images with the pixel-reconstruction loss besides its own (the
-    whole image in eval mode). The student is a VisionTransformer or one wrapped for training.
-    With hide_pixels (--mask-pixels; always in pre-training, pretrain.py), the hidden patches' pixels
-    are also set to 0 before the tokeniser, so that a stem whose receptive fields overlap (--stem conv,
-    --stem spt) cannot show them to their neighbours' tokens."""
+class MaskedPatches(Objective):
+    """Masked-patch reconstruction: before the forward pass a share `ratio` of each image's patches
+    is drawn to be shown as the mask token; the term is the decoder's error on their pixels. With
+    hide_pixels (--mask-pixels; always in pre-training, pretrain.py) their pixels are also set to 0
+    before the tokeniser, so that a stem whose receptive fields overlap (--stem conv, --stem spt)
+    cannot show them to their neighbours' tokens. checkpoint.pt keeps the mask token and the
+    decoder under "masked"."""
 
-    option = "--masked"
+    settings = OBJECTIVE_SETTINGS["masked"]
+    checkpoint_key = "masked"
+    reads_all_tokens = True
 
-    def __init__(self, student: nn.Module, weight: float, ratio: float, hide_pixels: bool = False) -> None:
-        vit = innermost_vit(student)
-        check_reconstructable(vit.config.pool, self.option)
-        super().__init__(student, weight)
+    def __init__(
+        self, vit: VisionTransformer, weight: float, ratio: float, hide_pixels: bool = False, option: str = "--masked"
+    ) -> None:
+        check_reconstructable(vit.config.pool, option)
+        super().__init__(weight)
         self.ratio, self.hide_pixels = ratio, hide_pixels
         c = vit.config
         self.reconstruction = Reconstruction(c.embed_dim, c.in_channels * c.patch_size**2)
 
-    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
-        vit = innermost_vit(self.student)
-        P, prefix = vit.config.patch_size, vit.config.num_prefix_tokens
-        hidden = draw_mask(images.shape[0], (images.shape[-2] // P) * (images.shape[-1] // P), self.ratio, images.device)
-        token = self.reconstruction.mask_token
-        final: dict[str, torch.Tensor] = {}
-        shown = hide_pixels(images, hidden, P) if self.hide_pixels else images
-        heads = self.student_heads(shown, [(vit.patch_embed, lambda m, a, out: torch.where(hidden[..., None], token.to(out.dtype), out)),
-                                            (vit.norm, lambda m, a, out: final.__setitem__("tokens", out))])
-        predicted = self.reconstruction.decoder(final["tokens"][:, prefix:][hidden])  # (hidden patches, C P^2)
-        target = patch_pixels(images, P)[hidden]
+    @classmethod
+    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> MaskedPatches:
+        vit = vit_of(model)
+        if optim.mask_pixels and vit.config.stem == "patch":
+            raise ConfigError(
+                "--mask-pixels changes nothing with --stem patch, whose tokens each see their own patch alone "
+                "(the mask token already hides it): use --stem conv or spt, or leave --mask-pixels out"
+            )
+        return cls(vit, optim.masked, optim.mask_ratio, hide_pixels=optim.mask_pixels)
+
+    @property
+    def part(self) -> nn.Module:
+        return self.reconstruction
+
+    def prepare(self, batch: Batch) -> None:
+        P = vit_of(batch.model).config.patch_size
+        images = batch.images
+        batch.mask = draw_mask(
+            images.shape[0], (images.shape[-2] // P) * (images.shape[-1] // P), self.ratio, images.device
+        )
+        batch.mask_token = self.reconstruction.mask_token
+        if self.hide_pixels:
+            batch.shown = hide_pixels(batch.shown, batch.mask, P)
+
+    def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
+        c = vit_of(batch.model).config
+        hidden = batch.mask
+        predicted = self.reconstruction.decoder(
+            outputs.tokens[:, c.num_prefix_tokens :][hidden]
+        )  # (hidden patches, C P^2)
+        target = patch_pixels(batch.images, c.patch_size)[hidden]
         # the mean over the hidden pixels, as a sum over their count: an empty share of a batch gives 0
-        loss = F.mse_loss(predicted.float(), target.float(), reduction="sum") / max(1, predicted.numel())
-        return HeadsAndLoss(heads.logits, heads.distilled, loss_so_far(heads) + self.weight * loss)
+        return F.mse_loss(predicted.float(), target.float(), reduction="sum") / max(1, predicted.numel())

@@ -31,15 +31,16 @@ so the term depends on how the batch is split, unlike the other losses; copies o
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import CONTRAST_TEMPERATURE
-from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss, bare_student, innermost_vit, loss_so_far
+from foodvit.config import OptimConfig
+from foodvit.objective_settings import CONTRAST_TEMPERATURE, OBJECTIVE_SETTINGS
+from foodvit.training.batchnorm import running_statistics_untouched
+from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
 
 CROP_SCALE = (0.35, 1.0)  # the crop's share of the first view's area
 CROP_RATIO = (3 / 4, 4 / 3)  # its width over its height
@@ -63,12 +64,18 @@ def draw_boxes(batch: int, height: int, width: int, scale=CROP_SCALE, ratio=CROP
 def crop_resize(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     """Each image's box resized back to the batch's side (antialiased bilinear): (B, C, H, W) -> (B, C, H, W)."""
     size = images.shape[-2:]
-    crops = [F.interpolate(image[None, :, t:t + h, l:l + w], size=size, mode="bilinear", antialias=True, align_corners=False)
-             for image, (t, l, h, w) in zip(images, boxes.tolist())]
+    crops = [
+        F.interpolate(
+            image[None, :, t : t + h, left : left + w], size=size, mode="bilinear", antialias=True, align_corners=False
+        )
+        for image, (t, left, h, w) in zip(images, boxes.tolist(), strict=True)
+    ]
     return torch.cat(crops) if crops else images.clone()
 
 
-def distort_colours(images: torch.Tensor, contrast: torch.Tensor, shift: torch.Tensor, grey: torch.Tensor) -> torch.Tensor:
+def distort_colours(
+    images: torch.Tensor, contrast: torch.Tensor, shift: torch.Tensor, grey: torch.Tensor
+) -> torch.Tensor:
     """Each image's channels stretched about its mean by contrast (B,), shifted by shift (B, C), and
     with grey (B,) True replaced by their mean over the channels."""
     mean = images.mean(dim=(1, 2, 3), keepdim=True)
@@ -102,21 +109,6 @@ def nt_xent(first: torch.Tensor, second: torch.Tensor, temperature: float) -> to
     return F.cross_entropy(similarity, pairs)
 
 
-@contextlib.contextmanager
-def running_statistics_untouched(model: nn.Module):
-    """Within the block the model's batch norms normalise with each batch's own statistics, as in any
-    training pass, and leave their running statistics (and batch count) as they are: nothing is
-    written, so the first pass's saved tensors stay valid for the backward pass."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    for norm in norms:
-        norm.track_running_stats = False  # read by _BatchNorm.forward: no running statistics passed, none updated
-    try:
-        yield
-    finally:
-        for norm in norms:
-            norm.track_running_stats = True
-
-
 class Projection(nn.Module):
     """SimCLR's projection head g: the pooled state -> the vector the contrast compares (D -> 2D -> 128)."""
 
@@ -128,26 +120,31 @@ class Projection(nn.Module):
         return self.mlp(pooled)
 
 
-class WithInstanceDiscrimination(AuxiliaryLoss):
-    """A student trained to tell each photo from the batch's others across two views, besides its own
-    loss (the whole image and the ViT alone in eval mode). The student is a VisionTransformer or one
-    wrapped for training; the second view goes through the bare model (the ViT, or AnyGrid around it
-    with progressive resizing), not through the other auxiliary losses."""
+class InstanceDiscrimination(Objective):
+    """Each photo told from the batch's others across two views: the pooled state of the forward pass
+    and that of a second view, which goes through the model alone (the ViT, or AnyGrid around it),
+    its batch norms' running statistics untouched. checkpoint.pt keeps the projection under "contrast"."""
 
-    option = "--contrast"
+    settings = OBJECTIVE_SETTINGS["contrast"]
+    checkpoint_key = "contrast"
 
-    def __init__(self, student: nn.Module, weight: float, temperature: float = CONTRAST_TEMPERATURE) -> None:
-        super().__init__(student, weight)
+    def __init__(self, embed_dim: int, weight: float, temperature: float = CONTRAST_TEMPERATURE) -> None:
+        super().__init__(weight)
         self.temperature = temperature
-        self.projection = Projection(innermost_vit(student).config.embed_dim)
+        self.projection = Projection(embed_dim)
 
-    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
-        vit = innermost_vit(self.student)
-        pooled: dict[str, torch.Tensor] = {}
-        heads = self.student_heads(images, [(vit.head, lambda m, args, out: pooled.__setitem__("first", args[0]))])
-        bare = bare_student(self.student)
-        with running_statistics_untouched(bare):  # a conv stem's batch norms keep the statistics of the photos as shown
-            tokens, _ = bare.forward_features(second_view(images))
-        first, second = self.projection(pooled["first"]), self.projection(vit.pool(tokens))
-        loss = nt_xent(first, second, self.temperature)
-        return HeadsAndLoss(heads.logits, heads.distilled, loss_so_far(heads) + self.weight * loss)
+    @classmethod
+    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> InstanceDiscrimination:
+        return cls(vit_of(model).config.embed_dim, optim.contrast, optim.contrast_temperature)
+
+    @property
+    def part(self) -> nn.Module:
+        return self.projection
+
+    def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
+        with running_statistics_untouched(
+            batch.model
+        ):  # a conv stem's batch norms keep the statistics of the photos as shown
+            tokens = batch.model.forward_features(second_view(batch.images))
+        first, second = self.projection(outputs.pooled), self.projection(vit_of(batch.model).pool(tokens))
+        return nt_xent(first, second, self.temperature)

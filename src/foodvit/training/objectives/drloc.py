@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.model.vit import VisionTransformer
-from foodvit.training.heads import AuxiliaryLoss, HeadsAndLoss
-from foodvit.training.resizing import AnyGrid
+from foodvit.config import OptimConfig
+from foodvit.objective_settings import OBJECTIVE_SETTINGS
+from foodvit.training.objectives.base import Batch, Objective, Outputs, vit_of
 
 
 def pair_offsets(first: torch.Tensor, second: torch.Tensor, grid: int) -> torch.Tensor:
@@ -35,16 +35,21 @@ class DenseRelativeLocalization(nn.Module):
     def __init__(self, embed_dim: int, pairs: int = 64, hidden: int = 512) -> None:
         super().__init__()
         self.pairs = pairs
-        self.mlp = nn.Sequential(nn.Linear(2 * embed_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, 2))
+        self.mlp = nn.Sequential(
+            nn.Linear(2 * embed_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2)
+        )
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         B, N, D = patches.shape
-        grid = math.isqrt(N)  # the grid of this batch: smaller than the model's while progressive resizing trains at a lower size
+        grid = math.isqrt(
+            N
+        )  # the grid of this batch: smaller than the model's while progressive resizing trains at a lower size
         if grid * grid != N:
             raise ValueError(f"expected a square grid of patch tokens, got {N}")
         index = torch.randint(N, (B, self.pairs, 2), device=patches.device)  # (B, m, 2) flat positions
-        tokens = patches.gather(1, index.view(B, 2 * self.pairs, 1).expand(-1, -1, D))  # (B, 2m, D): first, second, first, ...
+        tokens = patches.gather(
+            1, index.view(B, 2 * self.pairs, 1).expand(-1, -1, D)
+        )  # (B, 2m, D): first, second, first, ...
         predicted = self.mlp(tokens.view(B, self.pairs, 2 * D))  # each pair's two tokens concatenated -> (B, m, 2)
         # the mean over pairs, as a sum over their count: a process whose share of the batch is
         # empty (distributed training) gets 0 and still takes part in the gradient's all-reduce
@@ -52,18 +57,25 @@ class DenseRelativeLocalization(nn.Module):
         return error / max(1, predicted.numel())
 
 
-class WithDenseRelativeLocalization(AuxiliaryLoss):
-    """A ViT (or AnyGrid around one) trained with the auxiliary task: weight x its loss joins the
-    classification loss. The logits are the ViT's own: same tokens, same pooling, same heads."""
+class Localization(Objective):
+    """The dense relative localization term: the auxiliary head reads the final patch tokens.
+    checkpoint.pt keeps the head under "auxiliary"."""
 
-    def __init__(self, vit: VisionTransformer | AnyGrid, weight: float, pairs: int = 64) -> None:
-        super().__init__(vit, weight)
-        self.drloc = DenseRelativeLocalization(vit.config.embed_dim, pairs)
+    settings = OBJECTIVE_SETTINGS["drloc"]
+    checkpoint_key = "auxiliary"
+    reads_all_tokens = True
 
-    def forward_heads(self, images: torch.Tensor) -> HeadsAndLoss:
-        """The ViT's heads (distill.py reads the distillation token's) and weight x the auxiliary
-        loss, from one forward pass."""
-        tokens, _ = self.student.forward_features(images)  # (B, T, D), every token: the auxiliary task reads them all
-        heads = self.student.heads(tokens)
-        auxiliary = self.weight * self.drloc(tokens[:, self.student.config.num_prefix_tokens:])
-        return HeadsAndLoss(heads.logits, heads.distilled, auxiliary)
+    def __init__(self, embed_dim: int, weight: float, pairs: int = 64) -> None:
+        super().__init__(weight)
+        self.drloc = DenseRelativeLocalization(embed_dim, pairs)
+
+    @classmethod
+    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> Localization:
+        return cls(vit_of(model).config.embed_dim, optim.drloc, optim.drloc_pairs)
+
+    @property
+    def part(self) -> nn.Module:
+        return self.drloc
+
+    def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
+        return self.drloc(outputs.tokens[:, vit_of(batch.model).config.num_prefix_tokens :])

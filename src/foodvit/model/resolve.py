@@ -1,0 +1,65 @@
+"""A run's settings resolved from a recipe: the one path that `foodvit train`, `cv`, `tune`, the
+notebook, bench and `foodvit.train` take.
+
+Resolution order: dataclass defaults < recipe (a built-in name or a TOML file) < overrides
+("section.name" -> value) < what pre-trained weights dictate (model/pretrained.py). A from-scratch
+recipe used with pre-trained weights keeps only its regularisation (TRANSFER_KEEPS) and turns its
+self-supervision off (TRANSFER_OFF) unless given; its progressive resizing goes with the model it was
+set for (variants.without_recipe_resizing). No PyTorch here unless pre-trained weights are named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig, with_settings
+from foodvit.model.variants import without_recipe_resizing
+from foodvit.recipes import load_recipe
+
+# Regularisation settings a from-scratch recipe keeps when it is used with pre-trained weights: its
+# other model settings (size, pooling, 96 px ...) are not meant for the weights, nor is its
+# progressive resizing (variants.without_recipe_resizing).
+TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
+# Training settings of a from-scratch recipe that are off with pre-trained weights unless given: masked-patch
+# reconstruction is self-supervision for a model that starts from nothing, and it reads every output token,
+# which the weights' class-token model does not compute in its last block (its pixel hiding goes with it).
+TRANSFER_OFF = {"optim.masked": 0.0, "optim.mask_pixels": False}
+
+
+def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str | None = None) -> RunConfig:
+    """`config` with every setting given: "section.name" -> value ("vit.depth", "optim.lr", ...); None
+    values and other keys are not settings given."""
+    values = {
+        key: value
+        for key, value in overrides.items()
+        if value is not None and "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)
+    }
+    return replace(with_settings(config, values), model=model or config.model)
+
+
+def resolve(
+    recipe: str = DEFAULT_RECIPE,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    model: str | None = None,
+    pretrained: str | None = None,
+) -> RunConfig:
+    """A run's settings: the recipe, then the overrides, then, with pre-trained weights (`pretrained`, or
+    "train.pretrained" among the overrides or in the recipe), the model that the weights dictate
+    (pretrained.adapt_config; a `model` that disagrees stops the run)."""
+    given = {**(overrides or {}), **({"train.pretrained": pretrained} if pretrained else {})}
+    base = load_recipe(recipe)
+    config = without_recipe_resizing(base, apply_overrides(base, given, model=model), given)
+    if config.train.pretrained and not base.train.pretrained:
+        kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
+        config = replace(
+            config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}}
+        )
+        config = with_settings(config, {k: v for k, v in TRANSFER_OFF.items() if given.get(k) is None})
+    if config.train.pretrained:
+        from foodvit.model.pretrained import adapt_config  # reads the weights' description (PyTorch)
+
+        config = adapt_config(config, explicit_model=model)
+    return config

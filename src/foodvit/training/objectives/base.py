@@ -1,0 +1,101 @@
+"""What every training objective is, and what it reads.
+
+An objective adds one weighted term to the loss a run minimises beside the classes' cross-entropy.
+It may prepare the batch the ViT sees (masked patches hide some), ask the ViT's forward pass for
+some blocks' tokens or for every final token, read the CNN teacher's outputs, and keep trained
+parts of its own (a head, adapters, a mask token) that checkpoint.pt keeps under its key. Its
+loss reads the step's outputs and adds nothing to another objective's term: compose.py sums the
+terms, one forward pass of the ViT and at most one of the teacher serving them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, cast
+
+import torch
+from torch import nn
+
+from foodvit.config import OptimConfig
+from foodvit.model.vit import Heads, VisionTransformer
+from foodvit.objective_settings import ObjectiveSettings
+
+
+@dataclass
+class Batch:
+    """A training batch as the objectives prepare it: the photos as loaded (images), what the ViT is
+    shown (shown: the images, or with some pixels hidden), which patches it sees as a mask token
+    (mask (B, N) and mask_token (D,)), and the model that computes (the ViT, or AnyGrid around it)."""
+
+    images: torch.Tensor
+    model: nn.Module
+    shown: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    mask_token: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.shown is None:
+            self.shown = self.images
+
+
+@dataclass
+class Outputs:
+    """One forward pass of the ViT on the batch as shown, and of the teacher on the batch as loaded."""
+
+    tokens: torch.Tensor  # (B, T, D) after the final norm (the prefix tokens alone when none reads the others)
+    pooled: torch.Tensor  # (B, D): Eq. 4's pooled state, which the head reads
+    heads: Heads
+    blocks: dict[int, torch.Tensor] = field(default_factory=dict)  # block index -> its output tokens (B, T, D)
+    teacher_maps: list[torch.Tensor] = field(default_factory=list)  # the teacher's first stages' feature maps
+    teacher_logits: torch.Tensor | None = None  # (B, classes)
+
+
+class Objective(nn.Module):
+    """One term of the loss: weight_at(epoch, epochs) x loss(batch, outputs). Subclasses set the
+    class attributes and build(); parts of their own are submodules, saved as `part`."""
+
+    settings: ClassVar[ObjectiveSettings]  # its section of the settings (objective_settings.OBJECTIVES)
+    checkpoint_key: ClassVar[str | None] = None  # where checkpoint.pt keeps `part`; None: nothing of its own
+    reads_all_tokens: ClassVar[bool] = False  # reads the final patch tokens (the last block computes all of them)
+    teacher_stages: int = 0  # the teacher's first stages whose feature maps it reads
+    teacher_logits: bool = False  # reads the teacher's logits
+
+    def __init__(self, weight: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.blocks: tuple[int, ...] = ()  # the ViT blocks whose output tokens it reads
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.settings.name
+
+    @classmethod
+    def enabled(cls, optim: OptimConfig) -> bool:
+        """Whether the settings turn it on (its weight above 0)."""
+        return cls.settings.on(optim)
+
+    @classmethod
+    def build(cls, model: nn.Module, optim: OptimConfig, num_classes: int) -> Objective:
+        """The objective for a model (the ViT, or AnyGrid around it), from its settings."""
+        raise NotImplementedError
+
+    @property
+    def part(self) -> nn.Module | None:
+        """Its trained parameters, saved in checkpoint.pt under checkpoint_key."""
+        return None
+
+    def weight_at(self, epoch: int, epochs: int) -> float:
+        """The term's weight in epoch `epoch` (from 0) of `epochs`."""
+        return self.weight
+
+    def prepare(self, batch: Batch) -> None:
+        """Change what the ViT is shown (before the forward pass); most objectives do nothing."""
+
+    def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
+        """The unweighted term, a scalar (0 for a process's empty share of a batch)."""
+        raise NotImplementedError
+
+
+def vit_of(model: nn.Module) -> VisionTransformer:
+    """The VisionTransformer a model computes with: itself, or progressive resizing's AnyGrid's."""
+    return cast(VisionTransformer, getattr(model, "vit", model))

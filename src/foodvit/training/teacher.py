@@ -1,0 +1,361 @@
+"""The CNN teacher that distillation and locality guidance read (objectives/distill.py,
+objectives/guidance.py): a torchvision architecture trained first, from random initialisation, on
+the run's own photos, augmentation, optimiser and schedule, then frozen.
+
+The teacher is saved as teacher.pt in the run (a resumed run loads it instead of training it again)
+and plays no part in prediction. A run may borrow the teacher another run trained (`foodvit cv
+--teachers STUDY`): only when every setting the teacher depends on (teacher_settings) is the same
+and it trained where the run trains (training_place), so the borrowed teacher is the one the run
+would train.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from foodvit.config import TEACHERS, OptimConfig, RunConfig
+from foodvit.data.sampling import single_photo_share
+from foodvit.errors import ConfigError, RunError
+from foodvit.model.build import default_preprocess
+from foodvit.objective_settings import STUDENT_SETTINGS, reads_teacher
+from foodvit.rundir.compare import differences
+from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, save_checkpoint
+from foodvit.seeds import derive_seed
+from foodvit.training.engine import StepSettings, epoch_line
+from foodvit.training.stages import Stage, StageData
+
+TEACHER_STRIDE = 32  # a ResNet's total stride: at this size or less its last feature map is 1 x 1
+PROGRESS_FORMAT = (
+    "foodvit-teacher-progress"  # teacher-progress.pt: a teacher's training after an epoch, before its last
+)
+
+
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
+def _nothing() -> None:
+    pass
+
+
+def build_teacher(name: str, num_classes: int) -> nn.Module:
+    """A torchvision classifier with random weights (no download, nothing pre-trained)."""
+    import torchvision
+
+    if name not in TEACHERS:
+        raise ConfigError(f"--teacher must be one of {', '.join(TEACHERS)}, got {name!r}")
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+
+
+def teacher_skeleton(name: str, num_classes: int) -> nn.Module:
+    """The teacher's architecture, built without drawing from the random state: what a wrapper needs
+    to know of it (its stages' widths) before the teacher is trained."""
+    with torch.random.fork_rng(devices=[]):
+        return build_teacher(name, num_classes)
+
+
+def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | None:
+    """A run's saved CNN teacher (of distillation or locality guidance), or None when it has none yet."""
+    if not path.is_file():
+        return None
+    state = load_checkpoint(path)
+    if state.get("format") != "foodvit-teacher" or state.get("architecture") != architecture:
+        advice = (
+            f"a {architecture} CNN teacher; leave the teacher out"
+            if lent
+            else f"this run's {architecture} CNN teacher; remove it to train the teacher again"
+        )
+        raise RunError(f"{path} is not {advice}")
+    return state
+
+
+def trains_teacher(config: RunConfig) -> bool:
+    """Whether a run trains a CNN teacher: an objective that reads it on (objective_settings), on a backbone
+    that trains."""
+    return reads_teacher(config.optim) and not config.train.freeze_backbone
+
+
+def teacher_settings(config: RunConfig) -> dict:
+    """Every setting a run's CNN teacher depends on, besides its photos and machine (trained_on): the
+    preprocessing the run resolves (image size, normalisation), the data, optimiser and training settings.
+    Not among them: the ViT's architecture, the student's own settings (STUDENT_SETTINGS), and what never
+    reaches the teacher's training (it trains at full size: no progressive resizing; no compiling; no
+    test size; the cache and the number of loader workers change only the time, except that with
+    mixing on, a batch is mixed in the loader's worker when there is one)."""
+    settings = config.to_dict()
+    data = {
+        k: v
+        for k, v in settings["data"].items()
+        if k not in ("source", "start_size", "start_share", "test_size", "cache", "cache_gb")
+    }
+    data["workers"] = min(config.data.workers, 1) if (config.data.mixup or config.data.cutmix) else 0
+    return {
+        "preprocess": asdict(default_preprocess(config)),
+        "data": data,
+        "optim": {k: v for k, v in settings["optim"].items() if k not in STUDENT_SETTINGS},
+        "train": {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard", "compile")},
+    }
+
+
+def setting_changes(theirs: dict, ours: dict) -> str:
+    """The settings that differ, 'key: A there, B here', the first three and how many more."""
+    changed = differences(theirs, ours)
+    shown = "; ".join(f"{key}: {a!r} there, {b!r} here" for key, a, b in changed[:3])
+    return shown + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+
+
+def teacher_changes(lender: RunConfig, config: RunConfig) -> str:
+    """What would make `lender`'s CNN teacher another than `config`'s ('' when none): the teacher settings
+    that differ."""
+    return setting_changes(teacher_settings(lender), teacher_settings(config))
+
+
+def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
+    """The teacher.pt of run `lender`, checked to be the teacher `config` would train itself (the same
+    teacher_settings; the caller answers for the photos being the same, obtain_teacher checks the
+    machine); else a one-line error that says what differs."""
+    lender = Path(lender)
+    if not trains_teacher(config):
+        raise ConfigError(
+            "a borrowed CNN teacher serves only --distill or --guidance (on a backbone that trains), and this run "
+            "trains no teacher: leave the teacher out"
+        )
+    if not (lender / TEACHER_FILE).is_file() or not (lender / "config.json").is_file():
+        raise RunError(
+            f"{lender} holds no trained CNN teacher ({TEACHER_FILE} and config.json): give a distilled or guided "
+            "run whose teacher has finished training, or leave the teacher out"
+        )
+    shown = teacher_changes(
+        RunConfig.from_dict(json.loads((lender / "config.json").read_text()), where=str(lender / "config.json")), config
+    )
+    if shown:
+        raise RunError(
+            f"{lender}'s CNN teacher was trained with other settings ({shown}); it is not the teacher this run "
+            "would train: leave the teacher out"
+        )
+    return lender / TEACHER_FILE
+
+
+def training_place(device: torch.device, processes: int, config: RunConfig) -> dict:
+    """Where a teacher trains, besides its settings: the device kind, processes (each one's batch norm
+    sees its share), the CPU's threads (they split the sums of a matrix product, so 1 and 2 threads
+    round differently and train two different teachers from one seed), bf16 and deterministic kernels
+    (CUDA only) and the PyTorch version."""
+    cuda = device.type == "cuda"
+    return {
+        "device": device.type,
+        "processes": processes,
+        "threads": torch.get_num_threads() if device.type == "cpu" else 0,
+        "bf16": bool(cuda and config.train.amp),
+        "deterministic": bool(cuda and config.train.deterministic),
+        "torch": str(torch.__version__),
+    }
+
+
+def place_changes(theirs: dict | None, ours: dict) -> str:
+    """How a teacher's recorded place differs from where a run trains ('' when it does not); a teacher
+    written before foodvit recorded some of it is told so."""
+    missing = [key for key in ours if key not in (theirs or {})]
+    if missing:
+        return f"it was written by a foodvit that did not record its {', '.join(missing)}"
+    return setting_changes(theirs, ours) if theirs != ours else ""
+
+
+@dataclass
+class TeacherSetup:
+    """What a run's CNN teacher is made of, besides its photos (StageData): its architecture and
+    classes, the run's epochs, optimiser settings and step settings (the teacher trains at the full
+    size and without sharpness-aware minimisation), the image size and batch size (checked before it
+    trains), the test photos it is evaluated on after its last epoch, and where it trains (training_place)."""
+
+    architecture: str
+    num_classes: int
+    epochs: int
+    optim: OptimConfig
+    settings: StepSettings
+    image_size: int
+    batch_size: int
+    test_loader: Any
+    place: dict
+
+    @classmethod
+    def of_run(
+        cls,
+        config: RunConfig,
+        num_classes: int,
+        settings: StepSettings,
+        image_size: int,
+        test_loader: Any,
+        processes: int,
+    ) -> TeacherSetup:
+        return cls(
+            config.optim.teacher,
+            num_classes,
+            config.train.epochs,
+            config.optim,
+            replace(settings, input_size=0, sam=0.0),
+            image_size,
+            config.train.batch_size,
+            test_loader,
+            training_place(settings.device, processes, config),
+        )
+
+
+@dataclass
+class Teacher:
+    """A run's CNN teacher: the trained network, its epochs' rows, and the run that lent it (if one did)."""
+
+    module: nn.Module
+    history: list[dict]
+    lent_by: str | None = None
+
+
+def lent_teacher(path: Path, setup: TeacherSetup) -> dict:
+    """The teacher lent to the run, trained where this run trains (else it would differ)."""
+    saved = read_teacher(path, setup.architecture, lent=True)
+    if saved is None:
+        raise RunError(
+            f"the CNN teacher lent to this run, {path}, has gone: leave the teacher out, or give a run that has one"
+        )
+    where = place_changes(saved.get("trained_on"), setup.place)
+    if where:
+        raise RunError(
+            f"the CNN teacher {path} was trained elsewhere ({where}); it would not be the teacher this run trains: "
+            "leave the teacher out"
+        )
+    return saved
+
+
+def check_teacher_batches(setup: TeacherSetup, data: StageData) -> None:
+    """Before a teacher trains: a ConfigError where its last batch norm would see a 1 x 1 map (at
+    TEACHER_STRIDE px or less) and some step gives a process a single photo, one value per channel,
+    which batch norm cannot train on; it names the nearest batch size that would do."""
+    size, world, batch = setup.image_size, data.context.world_size, setup.batch_size
+    n = len(data.loader.batch_sampler.sampler)
+    if size > TEACHER_STRIDE or not single_photo_share(n, batch, world):
+        return
+    nearest = next(
+        (b for d in range(1, n) for b in (batch - d, batch + d) if 2 <= b <= n and not single_photo_share(n, b, world)),
+        None,
+    )
+    where = f" on {world} processes" if world > 1 else ""
+    instead = f"give --batch-size {nearest}, or" if nearest else "give"
+    raise ConfigError(
+        f"the {setup.architecture} teacher cannot train on a single photo at {size} px (its last batch norm would "
+        f"see one value per channel), and {n} photos an epoch in batches of {batch}{where} give a process one photo "
+        f"in a step: {instead} an --image-size above {TEACHER_STRIDE}"
+    )
+
+
+def obtain_teacher(
+    setup: TeacherSetup,
+    data: StageData,
+    folder: Path,
+    *,
+    lent: Path | None = None,
+    log: Callable = _silent,
+    resumable: Callable[[], None] = _nothing,
+) -> Teacher:
+    """The CNN teacher of a run whose folder is `folder`: its teacher.pt when it has one (a resumed run), else the one
+    `lent` to it (checked by borrowed_teacher), else a CNN trained now from random initialisation on the stage's photos,
+    from where an interrupted training stopped (teacher-progress.pt, written after each epoch) if it did. A teacher
+    trained or lent is saved in the folder; `resumable` is called (on every process) whenever the folder holds what a
+    resumed run needs of the teacher, so that the caller can make the run resumable from there."""
+    ctx, path = data.context, folder / TEACHER_FILE
+    torch.manual_seed(derive_seed(data.seed, "teacher-init"))
+    # channels-last: its convolutions, batch norms and pools run faster on it (the same sums, another order)
+    module = build_teacher(setup.architecture, setup.num_classes).to(ctx.device, memory_format=torch.channels_last)
+    saved = ctx.broadcast(ctx.on_main(read_teacher, path, setup.architecture))
+    origin = f"{path} ({setup.architecture}, trained earlier in this run)"
+    if saved is None and lent is not None:
+        saved = {**ctx.broadcast(ctx.on_main(lent_teacher, lent, setup)), "lent_by": str(lent.parent)}
+        origin = f"{lent} ({setup.architecture}, lent by another run with the same settings)"
+        ctx.on_main(keep_teacher, folder, saved)
+        resumable()
+    if saved is None:
+        saved = train_teacher(module, setup, data, folder, log, resumable)
+    else:
+        module.load_state_dict(saved["model"])
+        log(f"CNN teacher: {origin}")
+    return Teacher(
+        module, list(saved["history"]), saved.get("lent_by")
+    )  # lent_by kept in teacher.pt: a resumed run says so
+
+
+def train_teacher(
+    module: nn.Module, setup: TeacherSetup, data: StageData, folder: Path, log: Callable, resumable: Callable[[], None]
+) -> dict:
+    """`module` trained for the run's epochs, each epoch's state kept in teacher-progress.pt (and the
+    training continued from it when it holds some), then saved as teacher.pt; returns what teacher.pt holds."""
+    check_teacher_batches(setup, data)
+    ctx, progress_file = data.context, folder / TEACHER_PROGRESS
+    stage = Stage(module, data, epochs=setup.epochs, purpose="teacher-step", optim=setup.optim)
+    progress = ctx.broadcast(ctx.on_main(read_progress, progress_file, setup.architecture))
+    history = list(progress["history"]) if progress else []
+    if progress:
+        module.load_state_dict(progress["model"])
+        stage.restore(progress["stage"])
+        log(
+            f"continuing the CNN teacher's training ({setup.architecture}) after epoch {len(history)} of {setup.epochs}"
+        )
+    else:
+        log(f"training the CNN teacher ({setup.architecture}, random initialisation) for {setup.epochs} epochs")
+
+    def after_epoch(epoch: int, row: dict) -> None:
+        history.append(row)
+        if epoch + 1 < setup.epochs:  # the last epoch's state goes to teacher.pt
+            state = {
+                "format": PROGRESS_FORMAT,
+                "architecture": setup.architecture,
+                "model": module.state_dict(),
+                "stage": stage.state(),
+                "history": history,
+                "trained_on": setup.place,
+            }
+            ctx.on_main(save_checkpoint, progress_file, state)
+            resumable()
+        log("teacher " + epoch_line(row, setup.epochs))
+
+    stage.fit(
+        setup.settings,
+        start_epoch=len(history),
+        after_epoch=[after_epoch],
+        eval_loaders={"test": setup.test_loader},
+        eval_every=setup.epochs,
+        num_classes=setup.num_classes,
+    )
+    saved = {
+        "format": "foodvit-teacher",
+        "architecture": setup.architecture,
+        "model": module.state_dict(),
+        "history": history,
+        "trained_on": setup.place,
+    }
+    ctx.on_main(keep_teacher, folder, saved)
+    resumable()
+    return saved
+
+
+def read_progress(path: Path, architecture: str) -> dict | None:
+    """An interrupted teacher training's last epoch (teacher-progress.pt), or None."""
+    if not path.is_file():
+        return None
+    state = load_checkpoint(path)
+    if state.get("format") != PROGRESS_FORMAT or state.get("architecture") != architecture:
+        raise RunError(
+            f"{path} is not this run's {architecture} CNN teacher in training; remove it to train the teacher again"
+        )
+    return state
+
+
+def keep_teacher(folder: Path, saved: dict) -> None:
+    """The finished teacher saved in the run, its training's progress file removed."""
+    save_checkpoint(folder / TEACHER_FILE, saved)
+    (folder / TEACHER_PROGRESS).unlink(missing_ok=True)

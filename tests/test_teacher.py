@@ -1,0 +1,69 @@
+"""The CNN teacher's own module (training/teacher.py): an interrupted teacher stage keeps its epochs,
+and the run resumes from them to the end an uninterrupted run reaches."""
+
+import csv
+
+import pytest
+import torch
+from helpers import make_photo_folder
+
+from foodvit.cli.main import main
+from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint
+
+TIME_COLUMNS = ("seconds", "images_per_s", "model_share")
+
+
+def rows(run):
+    with (run / "metrics.csv").open() as f:
+        return [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in csv.DictReader(f)]
+
+
+@pytest.mark.slow  # three trainings through the CLI, a teacher each (about 30 s of CPU)
+def test_a_run_stopped_in_its_teacher_stage_resumes_to_the_uninterrupted_end(tmp_path, monkeypatch, capsys):
+    import foodvit.training.teacher as T
+
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
+    args = [
+        "train",
+        "--data",
+        str(photos),
+        "--recipe",
+        "tiny",
+        "--epochs",
+        "3",
+        "--image-size",
+        "32",
+        "--depth",
+        "2",
+        "--batch-size",
+        "8",
+        "--guidance",
+        "1",
+        "--seed",
+        "0",
+        "--quiet",
+    ]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    real = T.epoch_line
+
+    def stop_after_the_second_teacher_epoch(row, epochs):
+        if row["epoch"] == 2:
+            raise KeyboardInterrupt  # as a ctrl-C (or a kill) while the teacher trains
+        return real(row, epochs)
+
+    monkeypatch.setattr(T, "epoch_line", stop_after_the_second_teacher_epoch)
+    stopped = tmp_path / "stopped"
+    assert main([*args, "--out", str(stopped)]) != 0
+    assert (stopped / TEACHER_PROGRESS).is_file() and not (stopped / TEACHER_FILE).exists()
+    assert len(load_checkpoint(stopped / TEACHER_PROGRESS)["history"]) == 2
+    monkeypatch.setattr(T, "epoch_line", real)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(stopped), "--quiet"]) == 0
+    assert not (stopped / TEACHER_PROGRESS).exists()
+    teacher, uninterrupted = load_checkpoint(stopped / TEACHER_FILE), load_checkpoint(tmp_path / "whole" / TEACHER_FILE)
+    assert [r["train_loss"] for r in teacher["history"]] == pytest.approx(
+        [r["train_loss"] for r in uninterrupted["history"]], rel=1e-6
+    )
+    for key, value in uninterrupted["model"].items():
+        torch.testing.assert_close(teacher["model"][key], value, rtol=0, atol=0)
+    assert rows(stopped) == rows(tmp_path / "whole")
