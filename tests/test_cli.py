@@ -202,12 +202,12 @@ def test_bad_images_and_outputs_are_one_line(run, capsys, tmp_path):
 
 
 def test_internal_bugs_keep_their_traceback_and_debug_shows_every_one(monkeypatch, capsys):
-    import foodvit.cli.main as cli
+    import foodvit.cli.listings as listings
 
     def broken(args):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(cli, "cmd_models", broken)
+    monkeypatch.setattr(listings, "cmd_models", broken)
     with pytest.raises(ZeroDivisionError):  # not swallowed into a one-line message
         main(["models"])
     with pytest.raises(Exception, match="image size 250 is not a multiple of the patch size 16"):
@@ -336,3 +336,26 @@ def test_nan_in_python_settings_is_refused():
         DataConfig(train_fraction=float("nan"))
     with pytest.raises(ConfigError, match="--lr must be > 0, got inf"):
         OptimConfig(lr=float("inf"))
+
+
+def test_version_and_the_librarys_log_levels(capsys):
+    import logging
+
+    from foodvit import __version__
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"foodvit {__version__}"
+    logger = logging.getLogger("foodvit")
+    main(["models"])
+    assert logger.level == logging.INFO
+    logging.getLogger("foodvit.tuning.search").info("a library message")
+    assert capsys.readouterr().err == "a library message\n"  # plain, on standard error
+    main(["--debug", "models"])
+    assert logger.level == logging.DEBUG
+    from foodvit.cli.main import build_parser, configure_logging
+
+    configure_logging(build_parser().parse_args(["cv", "--out", "x", "--quiet"]))
+    assert logger.level == logging.WARNING
+    logging.getLogger("foodvit.tuning.cv").info("not shown under --quiet")
+    assert "not shown" not in capsys.readouterr().err

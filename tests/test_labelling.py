@@ -83,7 +83,8 @@ def test_list_files_and_standard_input_name_photos_and_missing_ones_get_error_ro
     assert [r["path"] for r in rows] == [str(tree / "c.jpeg"), str(tmp_path / "missing.jpg"), str(tree / "a" / "1.jpg")]
     assert rows[1] == {"path": str(tmp_path / "missing.jpg"), "error": f"{tmp_path / 'missing.jpg'} does not exist"}
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{tree / 'z' / '4.webp'}\n"))
-    assert main(["predict", str(run), "--files-from", "-", "--out", str(out), "--quiet"]) == 0
+    # the new photo labelled; the file still holds the missing photo's error row, so the status is still 1
+    assert main(["predict", str(run), "--files-from", "-", "--out", str(out), "--quiet"]) == 1
     assert [r["path"] for r in read_rows(out)][-1] == str(tree / "z" / "4.webp")
     capsys.readouterr()
     # without --out a folder is expanded too, and printed as a few photos always were
@@ -99,7 +100,7 @@ def test_a_rerun_skips_what_is_done_and_drops_a_partial_last_row(run, tree, tmp_
     out.write_text("".join(lines[:-1]) + lines[-1][:15])  # as a kill in the middle of the last write would leave it
     capsys.readouterr()
     assert main(["predict", str(run), str(tree / "a"), "--out", str(out), "--quiet"]) == 1  # the last photo is the damaged one
-    assert "0 photos labelled, 1 could not be read (rows with an error), 3 already there" in capsys.readouterr().err
+    assert "0 photos labelled, 1 could not be read, 3 already there; 1 row with an error in the file" in capsys.readouterr().err
     assert out.read_text() == whole
 
 

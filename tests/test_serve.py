@@ -85,7 +85,7 @@ BAD_UPLOADS = [
     ("truncated.jpg", _truncated, 415, "damaged or truncated"),
     ("drawing.svg", lambda p: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>', 415, "not an image Pillow can read"),
     ("bomb.png", lambda p: _bomb(), 413, "is 90 megapixels, over the limit of 50 megapixels (a decompression bomb?); if it is a real photo, resize it"),
-    ("huge.jpg", lambda p: np.random.default_rng(0).bytes(int(UPLOAD_LIMIT_MB * 1e6) + 50_000), 413, f"larger than the limit of {UPLOAD_LIMIT_MB:g} MB"),
+    ("huge.jpg", lambda p: np.random.default_rng(0).bytes(int(UPLOAD_LIMIT_MB * 1e6) + 50_000), 413, f"is over the limit of {UPLOAD_LIMIT_MB:g} MB (the server's --max-upload-mb); if it is a real photo, resize it below the limit"),
 ]
 
 
@@ -342,8 +342,8 @@ def test_an_upload_over_the_limit_behind_the_body_limit_is_refused_by_the_endpoi
     with ServerThread(limited.app) as url:  # the FastAPI app without the middleware
         answer = post(url, b"x" * 2_000, "big.jpg")
     assert answer.status_code == 413
-    assert answer.json() == {"error": "the upload is larger than the limit of 0.001 MB; send a smaller photo "
-                             "(the server's --max-upload-mb sets the limit)"}
+    assert answer.json() == {"error": "the upload is over the limit of 0.001 MB (the server's --max-upload-mb); if it is "
+                             "a real photo, resize it below the limit and try again"}
 
 def _memory_of(pid: int, stop: threading.Event, peak: list) -> None:
     import psutil

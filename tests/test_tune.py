@@ -698,16 +698,6 @@ def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, tex
     assert not (tmp_path / "s").exists()  # refused before anything was written
 
 
-def test_tune_refuses_a_budget_smaller_than_one_fold(photos, tmp_path, capsys, monkeypatch):
-    real_run_fold = cv.run_fold
-    # The fold's own time is what the budget is compared with; a tiny fold can take under the budget
-    # on a fast machine, so the fold is timed at 5 s here whatever the machine.
-    monkeypatch.setattr(cv, "run_fold", lambda *a, **k: {**real_run_fold(*a, **k), "seconds": 5.0})
-    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--budget", "0.05s", "--folds", "2", *TINY]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "is less than one fold takes here (5 s" in err and "a trial of 2 folds needs about 10 s" in err
-
-
 def test_no_fold_starts_that_would_end_past_the_budget(photos, tmp_path, monkeypatch):
     import time
     from types import SimpleNamespace

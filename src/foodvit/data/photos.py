@@ -29,6 +29,11 @@ ACCEPTED = "a JPEG, PNG, WebP, BMP, GIF or TIFF photo"
 # Pillow's own default, named and enforced here: a photo over this many pixels is refused before it
 # is decoded (a "decompression bomb": a small file that decodes to gigabytes).
 MAX_PIXELS = 89_478_485
+# The one limit of a photo's pixels for every command that opens photos (predict, explain, evaluate,
+# training's data, serve's default --max-megapixels): 50 megapixels lets the full photos of 48- and
+# 50-megapixel phone cameras through, and the model needs a few hundred pixels a side. MAX_PIXELS
+# stays the ceiling a server may raise it to.
+PHOTO_LIMIT = 50_000_000
 
 # Reduced decoding (decode(..., reduce_to=N)): a photo is decoded at an integer fraction of its size
 # only when its shorter side stays at least REDUCE_MARGIN x N and at least REDUCE_FLOOR px, so that
@@ -80,7 +85,7 @@ def limit_pixels() -> None:
 
 
 @contextlib.contextmanager
-def open_photo(source: str | os.PathLike | io.BytesIO, name=None, max_pixels: int = MAX_PIXELS):
+def open_photo(source: str | os.PathLike | io.BytesIO, name=None, max_pixels: int = PHOTO_LIMIT):
     """Image.open with the pixel limit (max_pixels, at most MAX_PIXELS) enforced from the header,
     before any decoding; every way a file can fail to open becomes a PhotoError that names the
     photo (`name`, else the path) and what is wrong. (No warnings.catch_warnings here: it changes
@@ -124,7 +129,7 @@ def load_rgb(path: str | os.PathLike | io.BytesIO, name=None) -> Image.Image:
 
     Transparent pixels (RGBA, LA, palette with transparency) are laid over white; 16- and 32-bit
     grayscale is rescaled to 8 bits; CMYK, grayscale and palette photos are converted. A photo
-    over MAX_PIXELS is refused before decoding.
+    over PHOTO_LIMIT is refused before decoding.
     """
     with open_photo(path, name) as image:
         return as_rgb(image)
@@ -167,7 +172,7 @@ def decode(
     photo,
     name: str | os.PathLike = "the photo",
     *,
-    max_pixels: int = MAX_PIXELS,
+    max_pixels: int = PHOTO_LIMIT,
     reduce_to: int | None = None,
     budget: DecodeBudget | None = None,
 ) -> Image.Image:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import glob
 import heapq
+import io
 import itertools
 import json
 import os
@@ -40,18 +41,32 @@ class PhotoList:
     photos walked in sorted path order by data/folders.py's rules), then the lines of a list file
     ('-': standard input). Iterated lazily, as text paths; an input that does not exist stays in
     the list and gets an error row. A folder without photos, or a list file that cannot be read,
-    is refused here, before any work."""
+    is refused here, before any work. A list file holds a path a line (split at "\n" alone, a CRLF
+    line's "\r" dropped), or with nul=True paths ended by NUL bytes (find -print0), for names that
+    hold a newline; its bytes are taken as the file system's names (os.fsdecode)."""
 
-    def __init__(self, inputs: Iterable[str | os.PathLike] = (), list_file: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self, inputs: Iterable[str | os.PathLike] = (), list_file: str | os.PathLike | None = None, *, nul: bool = False
+    ) -> None:
         self.inputs = [str(i) for i in inputs]
-        self.list_file = None if list_file is None else str(list_file)
+        self.list_file, self.nul = None if list_file is None else str(list_file), nul
         for item in self.inputs:
             if Path(item).is_dir() and next(walk_photos(Path(item)), None) is None:
-                raise DataError(f"{item} holds no photos (files named {', '.join(IMAGE_EXTENSIONS)}, hidden ones left out); "
-                                "give a folder of photos or photo files")
+                raise DataError(
+                    f"{item} holds no photos (files named {', '.join(IMAGE_EXTENSIONS)}, hidden ones left out); "
+                    "give a folder of photos or photo files"
+                )
+        if self.list_file not in (None, "-") and Path(self.list_file).is_dir():
+            raise DataError(
+                f"the list file {self.list_file} is a folder; give a text file with one photo path a line, or name "
+                "the folder itself (without --files-from) to label every photo in it"
+            )
         if self.list_file not in (None, "-") and not os.access(self.list_file, os.R_OK):
             why = "does not exist" if not Path(self.list_file).exists() else "cannot be read"
-            raise DataError(f"the list file {self.list_file} {why}; give a text file with one photo path a line (or - for standard input)")
+            raise DataError(
+                f"the list file {self.list_file} {why}; give a text file with one photo path a line (or - for "
+                "standard input)"
+            )
         if not self.inputs and self.list_file is None:
             raise DataError("no photos given; name photo files or folders, or a list file with --files-from")
 
@@ -62,10 +77,12 @@ class PhotoList:
             else:
                 yield item
         if self.list_file == "-":
-            yield from _lines(sys.stdin)
+            # standard input's bytes; a text stream put in its place (an embedding program's) is read as text
+            stream = getattr(sys.stdin, "buffer", None) or io.BytesIO(os.fsencode(sys.stdin.read()))
+            yield from _names(stream, self.nul)
         elif self.list_file is not None:
-            with open(self.list_file, encoding="utf-8") as lines:
-                yield from _lines(lines)
+            with open(self.list_file, "rb") as names:
+                yield from _names(names, self.nul)
 
     def count(self) -> int | None:
         """How many photos (one more pass over the folders and the list file); None when the list
@@ -73,11 +90,20 @@ class PhotoList:
         return None if self.list_file == "-" else sum(1 for _ in self)
 
 
-def _lines(stream) -> Iterator[str]:
-    for line in stream:
-        line = line.rstrip("\r\n")
-        if line.strip():
-            yield line
+def _names(stream, nul: bool, block: int = 1 << 16) -> Iterator[str]:
+    """The paths of a binary stream: NUL-ended (nul), else one a line ("\n"; a "\r" before it dropped)."""
+    if not nul:
+        for line in stream:  # a binary stream's lines end at b"\n" alone
+            line = line.removesuffix(b"\n").removesuffix(b"\r")
+            if line.strip():
+                yield os.fsdecode(line)
+        return
+    rest = b""
+    while chunk := stream.read(block):
+        *names, rest = (rest + chunk).split(b"\0")
+        yield from (os.fsdecode(name) for name in names if name)
+    if rest:
+        yield os.fsdecode(rest)
 
 
 # ------------------------------------------------------------------------------ the work
@@ -100,7 +126,9 @@ def batches(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def prepared(predictor, chunks: Iterable[list[tuple[int, str]]], workers: int) -> Iterator[tuple[list[tuple[int, str]], list]]:
+def prepared(
+    predictor, chunks: Iterable[list[tuple[int, str]]], workers: int
+) -> Iterator[tuple[list[tuple[int, str]], list]]:
     """For each batch of (index, path), (the batch, inputs): each input the model's array (3, S, S)
     or the DataError that says why the photo cannot be used. workers > 0: decoded by that many
     threads, up to AHEAD batches ahead of the caller; 0: decoded here, one at a time."""
@@ -135,17 +163,29 @@ def rows_of(predictor, paths: list[str], inputs: list, top_k: int) -> list[dict]
     good = [x for x in inputs if isinstance(x, np.ndarray)]
     probabilities = iter(predictor.probabilities(np.stack(good)) if good else ())
     rows = []
-    for path, x in zip(paths, inputs):
+    for path, x in zip(paths, inputs, strict=False):
         if isinstance(x, np.ndarray):
             answer = predictor.result(next(probabilities), 0.0, top_k)
-            rows.append({"path": path, "label": answer["label"], "probability": answer["probability"], "top_k": answer["top_k"]})
+            rows.append(
+                {"path": path, "label": answer["label"], "probability": answer["probability"], "top_k": answer["top_k"]}
+            )
         else:
             rows.append({"path": path, "error": str(x)})
     return rows
 
 
-def label(predictor, photos: PhotoList, out: Predictions, *, top_k: int = 3, batch_size: int = 64, workers: int = 2,
-          quiet: bool = False, share=None, done: set[str] | None = None) -> Labelled:
+def label(
+    predictor,
+    photos: PhotoList,
+    out: Predictions,
+    *,
+    top_k: int = 3,
+    batch_size: int = 64,
+    workers: int = 2,
+    quiet: bool = False,
+    share=None,
+    done: set[str] | None = None,
+) -> Labelled:
     """Label every photo of `photos` not already done, a batch at a time, into `out` (see the
     module's docstring). share(i): whether the i-th photo is this process's to label (default all);
     its rows then carry "index", the photo's place in the list, for the merge. done: the paths to
@@ -155,7 +195,9 @@ def label(predictor, photos: PhotoList, out: Predictions, *, top_k: int = 3, bat
     started = time.perf_counter()
     summary = Labelled()
     done = out.done if done is None else done
-    total = None if quiet or photos.list_file == "-" else sum(1 for i, _ in enumerate(photos) if share is None or share(i))
+    total = (
+        None if quiet or photos.list_file == "-" else sum(1 for i, _ in enumerate(photos) if share is None or share(i))
+    )
     bar = tqdm(total=total, unit="photo", desc="labelling", disable=quiet, dynamic_ncols=True)
 
     def todo() -> Iterator[tuple[int, str]]:
@@ -173,7 +215,7 @@ def label(predictor, photos: PhotoList, out: Predictions, *, top_k: int = 3, bat
         for chunk, inputs in prepared(predictor, batches(todo(), batch_size), workers):
             rows = rows_of(predictor, [path for _, path in chunk], inputs, top_k)
             if share is not None:
-                rows = [{"index": i, **row} for (i, _), row in zip(chunk, rows)]
+                rows = [{"index": i, **row} for (i, _), row in zip(chunk, rows, strict=False)]
             out.write(rows)
             failed = sum("error" in r for r in rows)
             summary.failed += failed
@@ -195,8 +237,20 @@ def part_files(out: Path) -> list[Path]:
     return sorted(out.parent.glob(glob.escape(out.name) + ".part-*-of-*.jsonl"))
 
 
-def label_share(predictor, photos: PhotoList, out: Path, identity: dict, *, rank: int, world: int, top_k: int = 3,
-                batch_size: int = 64, workers: int = 2, quiet: bool = False, timeout: float = 600.0) -> Labelled:
+def label_share(
+    predictor,
+    photos: PhotoList,
+    out: Path,
+    identity: dict,
+    *,
+    rank: int,
+    world: int,
+    top_k: int = 3,
+    batch_size: int = 64,
+    workers: int = 2,
+    quiet: bool = False,
+    timeout: float = 600.0,
+) -> Labelled:
     """One of `world` processes (torchrun's RANK and WORLD_SIZE) labelling `photos` into `out`.
 
     The i-th photo is rank i % world's; each rank writes its rows (with their index) to its own
@@ -216,8 +270,17 @@ def label_share(predictor, photos: PhotoList, out: Path, identity: dict, *, rank
         done |= read_done(part)
     mine = Predictions(part_path(out, rank, world), identity, top_k)
     try:
-        own = label(predictor, photos, mine, top_k=top_k, batch_size=batch_size, workers=workers, quiet=quiet,
-                    share=lambda i: i % world == rank, done=done)
+        own = label(
+            predictor,
+            photos,
+            mine,
+            top_k=top_k,
+            batch_size=batch_size,
+            workers=workers,
+            quiet=quiet,
+            share=lambda i: i % world == rank,
+            done=done,
+        )
     finally:
         mine.close()
     if main is None:
@@ -233,7 +296,10 @@ def label_share(predictor, photos: PhotoList, out: Path, identity: dict, *, rank
         merged = merge_parts(main, part_files(out))
     finally:
         main.close()
-    merged.skipped, merged.seconds = skipped, time.perf_counter() - started  # all ranks' photos: until the last is merged
+    merged.skipped, merged.seconds = (
+        skipped,
+        time.perf_counter() - started,
+    )  # all ranks' photos: until the last is merged
     return merged
 
 
@@ -254,8 +320,10 @@ def wait_for_parts(out: Path, missing: set[str], timeout: float, poll: float = 0
         if not missing:
             return
         if time.monotonic() > deadline:
-            raise RunError(f"{len(missing)} photos (e.g. {next(iter(missing))}) were not labelled by the other processes within "
-                           f"{timeout:g} s; run the same command again to continue (--dist-timeout waits longer)")
+            raise RunError(
+                f"{len(missing)} photos (e.g. {next(iter(missing))}) were not labelled by the other processes within "
+                f"{timeout:g} s; run the same command again to continue (--dist-timeout waits longer)"
+            )
         time.sleep(poll)
 
 

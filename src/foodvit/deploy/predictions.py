@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 from pathlib import Path
 
 from foodvit.errors import RunError
@@ -17,7 +18,6 @@ from foodvit.files import write_text
 
 COLUMNS = ("path", "label", "probability", "top_k", "error")
 FORMATS = (".csv", ".jsonl")
-
 
 
 def model_identity(where: str | os.PathLike, classes) -> dict:
@@ -38,16 +38,31 @@ def check_out(out: str | os.PathLike) -> Path:
     out = Path(out)
     if out.is_dir():
         raise RunError(f"--out {out} is a folder; give a file name, e.g. {out / 'predictions.csv'}")
+    for path in (out, meta_path(out)):
+        if path.is_symlink() or path.exists():
+            try:
+                regular = stat.S_ISREG(path.stat().st_mode)
+            except OSError:  # a link to nowhere
+                regular = False
+            if not regular:
+                raise RunError(
+                    f"{path} is not a regular file (a device, a pipe, or a link to one or to nowhere); "
+                    "predictions are written to a regular file or a new path: choose another --out"
+                )
     if out.suffix.lower() not in FORMATS:
-        raise RunError(f"--out {out}: predictions are written as .csv or .jsonl (chosen by the suffix); "
-                       f"use e.g. --out {out.with_suffix('.csv')}")
+        raise RunError(
+            f"--out {out}: predictions are written as .csv or .jsonl (chosen by the suffix); "
+            f"use e.g. --out {out.with_suffix('.csv')}"
+        )
     folder = out.parent
     if folder.exists() and not folder.is_dir():
         raise RunError(f"cannot write {out.name} into {folder}: it is a file, not a folder; choose another --out")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise RunError(f"cannot create the folder {folder} for {out.name} ({err.strerror or err}); choose another --out") from None
+        raise RunError(
+            f"cannot create the folder {folder} for {out.name} ({err.strerror or err}); choose another --out"
+        ) from None
     if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise RunError(f"cannot write {out} (read-only or not yours); choose another --out")
     return out
@@ -66,34 +81,120 @@ def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
     try:
         stored = json.loads(meta_file.read_text())
     except (OSError, ValueError):
-        raise RunError(f"{path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "
-                       "choose another --out, or delete it") from None
+        raise RunError(
+            f"{path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "
+            "choose another --out, or delete it"
+        ) from None
     if [stored.get("classes"), stored.get("sha256")] != [identity["classes"], identity["sha256"]]:
-        raise RunError(f"{path} holds predictions of another model ({stored.get('model')}, weights sha256 "
-                       f"{str(stored.get('sha256'))[:12]}...); choose another --out for {identity['model']}, or delete it to start over")
+        raise RunError(
+            f"{path} holds predictions of another model ({stored.get('model')}, weights sha256 "
+            f"{str(stored.get('sha256'))[:12]}...); choose another --out for {identity['model']}, or delete it to "
+            "start over"
+        )
     if stored.get("top_k") != top_k:
-        raise RunError(f"{path} was written with --top-k {stored.get('top_k')}; use the same --top-k to continue it, or another --out")
+        raise RunError(
+            f"{path} was written with --top-k {stored.get('top_k')}; use the same --top-k to continue it, or another "
+            "--out"
+        )
     return True
 
 
-def complete_lines(path: Path) -> str:
-    """The text of a file up to its last newline: a row cut short by a kill is not a row."""
-    data = path.read_bytes()
-    return data[: data.rfind(b"\n") + 1].decode("utf-8")
+def complete_size(path: Path, block: int = 1 << 16, before: int | None = None) -> int:
+    """The bytes of a file up to its last newline (before `before`), found from its end a block at a
+    time: a row cut short by a kill is not a row, and only the tail is read to find it."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END) if before is None else before
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            at = f.read(end - start).rfind(b"\n")
+            if at >= 0:
+                return start + at + 1
+            end = start
+    return 0
+
+
+class _Unfinished(Exception):
+    """A CSV file ending inside a quoted field: a row (holding a newline) cut short by a kill."""
+
+
+def complete_rows_size(path: Path) -> int:
+    """The bytes of a predictions file up to the end of its last complete row: its last newline, or
+    for a CSV file the newline before a row with a newline in its name that a kill cut short."""
+    size = complete_size(path)
+    while size > 0:
+        try:
+            read_rows(path, size)
+            return size
+        except _Unfinished:
+            size = complete_size(path, before=size - 1)
+    return size
+
+
+def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
+    """The paths of the complete rows of a predictions file (CSV or JSONL; its first `size` bytes,
+    default: up to its last newline), and of those among them with an error; read a row at a time
+    (a file's rows, never the file, in memory at once)."""
+    done: set[str] = set()
+    failed: set[str] = set()
+    if not path.exists():
+        return done, failed
+    size = complete_size(path) if size is None else size
+    with open(path, "rb") as raw:
+        text = io.TextIOWrapper(io.BufferedReader(_Bounded(raw, size)), encoding="utf-8", newline="")
+        try:
+            if path.suffix.lower() == ".csv":
+                rows = csv.reader(text, strict=True)
+                header = next(rows, None)
+                if header is not None and tuple(header) != COLUMNS:
+                    raise RunError(
+                        f"{path} is not a foodvit predictions file (its header is not {','.join(COLUMNS)}); "
+                        "choose another --out"
+                    )
+                for row in rows:
+                    if row:
+                        done.add(row[0])
+                        if len(row) >= len(COLUMNS) and row[COLUMNS.index("error")]:
+                            failed.add(row[0])
+            else:
+                for line in text:
+                    if line.strip():
+                        row = json.loads(line)
+                        done.add(row["path"])
+                        if row.get("error"):
+                            failed.add(row["path"])
+        except csv.Error as err:
+            if "unexpected end of data" in str(err):
+                raise _Unfinished from None
+            raise RunError(
+                f"{path} is not a foodvit predictions file (CSV: {err}); choose another --out, or delete it"
+            ) from None
+        except (ValueError, KeyError, TypeError) as err:
+            raise RunError(
+                f"{path} is not a foodvit predictions file ({type(err).__name__}: {str(err)[:100]}); "
+                "choose another --out, or delete it"
+            ) from None
+    return done, failed
 
 
 def read_done(path: Path) -> set[str]:
     """The paths of the complete rows of a predictions file (CSV or JSONL); set() if there is none."""
-    if not path.exists():
-        return set()
-    text = complete_lines(path)
-    if path.suffix.lower() == ".csv":
-        rows = csv.reader(io.StringIO(text, newline=""))
-        header = next(rows, None)
-        if header is not None and tuple(header) != COLUMNS:
-            raise RunError(f"{path} is not a foodvit predictions file (its header is not {','.join(COLUMNS)}); choose another --out")
-        return {row[0] for row in rows if row}
-    return {json.loads(line)["path"] for line in text.splitlines() if line}
+    return read_rows(path, complete_rows_size(path))[0] if path.exists() else set()
+
+
+class _Bounded(io.RawIOBase):
+    """The first `size` bytes of a binary file, as a raw stream."""
+
+    def __init__(self, raw, size: int) -> None:
+        self.raw, self.left = raw, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self.raw.readinto(memoryview(buffer)[: min(len(buffer), self.left)])
+        self.left -= n
+        return n
 
 
 class Predictions:
@@ -105,25 +206,38 @@ class Predictions:
     def __init__(self, out: Path, identity: dict, top_k: int) -> None:
         self.path, self.csv = Path(out), Path(out).suffix.lower() == ".csv"
         if check_written_by(self.path, identity, top_k):
-            keep = len(complete_lines(self.path).encode("utf-8"))
+            keep = complete_rows_size(self.path)
             if keep < self.path.stat().st_size:
                 os.truncate(self.path, keep)
         else:
             write_text(meta_path(self.path), json.dumps({**identity, "top_k": top_k}, indent=1) + "\n")
-        self.done = read_done(self.path)
+        self.done, self.failed = read_rows(
+            self.path, self.path.stat().st_size if self.path.exists() else None
+        )  # failed: rows with an error, written by an earlier run
         self.file = open(self.path, "ab")
         if self.file.tell() == 0 and self.csv:
-            self._write(self._encode([dict(zip(COLUMNS, COLUMNS))]))
+            self._write(self._encode([dict(zip(COLUMNS, COLUMNS, strict=False))]))
 
     def _encode(self, rows: list[dict]) -> bytes:
         if not self.csv:
             return "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
         text = io.StringIO(newline="")
-        writer = csv.writer(text, lineterminator="\n")
+        # QUOTE_MINIMAL quotes a field with "\n" (the line terminator) but not one with a lone "\r", which a
+        # reader splits a row at: a row holding one is quoted whole
+        writer, quoted = (
+            csv.writer(text, lineterminator="\n"),
+            csv.writer(text, lineterminator="\n", quoting=csv.QUOTE_ALL),
+        )
         for row in rows:
             top = row.get("top_k")
-            writer.writerow([row["path"], row.get("label", ""), row.get("probability", ""),
-                             json.dumps(top) if isinstance(top, list) else (top or ""), row.get("error", "")])
+            fields = [
+                row["path"],
+                row.get("label", ""),
+                row.get("probability", ""),
+                json.dumps(top) if isinstance(top, list) else (top or ""),
+                row.get("error", ""),
+            ]
+            (quoted if any("\r" in str(f) for f in fields) else writer).writerow(fields)
         return text.getvalue().encode("utf-8")
 
     def _write(self, data: bytes) -> None:

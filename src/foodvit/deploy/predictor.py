@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from foodvit.data.photos import MAX_PIXELS, PhotoError, decode
+from foodvit.data.photos import PHOTO_LIMIT, PhotoError, decode
 from foodvit.data.preprocess import Preprocess, to_array
 
 Logits = Callable[[np.ndarray], np.ndarray]
@@ -167,7 +167,7 @@ class Predictor:
                 return photos
         return []
 
-    def decode(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None):
+    def decode(self, photo, name: str = "the photo", *, max_pixels: int = PHOTO_LIMIT, budget=None):
         """One photo as an RGB PIL image, a photo file far larger than the model needs decoded
         reduced (photos.decode's reduce_to: the preprocessing's resize size); max_pixels and
         budget (a DecodeBudget): the server's limits. A PhotoError if it cannot be used."""
@@ -180,7 +180,7 @@ class Predictor:
             budget=budget,
         )
 
-    def prepare(self, photo, name: str = "the photo", *, max_pixels: int = MAX_PIXELS, budget=None) -> np.ndarray:
+    def prepare(self, photo, name: str = "the photo", *, max_pixels: int = PHOTO_LIMIT, budget=None) -> np.ndarray:
         """One photo -> the model's input (3, S, S), float32; a PhotoError if it cannot be used (see decode)."""
         return to_array(self.preprocess, self.decode(photo, name, max_pixels=max_pixels, budget=budget))
 

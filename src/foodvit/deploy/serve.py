@@ -33,16 +33,15 @@ from typing import Annotated
 
 import numpy as np
 
-from foodvit.data.photos import ACCEPTED, DecodeBudget, PhotoError, safe_name
+from foodvit.data.photos import ACCEPTED, PHOTO_LIMIT, DecodeBudget, PhotoError, safe_name
 from foodvit.deploy.predictor import Predictor
 from foodvit.errors import FoodVitError
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
-# Uploads over this many pixels are refused from their header. The model needs a few hundred pixels
-# a side; 50 lets through the full-resolution photos of 48- and 50-megapixel phone cameras.
-DEFAULT_MAX_MEGAPIXELS = 50.0
+# Uploads over this many pixels are refused from their header, as every command refuses such a photo.
+DEFAULT_MAX_MEGAPIXELS = PHOTO_LIMIT / 1e6  # the limit every command keeps (data/photos.py)
 # Bytes that concurrent decodes may hold at once (photos.DecodeBudget): with the server's own
 # ~0.7 GB, uploads cannot take it past about 1.2 GB however many arrive together.
 DECODE_BUDGET_MB = 384
@@ -161,9 +160,10 @@ class Service:
 
 
 def too_large_message(max_bytes: int) -> str:
+    """The 413 of an upload over the byte limit, worded as a photo over the pixel limit is (photos.too_large)."""
     return (
-        f"the upload is larger than the limit of {max_bytes / 1e6:g} MB; send a smaller photo "
-        "(the server's --max-upload-mb sets the limit)"
+        f"the upload is over the limit of {max_bytes / 1e6:g} MB (the server's --max-upload-mb); "
+        "if it is a real photo, resize it below the limit and try again"
     )
 
 

@@ -158,6 +158,9 @@ class NewRunDirectory:
         out = self.out
         if out.exists() and not out.is_dir():
             raise RunError(f"--out {out} is a file; a run directory is a folder: choose another --out")
+        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise RunError(f"{blocker} is a file; a run directory is a folder (--out {out}): choose another --out")
         self.created = not out.exists()
         self.lock_was_there = self.lock.path.exists()
         try:
@@ -175,6 +178,11 @@ class NewRunDirectory:
                 raise RunError(
                     f"{out} already holds a run; continue it with `foodvit train --resume {out}` "
                     "or choose another --out"
+                )
+            if "config.json" in others:
+                raise RunError(
+                    f"{out} holds a run stopped before its first checkpoint (config.json, no checkpoint.pt): "
+                    f"nothing of it can be resumed; remove {out} to start again there, or choose another --out"
                 )
             shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
             raise RunError(
@@ -260,8 +268,9 @@ def load_checkpoint(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise RunError(
-            f"{path} does not exist: nothing to resume "
-            "(a run writes it after its first epoch, or its CNN teacher or pre-training stage)"
+            f"{path} does not exist: the run stopped before its first checkpoint (written after its first epoch, "
+            f"or its CNN teacher or pre-training stage), so nothing of it can be resumed; remove {path.parent} "
+            "to start again there with foodvit train --out, or choose another --out"
         )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -289,8 +298,21 @@ def stored_device(out: Path) -> str:
 
 
 def check_is_run(out: Path) -> None:
-    if not (out / "config.json").is_file():
-        raise RunError(f"{out} holds no foodvit run (no config.json); start one with foodvit train --out {out}")
+    """A folder --resume can take, or a one-line error whose advice the other commands would follow."""
+    if (out / "config.json").is_file():
+        return
+    if not out.exists():
+        raise RunError(f"{out} does not exist; --resume takes a run directory written by foodvit train")
+    if not out.is_dir():
+        raise RunError(f"{out} is a file; --resume takes a run directory written by foodvit train")
+    if any(p.name not in (RunLock.NAME, RunLock.OWNER) for p in out.iterdir()):
+        raise RunError(
+            f"{out} holds no foodvit run (no config.json): --resume takes a run directory written by foodvit train, "
+            "and a new run needs a new or empty folder (--out)"
+        )
+    raise RunError(
+        f"{out} holds no foodvit run (no config.json), nothing to resume; start one with foodvit train --out {out}"
+    )
 
 
 def read_for_resume(out: Path, data: str | None, log) -> tuple[RunConfig, dict]:

@@ -60,12 +60,25 @@ def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
             "only_a": sorted(k for k in a if a[k] and not b[k]), "only_b": sorted(k for k in a if b[k] and not a[k])}
 
 
+def _result_file(path: Path, keys: tuple[str, ...]) -> dict:
+    """A study's JSON result file holding `keys`, or a one-line error naming the damaged file."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise StudyError(f"{path} is damaged ({type(e).__name__}); remove it and run `foodvit cv` on its study again "
+                         "to redo that part") from None
+    if not isinstance(result, dict) or any(key not in result for key in keys):
+        raise StudyError(f"{path} is damaged (not a result with {', '.join(keys)}); remove it and run `foodvit cv` on "
+                         "its study again to redo that part")
+    return result
+
+
 def read_study(study: str | Path) -> dict:
     """A finished study's cv.json (accuracy, folds, and each held-out photo right or wrong), or a one-line error."""
     path = Path(study) / "cv.json"
-    if not path.is_file():
+    if not path.exists():
         raise StudyError(f"{study} holds no finished cross-validation (no cv.json); run `foodvit cv --out {study}` to finish it")
-    return json.loads(path.read_text())
+    return _result_file(path, ("photos",))
 
 
 def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
@@ -76,8 +89,14 @@ def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
         raise StudyError(f"{study} is no cross-validation study (no study.json); give a folder `foodvit cv --out` wrote")
     found = {}
     for path in sorted([*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json")]):
-        result = json.loads(path.read_text())
-        found[(result["seed"], result["fold"])] = {prediction_key(result["seed"], p["photo"]): p["right"] for p in result["predictions"]}
+        result = _result_file(path, ("seed", "fold", "predictions"))
+        try:
+            found[(result["seed"], result["fold"])] = {
+                prediction_key(result["seed"], p["photo"]): p["right"] for p in result["predictions"]
+            }
+        except (TypeError, KeyError):
+            raise StudyError(f"{path} is damaged (its predictions are not photo/right pairs); remove it and run "
+                             "`foodvit cv` on its study again to redo that part") from None
     return found
 
 
@@ -93,7 +112,7 @@ def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str
 def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
     """Study B against study A: paired()'s result and its line; over the folds both have finished when
     either study is not finished yet."""
-    if (Path(a) / "cv.json").is_file() and (Path(b) / "cv.json").is_file():
+    if (Path(a) / "cv.json").exists() and (Path(b) / "cv.json").exists():
         result = paired(read_study(a)["photos"], read_study(b)["photos"])
         return result, compare_line(result, str(a), str(b))
     folds_a, folds_b = finished_folds(a), finished_folds(b)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import statistics
 import time
@@ -36,9 +37,11 @@ from foodvit.errors import StudyError
 from foodvit.files import atomic_folder, write_text
 from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
+from foodvit.tuning.compare import prediction_key
 from foodvit.tuning.jobs import fold_threads, plan, run_tasks
 from foodvit.tuning.study import check_lender, open_study, study_settings
-from foodvit.tuning.compare import prediction_key
+
+logger = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------------ the photos
 
@@ -73,11 +76,18 @@ def check_folds(split: Split, k: int) -> None:
     """Every class must have a photo in every held-out fold, else a fold's run sees a class with no test photo."""
     if k < 2:
         raise StudyError(f"cross-validation needs at least 2 folds, got {k}")
+    fewest = min(split.counts().values(), default=0)
     for name, n in split.counts().items():
+        if n < 2:
+            raise StudyError(
+                f"class {name} has {n} training photo(s): every fold holds out at least one photo of each class, "
+                f"so cross-validation needs at least 2 photos of each; add photos of {name}, or leave the class out"
+            )
         if n < k:
-            raise StudyError(f"class {name} has {n} training photo(s), fewer than the {k} folds: every fold holds out at "
-                             f"least one photo of each class; use --folds {max(2, min(split.counts().values()))} or fewer, "
-                             "or add photos")
+            raise StudyError(
+                f"class {name} has {n} training photo(s), fewer than the {k} folds: every fold holds out at "
+                f"least one photo of each class; use --folds {fewest} or fewer, or add photos"
+            )
 
 
 def fold_folder(folds_dir: Path, seed: int, fold: int) -> Path:
@@ -123,9 +133,14 @@ def prediction_record(photo: str, label: str, probabilities, classes: list[str])
     """One held-out photo's prediction as a study keeps it: the guess, whether it is right, its
     probability and every class's (which lets studies on the same folds be averaged afterwards)."""
     guess = classes[int(probabilities.argmax())]
-    return {"photo": photo, "label": label, "predicted": guess, "right": guess == label,
-            "probability": round(float(probabilities.max()), 6),
-            "probabilities": {c: round(float(q), 6) for c, q in zip(classes, probabilities)}}
+    return {
+        "photo": photo,
+        "label": label,
+        "predicted": guess,
+        "right": guess == label,
+        "probability": round(float(probabilities.max()), 6),
+        "probabilities": {c: round(float(q), 6) for c, q in zip(classes, probabilities, strict=False)},
+    }
 
 
 def held_out_predictions(run: Path, folder: Path) -> list[dict]:
@@ -142,20 +157,33 @@ def held_out_predictions(run: Path, folder: Path) -> list[dict]:
     out = []
     for start in range(0, len(held.samples), 64):
         chunk = held.samples[start : start + 64]
-        probabilities = predictor.probabilities(np.stack([predictor.prepare(load_or_explain(p), str(p)) for p, _ in chunk]))
-        out += [prediction_record(photo_key(held, path), held.classes[label], p, predictor.classes) for (path, label), p in zip(chunk, probabilities)]
+        probabilities = predictor.probabilities(
+            np.stack([predictor.prepare(load_or_explain(p), str(p)) for p, _ in chunk])
+        )
+        out += [
+            prediction_record(photo_key(held, path), held.classes[label], p, predictor.classes)
+            for (path, label), p in zip(chunk, probabilities, strict=False)
+        ]
     return out
 
 
-def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int, quiet: bool = True,
-             teacher_from: Path | None = None) -> dict:
+def run_fold(
+    config: RunConfig,
+    run: Path,
+    folder: Path,
+    *,
+    seed: int,
+    fold: int,
+    quiet: bool = True,
+    teacher_from: Path | None = None,
+) -> dict:
     """A fold's result: trained (or resumed, or read when finished), then its held-out photos predicted.
     teacher_from: the same fold's run in another study, whose CNN teacher this fold borrows."""
     from foodvit.training.trainer import resume, train
 
     result_file = run.with_name(run.name + ".json")
-    if result_file.is_file():
-        return json.loads(result_file.read_text())
+    if (finished := read_result(result_file)) is not None:
+        return finished
     run.parent.mkdir(parents=True, exist_ok=True)
     # One process a fold, from the look at its result to the result written (the run's own lock covers
     # only its training): another process takes another fold meanwhile.
@@ -165,16 +193,54 @@ def run_fold(config: RunConfig, run: Path, folder: Path, *, seed: int, fold: int
     except Timeout:
         raise FoldBusy(f"{run} is being run by another process") from None
     try:
-        if result_file.is_file():  # finished by another process between the look and the lock
-            return json.loads(result_file.read_text())
-        return _run_fold(config, run, folder, result_file, seed=seed, fold=fold, quiet=quiet, resume=resume, train=train,
-                         teacher_from=teacher_from)
+        if (
+            finished := read_result(result_file)
+        ) is not None:  # finished by another process between the look and the lock
+            return finished
+        return _run_fold(
+            config,
+            run,
+            folder,
+            result_file,
+            seed=seed,
+            fold=fold,
+            quiet=quiet,
+            resume=resume,
+            train=train,
+            teacher_from=teacher_from,
+        )
     finally:
         lock.release()
 
 
-def _run_fold(config: RunConfig, run: Path, folder: Path, result_file: Path, *, seed: int, fold: int, quiet: bool, resume,
-              train, teacher_from: Path | None) -> dict:
+def read_result(path: Path) -> dict | None:
+    """A fold's written result; None when there is none, or when it is damaged (cut short, overwritten):
+    the fold is then scored again from its saved model (trained again only if that is gone too)."""
+    if not path.is_file():
+        return None
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        result = None
+    if isinstance(result, dict) and {"seed", "fold", "predictions", "accuracy", "seconds"} <= result.keys():
+        return result
+    logger.warning(f"{path} is damaged: the fold is scored again from its run")
+    return None
+
+
+def _run_fold(
+    config: RunConfig,
+    run: Path,
+    folder: Path,
+    result_file: Path,
+    *,
+    seed: int,
+    fold: int,
+    quiet: bool,
+    resume,
+    train,
+    teacher_from: Path | None,
+) -> dict:
     started = time.perf_counter()
     if not (run / "model.json").is_file():
         try:
@@ -183,22 +249,37 @@ def _run_fold(config: RunConfig, run: Path, folder: Path, result_file: Path, *, 
             else:
                 _clear_unstarted(run)
                 # evaluated once, at the end: the study reads the fold's final model alone, never its curves
-                fold_config = replace(config, data=replace(config.data, source=str(folder.resolve())),
-                                      train=replace(config.train, seed=seed, eval_every=config.train.epochs))
+                fold_config = replace(
+                    config,
+                    data=replace(config.data, source=str(folder.resolve())),
+                    train=replace(config.train, seed=seed, eval_every=config.train.epochs),
+                )
                 train(fold_config, run, quiet=quiet, log=lambda *a, **k: None, teacher_from=teacher_from)
         except rundir.LockedError:  # another process took the fold between the look and the start
-            raise FoldBusy(f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})") from None
+            raise FoldBusy(
+                f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})"
+            ) from None
     predictions = held_out_predictions(run, folder)
     metrics = json.loads((run / "model.json").read_text())["metrics"]
     right = sum(p["right"] for p in predictions)
     if len(predictions) != metrics["test_n"]:
-        raise StudyError(f"{run}: {len(predictions)} held-out photos in {folder / 'test'}, its run scored {metrics['test_n']}; "
-                         f"the fold's photos changed: remove {run} to train the fold again")
+        raise StudyError(
+            f"{run}: {len(predictions)} held-out photos in {folder / 'test'}, its run scored {metrics['test_n']}; "
+            f"the fold's photos changed: remove {run} to train the fold again"
+        )
     # The fold is scored from the saved model's predictions, as any later use of it sees it; the run's own
     # evaluation (bf16 on a GPU, photos decoded at full size) may differ by a near-tie, which is no error.
-    result = {"seed": seed, "fold": fold, "run": run.name, "n": len(predictions), "correct": right,
-              "accuracy": right / len(predictions), "per_class": _per_class(predictions),
-              "seconds": round(time.perf_counter() - started, 2), "predictions": predictions}
+    result = {
+        "seed": seed,
+        "fold": fold,
+        "run": run.name,
+        "n": len(predictions),
+        "correct": right,
+        "accuracy": right / len(predictions),
+        "per_class": _per_class(predictions),
+        "seconds": round(time.perf_counter() - started, 2),
+        "predictions": predictions,
+    }
     write_text(result_file, json.dumps(result))  # compact: every held-out photo's class probabilities
     return result
 
@@ -236,12 +317,18 @@ class CvResult:
     n: int  # photos (each predicted once per seed)
     per_class: dict[str, float]
     folds: list[dict]  # each fold's result without its predictions
-    left: tuple[int, ...] = ()  # with --fold: the study's folds still without a result (of any seed); () once it is whole
+    left: tuple[
+        int, ...
+    ] = ()  # with --fold: the study's folds still without a result (of any seed); () once it is whole
 
     def line(self) -> str:
         k, seeds = len({f["fold"] for f in self.folds}), len({f["seed"] for f in self.folds})
-        return (f"{k}-fold CV" + (f" x {seeds} seeds" if seeds > 1 else "") + f" accuracy {self.accuracy:.3f} +- {self.standard_error:.3f} (standard error over "
-                f"{self.n} photos); " + ", ".join(f"{c} {a:.3f}" for c, a in self.per_class.items()))
+        return (
+            f"{k}-fold CV"
+            + (f" x {seeds} seeds" if seeds > 1 else "")
+            + f" accuracy {self.accuracy:.3f} +- {self.standard_error:.3f} (standard error over "
+            f"{self.n} photos); " + ", ".join(f"{c} {a:.3f}" for c, a in self.per_class.items())
+        )
 
 
 def summarise(fold_results: list[dict]) -> CvResult:
@@ -258,9 +345,21 @@ def summarise(fold_results: list[dict]) -> CvResult:
     return CvResult(accuracy, se, len(shares), per_class, folds)
 
 
-def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, folds: int, seeds: list[int], quiet: bool = True,
-           progress: bool = False, after_fold=None, wait_s: float = 30.0, teachers: Path | None = None,
-           only: Sequence[int] | None = None) -> tuple[CvResult, list[dict]]:
+def run_cv(
+    config: RunConfig,
+    runs: Path,
+    folds_dir: Path,
+    split: Split,
+    *,
+    folds: int,
+    seeds: list[int],
+    quiet: bool = True,
+    progress: bool = False,
+    after_fold=None,
+    wait_s: float = 30.0,
+    teachers: Path | None = None,
+    only: Sequence[int] | None = None,
+) -> tuple[CvResult, list[dict]]:
     """Each seed's folds (or those numbered in `only`), each a run in `runs`; after_fold(index, results
     so far) after each (the tuner reports and prunes there). The results and every fold's full result, in fold order.
     teachers: a study of the same folds whose fold runs lend their trained CNN teachers (a fold whose
@@ -270,8 +369,12 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
     from tqdm.auto import tqdm
 
     check_folds(split, folds)
-    todo = [(seed, index, folder) for seed in seeds for index, folder in enumerate(fold_folders(split, folds, seed, folds_dir))
-            if only is None or index in only]
+    todo = [
+        (seed, index, folder)
+        for seed in seeds
+        for index, folder in enumerate(fold_folders(split, folds, seed, folds_dir))
+        if only is None or index in only
+    ]
     results = []
     with tqdm(total=len(todo), desc="folds", unit="fold", disable=not progress, leave=False) as bar:
         while todo:
@@ -281,7 +384,9 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
                 run, lender = runs / name, teachers / name if teachers is not None else None
                 lender = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
                 try:
-                    results.append(run_fold(config, run, folder, seed=seed, fold=index, quiet=quiet, teacher_from=lender))
+                    results.append(
+                        run_fold(config, run, folder, seed=seed, fold=index, quiet=quiet, teacher_from=lender)
+                    )
                 except FoldBusy:
                     busy.append((seed, index, folder))
                     continue
@@ -299,9 +404,18 @@ def run_cv(config: RunConfig, runs: Path, folds_dir: Path, split: Split, *, fold
     return summarise(results), results
 
 
-def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seeds: int = 1, quiet: bool = True,
-                   progress: bool = False, teachers: str | Path | None = None, only: Sequence[int] | None = None,
-                   jobs: int | None = 1) -> CvResult:
+def cross_validate(
+    config: RunConfig,
+    study: str | Path,
+    *,
+    folds: int = 5,
+    seeds: int = 1,
+    quiet: bool = True,
+    progress: bool = False,
+    teachers: str | Path | None = None,
+    only: Sequence[int] | None = None,
+    jobs: int | None = 1,
+) -> CvResult:
     """`foodvit cv`: the config's k-fold CV over its training photos, seeds config.train.seed and on,
     in the study folder (resumed if it holds this same study). teachers: a study of the same folds
     and teacher settings (a distilled or guided recipe) whose trained CNN teachers the folds borrow:
@@ -317,21 +431,41 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
         outside = sorted(set(only) - set(range(folds)))
         if outside or not only:
             shown = f"--fold {', '.join(map(str, outside))}" if outside else "no fold given"
-            raise StudyError(f"{shown}: a {folds}-fold study has folds 0 to {folds - 1}; give folds of those, "
-                             "or leave --fold out to run them all")
+            raise StudyError(
+                f"{shown}: a {folds}-fold study has folds 0 to {folds - 1}; give folds of those, "
+                "or leave --fold out to run them all"
+            )
     seed_list = [config.train.seed + i for i in range(seeds)]
-    identity = {"kind": "cv", "data": fingerprint(split), "classes": list(split.classes), "folds": folds, "seeds": seed_list,
-                "settings": study_settings(config.to_dict())}
+    identity = {
+        "kind": "cv",
+        "data": fingerprint(split),
+        "classes": list(split.classes),
+        "folds": folds,
+        "seeds": seed_list,
+        "settings": study_settings(config.to_dict()),
+    }
     if teachers is not None:
         teachers = Path(teachers)
         with fold_threads(jobs):  # checked against the threads the folds will train on
             check_lender(teachers, study, identity, config)
     open_study(study, identity)
     if jobs != 1:  # the folds trained on several processes; run_cv below then reads their results
-        train_on_processes(config, study, split, folds=folds, seeds=seed_list, teachers=teachers, only=only, jobs=jobs,
-                           progress=progress)
-    result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet,
-                                  progress=progress, teachers=teachers, only=only)
+        train_on_processes(
+            config, study, split, folds=folds, seeds=seed_list, teachers=teachers, only=only, jobs=jobs,
+            progress=progress,
+        )
+    result, fold_results = run_cv(
+        config,
+        study,
+        study / "folds",
+        split,
+        folds=folds,
+        seeds=seed_list,
+        quiet=quiet,
+        progress=progress,
+        teachers=teachers,
+        only=only,
+    )
     if only is not None:  # the study is written once it is whole: its other folds' results are then read, not trained
         left = folds_left(study, folds, seed_list)
         if left:
@@ -343,25 +477,55 @@ def cross_validate(config: RunConfig, study: str | Path, *, folds: int = 5, seed
 
 def folds_left(study: Path, folds: int, seeds: list[int]) -> list[tuple[int, int]]:
     """(seed, fold) of every fold of the study whose result is not written yet (by this process or another)."""
-    return [(seed, fold) for seed in seeds for fold in range(folds)
-            if not (study / f"{fold_name(seed, fold, len(seeds))}.json").is_file()]
+    return [
+        (seed, fold)
+        for seed in seeds
+        for fold in range(folds)
+        if not (study / f"{fold_name(seed, fold, len(seeds))}.json").is_file()
+    ]
 
 
 def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: list[dict]) -> None:
     """cv.json (the result and every prediction), predictions.jsonl, cv.md."""
     photos = {prediction_key(r["seed"], p["photo"]): p["right"] for r in fold_results for p in r["predictions"]}
-    write_text(study / "cv.json", json.dumps({"recipe": config.recipe, "accuracy": result.accuracy,
-                                              "standard_error": result.standard_error, "n": result.n,
-                                              "per_class": result.per_class, "folds": result.folds, "photos": photos}, indent=1))
-    write_text(study / "predictions.jsonl", "".join(json.dumps({"seed": r["seed"], "fold": r["fold"], **p}) + "\n"
-                                                    for r in fold_results for p in r["predictions"]))
+    write_text(
+        study / "cv.json",
+        json.dumps(
+            {
+                "recipe": config.recipe,
+                "accuracy": result.accuracy,
+                "standard_error": result.standard_error,
+                "n": result.n,
+                "per_class": result.per_class,
+                "folds": result.folds,
+                "photos": photos,
+            },
+            indent=1,
+        ),
+    )
+    write_text(
+        study / "predictions.jsonl",
+        "".join(
+            json.dumps({"seed": r["seed"], "fold": r["fold"], **p}) + "\n"
+            for r in fold_results
+            for p in r["predictions"]
+        ),
+    )
     classes = list(result.per_class)
-    lines = [f"# Cross-validation: {config.recipe}", "", result.line(), "",
-             "| seed | fold | photos | accuracy | " + " | ".join(classes) + " | seconds |",
-             "|---|---|---|---|" + "---|" * len(classes) + "---|"]
+    lines = [
+        f"# Cross-validation: {config.recipe}",
+        "",
+        result.line(),
+        "",
+        "| seed | fold | photos | accuracy | " + " | ".join(classes) + " | seconds |",
+        "|---|---|---|---|" + "---|" * len(classes) + "---|",
+    ]
     for f in result.folds:
-        lines.append(f"| {f['seed']} | {f['fold']} | {f['n']} | {f['accuracy']:.3f} | "
-                     + " | ".join(f"{f['per_class'].get(c, float('nan')):.3f}" for c in classes) + f" | {f['seconds']:.0f} |")
+        lines.append(
+            f"| {f['seed']} | {f['fold']} | {f['n']} | {f['accuracy']:.3f} | "
+            + " | ".join(f"{f['per_class'].get(c, float('nan')):.3f}" for c in classes)
+            + f" | {f['seconds']:.0f} |"
+        )
     write_text(study / "cv.md", "\n".join(lines) + "\n")
 
 

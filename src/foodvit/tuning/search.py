@@ -25,12 +25,13 @@ over the training photos (cv.py), so the test split plays no part in the choice.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from foodvit.config import SECTIONS, RunConfig, with_settings
 from foodvit.errors import ConfigError, StudyError
@@ -39,14 +40,12 @@ from foodvit.model.variants import without_recipe_resizing
 from foodvit.rundir import directory as rundir
 from foodvit.tuning import compare, cv
 from foodvit.tuning.space import Param, base_values, default_space, read_space, space_table
-from foodvit.tuning.study import open_study, study_settings
+from foodvit.tuning.study import TRIAL_FILE, bind_trial, open_study, read_identity, study_settings
+
+logger = logging.getLogger(__name__)
 
 STUDY_NAME = "foodvit"
 FAILURES_IN_A_ROW = 3  # a process stops after this many failed trials in a row: something is wrong beyond one setting
-
-
-class BudgetError(StudyError):
-    """The budget cannot fit even one fold."""
 
 
 # ------------------------------------------------------------------------------------ a trial
@@ -99,12 +98,23 @@ class Objective:
     running mean accuracy reported after each fold (Optuna prunes there), the budget checked
     between folds."""
 
-    def __init__(self, study_dir: Path, base: RunConfig, space: dict[str, Param], split, folds: int, *,
-                 budget_s: float | None, started: float, log) -> None:
+    def __init__(
+        self,
+        study_dir: Path,
+        base: RunConfig,
+        space: dict[str, Param],
+        split,
+        folds: int,
+        *,
+        budget_s: float | None,
+        started: float,
+        log,
+    ) -> None:
         self.study_dir, self.base, self.space, self.split, self.folds = study_dir, base, space, split, folds
         self.budget_s, self.deadline = budget_s, (started + budget_s) if budget_s else None
         self.log = log
         self.failures = 0  # failed trials in a row, in this process
+        self.short = ""  # set when the budget ended inside a trial's first fold: what to do about it
 
     def folder(self, trial) -> Path:
         """The trial's folder; a trial run again after its process was killed (Optuna's
@@ -135,29 +145,50 @@ class Objective:
             trial.set_user_attr("error", str(err))
             raise TrialCrashed(str(err)) from None
 
+        bind_trial(folder, trial_identity(config, self.split, self.folds), f"trial {trial.number}")
+        # folds a trial run again finds finished are read, not run: their time is not this trial's
+        finished = {p.name for p in folder.glob("fold-*.json")}
+
         def after_fold(step: int, results: list[dict]) -> None:
             running = cv.summarise(results).accuracy
             trial.report(running, step)
             trial.set_user_attr("fold_accuracy", [r["accuracy"] for r in results])
             seconds = [r["seconds"] for r in results]
             trial.set_user_attr("fold_seconds", seconds)
-            if self.budget_s and step == 0 and seconds[0] > self.budget_s:
-                raise BudgetError(f"--budget {_seconds(self.budget_s)} is less than one fold takes here ({seconds[0]:.0f} s, "
-                                  f"fold {results[0]['fold']} of trial {trial.number}); a trial of {self.folds} folds needs about "
-                                  f"{_seconds(self.folds * seconds[0])}: give a larger --budget, or fewer --folds")
+            trial.set_user_attr(
+                "fold_seconds_here", [r["seconds"] for r in results if f"{r['run']}.json" not in finished]
+            )
             if step + 1 >= self.folds:
                 return
             if trial.should_prune():
-                raise optuna.TrialPruned(f"running mean {running:.3f} after {step + 1} of {self.folds} folds is below the pruner's mark")
+                raise optuna.TrialPruned(
+                    f"running mean {running:.3f} after {step + 1} of {self.folds} folds is below the pruner's mark"
+                )
             if self.deadline and time.time() + sum(seconds) / len(seconds) > self.deadline:
+                # cut short by the budget, not judged: the next `foodvit tune` runs the trial again, its folds kept
                 trial.set_user_attr("stopped", "budget")
                 trial.study.stop()
+                if step == 0 and self.budget_s and seconds[0] > self.budget_s:
+                    self.short = (
+                        f"--budget {_seconds(self.budget_s)} is less than one fold takes here "
+                        f"({seconds[0]:.0f} s, fold {results[0]['fold']} of trial {trial.number}); a trial of "
+                        f"{self.folds} folds needs about {_seconds(self.folds * seconds[0])}: the next `foodvit tune` "
+                        f"goes on with trial {trial.number}'s other folds (a larger --budget, or fewer --folds, "
+                        "runs it whole)"
+                    )
                 raise optuna.TrialPruned(f"the budget ends before a fold more would ({step + 1} of {self.folds} done)")
 
         try:
-            result, fold_results = cv.run_cv(config, folder, self.study_dir / "folds", self.split, folds=self.folds,
-                                             seeds=[self.base.train.seed], after_fold=after_fold)
-        except (optuna.TrialPruned, BudgetError):
+            result, fold_results = cv.run_cv(
+                config,
+                folder,
+                self.study_dir / "folds",
+                self.split,
+                folds=self.folds,
+                seeds=[self.base.train.seed],
+                after_fold=after_fold,
+            )
+        except optuna.TrialPruned:
             raise
         except KeyboardInterrupt:
             trial.set_user_attr("interrupted", True)  # the next process runs it again, in this folder
@@ -173,7 +204,9 @@ class Objective:
         after FAILURES_IN_A_ROW failures in a row."""
         from optuna.trial import TrialState
 
-        state = trial.state.name.lower() + (" (the budget ended)" if trial.user_attrs.get("stopped") == "budget" else "")
+        state = trial.state.name.lower() + (
+            " (the budget ended)" if trial.user_attrs.get("stopped") == "budget" else ""
+        )
         value = f" {trial.value:.3f}" if trial.value is not None else ""
         why = f": {trial.user_attrs['error']}" if trial.state == TrialState.FAIL and "error" in trial.user_attrs else ""
         folds = len(trial.user_attrs.get("fold_accuracy", []))
@@ -195,67 +228,225 @@ def _storage(study_dir: Path, url: str | None):
     callback enqueues it again."""
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
-    url = url or f"sqlite:///{(study_dir / 'study.db').resolve()}"
-    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # SQLite: wait for the other process's write
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Optuna marks the heartbeat experimental
-        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=30, grace_period=90,
-                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+    given = url
+    # the folder's path quoted: a "?" or "#" in it is part of the name, not the URL's query or fragment
+    url = url or f"sqlite:///{quote(str((study_dir / 'study.db').resolve()))}"
+    engine = (
+        {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    )  # SQLite: wait for the other process's write
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna marks the heartbeat experimental
+            return RDBStorage(
+                url,
+                engine_kwargs=engine,
+                heartbeat_interval=30,
+                grace_period=90,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+            )
+    except Exception as err:
+        raise StudyError(storage_problem(given, url, err)) from None
+
+
+def storage_problem(given: str | None, url: str, err: Exception) -> str:
+    """What is wrong with a study's database, in one line: its driver missing, a URL no database
+    takes, a server not there, a file that is no database."""
+    import sqlalchemy.exc
+
+    where = f"--storage {_hide_password(url)}" if given else unquote(url.removeprefix("sqlite:///"))
+    first = (
+        str(getattr(err, "orig", None) or err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    )
+    if isinstance(err, ImportError):
+        missing = (
+            getattr(err.__cause__, "name", None) or err.name or "its driver"
+        )  # Optuna wraps SQLAlchemy's ImportError
+        return (
+            f"{where} needs the database driver {missing}, which is not installed: pip install 'foodvit[tune]' for "
+            f"PostgreSQL (psycopg), or the driver the URL names (e.g. mysql+pymysql:// needs PyMySQL)"
+        )
+    if isinstance(err, sqlalchemy.exc.ArgumentError | sqlalchemy.exc.NoSuchModuleError) or isinstance(err, ValueError):
+        return (
+            f"{where} is not a database URL: give postgresql://user@host/db, mysql://user@host/db or "
+            f"sqlite:///path ({first})"
+        )
+    if isinstance(err, sqlalchemy.exc.OperationalError) and given and not url.startswith("sqlite"):
+        return (
+            f"cannot reach the database of {where} ({first}): start its server, or check the host, port, user "
+            "and database"
+        )
+    if isinstance(err, sqlalchemy.exc.DatabaseError | sqlalchemy.exc.OperationalError):
+        return f"{where} is not a study database foodvit can use ({first}): restore it, or choose a new --out"
+    raise err
+
+
+def _hide_password(url: str) -> str:
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+def trial_identity(config: RunConfig, split, folds: int) -> dict:
+    """What a trial's folder holds: folds of these photos, trained with these settings (trial.json)."""
+    return {
+        "kind": "trial",
+        "data": cv.fingerprint(split),
+        "folds": folds,
+        "seed": config.train.seed,
+        "settings": study_settings(config.to_dict()),
+    }
+
+
+def check_database(study_dir: Path, storage: str | None) -> None:
+    """The study's own SQLite database, before Optuna opens it (and would add its tables to any file):
+    gone while trial folders remain, another program's, truncated or random bytes are refused, since
+    the trial folders could then be reported under trials they are not."""
+    import sqlite3
+    from contextlib import closing
+
+    if storage:
+        return  # a server's database: the trial folders are checked against its trials (check_trial_folders)
+    db = study_dir / "study.db"
+    held = sorted(p.name for p in study_dir.glob("trial-*"))
+    advice = f"restore {db} from where it was copied, or choose a new --out for a new study"
+    if not db.exists():
+        if held:
+            raise StudyError(
+                f"{db} is gone, and without it the trial folders "
+                f"({', '.join(held[:3])}{' ...' if len(held) > 3 else ''}) "
+                f"cannot be matched to their trials' settings; {advice}"
+            )
+        return
+    if not db.is_file():
+        raise StudyError(f"{db} is not a file; {advice}")
+    try:
+        with closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as connection:
+            names = {row[0] for row in connection.execute("select study_name from studies")}
+    except sqlite3.Error as err:
+        if db.stat().st_size == 0 and not held:
+            return  # made by a start that stopped at once: Optuna fills it
+        raise StudyError(f"{db} is not a study database foodvit can read ({err}); {advice}") from None
+    if STUDY_NAME not in names:
+        raise StudyError(f"{db} holds no foodvit study (another program's or another tool's database); {advice}")
+
+
+def check_trial_folders(study, study_dir: Path, base: RunConfig, split, folds: int) -> None:
+    """Every trial folder belongs to a trial of the study's database and is bound to that trial's
+    settings: a database that is not this folder's own is refused before any fold is reported."""
+    from optuna.trial import TrialState
+
+    owners = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("dir") and t.state != TrialState.RUNNING:
+            owners[t.user_attrs["dir"]] = t
+    for folder in sorted(study_dir.glob("trial-*")):
+        owner = owners.get(folder.name)
+        if owner is None:
+            running = any(t.user_attrs.get("dir") == folder.name for t in study.get_trials(deepcopy=False))
+            if running or folder.is_dir() and read_identity(folder / TRIAL_FILE) is None and not any(folder.iterdir()):
+                continue
+            raise StudyError(
+                f"{folder} is no trial of the study's database: the database is not this folder's own; "
+                "restore the study's own database, or choose a new --out"
+            )
+        try:
+            config = trial_config(owner.params, base)
+        except ConfigError:
+            continue  # a trial whose settings do not combine trained nothing
+        bind_trial(folder, trial_identity(config, split, folds), f"trial {owner.number}")
 
 
 def _requeue_interrupted(study) -> None:
-    """Trials stopped by Ctrl-C are run again (same settings, same folder) by the next process."""
+    """Trials stopped by Ctrl-C or cut short by a budget are run again (same settings, same folder,
+    finished folds kept) by the next process."""
     from optuna.trial import TrialState
 
     retried = {t.user_attrs.get("retries") for t in study.trials}
     for t in study.trials:
-        if t.state == TrialState.FAIL and t.user_attrs.get("interrupted") and t.number not in retried:
-            study.enqueue_trial(t.params, user_attrs={"retries": t.number, **({"baseline": True} if t.user_attrs.get("baseline") else {})})
+        cut = (t.state == TrialState.FAIL and t.user_attrs.get("interrupted")) or (
+            t.state == TrialState.PRUNED and t.user_attrs.get("stopped") == "budget"
+        )
+        if cut and t.number not in retried:
+            study.enqueue_trial(
+                t.params,
+                user_attrs={"retries": t.number, **({"baseline": True} if t.user_attrs.get("baseline") else {})},
+            )
 
 
-def tune(study_dir: str | Path, base: RunConfig, *, trials: int | None = None, budget_s: float | None = None,
-         space_file: str | Path | None = None, space: dict[str, Param] | None = None, folds: int = 3, storage: str | None = None,
-         pruner=None, log=None) -> str:
+def tune(
+    study_dir: str | Path,
+    base: RunConfig,
+    *,
+    trials: int | None = None,
+    budget_s: float | None = None,
+    space_file: str | Path | None = None,
+    space: dict[str, Param] | None = None,
+    folds: int = 3,
+    storage: str | None = None,
+    pruner=None,
+    log=None,
+) -> str:
     """Search settings around `base` (the starting recipe with its options) by k-fold CV over the
     training photos; `trials` trials in this call (default: until the budget, else 20). Writes the
     report and returns its summary lines."""
     import optuna
 
     started = time.time()
-    log = log or (lambda text: print(text, file=sys.stderr))
+    log = log or logger.info
     study_dir = Path(study_dir)
     base = rundir.with_source(base)
     split = cv.training_photos(base)
     cv.check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
-    open_study(study_dir, {"kind": "tune", "data": cv.fingerprint(split), "classes": list(split.classes), "folds": folds,
-                           "seed": base.train.seed, "space": space_table(space), "settings": study_settings(base.to_dict())})
+    open_study(
+        study_dir,
+        {
+            "kind": "tune",
+            "data": cv.fingerprint(split),
+            "classes": list(split.classes),
+            "folds": folds,
+            "seed": base.train.seed,
+            "space": space_table(space),
+            "settings": study_settings(base.to_dict()),
+        },
+    )
     from filelock import FileLock
 
     # one process at a time opens the study: Optuna's first creation of its tables is not safe
     # against a second process doing the same, nor is enqueuing the starting recipe exactly once
     with FileLock(study_dir / ".open.lock", timeout=300):
+        check_database(study_dir, storage)
         # TPE unseeded: processes sharing a study would otherwise propose the same settings
-        study = optuna.create_study(storage=_storage(study_dir, storage), study_name=STUDY_NAME, direction="maximize",
-                                    sampler=optuna.samplers.TPESampler(),
-                                    pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
-                                    load_if_exists=True)
+        study = optuna.create_study(
+            storage=_storage(study_dir, storage),
+            study_name=STUDY_NAME,
+            direction="maximize",
+            sampler=optuna.samplers.TPESampler(),
+            pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+            load_if_exists=True,
+        )
         if not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
             start = base_values(base)
-            study.enqueue_trial({key: start[key] for key in space}, user_attrs={"baseline": True})
+            # skip_if_exists: machines sharing a server, each with its own folder (and lock), enqueue it once
+            study.enqueue_trial({key: start[key] for key in space}, user_attrs={"baseline": True}, skip_if_exists=True)
+        check_trial_folders(study, study_dir, base, split, folds)
         _requeue_interrupted(study)
     objective = Objective(study_dir, base, space, split, folds, budget_s=budget_s, started=started, log=log)
     with warnings.catch_warnings():
-        # a starting value outside a user's range is tried as it is (the first trial): Optuna's warning says so needlessly
+        # a starting value outside a user's range is tried as it is (the first trial): Optuna's warning is needless
         warnings.filterwarnings("ignore", message=".*out of the range.*|.*is out of range.*")
-        study.optimize(objective, n_trials=trials if trials else (None if budget_s else 20), timeout=budget_s,
-                       catch=(TrialCrashed,), callbacks=[objective.after_trial])
+        study.optimize(
+            objective,
+            n_trials=trials if trials else (None if budget_s else 20),
+            timeout=budget_s,
+            catch=(TrialCrashed,),
+            callbacks=[objective.after_trial],
+        )
     if objective.failures >= FAILURES_IN_A_ROW:
         last = study.trials[-1].user_attrs.get("error", "see tune.md")
         write_report(study, study_dir, base, space, folds)
         raise StudyError(f"{FAILURES_IN_A_ROW} trials in a row failed, the last with {last}; the study stopped")
-    return write_report(study, study_dir, base, space, folds)
+    summary = write_report(study, study_dir, base, space, folds)
+    return summary + (f"\n{objective.short}" if objective.short else "")
 
 
 # ------------------------------------------------------------------------------------ the report
@@ -296,7 +487,10 @@ def _plots(study, study_dir: Path, space: dict[str, Param], completed: int) -> l
 
     from foodvit.viz.plotting import save_figure
 
-    wanted = [("history.png", lambda: ov.plot_optimization_history(study)), ("slice.png", lambda: ov.plot_slice(study, params=list(space)))]
+    wanted = [
+        ("history.png", lambda: ov.plot_optimization_history(study)),
+        ("slice.png", lambda: ov.plot_slice(study, params=list(space))),
+    ]
     if completed >= 2:
         wanted.insert(1, ("importance.png", lambda: ov.plot_param_importances(study)))
     written = []
@@ -305,7 +499,11 @@ def _plots(study, study_dir: Path, space: dict[str, Param], completed: int) -> l
         for name, draw in wanted:
             try:
                 axes = draw()
-            except (ValueError, RuntimeError, ZeroDivisionError) as err:  # e.g. importances of parameters that never varied
+            except (
+                ValueError,
+                RuntimeError,
+                ZeroDivisionError,
+            ) as err:  # e.g. importances of parameters that never varied
                 written.append(f"{name}: not drawn ({err})")
                 continue
             figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
@@ -322,13 +520,23 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
 
     all_trials = study.get_trials(deepcopy=False)
     completed = [t for t in all_trials if t.state == TrialState.COMPLETE]
-    counts = {state: sum(t.state == state for t in all_trials) for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
-    summary = [f"{len(all_trials)} trials in {study_dir}: {counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
-               f"{counts[TrialState.FAIL]} failed"]
+    cut = [t for t in all_trials if t.user_attrs.get("stopped") == "budget" or t.user_attrs.get("interrupted")]
+    counts = {
+        state: sum(t.state == state and t not in cut for t in all_trials)
+        for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    }
+    summary = [
+        f"{len(all_trials)} trials in {study_dir}: {counts[TrialState.COMPLETE]} complete, "
+        f"{counts[TrialState.PRUNED]} pruned, "
+        f"{counts[TrialState.FAIL]} failed"
+        + (f", {len(cut)} stopped by the budget or interrupted (run again by the next foodvit tune)" if cut else "")
+    ]
     rows = ["| trial | state | CV accuracy | fold accuracies | settings | seconds |", "|---|---|---|---|---|---|"]
     start = base_values(base)
     for t in all_trials:
-        changed = ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(k)) or "(the starting recipe)"
+        changed = (
+            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(k)) or "(the starting recipe)"
+        )
         value = f"{t.value:.3f}" if t.value is not None else "--"
         accs = " ".join(f"{a:.2f}" for a in t.user_attrs.get("fold_accuracy", []))
         seconds = f"{t.duration.total_seconds():.0f}" if t.duration else "--"
@@ -339,18 +547,29 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
             note += f" (runs {t.user_attrs['dir']} again, its finished folds kept)"
         rows.append(f"| {t.number} | {t.state.name.lower()}{note} | {value} | {accs} | {changed} | {seconds} |")
     summary += costs(all_trials, folds)
-    lines = ["# Tuning study", "", f"Starting recipe: {base.recipe}; {folds}-fold CV over the training photos (seed "
-             f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.", "", *summary, ""]
+    lines = [
+        "# Tuning study",
+        "",
+        f"Starting recipe: {base.recipe}; {folds}-fold CV over the training photos (seed "
+        f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.",
+        "",
+        *summary,
+        "",
+    ]
     if completed:
         best = study.best_trial
         config = trial_config(best.params, base)  # what the best trial trained with, its progressive resizing included
-        header = (f"foodvit tune: the best of {len(completed)} finished trials in {study_dir} (trial {best.number}), "
-                  f"{folds}-fold CV accuracy {best.value:.3f} over the training photos; train with\n"
-                  f"foodvit train --recipe {study_dir / 'best.toml'}")
+        header = (
+            f"foodvit tune: the best of {len(completed)} finished trials in {study_dir} (trial {best.number}), "
+            f"{folds}-fold CV accuracy {best.value:.3f} over the training photos; train with\n"
+            f"foodvit train --recipe {study_dir / 'best.toml'}"
+        )
         write_text(study_dir / "best.toml", recipe_toml(config, header))
         summary.append(f"best: trial {best.number}, CV accuracy {best.value:.3f}; recipe {study_dir / 'best.toml'}")
         lines += [summary[-1], ""]
-        lines += [f"![{name}]({name})" for name in _plots(study, study_dir, space, len(completed)) if name.endswith(".png")] + [""]
+        lines += [
+            f"![{name}]({name})" for name in _plots(study, study_dir, space, len(completed)) if name.endswith(".png")
+        ] + [""]
         baseline = next((t for t in completed if t.user_attrs.get("baseline")), None)
         if baseline is None:
             summary.append("the starting recipe's trial has not finished: no paired comparison yet")
@@ -359,12 +578,16 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
         else:
             a, b = _trial_photos(study_dir, baseline), _trial_photos(study_dir, best)
             if a is None or b is None:  # a trial run on another machine (--storage): its photos are not here
-                summary.append(f"best vs starting recipe: trial {best.number if b is None else baseline.number}'s predictions "
-                               f"are not in {study_dir} (run on another machine): no paired comparison here")
+                summary.append(
+                    f"best vs starting recipe: trial {best.number if b is None else baseline.number}'s predictions "
+                    f"are not in {study_dir} (run on another machine): no paired comparison here"
+                )
             else:
                 result = compare.paired(a, b)
-                summary.append("best vs starting recipe, same folds: " + compare.compare_line(result, f"trial {baseline.number} (start)",
-                                                                                           f"trial {best.number} (best)"))
+                summary.append(
+                    "best vs starting recipe, same folds: "
+                    + compare.compare_line(result, f"trial {baseline.number} (start)", f"trial {best.number} (best)")
+                )
     else:
         summary.append("no trial has finished yet: no best recipe")
     lines += rows + ["", summary[-1], ""]
@@ -378,17 +601,34 @@ def costs(trials, folds: int) -> list[str]:
     config), from the trials' recorded fold times."""
     from optuna.trial import TrialState
 
-    pruned = [t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get("stopped") != "budget"
-              and t.user_attrs.get("fold_seconds")]
-    saved = sum((folds - len(t.user_attrs["fold_seconds"])) * statistics.fmean(t.user_attrs["fold_seconds"]) for t in pruned)
+    pruned = [
+        t
+        for t in trials
+        if t.state == TrialState.PRUNED and t.user_attrs.get("stopped") != "budget" and t.user_attrs.get("fold_seconds")
+    ]
+    saved = sum(
+        (folds - len(t.user_attrs["fold_seconds"])) * statistics.fmean(t.user_attrs["fold_seconds"]) for t in pruned
+    )
     spent = sum(sum(t.user_attrs.get("fold_seconds", [])) for t in trials)
-    out = [f"pruning: {len(pruned)} trials stopped early, saving about {_seconds(saved)} ({saved / max(spent + saved, 1e-9):.0%} "
-           f"of the {_seconds(spent + saved)} all trials would have taken unpruned)"] if pruned else []
-    overhead = [t.duration.total_seconds() - sum(t.user_attrs["fold_seconds"]) for t in trials
-                if t.duration and t.user_attrs.get("fold_seconds") and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    out = (
+        [
+            f"pruning: {len(pruned)} trials stopped early, saving about {_seconds(saved)} "
+            f"({saved / max(spent + saved, 1e-9):.0%} "
+            f"of the {_seconds(spent + saved)} all trials would have taken unpruned)"
+        ]
+        if pruned
+        else []
+    )
+    overhead = [
+        t.duration.total_seconds() - sum(t.user_attrs.get("fold_seconds_here", t.user_attrs["fold_seconds"]))
+        for t in trials
+        if t.duration and t.user_attrs.get("fold_seconds") and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    ]
     if overhead:
-        out.append(f"the study's own cost per trial (beyond its folds): median {statistics.median(overhead):.1f} s, "
-                   f"largest {max(overhead):.1f} s")
+        out.append(
+            f"the study's own cost per trial (beyond its folds): median {statistics.median(overhead):.1f} s, "
+            f"largest {max(overhead):.1f} s"
+        )
     return out
 
 

@@ -16,29 +16,68 @@ from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE
 
 STUDY_FILE = "study.json"
+TRIAL_FILE = "trial.json"  # a tuning trial's folder: the settings its folds train with
 
 
 def study_settings(settings: dict) -> dict:
     """A config's settings as a study names its recipe: without the photos' folder (a study names its
     photos by their fingerprint, so a moved copy of them is the same study)."""
     data = settings.get("data")
-    return {**settings, "data": {k: v for k, v in data.items() if k != "source"}} if isinstance(data, dict) else settings
+    return (
+        {**settings, "data": {k: v for k, v in data.items() if k != "source"}} if isinstance(data, dict) else settings
+    )
+
+
+def read_identity(path: Path) -> dict | None:
+    """What a study file (study.json, a trial's trial.json) says the folder holds; None when absent.
+    A folder, unreadable text or anything but a JSON object there is a StudyError that says so."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        why = "a folder" if path.is_dir() else f"not readable ({getattr(err, 'strerror', None) or err})"
+        raise StudyError(
+            f"{path} is {why}, not the file foodvit writes there: the folder's study cannot be read; "
+            "choose a new --out (or restore the file)"
+        ) from None
+    if not isinstance(stored, dict):
+        raise StudyError(
+            f"{path} holds {type(stored).__name__} where foodvit writes a JSON object: the folder's study "
+            "cannot be read; choose a new --out (or restore the file)"
+        )
+    if isinstance(stored.get("settings"), dict):
+        stored["settings"] = study_settings(settings_as_today(stored["settings"]))
+    return stored
+
+
+def changes(stored: dict, identity: dict) -> str:
+    """The first few differences of two identities, as a message shows them ('' when the same)."""
+    changed = differences(stored, identity)
+    return "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed[:4])
+
+
+def check_folder(folder: Path) -> None:
+    """A study folder's path is a folder or a new path: a file there, or above it, is refused in one line."""
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise StudyError(f"{blocker} is a file; a study is a folder: choose a new or empty folder for --out")
 
 
 def open_study(folder: Path, identity: dict) -> None:
     """Make folder a study of `identity`, or check that it already is one: another data set,
     folds, seeds or settings are refused, never mixed in (settings added to foodvit since the study
     started count at their defaults)."""
+    check_folder(folder)
     path = folder / STUDY_FILE
-    if path.is_file():
-        stored = json.loads(path.read_text())
-        if isinstance(stored.get("settings"), dict):
-            stored["settings"] = study_settings(settings_as_today(stored["settings"]))
-        changed = differences(stored, identity)
-        if changed:
-            shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed[:4])
-            raise StudyError(f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
-                             "choose another --out")
+    stored = read_identity(path)
+    if stored is not None:
+        shown = changes(stored, identity)
+        if shown:
+            raise StudyError(
+                f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
+                "choose another --out"
+            )
         return
     # not another starter's temporary file, nor the study another starter has just written
     if folder.is_dir() and any(not p.name.startswith(".") and p.name != STUDY_FILE for p in folder.iterdir()):
@@ -51,35 +90,76 @@ def open_study(folder: Path, identity: dict) -> None:
         open_study(folder, identity)
 
 
+def bind_trial(folder: Path, identity: dict, what: str) -> None:
+    """Bind a tuning trial's folder to the settings its folds train with (folder/trial.json), or check
+    that it is bound to these: folds trained under other settings are never reported under these."""
+    if folder.exists() and not folder.is_dir():
+        raise StudyError(
+            f"{folder} is a file where {what}'s folder of folds belongs; move it away, or choose a new --out"
+        )
+    path = folder / TRIAL_FILE
+    stored = read_identity(path)
+    if stored is None:
+        if folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):
+            raise StudyError(
+                f"{folder} holds folds with no record of the settings they trained with, so they cannot be "
+                f"reported as {what}'s; choose a new --out for the study"
+            )
+        write_text(path, json.dumps(identity, indent=1))
+        return
+    shown = changes(stored, identity)
+    if shown:
+        raise StudyError(
+            f"{folder} holds folds trained with other settings than {what}'s ({shown}): the study's database "
+            "does not match its folders; restore the study's own database, or choose a new --out"
+        )
+
+
 def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
     """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
     and its recipe trains teachers with this config's teacher settings; else a StudyError that says why."""
-    from foodvit.training.teacher import place_changes, read_teacher, teacher_changes, trains_teacher, training_place
     from foodvit.training.distributed import pick_device
+    from foodvit.training.teacher import place_changes, read_teacher, teacher_changes, training_place, trains_teacher
 
     path = teachers / STUDY_FILE
     if teachers.resolve() == study.resolve():
-        raise StudyError(f"--teachers {teachers} is the study itself: give another study, whose folds lend their teachers")
+        raise StudyError(
+            f"--teachers {teachers} is the study itself: give another study, whose folds lend their teachers"
+        )
     try:
         theirs = json.loads(path.read_text())
         lender = RunConfig.from_dict(theirs["settings"], where=str(path))
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise StudyError(f"--teachers {teachers} holds no readable study ({STUDY_FILE}: {err}): give a `foodvit cv` study "
-                         "of a distilled or guided recipe") from None
+        raise StudyError(
+            f"--teachers {teachers} holds no readable study ({STUDY_FILE}: {err}): give a `foodvit cv` study "
+            "of a distilled or guided recipe"
+        ) from None
     if not trains_teacher(config):
-        raise StudyError("--teachers lends CNN teachers, and this recipe trains none (no --distill or --guidance): leave --teachers out")
+        raise StudyError(
+            "--teachers lends CNN teachers, and this recipe trains none (no --distill or --guidance): leave "
+            "--teachers out"
+        )
     if not trains_teacher(lender):
-        raise StudyError(f"--teachers {teachers} is a study of a recipe that trains no CNN teacher: give a study with --guidance "
-                         "or --distill, or leave --teachers out")
-    changed = [f"{key}: {theirs.get(key)!r} there, {identity[key]!r} here" for key in ("kind", "data", "classes", "folds", "seeds")
-               if theirs.get(key) != identity[key]]
+        raise StudyError(
+            f"--teachers {teachers} is a study of a recipe that trains no CNN teacher: give a study with --guidance "
+            "or --distill, or leave --teachers out"
+        )
+    changed = [
+        f"{key}: {theirs.get(key)!r} there, {identity[key]!r} here"
+        for key in ("kind", "data", "classes", "folds", "seeds")
+        if theirs.get(key) != identity[key]
+    ]
     if changed:
-        raise StudyError(f"--teachers {teachers} is a study of other photos, folds or seeds ({'; '.join(changed)}): give a "
-                         "`foodvit cv` study with the same --data, --folds, --seed and --seeds, or leave --teachers out")
+        raise StudyError(
+            f"--teachers {teachers} is a study of other photos, folds or seeds ({'; '.join(changed)}): give a "
+            "`foodvit cv` study with the same --data, --folds, --seed and --seeds, or leave --teachers out"
+        )
     shown = teacher_changes(lender, config)
     if shown:
-        raise StudyError(f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
-                         "teachers this study would train; leave --teachers out")
+        raise StudyError(
+            f"--teachers {teachers} trained its CNN teachers with other settings ({shown}): they are not the "
+            "teachers this study would train; leave --teachers out"
+        )
     # where they trained (fold runs only, not the folds' photo links): refused here when no teacher was trained
     # where this process trains; a study whose folds trained at different thread counts (one-thread workers
     # beside a two-thread one) lends each fold's teacher to a process like the one that trained it, which
@@ -92,5 +172,7 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
             return
         first = first or (path, where)
     if first is not None:
-        raise StudyError(f"--teachers {teachers} trained its CNN teachers elsewhere ({first[0]}: {first[1]}): they are not the "
-                         "teachers this study would train; leave --teachers out")
+        raise StudyError(
+            f"--teachers {teachers} trained its CNN teachers elsewhere ({first[0]}: {first[1]}): they are not the "
+            "teachers this study would train; leave --teachers out"
+        )

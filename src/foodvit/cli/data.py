@@ -1,0 +1,50 @@
+"""`foodvit data`: a data source downloaded or unpacked, and what it holds."""
+
+from __future__ import annotations
+
+import argparse
+
+from foodvit.cli.common import VERBOSE
+
+
+def register(sub) -> None:
+    """Add data to the subcommands."""
+    p = sub.add_parser("data", help="download / unpack a data source and show what it holds")
+    p.add_argument("--data", help="URL, zip or folder (default: $FOODVIT_DATA, else the course's zip)")
+    p.add_argument("source", nargs="?", help="the same as --data, as a positional argument")
+    p.add_argument("--print-path", action="store_true", help="print only the local folder")
+    p.add_argument("--verbose", **VERBOSE)
+    p.set_defaults(func=cmd_data)
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from foodvit.data.datasource import DataSource
+    from foodvit.data.folders import check, is_food101
+    from foodvit.errors import ConfigError
+
+    if args.data and args.source:
+        raise ConfigError(f"two data sources given ({args.data} and {args.source}); give one, with --data")
+    source = DataSource.parse(args.data or args.source)
+    root = source.root()
+    splits = [split for split in ("train", "test") if is_food101(root) or (root / split).is_dir()]
+    # a folder without train/ and test/ is read as its class folders, as evaluate reads it: no photos there is refused
+    shown = [(split, check(source.listing(split, root), quiet=False)) for split in splits] or [
+        ("photos", check(source.listing("test", root), quiet=False))
+    ]
+    if args.print_path:
+        print(root)
+        return 0
+    print(
+        f"data: {root}"
+        + (" (Food-101 layout)" if is_food101(root) else "")
+        + (f", classes {', '.join(source.classes)}" if source.classes else "")
+    )
+    for split, s in shown:
+        print(
+            f"  {split}: {len(s)} photos, {len(s.classes)} classes; "
+            + ", ".join(f"{k} {v}" for k, v in list(s.counts().items())[:12])
+            + (" ..." if len(s.classes) > 12 else "")
+        )
+        for line in s.skipped_summary(args.verbose):
+            print(f"  {line}")
+    return 0

@@ -1,0 +1,55 @@
+"""The listings: `foodvit summary` (a model's layers), `models` (the registered names), `recipes`."""
+
+from __future__ import annotations
+
+import argparse
+
+from foodvit.cli.common import count
+
+
+def register(sub) -> None:
+    """Add summary, models and recipes to the subcommands."""
+    p = sub.add_parser("summary", help="layer-by-layer table of a model: shapes, parameters, trainable")
+    p.add_argument("model", help="a paper name, e.g. ViT-B/16 (see `foodvit models`)")
+    p.add_argument("--num-classes", type=count(), default=1000, help="classes of the head (default 1000, ImageNet's)")
+    p.add_argument("--image-size", type=count(), default=224, help="input resolution in pixels (default 224)")
+    p.add_argument("--batch-size", type=count(), default=1, help="batch size in the shapes (default 1)")
+    p.add_argument("--depth", type=count(), default=2, help="how deep to list nested modules (default 2)")
+    p.set_defaults(func=cmd_summary)
+
+    sub.add_parser("models", help="list the registered model names").set_defaults(func=cmd_models)
+    sub.add_parser("recipes", help="list the built-in recipes").set_defaults(func=cmd_recipes)
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    import torch
+
+    from foodvit.model.summary import format_summary
+    from foodvit.model.variants import create_model
+
+    with torch.device("meta"):
+        model = create_model(args.model, num_classes=args.num_classes, image_size=args.image_size)
+    print(format_summary(model, (args.batch_size, 3, args.image_size, args.image_size), args.depth))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from foodvit.model.variants import get_variant, list_models
+
+    for name in list_models():
+        v = get_variant(name)
+        print(
+            f"{name:<10} layers {v.size.depth:>2}  D {v.size.embed_dim:>4}  MLP {v.size.mlp_dim:>4}  heads "
+            f"{v.size.num_heads:>2}  "
+            f"params {v.num_params:>13,}  ({v.size.source})"
+        )
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from foodvit.recipes import list_recipes, recipe_path
+
+    for name in list_recipes():
+        first = recipe_path(name).read_text().splitlines()[0].lstrip("# ").strip()
+        print(f"{name:<18} {first}")
+    return 0

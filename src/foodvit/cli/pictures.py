@@ -1,0 +1,138 @@
+"""The pictures of a model: `foodvit patches` (a photo cut into the patch grid), `explain` (a
+prediction with its attention rollout), `inspect` (the paper's Figure 7)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from foodvit.cli.common import (
+    count,
+    evaluation_source,
+    writable,
+)
+
+
+def register(sub) -> None:
+    """Add patches, explain, inspect to the subcommands."""
+    p = sub.add_parser(
+        "patches", help="a photo cut into the model's patch grid (and the patch embedding's feature maps)"
+    )
+    p.add_argument("image", help="a photo file")
+    p.add_argument("--image-size", type=count(), help="default 224, or the run's with --feature-maps")
+    p.add_argument("--patch-size", type=count(), help="default 16, or the run's with --feature-maps")
+    p.add_argument(
+        "--feature-maps", metavar="RUN", help="add the patch embedding's output channels of this run's model"
+    )
+    p.add_argument("--channels", type=count(), default=5, help="how many feature maps (default 5)")
+    p.add_argument("--out", required=True, metavar="FILE", help="PNG to write")
+    p.set_defaults(func=cmd_patches)
+
+    p = sub.add_parser("explain", help="a prediction with its top-k probabilities and attention rollout heat map")
+    p.add_argument("run", help="a run directory (or its model.safetensors)")
+    p.add_argument("image", help="a photo file")
+    p.add_argument("--top-k", type=count(), default=3, help="how many classes to show (default 3)")
+    p.add_argument(
+        "--heads", action="store_true", help="also each head's last-layer attention, read out as the model pools"
+    )
+    p.add_argument("--out", required=True, metavar="FILE", help="PNG to write")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser(
+        "inspect", help="the paper's Figure 7 for a run: filters, position similarity, attention distance"
+    )
+    p.add_argument("run", help="a run directory (or its model.safetensors)")
+    p.add_argument("--data", help="photos for the attention distances (default: the run's data)")
+    p.add_argument("--split", default="test", help="the split to take photos from (default test)")
+    p.add_argument(
+        "--images", type=count(), default=32, help="how many photos to average the attention distance over (default 32)"
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write the pictures into")
+    p.set_defaults(func=cmd_inspect)
+
+
+def cmd_patches(args: argparse.Namespace) -> int:
+    from foodvit.data.photos import load_or_explain
+    from foodvit.viz.attention import feature_maps
+    from foodvit.viz.figures import add_feature_maps, patches_figure
+    from foodvit.viz.plotting import save_figure
+
+    out = writable(args.out, (".png",))
+    photo = load_or_explain(Path(args.image))
+    predictor = model = None
+    if args.feature_maps:
+        from foodvit.deploy.predictor import Predictor
+
+        predictor = Predictor.from_run(args.feature_maps)
+        model = predictor.model
+    size = args.image_size or (model.config.image_size if model else 224)
+    patch = args.patch_size or (model.config.patch_size if model else 16)
+    fig = patches_figure(photo, size, patch, predictor.preprocess if predictor is not None else None)
+    if predictor is not None:
+        import torch
+
+        x = torch.from_numpy(predictor.prepare(photo))[None]
+        fig = add_feature_maps(fig, feature_maps(model, x, args.channels))
+    print(save_figure(fig, out))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from foodvit.data.photos import load_or_explain
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.viz.figures import explain_figure
+    from foodvit.viz.plotting import save_figure
+
+    out = writable(args.out, (".png",))
+    predictor = Predictor.from_run(args.run)
+    photo = load_or_explain(Path(args.image))
+    print(save_figure(explain_figure(predictor, photo, args.top_k, args.heads), out))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import torch
+
+    from foodvit.data.photos import load_or_explain
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.errors import RunError
+    from foodvit.viz.attention import attention_distances_over
+    from foodvit.viz.figures import (
+        attention_distance_figure,
+        filters_figure,
+        pos_similarity_figure,
+    )
+    from foodvit.viz.plotting import save_figure
+
+    predictor = Predictor.from_run(args.run)
+    model = predictor.model
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out} is a file; inspect writes three pictures into a folder: choose a folder")
+    writable(str(out / "filters.png"))
+    written = []
+    if model.config.stem == "patch":
+        written.append(save_figure(filters_figure(model), out / "filters.png"))
+    else:
+        print(
+            "filters.png: skipped, the model's convolutional stem has no single set of P x P filters", file=sys.stderr
+        )
+    if model.config.pos_embed == "learned":
+        written.append(save_figure(pos_similarity_figure(model), out / "pos_similarity.png"))
+    else:
+        print(
+            f"pos_similarity.png: skipped, the model's position embedding is {model.config.pos_embed!r}, not learned, "
+            "so there is nothing learned to compare",
+            file=sys.stderr,
+        )
+    split = evaluation_source(args.run, args.data, predictor).open_split(args.split)
+    photos = split.samples[:: max(1, len(split.samples) // args.images)][: args.images]  # spread over the classes
+    images = torch.stack([torch.from_numpy(predictor.prepare(load_or_explain(path), str(path))) for path, _ in photos])
+    distances = attention_distances_over(model, images)
+    written.append(
+        save_figure(attention_distance_figure(distances, model.config.image_size), out / "attention_distance.png")
+    )
+    for path in written:
+        print(path)
+    return 0

@@ -1,0 +1,196 @@
+"""Bad input to the studies, predict, data and explain gets one line that says what was expected and
+what to do, never a traceback, and the advice is true: each case through the command line."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import make_photo_folder
+
+from foodvit.cli.main import main
+
+TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2)
+
+
+def one_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"foodvit {command}: error: ") and "Traceback" not in err, err
+    return err
+
+
+def a_file(tmp_path: Path) -> Path:
+    path = tmp_path / "a-file"
+    path.write_text("not a folder")
+    return path
+
+
+@pytest.mark.parametrize("command", ["cv", "tune"])
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_a_study_out_that_is_a_file_or_under_one_is_one_line(photos, tmp_path, capsys, command, where):
+    pytest.importorskip("optuna")
+    out = a_file(tmp_path) if where == "file" else a_file(tmp_path) / "sub"
+    assert main([command, "--data", str(photos), "--out", str(out), "--folds", "2", *TINY]) == 2
+    assert "a-file is a file" in one_line(capsys, command)
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+
+
+def test_train_out_under_a_file_is_one_line(photos, tmp_path, capsys):
+    out = a_file(tmp_path) / "run"
+    assert main(["train", "--data", str(photos), "--out", str(out), *TINY]) == 2
+    err = capsys.readouterr().err  # the run directory's name, then the error
+    assert "Traceback" not in err and "a-file is a file; a run directory is a folder" in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("damage", ["folder", "garbage", "list", "dangling"])
+def test_a_damaged_study_json_is_one_line(photos, tmp_path, capsys, damage):
+    study = tmp_path / "study"
+    study.mkdir()
+    target = study / "study.json"
+    if damage == "folder":
+        target.mkdir()
+    elif damage == "garbage":
+        target.write_bytes(b"\x00\xff{not json")
+    elif damage == "list":
+        target.write_text("[1, 2]")
+    else:
+        target.symlink_to(tmp_path / "nowhere.json")
+    assert main(["cv", "--data", str(photos), "--out", str(study), "--folds", "2", *TINY]) == 2
+    assert "study.json" in one_line(capsys, "cv")
+
+
+@pytest.mark.parametrize("url, says", [("bogus://x", "not a database URL"), ("postgresql://u@127.0.0.1:1/db", "driver"),
+                                       ("sqlite:////nonexistent-dir/x/y.db", "study database")])
+def test_a_storage_that_cannot_be_used_is_one_line(photos, tmp_path, capsys, monkeypatch, url, says):
+    pytest.importorskip("optuna")
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # the driver missing, whether or not it is installed here
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--storage", url, "--folds", "2", *TINY]) == 2
+    assert says in one_line(capsys, "tune")
+
+
+def test_folds_advice_says_what_a_class_needs(tmp_path, capsys):
+    root = make_photo_folder(tmp_path / "p", n_train=3, n_test=1)
+    for extra in (root / "train" / "sushi").glob("00[12].jpg"):
+        extra.unlink()  # one sushi photo
+    assert main(["cv", "--data", str(root), "--out", str(tmp_path / "s"), "--folds", "2", *TINY]) == 2
+    err = one_line(capsys, "cv")
+    assert "sushi has 1 training photo" in err and "--folds 2 or fewer" not in err and "at least 2 photos" in err
+    root3 = make_photo_folder(tmp_path / "q", n_train=2, n_test=1)
+    assert main(["cv", "--data", str(root3), "--out", str(tmp_path / "t"), "--folds", "3", *TINY]) == 2
+    assert "--folds 2" in one_line(capsys, "cv")  # a smaller number of folds that works is still advised
+
+
+def test_a_recipe_file_that_does_not_exist_says_so(tmp_path, capsys):
+    assert main(["train", "--recipe", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "r")]) == 2
+    err = one_line(capsys, "train")
+    assert "does not exist" in err and "unknown recipe" not in err
+
+
+def test_resume_of_a_folder_that_is_no_run_does_not_advise_what_would_be_refused(tmp_path, capsys):
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    assert main(["train", "--resume", str(folder)]) == 2
+    err = one_line(capsys, "train")
+    assert f"--out {folder}" not in err and "train --out" not in err.replace("another", "") or "new" in err
+
+
+def test_data_takes_data_like_every_command_and_refuses_a_folder_of_no_photos(photos, tmp_path, capsys):
+    assert main(["data", "--data", str(photos)]) == 0
+    out = capsys.readouterr().out
+    assert "train: 12 photos, 3 classes" in out and "test: 6 photos" in out
+    assert main(["data", str(photos), "--print-path"]) == 0  # the positional still works
+    assert capsys.readouterr().out.strip() == str(photos.resolve())
+    empty = tmp_path / "no-data"
+    (empty / "docs").mkdir(parents=True)
+    (empty / "docs" / "readme.txt").write_text("nothing")
+    assert main(["data", "--data", str(empty)]) == 2
+    assert "no-data" in one_line(capsys, "data")
+    assert main(["evaluate", "--help"] if False else ["data", "--data", str(photos), str(photos)]) == 2
+    assert "--data" in one_line(capsys, "data")
+
+
+def test_explain_refuses_an_out_that_names_another_format(shared_run, tmp_path, capsys):
+    run, photos = shared_run
+    photo = next((photos / "test").rglob("*.jpg"))
+    assert main(["explain", str(run), str(photo), "--out", str(tmp_path / "ex.txt")]) == 2
+    assert ".png" in one_line(capsys, "explain") and not (tmp_path / "ex.txt").exists()
+    assert main(["patches", str(photo), "--out", str(tmp_path / "p.jpg")]) == 2
+    assert ".png" in one_line(capsys, "patches")
+
+
+def test_compare_with_a_tune_study_says_it_is_no_cv_study(tmp_path, capsys):
+    import json
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, kind in ((a, "cv"), (b, "tune")):
+        folder.mkdir()
+        (folder / "study.json").write_text(json.dumps({"kind": kind, "data": "x", "classes": [], "folds": 2}))
+    assert main(["cv", "--compare", str(a), str(b)]) == 2
+    err = one_line(capsys, "cv")
+    assert "in common yet" not in err and "tune" in err
+
+
+
+
+def test_one_limit_and_one_wording_for_an_oversized_photo_in_predict_and_explain(shared_run, tmp_path, capsys):
+    from PIL import Image
+
+    from foodvit.deploy.serve import DEFAULT_MAX_MEGAPIXELS
+
+    run, _ = shared_run
+    big = tmp_path / "big.png"
+    Image.new("1", (8_000, 7_500)).save(big)  # 60 megapixels in a few kilobytes: over the limit of 50 that serve keeps
+    assert DEFAULT_MAX_MEGAPIXELS == 50
+    assert main(["explain", str(run), str(big), "--out", str(tmp_path / "e.png")]) == 2
+    assert "60 megapixels, over the limit of 50 megapixels" in one_line(capsys, "explain")
+    assert main(["predict", str(run), str(big)]) == 1
+    assert "60 megapixels, over the limit of 50 megapixels" in capsys.readouterr().err
+
+
+def test_resume_and_out_agree_on_a_run_stopped_before_its_first_checkpoint(shared_run, tmp_path, capsys):
+    import shutil
+
+    run, photos = shared_run
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    shutil.copy(run / "config.json", stopped / "config.json")  # what a kill -9 before the first checkpoint leaves
+    assert main(["train", "--resume", str(stopped)]) == 2
+    resumed = capsys.readouterr().err.strip().splitlines()[-1]  # after the "run directory:" line
+    assert main(["train", "--data", str(photos), "--out", str(stopped), *TINY]) == 2
+    started = capsys.readouterr().err.strip().splitlines()[-1]
+    for err in (resumed, started):
+        assert "stopped before its first checkpoint" in err and f"remove {stopped}" in err
+
+
+@pytest.mark.parametrize("damage", ["garbage", "list", "no-predictions", "folder"])
+@pytest.mark.parametrize("where", ["fold-0.json", "cv.json"])
+def test_compare_with_a_damaged_result_file_is_one_line(tmp_path, capsys, damage, where):
+    good = {"seed": 0, "fold": 0, "predictions": [{"photo": "pizza/1.jpg", "right": True}]}
+    studies = []
+    for name in ("a", "b"):
+        study = tmp_path / name
+        study.mkdir()
+        (study / "study.json").write_text("{}")
+        (study / "fold-0.json").write_text(__import__("json").dumps(good))
+        studies.append(study)
+    target = studies[1] / where
+    if damage == "folder":
+        target.unlink(missing_ok=True)
+        target.mkdir()
+    elif damage == "garbage":
+        target.write_bytes(b"\x00\xff{not json")
+    elif damage == "list":
+        target.write_text("[1, 2]")
+    else:
+        target.write_text('{"seed": 0, "fold": 0}')
+    if where == "cv.json":  # both finished, so cv.json is what is read
+        (studies[0] / "cv.json").write_text('{"photos": {"s0/pizza/1.jpg": true}}')
+    assert main(["cv", "--compare", str(studies[0]), str(studies[1])]) == 2
+    err = one_line(capsys, "cv")
+    assert str(target) in err and "damaged" in err
