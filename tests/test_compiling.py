@@ -39,7 +39,7 @@ def test_the_compiled_step_learns_what_the_eager_one_does(tmp_path):
         assert main(["train", "--data", str(photos), "--out", str(tmp_path / name), *TINY, flag]) == 0
         runs[name] = metrics(tmp_path / name)
     assert len(runs["eager"]) == len(runs["compiled"]) == 1
-    for eager, compiled in zip(runs["eager"], runs["compiled"]):
+    for eager, compiled in zip(runs["eager"], runs["compiled"], strict=True):
         assert eager.keys() == compiled.keys()
         for key in eager:  # other kernels, other rounding: float noise, no more
             assert compiled[key] == pytest.approx(eager[key], rel=1e-3, abs=1e-4), key

@@ -48,13 +48,15 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.steps):
                 grads = [torch.randn_like(b) for b in base]
                 for kind in params:
-                    for p, g in zip(params[kind], grads):
+                    for p, g in zip(params[kind], grads, strict=True):
                         p.grad = g.clone()
                     started = time.perf_counter()
                     optimisers[kind].step()
                     seconds[kind].append(time.perf_counter() - started)
             a, b = (statistics.median(seconds[k]) * 1000 for k in ("foreach", "fused"))
-            difference = max((x - y).abs().max().item() for x, y in zip(params["foreach"], params["fused"]))
+            difference = max(
+                (x - y).abs().max().item() for x, y in zip(params["foreach"], params["fused"], strict=True)
+            )
             print(f"| {name} | {cls.__name__} | {a:.1f} | {b:.1f} | {a / b:.2f} | {difference:.2g} |")
             if not args.no_record:
                 record(

@@ -393,8 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     # the best of the two: a machine shared with other work is slower for a while, never faster than it can be
     gflops = {t: max(before[t], after[t]) for t in threads}
     if min(before[args.threads], after[args.threads]) < 0.8 * gflops[args.threads]:
-        print(f"phases: the ceiling moved during the run ({before[args.threads]:.1f} GFLOP/s before, "
-              f"{after[args.threads]:.1f} after): the machine is shared, the shares and MFU are rough", file=sys.stderr)
+        print(
+            f"phases: the ceiling moved during the run ({before[args.threads]:.1f} GFLOP/s before, "
+            f"{after[args.threads]:.1f} after): the machine is shared, the shares and MFU are rough",
+            file=sys.stderr,
+        )
     total = sum(seconds.values())
     rows = table(seconds, total)
 

@@ -82,7 +82,7 @@ def metrics_difference(a: Path, b: Path) -> str:
     if len(first) != len(second):
         return f"{len(first)} epochs against {len(second)}"
     worst, where = 0.0, ""
-    for x, y in zip(first, second):
+    for x, y in zip(first, second, strict=True):
         for key in x.keys() | y.keys():
             if x.get(key) == y.get(key):
                 continue

@@ -451,7 +451,14 @@ def cross_validate(
     open_study(study, identity)
     if jobs != 1:  # the folds trained on several processes; run_cv below then reads their results
         train_on_processes(
-            config, study, split, folds=folds, seeds=seed_list, teachers=teachers, only=only, jobs=jobs,
+            config,
+            study,
+            split,
+            folds=folds,
+            seeds=seed_list,
+            teachers=teachers,
+            only=only,
+            jobs=jobs,
             progress=progress,
         )
     result, fold_results = run_cv(
@@ -529,9 +536,18 @@ def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: 
     write_text(study / "cv.md", "\n".join(lines) + "\n")
 
 
-def train_on_processes(config: RunConfig, study: Path, split: Split, *, folds: int, seeds: list[int],
-                       teachers: Path | None, only: Sequence[int] | None, jobs: int | None,
-                       progress: bool = False) -> None:
+def train_on_processes(
+    config: RunConfig,
+    study: Path,
+    split: Split,
+    *,
+    folds: int,
+    seeds: list[int],
+    teachers: Path | None,
+    only: Sequence[int] | None,
+    jobs: int | None,
+    progress: bool = False,
+) -> None:
     """Every fold of the study without a result (of `only`'s folds, if given) trained on the processes of
     jobs.plan(jobs), each fold as run_cv trains it: its lender's teacher borrowed where the lender has one."""
     tasks = []
@@ -541,8 +557,16 @@ def train_on_processes(config: RunConfig, study: Path, split: Split, *, folds: i
             if (only is not None and index not in only) or (study / f"{name}.json").is_file():
                 continue
             lender = teachers / name if teachers is not None else None
-            tasks.append((config, study / name, folder, seed, index,
-                          lender if lender is not None and (lender / TEACHER_FILE).is_file() else None))
+            tasks.append(
+                (
+                    config,
+                    study / name,
+                    folder,
+                    seed,
+                    index,
+                    lender if lender is not None and (lender / TEACHER_FILE).is_file() else None,
+                )
+            )
     if tasks:
         run_tasks(_fold_task, tasks, plan(jobs, len(tasks)), progress=progress)
 
