@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo test test-fast lint venv clean bench notebook docs docs-serve
+.PHONY: demo test test-fast lint venv clean bench notebook docs docs-serve ort-web
 
 venv: $(STAMP)
 
@@ -57,6 +57,14 @@ docs: $(STAMP)
 
 docs-serve: $(STAMP)
 	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
+# ONNX Runtime Web's npm package, the pinned version export-web uses, for the page's browser test
+# (tests/test_web_browser.py); npm checks the registry's integrity hash, export-web checks it again.
+ORT_WEB_VERSION := $(shell sed -n 's/^VERSION = "\(.*\)"/\1/p' src/foodvit/deploy/web/runtime.py)
+ort-web: .cache/npm/onnxruntime-web-$(ORT_WEB_VERSION).tgz
+
+.cache/npm/onnxruntime-web-$(ORT_WEB_VERSION).tgz:
+	mkdir -p .cache/npm && cd .cache/npm && npm pack --silent onnxruntime-web@$(ORT_WEB_VERSION) >/dev/null
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache

@@ -172,6 +172,13 @@ def results_page() -> str:
               table(["Space", "installed MB", "packages", "PyTorch", "cold start to the first answer, s"],
                     [[r["space"], r["installed_mb"], r["packages"], r["pytorch"], r["cold_start_s"]] for r in space]), "",
               "Command:", "", commands(space), ""]
+    web = read("web")
+    parts += ["## A static page in the browser", "",
+              "`foodvit export-web`'s page in Chromium (ONNX Runtime Web, WebAssembly, one thread) on FoodVision Mini's test "
+              "photos, against `foodvit serve` on the same .onnx file over HTTP; latencies are medians of 20 on a shared machine.",
+              "", table(["model", "measure", "value", "unit", "photos", "commit"],
+                        [[r["model"], r["what"], r["value"], r["unit"], r["photos"], r["commit"]] for r in web]), "",
+              "Commands:", "", commands(web), ""]
     speed = read("throughput")
     parts += ["## Throughput against timm and torchvision", "",
               "Images per second in the same process on the same inputs, rounds interleaved (bf16: autocast); the ratio is against the "

@@ -16,11 +16,11 @@ import logging
 import sys
 from pathlib import Path
 
-from foodvit.cli import data, listings, pictures, predicting, shipping, studies, training
+from foodvit.cli import data, export_web, listings, pictures, predicting, shipping, studies, training
 from foodvit.errors import FoodVitError
 
 # the subcommands in the order `foodvit --help` lists them; each module's register(sub) adds its parsers
-COMMANDS = (training, studies, predicting, pictures, shipping, data, listings)
+COMMANDS = (training, studies, predicting, pictures, shipping, export_web, data, listings)
 
 
 def version() -> str:

@@ -26,6 +26,12 @@ PAGE_CACHE = (600, 1800)
 
 def model_card(predictor) -> str:
     """A short model card in Markdown: model, size, recipe, classes, test accuracy, data, date."""
+    return "### Model card\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in card_rows(predictor))
+
+
+def card_rows(predictor, code=lambda text: f"`{text}`") -> list[tuple[str, str]]:
+    """The model card's rows (name, text): model, size, recipe, classes, test accuracy, data, date;
+    code(text) marks a name (Markdown's backticks by default)."""
     card, metrics = predictor.card, predictor.card.get("metrics", {})
     model = card.get("model", {})
     rows = [
@@ -38,7 +44,7 @@ def model_card(predictor) -> str:
         ("parameters", f"{card['params'] / 1e6:.2f} M" if card.get("params") else "unknown"),
         (
             "recipe",
-            f"`{metrics['recipe']}`, {_count(metrics.get('epochs'), 'epoch')}" if metrics.get("recipe") else "unknown",
+            f"{code(metrics['recipe'])}, {_count(metrics.get('epochs'), 'epoch')}" if metrics.get("recipe") else "unknown",
         ),
         ("classes", ", ".join(predictor.classes)),
     ]
@@ -52,10 +58,10 @@ def model_card(predictor) -> str:
             for k, what in (("train_photos", "training"), ("test_n", "test"))
             if metrics.get(k)
         ]
-        rows.append(("training data", f"`{data_name(metrics['data'])}`" + "".join(f", {c}" for c in counts)))
+        rows.append(("training data", code(data_name(metrics["data"])) + "".join(f", {c}" for c in counts)))
     if metrics.get("trained"):
         rows.append(("trained", metrics["trained"]))
-    return "### Model card\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in rows)
+    return rows
 
 
 def data_name(source: str) -> str:

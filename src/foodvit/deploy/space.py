@@ -140,7 +140,7 @@ def export_space(
     def fill(tmp: Path) -> None:
         (tmp / "model").mkdir()
         if onnx:
-            _onnx_model(run, tmp / "model" / "model.onnx", quantize, predictor)
+            publishable_onnx(run, tmp / "model" / "model.onnx", quantize, predictor)
         else:
             shutil.copy2(run / "model.safetensors", tmp / "model" / "model.safetensors")
             if (run / "model.json").is_file():
@@ -157,7 +157,7 @@ def export_space(
     return atomic_folder(folder, fill)
 
 
-def _onnx_model(run: Path, out: Path, quantize: str | None, predictor) -> dict:
+def publishable_onnx(run: Path, out: Path, quantize: str | None, predictor) -> dict:
     """The run exported to `out` with its attention output (export.py, checked against the PyTorch
     model as every export is), its card published as model.json's is (published_card)."""
     import onnx
@@ -166,8 +166,8 @@ def _onnx_model(run: Path, out: Path, quantize: str | None, predictor) -> dict:
 
     if not predictor.photos_at_hand(1):
         raise RunError(
-            "export-space --onnx checks the .onnx file against the run on the run's test photos, which are not "
-            "at hand here; set FOODVIT_DATA to the run's photos"
+            "the .onnx file is checked against the run on the run's test photos, which are not at hand here; "
+            "set FOODVIT_DATA to the run's photos"
         )
     result = export(run, out, "onnx", quantize, with_attention=True)  # its parity check on the run's test photos
     proto = onnx.load(str(out))
