@@ -35,7 +35,7 @@ class ConvStem(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         # channels-last: the convolutions, batch norms and max-pools run on it faster than on (B, C, H, W) rows
-        return self.layers(images.contiguous(memory_format=torch.channels_last))  # (B, C, H, W) -> (B, D, H/P, W/P)
+        return self.layers(images)  # (B, C, H, W) -> (B, D, H/P, W/P)
 
 
 class ShiftedPatches(nn.Module):
