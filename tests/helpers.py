@@ -217,3 +217,11 @@ def run_without_torch(argv: list[str], timeout: float = 120.0):
     import subprocess
 
     return subprocess.run(without_torch(argv), capture_output=True, text=True, timeout=timeout)
+
+
+def library_messages_on_stderr() -> None:
+    """The library's logging messages (logger "foodvit") as plain lines on standard error, at INFO, as the
+    command line shows them: for a test that calls the library and reads what it says (capsys' err)."""
+    from foodvit.cli.main import build_parser, configure_logging
+
+    configure_logging(build_parser().parse_args(["models"]))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_photo_folder, report_figures
+from helpers import library_messages_on_stderr, make_photo_folder, report_figures
 
 import foodvit
 from foodvit.cli.main import main
@@ -166,10 +166,7 @@ def test_the_actual_source_is_stored_and_resume_uses_it_whatever_foodvit_data_sa
     out = interrupted_run(photos, tmp_path / "run")
     other = make_photo_folder(tmp_path / "other", n_train=2, n_test=1, classes=("a", "b"))
     monkeypatch.setenv("FOODVIT_DATA", str(other))  # another data set now: the run must not notice
-    from foodvit.cli.main import build_parser, configure_logging
-
-    configure_logging(build_parser().parse_args(["models"]))  # the library's messages on stderr, as the CLI shows them
-    capsys.readouterr()
+    library_messages_on_stderr()
     result = resume(out)
     assert f"data: {photos} (stored with the run)" in capsys.readouterr().err
     assert result.test["n"] == 6 and len(result.history) == 2

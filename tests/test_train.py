@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from helpers import assert_drawn_png, make_photo_folder, report_figures
+from helpers import assert_drawn_png, library_messages_on_stderr, make_photo_folder, report_figures
 
 import foodvit
 from foodvit.recipes import load_recipe
@@ -217,6 +217,7 @@ def test_course_recipe_runs_one_epoch(tmp_path, capsys):
     photos = make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(60, 80))  # one step of 3 photos: ViT-B/16's forward and backward cost seconds a photo here
     config = load_recipe("course")
     config = replace(config, data=replace(config.data, source=str(photos)), train=replace(config.train, epochs=1, batch_size=4))
+    library_messages_on_stderr()  # the size note is a warning of the library's logger
     result = train(config, tmp_path / "course", quiet=True)
     predictor = foodvit.load_predictor(tmp_path / "course")
     model = predictor.model

@@ -54,6 +54,14 @@ def register(sub) -> None:
         help="run fold K of each seed alone (0 to --folds minus 1; again for more: --fold 0 --fold 2), e.g. to spread "
         "a study over machines or a queue of jobs; the study's files are written once every fold has run",
     )
+    p.add_argument(
+        "--jobs",
+        type=count(),
+        default=1,
+        metavar="N",
+        help="train N folds at once, in N processes on an equal share of the cores each "
+        "(default 1: one fold at a time on every core; --jobs 2 on 2 cores keeps both busy)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     recipe_options(p, "a recipe name (see `foodvit recipes`) or a .toml file")
     p.set_defaults(func=cmd_cv)
@@ -128,6 +136,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         teachers=args.teachers,
         only=args.fold,
+        jobs=args.jobs,
     )
     for f in result.folds:
         print(f"  seed {f['seed']} fold {f['fold']}: {f['accuracy']:.3f} ({f['correct']}/{f['n']})", file=sys.stderr)

@@ -34,6 +34,7 @@ class ConvStem(nn.Module):
         self.layers = nn.Sequential(*layers)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        # channels-last: the convolutions, batch norms and max-pools run on it faster than on (B, C, H, W) rows
         return self.layers(images)  # (B, C, H, W) -> (B, D, H/P, W/P)
 
 

@@ -273,6 +273,7 @@ def obtain_teacher(
     resumed run needs of the teacher, so that the caller can make the run resumable from there."""
     ctx, path = data.context, folder / TEACHER_FILE
     torch.manual_seed(derive_seed(data.seed, "teacher-init"))
+    # channels-last: its convolutions, batch norms and pools run faster on it (the same sums, another order)
     module = build_teacher(setup.architecture, setup.num_classes).to(ctx.device)
     saved = ctx.broadcast(ctx.on_main(read_teacher, path, setup.architecture))
     origin = f"{path} ({setup.architecture}, trained earlier in this run)"

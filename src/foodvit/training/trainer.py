@@ -26,10 +26,9 @@ import math
 import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
 from foodvit.data.datasource import Listed
@@ -41,6 +40,7 @@ from foodvit.model.vit import VisionTransformer
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.training import loading, objectives
+from foodvit.training.compiling import compile_step
 from foodvit.training.distributed import Context, PeerLost, is_backend_error
 from foodvit.training.engine import (
     FitHooks,
@@ -176,8 +176,7 @@ class Trainer:
             input_shape=(self.model.config.in_channels, self.model.config.image_size, self.model.config.image_size),
         )
         wrapped = self.ctx.wrap(self.trained)
-        # compiling a module gives an OptimizedModule, an nn.Module (torch.compile's stubs say a callable)
-        self.step_model = cast(nn.Module, torch.compile(wrapped)) if c.train.compile else wrapped
+        self.step_model = compile_step(wrapped, self.device) if c.train.compile else wrapped
         self.optimizer = build_optimizer(self.trained, c.optim, self.device)
         self.steps_per_epoch = math.ceil(len(self.train_loader) / c.optim.accum_steps)
         self.scheduler = build_scheduler(self.optimizer, c.optim, self.steps_per_epoch, c.train.epochs)

@@ -38,6 +38,7 @@ from foodvit.files import atomic_folder, write_text
 from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.tuning.compare import prediction_key
+from foodvit.tuning.jobs import fold_threads, plan, run_tasks
 from foodvit.tuning.study import check_lender, open_study, study_settings
 
 logger = logging.getLogger(__name__)
@@ -247,10 +248,11 @@ def _run_fold(
                 resume(run, quiet=quiet, log=lambda *a, **k: None)
             else:
                 _clear_unstarted(run)
+                # evaluated once, at the end: the study reads the fold's final model alone, never its curves
                 fold_config = replace(
                     config,
                     data=replace(config.data, source=str(folder.resolve())),
-                    train=replace(config.train, seed=seed),
+                    train=replace(config.train, seed=seed, eval_every=config.train.epochs),
                 )
                 train(fold_config, run, quiet=quiet, log=lambda *a, **k: None, teacher_from=teacher_from)
         except rundir.LockedError:  # another process took the fold between the look and the start
@@ -412,13 +414,15 @@ def cross_validate(
     progress: bool = False,
     teachers: str | Path | None = None,
     only: Sequence[int] | None = None,
+    jobs: int | None = 1,
 ) -> CvResult:
     """`foodvit cv`: the config's k-fold CV over its training photos, seeds config.train.seed and on,
     in the study folder (resumed if it holds this same study). teachers: a study of the same folds
     and teacher settings (a distilled or guided recipe) whose trained CNN teachers the folds borrow:
     the same teachers they would train, so only the time changes. only (`--fold K`): run these folds
     of each seed alone (to spread a study over machines or over a queue of jobs); the result is then
-    theirs, and the study's files are written only once every fold of it has its result."""
+    theirs, and the study's files are written only once every fold of it has its result. jobs: the folds
+    trained on this many processes at once (None: one per core; tuning/jobs.py), else in this process."""
     study = Path(study)
     config = rundir.with_source(config)
     split = training_photos(config)
@@ -442,8 +446,21 @@ def cross_validate(
     }
     if teachers is not None:
         teachers = Path(teachers)
-        check_lender(teachers, study, identity, config)
+        with fold_threads(jobs):  # checked against the threads the folds will train on
+            check_lender(teachers, study, identity, config)
     open_study(study, identity)
+    if jobs != 1:  # the folds trained on several processes; run_cv below then reads their results
+        train_on_processes(
+            config,
+            study,
+            split,
+            folds=folds,
+            seeds=seed_list,
+            teachers=teachers,
+            only=only,
+            jobs=jobs,
+            progress=progress,
+        )
     result, fold_results = run_cv(
         config,
         study,
@@ -517,3 +534,46 @@ def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: 
             + f" | {f['seconds']:.0f} |"
         )
     write_text(study / "cv.md", "\n".join(lines) + "\n")
+
+
+def train_on_processes(
+    config: RunConfig,
+    study: Path,
+    split: Split,
+    *,
+    folds: int,
+    seeds: list[int],
+    teachers: Path | None,
+    only: Sequence[int] | None,
+    jobs: int | None,
+    progress: bool = False,
+) -> None:
+    """Every fold of the study without a result (of `only`'s folds, if given) trained on the processes of
+    jobs.plan(jobs), each fold as run_cv trains it: its lender's teacher borrowed where the lender has one."""
+    tasks = []
+    for seed in seeds:
+        for index, folder in enumerate(fold_folders(split, folds, seed, study / "folds")):
+            name = fold_name(seed, index, len(seeds))
+            if (only is not None and index not in only) or (study / f"{name}.json").is_file():
+                continue
+            lender = teachers / name if teachers is not None else None
+            tasks.append(
+                (
+                    config,
+                    study / name,
+                    folder,
+                    seed,
+                    index,
+                    lender if lender is not None and (lender / TEACHER_FILE).is_file() else None,
+                )
+            )
+    if tasks:
+        run_tasks(_fold_task, tasks, plan(jobs, len(tasks)), progress=progress)
+
+
+def _fold_task(config: RunConfig, run: Path, folder: Path, seed: int, fold: int, teacher_from: Path | None) -> None:
+    """One fold in a process of train_on_processes; a fold another command's process holds is left to run_cv."""
+    try:
+        run_fold(config, run, folder, seed=seed, fold=fold, quiet=True, teacher_from=teacher_from)
+    except FoldBusy:
+        pass

@@ -1,0 +1,164 @@
+"""`foodvit train` of the working tree against a commit's, side by side on this machine: wall time and the
+metrics each writes.
+
+    python -m bench.speed.versus_commit --epochs 1 --threads 1
+    python -m bench.speed.versus_commit --commit 6149773 --epochs 100 --threads 2 --rounds 2
+
+The commit is checked out into a temporary git worktree and run with the same interpreter and packages
+(PYTHONPATH at its src/), the working tree likewise; the two alternate (baseline first in odd rounds, second
+in even ones) so that a drift in the machine's speed falls on both. Every run is the same recipe, seed, epochs
+and threads (OMP_NUM_THREADS), its photos decoded by itself. The ratio is the baseline's wall time over the
+working tree's, the median over rounds. The metrics.csv of the two are compared column by column, the
+timing columns aside: identical, or the largest difference. Rows go to results/speed-versus.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.results import record
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
+TIMING = ("seconds", "images_per_s", "model_share")  # what a run's speed changes in metrics.csv
+
+
+def checkout(commit: str, where: Path) -> Path:
+    """A detached worktree of `commit` at `where`."""
+    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(where), commit], cwd=ROOT, check=True)
+    return where
+
+
+def timed_train(tree: Path, out: Path, args: argparse.Namespace) -> float:
+    """Seconds of one `foodvit train` from `tree`'s source."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree / "src"),
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "foodvit",
+        "train",
+        "--recipe",
+        args.recipe,
+        "--data",
+        args.data,
+        "--epochs",
+        str(args.epochs),
+        "--seed",
+        str(args.seed),
+        "--out",
+        str(out),
+        "--quiet",
+        *args.extra,
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"versus_commit: {' '.join(command)} in {tree} failed:\n{done.stderr[-2000:]}")
+    return seconds
+
+
+def metrics_difference(a: Path, b: Path) -> str:
+    """'identical' when the two metrics.csv agree on every column but the timing ones, else the largest difference."""
+
+    def rows(path: Path) -> list[dict]:
+        with path.open(newline="") as f:
+            return [{k: v for k, v in row.items() if k not in TIMING} for row in csv.DictReader(f)]
+
+    first, second = rows(a), rows(b)
+    if len(first) != len(second):
+        return f"{len(first)} epochs against {len(second)}"
+    worst, where = 0.0, ""
+    for x, y in zip(first, second, strict=True):
+        for key in x.keys() | y.keys():
+            if x.get(key) == y.get(key):
+                continue
+            try:
+                gap = abs(float(x.get(key) or "nan") - float(y.get(key) or "nan"))
+            except ValueError:
+                return f"epoch {x.get('epoch')}: {key} {x.get(key)!r} against {y.get(key)!r}"
+            if not gap <= worst:
+                worst, where = gap, f"{key} at epoch {x.get('epoch')}"
+    return "identical" if not where else f"largest difference {worst:.3g} ({where})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commit", default="6149773", help="the baseline (default 6149773)")
+    parser.add_argument("--recipe", default="default")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1, help="pairs of runs, alternating which goes first (default 1)")
+    parser.add_argument("--data", default=DATA, help="the photos (default $FOODVIT_DATA)")
+    parser.add_argument("--no-record", action="store_true", help="print only, append no row to results/")
+    parser.add_argument("extra", nargs="*", help="after --: more `foodvit train` options for both runs")
+    args = parser.parse_args(argv)
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short=12", args.commit], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="versus-") as tmp:
+        tmp = Path(tmp)
+        baseline = checkout(commit, tmp / "baseline")
+        try:
+            trees = {commit: baseline, "working tree": ROOT}
+            seconds: dict[str, list[float]] = {name: [] for name in trees}
+            for r in range(args.rounds):
+                order = list(trees) if r % 2 == 0 else list(reversed(trees))
+                for name in order:
+                    out = tmp / "runs" / f"{'baseline' if name == commit else 'working'}-{r}"
+                    seconds[name].append(timed_train(trees[name], out, args))
+                    print(f"round {r + 1}: {name} {seconds[name][-1]:.1f} s", file=sys.stderr)
+            metrics = metrics_difference(
+                tmp / "runs" / "baseline-0" / "metrics.csv", tmp / "runs" / "working-0" / "metrics.csv"
+            )
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False)
+    old, new = statistics.median(seconds[commit]), statistics.median(seconds["working tree"])
+    ratio = old / new
+    print(
+        f"| tree | seconds (median of {args.rounds}) |\n|---|---:|\n"
+        f"| {commit} | {old:.1f} |\n| working tree | {new:.1f} |\n"
+    )
+    print(
+        f"{args.recipe} recipe, {args.epochs} epoch(s), seed {args.seed}, {args.threads} thread(s): "
+        f"the working tree takes {new / old:.2f} of {commit}'s time ({ratio:.2f}x as fast); metrics.csv: {metrics}"
+    )
+    if not args.no_record:
+        common = {
+            "baseline": commit,
+            "recipe": args.recipe,
+            "epochs": args.epochs,
+            "seed": args.seed,
+            "threads": args.threads,
+            "extra": " ".join(args.extra),
+        }
+        for name, values in seconds.items():
+            for r, s in enumerate(values):
+                record(
+                    "speed-versus",
+                    {**common, "tree": name, "round": r + 1, "seconds": round(s, 2), "ratio": "", "metrics": ""},
+                )
+        record(
+            "speed-versus",
+            {**common, "tree": "ratio", "round": "", "seconds": "", "ratio": round(ratio, 3), "metrics": metrics},
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""foodvit cv --jobs (tuning/jobs.py): the folds on several processes, each with its share of the cores; the study
+the same as one process on as many threads gives; the teachers trained once a fold, borrowed, never again."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import make_photo_folder
+
+from foodvit.cli.main import main
+from foodvit.errors import StudyError
+from foodvit.rundir.directory import load_checkpoint
+from foodvit.tuning.jobs import Plan, plan
+
+GUIDED = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "2", "--guidance", "1"]
+
+
+def test_the_plan_splits_the_cores_between_the_processes():
+    assert plan(None, tasks=5, available=2) == Plan(2, 1)  # a process a core
+    assert plan(1, tasks=5, available=2) == Plan(1, 2)  # one process on every core
+    assert plan(2, tasks=1, available=4) == Plan(1, 2)  # never more processes than folds; threads as --jobs says
+    assert plan(3, tasks=6, available=2) == Plan(3, 1)  # at least a thread each
+    with pytest.raises(StudyError, match="--jobs must be 1 or more"):
+        plan(0, tasks=2, available=2)
+
+
+@pytest.mark.slow  # three studies of two processes, each importing PyTorch; the plan stays in the fast tier
+def test_jobs_give_the_study_one_process_gives_and_train_each_teacher_once(tmp_path: Path):
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
+    a, b, alone = tmp_path / "a", tmp_path / "b", tmp_path / "alone"
+    common = ["cv", "--data", str(photos), "--folds", "2", "--quiet", *GUIDED]
+    assert main([*common, "--out", str(a), "--jobs", "2"]) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each of the two processes trained
+    try:
+        assert main([*common, "--out", str(alone)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    with_jobs, in_one = (json.loads((s / "cv.json").read_text()) for s in (a, alone))
+    assert with_jobs["photos"] == in_one["photos"] and with_jobs["accuracy"] == in_one["accuracy"]
+    for k in range(2):
+        mine, theirs = (json.loads((s / f"fold-{k}.json").read_text())["predictions"] for s in (a, alone))
+        assert [p["probabilities"] for p in mine] == [p["probabilities"] for p in theirs]
+        assert load_checkpoint(a / f"fold-{k}" / "teacher.pt")["trained_on"]["threads"] == 1
+    kept = {k: (a / f"fold-{k}" / "teacher.pt").stat().st_mtime_ns for k in range(2)}
+    assert main([*common, "--out", str(a), "--jobs", "2"]) == 0  # finished: read, nothing trained again
+    assert main([*common, "--out", str(b), "--jobs", "2", "--teachers", str(a)]) == 0  # borrowed, not trained
+    for k in range(2):
+        assert (a / f"fold-{k}" / "teacher.pt").stat().st_mtime_ns == kept[k]
+        lent = load_checkpoint(b / f"fold-{k}" / "teacher.pt")
+        assert (
+            lent["lent_by"] == str(a / f"fold-{k}")
+            and lent["history"] == load_checkpoint(a / f"fold-{k}" / "teacher.pt")["history"]
+        )
+    assert json.loads((b / "cv.json").read_text())["photos"] == with_jobs["photos"]
+
+
+def test_a_fold_is_evaluated_once_and_learns_what_an_evaluated_run_does(tmp_path: Path):
+    """A fold's run evaluates its held-out photos at its end alone (the study reads nothing else of it); evaluating
+    every epoch changes nothing of what a run learns."""
+    import csv
+
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
+    tiny = ["--recipe", "tiny", "--epochs", "2", "--image-size", "32", "--depth", "1", "--quiet"]
+    assert (
+        main(["cv", "--data", str(photos), "--folds", "2", "--fold", "0", "--out", str(tmp_path / "study"), *tiny]) == 0
+    )
+    fold = tmp_path / "study" / "fold-0"
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(fold.parent / "folds" / "seed-42" / "fold-0"),
+                "--out",
+                str(tmp_path / "every"),
+                *tiny,
+                "--seed",
+                "42",
+            ]
+        )
+        == 0
+    )
+
+    def rows(run: Path) -> list[dict]:
+        with (run / "metrics.csv").open(newline="") as f:
+            return [
+                {k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")}
+                for row in csv.DictReader(f)
+            ]
+
+    once, every = rows(fold), rows(tmp_path / "every")
+    assert [r["test_acc"] != "" for r in once] == [False, True] and all(r["test_acc"] != "" for r in every)
+    assert once[-1] == every[-1] and [{**r, "test_acc": "", "test_loss": ""} for r in every[:-1]] == once[:-1]
