@@ -63,3 +63,12 @@ def test_recipe_comments_are_one_short_line_a_setting_and_speak_of_the_product_a
             assert not re.search(r"\bsession\b|\bissue\s*\d|\bround\b", line, re.I), (
                 f"{recipe.name}:{number} tells history"
             )
+
+
+@pytest.mark.parametrize("key", ["epochs", "trian.epochs"])
+def test_an_override_that_names_no_section_is_refused_not_ignored(key):
+    from foodvit.model.resolve import resolve
+
+    with pytest.raises(ConfigError, match="unknown setting"):
+        resolve("tiny", {key: 2})
+    assert resolve("tiny", {"train.epochs": 2}).train.epochs == 2

@@ -323,3 +323,18 @@ def test_ctrl_c_says_the_finished_batches_are_kept_and_how_to_go_on(run, tree, t
     assert main(["predict", str(run), str(tree), "--out", str(out), "--quiet"]) == 130
     assert capsys.readouterr().err == (f"\ninterrupted: every finished batch is kept in {out}; "
                                        "run the same command again to label the rest\n")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_name_that_is_not_utf8_is_labelled_and_skipped_on_a_rerun(run, tmp_path, suffix, capsys):
+    folder = tmp_path / "photos"
+    make_photo(folder / "a.jpg", (200, 40, 40), size=(20, 24))
+    odd = os.path.join(os.fsencode(folder), b"caf\xe9.jpg")  # Latin-1 bytes: no UTF-8 name
+    os.rename(os.fsencode(folder / "a.jpg"), odd)
+    make_photo(folder / "b.jpg", (40, 200, 40), size=(20, 24))
+    out = tmp_path / f"predictions{suffix}"
+    assert main(["predict", str(run), str(folder), "--out", str(out), "--quiet"]) == 0
+    assert main(["predict", str(run), str(folder), "--out", str(out), "--quiet"]) == 0  # nothing left to label
+    lines = out.read_bytes().splitlines()
+    assert len(lines) == 2 + (suffix == ".csv")  # a row each (and the CSV's header), none added by the re-run
+    assert any(b"caf\xe9.jpg" in line or b"caf\\udce9.jpg" in line for line in lines)

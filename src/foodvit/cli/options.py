@@ -12,7 +12,7 @@ from dataclasses import fields
 from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of
 from foodvit.errors import ConfigError, Range, check_value
 from foodvit.model.resolve import apply_overrides as resolve_overrides
-from foodvit.model.resolve import resolve
+from foodvit.model.resolve import is_setting_key, resolve
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -109,7 +109,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 def apply_overrides(config: RunConfig, args: argparse.Namespace | dict, model: str | None = None) -> RunConfig:
     """The recipe's config with every option the user gave (an argparse namespace, or a dict of
     "section.name" -> value): resolve.apply_overrides."""
-    return resolve_overrides(config, vars(args) if isinstance(args, argparse.Namespace) else dict(args), model=model)
+    if isinstance(args, argparse.Namespace):  # the command's own options (--out, --quiet ...) are no settings
+        args = {key: value for key, value in vars(args).items() if is_setting_key(key)}
+    return resolve_overrides(config, dict(args), model=model)
 
 
 def given_overrides(args: argparse.Namespace) -> list[str]:
@@ -121,4 +123,6 @@ def build_config(
     recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | dict | None = None, model: str | None = None
 ) -> RunConfig:
     """A run's settings as `foodvit train` resolves them from its options (model/resolve.py)."""
-    return resolve(recipe, vars(overrides) if isinstance(overrides, argparse.Namespace) else overrides, model=model)
+    if isinstance(overrides, argparse.Namespace):  # the command's own options (--out, --quiet ...) are no settings
+        overrides = {key: value for key, value in vars(overrides).items() if is_setting_key(key)}
+    return resolve(recipe, overrides, model=model)

@@ -141,7 +141,9 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
         return done, failed
     size = complete_size(path) if size is None else size
     with open(path, "rb") as raw:
-        text = io.TextIOWrapper(io.BufferedReader(_Bounded(raw, size)), encoding="utf-8", newline="")
+        text = io.TextIOWrapper(  # a name that is not UTF-8 is kept as its bytes (surrogateescape), as written
+            io.BufferedReader(_Bounded(raw, size)), encoding="utf-8", errors="surrogateescape", newline=""
+        )
         try:
             if path.suffix.lower() == ".csv":
                 rows = csv.reader(text, strict=True)
@@ -238,7 +240,9 @@ class Predictions:
                 row.get("error", ""),
             ]
             (quoted if any("\r" in str(f) for f in fields) else writer).writerow(fields)
-        return text.getvalue().encode("utf-8")
+        return text.getvalue().encode(
+            "utf-8", errors="surrogateescape"
+        )  # a name's own bytes, as the file system has them
 
     def _write(self, data: bytes) -> None:
         self.file.write(data)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig, with_settings
+from foodvit.errors import ConfigError
 from foodvit.model.variants import without_recipe_resizing
 from foodvit.recipes import load_recipe
 
@@ -28,14 +29,21 @@ TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
 TRANSFER_OFF = {"optim.masked": 0.0, "optim.mask_pixels": False}
 
 
+def is_setting_key(key: str) -> bool:
+    """Whether `key` names a setting as "section.name" ("vit.depth", "optim.lr", ...)."""
+    return "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)
+
+
 def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str | None = None) -> RunConfig:
     """`config` with every setting given: "section.name" -> value ("vit.depth", "optim.lr", ...); None
-    values and other keys are not settings given."""
-    values = {
-        key: value
-        for key, value in overrides.items()
-        if value is not None and "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)
-    }
+    values are not settings given, and a key that names no section is refused rather than ignored."""
+    unknown = sorted(key for key, value in overrides.items() if value is not None and not is_setting_key(key))
+    if unknown:
+        raise ConfigError(
+            f"unknown setting {', '.join(map(repr, unknown))}: overrides are 'section.name' with a section among "
+            f"{', '.join(('vit', *SECTIONS))}, e.g. 'train.epochs' or 'optim.lr'"
+        )
+    values = {key: value for key, value in overrides.items() if value is not None}
     return replace(with_settings(config, values), model=model or config.model)
 
 
