@@ -10,6 +10,8 @@ import secrets
 import shutil
 from pathlib import Path
 
+from foodvit.errors import RunError
+
 
 def current_umask() -> int:
     """The process's umask (reading it means setting it; it is set straight back)."""
@@ -87,10 +89,18 @@ def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha
     return atomic_write(target, fetch, suffix=".part")
 
 
+def file_above(path: Path) -> Path | None:
+    """The first of `path`'s parents that exists and is not a folder (where no folder can be made), else None."""
+    return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
 def atomic_folder(target: Path, fill) -> Path:
     """Call fill(tmp_folder), then rename it to `target`; on failure nothing is left behind. The
     folder gets 0777 less the umask, as mkdir gives."""
     target = Path(target)
+    blocker = file_above(target)
+    if blocker is not None:
+        raise RunError(f"{blocker} is a file, so {target} cannot be a folder: choose another --out")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_name(target, "")
     tmp.mkdir(mode=0o777)

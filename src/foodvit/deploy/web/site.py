@@ -78,6 +78,11 @@ def agreement(folder: Path, predictor, photos) -> dict:
 
 
 def check_out(out: Path) -> None:
+    from foodvit.files import file_above
+
+    blocker = file_above(out)
+    if blocker is not None:
+        raise RunError(f"{blocker} is a file, so --out {out} cannot be a folder: choose another --out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunError(
             f"--out {out} exists and is not an empty folder; export-web writes only into a new or empty folder"
