@@ -5,12 +5,11 @@ No PyTorch here: the data layer, the run directory and the command line all use 
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
 from pathlib import Path
-
-from foodvit.errors import RunError
 
 
 def current_umask() -> int:
@@ -99,8 +98,8 @@ def atomic_folder(target: Path, fill) -> Path:
     folder gets 0777 less the umask, as mkdir gives."""
     target = Path(target)
     blocker = file_above(target)
-    if blocker is not None:
-        raise RunError(f"{blocker} is a file, so {target} cannot be a folder: choose another --out")
+    if blocker is not None:  # an OSError as mkdir's own, with the file that stands in the way named
+        raise NotADirectoryError(errno.ENOTDIR, f"{blocker} is a file, so no folder can be made under it", str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_name(target, "")
     tmp.mkdir(mode=0o777)

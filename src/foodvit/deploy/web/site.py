@@ -23,6 +23,7 @@ import shutil
 from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import quote
 
 import numpy as np
 
@@ -75,6 +76,13 @@ def agreement(folder: Path, predictor, photos) -> dict:
         same += int(mine.argmax() == theirs.argmax())
         worst = max(worst, float(np.abs(mine - theirs).max()))
     return {"photos": len(photos), "agreement": same / max(len(photos), 1), "max_difference": worst}
+
+
+def example_file(i: int, photo: Path) -> tuple[str, str]:
+    """Where the site keeps its i-th example photo (its class in the name, as the page shows it) and the page's
+    URL of it, percent-encoded so that a class named 'mac#cheese' or '50%' stays one file name."""
+    name = f"examples/{i:02d}-{photo.parent.name}{photo.suffix.lower()}"
+    return name, quote(name)
 
 
 def check_out(out: Path) -> None:
@@ -203,9 +211,9 @@ def export_web(
         (tmp / "examples").mkdir()
         examples = []
         for i, photo in enumerate(_examples(test_photos, predictor.classes, examples_per_class)):
-            name = f"examples/{i:02d}-{photo.parent.name}{photo.suffix.lower()}"
+            name, url = example_file(i, photo)
             shutil.copy2(photo, tmp / name)
-            examples.append(name)
+            examples.append(url)
         assets = resources.files("foodvit.deploy.web") / "assets"
         for name in ASSETS:
             (tmp / name).write_bytes((assets / name).read_bytes())
