@@ -194,3 +194,12 @@ def test_compare_with_a_damaged_result_file_is_one_line(tmp_path, capsys, damage
     assert main(["cv", "--compare", str(studies[0]), str(studies[1])]) == 2
     err = one_line(capsys, "cv")
     assert str(target) in err and "damaged" in err
+
+
+@pytest.mark.parametrize("command", ["export-web", "export-space"])
+def test_an_export_folder_under_a_file_is_one_line(shared_run, tmp_path, capsys, command):
+    out = a_file(tmp_path) / "site"
+    assert main([command, str(shared_run[0]), "--out" if command == "export-web" else str(out), *(
+        [str(out), "--ort-web", str(tmp_path / "no-such-ort")] if command == "export-web" else [])]) == 2
+    assert "a-file is a file" in one_line(capsys, command)
+    assert (tmp_path / "a-file").read_text() == "not a folder"

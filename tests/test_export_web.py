@@ -14,6 +14,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from pathlib import Path
 from helpers import needs
 
 from foodvit.deploy.web import runtime
@@ -317,3 +318,14 @@ def test_the_pages_path_gives_predicts_probabilities(site, shared_run):
         )  # int8 against fp32
         assert attention.shape == (4, 4) and abs(float(attention.sum()) - 1) < 1e-3
         assert crop.shape == (32, 32, 3)
+
+
+@pytest.mark.parametrize("label", ["mac#cheese", "what?", "50%", "plain"])
+def test_an_example_photos_url_names_its_file_whatever_its_class(label):
+    from urllib.parse import unquote, urlsplit
+
+    from foodvit.deploy.web.site import example_file
+
+    name, url = example_file(3, Path("test") / label / "1.JPG")
+    assert name == f"examples/03-{label}.jpg"
+    assert unquote(urlsplit(url).path) == name  # what a browser asks the server for is the file itself

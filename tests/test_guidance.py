@@ -222,7 +222,7 @@ def test_a_four_stage_guided_run_trains_four_adapters_and_says_so(photos, tmp_pa
 
 
 def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_path):
-    """bench/curve.py takes a guided study's teacher.pt as its ResNet-18 point: the network a guided
+    """bench/accuracy/curve.py takes a guided study's teacher.pt as its ResNet-18 point: the network a guided
     run saves is, weight for weight, the one distillation (and so the curve's CNN) trains alone."""
     from foodvit.rundir.directory import TEACHER_FILE
     from foodvit.training.trainer import Trainer

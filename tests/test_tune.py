@@ -298,7 +298,7 @@ def bench_teachers(monkeypatch):
 
 
 def test_bench_accuracys_paired_results_use_the_studies_arithmetic(monkeypatch, capsys):
-    """bench/accuracy.py --paired: each test size both results scored, B - A as `foodvit cv --compare` gives it;
+    """bench/accuracy/recipe.py --paired: each test size both results scored, B - A as `foodvit cv --compare` gives it;
     results of other photos stop with that one line."""
     accuracy = bench_module(monkeypatch, "accuracy")
     a = {"photos": {"0": {"x/1": True, "x/2": False, "x/3": True, "x/4": True}, "112": {"x/1": True}}}
@@ -312,7 +312,7 @@ def test_bench_accuracys_paired_results_use_the_studies_arithmetic(monkeypatch, 
 
 
 def test_bench_accuracy_scores_each_fold_model_with_other_centre_crops(cv_study, monkeypatch, capsys):
-    """bench/accuracy.py --crop-pcts: the fold's model with the photo's shorter side resized to size / share
+    """bench/accuracy/recipe.py --crop-pcts: the fold's model with the photo's shorter side resized to size / share
     before the centre crop; at the run's own share (0.875) exactly its own predictions, as cv.json holds them."""
     import foodvit.deploy.inference as inference
 
@@ -411,7 +411,7 @@ def test_bench_ensembles_scores_a_study_without_probabilities_from_its_fold_mode
 
 
 def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_path, monkeypatch, capsys):
-    """bench/offsets.py: each fold's offsets are those that classify the most of the other folds of its own
+    """bench/analysis/offsets.py: each fold's offsets are those that classify the most of the other folds of its own
     seed right (of equal counts the smallest); the fold's own photos, and other seeds', are not asked."""
     offsets = bench_module(monkeypatch, "offsets")
 
@@ -460,7 +460,7 @@ def test_bench_teachers_refuses_a_study_without_teachers_in_one_line(cv_study, t
 
 @pytest.mark.slow  # a guided study of its own; the fast tier keeps the script's refusals (the test above)
 def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(photos, tmp_path, monkeypatch):
-    """bench/teachers.py: a guided study's fold teachers, loaded (none trained), scored on their own
+    """bench/accuracy/teachers.py: a guided study's fold teachers, loaded (none trained), scored on their own
     fold's held-out photos, written as a study `foodvit cv --compare` pairs."""
     import torch
 

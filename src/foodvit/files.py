@@ -5,6 +5,7 @@ No PyTorch here: the data layer, the run directory and the command line all use 
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -87,10 +88,18 @@ def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha
     return atomic_write(target, fetch, suffix=".part")
 
 
+def file_above(path: Path) -> Path | None:
+    """The first of `path`'s parents that exists and is not a folder (where no folder can be made), else None."""
+    return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
 def atomic_folder(target: Path, fill) -> Path:
     """Call fill(tmp_folder), then rename it to `target`; on failure nothing is left behind. The
     folder gets 0777 less the umask, as mkdir gives."""
     target = Path(target)
+    blocker = file_above(target)
+    if blocker is not None:  # an OSError as mkdir's own, with the file that stands in the way named
+        raise NotADirectoryError(errno.ENOTDIR, f"{blocker} is a file, so no folder can be made under it", str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_name(target, "")
     tmp.mkdir(mode=0o777)

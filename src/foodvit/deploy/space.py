@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from foodvit.errors import RunError
-from foodvit.files import atomic_folder
+from foodvit.files import atomic_folder, file_above
 
 # what app.py imports at run time, by distribution name
 REQUIREMENTS = (
@@ -129,6 +129,9 @@ def export_space(
         raise RunError(f"--quantize {quantize} is for an ONNX Space: add --onnx")
     if not (run / "model.safetensors").is_file():
         raise RunError(f"{run} holds no trained model (model.safetensors); export a finished run directory")
+    blocker = file_above(folder)
+    if blocker is not None:
+        raise RunError(f"{blocker} is a file, so {folder} cannot be a folder: choose another --out")
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise RunError(
             f"{folder} exists and is not an empty folder; export-space writes only into a new or empty folder"

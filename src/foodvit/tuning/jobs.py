@@ -9,7 +9,7 @@ run (teacher.pt) or borrowed from a lender study, never trained twice.
 
 The threads a fold trains on change its rounding: a fold trained on 1 thread is not the same run, to the
 last bit, as on 2, and a teacher lent between studies must have trained on as many threads as the
-borrower would (distill.training_place). A study's --jobs (and so its threads) is best kept for the
+borrower would (teacher.training_place). A study's --jobs (and so its threads) is best kept for the
 studies that share its folds and teachers.
 """
 

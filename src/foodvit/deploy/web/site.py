@@ -23,6 +23,7 @@ import shutil
 from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import quote
 
 import numpy as np
 
@@ -77,7 +78,19 @@ def agreement(folder: Path, predictor, photos) -> dict:
     return {"photos": len(photos), "agreement": same / max(len(photos), 1), "max_difference": worst}
 
 
+def example_file(i: int, photo: Path) -> tuple[str, str]:
+    """Where the site keeps its i-th example photo (its class in the name, as the page shows it) and the page's
+    URL of it, percent-encoded so that a class named 'mac#cheese' or '50%' stays one file name."""
+    name = f"examples/{i:02d}-{photo.parent.name}{photo.suffix.lower()}"
+    return name, quote(name)
+
+
 def check_out(out: Path) -> None:
+    from foodvit.files import file_above
+
+    blocker = file_above(out)
+    if blocker is not None:
+        raise RunError(f"{blocker} is a file, so --out {out} cannot be a folder: choose another --out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunError(
             f"--out {out} exists and is not an empty folder; export-web writes only into a new or empty folder"
@@ -198,9 +211,9 @@ def export_web(
         (tmp / "examples").mkdir()
         examples = []
         for i, photo in enumerate(_examples(test_photos, predictor.classes, examples_per_class)):
-            name = f"examples/{i:02d}-{photo.parent.name}{photo.suffix.lower()}"
+            name, url = example_file(i, photo)
             shutil.copy2(photo, tmp / name)
-            examples.append(name)
+            examples.append(url)
         assets = resources.files("foodvit.deploy.web") / "assets"
         for name in ASSETS:
             (tmp / name).write_bytes((assets / name).read_bytes())

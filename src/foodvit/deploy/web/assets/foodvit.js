@@ -181,7 +181,7 @@ function examples() {
   for (const path of state.config.examples) {
     const button = document.createElement("button");
     button.type = "button";
-    button.title = path.split("/").pop();
+    button.title = decodeURIComponent(path.split("/").pop());
     const img = document.createElement("img");
     img.src = path;
     img.alt = `example: ${button.title}`;
