@@ -24,17 +24,26 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 PROVENANCE = ("command", "machine", "torch", "commit", "date")
 
 
-def machine() -> str:
-    """The CPU model and the cores this process may use, e.g. 'AMD EPYC 7B13, 2 cores'."""
-    model = platform.processor() or platform.machine()
+def cpu_name() -> str:
+    """The CPU's model name, e.g. 'AMD EPYC 7B13' (the platform's word for it where /proc/cpuinfo is not there)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{model}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+    return platform.processor() or platform.machine()
+
+
+def machine(device=None) -> str:
+    """What ran a benchmark: the GPU's name for a CUDA `device`, else the CPU model and the cores this process may
+    use, e.g. 'AMD EPYC 7B13, 2 cores'."""
+    if device is not None and device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cpu_name()}, {cores} cores"
 
 
 def commit() -> str:

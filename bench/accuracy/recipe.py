@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -39,21 +37,12 @@ from foodvit.errors import StudyError
 from foodvit.tuning.compare import compare_line, paired
 from foodvit.tuning.cv import fold_folder, fold_name
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from bench import results
 
 
 def machine() -> str:
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    return f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    """bench.results.machine of the device the runs use, with the torch version."""
+    return f"{results.machine(torch.device('cuda') if torch.cuda.is_available() else None)}, torch {torch.__version__}"
 
 
 def run_seeds(recipe: str, seeds: list[int], out: Path, data: str | None, extra: list[str], val_only: bool = False) -> dict:

@@ -258,11 +258,11 @@ def matmul_peak_tflops(device: torch.device, n: int = 8192, repeats: int = 20) -
 
 
 def machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    from bench.accuracy.recipe import cpu_name
+    """bench.results.machine with the threads (on the CPU) and the torch version."""
+    from bench.results import machine as where
 
-    return f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    threads = "" if device.type == "cuda" else f", {torch.get_num_threads()} threads"
+    return f"{where(device)}{threads}, torch {torch.__version__}"
 
 
 def record_row(row: dict, device: torch.device, args) -> None:
