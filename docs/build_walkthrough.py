@@ -190,8 +190,8 @@ for name, theirs in [("torchvision vit_b_16", torchvision.models.vit_b_16(num_cl
     (MD, """## 6. Training on 225 photos
 
 What the full recipes reach is *not* run here (the course's run alone took 2,229 s on 2 CPU cores);
-these are the measurements recorded in `docs/BENCHMARKS.md` (`foodvit train --recipe course`,
-`bench/accuracy.py`), per image, from scratch, on FoodVision Mini (225 training and 75 test photos):
+these are the measurements kept in `results/headline.csv` (`foodvit train --recipe course`,
+`bench/accuracy/recipe.py`), per image, from scratch, on FoodVision Mini (225 training and 75 test photos):
 
 | run | accuracy | measured on |
 |---|---|---|
