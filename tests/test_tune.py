@@ -21,7 +21,9 @@ from foodvit.config import RunConfig, with_settings  # noqa: E402
 from foodvit.recipes import load_recipe  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import compare, cv  # noqa: E402
-from foodvit.tuning.search import costs, parse_budget, trial_config, tune, write_report  # noqa: E402
+from foodvit.tuning.search import parse_budget, tune  # noqa: E402
+from foodvit.tuning.space import trial_config  # noqa: E402
+from foodvit.tuning.summary import costs, write_report  # noqa: E402
 from foodvit.tuning.space import Param  # noqa: E402
 from foodvit.tuning.study import open_study, study_settings  # noqa: E402
 

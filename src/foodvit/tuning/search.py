@@ -24,48 +24,27 @@ over the training photos (cv.py), so the test split plays no part in the choice.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import statistics
 import time
 import warnings
 from pathlib import Path
-from urllib.parse import quote, unquote
 
-from foodvit.config import SECTIONS, RunConfig, with_settings
+from foodvit.config import RunConfig
 from foodvit.errors import ConfigError, StudyError
-from foodvit.files import write_text
-from foodvit.model.variants import without_recipe_resizing
 from foodvit.rundir import directory as rundir
-from foodvit.tuning import compare, cv
-from foodvit.tuning.space import Param, base_values, default_space, read_space, space_table
+from foodvit.tuning import cv
+from foodvit.tuning.space import Param, base_values, default_space, read_space, space_table, trial_config
+from foodvit.tuning.storage import STUDY_NAME, check_database, open_storage
 from foodvit.tuning.study import TRIAL_FILE, bind_trial, open_study, read_identity, study_settings
+from foodvit.tuning.summary import duration_text, write_report
 
 logger = logging.getLogger(__name__)
 
-STUDY_NAME = "foodvit"
 FAILURES_IN_A_ROW = 3  # a process stops after this many failed trials in a row: something is wrong beyond one setting
 
 
 # ------------------------------------------------------------------------------------ a trial
-
-
-def trial_overrides(params: dict, base: RunConfig) -> dict:
-    """A trial's settings as build_config overrides; a searched width takes the MLP along at the
-    recipe's ratio (Table 1: M = 4 D) unless the MLP width is searched itself."""
-    overrides = dict(params)
-    if "vit.embed_dim" in params and "vit.mlp_dim" not in params:
-        v = base_values(base)
-        overrides["vit.mlp_dim"] = round(params["vit.embed_dim"] * v["vit.mlp_dim"] / v["vit.embed_dim"])
-    return overrides
-
-
-def trial_config(params: dict, base: RunConfig) -> RunConfig:
-    """The settings a trial trains with: the base (the recipe and the command line) with the trial's
-    settings over it; its progressive resizing stays where the trial's model can take it."""
-    overrides = trial_overrides(params, base)
-    return without_recipe_resizing(base, with_settings(base, overrides), overrides)
 
 
 class TrialCrashed(Exception):
@@ -87,10 +66,6 @@ def parse_budget(text: str) -> float:
     if seconds <= 0:
         raise ConfigError(f"--budget must be positive, got {text!r}")
     return seconds
-
-
-def _seconds(s: float) -> str:
-    return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
 
 
 class Objective:
@@ -170,9 +145,10 @@ class Objective:
                 trial.study.stop()
                 if step == 0 and self.budget_s and seconds[0] > self.budget_s:
                     self.short = (
-                        f"--budget {_seconds(self.budget_s)} is less than one fold takes here "
+                        f"--budget {duration_text(self.budget_s)} is less than one fold takes here "
                         f"({seconds[0]:.0f} s, fold {results[0]['fold']} of trial {trial.number}); a trial of "
-                        f"{self.folds} folds needs about {_seconds(self.folds * seconds[0])}: the next `foodvit tune` "
+                        f"{self.folds} folds needs about {duration_text(self.folds * seconds[0])}: the next "
+                        "`foodvit tune` "
                         f"goes on with trial {trial.number}'s other folds (a larger --budget, or fewer --folds, "
                         "runs it whole)"
                     )
@@ -222,68 +198,6 @@ class Objective:
 # ------------------------------------------------------------------------------------ a study
 
 
-def _storage(study_dir: Path, url: str | None):
-    """Optuna's RDB storage: SQLite in the study folder unless a URL is given. The heartbeat
-    marks a trial whose process died (kill -9) as failed after grace_period, and the retry
-    callback enqueues it again."""
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-
-    given = url
-    # the folder's path quoted: a "?" or "#" in it is part of the name, not the URL's query or fragment
-    url = url or f"sqlite:///{quote(str((study_dir / 'study.db').resolve()))}"
-    engine = (
-        {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    )  # SQLite: wait for the other process's write
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Optuna marks the heartbeat experimental
-            return RDBStorage(
-                url,
-                engine_kwargs=engine,
-                heartbeat_interval=30,
-                grace_period=90,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
-            )
-    except Exception as err:
-        raise StudyError(storage_problem(given, url, err)) from None
-
-
-def storage_problem(given: str | None, url: str, err: Exception) -> str:
-    """What is wrong with a study's database, in one line: its driver missing, a URL no database
-    takes, a server not there, a file that is no database."""
-    import sqlalchemy.exc
-
-    where = f"--storage {_hide_password(url)}" if given else unquote(url.removeprefix("sqlite:///"))
-    first = (
-        str(getattr(err, "orig", None) or err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-    )
-    if isinstance(err, ImportError):
-        missing = (
-            getattr(err.__cause__, "name", None) or err.name or "its driver"
-        )  # Optuna wraps SQLAlchemy's ImportError
-        return (
-            f"{where} needs the database driver {missing}, which is not installed: pip install 'foodvit[tune]' for "
-            f"PostgreSQL (psycopg), or the driver the URL names (e.g. mysql+pymysql:// needs PyMySQL)"
-        )
-    if isinstance(err, sqlalchemy.exc.ArgumentError | sqlalchemy.exc.NoSuchModuleError) or isinstance(err, ValueError):
-        return (
-            f"{where} is not a database URL: give postgresql://user@host/db, mysql://user@host/db or "
-            f"sqlite:///path ({first})"
-        )
-    if isinstance(err, sqlalchemy.exc.OperationalError) and given and not url.startswith("sqlite"):
-        return (
-            f"cannot reach the database of {where} ({first}): start its server, or check the host, port, user "
-            "and database"
-        )
-    if isinstance(err, sqlalchemy.exc.DatabaseError | sqlalchemy.exc.OperationalError):
-        return f"{where} is not a study database foodvit can use ({first}): restore it, or choose a new --out"
-    raise err
-
-
-def _hide_password(url: str) -> str:
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
-
-
 def trial_identity(config: RunConfig, split, folds: int) -> dict:
     """What a trial's folder holds: folds of these photos, trained with these settings (trial.json)."""
     return {
@@ -293,39 +207,6 @@ def trial_identity(config: RunConfig, split, folds: int) -> dict:
         "seed": config.train.seed,
         "settings": study_settings(config.to_dict()),
     }
-
-
-def check_database(study_dir: Path, storage: str | None) -> None:
-    """The study's own SQLite database, before Optuna opens it (and would add its tables to any file):
-    gone while trial folders remain, another program's, truncated or random bytes are refused, since
-    the trial folders could then be reported under trials they are not."""
-    import sqlite3
-    from contextlib import closing
-
-    if storage:
-        return  # a server's database: the trial folders are checked against its trials (check_trial_folders)
-    db = study_dir / "study.db"
-    held = sorted(p.name for p in study_dir.glob("trial-*"))
-    advice = f"restore {db} from where it was copied, or choose a new --out for a new study"
-    if not db.exists():
-        if held:
-            raise StudyError(
-                f"{db} is gone, and without it the trial folders "
-                f"({', '.join(held[:3])}{' ...' if len(held) > 3 else ''}) "
-                f"cannot be matched to their trials' settings; {advice}"
-            )
-        return
-    if not db.is_file():
-        raise StudyError(f"{db} is not a file; {advice}")
-    try:
-        with closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as connection:
-            names = {row[0] for row in connection.execute("select study_name from studies")}
-    except sqlite3.Error as err:
-        if db.stat().st_size == 0 and not held:
-            return  # made by a start that stopped at once: Optuna fills it
-        raise StudyError(f"{db} is not a study database foodvit can read ({err}); {advice}") from None
-    if STUDY_NAME not in names:
-        raise StudyError(f"{db} holds no foodvit study (another program's or another tool's database); {advice}")
 
 
 def check_trial_folders(study, study_dir: Path, base: RunConfig, split, folds: int) -> None:
@@ -417,7 +298,7 @@ def tune(
         check_database(study_dir, storage)
         # TPE unseeded: processes sharing a study would otherwise propose the same settings
         study = optuna.create_study(
-            storage=_storage(study_dir, storage),
+            storage=open_storage(study_dir, storage),
             study_name=STUDY_NAME,
             direction="maximize",
             sampler=optuna.samplers.TPESampler(),
@@ -450,186 +331,3 @@ def tune(
 
 
 # ------------------------------------------------------------------------------------ the report
-
-
-def recipe_toml(config: RunConfig, header: str) -> str:
-    """A recipe file of the config (load_recipe reads it back): every setting but the data source,
-    which stays a command-line choice."""
-    from dataclasses import asdict
-
-    def value(v) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, (tuple, list)):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return json.dumps(v)  # a TOML basic string
-
-    lines = [f"# {line}" for line in header.splitlines()] + [f"model = {value(config.model)}", ""]
-    tables = {"vit": dict(config.vit), **{name: asdict(getattr(config, name)) for name in SECTIONS}}
-    tables["data"].pop("source")
-    for name, table in tables.items():
-        lines += [f"[{name}]"] + [f"{k} = {value(v)}" for k, v in table.items()] + [""]
-    return "\n".join(lines) + "\n"
-
-
-def _trial_photos(study_dir: Path, trial) -> dict[str, bool] | None:
-    path = study_dir / trial.user_attrs.get("dir", "") / "cv.json"
-    return json.loads(path.read_text())["photos"] if trial.user_attrs.get("dir") and path.is_file() else None
-
-
-def _plots(study, study_dir: Path, space: dict[str, Param], completed: int) -> list[str]:
-    """Optuna's matplotlib plots as PNGs: the optimisation history, the parameter importances (2
-    or more finished trials), a slice plot."""
-    import matplotlib.pyplot as plt
-    import optuna.visualization.matplotlib as ov
-    from matplotlib.figure import Figure
-
-    from foodvit.viz.plotting import save_figure
-
-    wanted = [
-        ("history.png", lambda: ov.plot_optimization_history(study)),
-        ("slice.png", lambda: ov.plot_slice(study, params=list(space))),
-    ]
-    if completed >= 2:
-        wanted.insert(1, ("importance.png", lambda: ov.plot_param_importances(study)))
-    written = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
-        for name, draw in wanted:
-            try:
-                axes = draw()
-            # e.g. importances of parameters that never varied
-            except (ValueError, RuntimeError, ZeroDivisionError) as err:
-                written.append(f"{name}: not drawn ({err})")
-                continue
-            figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
-            assert isinstance(figure, Figure)  # Optuna draws on whole figures, never on subfigures
-            save_figure(figure, study_dir / name)
-            plt.close(figure)  # Optuna draws through pyplot: its figures are closed, not left in pyplot's list
-            written.append(name)
-    return written
-
-
-def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param], folds: int) -> str:
-    """best.toml, tune.md and the plots; returns the summary: the best trial and, last, the paired
-    comparison of the best with the starting recipe on the same photos."""
-    from optuna.trial import TrialState
-
-    all_trials = study.get_trials(deepcopy=False)
-    completed = [t for t in all_trials if t.state == TrialState.COMPLETE]
-    cut = [t for t in all_trials if t.user_attrs.get("stopped") == "budget" or t.user_attrs.get("interrupted")]
-    counts = {
-        state: sum(t.state == state and t not in cut for t in all_trials)
-        for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    }
-    summary = [
-        f"{len(all_trials)} trials in {study_dir}: {counts[TrialState.COMPLETE]} complete, "
-        f"{counts[TrialState.PRUNED]} pruned, "
-        f"{counts[TrialState.FAIL]} failed"
-        + (f", {len(cut)} stopped by the budget or interrupted (run again by the next foodvit tune)" if cut else "")
-    ]
-    rows = ["| trial | state | CV accuracy | fold accuracies | settings | seconds |", "|---|---|---|---|---|---|"]
-    start = base_values(base)
-    for t in all_trials:
-        changed = (
-            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(k)) or "(the starting recipe)"
-        )
-        value = f"{t.value:.3f}" if t.value is not None else "--"
-        accs = " ".join(f"{a:.2f}" for a in t.user_attrs.get("fold_accuracy", []))
-        seconds = f"{t.duration.total_seconds():.0f}" if t.duration else "--"
-        note = f" ({t.user_attrs['error'][:80]})" if t.state == TrialState.FAIL and "error" in t.user_attrs else ""
-        if t.user_attrs.get("stopped") == "budget":
-            note = " (the budget ended)"
-        if t.user_attrs.get("dir", f"trial-{t.number:04d}") != f"trial-{t.number:04d}":
-            note += f" (runs {t.user_attrs['dir']} again, its finished folds kept)"
-        rows.append(f"| {t.number} | {t.state.name.lower()}{note} | {value} | {accs} | {changed} | {seconds} |")
-    summary += costs(all_trials, folds)
-    lines = [
-        "# Tuning study",
-        "",
-        f"Starting recipe: {base.recipe}; {folds}-fold CV over the training photos (seed "
-        f"{base.train.seed}), TPE sampler, pruner {type(study.pruner).__name__}.",
-        "",
-        *summary,
-        "",
-    ]
-    if completed:
-        best = study.best_trial
-        config = trial_config(best.params, base)  # what the best trial trained with, its progressive resizing included
-        header = (
-            f"foodvit tune: the best of {len(completed)} finished trials in {study_dir} (trial {best.number}), "
-            f"{folds}-fold CV accuracy {best.value:.3f} over the training photos; train with\n"
-            f"foodvit train --recipe {study_dir / 'best.toml'}"
-        )
-        write_text(study_dir / "best.toml", recipe_toml(config, header))
-        summary.append(f"best: trial {best.number}, CV accuracy {best.value:.3f}; recipe {study_dir / 'best.toml'}")
-        lines += [summary[-1], ""]
-        lines += [
-            f"![{name}]({name})" for name in _plots(study, study_dir, space, len(completed)) if name.endswith(".png")
-        ] + [""]
-        baseline = next((t for t in completed if t.user_attrs.get("baseline")), None)
-        if baseline is None:
-            summary.append("the starting recipe's trial has not finished: no paired comparison yet")
-        elif baseline.number == best.number:
-            summary.append(f"the starting recipe (trial {best.number}) is the best found")
-        else:
-            a, b = _trial_photos(study_dir, baseline), _trial_photos(study_dir, best)
-            if a is None or b is None:  # a trial run on another machine (--storage): its photos are not here
-                summary.append(
-                    f"best vs starting recipe: trial {best.number if b is None else baseline.number}'s predictions "
-                    f"are not in {study_dir} (run on another machine): no paired comparison here"
-                )
-            else:
-                result = compare.paired(a, b)
-                summary.append(
-                    "best vs starting recipe, same folds: "
-                    + compare.compare_line(result, f"trial {baseline.number} (start)", f"trial {best.number} (best)")
-                )
-    else:
-        summary.append("no trial has finished yet: no best recipe")
-    lines += rows + ["", summary[-1], ""]
-    write_text(study_dir / "tune.md", "\n".join(lines))
-    return "\n".join(summary)
-
-
-def costs(trials, folds: int) -> list[str]:
-    """What pruning saved (each pruned trial's folds not run, at its own mean fold time) and the
-    study's own cost per trial (a trial's time beyond its folds: sampling, storage, building the
-    config), from the trials' recorded fold times."""
-    from optuna.trial import TrialState
-
-    pruned = [
-        t
-        for t in trials
-        if t.state == TrialState.PRUNED and t.user_attrs.get("stopped") != "budget" and t.user_attrs.get("fold_seconds")
-    ]
-    saved = sum(
-        (folds - len(t.user_attrs["fold_seconds"])) * statistics.fmean(t.user_attrs["fold_seconds"]) for t in pruned
-    )
-    spent = sum(sum(t.user_attrs.get("fold_seconds", [])) for t in trials)
-    out = (
-        [
-            f"pruning: {len(pruned)} trials stopped early, saving about {_seconds(saved)} "
-            f"({saved / max(spent + saved, 1e-9):.0%} "
-            f"of the {_seconds(spent + saved)} all trials would have taken unpruned)"
-        ]
-        if pruned
-        else []
-    )
-    overhead = [
-        t.duration.total_seconds() - sum(t.user_attrs.get("fold_seconds_here", t.user_attrs["fold_seconds"]))
-        for t in trials
-        if t.duration and t.user_attrs.get("fold_seconds") and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-    ]
-    if overhead:
-        out.append(
-            f"the study's own cost per trial (beyond its folds): median {statistics.median(overhead):.1f} s, "
-            f"largest {max(overhead):.1f} s"
-        )
-    return out
-
-
-def _short(v) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)

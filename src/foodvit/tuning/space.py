@@ -7,8 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from foodvit.config import AUGMENT_PRESETS, SECTIONS, RunConfig, check_on_patch_grid, check_setting, setting_field
+from foodvit.config import (
+    AUGMENT_PRESETS,
+    SECTIONS,
+    RunConfig,
+    check_on_patch_grid,
+    check_setting,
+    setting_field,
+    with_settings,
+)
 from foodvit.errors import ConfigError
+from foodvit.model.variants import without_recipe_resizing
 from foodvit.objective_settings import OBJECTIVES
 
 # The initialisations a default space tries: impulse needs sin-cos positions, which many recipes lack (a
@@ -226,3 +235,20 @@ def _check_needs(space: dict[str, Param], config: RunConfig) -> None:
 
 def space_table(space: dict[str, Param]) -> dict:
     return {key: p.to_dict() for key, p in sorted(space.items())}
+
+
+def trial_overrides(params: dict, base: RunConfig) -> dict:
+    """A trial's settings as build_config overrides; a searched width takes the MLP along at the
+    recipe's ratio (Table 1: M = 4 D) unless the MLP width is searched itself."""
+    overrides = dict(params)
+    if "vit.embed_dim" in params and "vit.mlp_dim" not in params:
+        v = base_values(base)
+        overrides["vit.mlp_dim"] = round(params["vit.embed_dim"] * v["vit.mlp_dim"] / v["vit.embed_dim"])
+    return overrides
+
+
+def trial_config(params: dict, base: RunConfig) -> RunConfig:
+    """The settings a trial trains with: the base (the recipe and the command line) with the trial's
+    settings over it; its progressive resizing stays where the trial's model can take it."""
+    overrides = trial_overrides(params, base)
+    return without_recipe_resizing(base, with_settings(base, overrides), overrides)

@@ -1,0 +1,108 @@
+"""Where a `foodvit tune` study keeps its trials: Optuna's storage (SQLite in STUDY/study.db, or a server given by
+--storage), opened with one-line errors for a missing driver, an unreachable server or a damaged database."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+from foodvit.errors import StudyError
+
+STUDY_NAME = "foodvit"  # the study's name in its database
+
+
+def open_storage(study_dir: Path, url: str | None):
+    """Optuna's RDB storage: SQLite in the study folder unless a URL is given. The heartbeat
+    marks a trial whose process died (kill -9) as failed after grace_period, and the retry
+    callback enqueues it again."""
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    given = url
+    # the folder's path quoted: a "?" or "#" in it is part of the name, not the URL's query or fragment
+    url = url or f"sqlite:///{quote(str((study_dir / 'study.db').resolve()))}"
+    engine = (
+        {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    )  # SQLite: wait for the other process's write
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna marks the heartbeat experimental
+            return RDBStorage(
+                url,
+                engine_kwargs=engine,
+                heartbeat_interval=30,
+                grace_period=90,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+            )
+    except Exception as err:
+        raise StudyError(storage_problem(given, url, err)) from None
+
+
+def storage_problem(given: str | None, url: str, err: Exception) -> str:
+    """What is wrong with a study's database, in one line: its driver missing, a URL no database
+    takes, a server not there, a file that is no database."""
+    import sqlalchemy.exc
+
+    where = f"--storage {_hide_password(url)}" if given else unquote(url.removeprefix("sqlite:///"))
+    first = (
+        str(getattr(err, "orig", None) or err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    )
+    if isinstance(err, ImportError):
+        missing = (
+            getattr(err.__cause__, "name", None) or err.name or "its driver"
+        )  # Optuna wraps SQLAlchemy's ImportError
+        return (
+            f"{where} needs the database driver {missing}, which is not installed: pip install 'foodvit[tune]' for "
+            f"PostgreSQL (psycopg), or the driver the URL names (e.g. mysql+pymysql:// needs PyMySQL)"
+        )
+    if isinstance(err, sqlalchemy.exc.ArgumentError | sqlalchemy.exc.NoSuchModuleError) or isinstance(err, ValueError):
+        return (
+            f"{where} is not a database URL: give postgresql://user@host/db, mysql://user@host/db or "
+            f"sqlite:///path ({first})"
+        )
+    if isinstance(err, sqlalchemy.exc.OperationalError) and given and not url.startswith("sqlite"):
+        return (
+            f"cannot reach the database of {where} ({first}): start its server, or check the host, port, user "
+            "and database"
+        )
+    if isinstance(err, sqlalchemy.exc.DatabaseError | sqlalchemy.exc.OperationalError):
+        return f"{where} is not a study database foodvit can use ({first}): restore it, or choose a new --out"
+    raise err
+
+
+def _hide_password(url: str) -> str:
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+def check_database(study_dir: Path, storage: str | None) -> None:
+    """The study's own SQLite database, before Optuna opens it (and would add its tables to any file):
+    gone while trial folders remain, another program's, truncated or random bytes are refused, since
+    the trial folders could then be reported under trials they are not."""
+    import sqlite3
+    from contextlib import closing
+
+    if storage:
+        return  # a server's database: the trial folders are checked against its trials (check_trial_folders)
+    db = study_dir / "study.db"
+    held = sorted(p.name for p in study_dir.glob("trial-*"))
+    advice = f"restore {db} from where it was copied, or choose a new --out for a new study"
+    if not db.exists():
+        if held:
+            raise StudyError(
+                f"{db} is gone, and without it the trial folders "
+                f"({', '.join(held[:3])}{' ...' if len(held) > 3 else ''}) "
+                f"cannot be matched to their trials' settings; {advice}"
+            )
+        return
+    if not db.is_file():
+        raise StudyError(f"{db} is not a file; {advice}")
+    try:
+        with closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as connection:
+            names = {row[0] for row in connection.execute("select study_name from studies")}
+    except sqlite3.Error as err:
+        if db.stat().st_size == 0 and not held:
+            return  # made by a start that stopped at once: Optuna fills it
+        raise StudyError(f"{db} is not a study database foodvit can read ({err}); {advice}") from None
+    if STUDY_NAME not in names:
+        raise StudyError(f"{db} holds no foodvit study (another program's or another tool's database); {advice}")
