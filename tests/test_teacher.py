@@ -67,3 +67,38 @@ def test_a_run_stopped_in_its_teacher_stage_resumes_to_the_uninterrupted_end(tmp
     for key, value in uninterrupted["model"].items():
         torch.testing.assert_close(teacher["model"][key], value, rtol=0, atol=0)
     assert rows(stopped) == rows(tmp_path / "whole")
+
+
+def test_a_teacher_with_its_own_epochs_and_side(tmp_path):
+    """--teacher-epochs and --teacher-size: the teacher trains that many epochs on batches of that side, while
+    the ViT keeps its own; a teacher is the same one whatever the ViT's epochs, and another at another side."""
+    from dataclasses import replace
+
+    from foodvit.config import RunConfig
+    from foodvit.training.engine import StepSettings
+    from foodvit.training.teacher import TeacherSetup, teacher_changes
+
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
+    run = tmp_path / "run"
+    args = ["train", "--data", str(photos), "--recipe", "tiny", "--epochs", "3", "--image-size", "48"]
+    args += ["--depth", "2", "--batch-size", "8", "--guidance", "1", "--quiet", "--out", str(run)]
+    assert main([*args, "--teacher-epochs", "2", "--teacher-size", "32"]) == 0
+    assert len(load_checkpoint(run / TEACHER_FILE)["history"]) == 2
+    assert len(rows(run)) == 3
+
+    config = RunConfig.from_dict({"optim": {"guidance": 1.0, "teacher_epochs": 2, "teacher_size": 32}})
+    setup = TeacherSetup.of_run(config, 3, StepSettings(device=torch.device("cpu")), 48, None, 1)
+    assert (setup.epochs, setup.image_size, setup.settings.input_size) == (2, 32, 32)
+    whole = TeacherSetup.of_run(
+        replace(config, optim=replace(config.optim, teacher_size=0)),
+        3,
+        StepSettings(device=torch.device("cpu")),
+        48,
+        None,
+        1,
+    )
+    assert (whole.image_size, whole.settings.input_size) == (48, 0)
+    longer = replace(config, train=replace(config.train, epochs=config.train.epochs + 50))
+    assert teacher_changes(config, longer) == ""
+    assert "epochs" in teacher_changes(config, replace(config, optim=replace(config.optim, teacher_epochs=0)))
+    assert "size" in teacher_changes(config, replace(config, optim=replace(config.optim, teacher_size=40)))

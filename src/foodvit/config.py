@@ -237,6 +237,15 @@ class OptimConfig:
         "random initialisation in the run, on its photos with its optimiser and schedule",
         choices=TEACHERS,
     )
+    teacher_epochs: int = opt(
+        0, "epochs the CNN teacher trains for, on its own schedule; 0 = the run's --epochs", range=AT_LEAST_0
+    )
+    teacher_size: int = opt(
+        0,
+        "side in pixels of the photos the CNN teacher trains on (its batches resized, as progressive resizing "
+        "does); 0 = the model's image size",
+        range=AT_LEAST_0,
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -99,12 +99,24 @@ def teacher_settings(config: RunConfig) -> dict:
         if k not in ("source", "start_size", "start_share", "test_size", "cache", "cache_gb")
     }
     data["workers"] = min(config.data.workers, 1) if (config.data.mixup or config.data.cutmix) else 0
-    return {
-        "preprocess": asdict(default_preprocess(config)),
-        "data": data,
-        "optim": {k: v for k, v in settings["optim"].items() if k not in STUDENT_SETTINGS},
-        "train": {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard", "compile")},
-    }
+    optim = {k: v for k, v in settings["optim"].items() if k not in (*STUDENT_SETTINGS, *TEACHER_OWN)}
+    train = {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard", "compile")}
+    train["epochs"] = teacher_epochs(config)  # the run's own only when the teacher has none of its own
+    preprocess = asdict(default_preprocess(config))
+    return {"preprocess": preprocess, "data": data, "optim": optim, "train": train, "size": teacher_size(config)}
+
+
+TEACHER_OWN = ("teacher_epochs", "teacher_size")  # in teacher_settings as what they resolve to
+
+
+def teacher_epochs(config: RunConfig) -> int:
+    """The epochs the run's CNN teacher trains for: --teacher-epochs, else the run's."""
+    return config.optim.teacher_epochs or config.train.epochs
+
+
+def teacher_size(config: RunConfig) -> int:
+    """The side the run's CNN teacher trains at: --teacher-size, else the model's image size."""
+    return config.optim.teacher_size or default_preprocess(config).image_size
 
 
 def setting_changes(theirs: dict, ours: dict) -> str:
@@ -198,13 +210,14 @@ class TeacherSetup:
         test_loader: Any,
         processes: int,
     ) -> TeacherSetup:
+        size = config.optim.teacher_size or image_size  # its batches are loaded at image_size
         return cls(
             config.optim.teacher,
             num_classes,
-            config.train.epochs,
+            teacher_epochs(config),
             config.optim,
-            replace(settings, input_size=0, sam=0.0),
-            image_size,
+            replace(settings, input_size=0 if size == image_size else size, sam=0.0),
+            size,
             config.train.batch_size,
             test_loader,
             training_place(settings.device, processes, config),
