@@ -141,7 +141,7 @@ def test_compare_with_a_tune_study_says_it_is_no_cv_study(tmp_path, capsys):
 def test_one_limit_and_one_wording_for_an_oversized_photo_in_predict_and_explain(shared_run, tmp_path, capsys):
     from PIL import Image
 
-    from foodvit.deploy.serve import DEFAULT_MAX_MEGAPIXELS
+    from foodvit.deploy.service import DEFAULT_MAX_MEGAPIXELS
 
     run, _ = shared_run
     big = tmp_path / "big.png"

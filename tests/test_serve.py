@@ -156,7 +156,7 @@ def test_batcher_batches_concurrent_inputs_and_answers_each_its_own():
 
     import foodvit
     from foodvit.data.preprocess import make_preprocess
-    from foodvit.deploy.serve import Batcher
+    from foodvit.deploy.service import Batcher
 
     torch.manual_seed(0)
     model = foodvit.create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1).eval()

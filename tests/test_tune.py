@@ -1,4 +1,4 @@
-"""foodvit cv and foodvit tune (tuning/cv.py, tuning/study.py, tuning/compare.py, tuning/search.py): k-fold CV over the training photos
+"""foodvit cv and foodvit tune (tuning/cv.py, folds.py, fold.py, study.py, compare.py, search.py): k-fold CV over the training photos
 alone, resumed fold by fold; an Optuna study with pruning by fold, failed trials, SQLite shared by
 processes; the bad inputs refused in one line. Tiny runs: the tiny recipe at 32 px, depth 1, 1
 epoch, on 4 generated photos a class, 2 folds."""
@@ -21,6 +21,7 @@ from foodvit.config import RunConfig, with_settings  # noqa: E402
 from foodvit.recipes import load_recipe  # noqa: E402
 from foodvit.errors import StudyError  # noqa: E402
 from foodvit.tuning import compare, cv  # noqa: E402
+from foodvit.tuning.folds import fold_folder, fold_folders, training_photos  # noqa: E402
 from foodvit.tuning.search import parse_budget, tune  # noqa: E402
 from foodvit.tuning.space import trial_config  # noqa: E402
 from foodvit.tuning.summary import costs, write_report  # noqa: E402
@@ -321,7 +322,7 @@ def test_bench_accuracy_scores_each_fold_model_with_other_centre_crops(cv_study,
     accuracy = bench_module(monkeypatch, "accuracy")
     study = cv_study["study"]
     fold = json.loads((study / "cv.json").read_text())["folds"][0]
-    held = cv.fold_folder(study / "folds", fold["seed"], fold["fold"])
+    held = fold_folder(study / "folds", fold["seed"], fold["fold"])
     seen, real_predict = [], inference.predict
     monkeypatch.setattr(inference, "predict", lambda predictor, paths: seen.append(predictor.preprocess) or real_predict(predictor, paths))
     got = accuracy.fold_predictions(study / fold["run"], held, [], [1.0, 0.875, 0.5])
@@ -525,7 +526,7 @@ def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process
         monkeypatch.setattr(trainer, "train", train)
         monkeypatch.setattr(cv, "_wait", lambda seconds: (events.append("wait"), time.sleep(seconds)))
         config = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
-        result, folds = cv.run_cv(config, study, study / "folds", cv.training_photos(config), folds=2, seeds=[42],
+        result, folds = cv.run_cv(config, study, study / "folds", training_photos(config), folds=2, seeds=[42],
                                   after_fold=after_fold, wait_s=0.1)
         assert holder.wait(timeout=60) == 0
     finally:
@@ -541,21 +542,23 @@ def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process
 def test_a_fold_is_run_by_one_process_from_its_look_to_its_result(cv_study, photos, tmp_path):
     """The fold's own lock: while another process runs fold 0 (even between its training and its
     result), this one leaves it; once free, a finished result is read, not computed again."""
+    from foodvit.tuning.fold import FoldBusy, run_fold
+
     config = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
-    split = cv.training_photos(config)
-    folders = cv.fold_folders(split, 2, 42, tmp_path / "folds")
+    split = training_photos(config)
+    folders = fold_folders(split, 2, 42, tmp_path / "folds")
     shutil.copytree(cv_study["study"] / "fold-0", tmp_path / "fold-0")  # a finished run, its result not yet written
     holder = subprocess.Popen([sys.executable, "-c", "import sys; from filelock import FileLock; "
                                "lock = FileLock(sys.argv[1], timeout=0); lock.acquire(); print('held', flush=True); sys.stdin.read()",
                                str(tmp_path / ".fold-0.lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(cv.FoldBusy, match="is being run by another process"):
-            cv.run_fold(config, tmp_path / "fold-0", folders[0], seed=42, fold=0)
+        with pytest.raises(FoldBusy, match="is being run by another process"):
+            run_fold(config, tmp_path / "fold-0", folders[0], seed=42, fold=0)
         assert not (tmp_path / "fold-0.json").exists()
     finally:
         holder.communicate("", timeout=60)
-    result = cv.run_fold(config, tmp_path / "fold-0", folders[0], seed=42, fold=0)
+    result = run_fold(config, tmp_path / "fold-0", folders[0], seed=42, fold=0)
     assert result["accuracy"] == json.loads((cv_study["study"] / "fold-0.json").read_text())["accuracy"]
 
 

@@ -37,7 +37,9 @@ from foodvit.errors import FoodVitError
 from foodvit.rundir.directory import with_source
 from foodvit.training.teacher import teacher_changes
 from foodvit.tuning.compare import paired, read_study, study_recipe
-from foodvit.tuning.cv import fold_folders, prediction_record, summarise, training_photos, write_study
+from foodvit.tuning.cv import summarise, write_study
+from foodvit.tuning.fold import prediction_record
+from foodvit.tuning.folds import fold_folders, training_photos
 
 FOLDS, SEED = 5, 0
 

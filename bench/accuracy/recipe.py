@@ -35,7 +35,7 @@ from foodvit.cli.main import main as foodvit
 from foodvit.data.datasource import DataSource
 from foodvit.errors import StudyError
 from foodvit.tuning.compare import compare_line, paired
-from foodvit.tuning.cv import fold_folder, fold_name
+from foodvit.tuning.folds import fold_folder, fold_name
 
 from bench import results
 

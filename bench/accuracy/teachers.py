@@ -20,7 +20,8 @@ from pathlib import Path
 from bench.accuracy.curve import held_out_result
 
 from foodvit.config import RunConfig
-from foodvit.tuning.cv import fold_folder, fold_name, summarise, write_study
+from foodvit.tuning.cv import summarise, write_study
+from foodvit.tuning.folds import fold_folder, fold_name
 
 
 def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from foodvit.errors import FoodVitError
 from foodvit.tuning.compare import compare_line, paired, read_study
-from foodvit.tuning.cv import fold_folder, fold_name, held_out_predictions
+from foodvit.tuning.fold import held_out_predictions
+from foodvit.tuning.folds import fold_folder, fold_name
 
 SHOWN = 20  # photos named on the screen at most; --json keeps them all
 

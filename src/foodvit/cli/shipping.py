@@ -18,6 +18,12 @@ from foodvit.errors import Range
 
 def register(sub) -> None:
     """Add export, serve, export-space to the subcommands."""
+    for add in (_add_export, _add_serve, _add_export_space):
+        add(sub)
+
+
+def _add_export(sub) -> None:
+    """The parser of `foodvit export`."""
     p = sub.add_parser(
         "export",
         help="a trained run as one file to ship: ONNX (fp32 or int8), TorchScript or torch.export",
@@ -53,6 +59,47 @@ def register(sub) -> None:
     )
     p.set_defaults(func=cmd_export)
 
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "onnx":
+        need("export", "onnx", "onnxruntime", "onnxscript")
+    import logging
+
+    from foodvit.deploy.export import export
+
+    # this process exports: ONNX Runtime's quantiser logs generic advice (pre-process the model first) on the
+    # root logger, which the parity line below answers better
+    logging.getLogger().setLevel(logging.ERROR)
+
+    result = export(
+        args.run,
+        args.out,
+        args.format,
+        args.quantize,
+        args.opset,
+        photos=args.photos or (),
+        force=args.force,
+        with_attention=args.with_attention,
+    )
+    what = (
+        args.format
+        + (f" {args.quantize}" if args.quantize else "")
+        + (" with attention" if args.with_attention else "")
+    )
+    attention = "" if result["attention"] is None else f", attention rollout within {result['attention']:.1e}"
+    print(
+        f"{result['path']}: {what}, {result['bytes'] / 1e6:.1f} MB; parity on {result['photos']} photos: max relative "
+        f"logit difference {result['parity']:.2e}, same top class on {result['agreement']:.0%}{attention}"
+    )
+    if result["quantization"]:
+        from foodvit.deploy.quantize import describe
+
+        print(f"quantisation: {describe(result['quantization'])}")
+    return 0
+
+
+def _add_serve(sub) -> None:
+    """The parser of `foodvit serve`."""
     p = sub.add_parser(
         "serve",
         help="a web demo and an HTTP prediction service for a trained run or an .onnx file (needs foodvit[serve])",
@@ -112,73 +159,6 @@ def register(sub) -> None:
     )
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser(
-        "export-space",
-        help="a folder ready for a Hugging Face Space: app.py, the model, examples, README",
-        description="Writes app.py, requirements.txt, model/ (model.safetensors + model.json), examples/, "
-        "the foodvit package itself and a README with the Space's metadata into a new or empty "
-        "folder. `python app.py` in that folder serves the demo offline. With --onnx the model is an "
-        ".onnx file and the Space needs no PyTorch.",
-    )
-    p.add_argument("run", help="a trained run directory")
-    p.add_argument("folder", help="the folder to write (new or empty)")
-    p.add_argument(
-        "--examples",
-        type=count(Range(0)),
-        default=2,
-        help="example photos per class from the run's test photos (default 2)",
-    )
-    p.add_argument(
-        "--onnx",
-        action="store_true",
-        help="the model as model.onnx (with its attention output), run by ONNX "
-        "Runtime: the Space installs no PyTorch (needs foodvit[export] here)",
-    )
-    p.add_argument(
-        "--quantize",
-        choices=["int8", "int8-dynamic", "int8-static"],
-        help="with --onnx: an int8 model, as foodvit export --quantize makes it",
-    )
-    p.set_defaults(func=cmd_export_space)
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    if args.format == "onnx":
-        need("export", "onnx", "onnxruntime", "onnxscript")
-    import logging
-
-    from foodvit.deploy.export import export
-
-    # this process exports: ONNX Runtime's quantiser logs generic advice (pre-process the model first) on the
-    # root logger, which the parity line below answers better
-    logging.getLogger().setLevel(logging.ERROR)
-
-    result = export(
-        args.run,
-        args.out,
-        args.format,
-        args.quantize,
-        args.opset,
-        photos=args.photos or (),
-        force=args.force,
-        with_attention=args.with_attention,
-    )
-    what = (
-        args.format
-        + (f" {args.quantize}" if args.quantize else "")
-        + (" with attention" if args.with_attention else "")
-    )
-    attention = "" if result["attention"] is None else f", attention rollout within {result['attention']:.1e}"
-    print(
-        f"{result['path']}: {what}, {result['bytes'] / 1e6:.1f} MB; parity on {result['photos']} photos: max relative "
-        f"logit difference {result['parity']:.2e}, same top class on {result['agreement']:.0%}{attention}"
-    )
-    if result["quantization"]:
-        from foodvit.deploy.quantize import describe
-
-        print(f"quantisation: {describe(result['quantization'])}")
-    return 0
-
 
 def cmd_serve(args: argparse.Namespace) -> int:
     need("serve", "fastapi", "uvicorn", "gradio", "multipart")
@@ -212,6 +192,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         threads=args.threads if onnx else None,
     )
     return 0
+
+
+def _add_export_space(sub) -> None:
+    """The parser of `foodvit export-space`."""
+    p = sub.add_parser(
+        "export-space",
+        help="a folder ready for a Hugging Face Space: app.py, the model, examples, README",
+        description="Writes app.py, requirements.txt, model/ (model.safetensors + model.json), examples/, "
+        "the foodvit package itself and a README with the Space's metadata into a new or empty "
+        "folder. `python app.py` in that folder serves the demo offline. With --onnx the model is an "
+        ".onnx file and the Space needs no PyTorch.",
+    )
+    p.add_argument("run", help="a trained run directory")
+    p.add_argument("folder", help="the folder to write (new or empty)")
+    p.add_argument(
+        "--examples",
+        type=count(Range(0)),
+        default=2,
+        help="example photos per class from the run's test photos (default 2)",
+    )
+    p.add_argument(
+        "--onnx",
+        action="store_true",
+        help="the model as model.onnx (with its attention output), run by ONNX "
+        "Runtime: the Space installs no PyTorch (needs foodvit[export] here)",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=["int8", "int8-dynamic", "int8-static"],
+        help="with --onnx: an int8 model, as foodvit export --quantize makes it",
+    )
+    p.set_defaults(func=cmd_export_space)
 
 
 def cmd_export_space(args: argparse.Namespace) -> int:

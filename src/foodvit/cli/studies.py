@@ -18,6 +18,12 @@ from foodvit.errors import AT_LEAST_0, Range
 
 def register(sub) -> None:
     """Add cv, tune to the subcommands."""
+    for add in (_add_cv, _add_tune):
+        add(sub)
+
+
+def _add_cv(sub) -> None:
+    """The parser of `foodvit cv`."""
     p = sub.add_parser(
         "cv",
         help="k-fold cross-validation of a recipe over the training photos alone (never the test split)",
@@ -65,43 +71,6 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     recipe_options(p, "a recipe name (see `foodvit recipes`) or a .toml file")
     p.set_defaults(func=cmd_cv)
-
-    p = sub.add_parser(
-        "tune",
-        help="search settings for your photos with Optuna (TPE, pruning by fold), scored by k-fold CV",
-        description="Each trial is a k-fold cross-validation (over the training photos alone) of the recipe "
-        "with sampled settings; a trial whose running mean accuracy after a fold is below the median "
-        "of earlier trials at that fold is pruned. The study lives in STUDY/study.db (SQLite): "
-        "rerun the command to resume or add trials, from several processes at once if you like. "
-        "Writes STUDY/best.toml (foodvit train --recipe STUDY/best.toml), tune.md and plots.",
-    )
-    p.add_argument(
-        "--out", required=True, metavar="STUDY", help="the study folder (new, empty, or this same study to continue)"
-    )
-    p.add_argument("--trials", type=count(), help="trials this command runs (default: until --budget, else 20)")
-    p.add_argument(
-        "--budget",
-        metavar="TIME",
-        help="wall-clock time for this command, e.g. 2h, 45m, 90s, 1h30m: no trial "
-        "starts after it, and no fold after a trial's first that would end past it",
-    )
-    p.add_argument(
-        "--space",
-        metavar="FILE",
-        help="a TOML search space (default: lr, weight decay, augmentation, depth, width, "
-        "image size, drloc, init, drop_path, epochs around the recipe's values)",
-    )
-    p.add_argument("--folds", type=count(Range(2)), default=3, help="folds per trial (default 3)")
-    p.add_argument(
-        "--storage",
-        metavar="URL",
-        help="an Optuna RDB URL instead of STUDY/study.db, e.g. "
-        "postgresql://user@host/db (its driver comes with the tune extra) or mysql+pymysql://user@host/db "
-        "(many machines, one study)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar or per-trial lines")
-    recipe_options(p, "the starting recipe (its values are the first trial; default: default)")
-    p.set_defaults(func=cmd_tune)
 
 
 def cmd_cv(args: argparse.Namespace) -> int:
@@ -183,6 +152,46 @@ def check_text(path: str, what: str) -> None:
         ) from None
     except OSError:
         pass  # said by the reader, with its own words
+
+
+def _add_tune(sub) -> None:
+    """The parser of `foodvit tune`."""
+    p = sub.add_parser(
+        "tune",
+        help="search settings for your photos with Optuna (TPE, pruning by fold), scored by k-fold CV",
+        description="Each trial is a k-fold cross-validation (over the training photos alone) of the recipe "
+        "with sampled settings; a trial whose running mean accuracy after a fold is below the median "
+        "of earlier trials at that fold is pruned. The study lives in STUDY/study.db (SQLite): "
+        "rerun the command to resume or add trials, from several processes at once if you like. "
+        "Writes STUDY/best.toml (foodvit train --recipe STUDY/best.toml), tune.md and plots.",
+    )
+    p.add_argument(
+        "--out", required=True, metavar="STUDY", help="the study folder (new, empty, or this same study to continue)"
+    )
+    p.add_argument("--trials", type=count(), help="trials this command runs (default: until --budget, else 20)")
+    p.add_argument(
+        "--budget",
+        metavar="TIME",
+        help="wall-clock time for this command, e.g. 2h, 45m, 90s, 1h30m: no trial "
+        "starts after it, and no fold after a trial's first that would end past it",
+    )
+    p.add_argument(
+        "--space",
+        metavar="FILE",
+        help="a TOML search space (default: lr, weight decay, augmentation, depth, width, "
+        "image size, drloc, init, drop_path, epochs around the recipe's values)",
+    )
+    p.add_argument("--folds", type=count(Range(2)), default=3, help="folds per trial (default 3)")
+    p.add_argument(
+        "--storage",
+        metavar="URL",
+        help="an Optuna RDB URL instead of STUDY/study.db, e.g. "
+        "postgresql://user@host/db (its driver comes with the tune extra) or mysql+pymysql://user@host/db "
+        "(many machines, one study)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar or per-trial lines")
+    recipe_options(p, "the starting recipe (its values are the first trial; default: default)")
+    p.set_defaults(func=cmd_tune)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

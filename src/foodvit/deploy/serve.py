@@ -8,222 +8,30 @@ a run directory (PyTorch), or an exported .onnx file (ONNX Runtime; no PyTorch i
     Gradio's own API (/gradio_api/...) stays available for gradio_client.
 
 The page is Gradio mounted on a FastAPI app, served by uvicorn. The model is loaded once into a
-Predictor; requests are decoded in worker threads and their inputs batched by a Batcher (a queue
-that collects inputs for a few milliseconds, up to a batch size) that runs the forward passes on
-one thread. Bad input is answered 4xx with {"error": what was wrong and what is accepted}: never a
-5xx, never a blocked server. Memory is bounded whatever is uploaded: photos over --max-megapixels
-are refused from their header, larger photos than the model needs are decoded reduced, and
-concurrent decodes share a budget of DECODE_BUDGET_MB (photos.DecodeBudget). Needs the serve
-extra: pip install 'foodvit[serve]'.
+Predictor, whose forward passes a Service batches for the API and the page alike (deploy/service.py).
+Bad input is answered 4xx with {"error": what was wrong and what is accepted}: never a 5xx, never a
+blocked server (deploy/routes.py). Memory is bounded whatever is uploaded (service.py). Needs the
+serve extra: pip install 'foodvit[serve]'.
 """
 
-# no `from __future__ import annotations`: FastAPI reads the endpoints' annotations (UploadFile) at run time
+from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import errno
 import logging
-import queue
 import socket
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
 
-from foodvit.data.photos import ACCEPTED, PHOTO_LIMIT, DecodeBudget, PhotoError, safe_name
 from foodvit.deploy.predictor import Predictor
+from foodvit.deploy.routes import BodyLimit, add_api
+from foodvit.deploy.service import DEFAULT_MAX_MEGAPIXELS, DEFAULT_MAX_UPLOAD_MB, Service
 from foodvit.errors import FoodVitError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_UPLOAD_MB = 10.0
-# Uploads over this many pixels are refused from their header, as every command refuses such a photo.
-DEFAULT_MAX_MEGAPIXELS = PHOTO_LIMIT / 1e6  # the limit every command keeps (data/photos.py)
-# Bytes that concurrent decodes may hold at once (photos.DecodeBudget): with the server's own
-# ~0.7 GB, uploads cannot take it past about 1.2 GB however many arrive together.
-DECODE_BUDGET_MB = 384
 EXAMPLES_PER_CLASS = 1
-
-
-class Batcher:
-    """Runs a Predictor's forward passes on one thread, batching the inputs that arrive together.
-
-    submit(x) returns a Future of x's probabilities. The thread takes the first waiting input and
-    everything queued behind it, then, while `arriving()` says more inputs are being decoded, waits
-    for them for up to max_wait seconds or until max_batch, and runs them as one batch. A lone
-    request waits for nothing. With max_batch=1 every request is its own forward pass.
-    """
-
-    def __init__(self, predictor: Predictor, max_batch: int = 16, max_wait: float = 0.005, arriving=None) -> None:
-        self.predictor, self.max_batch, self.max_wait = predictor, max(1, max_batch), max(0.0, max_wait)
-        self.arriving = arriving or (lambda: 1)  # without a count, always wait max_wait for company
-        self.queue: queue.Queue = queue.Queue()
-        self.batches = 0  # how many forward passes ran (for tests and benchmarks)
-        self.thread = threading.Thread(target=self._run, name="foodvit-batcher", daemon=True)
-        self.thread.start()
-
-    def submit(self, x: np.ndarray) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self.queue.put((x, future))
-        return future
-
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=10)
-
-    def _collect(self, first) -> list:
-        items = [first]
-        deadline = time.monotonic() + self.max_wait
-        while len(items) < self.max_batch:
-            try:
-                item = self.queue.get_nowait()
-            except queue.Empty:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.arriving() <= 0:
-                    break
-                try:
-                    item = self.queue.get(timeout=remaining)
-                except queue.Empty:
-                    break
-            if item is None:  # closing: finish this batch first
-                self.queue.put(None)
-                break
-            items.append(item)
-        return items
-
-    def _run(self) -> None:
-        while True:
-            first = self.queue.get()
-            if first is None:
-                return
-            items = self._collect(first)
-            try:
-                probabilities = self.predictor.probabilities(np.stack([x for x, _ in items]))
-            except Exception as err:  # a bug in the backend: every waiting request learns of it
-                for _, future in items:
-                    future.set_exception(err)
-                continue
-            self.batches += 1
-            for (_, future), p in zip(items, probabilities, strict=True):
-                future.set_result(p)
-
-
-class Service:
-    """What the API and the page share: the Predictor, the Batcher and the limits."""
-
-    def __init__(
-        self,
-        predictor: Predictor,
-        *,
-        max_batch: int = 16,
-        max_wait_ms: float = 5.0,
-        top_k: int = 3,
-        max_upload_bytes: int = int(DEFAULT_MAX_UPLOAD_MB * 1e6),
-        max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
-        decode_budget_mb: float = DECODE_BUDGET_MB,
-    ) -> None:
-        self.predictor, self.top_k, self.max_upload_bytes = predictor, top_k, max_upload_bytes
-        self.max_pixels, self.budget = int(max_megapixels * 1e6), DecodeBudget(int(decode_budget_mb * 2**20))
-        self._decoding, self._lock = 0, threading.Lock()  # requests accepted and not yet queued for the model
-        self.batcher = Batcher(predictor, max_batch, max_wait_ms / 1000, arriving=lambda: self._decoding)
-
-    def _prepare(self, photo, name: str) -> concurrent.futures.Future:
-        """Decode and preprocess (counted as arriving while it runs), then queue for the model."""
-        with self._lock:
-            self._decoding += 1
-        try:
-            x = self.predictor.prepare(photo, name, max_pixels=self.max_pixels, budget=self.budget)
-            return self.batcher.submit(x)
-        finally:
-            with self._lock:
-                self._decoding -= 1
-
-    def classify(self, photo, name: str = "the photo") -> dict:
-        """Decode, preprocess, wait for the batch: the answer dict (see Predictor.result). Blocking."""
-        started = time.perf_counter()
-        probabilities = self._prepare(photo, name).result()
-        return self.predictor.result(probabilities, time.perf_counter() - started, self.top_k)
-
-    async def classify_async(self, photo, name: str) -> dict:
-        from starlette.concurrency import run_in_threadpool
-
-        started = time.perf_counter()
-        future = await run_in_threadpool(self._prepare, photo, name)  # decoding off the event loop
-        probabilities = await asyncio.wrap_future(future)
-        return self.predictor.result(probabilities, time.perf_counter() - started, self.top_k)
-
-    def health(self) -> dict:
-        return {"status": "ok", "model": self.predictor.name, "classes": self.predictor.classes}
-
-
-def too_large_message(max_bytes: int) -> str:
-    """The 413 of an upload over the byte limit, worded as a photo over the pixel limit is (photos.too_large)."""
-    return (
-        f"the upload is over the limit of {max_bytes / 1e6:g} MB (the server's --max-upload-mb); "
-        "if it is a real photo, resize it below the limit and try again"
-    )
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over max_bytes is answered 413 with a JSON error, whether
-    the client announces its length or streams it, before anything reads the whole body."""
-
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    def _message(self) -> str:
-        return too_large_message(self.max_bytes)
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        from starlette.responses import JSONResponse
-
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await JSONResponse({"error": self._message()}, status_code=413)(scope, receive, send)
-        seen, started, exceeded = 0, False, False
-        refusal = JSONResponse({"error": self._message()}, status_code=413)
-
-        async def counted_receive():
-            nonlocal seen, exceeded
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    exceeded = True
-                    raise _TooLarge
-            return message
-
-        async def watched_send(message):
-            nonlocal started
-            if exceeded:  # whatever the app answers once the body broke the limit (a parse error, ...) becomes the 413
-                if message["type"] == "http.response.start" and not started:
-                    started = True
-                    await refusal(scope, receive, send)
-                return
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counted_receive, watched_send)
-        except _TooLarge:
-            pass
-        if exceeded and not started:
-            await refusal(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
-
-
-# the API's paths and the methods each answers; other methods get 405 (else the page mounted at /
-# would answer them 404 Not Found)
-API_METHODS = {"/predict": ("POST",), "/health": ("GET", "HEAD")}  # HEAD where GET is, as HTTP has it
 
 
 def create_app(
@@ -238,12 +46,9 @@ def create_app(
     page: bool = True,
     page_cache: tuple[int, int] | None = None,
 ):
-    """The FastAPI application: /predict and /health, and the Gradio page mounted at / (page_cache:
-    see page.build_page)."""
-    from fastapi import FastAPI, File, Request, UploadFile
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException as StarletteHTTPException
+    """The FastAPI application: /predict and /health (deploy/routes.py), and the Gradio page mounted at /
+    (page_cache: see page.build_page); returned within BodyLimit, with its Service."""
+    from fastapi import FastAPI
 
     size = predictor.preprocess.image_size
     # warm-up: the first visitor waits no longer than others
@@ -259,70 +64,10 @@ def create_app(
     )
     app = FastAPI(title="foodvit", description=f"{predictor.name}: {', '.join(predictor.classes)}")
     app.state.service = service
-
-    @app.exception_handler(RequestValidationError)
-    async def _malformed(request: Request, err: RequestValidationError):
-        return JSONResponse(
-            {
-                "error": "expected a multipart form with the photo in the field 'file' "
-                "(e.g. curl -F file=@photo.jpg http://HOST:PORT/predict)"
-            },
-            status_code=422,
-        )
-
-    async def _http_error(request: Request, err: Exception) -> JSONResponse:
-        assert isinstance(err, StarletteHTTPException)  # registered for that class alone, below
-        message = str(err.detail).rstrip(".")
-        # e.g. the multipart parser's "Invalid multipart data"
-        if request.url.path == "/predict" and err.status_code == 400:
-            message += (
-                "; expected a multipart form with the photo in the field 'file' "
-                "(e.g. curl -F file=@photo.jpg URL/predict)"
-            )
-        if err.status_code == 404 and message == "Not Found":
-            message = (
-                f"nothing at {request.method} {request.url.path}: the page is GET /, the API POST /predict "
-                "(the photo in the form field 'file') and GET /health"
-            )
-        return JSONResponse({"error": message}, status_code=err.status_code, headers=getattr(err, "headers", None))
-
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-
-    for path, allowed in API_METHODS.items():
-        others = [m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE") if m not in allowed]
-
-        async def _wrong_method(request: Request, allowed=allowed):
-            how = (
-                " with the photo in the form field 'file' (e.g. curl -F file=@photo.jpg URL/predict)"
-                if "POST" in allowed
-                else ""
-            )
-            return JSONResponse(
-                {"error": f"{request.url.path} does not answer {request.method}; send {' or '.join(allowed)}{how}"},
-                status_code=405,
-                headers={"Allow": ", ".join(allowed)},
-            )
-
-        app.add_api_route(path, _wrong_method, methods=others, include_in_schema=False)
-
-    @app.exception_handler(PhotoError)
-    async def _bad_photo(request: Request, err: PhotoError):
-        status = {"empty": 400, "too large": 413}.get(err.kind, 415)  # 415: not a media type we can read
-        return JSONResponse({"error": str(err)}, status_code=status)
-
-    @app.api_route("/health", methods=list(API_METHODS["/health"]))
-    async def health() -> dict:
-        return service.health()
-
-    @app.post("/predict")
-    async def predict(file: Annotated[UploadFile, File(description=f"the photo: {ACCEPTED}")]) -> dict:
-        data = await file.read()
-        if len(data) > max_bytes:  # a multipart body within the limit cannot hold more, but be sure
-            raise StarletteHTTPException(413, too_large_message(max_bytes))  # answered by _http_error
-        return await service.classify_async(data, safe_name(file.filename))
-
+    http_error = add_api(app, service, max_bytes)
     if page:
         import gradio as gr
+        from starlette.exceptions import HTTPException as StarletteHTTPException
 
         from foodvit.deploy.page import build_page
 
@@ -336,7 +81,7 @@ def create_app(
             show_error=True,
             allowed_paths=sorted(str(Path(p).resolve()) for p in examples),
             footer_links=["api"],
-            app_kwargs={"exception_handlers": {StarletteHTTPException: _http_error}},  # its 404s in our shape
+            app_kwargs={"exception_handlers": {StarletteHTTPException: http_error}},  # its 404s in our shape
         )
     return BodyLimit(app, max_bytes), service
 

@@ -3,9 +3,9 @@
     STUDY/study.json          what the study is (data fingerprint, folds, seeds, settings): a rerun
                               with anything else is refused, never mixed in (tuning/study.py)
     STUDY/folds/seed-S/fold-K/{train,test}/<class>/...   links to the photos: train = the kept
-                              folds, test = the held-out one (what a fold's run evaluates on)
+                              folds, test = the held-out one (what a fold's run evaluates on; tuning/folds.py)
     STUDY/fold-K/             a normal run directory (STUDY/seed-S/fold-K/ with several seeds)
-    STUDY/fold-K.json         the fold's result, every held-out photo's prediction included
+    STUDY/fold-K.json         the fold's result, every held-out photo's prediction included (tuning/fold.py)
     STUDY/cv.json, cv.md, predictions.jsonl   the study's result
 
 The real test split is never listed, let alone read: the photos come from <root>/train (or
@@ -18,9 +18,7 @@ others' folds at the end, so k folds take about k / processes fold times.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import math
 import statistics
 import time
@@ -28,286 +26,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 from foodvit.config import RunConfig
-from foodvit.data.datasource import DataSource
-from foodvit.data.folders import Split, check, cv_folds, keep_classes, list_split
+from foodvit.data.folders import Split
 from foodvit.errors import StudyError
-from foodvit.files import atomic_folder, write_text
+from foodvit.files import write_text
 from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.tuning.compare import prediction_key
+from foodvit.tuning.fold import FoldBusy, per_class, run_fold
+from foodvit.tuning.folds import check_folds, fingerprint, fold_folders, fold_name, training_photos
 from foodvit.tuning.jobs import fold_threads, plan, run_tasks
 from foodvit.tuning.study import check_lender, open_study, study_settings
 
-logger = logging.getLogger(__name__)
-
-# ------------------------------------------------------------------------------------ the photos
-
-
-def training_photos(config: RunConfig) -> Split:
-    """The training split of the config's data source (class subset kept), every photo checked;
-    the test split is not touched, not even listed."""
-    source = DataSource.parse(config.data.source)
-    root = source.root(quiet=True)
-    listing = list_split(root, "train")
-    if source.classes:
-        listing = keep_classes(listing, source.classes)
-    return check(listing, strict=config.data.strict)
-
-
-def photo_key(split: Split, path: Path) -> str:
-    """A photo's name in a study, 'class/file' (a nested file's folders joined by '__'): the same
-    photo has the same key in every study of the same data, so two studies pair photo by photo."""
-    parts = Path(path).relative_to(split.root).parts
-    return parts[0] + "/" + "__".join(parts[1:])
-
-
-def fingerprint(split: Split) -> str:
-    """Which photos a study is about: their keys and sizes (moving the folder changes nothing)."""
-    digest = hashlib.sha256()
-    for path, label in sorted(split.samples):
-        digest.update(f"{split.classes[label]}:{photo_key(split, path)}:{path.stat().st_size}\n".encode())
-    return digest.hexdigest()[:16]
-
-
-def check_folds(split: Split, k: int) -> None:
-    """Every class must have a photo in every held-out fold, else a fold's run sees a class with no test photo."""
-    if k < 2:
-        raise StudyError(f"cross-validation needs at least 2 folds, got {k}")
-    fewest = min(split.counts().values(), default=0)
-    for name, n in split.counts().items():
-        if n < 2:
-            raise StudyError(
-                f"class {name} has {n} training photo(s): every fold holds out at least one photo of each class, "
-                f"so cross-validation needs at least 2 photos of each; add photos of {name}, or leave the class out"
-            )
-        if n < k:
-            raise StudyError(
-                f"class {name} has {n} training photo(s), fewer than the {k} folds: every fold holds out at "
-                f"least one photo of each class; use --folds {fewest} or fewer, or add photos"
-            )
-
-
-def fold_folder(folds_dir: Path, seed: int, fold: int) -> Path:
-    """The folder of links (train/, test/) of one fold of one seed, under a study's folds/."""
-    return folds_dir / f"seed-{seed}" / f"fold-{fold}"
-
-
-def fold_folders(split: Split, k: int, seed: int, where: Path) -> list[Path]:
-    """One folder per fold, train/ = the other folds, test/ = this one, of links to the photos;
-    made once (in a temporary folder renamed into place, so a concurrent or killed maker leaves
-    no half folder) and reused by every run on the same seed."""
-    folders = []
-    for index, (kept, held) in enumerate(cv_folds(split, k, seed)):
-        folder = fold_folder(where, seed, index)
-        folders.append(folder)
-        if folder.is_dir():
-            continue
-
-        def fill(tmp: Path, kept=kept, held=held) -> None:
-            for name, part in (("train", kept), ("test", held)):
-                for path, _ in part.samples:
-                    link = tmp / name / photo_key(split, path)
-                    link.parent.mkdir(parents=True, exist_ok=True)
-                    link.symlink_to(Path(path).resolve())
-
-        try:
-            atomic_folder(folder, fill)  # a killed or failed maker leaves nothing behind
-        except OSError:  # another process made it first: theirs holds the same links
-            if not folder.is_dir():
-                raise
-    return folders
-
-
-# ------------------------------------------------------------------------------------ one fold
-
-
-def fold_name(seed: int, fold: int, seeds: int) -> str:
-    """The run of one fold inside a study of `seeds` seeds (its result beside it, NAME.json)."""
-    return f"fold-{fold}" if seeds == 1 else f"seed-{seed}/fold-{fold}"
-
-
-def prediction_record(photo: str, label: str, probabilities, classes: list[str]) -> dict:
-    """One held-out photo's prediction as a study keeps it: the guess, whether it is right, its
-    probability and every class's (which lets studies on the same folds be averaged afterwards)."""
-    guess = classes[int(probabilities.argmax())]
-    return {
-        "photo": photo,
-        "label": label,
-        "predicted": guess,
-        "right": guess == label,
-        "probability": round(float(probabilities.max()), 6),
-        "probabilities": {c: round(float(q), 6) for c, q in zip(classes, probabilities, strict=False)},
-    }
-
-
-def held_out_predictions(run: Path, folder: Path) -> list[dict]:
-    """Every held-out photo's prediction by the fold's saved model, through the Predictor (as any
-    use of a trained model), as prediction_record keeps them."""
-    import numpy as np
-
-    from foodvit.data.folders import scan
-    from foodvit.data.photos import load_or_explain
-    from foodvit.deploy.predictor import Predictor
-
-    predictor = Predictor.from_run(run)
-    held = scan(folder / "test")
-    out = []
-    for start in range(0, len(held.samples), 64):
-        chunk = held.samples[start : start + 64]
-        probabilities = predictor.probabilities(
-            np.stack([predictor.prepare(load_or_explain(p), str(p)) for p, _ in chunk])
-        )
-        out += [
-            prediction_record(photo_key(held, path), held.classes[label], p, predictor.classes)
-            for (path, label), p in zip(chunk, probabilities, strict=False)
-        ]
-    return out
-
-
-def run_fold(
-    config: RunConfig,
-    run: Path,
-    folder: Path,
-    *,
-    seed: int,
-    fold: int,
-    quiet: bool = True,
-    teacher_from: Path | None = None,
-) -> dict:
-    """A fold's result: trained (or resumed, or read when finished), then its held-out photos predicted.
-    teacher_from: the same fold's run in another study, whose CNN teacher this fold borrows."""
-    from foodvit.training.run import resume, train
-
-    result_file = run.with_name(run.name + ".json")
-    if (finished := read_result(result_file)) is not None:
-        return finished
-    run.parent.mkdir(parents=True, exist_ok=True)
-    # One process a fold, from the look at its result to the result written (the run's own lock covers
-    # only its training): another process takes another fold meanwhile.
-    lock = FileLock(run.parent / f".{run.name}.lock", timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise FoldBusy(f"{run} is being run by another process") from None
-    try:
-        if (
-            finished := read_result(result_file)
-        ) is not None:  # finished by another process between the look and the lock
-            return finished
-        return _run_fold(
-            config,
-            run,
-            folder,
-            result_file,
-            seed=seed,
-            fold=fold,
-            quiet=quiet,
-            resume=resume,
-            train=train,
-            teacher_from=teacher_from,
-        )
-    finally:
-        lock.release()
-
-
-def read_result(path: Path) -> dict | None:
-    """A fold's written result; None when there is none, or when it is damaged (cut short, overwritten):
-    the fold is then scored again from its saved model (trained again only if that is gone too)."""
-    if not path.is_file():
-        return None
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, ValueError):
-        result = None
-    if isinstance(result, dict) and {"seed", "fold", "predictions", "accuracy", "seconds"} <= result.keys():
-        return result
-    logger.warning(f"{path} is damaged: the fold is scored again from its run")
-    return None
-
-
-def _run_fold(
-    config: RunConfig,
-    run: Path,
-    folder: Path,
-    result_file: Path,
-    *,
-    seed: int,
-    fold: int,
-    quiet: bool,
-    resume,
-    train,
-    teacher_from: Path | None,
-) -> dict:
-    started = time.perf_counter()
-    if not (run / "model.json").is_file():
-        try:
-            if (run / "checkpoint.pt").is_file():
-                resume(run, quiet=quiet, log=lambda *a, **k: None)
-            else:
-                _clear_unstarted(run)
-                # evaluated once, at the end: the study reads the fold's final model alone, never its curves
-                fold_config = replace(
-                    config,
-                    data=replace(config.data, source=str(folder.resolve())),
-                    train=replace(config.train, seed=seed, eval_every=config.train.epochs),
-                )
-                train(fold_config, run, quiet=quiet, log=lambda *a, **k: None, teacher_from=teacher_from)
-        except rundir.LockedError:  # another process took the fold between the look and the start
-            raise FoldBusy(
-                f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})"
-            ) from None
-    predictions = held_out_predictions(run, folder)
-    metrics = json.loads((run / "model.json").read_text())["metrics"]
-    right = sum(p["right"] for p in predictions)
-    if len(predictions) != metrics["test_n"]:
-        raise StudyError(
-            f"{run}: {len(predictions)} held-out photos in {folder / 'test'}, its run scored {metrics['test_n']}; "
-            f"the fold's photos changed: remove {run} to train the fold again"
-        )
-    # The fold is scored from the saved model's predictions, as any later use of it sees it; the run's own
-    # evaluation (bf16 on a GPU, photos decoded at full size) may differ by a near-tie, which is no error.
-    result = {
-        "seed": seed,
-        "fold": fold,
-        "run": run.name,
-        "n": len(predictions),
-        "correct": right,
-        "accuracy": right / len(predictions),
-        "per_class": _per_class(predictions),
-        "seconds": round(time.perf_counter() - started, 2),
-        "predictions": predictions,
-    }
-    write_text(result_file, json.dumps(result))  # compact: every held-out photo's class probabilities
-    return result
-
-
-def _clear_unstarted(run: Path) -> None:
-    """A run killed before its first checkpoint (kill -9: no clean-up ran) leaves its config.json:
-    foodvit's own files of that start are removed, so the fold starts again."""
-    if not run.is_dir():
-        return
-    holder = rundir.training_now(run)
-    if holder:
-        raise FoldBusy(f"{run} is being trained by another process ({holder}); wait for it or use another study folder")
-    rundir.forget_start(run)
-
-
-class FoldBusy(StudyError):
-    """Another live process is running the fold: run_cv takes the next one and comes back to it."""
-
-
 _wait = time.sleep  # run_cv's pause while only other processes' folds are left (a test replaces it)
-
-
-def _per_class(predictions: list[dict]) -> dict[str, float]:
-    classes = sorted({p["label"] for p in predictions})
-    return {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in classes}
-
-
-# ------------------------------------------------------------------------------------ a study
 
 
 @dataclass
@@ -340,9 +71,9 @@ def summarise(fold_results: list[dict]) -> CvResult:
     shares = [statistics.mean(r) for r in by_photo.values()]
     accuracy = statistics.mean(shares)
     se = statistics.stdev(shares) / math.sqrt(len(shares)) if len(shares) > 1 else float("nan")
-    per_class = _per_class([p for r in fold_results for p in r["predictions"]])
+    classes = per_class([p for r in fold_results for p in r["predictions"]])
     folds = [{k: v for k, v in r.items() if k != "predictions"} for r in fold_results]
-    return CvResult(accuracy, se, len(shares), per_class, folds)
+    return CvResult(accuracy, se, len(shares), classes, folds)
 
 
 def run_cv(

@@ -3,7 +3,7 @@
 Each process trains one fold at a time with `threads` threads of its own; together they take the folds
 from one queue (cv.train_on_processes makes it), so the cores stay busy until it is empty. The plan
 splits the machine's cores: N processes x cores // N threads (never more processes than folds). A fold is run by
-cv.run_fold as in one process: its lock keeps any other process (of this study or another command) off
+fold.run_fold as in one process: its lock keeps any other process (of this study or another command) off
 it, a finished fold is read rather than trained, and its CNN teacher is trained once, kept in the fold's
 run (teacher.pt) or borrowed from a lender study, never trained twice.
 

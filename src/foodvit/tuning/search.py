@@ -34,6 +34,7 @@ from foodvit.config import RunConfig
 from foodvit.errors import ConfigError, StudyError
 from foodvit.rundir import directory as rundir
 from foodvit.tuning import cv
+from foodvit.tuning.folds import check_folds, fingerprint, training_photos
 from foodvit.tuning.space import Param, base_values, default_space, read_space, space_table, trial_config
 from foodvit.tuning.storage import STUDY_NAME, check_database, open_storage
 from foodvit.tuning.study import TRIAL_FILE, bind_trial, open_study, read_identity, study_settings
@@ -202,7 +203,7 @@ def trial_identity(config: RunConfig, split, folds: int) -> dict:
     """What a trial's folder holds: folds of these photos, trained with these settings (trial.json)."""
     return {
         "kind": "trial",
-        "data": cv.fingerprint(split),
+        "data": fingerprint(split),
         "folds": folds,
         "seed": config.train.seed,
         "settings": study_settings(config.to_dict()),
@@ -274,15 +275,15 @@ def tune(
     log = log or logger.info
     study_dir = Path(study_dir)
     base = rundir.with_source(base)
-    split = cv.training_photos(base)
-    cv.check_folds(split, folds)
+    split = training_photos(base)
+    check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
     open_study(
         study_dir,
         {
             "kind": "tune",
-            "data": cv.fingerprint(split),
+            "data": fingerprint(split),
             "classes": list(split.classes),
             "folds": folds,
             "seed": base.train.seed,

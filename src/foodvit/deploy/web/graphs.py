@@ -81,20 +81,7 @@ def preprocess_graph(preprocess):
         n("Slice", ["hw3", "zero", "one"], ["H"]),
         n("Slice", ["hw3", "one", "two"], ["W"]),
     ]
-    if preprocess.mode == "square":
-        nodes += [n("Concat", ["one", "side", "side", "three"], ["sizes"], axis=0)]
-    else:
-        # Pillow's (w, h) with the shorter side at R: if w <= h then (R, R*h // w) else (R*w // h, R)
-        nodes += [
-            n("Mul", ["resize", "H"], ["RH"]),
-            n("Div", ["RH", "W"], ["tall_h"]),  # integer division: rounded down
-            n("Mul", ["resize", "W"], ["RW"]),
-            n("Div", ["RW", "H"], ["wide_w"]),
-            n("LessOrEqual", ["W", "H"], ["portrait"]),
-            n("Where", ["portrait", "resize", "wide_w"], ["new_w"]),
-            n("Where", ["portrait", "tall_h", "resize"], ["new_h"]),
-            n("Concat", ["one", "new_h", "new_w", "three"], ["sizes"], axis=0),
-        ]
+    nodes += _resize_sizes(preprocess)
     nodes += [
         n(
             "Resize",
@@ -106,22 +93,7 @@ def preprocess_graph(preprocess):
             **RESAMPLING[preprocess.interpolation],
         )
     ]
-    if preprocess.mode == "square":
-        nodes += [n("Squeeze", ["resized", "axis0"], ["crop"])]
-    else:
-        # the centre S x S, its corner at round((size - S) / 2), halves to even as Python's round
-        nodes += [
-            n("Concat", ["new_h", "new_w"], ["new_hw"], axis=0),
-            n("Concat", ["side", "side"], ["SS"], axis=0),
-            n("Sub", ["new_hw", "SS"], ["margin"]),
-            n("Cast", ["margin"], ["margin_f"], to=TensorProto.FLOAT),
-            n("Div", ["margin_f", "halve"], ["half_margin"]),
-            n("Round", ["half_margin"], ["corner_f"]),
-            n("Cast", ["corner_f"], ["corner"], to=TensorProto.INT64),
-            n("Add", ["corner", "SS"], ["end"]),
-            n("Squeeze", ["resized", "axis0"], ["resized_hw3"]),
-            n("Slice", ["resized_hw3", "corner", "end", "axes01"], ["crop"]),
-        ]
+    nodes += _centre_crop(preprocess)
     nodes += [
         n("Cast", ["crop"], ["crop_f"], to=TensorProto.FLOAT),
         n("Div", ["crop_f", "scale"], ["unit"]),  # [0, 1]
@@ -136,6 +108,48 @@ def preprocess_graph(preprocess):
         helper.make_tensor_value_info("crop", TensorProto.UINT8, [S, S, 3]),
     ]
     return _model(nodes, inputs, outputs, consts, "foodvit-preprocess")
+
+
+def _resize_sizes(preprocess) -> list:
+    """The nodes that give "sizes", the (1, h, w, 3) the photo (H, W) is resized to."""
+    from onnx import helper
+
+    n = helper.make_node
+    if preprocess.mode == "square":
+        return [n("Concat", ["one", "side", "side", "three"], ["sizes"], axis=0)]
+    # Pillow's (w, h) with the shorter side at R: if w <= h then (R, R*h // w) else (R*w // h, R)
+    return [
+        n("Mul", ["resize", "H"], ["RH"]),
+        n("Div", ["RH", "W"], ["tall_h"]),  # integer division: rounded down
+        n("Mul", ["resize", "W"], ["RW"]),
+        n("Div", ["RW", "H"], ["wide_w"]),
+        n("LessOrEqual", ["W", "H"], ["portrait"]),
+        n("Where", ["portrait", "resize", "wide_w"], ["new_w"]),
+        n("Where", ["portrait", "tall_h", "resize"], ["new_h"]),
+        n("Concat", ["one", "new_h", "new_w", "three"], ["sizes"], axis=0),
+    ]
+
+
+def _centre_crop(preprocess) -> list:
+    """The nodes that give "crop", the (S, S, 3) centre of "resized"."""
+    from onnx import TensorProto, helper
+
+    n = helper.make_node
+    if preprocess.mode == "square":
+        return [n("Squeeze", ["resized", "axis0"], ["crop"])]
+    # the centre S x S, its corner at round((size - S) / 2), halves to even as Python's round
+    return [
+        n("Concat", ["new_h", "new_w"], ["new_hw"], axis=0),
+        n("Concat", ["side", "side"], ["SS"], axis=0),
+        n("Sub", ["new_hw", "SS"], ["margin"]),
+        n("Cast", ["margin"], ["margin_f"], to=TensorProto.FLOAT),
+        n("Div", ["margin_f", "halve"], ["half_margin"]),
+        n("Round", ["half_margin"], ["corner_f"]),
+        n("Cast", ["corner_f"], ["corner"], to=TensorProto.INT64),
+        n("Add", ["corner", "SS"], ["end"]),
+        n("Squeeze", ["resized", "axis0"], ["resized_hw3"]),
+        n("Slice", ["resized_hw3", "corner", "end", "axes01"], ["crop"]),
+    ]
 
 
 def overlay_graph(image_size: int, grid: int, alpha: float = 0.45):

@@ -1,0 +1,204 @@
+"""One fold of a study run to its result: trained (or resumed from its checkpoint, or read when its
+result is written), then every held-out photo predicted through the Predictor from the saved model.
+
+    STUDY/fold-K/             a normal run directory
+    STUDY/fold-K.json         the fold's result, every held-out photo's prediction included
+
+One process runs a fold at a time (a lock beside the run, from the look at its result to the result
+written); another process meeting the lock gets FoldBusy and takes another fold meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from foodvit.config import RunConfig
+from foodvit.errors import StudyError
+from foodvit.files import write_text
+from foodvit.rundir import directory as rundir
+from foodvit.tuning.folds import photo_key
+
+logger = logging.getLogger(__name__)
+
+
+def prediction_record(photo: str, label: str, probabilities, classes: list[str]) -> dict:
+    """One held-out photo's prediction as a study keeps it: the guess, whether it is right, its
+    probability and every class's (which lets studies on the same folds be averaged afterwards)."""
+    guess = classes[int(probabilities.argmax())]
+    return {
+        "photo": photo,
+        "label": label,
+        "predicted": guess,
+        "right": guess == label,
+        "probability": round(float(probabilities.max()), 6),
+        "probabilities": {c: round(float(q), 6) for c, q in zip(classes, probabilities, strict=False)},
+    }
+
+
+def held_out_predictions(run: Path, folder: Path) -> list[dict]:
+    """Every held-out photo's prediction by the fold's saved model, through the Predictor (as any
+    use of a trained model), as prediction_record keeps them."""
+    import numpy as np
+
+    from foodvit.data.folders import scan
+    from foodvit.data.photos import load_or_explain
+    from foodvit.deploy.predictor import Predictor
+
+    predictor = Predictor.from_run(run)
+    held = scan(folder / "test")
+    out = []
+    for start in range(0, len(held.samples), 64):
+        chunk = held.samples[start : start + 64]
+        probabilities = predictor.probabilities(
+            np.stack([predictor.prepare(load_or_explain(p), str(p)) for p, _ in chunk])
+        )
+        out += [
+            prediction_record(photo_key(held, path), held.classes[label], p, predictor.classes)
+            for (path, label), p in zip(chunk, probabilities, strict=False)
+        ]
+    return out
+
+
+def run_fold(
+    config: RunConfig,
+    run: Path,
+    folder: Path,
+    *,
+    seed: int,
+    fold: int,
+    quiet: bool = True,
+    teacher_from: Path | None = None,
+) -> dict:
+    """A fold's result: trained (or resumed, or read when finished), then its held-out photos predicted.
+    teacher_from: the same fold's run in another study, whose CNN teacher this fold borrows."""
+    from foodvit.training.run import resume, train
+
+    result_file = run.with_name(run.name + ".json")
+    if (finished := read_result(result_file)) is not None:
+        return finished
+    run.parent.mkdir(parents=True, exist_ok=True)
+    # One process a fold, from the look at its result to the result written (the run's own lock covers
+    # only its training): another process takes another fold meanwhile.
+    lock = FileLock(run.parent / f".{run.name}.lock", timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise FoldBusy(f"{run} is being run by another process") from None
+    try:
+        if (
+            finished := read_result(result_file)
+        ) is not None:  # finished by another process between the look and the lock
+            return finished
+        return _run_fold(
+            config,
+            run,
+            folder,
+            result_file,
+            seed=seed,
+            fold=fold,
+            quiet=quiet,
+            resume=resume,
+            train=train,
+            teacher_from=teacher_from,
+        )
+    finally:
+        lock.release()
+
+
+def read_result(path: Path) -> dict | None:
+    """A fold's written result; None when there is none, or when it is damaged (cut short, overwritten):
+    the fold is then scored again from its saved model (trained again only if that is gone too)."""
+    if not path.is_file():
+        return None
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        result = None
+    if isinstance(result, dict) and {"seed", "fold", "predictions", "accuracy", "seconds"} <= result.keys():
+        return result
+    logger.warning(f"{path} is damaged: the fold is scored again from its run")
+    return None
+
+
+def _run_fold(
+    config: RunConfig,
+    run: Path,
+    folder: Path,
+    result_file: Path,
+    *,
+    seed: int,
+    fold: int,
+    quiet: bool,
+    resume,
+    train,
+    teacher_from: Path | None,
+) -> dict:
+    started = time.perf_counter()
+    if not (run / "model.json").is_file():
+        try:
+            if (run / "checkpoint.pt").is_file():
+                resume(run, quiet=quiet, log=lambda *a, **k: None)
+            else:
+                _clear_unstarted(run)
+                # evaluated once, at the end: the study reads the fold's final model alone, never its curves
+                fold_config = replace(
+                    config,
+                    data=replace(config.data, source=str(folder.resolve())),
+                    train=replace(config.train, seed=seed, eval_every=config.train.epochs),
+                )
+                train(fold_config, run, quiet=quiet, log=lambda *a, **k: None, teacher_from=teacher_from)
+        except rundir.LockedError:  # another process took the fold between the look and the start
+            raise FoldBusy(
+                f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})"
+            ) from None
+    predictions = held_out_predictions(run, folder)
+    metrics = json.loads((run / "model.json").read_text())["metrics"]
+    right = sum(p["right"] for p in predictions)
+    if len(predictions) != metrics["test_n"]:
+        raise StudyError(
+            f"{run}: {len(predictions)} held-out photos in {folder / 'test'}, its run scored {metrics['test_n']}; "
+            f"the fold's photos changed: remove {run} to train the fold again"
+        )
+    # The fold is scored from the saved model's predictions, as any later use of it sees it; the run's own
+    # evaluation (bf16 on a GPU, photos decoded at full size) may differ by a near-tie, which is no error.
+    result = {
+        "seed": seed,
+        "fold": fold,
+        "run": run.name,
+        "n": len(predictions),
+        "correct": right,
+        "accuracy": right / len(predictions),
+        "per_class": per_class(predictions),
+        "seconds": round(time.perf_counter() - started, 2),
+        "predictions": predictions,
+    }
+    write_text(result_file, json.dumps(result))  # compact: every held-out photo's class probabilities
+    return result
+
+
+def _clear_unstarted(run: Path) -> None:
+    """A run killed before its first checkpoint (kill -9: no clean-up ran) leaves its config.json:
+    foodvit's own files of that start are removed, so the fold starts again."""
+    if not run.is_dir():
+        return
+    holder = rundir.training_now(run)
+    if holder:
+        raise FoldBusy(f"{run} is being trained by another process ({holder}); wait for it or use another study folder")
+    rundir.forget_start(run)
+
+
+class FoldBusy(StudyError):
+    """Another live process is running the fold: run_cv takes the next one and comes back to it."""
+
+
+def per_class(predictions: list[dict]) -> dict[str, float]:
+    """Each class's share of its photos predicted right (the classes in alphabetical order)."""
+    classes = sorted({p["label"] for p in predictions})
+    return {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in classes}
