@@ -59,13 +59,24 @@ def commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+def invocation() -> str:
+    """The command line that runs this process, as typed from the repository's root: `python -m bench.x.y ...` for a
+    benchmark run as a script or a module from anywhere."""
+    script = Path(sys.argv[0]).resolve()
+    root = Path(__file__).resolve().parent.parent
+    if script.suffix == ".py" and script.is_relative_to(root):
+        module = ".".join(script.relative_to(root).with_suffix("").parts)
+        return " ".join(["python", "-m", module, *sys.argv[1:]])
+    return " ".join(["python", *sys.argv])
+
+
 def provenance(command: str | None = None) -> dict[str, str]:
     try:
         import torch
         version = torch.__version__
     except ImportError:
         version = ""
-    return {"command": command if command is not None else " ".join(["python", *sys.argv]),
+    return {"command": command if command is not None else invocation(),
             "machine": machine(), "torch": version, "commit": commit(),
             "date": datetime.date.today().isoformat()}
 

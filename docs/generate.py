@@ -179,6 +179,7 @@ def results_page() -> str:
               "", table(["model", "measure", "value", "unit", "photos", "commit"],
                         [[r["model"], r["what"], r["value"], r["unit"], r["photos"], r["commit"]] for r in web]), "",
               "Commands:", "", commands(web), ""]
+    parts += training_time()
     speed = read("throughput")
     parts += ["## Throughput against timm and torchvision", "",
               "Images per second in the same process on the same inputs, rounds interleaved (bf16: autocast); the ratio is against the "
@@ -195,6 +196,56 @@ def results_page() -> str:
                           f"{r['difference']} +- {r['difference_se']}", r["best_test"], r["default_test"]] for r in tune]), "",
               "Command:", "", commands(tune), ""]
     return "\n".join(parts)
+
+
+def training_time() -> list[str]:
+    """The default recipe's training time: side by side against a baseline commit (speed-versus.csv), and where it goes
+    (speed-phases.csv: one column per profiled run, the phases as rows)."""
+    versus = read("speed-versus")
+    ratios = [r for r in versus if r["tree"] == "ratio"]
+    runs_of = {}
+    for r in versus:
+        if r["tree"] != "ratio":
+            runs_of.setdefault((r["commit"], r["date"], r["epochs"], r["threads"]), []).append(r)
+    rows = []
+    for r in ratios:
+        runs = runs_of.get((r["commit"], r["date"], r["epochs"], r["threads"]), [])
+        base = [x["seconds"] for x in runs if x["tree"] == r["baseline"]]
+        ours = [x["seconds"] for x in runs if x["tree"] == "working tree"]
+        rows.append([r["recipe"], r["epochs"], r["threads"], r["baseline"], ", ".join(base), ", ".join(ours),
+                     f"{r['ratio']}x", r["metrics"], r["commit"], r["date"]])
+    parts = ["## Training time of the default recipe", "",
+             "`foodvit train` of the code at `commit` against the baseline commit, side by side on the same machine, runs "
+             "alternating; the ratio is the baseline's median time over ours. `metrics` compares the two metrics.csv "
+             "(time columns aside).", "",
+             table(["recipe", "epochs", "threads", "baseline", "baseline s", "ours s", "ratio", "metrics", "commit", "date"],
+                   rows), "", "Commands:", "", commands(versus), ""]
+
+    phases = read("speed-phases")
+    runs: dict[str, list[dict]] = {}
+    for r in phases:
+        runs.setdefault(r["run"], []).append(r)
+    names = list(dict.fromkeys(r["phase"] for r in phases if r["share"]))
+    header, columns = ["phase"], []
+    for stamp, rs in runs.items():
+        first = rs[0]
+        header.append(f"{first['recipe']}, {first['epochs']} epochs, {first['threads']} threads; {first['settings']} "
+                      f"({first['commit']})")
+        columns.append({r["phase"]: r for r in rs})
+    body = [[name] + [f"{c[name]['seconds']} s ({float(c[name]['share']):.1%})" if name in c else "-" for c in columns]
+            for name in names]
+    for extra in ("wall", "ViT train step MFU", "teacher train step MFU"):
+        cells = []
+        for c in columns:
+            r = c.get(extra)
+            cells.append("-" if r is None else (f"{r['seconds']} s" if not r["value"] else f"{float(r['value']):.1%}"))
+        body.append([f"**{extra}**"] + cells)
+    parts += ["### Where the time goes", "",
+              "One profiled training per column (`bench/speed/phases.py`, PyTorch's profiler; each instant given to the "
+              "innermost phase open then, so the shares add up). MFU is the train step's model FLOPs per second over the "
+              "machine's fp32 matrix-product ceiling at the model's shapes, measured in the same run.", "",
+              table(header, body), "", "Commands:", "", commands(phases), ""]
+    return parts
 
 
 def option_rows(parser: argparse.ArgumentParser) -> list[list[str]]:
