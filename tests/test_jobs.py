@@ -93,3 +93,61 @@ def test_a_fold_is_evaluated_once_and_learns_what_an_evaluated_run_does(tmp_path
     once, every = rows(fold), rows(tmp_path / "every")
     assert [r["test_acc"] != "" for r in once] == [False, True] and all(r["test_acc"] != "" for r in every)
     assert once[-1] == every[-1] and [{**r, "test_acc": "", "test_loss": ""} for r in every[:-1]] == once[:-1]
+
+
+SLOW_TASK = '''
+import pathlib, time
+
+def work(folder, i):
+    folder = pathlib.Path(folder)
+    (folder / f"started-{i}").touch()
+    try:
+        for _ in range(600):
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        (folder / f"stopped-{i}").touch()
+        raise
+    (folder / f"finished-{i}").touch()
+'''
+DRIVER = '''
+import sys
+from foodvit.tuning.jobs import Plan, run_tasks
+from slowtask import work
+try:
+    run_tasks(work, [(sys.argv[1], i) for i in range(4)], Plan(2, 1))
+except KeyboardInterrupt:
+    sys.exit(130)
+'''
+
+
+@pytest.mark.parametrize("to", ["the command alone", "its process group, as a terminal's ctrl-C"])
+def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: str):
+    """Four one-minute tasks on two processes, interrupted once two have started: the command ends within seconds,
+    the two running tasks are interrupted, and the tasks the processes had queued never start."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "slowtask.py").write_text(SLOW_TASK)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    command = [sys.executable, "-c", DRIVER, str(tmp_path)]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"started-{i}").exists() for i in (0, 1)):
+            assert process.poll() is None and time.monotonic() < deadline, "the two first tasks never started"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        if to == "the command alone":
+            process.send_signal(signal.SIGINT)
+        else:
+            os.killpg(process.pid, signal.SIGINT)
+        _, errors = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, errors
+    assert sorted(p.name for p in tmp_path.glob("st*-*")) == ["started-0", "started-1", "stopped-0", "stopped-1"]
+    assert "Traceback" not in errors

@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed, wait
 from dataclasses import dataclass
+from typing import Any
 
 from foodvit.errors import StudyError
 
@@ -66,33 +68,65 @@ def fold_threads(jobs: int | None):
         torch.set_num_threads(kept)
 
 
-def _start(threads: int) -> None:
-    """Each process's threads, set before it imports anything that would start a pool."""
+_stop: Any = None  # in each process of run_tasks: the event that says the work has stopped
+
+
+def _start(threads: int, stop: Any) -> None:
+    """Each process's threads, set before it imports anything that would start a pool; the work's stop event; and
+    ctrl-C ignored while the process waits for a task (it stops a task, never kills a waiting process)."""
     import torch
 
+    global _stop
+    _stop = stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
+
+
+def _task(work: Callable, *task: Any) -> Any:
+    """work(*task) in a process of run_tasks, unless the work has stopped (a task queued before it stopped is left
+    for the next run); ctrl-C interrupts it as it would in one process."""
+    if _stop is not None and _stop.is_set():
+        return None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return work(*task)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+GRACE_S = 3.0  # after ctrl-C, how long the tasks running have to stop by themselves before they are interrupted
 
 
 def run_tasks(work: Callable, tasks: list[tuple], the_plan: Plan, progress: bool = False) -> None:
     """work(*task) for every task, on the plan's processes, in order of the list as processes come free; a task
-    that fails stops the rest with its error. `work` must be a module's own function (the processes import it)."""
+    that fails stops the rest with its error, and ctrl-C stops them all (each running task interrupted as in one
+    process, none started after). `work` must be a module's own function (the processes import it)."""
     from tqdm.auto import tqdm
 
     context = multiprocessing.get_context("spawn")  # fresh processes: no copy of this one's threads or open files
+    stop = context.Event()
+    before = {p.pid for p in multiprocessing.active_children()}
     with (
         ProcessPoolExecutor(
-            the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads,)
+            the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads, stop)
         ) as pool,
         tqdm(
             total=len(tasks), desc=f"folds ({the_plan.line()})", unit="fold", disable=not progress, leave=False
         ) as bar,
     ):
-        futures = [pool.submit(work, *task) for task in tasks]
+        futures = [pool.submit(_task, work, *task) for task in tasks]
         try:
             for future in as_completed(futures):
                 future.result()
                 bar.update()
-        except BaseException:
+        except BaseException as error:
+            stop.set()  # a task a process has already taken from the queue is not started
             for future in futures:
                 future.cancel()
+            if isinstance(error, KeyboardInterrupt):
+                running = [f for f in futures if not f.done()]
+                if wait(running, timeout=GRACE_S).not_done:  # ctrl-C reached this process alone: pass it on
+                    for child in multiprocessing.active_children():
+                        if child.pid not in before and child.pid is not None:
+                            os.kill(child.pid, signal.SIGINT)
             raise
