@@ -37,7 +37,7 @@ def recipe_toml(config: RunConfig, header: str) -> str:
         return json.dumps(v)  # a TOML basic string
 
     lines = [f"# {line}" for line in header.splitlines()] + [f"model = {value(config.model)}", ""]
-    tables = {"vit": dict(config.vit), **{name: asdict(getattr(config, name)) for name in SECTIONS}}
+    tables = {"vit": config.vit.given(), **{name: asdict(getattr(config, name)) for name in SECTIONS}}
     tables["data"].pop("source")
     for name, table in tables.items():
         lines += [f"[{name}]"] + [f"{k} = {value(v)}" for k, v in table.items()] + [""]
