@@ -94,7 +94,7 @@ def model_shapes(config, batch: int) -> list[tuple[int, int, int]]:
     vit = config.vit
     width = {"Ti": 192, "S": 384, "B": 768}.get(config.model.split("-")[1].split("/")[0], 192)
     patch = int(config.model.split("/")[1]) if "/" in config.model else 16
-    tokens = batch * (vit.get("image_size", 224) // patch) ** 2
+    tokens = batch * ((vit.image_size or 224) // patch) ** 2
     return [(tokens, width, 3 * width), (tokens, width, 4 * width), (tokens, 4 * width, width)]
 
 
