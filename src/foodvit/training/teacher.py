@@ -266,11 +266,12 @@ def check_teacher_batches(setup: TeacherSetup, data: StageData) -> None:
         None,
     )
     where = f" on {world} processes" if world > 1 else ""
+    side = "a --teacher-size" if setup.optim.teacher_size else "an --image-size"
     instead = f"give --batch-size {nearest}, or" if nearest else "give"
     raise ConfigError(
         f"the {setup.architecture} teacher cannot train on a single photo at {size} px (its last batch norm would "
         f"see one value per channel), and {n} photos an epoch in batches of {batch}{where} give a process one photo "
-        f"in a step: {instead} an --image-size above {TEACHER_STRIDE}"
+        f"in a step: {instead} {side} above {TEACHER_STRIDE}"
     )
 
 
