@@ -186,7 +186,7 @@ def test_a_teacher_that_would_see_one_photo_at_32_px_is_refused_with_a_batch_siz
 
 def test_a_teacher_of_its_own_side_that_would_see_one_photo_is_told_of_its_side(photos, tmp_path):
     config = distilled(photos, epochs=1)
-    config = replace(config, optim=replace(config.optim, teacher_size=32), train=replace(config.train, batch_size=11))
+    config = replace(config, teacher=replace(config.teacher, size=32), train=replace(config.train, batch_size=11))
     with pytest.raises(ConfigError, match=r"give --batch-size 10, or a --teacher-size above 32"):
         train(config, tmp_path / "one", quiet=True)
 

@@ -192,7 +192,8 @@ class TeacherSetup:
     """What a run's CNN teacher is made of, besides its photos (StageData): its architecture and
     classes, the run's epochs, optimiser settings and step settings (the teacher trains at the full
     size and without sharpness-aware minimisation), the image size and batch size (checked before it
-    trains), the test photos it is evaluated on after its last epoch, and where it trains (training_place)."""
+    trains), the test photos it is evaluated on after its last epoch, where it trains (training_place), and
+    whether its side is its own (--teacher-size) rather than the model's."""
 
     architecture: str
     num_classes: int
@@ -203,6 +204,7 @@ class TeacherSetup:
     batch_size: int
     test_loader: Any
     place: dict
+    own_size: bool = False
 
     @classmethod
     def of_run(
@@ -225,6 +227,7 @@ class TeacherSetup:
             config.train.batch_size,
             test_loader,
             training_place(settings.device, processes, config),
+            own_size=bool(config.teacher.size),
         )
 
 
@@ -266,7 +269,7 @@ def check_teacher_batches(setup: TeacherSetup, data: StageData) -> None:
         None,
     )
     where = f" on {world} processes" if world > 1 else ""
-    side = "a --teacher-size" if setup.optim.teacher_size else "an --image-size"
+    side = "a --teacher-size" if setup.own_size else "an --image-size"
     instead = f"give --batch-size {nearest}, or" if nearest else "give"
     raise ConfigError(
         f"the {setup.architecture} teacher cannot train on a single photo at {size} px (its last batch norm would "
