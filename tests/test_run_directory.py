@@ -172,6 +172,24 @@ def test_the_actual_source_is_stored_and_resume_uses_it_whatever_foodvit_data_sa
     assert result.test["n"] == 6 and len(result.history) == 2
 
 
+def test_a_run_with_the_objectives_settings_inside_optim_resumes(photos, tmp_path):
+    from foodvit.config import MOVED
+
+    out = interrupted_run(photos, tmp_path / "run")
+    config = json.loads((out / "config.json").read_text())
+    for old, new in MOVED.items():  # config.json and checkpoint.pt as the layout before the sections wrote them
+        section, name = new.split(".")
+        config["optim"][old.split(".")[1]] = config[section].pop(name)
+    config = {key: value for key, value in config.items() if value != {}}
+    assert "drloc" in config["optim"] and "teacher" not in config
+    (out / "config.json").write_text(json.dumps(config))
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    state["config"] = config
+    torch.save(state, out / "checkpoint.pt")
+    result = resume(out, quiet=True)
+    assert len(result.history) == 2 and result.test["n"] == 6
+
+
 def test_resume_with_the_data_moved_checks_classes_and_counts(photos, tmp_path, capsys):
     import shutil
 

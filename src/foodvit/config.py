@@ -42,7 +42,7 @@ from foodvit.setting_fields import check_field, check_fields, opt
 
 # named here too, where the other layers look for the settings
 from foodvit.setting_fields import flag_of as flag_of
-from foodvit.vit_settings import ViTConfig
+from foodvit.vit_settings import Init, Pool, PosEmbed, Stem, ViTConfig
 from foodvit.vit_settings import check_on_patch_grid as check_on_patch_grid
 
 # Choices of the run's text settings, named once (preprocess.py and transforms.py read them from here).
@@ -283,14 +283,14 @@ class VitSettings:
     dropout: float | None = None
     attn_dropout: float | None = None
     drop_path: float | None = None
-    pool: str | None = None
-    pos_embed: str | None = None
+    pool: Pool | None = None
+    pos_embed: PosEmbed | None = None
     class_token: bool | None = None
-    stem: str | None = None
+    stem: Stem | None = None
     locality: bool | None = None
     locality_mask: bool | None = None
     layer_norm_eps: float | None = None
-    init: str | None = None
+    init: Init | None = None
     mlp_conv: bool | None = None
     distill_token: bool | None = None
 
