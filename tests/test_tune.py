@@ -790,6 +790,25 @@ def test_best_toml_records_the_schedule_the_best_trial_trained_with(tmp_path):
     assert (best.vit.image_size, best.data.start_size) == (48, 0)
 
 
+def test_a_study_of_the_old_layout_runs_its_interrupted_trials_again_under_todays_names(tmp_path):
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState
+
+    from foodvit.tuning.search import _requeue_interrupted
+
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(params={"optim.drloc": 0.3}, state=TrialState.FAIL,
+                                              distributions={"optim.drloc": FloatDistribution(0.0, 1.0)},
+                                              user_attrs={"interrupted": True}))
+    _requeue_interrupted(study)
+    queued = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert [t.system_attrs["fixed_params"] for t in queued] == [{"drloc.weight": 0.3}]  # what the space suggests
+    study.add_trial(optuna.trial.create_trial(params={"optim.drloc": 0.5}, value=0.7,
+                                              distributions={"optim.drloc": FloatDistribution(0.0, 1.0)}))
+    write_report(study, tmp_path, build_config("default"), {}, folds=2)
+    assert "| 0.700 |  | (the starting recipe) |" in (tmp_path / "tune.md").read_text()  # 0.5: the default's
+
+
 def test_a_study_started_before_a_setting_existed_resumes_and_one_at_another_value_does_not(tmp_path):
     """An upgrade adds settings, at defaults that keep the old behaviour: a study whose study.json
     lacks one is the same study at the default, and another study at any other value."""

@@ -9,7 +9,7 @@ import statistics
 import warnings
 from pathlib import Path
 
-from foodvit.config import SECTIONS, RunConfig
+from foodvit.config import SECTIONS, RunConfig, setting_key
 from foodvit.files import write_text
 from foodvit.tuning import compare
 from foodvit.tuning.space import Param, base_values, trial_config
@@ -104,7 +104,8 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
     start = base_values(base)
     for t in all_trials:
         changed = (
-            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(k)) or "(the starting recipe)"
+            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(setting_key(k)))
+            or "(the starting recipe)"
         )
         value = f"{t.value:.3f}" if t.value is not None else "--"
         accs = " ".join(f"{a:.2f}" for a in t.user_attrs.get("fold_accuracy", []))
