@@ -95,6 +95,16 @@ def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_as_today
     assert identity["settings"]["drloc"] == {"weight": 0.5, "pairs": 64} and "drloc" not in identity["settings"]["optim"]
 
 
+def test_settings_this_version_cannot_read_are_compared_in_todays_layout():
+    from foodvit.config import settings_as_today
+
+    stored = json.loads(STORED.read_text())
+    stored["optim"]["retired_option"] = 1
+    today = settings_as_today(stored)
+    assert today["optim"]["retired_option"] == 1 and "drloc" not in today["optim"]  # shown, and only it differs
+    assert today["drloc"] == {"weight": 0.5, "pairs": 64}
+
+
 def test_a_lenders_config_of_the_old_layout_lends_the_same_teacher():
     from foodvit.training.teacher import teacher_changes, teacher_settings
 

@@ -425,11 +425,14 @@ def settings_as_today(stored: dict) -> dict:
     """Settings a run or a study stored, as this version writes them: in today's layout, and a setting added
     since is absent from them and counts at its default (a new setting's default keeps the old behaviour, so the
     recipe is the same). Settings this version cannot read (a setting since removed, a wrong type) come back
-    as stored, so that a comparison shows them rather than drops them."""
+    as stored, in today's layout where they can be, so that a comparison shows them rather than drops them."""
     try:
         return RunConfig.from_dict(stored).to_dict()
     except (FoodVitError, TypeError):
-        return stored
+        try:
+            return current_layout(stored) if isinstance(stored, dict) else stored
+        except FoodVitError:
+            return stored
 
 
 # The sections of a run's settings beside the model's, by name, in config.json's order (an objective's section
