@@ -311,10 +311,11 @@ def run_flops(trainer, history_sizes: list[int], n_images: int) -> tuple[float, 
     teacher = 0.0
     held = getattr(trainer.trained, "teacher", None)  # the objectives' CNN teacher, when one reads it
     if held is not None:
+        from foodvit.training.teacher import teacher_epochs, teacher_size
+
         cnn = copy.deepcopy(held).requires_grad_(True)
-        teacher = (
-            step_flops(cnn, trainer.model.config.image_size, batch, classes) / batch * n_images * len(history_sizes)
-        )
+        size, epochs = teacher_size(trainer.config), teacher_epochs(trainer.config)
+        teacher = step_flops(cnn, size, batch, classes) / batch * n_images * epochs
     return vit, teacher
 
 
@@ -358,7 +359,15 @@ def table(seconds: dict[str, float], total: float) -> list[tuple[str, float, flo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="default")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the teacher and of the ViT (default 3)")
+    parser.add_argument(
+        "--epochs", type=int, default=3, help="epochs of the ViT, and of the teacher unless it has its own (default 3)"
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=0.0,
+        help="in place of --epochs: this share of the recipe's epochs, the ViT's and the teacher's each (0.1: a tenth)",
+    )
     parser.add_argument(
         "--threads", type=int, default=torch.get_num_threads(), help="PyTorch threads (default: as set now)"
     )
@@ -376,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from foodvit.config import with_settings
     from foodvit.recipes import load_recipe
+    from foodvit.training.teacher import teacher_epochs, teacher_size
 
     values = {"data.source": args.data, "train.epochs": args.epochs, "train.seed": args.seed}
     for item in args.set:
@@ -385,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:
         except json.JSONDecodeError:
             values[key] = value
     config = with_settings(load_recipe(args.recipe), values)
+    if args.scale:
+        whole = with_settings(load_recipe(args.recipe), {k: v for k, v in values.items() if k != "train.epochs"})
+        scaled = {"train.epochs": max(1, round(whole.train.epochs * args.scale))}
+        if whole.optim.teacher_epochs:
+            scaled["optim.teacher_epochs"] = max(1, round(teacher_epochs(whole) * args.scale))
+        config = with_settings(whole, scaled)
+        args.epochs = config.train.epochs
 
     threads = sorted({1, 2, args.threads})
     before = ceiling(config, config.train.batch_size, threads)
@@ -442,7 +459,10 @@ def main(argv: list[str] | None = None) -> int:
             "recipe": config.recipe,
             "epochs": args.epochs,
             "threads": args.threads,
-            "settings": " ".join(args.set),
+            "settings": " ".join(
+                [*args.set, *([f"--scale {args.scale:g}"] if args.scale else [])]
+                + [f"teacher {teacher_epochs(config)} epochs at {teacher_size(config)} px"]
+            ),
         }
         for name, s, share in rows:
             record(

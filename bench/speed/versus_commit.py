@@ -2,14 +2,15 @@
 metrics each writes.
 
     python -m bench.speed.versus_commit --epochs 1 --threads 1
-    python -m bench.speed.versus_commit --commit 6149773 --epochs 100 --threads 2 --rounds 2
+    python -m bench.speed.versus_commit --commit 6149773 --threads 2   # each tree's default recipe, whole
 
 The commit is checked out into a temporary git worktree and run with the same interpreter and packages
 (PYTHONPATH at its src/), the working tree likewise; the two alternate (baseline first in odd rounds, second
-in even ones) so that a drift in the machine's speed falls on both. Every run is the same recipe, seed, epochs
-and threads (OMP_NUM_THREADS), its photos decoded by itself. The ratio is the baseline's wall time over the
-working tree's, the median over rounds. The metrics.csv of the two are compared column by column, the
-timing columns aside: identical, or the largest difference. Rows go to results/speed-versus.csv.
+in even ones) so that a drift in the machine's speed falls on both. Every run is the same recipe name, seed
+and threads (OMP_NUM_THREADS), for the same --epochs or, without it, each tree's recipe as it stands, its
+photos decoded by itself. The ratio is the baseline's wall time over the working tree's, the median over
+rounds. The metrics.csv of the two are compared column by column, the timing columns aside: identical, or the
+largest difference. Rows go to results/speed-versus.csv.
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ def timed_train(tree: Path, out: Path, args: argparse.Namespace) -> float:
         args.recipe,
         "--data",
         args.data,
-        "--epochs",
-        str(args.epochs),
+        *(["--epochs", str(args.epochs)] if args.epochs else []),
         "--seed",
         str(args.seed),
         "--out",
@@ -99,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commit", default="6149773", help="the baseline (default 6149773)")
     parser.add_argument("--recipe", default="default")
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=0,
+        help="epochs of both runs (default: each tree's recipe's own, as a user runs it)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1, help="pairs of runs, alternating which goes first (default 1)")
@@ -135,14 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         f"| {commit} | {old:.1f} |\n| working tree | {new:.1f} |\n"
     )
     print(
-        f"{args.recipe} recipe, {args.epochs} epoch(s), seed {args.seed}, {args.threads} thread(s): "
+        f"{args.recipe} recipe, {args.epochs or 'its own'} epoch(s), seed {args.seed}, {args.threads} thread(s): "
         f"the working tree takes {new / old:.2f} of {commit}'s time ({ratio:.2f}x as fast); metrics.csv: {metrics}"
     )
     if not args.no_record:
         common = {
             "baseline": commit,
             "recipe": args.recipe,
-            "epochs": args.epochs,
+            "epochs": args.epochs or "recipe's own",
             "seed": args.seed,
             "threads": args.threads,
             "extra": " ".join(args.extra),
