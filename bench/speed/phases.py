@@ -398,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale:
         whole = with_settings(load_recipe(args.recipe), {k: v for k, v in values.items() if k != "train.epochs"})
         scaled = {"train.epochs": max(1, round(whole.train.epochs * args.scale))}
-        if whole.optim.teacher_epochs:
-            scaled["optim.teacher_epochs"] = max(1, round(teacher_epochs(whole) * args.scale))
+        if whole.teacher.epochs:
+            scaled["teacher.epochs"] = max(1, round(teacher_epochs(whole) * args.scale))
         config = with_settings(whole, scaled)
         args.epochs = config.train.epochs
 
