@@ -105,6 +105,16 @@ def test_settings_this_version_cannot_read_are_compared_in_todays_layout():
     assert today["drloc"] == {"weight": 0.5, "pairs": 64}
 
 
+def test_compare_finds_one_runs_settings_in_the_two_layouts_the_same(tmp_path, capsys):
+    from foodvit.cli.main import main
+
+    for name, path in (("old", STORED), ("new", STORED_SECTIONS)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(path.read_text())
+    assert main(["compare", str(tmp_path / "old"), str(tmp_path / "new")]) == 0
+    assert "same settings in every run" in capsys.readouterr().out
+
+
 def test_a_lenders_config_of_the_old_layout_lends_the_same_teacher():
     from foodvit.training.teacher import teacher_changes, teacher_settings
 
