@@ -63,7 +63,7 @@ def test_training_leaves_the_process_as_it_found_it(tmp_path):
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2, size=(40, 40))
     config = build_config("tiny", {"data.source": str(photos), "train.epochs": 1, "vit.image_size": 32, "vit.depth": 1,
-                                   "train.deterministic": True, "optim.drloc": 0.5})
+                                   "train.deterministic": True, "drloc.weight": 0.5})
     torch.manual_seed(1234)
     rng = torch.get_rng_state()
     filters, handler, environ = list(warnings.filters), signal.getsignal(signal.SIGTERM), dict(os.environ)

@@ -64,7 +64,7 @@ def test_command_line_overrides_every_section(tmp_path):
                               "--betas", "0.9,0.95", "--cache", "false", "--data", "x"])
     config = apply_overrides(load_recipe("tiny"), args)
     assert config.optim.lr == 0.01 and config.optim.betas == (0.9, 0.95)
-    assert config.vit == {"image_size": 64, "depth": 4, "pool": "gap"}
+    assert config.vit.given() == {"image_size": 64, "depth": 4, "pool": "gap"}
     assert config.data.augment == "strong" and config.data.cache is False and config.data.source == "x"
     assert config.train.epochs == 3 and config.optim.weight_decay == load_recipe("tiny").optim.weight_decay
     with pytest.raises(SystemExit):
@@ -169,7 +169,7 @@ def test_other_bad_options_are_one_line(argv, message, capsys, tmp_path):
 
 
 def test_the_same_ranges_hold_for_recipes_and_python():
-    from foodvit.config import OptimConfig, TrainConfig, ViTConfig
+    from foodvit.config import OptimConfig, TrainConfig, ViTConfig, VitSettings
     from foodvit.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"--epochs must be >= 1, got 0"):
@@ -179,7 +179,7 @@ def test_the_same_ranges_hold_for_recipes_and_python():
     with pytest.raises(ConfigError, match=r"--patch-size must be >= 1, got 0"):
         ViTConfig(patch_size=0)
     with pytest.raises(ConfigError, match=r"--depth must be >= 1, got 0"):
-        RunConfig(vit={"depth": 0})
+        RunConfig(vit=VitSettings(depth=0))
 
 
 def test_bad_images_and_outputs_are_one_line(run, capsys, tmp_path):

@@ -65,11 +65,13 @@ def test_a_study_names_its_recipe_and_the_settings_it_changed_from_its_own_files
 
     default = load_recipe("default").to_dict()
     share = {**default, "data": {**default["data"], "train_fraction": 0.4}}  # a curve's point: the share is not a change
-    unmasked = {**default, "optim": {**default["optim"], "masked": 0.0}}
+    unmasked = {**default, "masked": {**default["masked"], "weight": 0.0}}
     older = json.loads(json.dumps(default))
-    del older["optim"]["masked"]  # a study stored before a setting existed counts it at its default (off)
+    del older["masked"]  # a study stored before a setting existed counts it at its default (off)
+    old_layout = {**older, "optim": {**default["optim"], "masked": 0.0}}  # the objectives' settings in optim
     assert compare.study_recipe(study("a", default)) == "default"
     assert compare.study_recipe(study("b", share)) == "default"
-    assert compare.study_recipe(study("c", unmasked)) == "default (optim.masked=0.0)"
-    assert compare.study_recipe(study("d", older)) == "default (optim.masked=0.0)"
+    assert compare.study_recipe(study("c", unmasked)) == "default (masked.weight=0.0)"
+    assert compare.study_recipe(study("d", older)) == "default (masked.weight=0.0)"
+    assert compare.study_recipe(study("f", old_layout)) == "default (masked.weight=0.0)"
     assert compare.study_recipe(study("e", default, recipe="gone.toml")) == "gone.toml"

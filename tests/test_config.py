@@ -1,47 +1,158 @@
-"""Settings: a run directory's config.json as foodvit writes it today still loads to the same settings,
-one resolve() turns a recipe and overrides into them, and the objectives' dependent settings are refused
-while their objective is off, from one table (objective_settings.OBJECTIVES)."""
+"""Settings: a run directory's config.json as foodvit writes it today, and as it wrote it before the objectives,
+the CNN teacher and the pre-training had sections of their own, load to the same settings; one resolve() turns a
+recipe and overrides into them; the sections come from the objectives' registry (objective_settings.OBJECTIVES);
+and the objectives' dependent settings are refused while their objective is off."""
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 import foodvit
-from foodvit.config import OptimConfig, RunConfig
-from foodvit.objective_settings import OBJECTIVES
+from foodvit.config import MOVED, SECTIONS, VIT_OPTIONS, OptimConfig, RunConfig, VitSettings, flag_of, setting_field
 from foodvit.errors import ConfigError
 from foodvit.model.resolve import resolve
+from foodvit.objective_settings import OBJECTIVES
 
-STORED = Path(__file__).parent / "data" / "config-default-run.json"  # `foodvit train --epochs 3 --seed 0`'s config.json
+DATA = Path(__file__).parent / "data"
+# `foodvit train --epochs 3 --seed 0`'s config.json in the layout before the sections (optim held the objectives'
+# settings, vit was a plain table), and the same run's settings as this version writes them
+STORED = DATA / "config-default-run.json"
+STORED_SECTIONS = DATA / "config-default-run-sections.json"
+GIVEN = {"train.epochs": 3, "train.seed": 0, "data.source": "photos"}
 
 
 def test_a_stored_default_run_config_loads_to_the_settings_it_was_written_from():
     stored = json.loads(STORED.read_text())
     config = RunConfig.from_dict(stored, where=str(STORED))
-    written, default = json.loads(config.to_json()), RunConfig().to_dict()
-    for section, values in stored.items():  # read and written back unchanged; a setting added since at its default
-        if isinstance(values, dict) and section != "vit":
-            added = {k: v for k, v in written[section].items() if k not in values}
-            assert added == {k: default[section][k] for k in added}
-            assert {k: written[section][k] for k in values} == values
-        else:
-            assert written[section] == values
-    assert config == resolve("default", {"train.epochs": 3, "train.seed": 0, "data.source": "photos"})
-    assert config == foodvit.resolve("default", {"train.epochs": 3, "train.seed": 0, "data.source": "photos"})
+    assert config == resolve("default", GIVEN) == foodvit.resolve("default", GIVEN)
+    for section in ("data", "optim", "train"):  # every stored setting is where the table moved it, with its value
+        for name, value in stored[section].items():
+            where, _, field = MOVED.get(f"{section}.{name}", f"{section}.{name}").partition(".")
+            assert json.loads(json.dumps(getattr(getattr(config, where), field))) == value, f"{section}.{name}"
+    assert config.vit.given() == stored["vit"]
     assert foodvit.load_recipe("default") == resolve("default")
+
+
+def test_a_config_in_sections_is_read_and_written_back_unchanged():
+    text = STORED_SECTIONS.read_text()
+    config = RunConfig.from_dict(json.loads(text), where=str(STORED_SECTIONS))
+    assert config == RunConfig.from_dict(json.loads(STORED.read_text()))  # the two layouts: one run's settings
+    assert config.to_json() + "\n" == text
+    written = json.loads(text)
+    assert set(written) == {"recipe", "model", "vit", *SECTIONS} and set(written["optim"]) == {
+        f.name for f in fields(OptimConfig)
+    }
+    assert written["drloc"] == {"weight": 0.5, "pairs": 64} and written["teacher"]["architecture"] == "resnet18"
+
+
+def test_each_moved_setting_keeps_its_option_and_reads_under_both_names():
+    for old, new in MOVED.items():
+        field = setting_field(new)
+        assert flag_of(field) == "--" + old.split(".")[1].replace("_", "-")  # the command line does not change
+        assert setting_field(old) is field
+        assert old.split(".")[1] not in {f.name for f in fields(OptimConfig)}
+    old = resolve("default", {"optim.drloc": 0.25, "optim.mask_pixels": True, "optim.teacher_epochs": 2})
+    new = resolve("default", {"drloc.weight": 0.25, "masked.pixels": True, "teacher.epochs": 2})
+    assert old == new and (new.drloc.weight, new.masked.pixels, new.teacher.epochs) == (0.25, True, 2)
+
+
+def test_a_recipe_in_the_old_layout_is_the_same_recipe(tmp_path):
+    old = tmp_path / "old.toml"
+    old.write_text(
+        'model = "ViT-Ti/8"\n[vit]\nimage_size = 64\ndepth = 4\n'
+        '[optim]\nlr = 2e-3\ndrloc = 0.5\nguidance = 1.0\nguidance_schedule = "linear"\nteacher = "resnet34"\n'
+        "masked = 1.0\nmask_ratio = 0.5\npretrain_epochs = 2\n"
+    )
+    new = tmp_path / "new.toml"
+    new.write_text(
+        'model = "ViT-Ti/8"\n[vit]\nimage_size = 64\ndepth = 4\n[optim]\nlr = 2e-3\n[drloc]\nweight = 0.5\n'
+        '[guidance]\nweight = 1.0\nschedule = "linear"\n[teacher]\narchitecture = "resnet34"\n'
+        "[masked]\nweight = 1.0\nratio = 0.5\n[pretrain]\nepochs = 2\n"
+    )
+    a, b = foodvit.load_recipe(str(old)), foodvit.load_recipe(str(new))
+    assert a.to_dict() | {"recipe": ""} == b.to_dict() | {"recipe": ""}
+    assert (b.guidance.schedule, b.teacher.architecture, b.masked.ratio, b.pretrain.epochs) == ("linear", "resnet34", 0.5, 2)
+    both = tmp_path / "both.toml"
+    both.write_text("[optim]\ndrloc = 0.5\n[drloc]\nweight = 1.0\n")
+    with pytest.raises(ConfigError, match="optim.drloc = 0.5 and drloc.weight = 1.0 are one setting"):
+        foodvit.load_recipe(str(both))
+
+
+def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_as_today(tmp_path):
+    from foodvit.tuning.space import read_space
+    from foodvit.tuning.study import read_identity
+
+    space = tmp_path / "space.toml"
+    space.write_text("[optim]\ndrloc = {low = 0.0, high = 1.0}\nlr = {low = 1e-4, high = 1e-2, log = true}\n")
+    assert set(read_space(space, resolve("tiny"))) == {"drloc.weight", "optim.lr"}
+    study = tmp_path / "study.json"
+    old = json.loads(STORED.read_text())
+    study.write_text(json.dumps({"settings": old, "space": {"optim.drloc": {"low": 0.0, "high": 1.0}}}))
+    identity = read_identity(study)
+    assert identity["space"] == {"drloc.weight": {"low": 0.0, "high": 1.0}}
+    assert identity["settings"]["drloc"] == {"weight": 0.5, "pairs": 64} and "drloc" not in identity["settings"]["optim"]
+
+
+def test_settings_this_version_cannot_read_are_compared_in_todays_layout():
+    from foodvit.config import settings_as_today
+
+    stored = json.loads(STORED.read_text())
+    stored["optim"]["retired_option"] = 1
+    today = settings_as_today(stored)
+    assert today["optim"]["retired_option"] == 1 and "drloc" not in today["optim"]  # shown, and only it differs
+    assert today["drloc"] == {"weight": 0.5, "pairs": 64}
+
+
+def test_compare_finds_one_runs_settings_in_the_two_layouts_the_same(tmp_path, capsys):
+    from foodvit.cli.main import main
+
+    for name, path in (("old", STORED), ("new", STORED_SECTIONS)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(path.read_text())
+    assert main(["compare", str(tmp_path / "old"), str(tmp_path / "new")]) == 0
+    assert "same settings in every run" in capsys.readouterr().out
+
+
+def test_a_lenders_config_of_the_old_layout_lends_the_same_teacher():
+    from foodvit.training.teacher import teacher_changes, teacher_settings
+
+    lender = RunConfig.from_dict(json.loads(STORED.read_text()))
+    config = resolve("default", GIVEN)
+    assert teacher_changes(lender, config) == "" and teacher_settings(lender) == teacher_settings(config)
+    assert "architecture" in teacher_changes(lender, resolve("default", {**GIVEN, "optim.teacher": "resnet34"}))
+
+
+def test_the_sections_come_from_the_objectives_registry():
+    for objective in OBJECTIVES:
+        assert SECTIONS[objective.name] is objective.settings
+        assert fields(objective.settings)[0].name == "weight" and objective.settings().weight == 0  # off by default
+        assert not objective.on(RunConfig())
+    assert [f.name for f in fields(VitSettings)] == [f.name for f in VIT_OPTIONS]  # the model's settings: ViTConfig's
+
+
+def test_the_model_settings_are_typed_and_checked_by_their_fields():
+    assert RunConfig().vit == VitSettings() and VitSettings().given() == {}
+    with pytest.raises(ConfigError, match=r"--depth must be >= 1, got 0"):
+        RunConfig.from_dict({"vit": {"depth": 0}})
+    with pytest.raises(ConfigError, match=r"--pool must be one of cls, gap, seq, got 'avg'"):
+        VitSettings(pool="avg")
+    with pytest.raises(ConfigError, match=r"unknown model setting\(s\) deep"):
+        RunConfig.from_dict({"vit": {"deep": 3}})
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES, ids=lambda o: o.name)
 def test_each_dependent_setting_needs_its_objective_on(objective):
     for dep in objective.dependents:
         section, _, field = dep.key.partition(".")
-        if section != "optim":
+        if section != objective.name:
             continue
+        option = flag_of(setting_field(dep.key))
         value = {bool: True, int: 4, float: 0.5, str: "linear"}[type(dep.off)]
-        with pytest.raises(ConfigError, match=f"add --{objective.name} W .*or leave --{field.replace('_', '-')} out"):
-            OptimConfig(**{field: value})
-        assert getattr(OptimConfig(**{objective.name: 1.0, field: value}), field) == value
+        with pytest.raises(ConfigError, match=f"add --{objective.name} W .*or leave {option} out"):
+            objective.settings(**{field: value})
+        assert getattr(objective.settings(weight=1.0, **{field: value}), field) == value
 
 
 def test_train_takes_a_recipe_and_overrides(tmp_path):
@@ -58,7 +169,7 @@ def test_train_takes_a_recipe_and_overrides(tmp_path):
     result = foodvit.train("tiny", tmp_path / "run", overrides=settings, quiet=True, log=lambda *a, **k: None)
     assert len(result.history) == 1 and (tmp_path / "run" / "model.safetensors").is_file()
     stored = RunConfig.from_dict(json.loads((tmp_path / "run" / "config.json").read_text()))
-    assert stored.vit["depth"] == 1 and stored.recipe == "tiny"
+    assert stored.vit.depth == 1 and stored.recipe == "tiny"
 
 
 def test_recipe_comments_are_one_short_line_a_setting_and_speak_of_the_product_as_it_is():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers import make_photo_folder
 from test_train import small_config
 
-from foodvit.config import OptimConfig
+from foodvit.config import ContrastSettings, RunConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
@@ -155,7 +155,7 @@ def test_the_second_view_leaves_a_conv_stems_running_statistics_to_the_photos_as
 
 
 def test_the_temperature_reaches_the_loss():
-    composed = build(vit_for("gap"), OptimConfig(contrast=1.0, contrast_temperature=0.5), num_classes=3)
+    composed = build(vit_for("gap"), RunConfig(contrast=ContrastSettings(weight=1.0, temperature=0.5)), num_classes=3)
     assert composed.objectives[0].temperature == 0.5
 
 
@@ -168,10 +168,10 @@ def test_both_views_of_a_smaller_batch_take_its_grid_under_progressive_resizing(
 
 def test_a_temperature_without_the_loss_or_out_of_range_says_what_to_do():
     with pytest.raises(ConfigError, match="--contrast-temperature sets how sharply --contrast compares the two views: add --contrast W"):
-        OptimConfig(contrast_temperature=0.5)
+        ContrastSettings(temperature=0.5)
     for bad in (0.0, float("nan")):
         with pytest.raises(ConfigError, match="contrast-temperature"):
-            OptimConfig(contrast=1.0, contrast_temperature=bad)
+            ContrastSettings(weight=1.0, temperature=bad)
 
 
 def test_a_run_keeps_the_projection_in_its_checkpoint_and_not_in_its_model(tmp_path_factory):
@@ -179,8 +179,8 @@ def test_a_run_keeps_the_projection_in_its_checkpoint_and_not_in_its_model(tmp_p
     config = small_config(photos, epochs=1, batch_size=8)
     run = tmp_path_factory.mktemp("runs") / "run"
     # the default recipe's shape: a conv stem (batch norms) and sequence pooling, beside masked patches
-    config = replace(config, vit={**config.vit, "stem": "conv", "pool": "seq", "pos_embed": "sincos2d"},
-                     optim=replace(config.optim, contrast=0.5, masked=1.0))
+    config = replace(config, vit=replace(config.vit, stem="conv", pool="seq", pos_embed="sincos2d"),
+                     contrast=replace(config.contrast, weight=0.5), masked=replace(config.masked, weight=1.0))
     result = train(config, run, quiet=True)
     state = load_checkpoint(run / "checkpoint.pt")
     assert set(state["contrast"]) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
@@ -195,8 +195,8 @@ def test_a_contrast_run_resumes_as_an_uninterrupted_one(tmp_path, monkeypatch):
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     config = small_config(photos, epochs=2, batch_size=8)
-    config = replace(config, vit={**config.vit, "stem": "conv", "pool": "seq", "pos_embed": "sincos2d"},
-                     optim=replace(config.optim, contrast=0.5))
+    config = replace(config, vit=replace(config.vit, stem="conv", pool="seq", pos_embed="sincos2d"),
+                     contrast=replace(config.contrast, weight=0.5))
     whole = train(config, tmp_path / "whole", quiet=True)
     real = T.fit
     monkeypatch.setattr(T, "fit", lambda *a, **k: real(*a, **{**k, "epochs": 1}))

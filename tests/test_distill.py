@@ -12,7 +12,7 @@ from helpers import make_photo_folder
 from test_train import small_config
 from torch import nn
 
-from foodvit.config import RunConfig
+from foodvit.config import RunConfig, with_settings
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.variants import create_model
 from foodvit.model.vit import Heads
@@ -88,7 +88,7 @@ def test_at_a_temperature_with_the_token_its_own_head_learns_the_teachers_probab
 def test_a_temperature_without_distillation_is_refused():
     with pytest.raises(ConfigError, match="--distill-temperature softens the classes of a teacher that --distill reads"):
         RunConfig.from_dict({"optim": {"distill_temperature": 3.0}})
-    assert RunConfig.from_dict({"optim": {"distill": 1.0, "distill_temperature": 3.0}}).optim.distill_temperature == 3.0
+    assert RunConfig.from_dict({"distill": {"weight": 1.0, "temperature": 3.0}}).distill.temperature == 3.0
 
 
 def test_teacher_is_frozen_and_outside_the_trained_parameters():
@@ -148,7 +148,7 @@ def photos(tmp_path_factory):
 
 def distilled(photos, epochs=2):
     config = small_config(photos, epochs=epochs, batch_size=8)
-    return replace(config, optim=replace(config.optim, distill=1.0, teacher="resnet18"))
+    return replace(config, distill=replace(config.distill, weight=1.0), teacher=replace(config.teacher, architecture="resnet18"))
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_a_teacher_that_would_see_one_photo_at_32_px_is_refused_with_a_batch_siz
 
 def test_a_teacher_of_its_own_side_that_would_see_one_photo_is_told_of_its_side(photos, tmp_path):
     config = distilled(photos, epochs=1)
-    config = replace(config, optim=replace(config.optim, teacher_size=32), train=replace(config.train, batch_size=11))
+    config = replace(config, teacher=replace(config.teacher, size=32), train=replace(config.train, batch_size=11))
     with pytest.raises(ConfigError, match=r"give --batch-size 10, or a --teacher-size above 32"):
         train(config, tmp_path / "one", quiet=True)
 
@@ -358,7 +358,7 @@ def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos
     from foodvit.rundir.trained import load_model
 
     config = distilled(photos, epochs=1)
-    config = replace(config, vit={**config.vit, "distill_token": True})
+    config = replace(config, vit=replace(config.vit, distill_token=True))
     train(config, tmp_path / "run", quiet=True)
     card = json.loads((tmp_path / "run" / "model.json").read_text())
     assert card["model"]["distill_token"] is True
@@ -370,10 +370,9 @@ def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos
 
 
 def test_the_report_says_what_the_vit_learned_from_its_teacher():
-    from foodvit.config import OptimConfig
     from foodvit.training.report import teacher_section
 
-    config = RunConfig(optim=OptimConfig(distill=0.5, distill_temperature=2.0, guidance=1.0, guidance_schedule="linear"))
+    config = with_settings(RunConfig(), {"distill.weight": 0.5, "distill.temperature": 2.0, "guidance.weight": 1.0, "guidance.schedule": "linear"})
     history = [{"epoch": 1, "seconds": 1.0, "test_acc": 0.25}, {"epoch": 2, "seconds": 1.5, "test_acc": 0.5}]
     [title, _, text, _] = teacher_section(config, history, "runs/lender")
     assert title == "## CNN teacher" and "for 2 epochs (2 s, in runs/lender, which lent it to this run)" in text

@@ -108,10 +108,10 @@ def test_four_stages_add_the_teachers_last_stage_against_the_last_block():
     target = (t - t.mean(1, keepdim=True)) / torch.sqrt(t.var(1, unbiased=False, keepdim=True) + 1e-5)
     fourth = ((student - target) ** 2).mean()
     torch.testing.assert_close(loss4, (3 * loss3 + fourth) / 4, rtol=1e-4, atol=1e-6)  # the mean over four pairs
-    from foodvit.config import OptimConfig
+    from foodvit.config import GuidanceSettings
 
     with pytest.raises(ConfigError, match="add --guidance W"):
-        OptimConfig(guidance_stages=4)
+        GuidanceSettings(stages=4)
 
 
 def test_adds_to_distillation_and_needs_its_teacher():
@@ -137,7 +137,7 @@ def photos(tmp_path_factory):
 
 def guided(photos, epochs, schedule="constant"):
     config = small_config(photos, epochs=epochs, batch_size=8)
-    return replace(config, optim=replace(config.optim, guidance=1.0, guidance_schedule=schedule, teacher="resnet18"))
+    return replace(config, guidance=replace(config.guidance, weight=1.0, schedule=schedule), teacher=replace(config.teacher, architecture="resnet18"))
 
 
 def test_the_linear_schedule_moves_the_weight_to_the_first_epochs_and_halves_it_in_all():
@@ -151,11 +151,11 @@ def test_the_linear_schedule_moves_the_weight_to_the_first_epochs_and_halves_it_
 
 
 def test_a_schedule_needs_guidance_and_each_epoch_trains_at_its_weight(photos, tmp_path):
-    from foodvit.config import OptimConfig
+    from foodvit.config import GuidanceSettings
     from foodvit.training.trainer import Trainer
 
     with pytest.raises(ConfigError, match="add --guidance W"):
-        OptimConfig(guidance_schedule="linear")
+        GuidanceSettings(schedule="linear")
     for schedule, expected in (("linear", [1.0, 0.75, 0.5, 0.25]), ("constant", [1.0] * 4)):
         trainer = Trainer(guided(photos, 4, schedule), tmp_path / schedule, quiet=True, log=lambda *a, **k: None)
         seen = []
@@ -212,7 +212,7 @@ def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(pho
 
 def test_a_four_stage_guided_run_trains_four_adapters_and_says_so(photos, tmp_path):
     config = guided(photos, 1)
-    config = replace(config, vit={**config.vit, "pool": "gap"}, optim=replace(config.optim, guidance_stages=4))
+    config = replace(config, vit=replace(config.vit, pool="gap"), guidance=replace(config.guidance, stages=4))
     train(config, tmp_path / "run", quiet=True)
     state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
     assert set(state["guidance"]) == {f"{k}.{p}" for k in range(4) for p in ("weight", "bias")}
@@ -232,7 +232,7 @@ def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_pa
     saved = load_checkpoint(tmp_path / "guided" / TEACHER_FILE)
     assert len(saved["history"]) == 1  # trained for its epoch
     (tmp_path / "alone").mkdir()
-    distilled = replace(config, optim=replace(config.optim, guidance=0.0, distill=1.0))
+    distilled = replace(config, guidance=replace(config.guidance, weight=0.0, stages=3, schedule="constant"), distill=replace(config.distill, weight=1.0))
     alone = Trainer(distilled, tmp_path / "alone", quiet=True, log=lambda *a, **k: None).teacher().module.state_dict()
     assert saved["model"].keys() == alone.keys()
     for key in alone:

@@ -60,7 +60,7 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
     # the conv stem's receptive fields overlap: with the token replaced alone a hidden patch's pixels still
     # reach its neighbours' tokens; with --mask-pixels they reach no token, so repainting them changes
     # no output token (what classifies and reconstructs), only the targets
-    from foodvit.config import OptimConfig
+    from foodvit.config import RunConfig, with_settings
 
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool="seq", pos_embed="sincos2d", stem="conv")
@@ -74,8 +74,8 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
         outputs, terms = WithObjectives(vit, [task]).train().terms(x)
         return outputs.tokens, terms["masked"]
 
-    hiding = objectives.build(vit, OptimConfig(masked=1.0, mask_pixels=True, drloc=0.0), num_classes=3).objectives[0]
-    plain = objectives.build(vit, OptimConfig(masked=1.0, drloc=0.0), num_classes=3).objectives[0]
+    hiding = objectives.build(vit, with_settings(RunConfig(), {"masked.weight": 1.0, "masked.pixels": True}), num_classes=3).objectives[0]
+    plain = objectives.build(vit, with_settings(RunConfig(), {"masked.weight": 1.0}), num_classes=3).objectives[0]
     assert hiding.hide_pixels and not plain.hide_pixels
     plain.reconstruction.load_state_dict(hiding.reconstruction.state_dict())
     (tokens, loss), (tokens_again, other_loss) = run(hiding, images), run(hiding, repainted)
@@ -86,14 +86,14 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
 
 
 def test_mask_pixels_without_masked_patches_or_with_the_patch_stem_says_what_to_do():
-    from foodvit.config import OptimConfig
+    from foodvit.config import MaskedSettings, RunConfig, with_settings
 
     with pytest.raises(ConfigError, match="--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W"):
-        OptimConfig(mask_pixels=True)
+        MaskedSettings(pixels=True)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1, pool="gap")  # the patch stem: nothing to hide
     with pytest.raises(ConfigError, match="--mask-pixels changes nothing with --stem patch.*use --stem conv or spt"):
-        objectives.build(vit, OptimConfig(masked=1.0, mask_pixels=True), num_classes=3)
-    assert [o.name() for o in objectives.build(vit, OptimConfig(masked=1.0), num_classes=3).objectives] == ["masked"]
+        objectives.build(vit, with_settings(RunConfig(), {"masked.weight": 1.0, "masked.pixels": True}), num_classes=3)
+    assert [o.name() for o in objectives.build(vit, with_settings(RunConfig(), {"masked.weight": 1.0}), num_classes=3).objectives] == ["masked"]
 
 
 def test_a_class_token_pooled_model_is_refused_with_what_to_do():
@@ -108,7 +108,7 @@ def photos(tmp_path_factory):
 
 def masked(photos, epochs):
     config = small_config(photos, epochs=epochs, batch_size=8)
-    return replace(config, vit={**config.vit, "pool": "gap"}, optim=replace(config.optim, masked=1.0, drloc=0.5))
+    return replace(config, vit=replace(config.vit, pool="gap"), masked=replace(config.masked, weight=1.0), drloc=replace(config.drloc, weight=0.5))
 
 
 @pytest.mark.slow  # two trainings and a resume; exact resume itself is shown fast in test_train

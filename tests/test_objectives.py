@@ -11,7 +11,7 @@ from helpers import make_photo_folder
 from test_train import small_config
 from torch import nn
 
-from foodvit.config import OptimConfig
+from foodvit.config import RunConfig, with_settings
 from foodvit.objective_settings import OBJECTIVES, STUDENT_SETTINGS, ObjectiveSettings
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
@@ -20,6 +20,11 @@ from foodvit.training.objectives import REGISTRY, Objective, WithObjectives, che
 from foodvit.training.teacher import build_teacher
 
 WEIGHTS = {"drloc": 0.5, "masked": 1.0, "guidance": 1.0, "distill": 1.0, "contrast": 0.5}
+def weights(on) -> RunConfig:
+    """Settings with the objectives `on` at their weights in WEIGHTS."""
+    return with_settings(RunConfig(), {f"{name}.weight": WEIGHTS[name] for name in on})
+
+
 KEYS = {"drloc": "auxiliary", "masked": "masked", "guidance": "guidance", "contrast": "contrast"}
 
 
@@ -48,9 +53,7 @@ def small_vit(seed: int = 0):
 def test_the_registry_and_the_settings_name_the_same_objectives_in_the_same_order():
     assert [kind.name() for kind in REGISTRY] == [o.name for o in OBJECTIVES]
     assert all(kind.settings is o for kind, o in zip(REGISTRY, OBJECTIVES))
-    assert {"drloc_pairs", "mask_pixels", "guidance_stages", "distill_temperature", "contrast_temperature"} <= set(
-        STUDENT_SETTINGS
-    )
+    assert {o.name for o in OBJECTIVES} <= set(STUDENT_SETTINGS)  # every objective's section shapes the ViT alone
     assert checkpoint_keys() == ("auxiliary", "masked", "guidance", "contrast")  # what checkpoint.pt has always held
 
 
@@ -59,7 +62,7 @@ def test_the_registry_and_the_settings_name_the_same_objectives_in_the_same_orde
 )
 def test_every_combination_trains_and_keeps_its_parts(on, teacher):
     vit = small_vit()
-    composed = objectives.build(vit, OptimConfig(**{name: WEIGHTS[name] for name in on}), num_classes=3)
+    composed = objectives.build(vit, weights(on), num_classes=3)
     assert composed.needs_teacher == ("guidance" in on or "distill" in on)
     composed.set_teacher(teacher)
     images = torch.randn(4, 3, 32, 32)
@@ -81,7 +84,7 @@ def test_every_combination_trains_and_keeps_its_parts(on, teacher):
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in vit.parameters())  # the ViT learns from it
     state = composed.state_dict_of_parts(checkpoint_keys())
     assert {key for key, part in state.items() if part is not None} == {KEYS[name] for name in on if name in KEYS}
-    again = objectives.build(small_vit(1), OptimConfig(**{name: WEIGHTS[name] for name in on}), num_classes=3)
+    again = objectives.build(small_vit(1), weights(on), num_classes=3)
     again.load_parts(state)
     for key, part in again.state_dict_of_parts(checkpoint_keys()).items():
         if part is not None:
@@ -92,7 +95,7 @@ def test_every_combination_trains_and_keeps_its_parts(on, teacher):
 
 def test_the_order_of_composition_changes_no_term_and_no_total(teacher):
     vit = small_vit()
-    built = objectives.build(vit, OptimConfig(**WEIGHTS), num_classes=3).objectives
+    built = objectives.build(vit, weights(WEIGHTS), num_classes=3).objectives
     images = torch.randn(4, 3, 32, 32)
     results = []
     for order in (list(built), list(reversed(built)), [built[2], built[4], built[0], built[3], built[1]]):
@@ -109,7 +112,7 @@ def test_the_order_of_composition_changes_no_term_and_no_total(teacher):
 
 def test_a_frozen_backbone_gets_no_objective():
     vit = small_vit()
-    composed = objectives.build(vit, OptimConfig(**WEIGHTS), num_classes=3, frozen=True)
+    composed = objectives.build(vit, weights(WEIGHTS), num_classes=3, frozen=True)
     assert not len(composed.objectives) and not composed.needs_teacher
     assert all(v is None for v in composed.state_dict_of_parts(checkpoint_keys()).values())
 
@@ -120,7 +123,7 @@ def test_the_distillation_temperature_reaches_the_loss(teacher):
     images = torch.randn(4, 3, 32, 32)
     terms = {}
     for t in (0.0, 3.0):
-        composed = objectives.build(vit, OptimConfig(distill=1.0, distill_temperature=t), num_classes=3)
+        composed = objectives.build(vit, with_settings(RunConfig(), {"distill.weight": 1.0, "distill.temperature": t}), num_classes=3)
         composed.set_teacher(teacher)
         assert composed.objectives[0].temperature == t
         terms[t] = composed.train()(images)[1]
@@ -136,7 +139,7 @@ def test_the_distillation_temperature_reaches_the_loss(teacher):
 class Toy(Objective):
     """A new objective, as a contributor would add one: the pooled state's squared length, through a part of its own."""
 
-    settings = ObjectiveSettings("toy", "toy objective", ())
+    settings = ObjectiveSettings("toy", "toy objective", object)
     checkpoint_key = "toy"
 
     def __init__(self, embed_dim: int) -> None:
@@ -144,11 +147,11 @@ class Toy(Objective):
         self.scale = nn.Linear(embed_dim, 1)
 
     @classmethod
-    def enabled(cls, optim: OptimConfig) -> bool:
+    def enabled(cls, config: RunConfig) -> bool:
         return True
 
     @classmethod
-    def build(cls, model, optim, num_classes):
+    def build(cls, model, config, num_classes):
         return cls(model.config.embed_dim)
 
     @property
@@ -163,7 +166,7 @@ def test_a_new_objective_is_its_class_and_one_registry_entry(tmp_path, monkeypat
     monkeypatch.setattr(objectives, "REGISTRY", (*REGISTRY, Toy))
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     config = small_config(photos, epochs=1, batch_size=8)
-    config = replace(config, vit={**config.vit, "pool": "gap"}, optim=replace(config.optim, drloc=0.5))
+    config = replace(config, vit=replace(config.vit, pool="gap"), drloc=replace(config.drloc, weight=0.5))
     from foodvit.training.run import train
 
     result = train(config, tmp_path / "run", quiet=True)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from helpers import make_photo_folder
 
+from foodvit.config import VitSettings
 from foodvit.recipes import load_recipe
 from foodvit.training.optim import param_groups
 from foodvit.training.trainer import Trainer
@@ -20,9 +21,10 @@ def photos(tmp_path_factory):
 def trainer_for(photos, tmp_path, **changes):
     """A Trainer of a tiny learned-position, class-token ViT, with optimiser and train changes."""
     config = load_recipe("tiny")
-    config = replace(config, vit={"image_size": 32, "depth": 1, "pos_embed": "learned", "pool": "cls"},
+    config = replace(config, vit=VitSettings(image_size=32, depth=1, pos_embed="learned", pool="cls"),
                      data=replace(config.data, source=str(photos)),
-                     optim=replace(config.optim, **{k: v for k, v in changes.items() if k in ("drloc", "ema")}),
+                     optim=replace(config.optim, **{k: v for k, v in changes.items() if k == "ema"}),
+                     drloc=replace(config.drloc, weight=changes.get("drloc", 0.0)),
                      train=replace(config.train, **{k: v for k, v in changes.items() if k == "freeze_backbone"}))
     return Trainer(config, tmp_path, quiet=True)
 

@@ -9,7 +9,7 @@ import torch
 from helpers import make_photo_folder
 from test_train import small_config
 
-from foodvit.config import RunConfig, TrainConfig
+from foodvit.config import PretrainSettings, RunConfig, TrainConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
@@ -92,7 +92,7 @@ def test_pre_training_is_refused_where_it_cannot_work_with_what_to_do():
     with pytest.raises(ConfigError, match="--pretrain-epochs.*--pool gap or --pool seq"):
         masked_image_modelling(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), 0.5)
     with pytest.raises(ConfigError, match="--freeze-backbone"):
-        RunConfig(optim=replace(RunConfig().optim, pretrain_epochs=5), train=TrainConfig(freeze_backbone=True))
+        RunConfig(pretrain=PretrainSettings(epochs=5), train=TrainConfig(freeze_backbone=True))
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def photos(tmp_path_factory):
 
 def pretraining(photos, epochs, pretrain_epochs=2):
     config = small_config(photos, epochs=epochs, batch_size=8)
-    return replace(config, vit={**config.vit, "pool": "gap"}, optim=replace(config.optim, pretrain_epochs=pretrain_epochs))
+    return replace(config, vit=replace(config.vit, pool="gap"), pretrain=replace(config.pretrain, epochs=pretrain_epochs))
 
 
 def test_a_run_pre_trains_before_its_supervised_epochs(photos, tmp_path):

@@ -30,7 +30,7 @@ SMALL = {"image_size": 32, "depth": 1}
 
 def small(source, epochs=1, **train_changes):
     config = load_recipe("tiny")
-    return replace(config, vit={**config.vit, **SMALL}, data=replace(config.data, source=str(source) if source else ""),
+    return replace(config, vit=replace(config.vit, **SMALL), data=replace(config.data, source=str(source) if source else ""),
                    train=replace(config.train, epochs=epochs, batch_size=12, **train_changes))
 
 
@@ -172,6 +172,24 @@ def test_the_actual_source_is_stored_and_resume_uses_it_whatever_foodvit_data_sa
     assert result.test["n"] == 6 and len(result.history) == 2
 
 
+def test_a_run_with_the_objectives_settings_inside_optim_resumes(photos, tmp_path):
+    from foodvit.config import MOVED
+
+    out = interrupted_run(photos, tmp_path / "run")
+    config = json.loads((out / "config.json").read_text())
+    for old, new in MOVED.items():  # config.json and checkpoint.pt as the layout before the sections wrote them
+        section, name = new.split(".")
+        config["optim"][old.split(".")[1]] = config[section].pop(name)
+    config = {key: value for key, value in config.items() if value != {}}
+    assert "drloc" in config["optim"] and "teacher" not in config
+    (out / "config.json").write_text(json.dumps(config))
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    state["config"] = config
+    torch.save(state, out / "checkpoint.pt")
+    result = resume(out, quiet=True)
+    assert len(result.history) == 2 and result.test["n"] == 6
+
+
 def test_resume_with_the_data_moved_checks_classes_and_counts(photos, tmp_path, capsys):
     import shutil
 
@@ -185,8 +203,8 @@ def test_resume_with_the_data_moved_checks_classes_and_counts(photos, tmp_path, 
         resume(out, data=str(fewer), quiet=True)
     assert main(["train", "--resume", str(out), "--data", str(moved), "--quiet"]) == 0
     assert json.loads((out / "config.json").read_text())["data"]["source"] == str(moved)
-    assert main(["train", "--resume", str(out), "--lr", "0.1"]) == 2
-    assert "drop --lr" in capsys.readouterr().err
+    assert main(["train", "--resume", str(out), "--lr", "0.1", "--teacher-epochs", "2"]) == 2
+    assert "drop --lr, --teacher-epochs" in capsys.readouterr().err  # each option by its own name
 
 
 def test_an_edited_config_is_refused_with_the_keys_that_differ(photos, tmp_path):
@@ -213,7 +231,7 @@ def test_a_checkpoint_from_another_model_size_is_explained(photos, tmp_path, cap
     out = interrupted_run(photos, tmp_path / "run")
     other = tmp_path / "other"
     config = small(photos)
-    train(replace(config, vit={**config.vit, "depth": 2}), other, quiet=True)
+    train(replace(config, vit=replace(config.vit, depth=2)), other, quiet=True)
     state = torch.load(other / "checkpoint.pt", weights_only=True)
     state["config"] = json.loads((out / "config.json").read_text())  # the settings match; the tensors do not
     state.pop("model_config")
@@ -250,9 +268,9 @@ def test_python_train_adapts_a_pretrained_config_as_the_command_line_does(tmp_pa
     foodvit.save_weights(foodvit.create_model("ViT-Ti/16", num_classes=3, image_size=48), weights)
     # the default recipe's from-scratch model settings (96 px, 6 blocks, sequence pooling, sin-cos) give way to the weights'
     config = build_config("default", {"train.pretrained": str(weights)})
-    assert config.model == "ViT-Ti/16" and "image_size" not in config.vit and "depth" not in config.vit
+    assert config.model == "ViT-Ti/16" and config.vit.image_size is None and config.vit.depth is None
     given = build_config("default", {"train.pretrained": str(weights), "vit.image_size": 64})
-    assert given.vit["image_size"] == 64  # a size the user asks for is kept (positions are resampled)
+    assert given.vit.image_size == 64  # a size the user asks for is kept (positions are resampled)
     # the recipe's progressive resizing (64 px up to its 96) is the from-scratch model's, not the weights':
     # kept, it would start a ViT-Ti/16 with learned positions at 64 px, which the trainer refuses
     assert build_config("default").data.start_size == 64 and config.data.start_size == 0
@@ -264,21 +282,21 @@ def test_the_default_recipe_trains_from_pretrained_weights_without_its_masked_pa
     # model does not compute, so `foodvit train --pretrained W` with the default recipe was refused
     weights = tmp_path / "w.safetensors"
     foodvit.save_weights(foodvit.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=1), weights)
-    assert build_config("default").optim.masked == 1.0
+    assert build_config("default").masked.weight == 1.0
     settings = {"train.pretrained": str(weights), "data.source": str(photos), "train.epochs": 1, "train.batch_size": 12,
-                "optim.guidance": 0.0, "optim.guidance_schedule": "constant", "optim.drloc": 0.0}
+                "guidance.weight": 0.0, "guidance.schedule": "constant", "drloc.weight": 0.0}
     config = build_config("default", settings)
-    assert config.optim.masked == 0.0 and config.vit.get("pool", "cls") == "cls"
+    assert config.masked.weight == 0.0 and config.vit.pool in (None, "cls")
     result = train(config, tmp_path / "run", quiet=True)
-    assert len(result.history) == 1 and json.loads((tmp_path / "run" / "config.json").read_text())["optim"]["masked"] == 0.0
+    assert len(result.history) == 1 and json.loads((tmp_path / "run" / "config.json").read_text())["masked"]["weight"] == 0.0
     # a recipe that hides the masked patches' pixels too loses that with them (it was refused: --mask-pixels without --masked)
     hiding = tmp_path / "hiding.toml"
-    hiding.write_text((Path(foodvit.__file__).parent / "recipes" / "default.toml").read_text().replace("masked = 1.0", "masked = 1.0\nmask_pixels = true"))
-    assert build_config(str(hiding)).optim.mask_pixels is True
-    assert (build_config(str(hiding), settings).optim.masked, build_config(str(hiding), settings).optim.mask_pixels) == (0.0, False)
+    hiding.write_text((Path(foodvit.__file__).parent / "recipes" / "default.toml").read_text().replace("[masked]", "[masked]\npixels = true"))
+    assert build_config(str(hiding)).masked.pixels is True
+    assert (build_config(str(hiding), settings).masked.weight, build_config(str(hiding), settings).masked.pixels) == (0.0, False)
     # asked for, it stays, and a class-token model is refused with the option's own message
     with pytest.raises(ConfigError, match="--masked reconstructs each hidden patch"):
-        train(build_config("default", {**settings, "optim.masked": 1.0}), tmp_path / "asked", quiet=True)
+        train(build_config("default", {**settings, "masked.weight": 1.0}), tmp_path / "asked", quiet=True)
 
 
 def test_the_recipes_progressive_resizing_stays_while_the_model_can_take_it():
@@ -303,7 +321,7 @@ def test_the_recipes_progressive_resizing_stays_while_the_model_can_take_it():
     assert build_config("default", {"vit.image_size": 48, "data.start_size": 32}).data.start_size == 32  # asked for: kept
     # a recipe's own start its own model cannot take is the recipe's choice: kept, for the trainer to refuse
     for settings in ({"image_size": 48}, {"pos_embed": "learned"}):
-        recipe = replace(load_recipe("default"), vit={**load_recipe("default").vit, **settings})
+        recipe = replace(load_recipe("default"), vit=replace(load_recipe("default").vit, **settings))
         assert without_recipe_resizing(recipe, recipe, {}).data.start_size == 64, settings
 
 

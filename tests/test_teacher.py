@@ -90,7 +90,7 @@ def test_a_teacher_with_its_own_epochs_and_side(tmp_path):
     setup = TeacherSetup.of_run(config, 3, StepSettings(device=torch.device("cpu")), 48, None, 1)
     assert (setup.epochs, setup.image_size, setup.settings.input_size) == (2, 32, 32)
     whole = TeacherSetup.of_run(
-        replace(config, optim=replace(config.optim, teacher_size=0)),
+        replace(config, teacher=replace(config.teacher, size=0)),
         3,
         StepSettings(device=torch.device("cpu")),
         48,
@@ -100,5 +100,5 @@ def test_a_teacher_with_its_own_epochs_and_side(tmp_path):
     assert (whole.image_size, whole.settings.input_size) == (48, 0)
     longer = replace(config, train=replace(config.train, epochs=config.train.epochs + 50))
     assert teacher_changes(config, longer) == ""
-    assert "epochs" in teacher_changes(config, replace(config, optim=replace(config.optim, teacher_epochs=0)))
-    assert "size" in teacher_changes(config, replace(config, optim=replace(config.optim, teacher_size=40)))
+    assert "epochs" in teacher_changes(config, replace(config, teacher=replace(config.teacher, epochs=0)))
+    assert "size" in teacher_changes(config, replace(config, teacher=replace(config.teacher, size=40)))

@@ -29,7 +29,7 @@ def small_config(source, **changes):
     from dataclasses import replace
 
     config = load_recipe("tiny")
-    config = replace(config, vit={**config.vit, **SMALL}, data=replace(config.data, source=str(source)))
+    config = replace(config, vit=replace(config.vit, **SMALL), data=replace(config.data, source=str(source)))
     train_changes = {k: v for k, v in changes.items() if k in ("epochs", "batch_size", "seed")}
     optim_changes = {k: v for k, v in changes.items() if k in ("lr", "ema", "accum_steps")}
     data_changes = {k: v for k, v in changes.items() if k in ("workers", "mixup", "cache")}
@@ -319,7 +319,7 @@ def test_test_size_tests_and_saves_the_model_at_a_higher_resolution(photos, tmp_
     from dataclasses import replace
 
     config = small_config(photos, epochs=2, batch_size=8)
-    config = replace(config, vit={**config.vit, "pos_embed": "sincos2d", "pool": "gap"}, data=replace(config.data, test_size=48))
+    config = replace(config, vit=replace(config.vit, pos_embed="sincos2d", pool="gap"), data=replace(config.data, test_size=48))
     out = tmp_path / "r"
     result = train(config, out, quiet=True)
     predictor = foodvit.load_predictor(out)
@@ -355,8 +355,8 @@ def test_progressive_resizing_trains_small_first_and_evaluates_at_the_model_size
     original = PatchEmbed.forward
     monkeypatch.setattr(PatchEmbed, "forward", lambda self, x: (seen.append((self.training, x.shape[-1])), original(self, x))[1])
     config = small_config(photos, epochs=4, batch_size=16)
-    config = replace(config, vit={**config.vit, "pos_embed": "sincos2d", "pool": "gap"},
-                     data=replace(config.data, start_size=16, start_share=0.5), optim=replace(config.optim, drloc=0.5))
+    config = replace(config, vit=replace(config.vit, pos_embed="sincos2d", pool="gap"),
+                     data=replace(config.data, start_size=16, start_share=0.5), drloc=replace(config.drloc, weight=0.5))
     result = train(config, tmp_path / "r", quiet=True)
     training = [size for is_training, size in seen if is_training]
     assert training == [16] * 6 + [32] * 6  # 48 training photos: 3 batches an epoch
@@ -373,9 +373,9 @@ def test_progressive_resizing_needs_fixed_positions_and_a_size_on_the_patch_grid
     config = small_config(photos, epochs=1)
     with pytest.raises(ConfigError, match=r"--start-size \(progressive resizing\) needs fixed position embeddings"):
         train(replace(config, data=replace(config.data, start_size=16)), tmp_path / "a", quiet=True)
-    config = replace(config, vit={**config.vit, "pos_embed": "sincos2d"})
+    config = replace(config, vit=replace(config.vit, pos_embed="sincos2d"))
     with pytest.raises(ConfigError, match=r"--start-size 20 is not a multiple of the patch size 8; use 16 or 24"):
         train(replace(config, data=replace(config.data, start_size=20)), tmp_path / "b", quiet=True)
-    size = config.vit.get("image_size") or 64
+    size = config.vit.image_size or 64
     with pytest.raises(ConfigError, match=rf"--start-size {size + 8} is above the image size {size}: .* or 0 to turn it off"):
         train(replace(config, data=replace(config.data, start_size=size + 8)), tmp_path / "c", quiet=True)

@@ -270,14 +270,15 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
     from foodvit.training.teacher import teacher_settings
 
     config = load_recipe("default")
-    same = [replace(config, vit={**config.vit, "depth": 8, "drop_path": 0.1}),
+    same = [replace(config, vit=replace(config.vit, depth=8, drop_path=0.1)),
             replace(config, data=replace(config.data, start_size=0, start_share=0.5, test_size=112, cache=False, workers=2)),
-            replace(config, optim=replace(config.optim, drloc=1.0, guidance=2.0, guidance_schedule="linear", ema=0.99),
-                    train=replace(config.train, compile=True)),
-            replace(config, optim=replace(config.optim, pretrain_epochs=50, pretrain_mask_ratio=0.75, sam=0.05, distill=1.0, distill_temperature=3.0)),
-            replace(config, optim=replace(config.optim, masked=2.0, mask_ratio=0.5, mask_pixels=True)),
-            replace(config, optim=replace(config.optim, contrast=0.5, contrast_temperature=0.1))]
-    other = [replace(config, vit={**config.vit, "image_size": 64}), replace(config, optim=replace(config.optim, lr=2e-3)),
+            replace(with_settings(config, {"drloc.weight": 1.0, "guidance.weight": 2.0, "guidance.schedule": "linear",
+                                           "optim.ema": 0.99}), train=replace(config.train, compile=True)),
+            with_settings(config, {"pretrain.epochs": 50, "pretrain.mask_ratio": 0.75, "optim.sam": 0.05, "distill.weight": 1.0, "distill.temperature": 3.0}),
+            with_settings(config, {"masked.weight": 2.0, "masked.ratio": 0.5, "masked.pixels": True}),
+            with_settings(config, {"contrast.weight": 0.5, "contrast.temperature": 0.1})]
+    other = [replace(config, vit=replace(config.vit, image_size=64)), replace(config, optim=replace(config.optim, lr=2e-3)),
+             replace(config, teacher=replace(config.teacher, architecture="resnet34")),
              replace(config, data=replace(config.data, mixup=0.8, workers=2)), replace(config, train=replace(config.train, epochs=50))]
     assert all(teacher_settings(c) == teacher_settings(config) for c in same)
     assert all(teacher_settings(c) != teacher_settings(config) for c in other)
@@ -683,16 +684,18 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     ("[train]\nepochs = {low = 5, high = 2}\n", "low must be below high"),
     ("[data]\naugment = {choices = [\"flip\", \"wild\"]}\n", "--augment must be one of"),
     ("[vit]\nembed_dim = {choices = [96, 100]}\n", "width 100 is not a multiple of the 3 heads"),
-    ("[optim]\ndistill_temperature = {low = 1.0, high = 4.0}\n", "optim.distill_temperature may draw a temperature above 0 where optim.distill may be 0"),
-    ("[optim]\nguidance = {choices = [0.0, 1.0]}\nguidance_schedule = {choices = [\"constant\", \"linear\"]}\n",
-     "optim.guidance_schedule may draw a schedule other than constant where optim.guidance may be 0"),
-    ("[optim]\nguidance = {choices = [0.0, 1.0]}\nguidance_stages = {choices = [3, 4]}\n",
-     "optim.guidance_stages may draw the teacher's fourth stage where optim.guidance may be 0"),
-    ("[optim]\ndistill = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n", "vit.distill_token may draw the distillation token"),
-    ("[optim]\ncontrast_temperature = {low = 0.1, high = 0.5}\n",
-     "optim.contrast_temperature may draw a temperature other than 0.2 where optim.contrast may be 0"),
+    ("[distill]\ntemperature = {low = 1.0, high = 4.0}\n", "distill.temperature may draw a temperature above 0 where distill.weight may be 0"),
+    ("[guidance]\nweight = {choices = [0.0, 1.0]}\nschedule = {choices = [\"constant\", \"linear\"]}\n",
+     "guidance.schedule may draw a schedule other than constant where guidance.weight may be 0"),
+    ("[guidance]\nweight = {choices = [0.0, 1.0]}\nstages = {choices = [3, 4]}\n",
+     "guidance.stages may draw the teacher's fourth stage where guidance.weight may be 0"),
+    ("[distill]\nweight = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n", "vit.distill_token may draw the distillation token"),
+    ("[contrast]\ntemperature = {low = 0.1, high = 0.5}\n",
+     "contrast.temperature may draw a temperature other than 0.2 where contrast.weight may be 0"),
+    # a space file of the layout before the objectives' sections: the settings under their old names
     ("[optim]\nmasked = {choices = [0.0, 1.0]}\nmask_pixels = {choices = [true, false]}\n",
-     "optim.mask_pixels may draw hidden pixels where optim.masked may be 0"),
+     "masked.pixels may draw hidden pixels where masked.weight may be 0"),
+    ("[optim]\ndrloc = {low = 0.0, high = 1.0}\n[drloc]\nweight = {low = 0.5, high = 1.0}\n", "drloc.weight is given twice"),
 ])
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
     space = tmp_path / "space.toml"
@@ -787,7 +790,26 @@ def test_best_toml_records_the_schedule_the_best_trial_trained_with(tmp_path):
                                                   distributions={"vit.image_size": IntDistribution(32, 128, step=16)}))
     write_report(study, tmp_path, build_config("default"), {}, folds=2)
     best = load_recipe(str(tmp_path / "best.toml"))
-    assert (best.vit["image_size"], best.data.start_size) == (48, 0)
+    assert (best.vit.image_size, best.data.start_size) == (48, 0)
+
+
+def test_a_study_of_the_old_layout_runs_its_interrupted_trials_again_under_todays_names(tmp_path):
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState
+
+    from foodvit.tuning.search import _requeue_interrupted
+
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(params={"optim.drloc": 0.3}, state=TrialState.FAIL,
+                                              distributions={"optim.drloc": FloatDistribution(0.0, 1.0)},
+                                              user_attrs={"interrupted": True}))
+    _requeue_interrupted(study)
+    queued = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert [t.system_attrs["fixed_params"] for t in queued] == [{"drloc.weight": 0.3}]  # what the space suggests
+    study.add_trial(optuna.trial.create_trial(params={"optim.drloc": 0.5}, value=0.7,
+                                              distributions={"optim.drloc": FloatDistribution(0.0, 1.0)}))
+    write_report(study, tmp_path, build_config("default"), {}, folds=2)
+    assert "| 0.700 |  | (the starting recipe) |" in (tmp_path / "tune.md").read_text()  # 0.5: the default's
 
 
 def test_a_study_started_before_a_setting_existed_resumes_and_one_at_another_value_does_not(tmp_path):
@@ -796,14 +818,14 @@ def test_a_study_started_before_a_setting_existed_resumes_and_one_at_another_val
     config = RunConfig()
     identity = {"kind": "cv", "folds": 5, "settings": study_settings(config.to_dict())}
     older = json.loads(json.dumps(identity))
-    del older["settings"]["optim"]["pretrain_epochs"]  # as a version before the setting wrote it
+    del older["settings"]["pretrain"]["epochs"]  # as a version before the setting wrote it
     folder = tmp_path / "study"
     folder.mkdir()
     (folder / "study.json").write_text(json.dumps(older))
     open_study(folder, identity)  # resumed: nothing raised
     assert json.loads((folder / "study.json").read_text()) == older  # and the file left as it was
-    changed = {**identity, "settings": study_settings(with_settings(config, {"optim.pretrain_epochs": 5}).to_dict())}
-    with pytest.raises(StudyError, match=r"optim.pretrain_epochs: 0 -> 5"):
+    changed = {**identity, "settings": study_settings(with_settings(config, {"pretrain.epochs": 5}).to_dict())}
+    with pytest.raises(StudyError, match=r"pretrain.epochs: 0 -> 5"):
         open_study(folder, changed)
     # a stored setting this version does not know still differs, never silently dropped
     unknown = json.loads(json.dumps(older))
@@ -819,10 +841,10 @@ def test_a_space_with_distillation_always_on_may_search_its_temperature_and_toke
 
     config = load_recipe("tiny")
     space = tmp_path / "space.toml"
-    space.write_text("[optim]\ndistill = {low = 0.5, high = 2.0}\ndistill_temperature = {choices = [0.0, 3.0]}\n"
+    space.write_text("[distill]\nweight = {low = 0.5, high = 2.0}\ntemperature = {choices = [0.0, 3.0]}\n"
                      "[vit]\ndistill_token = {choices = [false, true]}\n")
-    assert set(read_space(space, config)) == {"optim.distill", "optim.distill_temperature", "vit.distill_token"}
-    space.write_text("[optim]\ndistill = {choices = [0.0, 1.0]}\n")  # hard distillation on or off: nothing needs it
-    assert set(read_space(space, config)) == {"optim.distill"}
-    space.write_text("[optim]\nguidance = {low = 0.5, high = 2.0}\nguidance_schedule = {choices = [\"constant\", \"linear\"]}\n")
-    assert set(read_space(space, config)) == {"optim.guidance", "optim.guidance_schedule"}
+    assert set(read_space(space, config)) == {"distill.weight", "distill.temperature", "vit.distill_token"}
+    space.write_text("[distill]\nweight = {choices = [0.0, 1.0]}\n")  # hard distillation on or off: nothing needs it
+    assert set(read_space(space, config)) == {"distill.weight"}
+    space.write_text("[guidance]\nweight = {low = 0.5, high = 2.0}\nschedule = {choices = [\"constant\", \"linear\"]}\n")
+    assert set(read_space(space, config)) == {"guidance.weight", "guidance.schedule"}

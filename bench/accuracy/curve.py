@@ -114,8 +114,8 @@ def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, 
 def guided(study: Path) -> bool:
     """Whether a ViT study trained with locality guidance (the default recipe's guidance; the
     curve's first points were measured without it): read from its first fold's saved config."""
-    config = json.loads((study / "fold-0" / "config.json").read_text())
-    return config["optim"].get("guidance", 0) > 0
+    config = RunConfig.from_dict(json.loads((study / "fold-0" / "config.json").read_text()))  # either layout
+    return config.guidance.weight > 0
 
 
 def lends_teachers(vit: Path, config) -> bool:

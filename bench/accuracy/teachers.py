@@ -39,8 +39,8 @@ def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
     config = replace(config, data=replace(config.data, source=str(folder.resolve())))
     with tempfile.TemporaryDirectory() as scratch:  # the trainer builds the fold's loaders; nothing is written
         trainer = Trainer(config, Path(scratch) / "run", quiet=True, log=lambda *a, **k: None)
-        teacher = build_teacher(config.optim.teacher, len(trainer.classes)).to(trainer.device)
-        teacher.load_state_dict(read_teacher(run / TEACHER_FILE, config.optim.teacher)["model"])
+        teacher = build_teacher(config.teacher.architecture, len(trainer.classes)).to(trainer.device)
+        teacher.load_state_dict(read_teacher(run / TEACHER_FILE, config.teacher.architecture)["model"])
         return config, held_out_result(trainer, teacher, seed, k, run.name)
 
 
@@ -59,8 +59,8 @@ def main(argv: list[str]) -> int:
         config, result = score_fold(study, seeds[0], k)
         results.append(result)
     result = summarise(results)
-    write_study(out, replace(config, recipe=f"{config.optim.teacher} teachers of {study}"), result, results)
-    print(f"{out}: the {config.optim.teacher} teachers of {study}, {len(results)}-fold CV accuracy "
+    write_study(out, replace(config, recipe=f"{config.teacher.architecture} teachers of {study}"), result, results)
+    print(f"{out}: the {config.teacher.architecture} teachers of {study}, {len(results)}-fold CV accuracy "
           f"{result.accuracy:.3f} +- {result.standard_error:.3f}")
     return 0
 

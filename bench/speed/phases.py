@@ -94,7 +94,7 @@ def model_shapes(config, batch: int) -> list[tuple[int, int, int]]:
     vit = config.vit
     width = {"Ti": 192, "S": 384, "B": 768}.get(config.model.split("-")[1].split("/")[0], 192)
     patch = int(config.model.split("/")[1]) if "/" in config.model else 16
-    tokens = batch * (vit.get("image_size", 224) // patch) ** 2
+    tokens = batch * ((vit.image_size or 224) // patch) ** 2
     return [(tokens, width, 3 * width), (tokens, width, 4 * width), (tokens, 4 * width, width)]
 
 
@@ -398,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale:
         whole = with_settings(load_recipe(args.recipe), {k: v for k, v in values.items() if k != "train.epochs"})
         scaled = {"train.epochs": max(1, round(whole.train.epochs * args.scale))}
-        if whole.optim.teacher_epochs:
-            scaled["optim.teacher_epochs"] = max(1, round(teacher_epochs(whole) * args.scale))
+        if whole.teacher.epochs:
+            scaled["teacher.epochs"] = max(1, round(teacher_epochs(whole) * args.scale))
         config = with_settings(whole, scaled)
         args.epochs = config.train.epochs
 

@@ -1,6 +1,10 @@
 """Settings as plain data: the model's (ViTConfig, declared in foodvit.vit_settings and named here too) and a
-run's (RunConfig), frozen dataclasses. The recipes that fill them (TOML files) are read by foodvit.recipes, one
-layer up.
+run's (RunConfig), frozen dataclasses. A run's settings come in sections, one per concern: the model's settings
+over its variant (VitSettings), the data, the optimiser, one per training objective (declared with the objectives'
+registry, foodvit.objective_settings), the CNN teacher, the self-supervised pre-training and the training; a
+setting is named "section.name". Settings written before the objectives, the teacher and the pre-training had
+sections of their own are read through one table (MOVED). The recipes that fill them (TOML files) are read by
+foodvit.recipes, one layer up.
 
 Every number's allowed range and every text setting's choices are named once, in the field's
 metadata: the dataclasses check them when built (from a recipe, a config.json or Python), and the
@@ -26,12 +30,19 @@ from foodvit.errors import (
     FoodVitError,
     Range,
 )
-from foodvit.objective_settings import CONTRAST_TEMPERATURE, OBJECTIVES
+from foodvit.objective_settings import GUIDANCE_SCHEDULES as GUIDANCE_SCHEDULES
+from foodvit.objective_settings import (
+    ContrastSettings,
+    DistillSettings,
+    DrlocSettings,
+    GuidanceSettings,
+    MaskedSettings,
+)
 from foodvit.setting_fields import check_field, check_fields, opt
 
 # named here too, where the other layers look for the settings
 from foodvit.setting_fields import flag_of as flag_of
-from foodvit.vit_settings import ViTConfig
+from foodvit.vit_settings import Init, Pool, PosEmbed, Stem, ViTConfig
 from foodvit.vit_settings import check_on_patch_grid as check_on_patch_grid
 
 # Choices of the run's text settings, named once (preprocess.py and transforms.py read them from here).
@@ -41,10 +52,11 @@ AUGMENT_PRESETS = ("none", "flip", "light", "medium", "strong")
 TEACHERS = ("resnet18", "resnet34", "resnet50")  # torchvision architectures a run can train as its distillation teacher
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
-GUIDANCE_SCHEDULES = ("constant", "linear")  # the weight of locality guidance over the epochs (objectives/guidance.py)
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 DEFAULT_RECIPE = "default"
+# ViTConfig fields offered as options; num_classes comes from the data, in_channels is always 3.
+VIT_OPTIONS = tuple(f for f in fields(ViTConfig) if f.name not in ("num_classes", "in_channels"))
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,13 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
+    """The optimiser and its step, shared by every network a run trains (the ViT, its pre-training and its CNN
+    teacher, except where a help text says otherwise). Label smoothing is here because it is a setting of the
+    step's classification loss, which the teacher trains with too; sharpness-aware minimisation because it
+    changes how a step's gradient is taken, and the average of the weights (ema) because it follows every step:
+    both are the ViT's alone (objective_settings.STUDENT_SETTINGS). Each objective's settings are in its own
+    section (objective_settings.OBJECTIVES), the teacher's and the pre-training's too."""
+
     optimizer: str = opt("adamw", "optimiser", choices=OPTIMIZERS)
     lr: float = opt(1e-3, "peak learning rate", range=POSITIVE)
     betas: tuple[float, float] = opt((0.9, 0.999), "Adam betas (Table 3: 0.9, 0.999)", range=SHARE_BELOW_1)
@@ -160,99 +179,63 @@ class OptimConfig:
     ema: float = opt(
         0.0, "exponential moving average of the weights, decay per step, 0 = off (DeiT: 0.99996)", range=SHARE_BELOW_1
     )
-    drloc: float = opt(
-        0.0,
-        "weight of the dense relative localization loss: an auxiliary head predicts the grid offset "
-        "of two output tokens (Liu et al. 2021), 0 = off; none with a frozen backbone",
-        range=AT_LEAST_0,
-    )
-    drloc_pairs: int = opt(64, "token pairs per image for --drloc", range=AT_LEAST_1)
-    distill: float = opt(
-        0.0,
-        "weight of distillation from a CNN teacher trained first on the same photos (DeiT): its "
-        "predicted classes, or with --distill-temperature its probabilities, 0 = off; none with a frozen "
-        "backbone",
-        range=AT_LEAST_0,
-    )
-    distill_temperature: float = opt(
-        0.0,
-        "with --distill: match the teacher's class probabilities softened at this "
-        "temperature, --distill x T^2 x KL(teacher || student); 0 = its predicted classes",
-        range=AT_LEAST_0,
-    )
-    guidance: float = opt(
-        0.0,
-        "weight of locality guidance: a few blocks' patch tokens predict, through 1x1 adapters, the "
-        "feature maps of a CNN teacher trained first on the same photos (Li et al. 2022), 0 = off; none "
-        "with a frozen backbone",
-        range=AT_LEAST_0,
-    )
-    guidance_schedule: str = opt(
-        "constant",
-        "the weight of --guidance over the epochs: constant, or linear from --guidance "
-        "down towards 0 (epoch e of E weighs W x (1 - e/E))",
-        choices=GUIDANCE_SCHEDULES,
-    )
-    guidance_stages: int = opt(
-        3,
-        "the teacher's first stages that guide with --guidance: 3 (blocks before the last) or 4 "
-        "(the last block too; needs --pool gap or seq)",
-        range=Range(3, 4),
-    )
-    masked: float = opt(
-        0.0,
-        "weight of masked-patch reconstruction: --mask-ratio of each training image's patches shown as "
-        "a learned mask token, a linear decoder predicts their pixels, 0 = off; needs --pool gap or seq",
-        range=AT_LEAST_0,
-    )
-    mask_ratio: float = opt(0.25, "share of each training image's patches hidden with --masked", range=SHARE_ABOVE_0)
-    mask_pixels: bool = opt(
-        False,
-        "with --masked: also set the hidden patches' pixels to 0 before the tokeniser, so that "
-        "a conv or spt stem cannot show them to their neighbours' tokens",
-    )
-    contrast: float = opt(
-        0.0,
-        "weight of instance discrimination: a second view of each image (cropped, flipped and "
-        "recoloured at random) goes through the ViT, and each pooled state learns to find its photo's "
-        "other view in the batch (SimCLR's NT-Xent), 0 = off; none with a frozen backbone",
-        range=AT_LEAST_0,
-    )
-    contrast_temperature: float = opt(
-        CONTRAST_TEMPERATURE, "temperature of --contrast's cosine similarities", range=POSITIVE
-    )
-    pretrain_epochs: int = opt(
-        0,
-        "epochs of self-supervised pre-training on the training photos before the supervised "
-        "ones: the hidden patches' pixels predicted, the classes not read, 0 = off; needs --pool gap "
-        "or seq",
-        range=AT_LEAST_0,
-    )
-    pretrain_mask_ratio: float = opt(
-        0.5, "share of each image's patches hidden in pre-training (--pretrain-epochs)", range=SHARE_ABOVE_0
-    )
-    teacher: str = opt(
-        "resnet18",
-        "the CNN teacher of --distill and --guidance: a torchvision architecture trained from "
-        "random initialisation in the run, on its photos with its optimiser and schedule",
-        choices=TEACHERS,
-    )
-    teacher_epochs: int = opt(
-        0, "epochs the CNN teacher trains for, on its own schedule; 0 = the run's --epochs", range=AT_LEAST_0
-    )
-    teacher_size: int = opt(
-        0,
-        "side in pixels of the photos the CNN teacher trains on (its batches resized, as progressive resizing "
-        "does); 0 = the model's image size",
-        range=AT_LEAST_0,
-    )
 
     def __post_init__(self) -> None:
         check_fields(self)
         if len(self.betas) != 2:
             raise ConfigError(f"--betas takes two numbers (beta1, beta2), got {len(self.betas)}")
-        for objective in OBJECTIVES:
-            objective.check(self)
+
+
+@dataclass(frozen=True)
+class TeacherSettings:
+    """The CNN teacher that distillation and locality guidance read (training/teacher.py)."""
+
+    architecture: str = opt(
+        "resnet18",
+        "the CNN teacher of --distill and --guidance: a torchvision architecture trained from "
+        "random initialisation in the run, on its photos with its optimiser and schedule",
+        flag="teacher",
+        choices=TEACHERS,
+    )
+    epochs: int = opt(
+        0,
+        "epochs the CNN teacher trains for, on its own schedule; 0 = the run's --epochs",
+        flag="teacher_epochs",
+        range=AT_LEAST_0,
+    )
+    size: int = opt(
+        0,
+        "side in pixels of the photos the CNN teacher trains on (its batches resized, as progressive resizing "
+        "does); 0 = the model's image size",
+        flag="teacher_size",
+        range=AT_LEAST_0,
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class PretrainSettings:
+    """The self-supervised pre-training stage before the supervised epochs (training/pretrain.py)."""
+
+    epochs: int = opt(
+        0,
+        "epochs of self-supervised pre-training on the training photos before the supervised "
+        "ones: the hidden patches' pixels predicted, the classes not read, 0 = off; needs --pool gap "
+        "or seq",
+        flag="pretrain_epochs",
+        range=AT_LEAST_0,
+    )
+    mask_ratio: float = opt(
+        0.5,
+        "share of each image's patches hidden in pre-training (--pretrain-epochs)",
+        flag="pretrain_mask_ratio",
+        range=SHARE_ABOVE_0,
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -286,38 +269,98 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class VitSettings:
+    """A run's model settings: ViTConfig's fields (but the classes, which come from the data, and the image
+    channels, always 3), each None where the run takes the chosen model variant's value (model/variants.py).
+    Each value given is checked against its ViTConfig field's range and choices."""
+
+    image_size: int | None = None
+    patch_size: int | None = None
+    embed_dim: int | None = None
+    depth: int | None = None
+    num_heads: int | None = None
+    mlp_dim: int | None = None
+    dropout: float | None = None
+    attn_dropout: float | None = None
+    drop_path: float | None = None
+    pool: Pool | None = None
+    pos_embed: PosEmbed | None = None
+    class_token: bool | None = None
+    stem: Stem | None = None
+    locality: bool | None = None
+    locality_mask: bool | None = None
+    layer_norm_eps: float | None = None
+    init: Init | None = None
+    mlp_conv: bool | None = None
+    distill_token: bool | None = None
+
+    def __post_init__(self) -> None:
+        options = {f.name: f for f in VIT_OPTIONS}
+        for name, value in self.given().items():
+            check_field(options[name], value)
+
+    def given(self) -> dict:
+        """The settings given (not None), by name: what the run sets over its model variant."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, values: dict, where: str = "model settings") -> VitSettings:
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}: expected a table of model settings, got {type(values).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
 class RunConfig:
-    """Everything a run needs; saved as config.json."""
+    """Everything a run needs; saved as config.json. Beside the model's settings (vit), the data, the optimiser
+    and the training: a section per training objective (objective_settings.OBJECTIVES, one field here each, named
+    after it), the CNN teacher's and the self-supervised pre-training stage's."""
 
     recipe: str = DEFAULT_RECIPE
     model: str = "ViT-B/16"
-    vit: dict = field(default_factory=dict)  # ViTConfig overrides (dropout, pool, image_size, ...)
+    vit: VitSettings = field(default_factory=VitSettings)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    drloc: DrlocSettings = field(default_factory=DrlocSettings)
+    masked: MaskedSettings = field(default_factory=MaskedSettings)
+    guidance: GuidanceSettings = field(default_factory=GuidanceSettings)
+    distill: DistillSettings = field(default_factory=DistillSettings)
+    contrast: ContrastSettings = field(default_factory=ContrastSettings)
+    teacher: TeacherSettings = field(default_factory=TeacherSettings)
+    pretrain: PretrainSettings = field(default_factory=PretrainSettings)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        _check_vit(self.vit, "model settings")
-        if self.optim.pretrain_epochs and self.train.freeze_backbone:
+        if self.pretrain.epochs and self.train.freeze_backbone:
             raise ConfigError(
                 "--pretrain-epochs pre-trains the backbone, which --freeze-backbone keeps as it is: drop one of the two"
             )
-        if self.vit.get("distill_token") and (self.optim.distill <= 0 or self.train.freeze_backbone):
+        if self.vit.distill_token and (self.distill.weight <= 0 or self.train.freeze_backbone):
             raise ConfigError(
                 "--distill-token trains its own head on a teacher's classes: add --distill W (e.g. --distill 1) "
                 "and train the whole model (no --freeze-backbone)"
             )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings as config.json holds them: the model's settings given, every other setting."""
+        return {**asdict(self), "vit": self.vit.given()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "settings") -> RunConfig:
+        """Settings as config.json, a recipe or a study holds them, in this layout or in the one before the
+        objectives, the teacher and the pre-training had sections of their own (MOVED)."""
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: expected a JSON object of settings, got {type(d).__name__}")
+        d = current_layout(d, where)
         unknown = sorted(set(d) - {"recipe", "model", "vit", *SECTIONS})
         if unknown:
             raise ConfigError(
@@ -326,27 +369,79 @@ class RunConfig:
         return cls(
             recipe=d.get("recipe", DEFAULT_RECIPE),
             model=d.get("model", cls.model),
-            vit=dict(d.get("vit", {})),
-            data=_build(DataConfig, d.get("data", {})),
-            optim=_build(OptimConfig, d.get("optim", {})),
-            train=_build(TrainConfig, d.get("train", {})),
+            vit=VitSettings.from_dict(d.get("vit", {})),
+            **{name: _build(section, d.get(name, {})) for name, section in SECTIONS.items()},
         )
 
 
+# Settings that moved from the optimiser's section to a section of their own: old key -> key. Run directories,
+# studies, recipes, search spaces and overrides written in the old layout are read through this table; the
+# command line's options keep the old names (each field's flag).
+MOVED = {
+    "optim.drloc": "drloc.weight",
+    "optim.drloc_pairs": "drloc.pairs",
+    "optim.masked": "masked.weight",
+    "optim.mask_ratio": "masked.ratio",
+    "optim.mask_pixels": "masked.pixels",
+    "optim.guidance": "guidance.weight",
+    "optim.guidance_schedule": "guidance.schedule",
+    "optim.guidance_stages": "guidance.stages",
+    "optim.distill": "distill.weight",
+    "optim.distill_temperature": "distill.temperature",
+    "optim.contrast": "contrast.weight",
+    "optim.contrast_temperature": "contrast.temperature",
+    "optim.pretrain_epochs": "pretrain.epochs",
+    "optim.pretrain_mask_ratio": "pretrain.mask_ratio",
+    "optim.teacher": "teacher.architecture",
+    "optim.teacher_epochs": "teacher.epochs",
+    "optim.teacher_size": "teacher.size",
+}
+
+
+def setting_key(key: str) -> str:
+    """A setting's "section.name" as this version names it ("optim.drloc" -> "drloc.weight")."""
+    return MOVED.get(key, key)
+
+
+def current_layout(d: dict, where: str = "settings") -> dict:
+    """Settings (config.json's, a recipe's) with every setting of the old layout in its section (MOVED); a
+    setting given in both layouts with two values is refused."""
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for old, new in MOVED.items():
+        section, _, name = old.partition(".")
+        if not isinstance(d.get(section), dict) or name not in d[section]:
+            continue
+        value = d[section].pop(name)
+        to, _, key = new.partition(".")
+        target = d.setdefault(to, {})
+        if isinstance(target, dict):
+            if key in target and target[key] != value:
+                raise ConfigError(f"{where}: {old} = {value!r} and {new} = {target[key]!r} are one setting; keep {new}")
+            target.setdefault(key, value)
+    return d
+
+
 def settings_as_today(stored: dict) -> dict:
-    """Settings a run or a study stored, as this version writes them: a setting added since is absent
-    from them and counts at its default (a new setting's default keeps the old behaviour, so the recipe
-    is the same). Settings this version cannot read (a setting since removed, a wrong type) come back
-    as stored, so that a comparison shows them rather than drops them."""
+    """Settings a run or a study stored, as this version writes them: in today's layout, and a setting added
+    since is absent from them and counts at its default (a new setting's default keeps the old behaviour, so the
+    recipe is the same). Settings this version cannot read (a setting since removed, a wrong type) come back
+    as stored, in today's layout where they can be, so that a comparison shows them rather than drops them."""
     try:
         return RunConfig.from_dict(stored).to_dict()
     except (FoodVitError, TypeError):
-        return stored
+        try:
+            return current_layout(stored) if isinstance(stored, dict) else stored
+        except FoodVitError:
+            return stored
 
 
-SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
-# ViTConfig fields offered as options; num_classes comes from the data, in_channels is always 3.
-VIT_OPTIONS = tuple(f for f in fields(ViTConfig) if f.name not in ("num_classes", "in_channels"))
+# The sections of a run's settings beside the model's, by name, in config.json's order (an objective's section
+# holds its registry line's dataclass, objective_settings.OBJECTIVES).
+SECTIONS: dict[str, type] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in fields(RunConfig)
+    if f.name not in ("recipe", "model", "vit")
+}
 
 
 def _build(cls, values: dict):
@@ -360,22 +455,11 @@ def _build(cls, values: dict):
     return cls(**{k: tuple(v) if isinstance(known[k].default, tuple) else v for k, v in values.items()})
 
 
-def _check_vit(values: dict, where: str) -> None:
-    """Model settings of a run: known names, each in its field's range or choices."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: expected a table of model settings, got {type(values).__name__}")
-    known = {f.name: f for f in VIT_OPTIONS}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ConfigError(f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    for name, value in values.items():
-        check_field(known[name], value)
-
-
 def setting_field(key: str):
-    """The field behind a setting named "section.name" (vit.depth, optim.lr, ...), as the command
-    line's overrides name them; a ConfigError for an unknown one, listing its section's names."""
-    section, _, name = key.partition(".")
+    """The field behind a setting named "section.name" (vit.depth, optim.lr, drloc.weight, ..., or a name of the
+    old layout, MOVED), as the command line's overrides name them; a ConfigError for an unknown one, listing its
+    section's names."""
+    section, _, name = setting_key(key).partition(".")
     if section == "vit":
         known = {f.name: f for f in VIT_OPTIONS}
     elif section in SECTIONS:
@@ -394,16 +478,12 @@ def check_setting(key: str, value) -> None:
 
 
 def with_settings(config: RunConfig, values: dict) -> RunConfig:
-    """config with the settings named "section.name" (vit.depth, optim.lr, ...) replaced, each
-    checked as the command line checks it (e.g. a tuning trial's sampled settings)."""
-    vit, sections = dict(config.vit), {name: dict[str, object]() for name in SECTIONS}
+    """config with the settings named "section.name" (vit.depth, optim.lr, drloc.weight, ..., or their old
+    names, MOVED) replaced, each checked as the command line checks it (e.g. a tuning trial's sampled
+    settings)."""
+    sections: dict[str, dict[str, object]] = {name: {} for name in ("vit", *SECTIONS)}
     for key, value in values.items():
         check_setting(key, value)
-        section, name = key.split(".", 1)
-        if section == "vit":
-            vit[name] = value
-        else:
-            sections[section][name] = value
-    return replace(
-        config, vit=vit, **{name: replace(getattr(config, name), **changes) for name, changes in sections.items()}
-    )
+        section, name = setting_key(key).split(".", 1)
+        sections[section][name] = value
+    return replace(config, **{name: replace(getattr(config, name), **changes) for name, changes in sections.items()})

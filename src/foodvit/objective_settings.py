@@ -1,20 +1,161 @@
-"""The training objectives' settings, as data: for each objective beside the classes, the OptimConfig field of
-its weight (0 = off), every setting of its own, whether it reads the CNN teacher, and the settings that mean
-something only with it on. config.py checks settings with it, training/objectives builds the objectives it
-names, training/teacher.py and tuning/space.py derive from it which settings shape the teacher alone and
-which a search space may not draw with their objective off. No PyTorch here.
+"""The training objectives' settings, as data: each objective beside the classes has a section of a run's
+settings named after it (its weight, 0 = off, and its own settings), and a line in the registry (OBJECTIVES)
+that says whether it reads the CNN teacher and which settings mean something only with it on. config.py
+builds a run's settings from the registry's sections, training/objectives builds the objectives it names,
+training/teacher.py and tuning/space.py derive from it which settings shape the ViT alone and which a search
+space may not draw with their objective off. Adding an objective: its section here, its module in
+training/objectives and one line in OBJECTIVES. No PyTorch here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from foodvit.errors import ConfigError
+from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE_ABOVE_0, ConfigError, Range
+from foodvit.setting_fields import check_fields, flag_of, opt
 
-OptimConfig = Any  # config.OptimConfig, which imports this module
+RunConfig = Any  # config.RunConfig, which imports this module
 
 CONTRAST_TEMPERATURE = 0.2  # --contrast-temperature's default: the option counts as given when it differs
+GUIDANCE_SCHEDULES = ("constant", "linear")  # the weight of locality guidance over the epochs (objectives/guidance.py)
+
+
+def _check_section(section) -> None:
+    """A section's fields in their ranges, and its dependent settings at their off values while its weight is 0:
+    else a one-line ConfigError naming the options (the same as the command line's)."""
+    check_fields(section)
+    objective = next(o for o in OBJECTIVES if o.settings is type(section))
+    if section.weight > 0:
+        return
+    by_name = {f.name: f for f in fields(section)}
+    for dep in objective.dependents:
+        where, _, name = dep.key.partition(".")
+        if where == objective.name and getattr(section, name) != dep.off:
+            option, weight = flag_of(by_name[name]), flag_of(by_name["weight"])
+            raise ConfigError(
+                f"{option} {dep.does}: add {weight} W (e.g. {weight} {objective.example}), or leave {option} out"
+            )
+
+
+@dataclass(frozen=True)
+class DrlocSettings:
+    """Dense relative localization (training/objectives/drloc.py)."""
+
+    weight: float = opt(
+        0.0,
+        "weight of the dense relative localization loss: an auxiliary head predicts the grid offset "
+        "of two output tokens (Liu et al. 2021), 0 = off; none with a frozen backbone",
+        flag="drloc",
+        range=AT_LEAST_0,
+    )
+    pairs: int = opt(64, "token pairs per image for --drloc", flag="drloc_pairs", range=AT_LEAST_1)
+
+    def __post_init__(self) -> None:
+        _check_section(self)
+
+
+@dataclass(frozen=True)
+class MaskedSettings:
+    """Masked-patch reconstruction (training/objectives/masked.py)."""
+
+    weight: float = opt(
+        0.0,
+        "weight of masked-patch reconstruction: --mask-ratio of each training image's patches shown as "
+        "a learned mask token, a linear decoder predicts their pixels, 0 = off; needs --pool gap or seq",
+        flag="masked",
+        range=AT_LEAST_0,
+    )
+    ratio: float = opt(
+        0.25, "share of each training image's patches hidden with --masked", flag="mask_ratio", range=SHARE_ABOVE_0
+    )
+    pixels: bool = opt(
+        False,
+        "with --masked: also set the hidden patches' pixels to 0 before the tokeniser, so that "
+        "a conv or spt stem cannot show them to their neighbours' tokens",
+        flag="mask_pixels",
+    )
+
+    def __post_init__(self) -> None:
+        _check_section(self)
+
+
+@dataclass(frozen=True)
+class GuidanceSettings:
+    """Locality guidance from the CNN teacher (training/objectives/guidance.py)."""
+
+    weight: float = opt(
+        0.0,
+        "weight of locality guidance: a few blocks' patch tokens predict, through 1x1 adapters, the "
+        "feature maps of a CNN teacher trained first on the same photos (Li et al. 2022), 0 = off; none "
+        "with a frozen backbone",
+        flag="guidance",
+        range=AT_LEAST_0,
+    )
+    schedule: str = opt(
+        "constant",
+        "the weight of --guidance over the epochs: constant, or linear from --guidance "
+        "down towards 0 (epoch e of E weighs W x (1 - e/E))",
+        flag="guidance_schedule",
+        choices=GUIDANCE_SCHEDULES,
+    )
+    stages: int = opt(
+        3,
+        "the teacher's first stages that guide with --guidance: 3 (blocks before the last) or 4 "
+        "(the last block too; needs --pool gap or seq)",
+        flag="guidance_stages",
+        range=Range(3, 4),
+    )
+
+    def __post_init__(self) -> None:
+        _check_section(self)
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    """Distillation from the CNN teacher (training/objectives/distill.py)."""
+
+    weight: float = opt(
+        0.0,
+        "weight of distillation from a CNN teacher trained first on the same photos (DeiT): its "
+        "predicted classes, or with --distill-temperature its probabilities, 0 = off; none with a frozen "
+        "backbone",
+        flag="distill",
+        range=AT_LEAST_0,
+    )
+    temperature: float = opt(
+        0.0,
+        "with --distill: match the teacher's class probabilities softened at this "
+        "temperature, --distill x T^2 x KL(teacher || student); 0 = its predicted classes",
+        flag="distill_temperature",
+        range=AT_LEAST_0,
+    )
+
+    def __post_init__(self) -> None:
+        _check_section(self)
+
+
+@dataclass(frozen=True)
+class ContrastSettings:
+    """Instance discrimination (training/objectives/contrast.py)."""
+
+    weight: float = opt(
+        0.0,
+        "weight of instance discrimination: a second view of each image (cropped, flipped and "
+        "recoloured at random) goes through the ViT, and each pooled state learns to find its photo's "
+        "other view in the batch (SimCLR's NT-Xent), 0 = off; none with a frozen backbone",
+        flag="contrast",
+        range=AT_LEAST_0,
+    )
+    temperature: float = opt(
+        CONTRAST_TEMPERATURE,
+        "temperature of --contrast's cosine similarities",
+        flag="contrast_temperature",
+        range=POSITIVE,
+    )
+
+    def __post_init__(self) -> None:
+        _check_section(self)
 
 
 @dataclass(frozen=True)
@@ -22,7 +163,7 @@ class Dependent:
     """A setting that means something only with its objective on: its key in the settings, its value
     when unused (off), what any other value asks for, and what the setting does (for the error)."""
 
-    key: str  # "optim.mask_pixels", or "vit.distill_token" (checked by RunConfig, beside the model's settings)
+    key: str  # "masked.pixels", or "vit.distill_token" (checked by RunConfig, beside the model's settings)
     off: object
     what: str
     does: str
@@ -30,63 +171,56 @@ class Dependent:
 
 @dataclass(frozen=True)
 class ObjectiveSettings:
-    """A training objective's settings in OptimConfig (training/objectives/ holds the objective): its
-    weight (0 = off), every setting of its own (they shape the ViT's training alone, never the CNN
-    teacher's), whether it reads the CNN teacher, and the settings that need it on."""
+    """A training objective's line in the registry (training/objectives/ holds the objective): its name (its
+    section of the settings, and its name in training/objectives), its section's dataclass (the weight, 0 = off,
+    and every setting of its own; they shape the ViT's training alone, never the CNN teacher's), whether it
+    reads the CNN teacher, and the settings that need it on."""
 
-    name: str  # the OptimConfig field of its weight, and the objective's name in training/objectives
+    name: str
     title: str
-    settings: tuple[str, ...]
+    settings: type
     teacher: bool = False
     dependents: tuple[Dependent, ...] = ()
     example: str = "1"  # a weight to suggest in an error
 
-    def on(self, optim: OptimConfig) -> bool:
-        return getattr(optim, self.name) > 0
+    @property
+    def weight_key(self) -> str:
+        return f"{self.name}.weight"
 
-    def check(self, optim: OptimConfig) -> None:
-        """A one-line ConfigError for a dependent optimiser setting given while the objective is off."""
-        if self.on(optim):
-            return
-        for dep in self.dependents:
-            section, _, field = dep.key.partition(".")
-            if section == "optim" and getattr(optim, field) != dep.off:
-                option, weight = "--" + field.replace("_", "-"), "--" + self.name.replace("_", "-")
-                raise ConfigError(
-                    f"{option} {dep.does}: add {weight} W (e.g. {weight} {self.example}), or leave {option} out"
-                )
+    def section(self, config: RunConfig) -> Any:
+        return getattr(config, self.name)
+
+    def on(self, config: RunConfig) -> bool:
+        return self.section(config).weight > 0
 
 
 # The training objectives beside the classes, in the order the trainer adds their terms (training/objectives).
 OBJECTIVES = (
-    ObjectiveSettings("drloc", "dense relative localization", ("drloc", "drloc_pairs")),
+    ObjectiveSettings("drloc", "dense relative localization", DrlocSettings),
     ObjectiveSettings(
         "masked",
         "masked-patch reconstruction",
-        ("masked", "mask_ratio", "mask_pixels"),
+        MaskedSettings,
         dependents=(
             Dependent(
-                "optim.mask_pixels",
-                False,
-                "hidden pixels",
-                "hides the pixels of the patches that --masked reconstructs",
+                "masked.pixels", False, "hidden pixels", "hides the pixels of the patches that --masked reconstructs"
             ),
         ),
     ),
     ObjectiveSettings(
         "guidance",
         "locality guidance",
-        ("guidance", "guidance_schedule", "guidance_stages"),
+        GuidanceSettings,
         teacher=True,
         dependents=(
             Dependent(
-                "optim.guidance_schedule",
+                "guidance.schedule",
                 "constant",
                 "a schedule other than constant",
                 "sets how the weight of --guidance changes over the epochs",
             ),
             Dependent(
-                "optim.guidance_stages",
+                "guidance.stages",
                 3,
                 "the teacher's fourth stage",
                 "sets which of the teacher's stages --guidance reads",
@@ -96,11 +230,11 @@ OBJECTIVES = (
     ObjectiveSettings(
         "distill",
         "distillation",
-        ("distill", "distill_temperature"),
+        DistillSettings,
         teacher=True,
         dependents=(
             Dependent(
-                "optim.distill_temperature",
+                "distill.temperature",
                 0.0,
                 "a temperature above 0",
                 "softens the classes of a teacher that --distill reads",
@@ -113,11 +247,11 @@ OBJECTIVES = (
     ObjectiveSettings(
         "contrast",
         "instance discrimination",
-        ("contrast", "contrast_temperature"),
+        ContrastSettings,
         example="0.5",
         dependents=(
             Dependent(
-                "optim.contrast_temperature",
+                "contrast.temperature",
                 CONTRAST_TEMPERATURE,
                 f"a temperature other than {CONTRAST_TEMPERATURE:g}",
                 "sets how sharply --contrast compares the two views",
@@ -126,17 +260,11 @@ OBJECTIVES = (
     ),
 )
 OBJECTIVE_SETTINGS = {o.name: o for o in OBJECTIVES}
-# The optimiser's settings that shape the ViT's training alone, never the CNN teacher's: the objectives' own, the
-# self-supervised stage's, the average of the weights and sharpness-aware minimisation.
-STUDENT_SETTINGS = (
-    *(s for o in OBJECTIVES for s in o.settings),
-    "pretrain_epochs",
-    "pretrain_mask_ratio",
-    "ema",
-    "sam",
-)
+# The settings that shape the ViT's training alone, never the CNN teacher's, as whole sections or "section.name":
+# the objectives' sections, the self-supervised stage's, the average of the weights and sharpness-aware minimisation.
+STUDENT_SETTINGS = (*(o.name for o in OBJECTIVES), "pretrain", "optim.ema", "optim.sam")
 
 
-def reads_teacher(optim: OptimConfig) -> bool:
+def reads_teacher(config: RunConfig) -> bool:
     """Whether an objective that is on reads the CNN teacher (the run trains one unless its backbone is frozen)."""
-    return any(o.teacher and o.on(optim) for o in OBJECTIVES)
+    return any(o.teacher and o.on(config) for o in OBJECTIVES)

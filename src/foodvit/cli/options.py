@@ -13,6 +13,7 @@ from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, fla
 from foodvit.errors import ConfigError, Range, check_value
 from foodvit.model.resolve import apply_overrides as resolve_overrides
 from foodvit.model.resolve import is_setting_key, resolve
+from foodvit.objective_settings import OBJECTIVES
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -78,9 +79,16 @@ def _arg_type(f):
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """One option per field of ViTConfig (model), DataConfig, OptimConfig and TrainConfig."""
+    """One option per field of ViTConfig (model) and of every section of RunConfig (config.SECTIONS), named
+    after the field or its `flag`."""
     seen: set[str] = set()
-    groups = [("model", VIT_OPTIONS, "vit")] + [(name, fields(cls), name) for name, cls in SECTIONS.items()]
+    titles = {
+        "teacher": "CNN teacher",
+        "pretrain": "self-supervised pre-training",
+        **{o.name: o.title for o in OBJECTIVES},
+    }
+    groups = [("model", VIT_OPTIONS, "vit")]
+    groups += [(titles.get(name, name), fields(cls), name) for name, cls in SECTIONS.items()]
     for title, group_fields, dest_prefix in groups:
         group = parser.add_argument_group(f"{title} settings (override the recipe)")
         for f in group_fields:

@@ -59,6 +59,7 @@ def register(sub) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from foodvit.cli.options import build_config, given_overrides
+    from foodvit.config import flag_of, setting_field
     from foodvit.errors import ConfigError
     from foodvit.rundir.directory import default_out
     from foodvit.training.run import resume, train
@@ -73,9 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             + (["--model"] if args.model else [])
         )
         if extra or args.out:
-            flags = ["--" + o.split(".", 1)[1].replace("_", "-") if "." in o else o for o in extra] + (
-                ["--out"] if args.out else []
-            )
+            flags = [flag_of(setting_field(o)) if "." in o else o for o in extra] + (["--out"] if args.out else [])
             raise ConfigError(
                 f"--resume continues the run exactly as configured in {args.resume}/config.json; "
                 f"drop {', '.join(flags)}, or start a new run with --out (--data may point at the run's photos moved "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from foodvit.config import RunConfig, ViTConfig
+from foodvit.config import RunConfig, ViTConfig, VitSettings
 from foodvit.data.preprocess import Preprocess, make_preprocess
 from foodvit.errors import FoodVitError
 from foodvit.model.variants import (
@@ -277,8 +277,8 @@ def adapt_config(config: RunConfig, explicit_model: str | None = None) -> RunCon
             f"--model {explicit_model} does not match the weights {config.train.pretrained}, which are {variant}; "
             f"drop --model or choose weights for {explicit_model}"
         )
-    vit = {k: v for k, v in config.vit.items() if k not in ARCHITECTURE}
-    return replace(config, model=variant or "ViT-B/16", vit=vit)
+    vit = {k: v for k, v in config.vit.given().items() if k not in ARCHITECTURE}
+    return replace(config, model=variant or "ViT-B/16", vit=VitSettings(**vit))
 
 
 def pretrained_model(config: RunConfig, num_classes: int) -> tuple[VisionTransformer, Preprocess]:
@@ -286,7 +286,7 @@ def pretrained_model(config: RunConfig, num_classes: int) -> tuple[VisionTransfo
     from foodvit.model.weights import load_weights
 
     source = resolve(config.train.pretrained, config.model)
-    vit = dict(config.vit)
+    vit = config.vit.given()
     image_size = vit.pop("image_size", None) or source.image_size or get_variant(config.model).image_size
     if source.model_config is not None:  # a foodvit file: its own architecture, deviations included
         kept = {k: v for k, v in vit.items() if k not in ARCHITECTURE}

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig, with_settings
+from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig, VitSettings, setting_key, with_settings
 from foodvit.errors import ConfigError
 from foodvit.model.variants import without_recipe_resizing
 from foodvit.recipes import load_recipe
@@ -26,11 +26,11 @@ TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
 # Training settings of a from-scratch recipe that are off with pre-trained weights unless given: masked-patch
 # reconstruction is self-supervision for a model that starts from nothing, and it reads every output token,
 # which the weights' class-token model does not compute in its last block (its pixel hiding goes with it).
-TRANSFER_OFF = {"optim.masked": 0.0, "optim.mask_pixels": False}
+TRANSFER_OFF = {"masked.weight": 0.0, "masked.pixels": False}
 
 
 def is_setting_key(key: str) -> bool:
-    """Whether `key` names a setting as "section.name" ("vit.depth", "optim.lr", ...)."""
+    """Whether `key` names a setting as "section.name" ("vit.depth", "optim.lr", "drloc.weight", ...)."""
     return "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)
 
 
@@ -43,7 +43,7 @@ def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str 
             f"unknown setting {', '.join(map(repr, unknown))}: overrides are 'section.name' with a section among "
             f"{', '.join(('vit', *SECTIONS))}, e.g. 'train.epochs' or 'optim.lr'"
         )
-    values = {key: value for key, value in overrides.items() if value is not None}
+    values = {setting_key(key): value for key, value in overrides.items() if value is not None}
     return replace(with_settings(config, values), model=model or config.model)
 
 
@@ -57,14 +57,14 @@ def resolve(
     """A run's settings: the recipe, then the overrides, then, with pre-trained weights (`pretrained`, or
     "train.pretrained" among the overrides or in the recipe), the model that the weights dictate
     (pretrained.adapt_config; a `model` that disagrees stops the run)."""
-    given = {**(overrides or {}), **({"train.pretrained": pretrained} if pretrained else {})}
+    given = {setting_key(k): v for k, v in (overrides or {}).items()}  # either layout's names (config.MOVED)
+    given.update({"train.pretrained": pretrained} if pretrained else {})
     base = load_recipe(recipe)
     config = without_recipe_resizing(base, apply_overrides(base, given, model=model), given)
     if config.train.pretrained and not base.train.pretrained:
-        kept = {k: v for k, v in base.vit.items() if k in TRANSFER_KEEPS}
-        config = replace(
-            config, vit={**kept, **{k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}}
-        )
+        kept = {k: v for k, v in base.vit.given().items() if k in TRANSFER_KEEPS}
+        asked = {k[4:]: v for k, v in given.items() if k.startswith("vit.") and v is not None}
+        config = replace(config, vit=VitSettings(**{**kept, **asked}))
         config = with_settings(config, {k: v for k, v in TRANSFER_OFF.items() if given.get(k) is None})
     if config.train.pretrained:
         from foodvit.model.pretrained import adapt_config  # reads the weights' description (PyTorch)

@@ -92,7 +92,7 @@ class Variant:
 def run_model_config(config: RunConfig) -> ViTConfig:
     """The from-scratch model a run's settings describe: its variant's Table 1 row with the run's
     model settings over it (what build_model builds, read without PyTorch)."""
-    vit = dict(config.vit)
+    vit = config.vit.given()
     return get_variant(config.model).config(image_size=vit.pop("image_size", None), **vit)
 
 

@@ -1,6 +1,7 @@
 """`foodvit compare RUN...`: runs side by side in the terminal, for people without TensorBoard:
-the settings in which they differ, then their final metrics. Reads config.json, metrics.csv and
-model.json only (no PyTorch), so it is instant and works on a finished or an interrupted run."""
+the settings in which they differ (each run's as this version reads them), then their final metrics. Reads
+config.json, metrics.csv and model.json only (no PyTorch), so it is instant and works on a finished or an
+interrupted run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import csv
 import json
 from pathlib import Path
 
+from foodvit.config import settings_as_today
 from foodvit.errors import RunError
 
 METRICS = (
@@ -57,7 +59,7 @@ def read_run(run: Path) -> tuple[dict, dict]:
     if not config_path.is_file():
         raise RunError(f"{run} holds no foodvit run (no config.json); give run directories written by foodvit train")
     try:
-        settings = flatten(json.loads(config_path.read_text()))
+        settings = flatten(settings_as_today(json.loads(config_path.read_text())))  # either layout, as today's
     except (OSError, ValueError) as err:
         raise RunError(f"cannot read {config_path} ({err})") from None
     rows = []

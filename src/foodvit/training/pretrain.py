@@ -69,14 +69,14 @@ def pretrain(
     rows: list[dict],
     log: Callable = print,
 ) -> None:
-    """Pre-train `model` (the ViT, or AnyGrid around it) in place for config.optim.pretrain_epochs epochs at
+    """Pre-train `model` (the ViT, or AnyGrid around it) in place for config.pretrain.epochs epochs at
     `size` px, appending each epoch's row (epoch, train_objective: the reconstruction loss, lr, seconds) to
     `rows` and, with `out` (the run's folder, on the process that writes it), writing them to its pretraining.csv."""
     c = config
-    epochs = c.optim.pretrain_epochs
+    epochs = c.pretrain.epochs
     torch.manual_seed(derive_seed(c.train.seed, "pretrain-init"))
     # the classes are not read
-    task = masked_image_modelling(model, c.optim.pretrain_mask_ratio).to(data.context.device)
+    task = masked_image_modelling(model, c.pretrain.mask_ratio).to(data.context.device)
     # sharpness-aware minimisation is the supervised stage's (--sam): here a second pass would draw other masks
     settings = replace(settings, input_size=0 if size == vit_of(model).config.image_size else size, sam=0.0)
     # the supervised warmup, at most half the stage: a short stage still reaches its peak and decays
@@ -96,7 +96,7 @@ def pretrain(
         logger.info(
             "self-supervised pre-training (masked-image modelling, %.0f%% of the patches hidden) "
             "for %d epochs at %d px",
-            100 * c.optim.pretrain_mask_ratio,
+            100 * c.pretrain.mask_ratio,
             epochs,
             size,
         )

@@ -181,20 +181,21 @@ def teacher_section(config, teacher_history: list[dict], teacher_lent_by: str | 
     if not teacher_history:
         return []
     last = teacher_history[-1]  # evaluated on the test split at its last epoch
-    o, uses = config.optim, []
-    if o.distill > 0:
-        temperature = o.distill_temperature
+    distill, guidance, uses = config.distill, config.guidance, []
+    if distill.weight > 0:
+        temperature = distill.temperature
         how = f"its probabilities at temperature {temperature:g} (soft " if temperature > 0 else "its labels ("
-        uses.append(f"{how}distillation, weight {o.distill:g})")
-    if o.guidance > 0:
-        falling = ", falling linearly towards 0 over the epochs" if o.guidance_schedule == "linear" else ""
+        uses.append(f"{how}distillation, weight {distill.weight:g})")
+    if guidance.weight > 0:
+        falling = ", falling linearly towards 0 over the epochs" if guidance.schedule == "linear" else ""
         stages = "its four stages' feature maps, the last against the ViT's last block"
-        stages = stages if o.guidance_stages == 4 else "its feature maps"
-        uses.append(f"{stages} (locality guidance, weight {o.guidance:g}{falling})")
+        stages = stages if guidance.stages == 4 else "its feature maps"
+        uses.append(f"{stages} (locality guidance, weight {guidance.weight:g}{falling})")
     return [
         "## CNN teacher",
         "",
-        f"{config.optim.teacher} trained from random initialisation on the same photos for {last['epoch']} epochs "
+        f"{config.teacher.architecture} trained from random initialisation on the same photos for "
+        f"{last['epoch']} epochs "
         f"({sum(r['seconds'] for r in teacher_history):.0f} s"
         + (f", in {teacher_lent_by}, which lent it to this run" if teacher_lent_by else "")
         + f"): test accuracy {last['test_acc']:.3f} "

@@ -82,13 +82,13 @@ def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | No
 def trains_teacher(config: RunConfig) -> bool:
     """Whether a run trains a CNN teacher: an objective that reads it on (objective_settings), on a backbone
     that trains."""
-    return reads_teacher(config.optim) and not config.train.freeze_backbone
+    return reads_teacher(config) and not config.train.freeze_backbone
 
 
 def teacher_settings(config: RunConfig) -> dict:
     """Every setting a run's CNN teacher depends on, besides its photos and machine (trained_on): the
-    preprocessing the run resolves (image size, normalisation), the data, optimiser and training settings.
-    Not among them: the ViT's architecture, the student's own settings (STUDENT_SETTINGS), and what never
+    preprocessing the run resolves (image size, normalisation), its architecture, the data, optimiser and training
+    settings. Not among them: the ViT's architecture, the student's own settings (STUDENT_SETTINGS), and what never
     reaches the teacher's training (it trains at full size: no progressive resizing; no compiling; no
     test size; the cache and the number of loader workers change only the time, except that with
     mixing on, a batch is mixed in the loader's worker when there is one)."""
@@ -99,24 +99,28 @@ def teacher_settings(config: RunConfig) -> dict:
         if k not in ("source", "start_size", "start_share", "test_size", "cache", "cache_gb")
     }
     data["workers"] = min(config.data.workers, 1) if (config.data.mixup or config.data.cutmix) else 0
-    optim = {k: v for k, v in settings["optim"].items() if k not in (*STUDENT_SETTINGS, *TEACHER_OWN)}
+    optim = {k: v for k, v in settings["optim"].items() if f"optim.{k}" not in STUDENT_SETTINGS}
     train = {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard", "compile")}
     train["epochs"] = teacher_epochs(config)  # the run's own only when the teacher has none of its own
     preprocess = asdict(default_preprocess(config))
-    return {"preprocess": preprocess, "data": data, "optim": optim, "train": train, "size": teacher_size(config)}
-
-
-TEACHER_OWN = ("teacher_epochs", "teacher_size")  # in teacher_settings as what they resolve to
+    return {
+        "preprocess": preprocess,
+        "architecture": config.teacher.architecture,
+        "data": data,
+        "optim": optim,
+        "train": train,
+        "size": teacher_size(config),  # the teacher's epochs and size as they resolve
+    }
 
 
 def teacher_epochs(config: RunConfig) -> int:
     """The epochs the run's CNN teacher trains for: --teacher-epochs, else the run's."""
-    return config.optim.teacher_epochs or config.train.epochs
+    return config.teacher.epochs or config.train.epochs
 
 
 def teacher_size(config: RunConfig) -> int:
     """The side the run's CNN teacher trains at: --teacher-size, else the model's image size."""
-    return config.optim.teacher_size or default_preprocess(config).image_size
+    return config.teacher.size or default_preprocess(config).image_size
 
 
 def setting_changes(theirs: dict, ours: dict) -> str:
@@ -188,7 +192,8 @@ class TeacherSetup:
     """What a run's CNN teacher is made of, besides its photos (StageData): its architecture and
     classes, the run's epochs, optimiser settings and step settings (the teacher trains at the full
     size and without sharpness-aware minimisation), the image size and batch size (checked before it
-    trains), the test photos it is evaluated on after its last epoch, and where it trains (training_place)."""
+    trains), the test photos it is evaluated on after its last epoch, where it trains (training_place), and
+    whether its side is its own (--teacher-size) rather than the model's."""
 
     architecture: str
     num_classes: int
@@ -199,6 +204,7 @@ class TeacherSetup:
     batch_size: int
     test_loader: Any
     place: dict
+    own_size: bool = False
 
     @classmethod
     def of_run(
@@ -210,9 +216,9 @@ class TeacherSetup:
         test_loader: Any,
         processes: int,
     ) -> TeacherSetup:
-        size = config.optim.teacher_size or image_size  # its batches are loaded at image_size
+        size = config.teacher.size or image_size  # its batches are loaded at image_size
         return cls(
-            config.optim.teacher,
+            config.teacher.architecture,
             num_classes,
             teacher_epochs(config),
             config.optim,
@@ -221,6 +227,7 @@ class TeacherSetup:
             config.train.batch_size,
             test_loader,
             training_place(settings.device, processes, config),
+            own_size=bool(config.teacher.size),
         )
 
 
@@ -262,7 +269,7 @@ def check_teacher_batches(setup: TeacherSetup, data: StageData) -> None:
         None,
     )
     where = f" on {world} processes" if world > 1 else ""
-    side = "a --teacher-size" if setup.optim.teacher_size else "an --image-size"
+    side = "a --teacher-size" if setup.own_size else "an --image-size"
     instead = f"give --batch-size {nearest}, or" if nearest else "give"
     raise ConfigError(
         f"the {setup.architecture} teacher cannot train on a single photo at {size} px (its last batch norm would "

@@ -130,12 +130,12 @@ class Trainer:
         resizing = bool(d.start_size) and d.start_size != self.model.config.image_size
         self.grid_model = AnyGrid(self.model) if resizing else self.model
         self.objectives = objectives.build(
-            self.grid_model, self.config.optim, num_classes, frozen=self.config.train.freeze_backbone
+            self.grid_model, self.config, num_classes, frozen=self.config.train.freeze_backbone
         )
         self.pretrained = False  # whether the self-supervised stage (pretrain.py) is done
         self.pretraining: list[dict] = []  # its epochs' rows, while it runs
         self.stage = "epoch"  # what is training now, for a message: the supervised epochs or the stage before them
-        if self.config.optim.pretrain_epochs:
+        if self.config.pretrain.epochs:
             check_reconstructable(self.model.config.pool, "--pretrain-epochs")  # before any photo is read
         self.trained = self.objectives if len(self.objectives.objectives) else self.grid_model
         self.teacher_history: list[dict] = []
@@ -315,7 +315,7 @@ class Trainer:
                     teacher = self.teacher()
                     self.teacher_history, self.teacher_lent_by = teacher.history, teacher.lent_by
                     self.objectives.set_teacher(teacher.module)
-                if c.optim.pretrain_epochs and not self.pretrained:
+                if c.pretrain.epochs and not self.pretrained:
                     self.stage = "self-supervised pre-training epoch"
                     pretrain(
                         self.grid_model,

@@ -160,7 +160,7 @@ VARIED = ("recipe", "data.source", "data.train_fraction")
 
 def study_recipe(study: str | Path) -> str:
     """The recipe a finished study names in its own files: cv.json's recipe, and the settings of study.json that differ
-    from that recipe as this version loads it, e.g. 'default' or 'default (optim.masked=0.0)'. The photos' share and
+    from that recipe as this version loads it, e.g. 'default' or 'default (masked.weight=0.0)'. The photos' share and
     folder are left out: studies of one recipe at several shares are one series."""
     name = read_study(study)["recipe"]
     stored = json.loads((Path(study) / "study.json").read_text()).get("settings", {})

@@ -30,7 +30,7 @@ import time
 import warnings
 from pathlib import Path
 
-from foodvit.config import RunConfig
+from foodvit.config import RunConfig, setting_key
 from foodvit.errors import ConfigError, StudyError
 from foodvit.rundir import directory as rundir
 from foodvit.tuning import cv
@@ -248,7 +248,7 @@ def _requeue_interrupted(study) -> None:
         )
         if cut and t.number not in retried:
             study.enqueue_trial(
-                t.params,
+                {setting_key(key): value for key, value in t.params.items()},  # as the space names them
                 user_attrs={"retries": t.number, **({"baseline": True} if t.user_attrs.get("baseline") else {})},
             )
 

@@ -14,6 +14,7 @@ from foodvit.config import (
     check_on_patch_grid,
     check_setting,
     setting_field,
+    setting_key,
     with_settings,
 )
 from foodvit.errors import ConfigError
@@ -112,7 +113,7 @@ def default_space(config: RunConfig) -> dict[str, Param]:
             Param("vit.depth", max(1, depth // 2), depth + max(1, depth // 2)),
             Param("vit.embed_dim", choices=tuple(widths)),
             Param("vit.image_size", patch * max(1, grid // 2), patch * (grid + max(1, grid // 2)), step=patch),
-            Param("optim.drloc", 0.0, max(1.0, v["optim.drloc"])),
+            Param("drloc.weight", 0.0, max(1.0, v["drloc.weight"])),
             Param("vit.init", choices=SEARCHED_INITS),
             Param("vit.drop_path", 0.0, max(0.3, v["vit.drop_path"])),
             Param("train.epochs", max(1, epochs // 2), epochs + max(1, epochs // 2)),
@@ -125,8 +126,9 @@ SPACE_KEYS = {"low", "high", "log", "step", "choices"}
 
 def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
     """A TOML space file: a table per section, each setting a table of low/high (log, step) or
-    choices, e.g. `[optim] lr = {low = 1e-4, high = 1e-2, log = true}`. Unknown settings and
-    values the command line would refuse are refused here, in one line naming the file."""
+    choices, e.g. `[optim] lr = {low = 1e-4, high = 1e-2, log = true}` (a setting of the old layout under
+    its old name too, config.MOVED). Unknown settings and values the command line would refuse are refused
+    here, in one line naming the file."""
     from foodvit.recipes import tomllib
 
     path = Path(path)
@@ -141,10 +143,13 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
         for section, settings in tables.items():
             if not isinstance(settings, dict):
                 raise ConfigError(
-                    f"{section} is not a table; write [vit], [data], [optim] or [train] tables of settings"
+                    f"{section} is not a table; write tables of settings named after their sections: "
+                    f"{', '.join(('vit', *SECTIONS))}"
                 )
             for name, spec in settings.items():
-                key = f"{section}.{name}"
+                key = setting_key(f"{section}.{name}")
+                if key in space:
+                    raise ConfigError(f"{key} is given twice (once under its old name, {section}.{name})")
                 space[key] = _param(key, spec, config)
         if not space:
             raise ConfigError("no settings to search; e.g. [optim] lr = {low = 1e-4, high = 1e-2, log = true}")
@@ -209,11 +214,9 @@ def _param(key: str, spec, config: RunConfig) -> Param:
     return param
 
 
-# Settings that only work with another one on: a trial drawing one of them (a value other than its off value) with
-# the other at 0 would be refused. key -> (the setting it needs, what it draws, its off value, what that setting is)
 # A setting that needs an objective on -> (the objective's weight, what a value other than the off one asks
 # for, the off value, the objective's title): from the objectives' settings (objective_settings.OBJECTIVES).
-NEEDS = {dep.key: (f"optim.{o.name}", dep.what, dep.off, o.title) for o in OBJECTIVES for dep in o.dependents}
+NEEDS = {dep.key: (o.weight_key, dep.what, dep.off, o.title) for o in OBJECTIVES for dep in o.dependents}
 
 
 def _check_needs(space: dict[str, Param], config: RunConfig) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from foodvit.config import RunConfig, settings_as_today
+from foodvit.config import RunConfig, setting_key, settings_as_today
 from foodvit.errors import StudyError
 from foodvit.files import write_text
 from foodvit.rundir.compare import differences
@@ -48,6 +48,8 @@ def read_identity(path: Path) -> dict | None:
         )
     if isinstance(stored.get("settings"), dict):
         stored["settings"] = study_settings(settings_as_today(stored["settings"]))
+    if isinstance(stored.get("space"), dict):  # a search space's settings as this version names them
+        stored["space"] = {setting_key(key): param for key, param in stored["space"].items()}
     return stored
 
 
@@ -168,7 +170,9 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
     first = None  # the first teacher trained elsewhere, and how; the teachers are read until one serves here
     for path in sorted([*teachers.glob(f"fold-*/{TEACHER_FILE}"), *teachers.glob(f"seed-*/fold-*/{TEACHER_FILE}")]):
         # a file the glob found: read_teacher gives its state (None is for a missing file)
-        where = place_changes((read_teacher(path, lender.optim.teacher, lent=True) or {}).get("trained_on"), here)
+        where = place_changes(
+            (read_teacher(path, lender.teacher.architecture, lent=True) or {}).get("trained_on"), here
+        )
         if not where:
             return
         first = first or (path, where)

@@ -9,7 +9,7 @@ import statistics
 import warnings
 from pathlib import Path
 
-from foodvit.config import SECTIONS, RunConfig
+from foodvit.config import SECTIONS, RunConfig, setting_key
 from foodvit.files import write_text
 from foodvit.tuning import compare
 from foodvit.tuning.space import Param, base_values, trial_config
@@ -37,7 +37,7 @@ def recipe_toml(config: RunConfig, header: str) -> str:
         return json.dumps(v)  # a TOML basic string
 
     lines = [f"# {line}" for line in header.splitlines()] + [f"model = {value(config.model)}", ""]
-    tables = {"vit": dict(config.vit), **{name: asdict(getattr(config, name)) for name in SECTIONS}}
+    tables = {"vit": config.vit.given(), **{name: asdict(getattr(config, name)) for name in SECTIONS}}
     tables["data"].pop("source")
     for name, table in tables.items():
         lines += [f"[{name}]"] + [f"{k} = {value(v)}" for k, v in table.items()] + [""]
@@ -104,7 +104,8 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
     start = base_values(base)
     for t in all_trials:
         changed = (
-            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(k)) or "(the starting recipe)"
+            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(setting_key(k)))
+            or "(the starting recipe)"
         )
         value = f"{t.value:.3f}" if t.value is not None else "--"
         accs = " ".join(f"{a:.2f}" for a in t.user_attrs.get("fold_accuracy", []))

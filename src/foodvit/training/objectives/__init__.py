@@ -1,12 +1,13 @@
 """The training objectives beside the classes, one module each, and their registry.
 
-An objective (base.Objective) names its settings (objective_settings.OBJECTIVES: its weight, its own settings,
+An objective (base.Objective) names its settings (objective_settings.OBJECTIVES: its section of the settings,
 whether it reads the CNN teacher, the settings that need it on), the part of it checkpoint.pt
 keeps, how it is built, its weight at an epoch and its loss. Everything else is derived from
 REGISTRY: which objectives a run builds (build), the trainer's sum (compose.WithObjectives), the
 checkpoint's keys, whether a run trains a CNN teacher and which settings that teacher depends on
 (training/teacher.py), and tune's refusal of a search space that needs an objective off
-(tuning/space.py). Adding an objective: its module here and one line in REGISTRY (and its settings).
+(tuning/space.py). Adding an objective: its module here and one line in REGISTRY (and, in
+objective_settings.py, its settings section and registry line).
 
     drloc     dense relative localization (Liu et al. 2021)        objectives/drloc.py
     masked    masked-patch reconstruction (SimMIM-style)           objectives/masked.py
@@ -20,7 +21,7 @@ so a resumed run ends exactly as an uninterrupted one would). None trains a froz
 
 from __future__ import annotations
 
-from foodvit.config import OptimConfig
+from foodvit.config import RunConfig
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs
 from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.contrast import InstanceDiscrimination
@@ -43,7 +44,7 @@ __all__ = ["REGISTRY", "Batch", "Objective", "Outputs", "WithObjectives", "build
 
 def build(
     model: Computing,
-    optim: OptimConfig,
+    config: RunConfig,
     num_classes: int,
     frozen: bool = False,
     registry: tuple[type[Objective], ...] | None = None,
@@ -51,7 +52,7 @@ def build(
     """The model with the objectives the settings turn on (none with a frozen backbone), each built in
     the registry's order (their parameters drawn in that order)."""
     registry = REGISTRY if registry is None else registry
-    on = [] if frozen else [kind.build(model, optim, num_classes) for kind in registry if kind.enabled(optim)]
+    on = [] if frozen else [kind.build(model, config, num_classes) for kind in registry if kind.enabled(config)]
     return WithObjectives(model, on, order=registry)
 
 

@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from foodvit.config import OptimConfig
+from foodvit.config import RunConfig
 from foodvit.model.vit import Heads, VisionTransformer
 from foodvit.objective_settings import ObjectiveSettings
 from foodvit.training.resizing import AnyGrid
@@ -73,12 +73,12 @@ class Objective(nn.Module):
         return cls.settings.name
 
     @classmethod
-    def enabled(cls, optim: OptimConfig) -> bool:
+    def enabled(cls, config: RunConfig) -> bool:
         """Whether the settings turn it on (its weight above 0)."""
-        return cls.settings.on(optim)
+        return cls.settings.on(config)
 
     @classmethod
-    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> Objective:
+    def build(cls, model: Computing, config: RunConfig, num_classes: int) -> Objective:
         """The objective for a model (the ViT, or AnyGrid around it), from its settings."""
         raise NotImplementedError
 

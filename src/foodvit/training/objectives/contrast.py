@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import OptimConfig
+from foodvit.config import RunConfig
 from foodvit.objective_settings import CONTRAST_TEMPERATURE, OBJECTIVE_SETTINGS
 from foodvit.training.batchnorm import running_statistics_untouched
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
@@ -134,8 +134,8 @@ class InstanceDiscrimination(Objective):
         self.projection = Projection(embed_dim)
 
     @classmethod
-    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> InstanceDiscrimination:
-        return cls(vit_of(model).config.embed_dim, optim.contrast, optim.contrast_temperature)
+    def build(cls, model: Computing, config: RunConfig, num_classes: int) -> InstanceDiscrimination:
+        return cls(vit_of(model).config.embed_dim, config.contrast.weight, config.contrast.temperature)
 
     @property
     def part(self) -> nn.Module:

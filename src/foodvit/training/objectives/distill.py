@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from foodvit.config import OptimConfig
+from foodvit.config import RunConfig
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs
 
@@ -54,8 +54,8 @@ class Distillation(Objective):
         self.temperature = temperature
 
     @classmethod
-    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> Distillation:
-        return cls(optim.distill, optim.distill_temperature)
+    def build(cls, model: Computing, config: RunConfig, num_classes: int) -> Distillation:
+        return cls(config.distill.weight, config.distill.temperature)
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
         # the step ran the teacher for its logits (teacher_logits = True); an empty share gives (0, classes)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import OptimConfig
+from foodvit.config import RunConfig
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 
@@ -68,8 +68,8 @@ class Localization(Objective):
         self.drloc = DenseRelativeLocalization(embed_dim, pairs)
 
     @classmethod
-    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> Localization:
-        return cls(vit_of(model).config.embed_dim, optim.drloc, optim.drloc_pairs)
+    def build(cls, model: Computing, config: RunConfig, num_classes: int) -> Localization:
+        return cls(vit_of(model).config.embed_dim, config.drloc.weight, config.drloc.pairs)
 
     @property
     def part(self) -> nn.Module:

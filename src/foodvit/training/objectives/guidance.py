@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import OptimConfig
+from foodvit.config import RunConfig
 from foodvit.errors import ConfigError
 from foodvit.model.vit import VisionTransformer
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
@@ -156,13 +156,13 @@ class LocalityGuidance(Objective):
         )
 
     @classmethod
-    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> LocalityGuidance:
+    def build(cls, model: Computing, config: RunConfig, num_classes: int) -> LocalityGuidance:
         return cls(
             vit_of(model),
-            optim.guidance,
-            teacher_skeleton(optim.teacher, num_classes),
-            optim.guidance_stages,
-            optim.guidance_schedule,
+            config.guidance.weight,
+            teacher_skeleton(config.teacher.architecture, num_classes),
+            config.guidance.stages,
+            config.guidance.schedule,
         )
 
     @property

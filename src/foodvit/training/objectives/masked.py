@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import OptimConfig
+from foodvit.config import RunConfig
 from foodvit.errors import ConfigError
 from foodvit.model.vit import VisionTransformer
 from foodvit.objective_settings import OBJECTIVE_SETTINGS
@@ -100,14 +100,14 @@ class MaskedPatches(Objective):
         self.reconstruction = Reconstruction(c.embed_dim, c.in_channels * c.patch_size**2)
 
     @classmethod
-    def build(cls, model: Computing, optim: OptimConfig, num_classes: int) -> MaskedPatches:
+    def build(cls, model: Computing, config: RunConfig, num_classes: int) -> MaskedPatches:
         vit = vit_of(model)
-        if optim.mask_pixels and vit.config.stem == "patch":
+        if config.masked.pixels and vit.config.stem == "patch":
             raise ConfigError(
                 "--mask-pixels changes nothing with --stem patch, whose tokens each see their own patch alone "
                 "(the mask token already hides it): use --stem conv or spt, or leave --mask-pixels out"
             )
-        return cls(vit, optim.masked, optim.mask_ratio, hide_pixels=optim.mask_pixels)
+        return cls(vit, config.masked.weight, config.masked.ratio, hide_pixels=config.masked.pixels)
 
     @property
     def part(self) -> nn.Module:
