@@ -42,7 +42,12 @@ from foodvit.setting_fields import check_field, check_fields, opt
 
 # named here too, where the other layers look for the settings
 from foodvit.setting_fields import flag_of as flag_of
-from foodvit.vit_settings import Init, Pool, PosEmbed, Stem, ViTConfig
+from foodvit.settings_layout import MOVED as MOVED
+from foodvit.settings_layout import current_layout
+from foodvit.settings_layout import setting_key as setting_key
+from foodvit.vit_settings import VIT_OPTIONS as VIT_OPTIONS
+from foodvit.vit_settings import ViTConfig as ViTConfig
+from foodvit.vit_settings import VitSettings as VitSettings
 from foodvit.vit_settings import check_on_patch_grid as check_on_patch_grid
 
 # Choices of the run's text settings, named once (preprocess.py and transforms.py read them from here).
@@ -56,7 +61,6 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 DEFAULT_RECIPE = "default"
 # ViTConfig fields offered as options; num_classes comes from the data, in_channels is always 3.
-VIT_OPTIONS = tuple(f for f in fields(ViTConfig) if f.name not in ("num_classes", "in_channels"))
 
 
 @dataclass(frozen=True)
@@ -269,54 +273,6 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class VitSettings:
-    """A run's model settings: ViTConfig's fields (but the classes, which come from the data, and the image
-    channels, always 3), each None where the run takes the chosen model variant's value (model/variants.py).
-    Each value given is checked against its ViTConfig field's range and choices."""
-
-    image_size: int | None = None
-    patch_size: int | None = None
-    embed_dim: int | None = None
-    depth: int | None = None
-    num_heads: int | None = None
-    mlp_dim: int | None = None
-    dropout: float | None = None
-    attn_dropout: float | None = None
-    drop_path: float | None = None
-    pool: Pool | None = None
-    pos_embed: PosEmbed | None = None
-    class_token: bool | None = None
-    stem: Stem | None = None
-    locality: bool | None = None
-    locality_mask: bool | None = None
-    layer_norm_eps: float | None = None
-    init: Init | None = None
-    mlp_conv: bool | None = None
-    distill_token: bool | None = None
-
-    def __post_init__(self) -> None:
-        options = {f.name: f for f in VIT_OPTIONS}
-        for name, value in self.given().items():
-            check_field(options[name], value)
-
-    def given(self) -> dict:
-        """The settings given (not None), by name: what the run sets over its model variant."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
-    @classmethod
-    def from_dict(cls, values: dict, where: str = "model settings") -> VitSettings:
-        if not isinstance(values, dict):
-            raise ConfigError(f"{where}: expected a table of model settings, got {type(values).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**values)
-
-
-@dataclass(frozen=True)
 class RunConfig:
     """Everything a run needs; saved as config.json. Beside the model's settings (vit), the data, the optimiser
     and the training: a section per training objective (objective_settings.OBJECTIVES, one field here each, named
@@ -372,53 +328,6 @@ class RunConfig:
             vit=VitSettings.from_dict(d.get("vit", {})),
             **{name: _build(section, d.get(name, {})) for name, section in SECTIONS.items()},
         )
-
-
-# Settings that moved from the optimiser's section to a section of their own: old key -> key. Run directories,
-# studies, recipes, search spaces and overrides written in the old layout are read through this table; the
-# command line's options keep the old names (each field's flag).
-MOVED = {
-    "optim.drloc": "drloc.weight",
-    "optim.drloc_pairs": "drloc.pairs",
-    "optim.masked": "masked.weight",
-    "optim.mask_ratio": "masked.ratio",
-    "optim.mask_pixels": "masked.pixels",
-    "optim.guidance": "guidance.weight",
-    "optim.guidance_schedule": "guidance.schedule",
-    "optim.guidance_stages": "guidance.stages",
-    "optim.distill": "distill.weight",
-    "optim.distill_temperature": "distill.temperature",
-    "optim.contrast": "contrast.weight",
-    "optim.contrast_temperature": "contrast.temperature",
-    "optim.pretrain_epochs": "pretrain.epochs",
-    "optim.pretrain_mask_ratio": "pretrain.mask_ratio",
-    "optim.teacher": "teacher.architecture",
-    "optim.teacher_epochs": "teacher.epochs",
-    "optim.teacher_size": "teacher.size",
-}
-
-
-def setting_key(key: str) -> str:
-    """A setting's "section.name" as this version names it ("optim.drloc" -> "drloc.weight")."""
-    return MOVED.get(key, key)
-
-
-def current_layout(d: dict, where: str = "settings") -> dict:
-    """Settings (config.json's, a recipe's) with every setting of the old layout in its section (MOVED); a
-    setting given in both layouts with two values is refused."""
-    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
-    for old, new in MOVED.items():
-        section, _, name = old.partition(".")
-        if not isinstance(d.get(section), dict) or name not in d[section]:
-            continue
-        value = d[section].pop(name)
-        to, _, key = new.partition(".")
-        target = d.setdefault(to, {})
-        if isinstance(target, dict):
-            if key in target and target[key] != value:
-                raise ConfigError(f"{where}: {old} = {value!r} and {new} = {target[key]!r} are one setting; keep {new}")
-            target.setdefault(key, value)
-    return d
 
 
 def settings_as_today(stored: dict) -> dict:

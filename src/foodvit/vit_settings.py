@@ -1,15 +1,15 @@
-"""The model's settings: ViTConfig, everything that defines a ViT, and the patch-grid rule the model,
-the trainer's sizes and the patch figure share. Plain data, no PyTorch: foodvit.config builds a run's
-settings around it and names it too.
+"""The model's settings: ViTConfig, everything that defines a ViT; VitSettings, what a run sets over its model
+variant; and the patch-grid rule the model, the trainer's sizes and the patch figure share. Plain data, no PyTorch:
+foodvit.config builds a run's settings around them and names them too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
 from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE_BELOW_1, ConfigError
-from foodvit.setting_fields import check_fields, opt
+from foodvit.setting_fields import check_field, check_fields, opt
 
 Pool = Literal["cls", "gap", "seq"]
 PosEmbed = Literal["learned", "sincos2d", "none"]
@@ -144,3 +144,54 @@ def check_on_patch_grid(name: str, size: int, patch_size: int) -> None:
 def _divisors_near(n: int, target: int) -> str:
     divs = sorted((k for k in range(1, n + 1) if n % k == 0), key=lambda k: abs(k - target))
     return ", ".join(str(k) for k in sorted(divs[:3]))
+
+
+VIT_OPTIONS = tuple(f for f in fields(ViTConfig) if f.name not in ("num_classes", "in_channels"))
+
+
+@dataclass(frozen=True)
+class VitSettings:
+    """A run's model settings: ViTConfig's fields (but the classes, which come from the data, and the image
+    channels, always 3), each None where the run takes the chosen model variant's value (model/variants.py).
+    Each value given is checked against its ViTConfig field's range and choices."""
+
+    image_size: int | None = None
+    patch_size: int | None = None
+    embed_dim: int | None = None
+    depth: int | None = None
+    num_heads: int | None = None
+    mlp_dim: int | None = None
+    dropout: float | None = None
+    attn_dropout: float | None = None
+    drop_path: float | None = None
+    pool: Pool | None = None
+    pos_embed: PosEmbed | None = None
+    class_token: bool | None = None
+    stem: Stem | None = None
+    locality: bool | None = None
+    locality_mask: bool | None = None
+    layer_norm_eps: float | None = None
+    init: Init | None = None
+    mlp_conv: bool | None = None
+    distill_token: bool | None = None
+
+    def __post_init__(self) -> None:
+        options = {f.name: f for f in VIT_OPTIONS}
+        for name, value in self.given().items():
+            check_field(options[name], value)
+
+    def given(self) -> dict:
+        """The settings given (not None), by name: what the run sets over its model variant."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, values: dict, where: str = "model settings") -> VitSettings:
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}: expected a table of model settings, got {type(values).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown model setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return cls(**values)

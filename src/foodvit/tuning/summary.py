@@ -100,22 +100,7 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
         f"{counts[TrialState.FAIL]} failed"
         + (f", {len(cut)} stopped by the budget or interrupted (run again by the next foodvit tune)" if cut else "")
     ]
-    rows = ["| trial | state | CV accuracy | fold accuracies | settings | seconds |", "|---|---|---|---|---|---|"]
-    start = base_values(base)
-    for t in all_trials:
-        changed = (
-            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(setting_key(k)))
-            or "(the starting recipe)"
-        )
-        value = f"{t.value:.3f}" if t.value is not None else "--"
-        accs = " ".join(f"{a:.2f}" for a in t.user_attrs.get("fold_accuracy", []))
-        seconds = f"{t.duration.total_seconds():.0f}" if t.duration else "--"
-        note = f" ({t.user_attrs['error'][:80]})" if t.state == TrialState.FAIL and "error" in t.user_attrs else ""
-        if t.user_attrs.get("stopped") == "budget":
-            note = " (the budget ended)"
-        if t.user_attrs.get("dir", f"trial-{t.number:04d}") != f"trial-{t.number:04d}":
-            note += f" (runs {t.user_attrs['dir']} again, its finished folds kept)"
-        rows.append(f"| {t.number} | {t.state.name.lower()}{note} | {value} | {accs} | {changed} | {seconds} |")
+    rows = _trial_rows(all_trials, base_values(base))
     summary += costs(all_trials, folds)
     lines = [
         "# Tuning study",
@@ -163,6 +148,29 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
     lines += rows + ["", summary[-1], ""]
     write_text(study_dir / "tune.md", "\n".join(lines))
     return "\n".join(summary)
+
+
+def _trial_rows(trials, start: dict) -> list[str]:
+    """tune.md's table: a row per trial, its state, CV accuracy, fold accuracies, settings that differ from the
+    starting recipe's (`start`) and seconds."""
+    from optuna.trial import TrialState
+
+    rows = ["| trial | state | CV accuracy | fold accuracies | settings | seconds |", "|---|---|---|---|---|---|"]
+    for t in trials:
+        changed = (
+            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items() if v != start.get(setting_key(k)))
+            or "(the starting recipe)"
+        )
+        value = f"{t.value:.3f}" if t.value is not None else "--"
+        accs = " ".join(f"{a:.2f}" for a in t.user_attrs.get("fold_accuracy", []))
+        seconds = f"{t.duration.total_seconds():.0f}" if t.duration else "--"
+        note = f" ({t.user_attrs['error'][:80]})" if t.state == TrialState.FAIL and "error" in t.user_attrs else ""
+        if t.user_attrs.get("stopped") == "budget":
+            note = " (the budget ended)"
+        if t.user_attrs.get("dir", f"trial-{t.number:04d}") != f"trial-{t.number:04d}":
+            note += f" (runs {t.user_attrs['dir']} again, its finished folds kept)"
+        rows.append(f"| {t.number} | {t.state.name.lower()}{note} | {value} | {accs} | {changed} | {seconds} |")
+    return rows
 
 
 def costs(trials, folds: int) -> list[str]:

@@ -1,0 +1,55 @@
+"""The layouts settings were written in: a run directory's config.json, a study, a recipe, a search space or an override
+written before the training objectives, the CNN teacher and the pre-training had sections of their own named these
+settings inside the optimiser's section. One table (MOVED) maps each old name to today's; foodvit.config reads every
+stored setting through it. No PyTorch here.
+"""
+
+from __future__ import annotations
+
+from foodvit.errors import ConfigError
+
+# Settings that moved from the optimiser's section to a section of their own: old key -> key. Run directories,
+# studies, recipes, search spaces and overrides written in the old layout are read through this table; the
+# command line's options keep the old names (each field's flag).
+MOVED = {
+    "optim.drloc": "drloc.weight",
+    "optim.drloc_pairs": "drloc.pairs",
+    "optim.masked": "masked.weight",
+    "optim.mask_ratio": "masked.ratio",
+    "optim.mask_pixels": "masked.pixels",
+    "optim.guidance": "guidance.weight",
+    "optim.guidance_schedule": "guidance.schedule",
+    "optim.guidance_stages": "guidance.stages",
+    "optim.distill": "distill.weight",
+    "optim.distill_temperature": "distill.temperature",
+    "optim.contrast": "contrast.weight",
+    "optim.contrast_temperature": "contrast.temperature",
+    "optim.pretrain_epochs": "pretrain.epochs",
+    "optim.pretrain_mask_ratio": "pretrain.mask_ratio",
+    "optim.teacher": "teacher.architecture",
+    "optim.teacher_epochs": "teacher.epochs",
+    "optim.teacher_size": "teacher.size",
+}
+
+
+def setting_key(key: str) -> str:
+    """A setting's "section.name" as this version names it ("optim.drloc" -> "drloc.weight")."""
+    return MOVED.get(key, key)
+
+
+def current_layout(d: dict, where: str = "settings") -> dict:
+    """Settings (config.json's, a recipe's) with every setting of the old layout in its section (MOVED); a
+    setting given in both layouts with two values is refused."""
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for old, new in MOVED.items():
+        section, _, name = old.partition(".")
+        if not isinstance(d.get(section), dict) or name not in d[section]:
+            continue
+        value = d[section].pop(name)
+        to, _, key = new.partition(".")
+        target = d.setdefault(to, {})
+        if isinstance(target, dict):
+            if key in target and target[key] != value:
+                raise ConfigError(f"{where}: {old} = {value!r} and {new} = {target[key]!r} are one setting; keep {new}")
+            target.setdefault(key, value)
+    return d
