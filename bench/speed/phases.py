@@ -387,7 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     from foodvit.recipes import load_recipe
     from foodvit.training.teacher import teacher_epochs, teacher_size
 
-    values = {"data.source": args.data, "train.epochs": args.epochs, "train.seed": args.seed}
+    values = {
+        "data.source": args.data,
+        "train.seed": args.seed,
+        **({} if args.scale else {"train.epochs": args.epochs}),
+    }
     for item in args.set:
         key, _, value = item.partition("=")
         try:
@@ -396,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             values[key] = value
     config = with_settings(load_recipe(args.recipe), values)
     if args.scale:
-        whole = with_settings(load_recipe(args.recipe), {k: v for k, v in values.items() if k != "train.epochs"})
+        whole = config  # the recipe with --set, each stage at its own epochs
         scaled = {"train.epochs": max(1, round(whole.train.epochs * args.scale))}
         if whole.teacher.epochs:
             scaled["teacher.epochs"] = max(1, round(teacher_epochs(whole) * args.scale))
