@@ -848,3 +848,38 @@ def test_a_space_with_distillation_always_on_may_search_its_temperature_and_toke
     assert set(read_space(space, config)) == {"distill.weight"}
     space.write_text("[guidance]\nweight = {low = 0.5, high = 2.0}\nschedule = {choices = [\"constant\", \"linear\"]}\n")
     assert set(read_space(space, config)) == {"guidance.weight", "guidance.schedule"}
+
+
+def test_a_study_of_the_old_layout_runs_its_queued_and_retried_trials_with_their_values_under_todays_names(
+        photos, tmp_path, monkeypatch):
+    # a study the old layout left: its starting recipe queued under the old name (fixed params), and a trial killed
+    # with kill -9 that Optuna's stale-trial retry queued again with its parameters under the old name
+    from types import SimpleNamespace
+
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState
+
+    from foodvit.rundir import directory as rundir
+    from foodvit.tuning.folds import fingerprint
+    from foodvit.tuning.storage import STUDY_NAME, open_storage
+
+    base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+    split = training_photos(rundir.with_source(base))
+    study_dir = tmp_path / "study"
+    open_study(study_dir, {"kind": "tune", "data": fingerprint(split), "classes": list(split.classes), "folds": 2,
+                           "seed": base.train.seed, "space": {"optim.drloc": {"low": 0.0, "high": 1.0}},
+                           "settings": study_settings(base.to_dict())})
+    old = optuna.create_study(storage=open_storage(study_dir, None), study_name=STUDY_NAME, direction="maximize")
+    old.enqueue_trial({"optim.drloc": 0.25}, user_attrs={"baseline": True})
+    old.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, params={"optim.drloc": 0.75},
+                                            distributions={"optim.drloc": FloatDistribution(0.0, 1.0)}))
+    trained = []
+    monkeypatch.setattr(cv, "run_cv", lambda config, *a, **k: (trained.append(config.drloc.weight),
+                                                               (SimpleNamespace(accuracy=0.5), []))[1])
+    monkeypatch.setattr(cv, "write_study", lambda *a: None)
+    tune(study_dir, base, trials=2, space={"drloc.weight": Param("drloc.weight", 0.0, 1.0)}, folds=2,
+         log=lambda line: None)
+    assert trained == [0.25, 0.75]
+    study = optuna.load_study(study_name=STUDY_NAME, storage=open_storage(study_dir, None))
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert json.loads((study_dir / "trial-0001" / "trial.json").read_text())["settings"]["drloc"]["weight"] == 0.75
