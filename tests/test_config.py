@@ -190,3 +190,15 @@ def test_an_override_that_names_no_section_is_refused_not_ignored(key):
     with pytest.raises(ConfigError, match="unknown setting"):
         resolve("tiny", {key: 2})
     assert resolve("tiny", {"train.epochs": 2}).train.epochs == 2
+
+
+def test_run_config_takes_the_model_settings_as_a_dict_as_before_and_refuses_anything_else():
+    from dataclasses import replace
+
+    config = RunConfig(vit={"depth": 2, "image_size": 64})
+    assert config.vit == VitSettings(depth=2, image_size=64) and config == RunConfig(vit=VitSettings(depth=2, image_size=64))
+    assert replace(config, vit={"depth": 3}).vit == VitSettings(depth=3)
+    with pytest.raises(ConfigError, match="unknown model setting"):
+        RunConfig(vit={"depht": 2})
+    with pytest.raises(ConfigError, match="vit: expected a table of model settings, got list"):
+        RunConfig(vit=[("depth", 2)])

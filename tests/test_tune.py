@@ -19,7 +19,7 @@ from foodvit.cli.main import main  # noqa: E402
 from foodvit.cli.options import build_config  # noqa: E402
 from foodvit.config import RunConfig, with_settings  # noqa: E402
 from foodvit.recipes import load_recipe  # noqa: E402
-from foodvit.errors import StudyError  # noqa: E402
+from foodvit.errors import ConfigError, StudyError  # noqa: E402
 from foodvit.tuning import compare, cv  # noqa: E402
 from foodvit.tuning.folds import fold_folder, fold_folders, training_photos  # noqa: E402
 from foodvit.tuning.search import parse_budget, tune  # noqa: E402
@@ -883,3 +883,23 @@ def test_a_study_of_the_old_layout_runs_its_queued_and_retried_trials_with_their
     study = optuna.load_study(study_name=STUDY_NAME, storage=open_storage(study_dir, None))
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     assert json.loads((study_dir / "trial-0001" / "trial.json").read_text())["settings"]["drloc"]["weight"] == 0.75
+
+
+def test_a_space_given_in_python_under_the_old_names_is_searched_under_todays(photos, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    trained = []
+    monkeypatch.setattr(cv, "run_cv", lambda config, *a, **k: (trained.append(config.drloc.weight),
+                                                               (SimpleNamespace(accuracy=0.5), []))[1])
+    monkeypatch.setattr(cv, "write_study", lambda *a: None)
+    base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+    study_dir = tmp_path / "study"
+    tune(study_dir, base, trials=1, space={"optim.drloc": Param("optim.drloc", 0.0, 1.0)}, folds=2,
+         log=lambda line: None)
+    assert trained == [base.drloc.weight]  # the starting recipe's value, the first trial
+    assert json.loads((study_dir / "study.json").read_text())["space"] == {"drloc.weight": {"low": 0.0, "high": 1.0}}
+    study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
+    assert study.trials[0].params == {"drloc.weight": base.drloc.weight}
+    with pytest.raises(ConfigError, match="drloc.weight is given twice, also under its old name optim.drloc: remove"):
+        tune(tmp_path / "other", base, trials=1, folds=2, space={"drloc.weight": Param("drloc.weight", 0.0, 1.0),
+                                                                 "optim.drloc": Param("optim.drloc", 0.0, 1.0)})

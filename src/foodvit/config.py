@@ -293,6 +293,8 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.vit, VitSettings):  # a dict of the model's settings by name; anything else refused
+            object.__setattr__(self, "vit", VitSettings.from_dict(self.vit, "vit"))
         if self.pretrain.epochs and self.train.freeze_backbone:
             raise ConfigError(
                 "--pretrain-epochs pre-trains the backbone, which --freeze-backbone keeps as it is: drop one of the two"

@@ -264,6 +264,19 @@ def _requeue_interrupted(study) -> None:
             )
 
 
+def _todays_names(space: dict[str, Param]) -> dict[str, Param]:
+    """A space given in Python under either layout's names (config.MOVED), under today's; one setting given
+    under both is refused, as a space file's is."""
+    named: dict[str, Param] = {}
+    for key, param in space.items():
+        new = setting_key(key)
+        if new in named:
+            old = key if key != new else next(k for k in space if k != new and setting_key(k) == new)
+            raise ConfigError(f"space: {new} is given twice, also under its old name {old}: remove {old}")
+        named[new] = replace(param, key=new)
+    return named
+
+
 def tune(
     study_dir: str | Path,
     base: RunConfig,
@@ -290,6 +303,7 @@ def tune(
     check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
+    space = _todays_names(space)
     open_study(
         study_dir,
         {
