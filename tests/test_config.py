@@ -76,8 +76,10 @@ def test_a_recipe_in_the_old_layout_is_the_same_recipe(tmp_path):
     assert (b.guidance.schedule, b.teacher.architecture, b.masked.ratio, b.pretrain.epochs) == ("linear", "resnet34", 0.5, 2)
     both = tmp_path / "both.toml"
     both.write_text("[optim]\ndrloc = 0.5\n[drloc]\nweight = 1.0\n")
-    with pytest.raises(ConfigError, match="optim.drloc = 0.5 and drloc.weight = 1.0 are one setting"):
+    with pytest.raises(ConfigError) as refused:
         foodvit.load_recipe(str(both))
+    assert str(refused.value) == (f"recipe {both}: optim.drloc = 0.5 and drloc.weight = 1.0 are one setting; "
+                                  "remove optim.drloc")
 
 
 def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_as_today(tmp_path):
@@ -202,3 +204,22 @@ def test_run_config_takes_the_model_settings_as_a_dict_as_before_and_refuses_any
         RunConfig(vit={"depht": 2})
     with pytest.raises(ConfigError, match="vit: expected a table of model settings, got list"):
         RunConfig(vit=[("depth", 2)])
+
+
+@pytest.mark.parametrize("text, message", [
+    ('teacher = "resnet34"\n', '[teacher] is a section of settings, e.g. [teacher] architecture = "resnet18", not a str'),
+    ('[teacher]\nname = "resnet34"\n', "unknown setting(s) [teacher] name; [teacher] has architecture, epochs, size"),
+])
+def test_a_section_written_wrong_in_a_recipe_is_named_as_the_recipe_writes_it(tmp_path, text, message):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        foodvit.load_recipe(str(recipe))
+    assert str(refused.value) == f"recipe {recipe}: {message}"
+
+
+def test_overrides_under_both_names_of_one_setting_are_refused_as_a_file_is():
+    with pytest.raises(ConfigError, match=r"^optim.drloc = 0.5 and drloc.weight = 1 are one setting; remove optim.drloc$"):
+        resolve("tiny", {"optim.drloc": 0.5, "drloc.weight": 1})
+    assert resolve("tiny", {"optim.drloc": 0.5, "drloc.weight": 0.5}).drloc.weight == 0.5  # the same value: one setting
+    assert resolve("tiny", {"optim.drloc": None, "drloc.weight": 1.0}).drloc.weight == 1.0  # None: not given

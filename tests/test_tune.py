@@ -695,7 +695,7 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     # a space file of the layout before the objectives' sections: the settings under their old names
     ("[optim]\nmasked = {choices = [0.0, 1.0]}\nmask_pixels = {choices = [true, false]}\n",
      "masked.pixels may draw hidden pixels where masked.weight may be 0"),
-    ("[optim]\ndrloc = {low = 0.0, high = 1.0}\n[drloc]\nweight = {low = 0.5, high = 1.0}\n", "drloc.weight is given twice"),
+    ("[optim]\ndrloc = {low = 0.0, high = 1.0}\n[drloc]\nweight = {low = 0.5, high = 1.0}\n", "drloc.weight is given twice, also under its old name optim.drloc: remove optim.drloc"),
 ])
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
     space = tmp_path / "space.toml"

@@ -356,12 +356,12 @@ SECTIONS: dict[str, type] = {
 
 
 def _build(cls, values: dict):
-    if not isinstance(values, dict):
-        raise ConfigError(f"{cls.__name__}: expected a table of settings, got {type(values).__name__}")
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown {cls.__name__} setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    known, section = {f.name: f for f in fields(cls)}, next(n for n, kind in SECTIONS.items() if kind is cls)
+    if not isinstance(values, dict):  # e.g. `teacher = "resnet34"` in a recipe
+        example = f"[{section}] {fields(cls)[0].name} = {json.dumps(fields(cls)[0].default)}"
+        raise ConfigError(f"[{section}] is a section of settings, e.g. {example}, not a {type(values).__name__}")
+    if unknown := sorted(set(values) - set(known)):
+        raise ConfigError(f"unknown setting(s) [{section}] {', '.join(unknown)}; [{section}] has {', '.join(known)}")
     # TOML and JSON give lists where the dataclass holds tuples
     return cls(**{k: tuple(v) if isinstance(known[k].default, tuple) else v for k, v in values.items()})
 

@@ -50,6 +50,8 @@ def current_layout(d: dict, where: str = "settings") -> dict:
         target = d.setdefault(to, {})
         if isinstance(target, dict):
             if key in target and target[key] != value:
-                raise ConfigError(f"{where}: {old} = {value!r} and {new} = {target[key]!r} are one setting; keep {new}")
+                raise ConfigError(
+                    f"{where}: {old} = {value!r} and {new} = {target[key]!r} are one setting; remove {old}"
+                )
             target.setdefault(key, value)
     return d

@@ -34,6 +34,19 @@ def is_setting_key(key: str) -> bool:
     return "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)
 
 
+def todays_names(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Overrides under either layout's names (config.MOVED) under today's; a setting given under both names with
+    two values is refused, as a recipe's is (None: not given)."""
+    named: dict[str, Any] = {}
+    for key, value in sorted(overrides.items(), key=lambda item: setting_key(item[0]) != item[0]):  # today's first
+        new = setting_key(key)
+        if value is not None and named.get(new) is not None and named[new] != value:
+            raise ConfigError(f"{key} = {value!r} and {new} = {named[new]!r} are one setting; remove {key}")
+        if value is not None or new not in named:
+            named[new] = value
+    return named
+
+
 def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str | None = None) -> RunConfig:
     """`config` with every setting given: "section.name" -> value ("vit.depth", "optim.lr", ...); None
     values are not settings given, and a key that names no section is refused rather than ignored."""
@@ -43,7 +56,7 @@ def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str 
             f"unknown setting {', '.join(map(repr, unknown))}: overrides are 'section.name' with a section among "
             f"{', '.join(('vit', *SECTIONS))}, e.g. 'train.epochs' or 'optim.lr'"
         )
-    values = {setting_key(key): value for key, value in overrides.items() if value is not None}
+    values = {key: value for key, value in todays_names(overrides).items() if value is not None}
     return replace(with_settings(config, values), model=model or config.model)
 
 
@@ -57,7 +70,7 @@ def resolve(
     """A run's settings: the recipe, then the overrides, then, with pre-trained weights (`pretrained`, or
     "train.pretrained" among the overrides or in the recipe), the model that the weights dictate
     (pretrained.adapt_config; a `model` that disagrees stops the run)."""
-    given = {setting_key(k): v for k, v in (overrides or {}).items()}  # either layout's names (config.MOVED)
+    given = todays_names(overrides or {})
     given.update({"train.pretrained": pretrained} if pretrained else {})
     base = load_recipe(recipe)
     config = without_recipe_resizing(base, apply_overrides(base, given, model=model), given)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig
 from foodvit.errors import ConfigError
+from foodvit.settings_layout import current_layout
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,7 +48,8 @@ def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
             f"recipe {path}: unknown section(s) or key(s) {', '.join(unknown)}; expected {', '.join(sorted(allowed))}"
         )
     name = path.stem if path.parent == RECIPES_DIR else str(path)
+    values = current_layout(values, f"recipe {path}")  # its one line names the recipe
     try:
-        return RunConfig.from_dict({**values, "recipe": name}, where=f"recipe {path}")
+        return RunConfig.from_dict({**values, "recipe": name})
     except ConfigError as err:
         raise ConfigError(f"recipe {path}: {err}") from None

@@ -139,7 +139,8 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"space file {path} is not valid TOML: {err}") from None
     try:
-        space = {}
+        space: dict[str, Param] = {}
+        given: dict[str, str] = {}  # the name each setting was given under
         for section, settings in tables.items():
             if not isinstance(settings, dict):
                 raise ConfigError(
@@ -149,8 +150,9 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
             for name, spec in settings.items():
                 key = setting_key(f"{section}.{name}")
                 if key in space:
-                    raise ConfigError(f"{key} is given twice (once under its old name, {section}.{name})")
-                space[key] = _param(key, spec, config)
+                    old = given[key] if given[key] != key else f"{section}.{name}"
+                    raise ConfigError(f"{key} is given twice, also under its old name {old}: remove {old}")
+                space[key], given[key] = _param(key, spec, config), f"{section}.{name}"
         if not space:
             raise ConfigError("no settings to search; e.g. [optim] lr = {low = 1e-4, high = 1e-2, log = true}")
         _check_needs(space, config)
