@@ -696,6 +696,10 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     ("[optim]\nmasked = {choices = [0.0, 1.0]}\nmask_pixels = {choices = [true, false]}\n",
      "masked.pixels may draw hidden pixels where masked.weight may be 0"),
     ("[optim]\ndrloc = {low = 0.0, high = 1.0}\n[drloc]\nweight = {low = 0.5, high = 1.0}\n", "drloc.weight is given twice, also under its old name optim.drloc: remove optim.drloc"),
+    # the CNN teacher's settings with no objective that reads it on, nor one the space may switch on
+    ("[teacher]\nepochs = {low = 1, high = 3}\n", "teacher.epochs varies the CNN teacher, which no trial reads"),
+    ("[optim]\nteacher = {choices = [\"resnet18\", \"resnet34\"]}\n[guidance]\nweight = {choices = [0.0]}\n",
+     "teacher.architecture varies the CNN teacher, which no trial reads"),
 ])
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
     space = tmp_path / "space.toml"
@@ -848,6 +852,8 @@ def test_a_space_with_distillation_always_on_may_search_its_temperature_and_toke
     assert set(read_space(space, config)) == {"distill.weight"}
     space.write_text("[guidance]\nweight = {low = 0.5, high = 2.0}\nschedule = {choices = [\"constant\", \"linear\"]}\n")
     assert set(read_space(space, config)) == {"guidance.weight", "guidance.schedule"}
+    space.write_text("[guidance]\nweight = {choices = [0.0, 1.0]}\n[teacher]\nsize = {low = 32, high = 64}\n")
+    assert set(read_space(space, config)) == {"guidance.weight", "teacher.size"}  # the teacher read where guided
 
 
 def test_a_study_of_the_old_layout_runs_its_queued_and_retried_trials_with_their_values_under_todays_names(

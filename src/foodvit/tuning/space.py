@@ -223,7 +223,8 @@ NEEDS = {dep.key: (o.weight_key, dep.what, dep.off, o.title) for o in OBJECTIVES
 
 def _check_needs(space: dict[str, Param], config: RunConfig) -> None:
     """Refuse a space in which some trial would draw a setting that needs another on (distillation,
-    guidance, instance discrimination) with that one off, before any trial runs (each would be refused on its own)."""
+    guidance, instance discrimination) with that one off, before any trial runs (each would be refused on its own),
+    and one that varies the CNN teacher where no trial has an objective on that reads it (nothing would change)."""
     base = base_values(config)
 
     def possible(key: str) -> tuple:  # the values a trial may draw (a range's two ends stand for it here)
@@ -236,6 +237,14 @@ def _check_needs(space: dict[str, Param], config: RunConfig) -> None:
                 f"{key} may draw {what} where {needed} may be 0, and it needs {name} on: "
                 f"search {needed} above 0 (e.g. {{low = 0.5, high = 2}}) or leave {key} out"
             )
+    readers = [o.weight_key for o in OBJECTIVES if o.teacher]
+    varied = sorted(key for key in space if key.startswith("teacher."))
+    if varied and all(max(possible(weight)) <= 0 for weight in readers):
+        raise ConfigError(
+            f"{varied[0]} varies the CNN teacher, which no trial reads: {' and '.join(readers)} are 0 in the recipe "
+            f"and the space; search one above 0 (e.g. [{readers[0].split('.')[0]}] weight = {{low = 0.5, high = 2}}) "
+            f"or leave {', '.join(varied)} out"
+        )
 
 
 def space_table(space: dict[str, Param]) -> dict:
