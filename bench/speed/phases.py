@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             "recipe": config.recipe,
             "epochs": args.epochs,
             "threads": args.threads,
-            "settings": " ".join(
+            "settings": "; ".join(
                 [*args.set, *([f"--scale {args.scale:g}"] if args.scale else [])]
                 + [f"teacher {teacher_epochs(config)} epochs at {teacher_size(config)} px"]
             ),
