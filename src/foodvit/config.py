@@ -203,14 +203,15 @@ class TeacherSettings:
     )
     epochs: int = opt(
         0,
-        "epochs the CNN teacher trains for, on its own schedule; 0 = the run's --epochs",
+        "epochs the CNN teacher trains for, on a schedule of its own (its warmup at most half of them); "
+        "0 = the run's --epochs",
         flag="teacher_epochs",
         range=AT_LEAST_0,
     )
     size: int = opt(
         0,
         "side in pixels of the photos the CNN teacher trains on (its batches resized, as progressive resizing "
-        "does); 0 = the model's image size",
+        "does); the objectives that read it still give it the ViT's batches; 0 = the model's image size",
         flag="teacher_size",
         range=AT_LEAST_0,
     )
