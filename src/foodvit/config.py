@@ -332,10 +332,10 @@ class RunConfig:
 
 
 def settings_as_today(stored: dict) -> dict:
-    """Settings a run or a study stored, as this version writes them: in today's layout, and a setting added
+    """Settings a run or a study stored, as this version writes them: in the sectioned layout, and a setting added
     since is absent from them and counts at its default (a new setting's default keeps the old behaviour, so the
     recipe is the same). Settings this version cannot read (a setting since removed, a wrong type) come back
-    as stored, in today's layout where they can be, so that a comparison shows them rather than drops them."""
+    as stored, in the sectioned layout where they can be, so that a comparison shows them rather than drops them."""
     try:
         return RunConfig.from_dict(stored).to_dict()
     except (FoodVitError, TypeError):
