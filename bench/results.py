@@ -47,13 +47,14 @@ def machine(device=None) -> str:
 
 
 def commit() -> str:
-    """The checked-out commit, with '+dirty' when the working tree differs from it."""
+    """The checked-out commit, with '+dirty' when the working tree's code differs from it (the rows a benchmark has
+    just added to results/ are not a change of the code that measures)."""
     root = RESULTS.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                               text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
+                               cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")

@@ -131,9 +131,9 @@ def results_page() -> str:
         fresh_text = f"{again['difference']} +- {again['difference_se']} ({z_again:.1f} SE)" if again else "not measured"
         rows.append([name, evidence, f"{z:.1f}", fresh_text, "passes" if passes else "**does not pass** (kept)"])
     parts += ["## The default recipe's components under the rule", "",
-              "Each component of today's default, with the study that adopted it (or removed it) and, where one was "
+              "Each component of the default recipe, with the study that adopted it (or removed it) and, where one was "
               "run, its measurement on fresh fold seeds. Several were adopted under an earlier, weaker rule (more than "
-              "one standard error, once); those that do not pass today's rule stay in the recipe, and are named here.", "",
+              "one standard error, once); those that do not pass the rule above stay in the recipe, and are named here.", "",
               table(["component", "paired difference", "in standard errors", "on fresh fold seeds", "verdict"], rows), ""]
 
     rows = []
@@ -229,8 +229,8 @@ def training_time() -> list[str]:
     header, columns = ["phase"], []
     for stamp, rs in runs.items():
         first = rs[0]
-        header.append(f"{first['recipe']}, {first['epochs']} epochs, {first['threads']} threads; {first['settings']} "
-                      f"({first['commit']})")
+        settings = f"; {first['settings']}" if first["settings"] else ""
+        header.append(f"{first['recipe']}, {first['epochs']} epochs, {first['threads']} threads{settings} ({first['commit']})")
         columns.append({r["phase"]: r for r in rs})
     body = [[name] + [f"{c[name]['seconds']} s ({float(c[name]['share']):.1%})" if name in c else "-" for c in columns]
             for name in names]

@@ -1,4 +1,4 @@
-"""Settings: a run directory's config.json as foodvit writes it today, and as it wrote it before the objectives,
+"""Settings: a run directory's config.json as foodvit writes it, and as it wrote it before the objectives,
 the CNN teacher and the pre-training had sections of their own, load to the same settings; one resolve() turns a
 recipe and overrides into them; the sections come from the objectives' registry (objective_settings.OBJECTIVES);
 and the objectives' dependent settings are refused while their objective is off."""

@@ -95,35 +95,38 @@ def test_a_fold_is_evaluated_once_and_learns_what_an_evaluated_run_does(tmp_path
     assert once[-1] == every[-1] and [{**r, "test_acc": "", "test_loss": ""} for r in every[:-1]] == once[:-1]
 
 
-SLOW_TASK = '''
+SLOW_TASK = """
 import pathlib, time
 
-def work(folder, i):
+def work(folder, i, seconds, cleanup):
     folder = pathlib.Path(folder)
     (folder / f"started-{i}").touch()
     try:
-        for _ in range(600):
+        for _ in range(int(seconds * 10)):
             time.sleep(0.1)
     except KeyboardInterrupt:
+        time.sleep(cleanup)  # a fold's stop takes its time: a checkpoint, the loader's workers
         (folder / f"stopped-{i}").touch()
         raise
     (folder / f"finished-{i}").touch()
-'''
-DRIVER = '''
-import sys
+"""
+DRIVER = """
+import signal, sys
 from foodvit.tuning.jobs import Plan, run_tasks
 from slowtask import work
+folder, seconds, cleanup, ignore = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "ignore"
+if ignore:  # as a shell starts a command in the background of a script
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 try:
-    run_tasks(work, [(sys.argv[1], i) for i in range(4)], Plan(2, 1))
+    run_tasks(work, [(folder, i, seconds, cleanup) for i in range(4)], Plan(2, 1))
 except KeyboardInterrupt:
     sys.exit(130)
-'''
+"""
 
 
-@pytest.mark.parametrize("to", ["the command alone", "its process group, as a terminal's ctrl-C"])
-def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: str):
-    """Four one-minute tasks on two processes, interrupted once two have started: the command ends within seconds,
-    the two running tasks are interrupted, and the tasks the processes had queued never start."""
+def interrupted(tmp_path: Path, to: str, seconds: float = 60, cleanup: float = 0, ignore: bool = False):
+    """Four tasks of `seconds` on two processes, ctrl-C sent `to` the command once two have started: its exit
+    status, its stderr and the files the tasks left."""
     import os
     import signal
     import subprocess
@@ -132,7 +135,7 @@ def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: 
 
     (tmp_path / "slowtask.py").write_text(SLOW_TASK)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    command = [sys.executable, "-c", DRIVER, str(tmp_path)]
+    command = [sys.executable, "-c", DRIVER, str(tmp_path), str(seconds), str(cleanup), "ignore" if ignore else "-"]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -144,10 +147,27 @@ def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: 
             process.send_signal(signal.SIGINT)
         else:
             os.killpg(process.pid, signal.SIGINT)
-        _, errors = process.communicate(timeout=30)
+        _, errors = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 130, errors
-    assert sorted(p.name for p in tmp_path.glob("st*-*")) == ["started-0", "started-1", "stopped-0", "stopped-1"]
+    return process.returncode, errors, sorted(p.name for p in tmp_path.glob("*-[0-9]"))
+
+
+@pytest.mark.parametrize("to", ["the command alone", "its process group, as a terminal's ctrl-C"])
+def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: str):
+    """The command ends within seconds, the two running tasks are interrupted, and the tasks the processes had
+    queued never start; a task that takes longer than the grace to stop is not interrupted a second time in its
+    stopping."""
+    from foodvit.tuning.jobs import GRACE_S
+
+    status, errors, left = interrupted(tmp_path, to, cleanup=GRACE_S + 1)
+    assert status == 130, errors
+    assert left == ["started-0", "started-1", "stopped-0", "stopped-1"]
     assert "Traceback" not in errors
+
+
+def test_a_command_that_ignores_ctrl_c_runs_its_tasks_to_the_end(tmp_path: Path):
+    status, errors, left = interrupted(tmp_path, "its process group", seconds=2, ignore=True)
+    assert status == 0, errors
+    assert left == [f"{state}-{i}" for state in ("finished", "started") for i in range(4)]

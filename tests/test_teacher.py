@@ -102,3 +102,18 @@ def test_a_teacher_with_its_own_epochs_and_side(tmp_path):
     assert teacher_changes(config, longer) == ""
     assert "epochs" in teacher_changes(config, replace(config, teacher=replace(config.teacher, epochs=0)))
     assert "size" in teacher_changes(config, replace(config, teacher=replace(config.teacher, size=40)))
+
+
+def test_a_teacher_with_few_epochs_of_its_own_warms_up_for_half_of_them_at_most():
+    from foodvit.config import RunConfig
+    from foodvit.training.engine import StepSettings
+    from foodvit.training.teacher import TeacherSetup
+
+    def warmup(teacher_epochs: int, run_epochs: int = 3) -> float:
+        settings = {"guidance": 1.0, "warmup_epochs": 5, "teacher_epochs": teacher_epochs}
+        config = RunConfig.from_dict({"optim": settings, "train": {"epochs": run_epochs}})
+        return TeacherSetup.of_run(config, 3, StepSettings(), 32, None, 1).optim.warmup_epochs
+
+    assert warmup(4) == 2  # else it would still be warming up at its last epoch, its rate never decaying
+    assert warmup(50) == 5
+    assert warmup(0) == 5  # the run's epochs, the run's schedule: as the ViT's own

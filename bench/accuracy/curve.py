@@ -95,7 +95,8 @@ def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, 
         return study
     config = load_recipe("default")
     config = replace(config, data=replace(config.data, source=data or "", train_fraction=share),
-                     train=replace(config.train, seed=SEED, epochs=epochs or config.train.epochs), optim=replace(config.optim, distill=1.0, teacher=cnn))
+                     train=replace(config.train, seed=SEED, epochs=epochs or config.train.epochs),
+                     distill=replace(config.distill, weight=1.0), teacher=replace(config.teacher, architecture=cnn))
     config = with_source(config)
     split = training_photos(config)
     folders = fold_folders(split, FOLDS, SEED, study / "folds")

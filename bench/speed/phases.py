@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         "--scale",
         type=float,
         default=0.0,
-        help="in place of --epochs: this share of the recipe's epochs, the ViT's and the teacher's each (0.1: a tenth)",
+        help="this share of each stage's own epochs, the ViT's and the teacher's (0.1: a tenth), in place of --epochs "
+        "and of any train.epochs given with --set, which it scales",
     )
     parser.add_argument(
         "--threads", type=int, default=torch.get_num_threads(), help="PyTorch threads (default: as set now)"
@@ -382,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-record", action="store_true", help="print the table only, append no row to results/")
     args = parser.parse_args(argv)
+    if not 0 <= args.scale <= 1:
+        parser.error(f"--scale is a share of the recipe's epochs, between 0 and 1, got {args.scale}")
 
     from foodvit.config import with_settings
     from foodvit.recipes import load_recipe
@@ -463,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             "recipe": config.recipe,
             "epochs": args.epochs,
             "threads": args.threads,
-            "settings": " ".join(
+            "settings": "; ".join(
                 [*args.set, *([f"--scale {args.scale:g}"] if args.scale else [])]
                 + [f"teacher {teacher_epochs(config)} epochs at {teacher_size(config)} px"]
             ),

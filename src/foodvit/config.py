@@ -203,14 +203,15 @@ class TeacherSettings:
     )
     epochs: int = opt(
         0,
-        "epochs the CNN teacher trains for, on its own schedule; 0 = the run's --epochs",
+        "epochs the CNN teacher trains for, on a schedule of its own (its warmup at most half of them); "
+        "0 = the run's --epochs",
         flag="teacher_epochs",
         range=AT_LEAST_0,
     )
     size: int = opt(
         0,
         "side in pixels of the photos the CNN teacher trains on (its batches resized, as progressive resizing "
-        "does); 0 = the model's image size",
+        "does); the objectives that read it still give it the ViT's batches; 0 = the model's image size",
         flag="teacher_size",
         range=AT_LEAST_0,
     )
@@ -333,10 +334,10 @@ class RunConfig:
 
 
 def settings_as_today(stored: dict) -> dict:
-    """Settings a run or a study stored, as this version writes them: in today's layout, and a setting added
+    """Settings a run or a study stored, as this version writes them: in the sectioned layout, and a setting added
     since is absent from them and counts at its default (a new setting's default keeps the old behaviour, so the
     recipe is the same). Settings this version cannot read (a setting since removed, a wrong type) come back
-    as stored, in today's layout where they can be, so that a comparison shows them rather than drops them."""
+    as stored, in the sectioned layout where they can be, so that a comparison shows them rather than drops them."""
     try:
         return RunConfig.from_dict(stored).to_dict()
     except (FoodVitError, TypeError):

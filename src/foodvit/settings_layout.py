@@ -1,7 +1,7 @@
-"""The layouts settings were written in: a run directory's config.json, a study, a recipe, a search space or an override
-written before the training objectives, the CNN teacher and the pre-training had sections of their own named these
-settings inside the optimiser's section. One table (MOVED) maps each old name to today's; foodvit.config reads every
-stored setting through it. No PyTorch here.
+"""The layouts settings were written in: a run directory's config.json, a study, a recipe, a search space or an
+override written before the training objectives, the CNN teacher and the pre-training had sections of their own named
+these settings inside the optimiser's section. One table (MOVED) maps each old name to its sectioned one;
+foodvit.config reads every stored setting through it. No PyTorch here.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                 choices=choices,
                 default=None,
                 help=help_text,
-                metavar=None if choices else f.name.upper(),
+                metavar=None if choices else (f.metadata.get("flag") or f.name).upper(),
             )
 
 

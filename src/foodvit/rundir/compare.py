@@ -59,7 +59,7 @@ def read_run(run: Path) -> tuple[dict, dict]:
     if not config_path.is_file():
         raise RunError(f"{run} holds no foodvit run (no config.json); give run directories written by foodvit train")
     try:
-        settings = flatten(settings_as_today(json.loads(config_path.read_text())))  # either layout, as today's
+        settings = flatten(settings_as_today(json.loads(config_path.read_text())))  # read in either layout
     except (OSError, ValueError) as err:
         raise RunError(f"cannot read {config_path} ({err})") from None
     rows = []

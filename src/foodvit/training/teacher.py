@@ -1,6 +1,9 @@
 """The CNN teacher that distillation and locality guidance read (objectives/distill.py,
 objectives/guidance.py): a torchvision architecture trained first, from random initialisation, on
-the run's own photos, augmentation, optimiser and schedule, then frozen.
+the run's own photos, augmentation and optimiser, then frozen. It trains for the run's epochs at the model's side,
+or for epochs and at a side of its own (--teacher-epochs, --teacher-size: its batches resized as progressive
+resizing resizes the ViT's); whatever its training side, the objectives that read it give it the ViT's batches as
+they are, and its test accuracy is measured at the model's side.
 
 The teacher is saved as teacher.pt in the run (a resumed run loads it instead of training it again)
 and plays no part in prediction. A run may borrow the teacher another run trained (`foodvit cv
@@ -89,8 +92,8 @@ def teacher_settings(config: RunConfig) -> dict:
     """Every setting a run's CNN teacher depends on, besides its photos and machine (trained_on): the
     preprocessing the run resolves (image size, normalisation), its architecture, the data, optimiser and training
     settings. Not among them: the ViT's architecture, the student's own settings (STUDENT_SETTINGS), and what never
-    reaches the teacher's training (it trains at full size: no progressive resizing; no compiling; no
-    test size; the cache and the number of loader workers change only the time, except that with
+    reaches the teacher's training (the ViT's progressive resizing: the teacher trains at its own side; no
+    compiling; no test size; the cache and the number of loader workers change only the time, except that with
     mixing on, a batch is mixed in the loader's worker when there is one)."""
     settings = config.to_dict()
     data = {
@@ -190,9 +193,9 @@ def place_changes(theirs: dict | None, ours: dict) -> str:
 @dataclass
 class TeacherSetup:
     """What a run's CNN teacher is made of, besides its photos (StageData): its architecture and
-    classes, the run's epochs, optimiser settings and step settings (the teacher trains at the full
-    size and without sharpness-aware minimisation), the image size and batch size (checked before it
-    trains), the test photos it is evaluated on after its last epoch, where it trains (training_place), and
+    classes, its epochs, optimiser settings and step settings (the teacher trains at its side, resizing its batches
+    when that is not the model's, and without sharpness-aware minimisation), its side and batch size (checked
+    before it trains), the test photos it is evaluated on after its last epoch, where it trains (training_place), and
     whether its side is its own (--teacher-size) rather than the model's."""
 
     architecture: str
@@ -217,11 +220,14 @@ class TeacherSetup:
         processes: int,
     ) -> TeacherSetup:
         size = config.teacher.size or image_size  # its batches are loaded at image_size
+        epochs, optim = teacher_epochs(config), config.optim
+        if config.teacher.epochs:  # a schedule of its own: at most half of it warming up, so that it decays too
+            optim = replace(optim, warmup_epochs=min(optim.warmup_epochs, epochs / 2))
         return cls(
             config.teacher.architecture,
             num_classes,
-            teacher_epochs(config),
-            config.optim,
+            epochs,
+            optim,
             replace(settings, input_size=0 if size == image_size else size, sam=0.0),
             size,
             config.train.batch_size,
@@ -316,7 +322,7 @@ def obtain_teacher(
 def train_teacher(
     module: nn.Module, setup: TeacherSetup, data: StageData, folder: Path, log: Callable, resumable: Callable[[], None]
 ) -> dict:
-    """`module` trained for the run's epochs, each epoch's state kept in teacher-progress.pt (and the
+    """`module` trained for the teacher's epochs, each epoch's state kept in teacher-progress.pt (and the
     training continued from it when it holds some), then saved as teacher.pt; returns what teacher.pt holds."""
     check_teacher_batches(setup, data)
     ctx, progress_file = data.context, folder / TEACHER_PROGRESS

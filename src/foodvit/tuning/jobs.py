@@ -69,25 +69,34 @@ def fold_threads(jobs: int | None):
 
 
 _stop: Any = None  # in each process of run_tasks: the event that says the work has stopped
+_ignores_ctrl_c = False  # whether the command that started the processes ignores ctrl-C (started so by its shell)
 
 
-def _start(threads: int, stop: Any) -> None:
+def _start(threads: int, stop: Any, ignores_ctrl_c: bool) -> None:
     """Each process's threads, set before it imports anything that would start a pool; the work's stop event; and
     ctrl-C ignored while the process waits for a task (it stops a task, never kills a waiting process)."""
     import torch
 
-    global _stop
-    _stop = stop
+    global _stop, _ignores_ctrl_c
+    _stop, _ignores_ctrl_c = stop, ignores_ctrl_c
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
 
 
+def _interrupt_once(signum: int, frame: Any) -> None:
+    """ctrl-C in a task: interrupted as in one process, once; a second one (the command passing on a ctrl-C its
+    processes had already received) waits for the task to finish stopping."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _task(work: Callable, *task: Any) -> Any:
     """work(*task) in a process of run_tasks, unless the work has stopped (a task queued before it stopped is left
-    for the next run); ctrl-C interrupts it as it would in one process."""
+    for the next run); ctrl-C interrupts it as it would in one process, unless the command ignores ctrl-C."""
     if _stop is not None and _stop.is_set():
         return None
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not _ignores_ctrl_c:
+        signal.signal(signal.SIGINT, _interrupt_once)
     try:
         return work(*task)
     finally:
@@ -99,16 +108,17 @@ GRACE_S = 3.0  # after ctrl-C, how long the tasks running have to stop by themse
 
 def run_tasks(work: Callable, tasks: list[tuple], the_plan: Plan, progress: bool = False) -> None:
     """work(*task) for every task, on the plan's processes, in order of the list as processes come free; a task
-    that fails stops the rest with its error, and ctrl-C stops them all (each running task interrupted as in one
-    process, none started after). `work` must be a module's own function (the processes import it)."""
+    that fails stops the rest with its error once the tasks running have ended (none starts after it), and ctrl-C
+    stops them all (each running task interrupted as in one process, none started after). `work` must be a module's
+    own function (the processes import it)."""
     from tqdm.auto import tqdm
 
     context = multiprocessing.get_context("spawn")  # fresh processes: no copy of this one's threads or open files
-    stop = context.Event()
+    stop, ignoring = context.Event(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     before = {p.pid for p in multiprocessing.active_children()}
     with (
         ProcessPoolExecutor(
-            the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads, stop)
+            the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads, stop, ignoring)
         ) as pool,
         tqdm(
             total=len(tasks), desc=f"folds ({the_plan.line()})", unit="fold", disable=not progress, leave=False
