@@ -856,7 +856,7 @@ def test_a_space_with_distillation_always_on_may_search_its_temperature_and_toke
     assert set(read_space(space, config)) == {"guidance.weight", "teacher.size"}  # the teacher read where guided
 
 
-def test_a_study_of_the_old_layout_runs_its_queued_and_retried_trials_with_their_values_under_todays_names(
+def test_a_study_of_the_old_layout_runs_its_queued_and_retried_trials_with_their_values_under_the_current_names(
         photos, tmp_path, monkeypatch):
     # a study the old layout left: its starting recipe queued under the old name (fixed params), and a trial killed
     # with kill -9 that Optuna's stale-trial retry queued again with its parameters under the old name
@@ -891,7 +891,7 @@ def test_a_study_of_the_old_layout_runs_its_queued_and_retried_trials_with_their
     assert json.loads((study_dir / "trial-0001" / "trial.json").read_text())["settings"]["drloc"]["weight"] == 0.75
 
 
-def test_a_space_given_in_python_under_the_old_names_is_searched_under_todays(photos, tmp_path, monkeypatch):
+def test_a_space_given_in_python_under_the_old_names_is_searched_under_the_current_ones(photos, tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     trained = []

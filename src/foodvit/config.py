@@ -363,8 +363,7 @@ def _build(cls, values: dict):
         raise ConfigError(f"[{section}] is a section of settings, e.g. {example}, not a {type(values).__name__}")
     if unknown := sorted(set(values) - set(known)):
         raise ConfigError(f"unknown setting(s) [{section}] {', '.join(unknown)}; [{section}] has {', '.join(known)}")
-    # TOML and JSON give lists where the dataclass holds tuples
-    return cls(**{k: tuple(v) if isinstance(known[k].default, tuple) else v for k, v in values.items()})
+    return cls(**{k: tuple(v) if isinstance(known[k].default, tuple) else v for k, v in values.items()})  # from lists
 
 
 def setting_field(key: str):

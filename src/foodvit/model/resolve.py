@@ -34,11 +34,11 @@ def is_setting_key(key: str) -> bool:
     return "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)
 
 
-def todays_names(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Overrides under either layout's names (config.MOVED) under today's; a setting given under both names with
-    two values is refused, as a recipe's is (None: not given)."""
+def current_names(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Overrides under either layout's names (config.MOVED) under the current ones; a setting given under both
+    names with two values is refused, as a recipe's is (None: not given)."""
     named: dict[str, Any] = {}
-    for key, value in sorted(overrides.items(), key=lambda item: setting_key(item[0]) != item[0]):  # today's first
+    for key, value in sorted(overrides.items(), key=lambda item: setting_key(item[0]) != item[0]):  # current first
         new = setting_key(key)
         if value is not None and named.get(new) is not None and named[new] != value:
             raise ConfigError(f"{key} = {value!r} and {new} = {named[new]!r} are one setting; remove {key}")
@@ -56,7 +56,7 @@ def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str 
             f"unknown setting {', '.join(map(repr, unknown))}: overrides are 'section.name' with a section among "
             f"{', '.join(('vit', *SECTIONS))}, e.g. 'train.epochs' or 'optim.lr'"
         )
-    values = {key: value for key, value in todays_names(overrides).items() if value is not None}
+    values = {key: value for key, value in current_names(overrides).items() if value is not None}
     return replace(with_settings(config, values), model=model or config.model)
 
 
@@ -70,7 +70,7 @@ def resolve(
     """A run's settings: the recipe, then the overrides, then, with pre-trained weights (`pretrained`, or
     "train.pretrained" among the overrides or in the recipe), the model that the weights dictate
     (pretrained.adapt_config; a `model` that disagrees stops the run)."""
-    given = todays_names(overrides or {})
+    given = current_names(overrides or {})
     given.update({"train.pretrained": pretrained} if pretrained else {})
     base = load_recipe(recipe)
     config = without_recipe_resizing(base, apply_overrides(base, given, model=model), given)

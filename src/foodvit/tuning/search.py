@@ -264,8 +264,8 @@ def _requeue_interrupted(study) -> None:
             )
 
 
-def _todays_names(space: dict[str, Param]) -> dict[str, Param]:
-    """A space given in Python under either layout's names (config.MOVED), under today's; one setting given
+def _current_names(space: dict[str, Param]) -> dict[str, Param]:
+    """A space given in Python under either layout's names (config.MOVED), under the current ones; one setting
     under both is refused, as a space file's is."""
     named: dict[str, Param] = {}
     for key, param in space.items():
@@ -303,7 +303,7 @@ def tune(
     check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
-    space = _todays_names(space)
+    space = _current_names(space)
     open_study(
         study_dir,
         {
