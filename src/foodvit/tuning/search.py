@@ -110,22 +110,20 @@ class Objective:
                 return self.study_dir / name
         return self.study_dir / f"trial-{trial.number:04d}"
 
-    @staticmethod
-    def held_name(trial, param: Param) -> Param:
-        """The searched setting under the name the trial already holds a value for: a trial a study of the old
+    def held_names(self, trial) -> dict[str, Param]:
+        """The space, each setting under the name the trial already holds a value for: a trial a study of the old
         layout queued (its starting recipe, fixed params) or Optuna's stale-trial retry queued again (its params)
         holds it under the old name (config.MOVED), and keeps that value rather than drawing a new one."""
-        frozen = trial.study.trials[trial.number]
-        held = {**frozen.system_attrs.get("fixed_params", {}), **frozen.params}
-        old = [name for name in held if name != param.key and setting_key(name) == param.key]
-        return replace(param, key=old[0]) if old else param
+        frozen = trial.study.get_trials(deepcopy=False)[trial.number]
+        old = {setting_key(name): name for name in {**frozen.system_attrs.get("fixed_params", {}), **frozen.params}}
+        return {key: replace(p, key=old[key]) if key in old else p for key, p in self.space.items()}
 
     def __call__(self, trial) -> float:
         import optuna
 
         folder = self.folder(trial)
         trial.set_user_attr("dir", folder.name)
-        params = {key: self.held_name(trial, p).suggest(trial) for key, p in self.space.items()}
+        params = {key: p.suggest(trial) for key, p in self.held_names(trial).items()}
         try:
             config = trial_config(params, self.base)
         except ConfigError as err:
