@@ -132,7 +132,7 @@ def results_page() -> str:
         rows.append([name, evidence, f"{z:.1f}", fresh_text, "passes" if passes else "**does not pass** (kept)"])
     parts += ["## The default recipe's components under the rule", "",
               "Each component of the default recipe, with the study that adopted it (or removed it) and, where one was "
-              "run, its measurement on fresh fold seeds. Several were adopted under an earlier, weaker rule (more than "
+              "run, its measurement on fresh fold seeds. Several were adopted under a weaker rule (more than "
               "one standard error, once); those that do not pass the rule above stay in the recipe, and are named here.", "",
               table(["component", "paired difference", "in standard errors", "on fresh fold seeds", "verdict"], rows), ""]
 
@@ -146,7 +146,7 @@ def results_page() -> str:
     parts += ["## What each idea bought", "",
               "5-fold cross-validation over FoodVision Mini's 225 training photos, fold seed 0 unless said, each idea paired "
               "photo by photo against the default of the same code (photos: right only with the idea / only without it). "
-              "The first rows were measured on the earlier 64 px patch-stem recipe. `figures_as_recorded` in "
+              "The first rows were measured on a 64 px patch-stem recipe. `figures_as_recorded` in "
               "`results/studies.csv` holds each row's full original figures.", "",
               table(["idea", "options", "CV accuracy", "vs the default", "SE multiples", "photos", "adopted", "why", "commit"],
                     rows), "", "Commands:", "", commands(studies), ""]

@@ -41,7 +41,7 @@ from bench.results import record
 DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
 OTHER = "other (setup, loop, resizing, logging)"
 TEACHER = "teacher training"
-ORDER = (
+STEP = (  # the phases of a train step, in the table's order
     "forward",
     "teacher forward (guidance)",
     "head: drloc",
@@ -49,22 +49,15 @@ ORDER = (
     "head: guidance adapters",
     "backward",
     "optimiser (clip, step)",
+)
+ORDER = (
+    *STEP,
     "data loading and augmentation",
     "evaluation",
     "checkpoints and metrics",
     "final test and report",
     "setup",
 )
-STEP = (
-    "forward",
-    "teacher forward (guidance)",
-    "head: drloc",
-    "head: masked",
-    "head: guidance adapters",
-    "backward",
-    "optimiser (clip, step)",
-)
-
 
 # ------------------------------------------------------------------------------------ the machine's ceiling
 

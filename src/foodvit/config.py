@@ -2,8 +2,8 @@
 run's (RunConfig), frozen dataclasses. A run's settings come in sections, one per concern: the model's settings
 over its variant (VitSettings), the data, the optimiser, one per training objective (declared with the objectives'
 registry, foodvit.objective_settings), the CNN teacher, the self-supervised pre-training and the training; a
-setting is named "section.name". Settings written before the objectives, the teacher and the pre-training had
-sections of their own are read through one table (MOVED). The recipes that fill them (TOML files) are read by
+setting is named "section.name". Settings in the flat layout (the objectives', the teacher's and the
+pre-training's inside optim) are read through one table (MOVED). The recipes that fill them (TOML files) are read by
 foodvit.recipes, one layer up.
 
 Every number's allowed range and every text setting's choices are named once, in the field's

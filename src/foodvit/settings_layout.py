@@ -1,7 +1,7 @@
-"""The layouts settings were written in: a run directory's config.json, a study, a recipe, a search space or an
-override written before the training objectives, the CNN teacher and the pre-training had sections of their own named
-these settings inside the optimiser's section. One table (MOVED) maps each old name to its sectioned one;
-foodvit.config reads every stored setting through it. No PyTorch here.
+"""The flat layout of settings: a run directory's config.json, a study, a recipe, a search space or an override may
+name the training objectives', the CNN teacher's and the pre-training's settings inside the optimiser's section. One
+table (MOVED) maps each flat name to its sectioned one; foodvit.config reads every stored setting through it. No
+PyTorch here.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from foodvit.errors import ConfigError
 
 # Settings that moved from the optimiser's section to a section of their own: old key -> key. Run directories,
-# studies, recipes, search spaces and overrides written in the old layout are read through this table; the
+# studies, recipes, search spaces and overrides written in the flat layout are read through this table; the
 # command line's options keep the old names (each field's flag).
 MOVED = {
     "optim.drloc": "drloc.weight",
@@ -38,7 +38,7 @@ def setting_key(key: str) -> str:
 
 
 def current_layout(d: dict, where: str = "settings") -> dict:
-    """Settings (config.json's, a recipe's) with every setting of the old layout in its section (MOVED); a
+    """Settings (config.json's, a recipe's) with every setting of the flat layout in its section (MOVED); a
     setting given in both layouts with two values is refused."""
     d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
     for old, new in MOVED.items():
