@@ -82,7 +82,7 @@ def test_a_recipe_in_the_old_layout_is_the_same_recipe(tmp_path):
                                   "remove optim.drloc")
 
 
-def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_as_today(tmp_path):
+def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_sectioned(tmp_path):
     from foodvit.tuning.space import read_space
     from foodvit.tuning.study import read_identity
 
@@ -97,14 +97,14 @@ def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_as_today
     assert identity["settings"]["drloc"] == {"weight": 0.5, "pairs": 64} and "drloc" not in identity["settings"]["optim"]
 
 
-def test_settings_this_version_cannot_read_are_compared_in_todays_layout():
-    from foodvit.config import settings_as_today
+def test_settings_this_version_cannot_read_are_compared_in_the_sectioned_layout():
+    from foodvit.config import settings_sectioned
 
     stored = json.loads(STORED.read_text())
     stored["optim"]["retired_option"] = 1
-    today = settings_as_today(stored)
-    assert today["optim"]["retired_option"] == 1 and "drloc" not in today["optim"]  # shown, and only it differs
-    assert today["drloc"] == {"weight": 0.5, "pairs": 64}
+    sectioned = settings_sectioned(stored)
+    assert sectioned["optim"]["retired_option"] == 1 and "drloc" not in sectioned["optim"]  # shown, and only it differs
+    assert sectioned["drloc"] == {"weight": 0.5, "pairs": 64}
 
 
 def test_compare_finds_one_runs_settings_in_the_two_layouts_the_same(tmp_path, capsys):

@@ -176,7 +176,7 @@ def test_resume_refuses_changes_and_missing_runs(tmp_path):
 
 def test_a_run_of_an_older_version_resumes_without_the_settings_added_since(photos, tmp_path):
     # runs started before --train-fraction, --cache-gb and --tensorboard existed stored no such keys;
-    # they are today's defaults, not edits of config.json
+    # they count at their defaults, not as edits of config.json
     out = tmp_path / "old"
     train(small_config(photos, epochs=2, batch_size=16), out, quiet=True)
     state = torch.load(out / "checkpoint.pt", weights_only=False)

@@ -692,10 +692,10 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     ("[distill]\nweight = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n", "vit.distill_token may draw the distillation token"),
     ("[contrast]\ntemperature = {low = 0.1, high = 0.5}\n",
      "contrast.temperature may draw a temperature other than 0.2 where contrast.weight may be 0"),
-    # a space file of the layout before the objectives' sections: the settings under their old names
+    # a space file of the layout before the objectives' sections: the settings under their flat names
     ("[optim]\nmasked = {choices = [0.0, 1.0]}\nmask_pixels = {choices = [true, false]}\n",
      "masked.pixels may draw hidden pixels where masked.weight may be 0"),
-    ("[optim]\ndrloc = {low = 0.0, high = 1.0}\n[drloc]\nweight = {low = 0.5, high = 1.0}\n", "drloc.weight is given twice, also under its old name optim.drloc: remove optim.drloc"),
+    ("[optim]\ndrloc = {low = 0.0, high = 1.0}\n[drloc]\nweight = {low = 0.5, high = 1.0}\n", "drloc.weight is given twice, also under its flat-layout name optim.drloc: remove optim.drloc"),
     # the CNN teacher's settings with no objective that reads it on, nor one the space may switch on
     ("[teacher]\nepochs = {low = 1, high = 3}\n", "teacher.epochs varies the CNN teacher, which no trial reads"),
     ("[optim]\nteacher = {choices = [\"resnet18\", \"resnet34\"]}\n[guidance]\nweight = {choices = [0.0]}\n",
@@ -797,7 +797,7 @@ def test_best_toml_records_the_schedule_the_best_trial_trained_with(tmp_path):
     assert (best.vit.image_size, best.data.start_size) == (48, 0)
 
 
-def test_a_study_of_the_old_layout_runs_its_interrupted_trials_again_under_todays_names(tmp_path):
+def test_a_study_of_the_flat_layout_runs_its_interrupted_trials_again_under_the_sectioned_names(tmp_path):
     from optuna.distributions import FloatDistribution
     from optuna.trial import TrialState
 
@@ -858,8 +858,8 @@ def test_a_space_with_distillation_always_on_may_search_its_temperature_and_toke
 
 def test_a_study_of_the_old_layout_runs_its_queued_and_retried_trials_with_their_values_under_the_current_names(
         photos, tmp_path, monkeypatch):
-    # a study the old layout left: its starting recipe queued under the old name (fixed params), and a trial killed
-    # with kill -9 that Optuna's stale-trial retry queued again with its parameters under the old name
+    # a study of the flat layout: its starting recipe queued under the flat name (fixed params), and a trial killed
+    # with kill -9 that Optuna's stale-trial retry queued again with its parameters under the flat name
     from types import SimpleNamespace
 
     from optuna.distributions import FloatDistribution
@@ -906,6 +906,6 @@ def test_a_space_given_in_python_under_the_old_names_is_searched_under_the_curre
     assert json.loads((study_dir / "study.json").read_text())["space"] == {"drloc.weight": {"low": 0.0, "high": 1.0}}
     study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
     assert study.trials[0].params == {"drloc.weight": base.drloc.weight}
-    with pytest.raises(ConfigError, match="drloc.weight is given twice, also under its old name optim.drloc: remove"):
+    with pytest.raises(ConfigError, match="drloc.weight is given twice, also under its flat-layout name optim.drloc: remove"):
         tune(tmp_path / "other", base, trials=1, folds=2, space={"drloc.weight": Param("drloc.weight", 0.0, 1.0),
                                                                  "optim.drloc": Param("optim.drloc", 0.0, 1.0)})

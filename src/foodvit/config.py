@@ -333,7 +333,7 @@ class RunConfig:
         )
 
 
-def settings_as_today(stored: dict) -> dict:
+def settings_sectioned(stored: dict) -> dict:
     """Settings a run or a study stored, as this version writes them: in the sectioned layout, and a setting added
     since is absent from them and counts at its default (a new setting's default keeps the old behaviour, so the
     recipe is the same). Settings this version cannot read (a setting since removed, a wrong type) come back
@@ -368,7 +368,7 @@ def _build(cls, values: dict):
 
 def setting_field(key: str):
     """The field behind a setting named "section.name" (vit.depth, optim.lr, drloc.weight, ..., or a name of the
-    old layout, MOVED), as the command line's overrides name them; a ConfigError for an unknown one, listing its
+    flat layout, MOVED), as the command line's overrides name them; a ConfigError for an unknown one, listing its
     section's names."""
     section, _, name = setting_key(key).partition(".")
     if section == "vit":

@@ -10,7 +10,7 @@ from foodvit.errors import ConfigError
 
 # Settings that moved from the optimiser's section to a section of their own: old key -> key. Run directories,
 # studies, recipes, search spaces and overrides written in the flat layout are read through this table; the
-# command line's options keep the old names (each field's flag).
+# command line's options keep the flat names (each field's flag).
 MOVED = {
     "optim.drloc": "drloc.weight",
     "optim.drloc_pairs": "drloc.pairs",

@@ -9,7 +9,7 @@ import csv
 import json
 from pathlib import Path
 
-from foodvit.config import settings_as_today
+from foodvit.config import settings_sectioned
 from foodvit.errors import RunError
 
 METRICS = (
@@ -59,7 +59,7 @@ def read_run(run: Path) -> tuple[dict, dict]:
     if not config_path.is_file():
         raise RunError(f"{run} holds no foodvit run (no config.json); give run directories written by foodvit train")
     try:
-        settings = flatten(settings_as_today(json.loads(config_path.read_text())))  # read in either layout
+        settings = flatten(settings_sectioned(json.loads(config_path.read_text())))  # read in either layout
     except (OSError, ValueError) as err:
         raise RunError(f"cannot read {config_path} ({err})") from None
     rows = []

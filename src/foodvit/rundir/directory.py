@@ -26,7 +26,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from foodvit.config import RunConfig, settings_as_today
+from foodvit.config import RunConfig, settings_sectioned
 from foodvit.data.datasource import DataSource
 from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import atomic_write
@@ -329,7 +329,7 @@ def read_for_resume(out: Path, data: str | None, quiet: bool = False) -> tuple[R
     state = load_checkpoint(out / "checkpoint.pt")
     if state.get("config") is not None:
         # settings added since the run started are not edits
-        changed = differences(settings_as_today(state["config"]), config.to_dict())
+        changed = differences(settings_sectioned(state["config"]), config.to_dict())
         if changed:
             shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed)
             raise RunError(

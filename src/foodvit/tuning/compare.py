@@ -19,7 +19,7 @@ import math
 import statistics
 from pathlib import Path
 
-from foodvit.config import settings_as_today
+from foodvit.config import settings_sectioned
 from foodvit.errors import FoodVitError, StudyError
 from foodvit.recipes import load_recipe
 from foodvit.rundir.compare import differences
@@ -170,7 +170,7 @@ def study_recipe(study: str | Path) -> str:
         return name
     changed = [
         (key, b)
-        for key, _, b in differences(recipe, settings_as_today(stored))
+        for key, _, b in differences(recipe, settings_sectioned(stored))
         if key not in VARIED and key.split(".")[0] not in VARIED
     ]
     return name + (" (" + ", ".join(f"{key}={value}" for key, value in changed) + ")" if changed else "")

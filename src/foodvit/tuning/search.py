@@ -111,9 +111,9 @@ class Objective:
         return self.study_dir / f"trial-{trial.number:04d}"
 
     def held_names(self, trial) -> dict[str, Param]:
-        """The space, each setting under the name the trial already holds a value for: a trial a study of the old
+        """The space, each setting under the name the trial already holds a value for: a trial a study of the flat
         layout queued (its starting recipe, fixed params) or Optuna's stale-trial retry queued again (its params)
-        holds it under the old name (config.MOVED), and keeps that value rather than drawing a new one."""
+        holds it under the flat name (config.MOVED), and keeps that value rather than drawing a new one."""
         frozen = trial.study.get_trials(deepcopy=False)[trial.number]
         old = {setting_key(name): name for name in {**frozen.system_attrs.get("fixed_params", {}), **frozen.params}}
         return {key: replace(p, key=old[key]) if key in old else p for key, p in self.space.items()}
@@ -270,7 +270,7 @@ def _current_names(space: dict[str, Param]) -> dict[str, Param]:
         new = setting_key(key)
         if new in named:
             old = key if key != new else next(k for k in space if k != new and setting_key(k) == new)
-            raise ConfigError(f"space: {new} is given twice, also under its old name {old}: remove {old}")
+            raise ConfigError(f"space: {new} is given twice, also under its flat-layout name {old}: remove {old}")
         named[new] = replace(param, key=new)
     return named
 

@@ -126,8 +126,8 @@ SPACE_KEYS = {"low", "high", "log", "step", "choices"}
 
 def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
     """A TOML space file: a table per section, each setting a table of low/high (log, step) or
-    choices, e.g. `[optim] lr = {low = 1e-4, high = 1e-2, log = true}` (a setting of the old layout under
-    its old name too, config.MOVED). Unknown settings and values the command line would refuse are refused
+    choices, e.g. `[optim] lr = {low = 1e-4, high = 1e-2, log = true}` (a setting of the flat layout under
+    its flat name too, config.MOVED). Unknown settings and values the command line would refuse are refused
     here, in one line naming the file."""
     from foodvit.recipes import tomllib
 
@@ -151,7 +151,7 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
                 key = setting_key(f"{section}.{name}")
                 if key in space:
                     old = given[key] if given[key] != key else f"{section}.{name}"
-                    raise ConfigError(f"{key} is given twice, also under its old name {old}: remove {old}")
+                    raise ConfigError(f"{key} is given twice, also under its flat-layout name {old}: remove {old}")
                 space[key], given[key] = _param(key, spec, config), f"{section}.{name}"
         if not space:
             raise ConfigError("no settings to search; e.g. [optim] lr = {low = 1e-4, high = 1e-2, log = true}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from foodvit.config import RunConfig, setting_key, settings_as_today
+from foodvit.config import RunConfig, setting_key, settings_sectioned
 from foodvit.errors import StudyError
 from foodvit.files import write_text
 from foodvit.rundir.compare import differences
@@ -47,7 +47,7 @@ def read_identity(path: Path) -> dict | None:
             "cannot be read; choose a new --out (or restore the file)"
         )
     if isinstance(stored.get("settings"), dict):
-        stored["settings"] = study_settings(settings_as_today(stored["settings"]))
+        stored["settings"] = study_settings(settings_sectioned(stored["settings"]))
     if isinstance(stored.get("space"), dict):  # a search space's settings as this version names them
         stored["space"] = {setting_key(key): param for key, param in stored["space"].items()}
     return stored
