@@ -115,8 +115,10 @@ import signal, sys
 from foodvit.tuning.jobs import Plan, run_tasks
 from slowtask import work
 folder, seconds, cleanup, ignore = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "ignore"
-if ignore:  # as a shell starts a command in the background of a script
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+# ctrl-C as a terminal delivers it, or ignored as a shell starts a command in the background of a script, whatever
+# the test runner's process passed on (an ignored or blocked SIGINT survives exec)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+signal.signal(signal.SIGINT, signal.SIG_IGN if ignore else signal.default_int_handler)
 try:
     run_tasks(work, [(folder, i, seconds, cleanup) for i in range(4)], Plan(2, 1))
 except KeyboardInterrupt:
