@@ -6,6 +6,9 @@ PyTorch here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from foodvit.errors import ConfigError
 
 # Settings that moved from the optimiser's section to a section of their own: old key -> key. Run directories,
@@ -37,6 +40,23 @@ def setting_key(key: str) -> str:
     return MOVED.get(key, key)
 
 
+def _one_setting(where: str, old: str, value: object, new: str, other: object) -> ConfigError:
+    return ConfigError(f"{where}{old} = {value!r} and {new} = {other!r} are one setting; remove {old}")
+
+
+def current_names(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings named "section.name" (the command line's overrides), flat-layout names under their sections' (MOVED),
+    None values being settings not given; a setting given under both names with two values is refused."""
+    named: dict[str, Any] = {}
+    for key, value in sorted(values.items(), key=lambda item: setting_key(item[0]) != item[0]):  # sectioned first
+        new = setting_key(key)
+        if value is not None and named.get(new) is not None and named[new] != value:
+            raise _one_setting("", key, value, new, named[new])
+        if value is not None:
+            named[new] = value
+    return named
+
+
 def current_layout(d: dict, where: str = "settings") -> dict:
     """Settings (config.json's, a recipe's) with every setting of the flat layout in its section (MOVED); a
     setting given in both layouts with two values is refused."""
@@ -50,8 +70,6 @@ def current_layout(d: dict, where: str = "settings") -> dict:
         target = d.setdefault(to, {})
         if isinstance(target, dict):
             if key in target and target[key] != value:
-                raise ConfigError(
-                    f"{where}: {old} = {value!r} and {new} = {target[key]!r} are one setting; remove {old}"
-                )
+                raise _one_setting(f"{where}: ", old, value, new, target[key])
             target.setdefault(key, value)
     return d

@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig, VitSettings, setting_key, with_settings
+from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig, VitSettings, with_settings
 from foodvit.errors import ConfigError
 from foodvit.model.variants import without_recipe_resizing
 from foodvit.recipes import load_recipe
+from foodvit.settings_layout import current_names
 
 # Regularisation settings a from-scratch recipe keeps when it is used with pre-trained weights: its
 # other model settings (size, pooling, 96 px ...) are not meant for the weights, nor is its
@@ -34,19 +35,6 @@ def is_setting_key(key: str) -> bool:
     return "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)
 
 
-def current_names(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Overrides under either layout's names (config.MOVED) under the current ones; a setting given under both
-    names with two values is refused, as a recipe's is (None: not given)."""
-    named: dict[str, Any] = {}
-    for key, value in sorted(overrides.items(), key=lambda item: setting_key(item[0]) != item[0]):  # current first
-        new = setting_key(key)
-        if value is not None and named.get(new) is not None and named[new] != value:
-            raise ConfigError(f"{key} = {value!r} and {new} = {named[new]!r} are one setting; remove {key}")
-        if value is not None or new not in named:
-            named[new] = value
-    return named
-
-
 def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str | None = None) -> RunConfig:
     """`config` with every setting given: "section.name" -> value ("vit.depth", "optim.lr", ...); None
     values are not settings given, and a key that names no section is refused rather than ignored."""
@@ -56,8 +44,7 @@ def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str 
             f"unknown setting {', '.join(map(repr, unknown))}: overrides are 'section.name' with a section among "
             f"{', '.join(('vit', *SECTIONS))}, e.g. 'train.epochs' or 'optim.lr'"
         )
-    values = {key: value for key, value in current_names(overrides).items() if value is not None}
-    return replace(with_settings(config, values), model=model or config.model)
+    return replace(with_settings(config, current_names(overrides)), model=model or config.model)
 
 
 def resolve(

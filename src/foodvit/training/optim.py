@@ -7,6 +7,7 @@ gradient clipping at global norm 1; fine-tuning uses SGD with momentum 0.9 and n
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -43,6 +44,12 @@ def param_groups(model: nn.Module, weight_decay: float, decay_all: bool = False)
             no_decay.append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
+
+
+def within_stage(cfg: OptimConfig, epochs: float) -> OptimConfig:
+    """`cfg` for a stage on a schedule of its own (the CNN teacher's, the pre-training's): at most half of its
+    `epochs` warming up, so that a short stage still reaches its peak rate and decays."""
+    return replace(cfg, warmup_epochs=min(cfg.warmup_epochs, epochs / 2))
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:

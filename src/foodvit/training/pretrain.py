@@ -38,6 +38,7 @@ from foodvit.training.engine import StepSettings
 from foodvit.training.engine import epoch_line as engine_epoch_line
 from foodvit.training.objectives import MaskedPatches, WithObjectives
 from foodvit.training.objectives.base import Computing, vit_of
+from foodvit.training.optim import within_stage
 from foodvit.training.stages import Stage, StageData
 
 logger = logging.getLogger(__name__)
@@ -79,8 +80,7 @@ def pretrain(
     task = masked_image_modelling(model, c.pretrain.mask_ratio).to(data.context.device)
     # sharpness-aware minimisation is the supervised stage's (--sam): here a second pass would draw other masks
     settings = replace(settings, input_size=0 if size == vit_of(model).config.image_size else size, sam=0.0)
-    # the supervised warmup, at most half the stage: a short stage still reaches its peak and decays
-    optim = replace(c.optim, warmup_epochs=min(c.optim.warmup_epochs, epochs / 2))
+    optim = within_stage(c.optim, epochs)  # the supervised warmup, at most half of this stage
 
     def after(epoch: int, row: dict) -> None:
         rows.append({k: row[k] for k in ("epoch", "train_objective", "lr", "seconds")})

@@ -33,6 +33,7 @@ from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
 from foodvit.training.engine import StepSettings, epoch_line
+from foodvit.training.optim import within_stage
 from foodvit.training.stages import Stage, StageData
 
 logger = logging.getLogger(__name__)
@@ -220,9 +221,8 @@ class TeacherSetup:
         processes: int,
     ) -> TeacherSetup:
         size = config.teacher.size or image_size  # its batches are loaded at image_size
-        epochs, optim = teacher_epochs(config), config.optim
-        if config.teacher.epochs:  # a schedule of its own: at most half of it warming up, so that it decays too
-            optim = replace(optim, warmup_epochs=min(optim.warmup_epochs, epochs / 2))
+        epochs = teacher_epochs(config)
+        optim = within_stage(config.optim, epochs) if config.teacher.epochs else config.optim  # a schedule of its own
         return cls(
             config.teacher.architecture,
             num_classes,

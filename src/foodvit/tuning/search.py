@@ -36,7 +36,15 @@ from foodvit.errors import ConfigError, StudyError
 from foodvit.rundir import directory as rundir
 from foodvit.tuning import cv
 from foodvit.tuning.folds import check_folds, fingerprint, training_photos
-from foodvit.tuning.space import Param, base_values, default_space, read_space, space_table, trial_config
+from foodvit.tuning.space import (
+    Param,
+    base_values,
+    default_space,
+    read_space,
+    sectioned_space,
+    space_table,
+    trial_config,
+)
 from foodvit.tuning.storage import STUDY_NAME, check_database, open_storage
 from foodvit.tuning.study import TRIAL_FILE, bind_trial, open_study, read_identity, study_settings
 from foodvit.tuning.summary import duration_text, write_report
@@ -262,19 +270,6 @@ def _requeue_interrupted(study) -> None:
             )
 
 
-def _current_names(space: dict[str, Param]) -> dict[str, Param]:
-    """A space given in Python under either layout's names (config.MOVED), under the current ones; one setting
-    under both is refused, as a space file's is."""
-    named: dict[str, Param] = {}
-    for key, param in space.items():
-        new = setting_key(key)
-        if new in named:
-            old = key if key != new else next(k for k in space if k != new and setting_key(k) == new)
-            raise ConfigError(f"space: {new} is given twice, also under its flat-layout name {old}: remove {old}")
-        named[new] = replace(param, key=new)
-    return named
-
-
 def tune(
     study_dir: str | Path,
     base: RunConfig,
@@ -301,7 +296,7 @@ def tune(
     check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
-    space = _current_names(space)
+    space = sectioned_space(space)
     open_study(
         study_dir,
         {

@@ -4,7 +4,7 @@ the user writes, every range checked as the command line checks the setting."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from foodvit.config import (
@@ -140,7 +140,6 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
         raise ConfigError(f"space file {path} is not valid TOML: {err}") from None
     try:
         space: dict[str, Param] = {}
-        given: dict[str, str] = {}  # the name each setting was given under
         for section, settings in tables.items():
             if not isinstance(settings, dict):
                 raise ConfigError(
@@ -148,17 +147,28 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
                     f"{', '.join(('vit', *SECTIONS))}"
                 )
             for name, spec in settings.items():
-                key = setting_key(f"{section}.{name}")
-                if key in space:
-                    old = given[key] if given[key] != key else f"{section}.{name}"
-                    raise ConfigError(f"{key} is given twice, also under its flat-layout name {old}: remove {old}")
-                space[key], given[key] = _param(key, spec, config), f"{section}.{name}"
+                space[f"{section}.{name}"] = _param(setting_key(f"{section}.{name}"), spec, config)
+        space = sectioned_space(space)
         if not space:
             raise ConfigError("no settings to search; e.g. [optim] lr = {low = 1e-4, high = 1e-2, log = true}")
         _check_needs(space, config)
         return space
     except ConfigError as err:
         raise ConfigError(f"space file {path}: {err}") from None
+
+
+def sectioned_space(space: dict[str, Param]) -> dict[str, Param]:
+    """A space whose settings may be named in the flat layout (config.MOVED), each under its section's name; one
+    setting given under both names is refused in one line."""
+    named: dict[str, Param] = {}
+    given: dict[str, str] = {}  # the name each setting was given under
+    for name, param in space.items():
+        key = setting_key(name)
+        if key in named:
+            old = given[key] if given[key] != key else name
+            raise ConfigError(f"{key} is given twice, also under its flat-layout name {old}: remove {old}")
+        named[key], given[key] = replace(param, key=key), name
+    return named
 
 
 def _param(key: str, spec, config: RunConfig) -> Param:
