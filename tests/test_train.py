@@ -294,6 +294,26 @@ def test_no_workers_and_two_workers_train_the_same_run(photos, tmp_path):
     assert strip(runs[0].history) == strip(runs[1].history)
 
 
+def test_evaluating_less_often_trains_the_same_model(photos, tmp_path):
+    # the default evaluates every 5th epoch for speed: an evaluation draws from PyTorch's random stream (the
+    # loader's base seed), and every epoch reseeds the stream that the masks and drloc's pairs draw from
+    from foodvit.config import with_settings
+
+    runs = []
+    for every in (1, 2):
+        config = with_settings(
+            small_config(photos, epochs=3, batch_size=8),
+            {"vit.pool": "gap", "masked.weight": 1.0, "drloc.weight": 0.5, "train.eval_every": every},
+        )
+        runs.append(train(config, tmp_path / f"every{every}", quiet=True))
+    each, fewer = ([{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")}
+                    for row in run.history] for run in runs)
+    assert [row.get("test_acc") is not None for row in fewer] == [False, True, True]
+    assert [{k: v for k, v in row.items() if k in fewer[i]} for i, row in enumerate(each)] == fewer
+    a, b = foodvit.load_model(tmp_path / "every1"), foodvit.load_model(tmp_path / "every2")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
 def test_every_purpose_draws_from_its_own_seed():
     from foodvit.seeds import PURPOSES, derive_seed
 

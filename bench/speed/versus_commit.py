@@ -9,8 +9,8 @@ The commit is checked out into a temporary git worktree and run with the same in
 in even ones) so that a drift in the machine's speed falls on both. Every run is the same recipe name, seed
 and threads (OMP_NUM_THREADS), for the same --epochs or, without it, each tree's recipe as it stands, its
 photos decoded by itself. The ratio is the baseline's wall time over the working tree's, the median over
-rounds. The metrics.csv of the two are compared column by column, the timing columns aside: identical, or the
-largest difference. Rows go to results/speed-versus.csv.
+rounds. The metrics.csv of the two are compared column by column, the timing columns aside and the evaluation
+columns in the epochs both evaluated: identical, or the largest difference. Rows go to results/speed-versus.csv.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from bench.results import record
 ROOT = Path(__file__).resolve().parents[2]
 DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
 TIMING = ("seconds", "images_per_s", "model_share")  # what a run's speed changes in metrics.csv
+EVALUATION = ("val_", "test_")  # the columns an epoch fills only when it evaluates
 
 
 def checkout(commit: str, where: Path) -> Path:
@@ -72,11 +73,16 @@ def timed_train(tree: Path, out: Path, args: argparse.Namespace) -> float:
 
 
 def metrics_difference(a: Path, b: Path) -> str:
-    """'identical' when the two metrics.csv agree on every column but the timing ones, else the largest difference."""
+    """'identical' when the two metrics.csv agree on every column but the timing ones, else the largest difference.
+    An evaluation column (val_*, test_*) is compared in the epochs both evaluated: a tree that evaluates less often
+    (train.eval_every) is identical when its model and its evaluations are; the counts are then said."""
 
     def rows(path: Path) -> list[dict]:
         with path.open(newline="") as f:
             return [{k: v for k, v in row.items() if k not in TIMING} for row in csv.DictReader(f)]
+
+    def evaluated(table: list[dict]) -> int:
+        return sum(1 for row in table if row.get("test_acc"))
 
     first, second = rows(a), rows(b)
     if len(first) != len(second):
@@ -84,7 +90,7 @@ def metrics_difference(a: Path, b: Path) -> str:
     worst, where = 0.0, ""
     for x, y in zip(first, second, strict=True):
         for key in x.keys() | y.keys():
-            if x.get(key) == y.get(key):
+            if x.get(key) == y.get(key) or (key.startswith(EVALUATION) and not (x.get(key) and y.get(key))):
                 continue
             try:
                 gap = abs(float(x.get(key) or "nan") - float(y.get(key) or "nan"))
@@ -92,7 +98,10 @@ def metrics_difference(a: Path, b: Path) -> str:
                 return f"epoch {x.get('epoch')}: {key} {x.get(key)!r} against {y.get(key)!r}"
             if not gap <= worst:
                 worst, where = gap, f"{key} at epoch {x.get('epoch')}"
-    return "identical" if not where else f"largest difference {worst:.3g} ({where})"
+    if where:
+        return f"largest difference {worst:.3g} ({where})"
+    counts = evaluated(first), evaluated(second)
+    return "identical" if counts[0] == counts[1] else f"identical (tested in {counts[0]} and {counts[1]} epochs)"
 
 
 def main(argv: list[str] | None = None) -> int:
