@@ -237,3 +237,24 @@ def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_pa
     assert saved["model"].keys() == alone.keys()
     for key in alone:
         torch.testing.assert_close(saved["model"][key], alone[key], rtol=0, atol=0)
+
+
+def test_a_run_started_up_to_its_first_epoch_resumes_to_the_whole_runs_model(photos, tmp_path):
+    """foodvit cv --jobs trains a fold's teacher as a task of its own (train_stages), then the fold's task resumes
+    the run: the same teacher, the same model, to the bit."""
+    import foodvit
+    from foodvit.training.run import train_stages
+
+    whole = train(guided(photos, 2, "linear"), tmp_path / "whole", quiet=True)
+    train_stages(guided(photos, 2, "linear"), tmp_path / "staged")
+    staged = load_checkpoint(tmp_path / "staged" / "checkpoint.pt")
+    assert staged["epoch"] == 0 and not (tmp_path / "staged" / "model.safetensors").exists()
+    resumed = resume(tmp_path / "staged", quiet=True)
+    timing = ("seconds", "images_per_s", "model_share")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in resumed.history] == [
+        {k: v for k, v in r.items() if k not in timing} for r in whole.history
+    ]
+    teachers = [load_checkpoint(tmp_path / run / "teacher.pt")["model"] for run in ("whole", "staged")]
+    assert all(torch.equal(teachers[0][k], teachers[1][k]) for k in teachers[0])
+    models = [foodvit.load_model(tmp_path / run).state_dict() for run in ("whole", "staged")]
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])

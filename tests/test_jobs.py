@@ -54,6 +54,7 @@ def test_jobs_give_the_study_one_process_gives_and_train_each_teacher_once(tmp_p
             and lent["history"] == load_checkpoint(a / f"fold-{k}" / "teacher.pt")["history"]
         )
     assert json.loads((b / "cv.json").read_text())["photos"] == with_jobs["photos"]
+    assert not list(a.glob(".*.stages.json"))  # each teacher task's seconds went into its fold's result
 
 
 def test_a_fold_is_evaluated_once_and_learns_what_an_evaluated_run_does(tmp_path: Path):
@@ -112,7 +113,7 @@ def work(folder, i, seconds, cleanup):
 """
 DRIVER = """
 import signal, sys
-from foodvit.tuning.jobs import Plan, run_tasks
+from foodvit.tuning.jobs import Plan, Task, run_tasks
 from slowtask import work
 folder, seconds, cleanup, ignore = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "ignore"
 # ctrl-C as a terminal delivers it, or ignored as a shell starts a command in the background of a script, whatever
@@ -120,7 +121,7 @@ folder, seconds, cleanup, ignore = sys.argv[1], float(sys.argv[2]), float(sys.ar
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 signal.signal(signal.SIGINT, signal.SIG_IGN if ignore else signal.default_int_handler)
 try:
-    run_tasks(work, [(folder, i, seconds, cleanup) for i in range(4)], Plan(2, 1))
+    run_tasks([Task(work, (folder, i, seconds, cleanup)) for i in range(4)], Plan(2, 1))
 except KeyboardInterrupt:
     sys.exit(130)
 """
@@ -154,6 +155,65 @@ def interrupted(tmp_path: Path, to: str, seconds: float = 60, cleanup: float = 0
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     return process.returncode, errors, sorted(p.name for p in tmp_path.glob("*-[0-9]"))
+
+
+def test_a_fold_that_trains_its_teacher_queues_it_as_a_task_before_its_own(tmp_path: Path, monkeypatch):
+    """Guided folds: each a chain, its teacher's task then its training; a fold whose teacher is lent, or whose run is
+    under way (a checkpoint), or a recipe without a teacher: the fold's task alone."""
+    import foodvit.tuning.cv as cv
+    from foodvit.config import with_settings
+    from foodvit.recipes import load_recipe
+    from foodvit.rundir.directory import TEACHER_FILE
+    from foodvit.tuning.folds import training_photos
+
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
+    queued = {}
+    monkeypatch.setattr(cv, "run_tasks", lambda tasks, plan, **kwargs: queued.setdefault("tasks", tasks))
+    config = with_settings(load_recipe("tiny"), {"data.source": str(photos), "guidance.weight": 1.0})
+    lender, study = tmp_path / "lender", tmp_path / "study"
+    (lender / "fold-1").mkdir(parents=True)
+    (lender / "fold-1" / TEACHER_FILE).touch()
+    (study / "fold-2").mkdir(parents=True)
+    (study / "fold-2" / "checkpoint.pt").touch()
+
+    def queue(config, teachers=None) -> list:
+        queued.clear()
+        cv.train_on_processes(
+            config, study, training_photos(config), folds=3, seeds=[0], teachers=teachers, only=None, jobs=2
+        )
+        return [(t.work.__name__, t.then.work.__name__ if t.then else None) for t in queued["tasks"]]
+
+    chain, alone = ("_teacher_task", "_fold_task"), ("_fold_task", None)
+    assert queue(config) == [chain, chain, alone]
+    assert queue(config, teachers=lender) == [chain, alone, alone]
+    assert queue(with_settings(config, {"guidance.weight": 0.0})) == [alone, alone, alone]
+
+
+CHAIN_TASK = """
+import pathlib, time
+def step(folder, name):
+    (pathlib.Path(folder) / f"{name}.start").write_text(repr(time.monotonic()))
+    time.sleep(0.3)
+    (pathlib.Path(folder) / f"{name}.end").write_text(repr(time.monotonic()))
+"""
+
+
+def test_a_tasks_follow_up_is_queued_when_it_ends_so_the_first_tasks_go_first(tmp_path: Path, monkeypatch):
+    """cv --jobs chains each fold's training to its teacher's: no fold starts before its teacher has ended, and the
+    teachers, queued first, start before any fold (the processes never wait for a teacher while a fold could run)."""
+    from foodvit.tuning.jobs import Task, run_tasks
+
+    (tmp_path / "chaintask.py").write_text(CHAIN_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the processes import the work from there
+    from chaintask import step
+
+    folder = str(tmp_path)
+    chains = [Task(step, (folder, f"teacher-{i}"), then=Task(step, (folder, f"fold-{i}"))) for i in range(3)]
+    run_tasks([*chains, Task(step, (folder, "lent"))], Plan(2, 1))
+    at = {p.name: float(p.read_text()) for p in tmp_path.iterdir() if p.suffix in (".start", ".end")}
+    assert len(at) == 14  # every task started and ended
+    assert all(at[f"fold-{i}.start"] >= at[f"teacher-{i}.end"] for i in range(3))
+    assert max(at[f"teacher-{i}.start"] for i in range(3)) <= min(at[f"fold-{i}.start"] for i in range(3))
 
 
 @pytest.mark.parametrize("to", ["the command alone", "its process group, as a terminal's ctrl-C"])

@@ -49,6 +49,21 @@ def train(
         from foodvit.model.pretrained import adapt_config
 
         config = adapt_config(config)
+    with _started(config, out, quiet, log, verbose, context, timeout_s, teacher_from) as trainer:
+        return trainer.fit()
+
+
+def train_stages(config: RunConfig, out: str | Path, *, quiet: bool = True, log=print) -> None:
+    """Start a new run in `out` as train() does, but train only its stages before the epochs (its CNN teacher, its
+    pre-training) and stop: the run is left resumable from its first epoch, and `resume` then trains exactly what
+    train() would have (`foodvit cv --jobs` trains a fold's teacher as a task of its own this way)."""
+    with _started(rundir.with_source(config), Path(out), quiet, log, False, None, DEFAULT_TIMEOUT_S, None) as trainer:
+        trainer.stages()
+
+
+@contextlib.contextmanager
+def _started(config: RunConfig, out: Path, quiet: bool, log, verbose: bool, context, timeout_s, teacher_from):
+    """The Trainer of a new run in `out`, its processes joined, its folder taken and its config.json written."""
     teacher_file = borrowed_teacher(teacher_from, config) if teacher_from is not None else None
     with (
         contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx
@@ -76,7 +91,7 @@ def train(
                     processes,
                     out,
                 )
-            return trainer.fit()
+            yield trainer
 
 
 def resume(

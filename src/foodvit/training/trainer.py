@@ -22,6 +22,7 @@ folder, one writer, nothing left by a failed start) live in rundir/directory.py.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from dataclasses import asdict
@@ -304,48 +305,70 @@ class Trainer:
         return hooks
 
     def fit(self) -> Result:
+        """The stages before the run's epochs (stages()), then its epochs and its final test."""
         c = self.config
         hooks = self._hooks()
-        with deterministic_algorithms(c.train.deterministic), own_random_state(self.device), warnings.catch_warnings():
+        with self._guarded():
+            self._stages()
+            fit(
+                self.step_model,
+                self.train_loader,
+                self.eval_loaders,
+                self.optimizer,
+                self.scheduler,
+                epochs=c.train.epochs,
+                start_epoch=self.start_epoch,
+                settings=self.settings,
+                hooks=hooks,
+                eval_model=self.eval_model,
+                eval_every=c.train.eval_every,
+                show_progress=not self.quiet,
+                num_classes=len(self.classes),
+            )
+            return final_test(self)
+
+    def stages(self) -> None:
+        """Only the stages before the run's epochs (its CNN teacher, its pre-training), each kept as it ends: the run
+        is then resumable from its first epoch, and its resume learns what fit() would have."""
+        with self._guarded():
+            self._stages()
+
+    def _stages(self) -> None:
+        c = self.config
+        if self.objectives.needs_teacher:
+            teacher = self.teacher()
+            self.teacher_history, self.teacher_lent_by = teacher.history, teacher.lent_by
+            self.objectives.set_teacher(teacher.module)
+        if c.pretrain.epochs and not self.pretrained:
+            self.stage = "self-supervised pre-training epoch"
+            pretrain(
+                self.grid_model,
+                c,
+                self.stage_data(),
+                self.settings,
+                size=self.input_size(0),
+                out=self.out if self.main else None,
+                rows=self.pretraining,
+                log=self.log,
+            )
+            self.pretrained, self.stage = True, "epoch"
+            if self.main:  # resumable from here: an interruption keeps the pre-trained weights
+                rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
+
+    @contextlib.contextmanager
+    def _guarded(self):
+        """The block's training on the run's own random state, deterministic where asked; a divergence, a lost
+        process or a backend's failure said in one line with what is kept."""
+        with (
+            deterministic_algorithms(self.config.train.deterministic),
+            own_random_state(self.device),
+            warnings.catch_warnings(),
+        ):
             # a share of one photo gives the class token a gradient that is a view (expand over a batch
             # of 1 is no copy): DDP copies it into its bucket and warns about performance, needlessly
             warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
             try:
-                if self.objectives.needs_teacher:
-                    teacher = self.teacher()
-                    self.teacher_history, self.teacher_lent_by = teacher.history, teacher.lent_by
-                    self.objectives.set_teacher(teacher.module)
-                if c.pretrain.epochs and not self.pretrained:
-                    self.stage = "self-supervised pre-training epoch"
-                    pretrain(
-                        self.grid_model,
-                        c,
-                        self.stage_data(),
-                        self.settings,
-                        size=self.input_size(0),
-                        out=self.out if self.main else None,
-                        rows=self.pretraining,
-                        log=self.log,
-                    )
-                    self.pretrained, self.stage = True, "epoch"
-                    if self.main:  # resumable from here: an interruption keeps the pre-trained weights
-                        rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
-                fit(
-                    self.step_model,
-                    self.train_loader,
-                    self.eval_loaders,
-                    self.optimizer,
-                    self.scheduler,
-                    epochs=c.train.epochs,
-                    start_epoch=self.start_epoch,
-                    settings=self.settings,
-                    hooks=hooks,
-                    eval_model=self.eval_model,
-                    eval_every=c.train.eval_every,
-                    show_progress=not self.quiet,
-                    num_classes=len(self.classes),
-                )
-                return final_test(self)
+                yield
             except TrainingDiverged as err:
                 # every rank diverges at once (a collective check): keep this advice through torchrun's SIGTERM
                 self.ctx.stopping()

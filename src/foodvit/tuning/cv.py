@@ -33,9 +33,9 @@ from foodvit.files import write_text
 from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.tuning.compare import prediction_key
-from foodvit.tuning.fold import FoldBusy, per_class, run_fold
+from foodvit.tuning.fold import FoldBusy, per_class, run_fold, start_fold
 from foodvit.tuning.folds import check_folds, fingerprint, fold_folders, fold_name, training_photos
-from foodvit.tuning.jobs import fold_threads, plan, run_tasks
+from foodvit.tuning.jobs import Task, fold_threads, plan, run_tasks
 from foodvit.tuning.study import check_lender, open_study, study_settings
 
 _wait = time.sleep  # run_cv's pause while only other processes' folds are left (a test replaces it)
@@ -280,7 +280,10 @@ def train_on_processes(
     progress: bool = False,
 ) -> None:
     """Every fold of the study without a result (of `only`'s folds, if given) trained on the processes of
-    jobs.plan(jobs), each fold as run_cv trains it: its lender's teacher borrowed where the lender has one."""
+    jobs.plan(jobs), each fold as run_cv trains it: its lender's teacher borrowed where the lender has one, else its
+    CNN teacher trained first as a task of its own, so that no core waits while the last folds train."""
+    from foodvit.training.teacher import trains_teacher
+
     tasks = []
     for seed in seeds:
         for index, folder in enumerate(fold_folders(split, folds, seed, study / "folds")):
@@ -288,18 +291,23 @@ def train_on_processes(
             if (only is not None and index not in only) or (study / f"{name}.json").is_file():
                 continue
             lender = teachers / name if teachers is not None else None
-            tasks.append(
-                (
-                    config,
-                    study / name,
-                    folder,
-                    seed,
-                    index,
-                    lender if lender is not None and (lender / TEACHER_FILE).is_file() else None,
-                )
-            )
+            lent = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
+            fold = Task(_fold_task, (config, study / name, folder, seed, index, lent))
+            if lent is None and trains_teacher(config) and not (study / name / "checkpoint.pt").is_file():
+                # the teacher a task of its own: two folds' teachers, then a teacher beside a fold, then two folds
+                fold = Task(_teacher_task, (config, study / name, folder, seed), then=fold)
+            tasks.append(fold)
     if tasks:
-        run_tasks(_fold_task, tasks, plan(jobs, len(tasks)), progress=progress)
+        run_tasks(tasks, plan(jobs, len(tasks)), progress=progress, firsts="teachers")
+
+
+def _teacher_task(config: RunConfig, run: Path, folder: Path, seed: int) -> None:
+    """A fold's CNN teacher in a process of train_on_processes: its run started up to its first epoch (fold.start_fold),
+    which the fold's own task, queued when this one has ended, resumes to learn what one task would have."""
+    try:
+        start_fold(config, run, folder, seed=seed)
+    except FoldBusy:
+        pass
 
 
 def _fold_task(config: RunConfig, run: Path, folder: Path, seed: int, fold: int, teacher_from: Path | None) -> None:

@@ -10,6 +10,7 @@ written); another process meeting the lock gets FoldBusy and takes another fold 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
@@ -83,15 +84,7 @@ def run_fold(
     result_file = run.with_name(run.name + ".json")
     if (finished := read_result(result_file)) is not None:
         return finished
-    run.parent.mkdir(parents=True, exist_ok=True)
-    # One process a fold, from the look at its result to the result written (the run's own lock covers
-    # only its training): another process takes another fold meanwhile.
-    lock = FileLock(run.parent / f".{run.name}.lock", timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise FoldBusy(f"{run} is being run by another process") from None
-    try:
+    with fold_lock(run):
         if (
             finished := read_result(result_file)
         ) is not None:  # finished by another process between the look and the lock
@@ -108,8 +101,57 @@ def run_fold(
             train=train,
             teacher_from=teacher_from,
         )
+
+
+def fold_config(config: RunConfig, folder: Path, seed: int) -> RunConfig:
+    """The run of a fold: the study's settings on the fold's photos and seed, evaluated once, at the end (the study
+    reads the fold's final model alone, never its curves)."""
+    return replace(
+        config,
+        data=replace(config.data, source=str(folder.resolve())),
+        train=replace(config.train, seed=seed, eval_every=config.train.epochs),
+    )
+
+
+def start_fold(config: RunConfig, run: Path, folder: Path, *, seed: int) -> None:
+    """The fold's run started and trained up to its first epoch (its CNN teacher: training.run.train_stages), so that
+    run_fold resumes it; nothing when the fold has a result, a run under way or another process on it (FoldBusy)."""
+    from foodvit.training.run import train_stages
+
+    with fold_lock(run):
+        if read_result(run.with_name(run.name + ".json")) is None and not (run / "checkpoint.pt").is_file():
+            _clear_unstarted(run)
+            started = time.perf_counter()
+            try:
+                train_stages(fold_config(config, folder, seed), run, log=_silent)
+            except rundir.LockedError:  # another process took the fold's run between the look and the start
+                raise FoldBusy(f"{run} is being trained by another process") from None
+            write_text(stages_file(run), json.dumps({"seconds": round(time.perf_counter() - started, 2)}))
+
+
+def stages_file(run: Path) -> Path:
+    """Where start_fold leaves the seconds it took, which the fold's result adds to its own."""
+    return run.with_name(f".{run.name}.stages.json")
+
+
+@contextlib.contextmanager
+def fold_lock(run: Path):
+    """One process a fold, from the look at its result to the result written (the run's own lock covers only its
+    training): FoldBusy when another process holds it, and that process takes another fold meanwhile."""
+    run.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(run.parent / f".{run.name}.lock", timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise FoldBusy(f"{run} is being run by another process") from None
+    try:
+        yield
     finally:
         lock.release()
+
+
+def _silent(*args, **kwargs) -> None:
+    pass
 
 
 def read_result(path: Path) -> dict | None:
@@ -144,16 +186,10 @@ def _run_fold(
     if not (run / "model.json").is_file():
         try:
             if (run / "checkpoint.pt").is_file():
-                resume(run, quiet=quiet, log=lambda *a, **k: None)
+                resume(run, quiet=quiet, log=_silent)
             else:
                 _clear_unstarted(run)
-                # evaluated once, at the end: the study reads the fold's final model alone, never its curves
-                fold_config = replace(
-                    config,
-                    data=replace(config.data, source=str(folder.resolve())),
-                    train=replace(config.train, seed=seed, eval_every=config.train.epochs),
-                )
-                train(fold_config, run, quiet=quiet, log=lambda *a, **k: None, teacher_from=teacher_from)
+                train(fold_config(config, folder, seed), run, quiet=quiet, log=_silent, teacher_from=teacher_from)
         except rundir.LockedError:  # another process took the fold between the look and the start
             raise FoldBusy(
                 f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})"
@@ -176,11 +212,20 @@ def _run_fold(
         "correct": right,
         "accuracy": right / len(predictions),
         "per_class": per_class(predictions),
-        "seconds": round(time.perf_counter() - started, 2),
+        "seconds": round(time.perf_counter() - started + _stages_seconds(run), 2),
         "predictions": predictions,
     }
     write_text(result_file, json.dumps(result))  # compact: every held-out photo's class probabilities
+    stages_file(run).unlink(missing_ok=True)
     return result
+
+
+def _stages_seconds(run: Path) -> float:
+    """The seconds start_fold spent on the fold's teacher in a task of its own (0 when none did, or unreadable)."""
+    try:
+        return float(json.loads(stages_file(run).read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def _clear_unstarted(run: Path) -> None:

@@ -1,8 +1,11 @@
 """The folds of a study on several processes of this machine (`foodvit cv --jobs N`).
 
-Each process trains one fold at a time with `threads` threads of its own; together they take the folds
+Each process runs one task at a time with `threads` threads of its own; together they take the tasks
 from one queue (cv.train_on_processes makes it), so the cores stay busy until it is empty. The plan
-splits the machine's cores: N processes x cores // N threads (never more processes than folds). A fold is run by
+splits the machine's cores: N processes x cores // N threads (never more processes than folds). A fold that
+trains its CNN teacher is two tasks, the teacher's (fold.start_fold: the run started up to its first epoch), then,
+queued when it ends, the fold's own, which resumes the run to what one task would have learnt: with 5 folds on 2
+processes the teachers and folds pair up instead of one core idling while the fifth fold trains. A fold is run by
 fold.run_fold as in one process: its lock keeps any other process (of this study or another command) off
 it, a finished fold is read rather than trained, and its CNN teacher is trained once, kept in the fold's
 run (teacher.pt) or borrowed from a lender study, never trained twice.
@@ -20,7 +23,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,16 +109,28 @@ def _task(work: Callable, *task: Any) -> Any:
 GRACE_S = 3.0  # after ctrl-C, how long the tasks running have to stop by themselves before they are interrupted
 
 
-def run_tasks(work: Callable, tasks: list[tuple], the_plan: Plan, progress: bool = False) -> None:
-    """work(*task) for every task, on the plan's processes, in order of the list as processes come free; a task
-    that fails stops the rest with its error once the tasks running have ended (none starts after it), and ctrl-C
-    stops them all (each running task interrupted as in one process, none started after). `work` must be a module's
-    own function (the processes import it)."""
+@dataclass(frozen=True)
+class Task:
+    """work(*args) on a process of run_tasks; `then`, when given, is queued once it has finished (a fold's training
+    after its CNN teacher's, so that both cores train teachers and folds alike instead of one idling at the end)."""
+
+    work: Callable
+    args: tuple
+    then: Task | None = None
+
+
+def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts: str = "first steps") -> None:
+    """Every task, on the plan's processes, in order of the list as processes come free, each task's `then` queued
+    when it has finished; a task that fails stops the rest with its error once the tasks running have ended (none
+    starts after it), and ctrl-C stops them all (each running task interrupted as in one process, none started
+    after). A task's work must be a module's own function (the processes import it). The bar counts the folds, the
+    tasks that end a chain, and says how many of the chains' first tasks (`firsts`) have ended."""
     from tqdm.auto import tqdm
 
     context = multiprocessing.get_context("spawn")  # fresh processes: no copy of this one's threads or open files
     stop, ignoring = context.Event(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     before = {p.pid for p in multiprocessing.active_children()}
+    chained = sum(task.then is not None for task in tasks)
     with (
         ProcessPoolExecutor(
             the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads, stop, ignoring)
@@ -124,11 +139,22 @@ def run_tasks(work: Callable, tasks: list[tuple], the_plan: Plan, progress: bool
             total=len(tasks), desc=f"folds ({the_plan.line()})", unit="fold", disable=not progress, leave=False
         ) as bar,
     ):
-        futures = [pool.submit(_task, work, *task) for task in tasks]
+        pending = {pool.submit(_task, task.work, *task.args): task for task in tasks}
+        futures, started = list(pending), 0
         try:
-            for future in as_completed(futures):
-                future.result()
-                bar.update()
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    task = pending.pop(future)
+                    future.result()
+                    if task.then is None:
+                        bar.update()
+                        continue
+                    follow = pool.submit(_task, task.then.work, *task.then.args)
+                    pending[follow] = task.then
+                    futures.append(follow)
+                    started += 1
+                    bar.set_postfix_str(f"{firsts} {started}/{chained}")
         except BaseException as error:
             stop.set()  # a task a process has already taken from the queue is not started
             for future in futures:
