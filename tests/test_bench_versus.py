@@ -31,3 +31,22 @@ def test_a_training_or_test_value_that_moved_is_the_largest_difference(tmp_path)
     assert metrics_difference(each, tested).startswith("largest difference 0.04 (test_acc at epoch 2)")
     short = write(tmp_path / "short.csv", [(1, 1.5, 1.2, 0.4, 1e-3, 9.0)])
     assert metrics_difference(each, short) == "2 epochs against 1"
+
+
+def test_two_studies_are_identical_when_every_held_out_photo_has_the_same_probabilities(tmp_path):
+    import json
+
+    from bench.speed.versus_commit import study_difference
+
+    def study(name, pizza):
+        folder = tmp_path / name
+        folder.mkdir()
+        for fold, p in enumerate(pizza):
+            predictions = [{"photo": f"pizza/{fold}.jpg", "probabilities": {"pizza": p, "steak": 1 - p}}]
+            (folder / f"fold-{fold}.json").write_text(json.dumps({"predictions": predictions}))
+        return folder
+
+    a, b, c = study("a", [0.9, 0.4]), study("b", [0.9, 0.4]), study("c", [0.9, 0.45])
+    assert study_difference(a, b) == "identical"
+    assert study_difference(a, c) == "1 of 2 photos differ, by up to 0.05"
+    assert study_difference(a, study("d", [0.9])) == "2 held-out predictions against 1, not of the same photos"

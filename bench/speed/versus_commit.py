@@ -3,6 +3,7 @@ metrics each writes.
 
     python -m bench.speed.versus_commit --epochs 1 --threads 1
     python -m bench.speed.versus_commit --commit 6149773 --threads 2   # each tree's default recipe, whole
+    python -m bench.speed.versus_commit --commit 55963f1 --cv 5 --epochs 4   # `foodvit cv --folds 5 --jobs 2` instead
 
 The commit is checked out into a temporary git worktree and run with the same interpreter and packages
 (PYTHONPATH at its src/), the working tree likewise; the two alternate (baseline first in odd rounds, second
@@ -10,13 +11,15 @@ in even ones) so that a drift in the machine's speed falls on both. Every run is
 and threads (OMP_NUM_THREADS), for the same --epochs or, without it, each tree's recipe as it stands, its
 photos decoded by itself. The ratio is the baseline's wall time over the working tree's, the median over
 rounds. The metrics.csv of the two are compared column by column, the timing columns aside and the evaluation
-columns in the epochs both evaluated: identical, or the largest difference. Rows go to results/speed-versus.csv.
+columns in the epochs both evaluated: identical, or the largest difference; with --cv, every held-out photo's class
+probabilities. Rows go to results/speed-versus.csv.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import statistics
 import subprocess
@@ -47,11 +50,12 @@ def timed_train(tree: Path, out: Path, args: argparse.Namespace) -> float:
         "OMP_NUM_THREADS": str(args.threads),
         "MKL_NUM_THREADS": str(args.threads),
     }
+    study = ["cv", "--folds", str(args.cv), "--jobs", str(args.jobs)] if args.cv else ["train"]
     command = [
         sys.executable,
         "-m",
         "foodvit",
-        "train",
+        *study,
         "--recipe",
         args.recipe,
         "--data",
@@ -70,6 +74,25 @@ def timed_train(tree: Path, out: Path, args: argparse.Namespace) -> float:
     if done.returncode != 0:
         raise SystemExit(f"versus_commit: {' '.join(command)} in {tree} failed:\n{done.stderr[-2000:]}")
     return seconds
+
+
+def study_difference(a: Path, b: Path) -> str:
+    """'identical' when two `foodvit cv` studies gave every held-out photo the same class probabilities, else how
+    many photos differ and the largest difference."""
+
+    def probabilities(study: Path) -> dict:
+        return {
+            (path.name, p["photo"]): p["probabilities"]
+            for path in sorted(study.glob("fold-*.json"))
+            for p in json.loads(path.read_text())["predictions"]
+        }
+
+    first, second = probabilities(a), probabilities(b)
+    if first.keys() != second.keys():
+        return f"{len(first)} held-out predictions against {len(second)}, not of the same photos"
+    gaps = [max(abs(x[c] - second[k][c]) for c in x) for k, x in first.items()]
+    moved = sum(g > 0 for g in gaps)
+    return "identical" if not moved else f"{moved} of {len(gaps)} photos differ, by up to {max(gaps):.3g}"
 
 
 def metrics_difference(a: Path, b: Path) -> str:
@@ -118,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1, help="pairs of runs, alternating which goes first (default 1)")
     parser.add_argument("--data", default=DATA, help="the photos (default $FOODVIT_DATA)")
+    parser.add_argument("--cv", type=int, default=0, metavar="FOLDS", help="time `foodvit cv --folds FOLDS` instead")
+    parser.add_argument("--jobs", type=int, default=2, help="with --cv: its --jobs (default 2)")
     parser.add_argument("--no-record", action="store_true", help="print only, append no row to results/")
     parser.add_argument("extra", nargs="*", help="after --: more `foodvit train` options for both runs")
     args = parser.parse_args(argv)
@@ -137,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
                     out = tmp / "runs" / f"{'baseline' if name == commit else 'working'}-{r}"
                     seconds[name].append(timed_train(trees[name], out, args))
                     print(f"round {r + 1}: {name} {seconds[name][-1]:.1f} s", file=sys.stderr)
-            metrics = metrics_difference(
-                tmp / "runs" / "baseline-0" / "metrics.csv", tmp / "runs" / "working-0" / "metrics.csv"
+            runs = tmp / "runs"
+            metrics = (
+                study_difference(runs / "baseline-0", runs / "working-0")
+                if args.cv
+                else metrics_difference(runs / "baseline-0" / "metrics.csv", runs / "working-0" / "metrics.csv")
             )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False)
@@ -150,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{args.recipe} recipe, {args.epochs or 'its own'} epoch(s), seed {args.seed}, {args.threads} thread(s): "
-        f"the working tree takes {new / old:.2f} of {commit}'s time ({ratio:.2f}x as fast); metrics.csv: {metrics}"
+        f"the working tree takes {new / old:.2f} of {commit}'s time ({ratio:.2f}x as fast); "
+        f"{'held-out predictions' if args.cv else 'metrics.csv'}: {metrics}"
     )
     if not args.no_record:
         common = {
@@ -159,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": args.epochs or "recipe's own",
             "seed": args.seed,
             "threads": args.threads,
-            "extra": " ".join(args.extra),
+            "extra": " ".join([*([f"cv --folds {args.cv} --jobs {args.jobs}"] if args.cv else []), *args.extra]),
         }
         for name, values in seconds.items():
             for r, s in enumerate(values):
