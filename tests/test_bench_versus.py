@@ -21,6 +21,8 @@ def test_runs_that_differ_only_in_time_or_in_how_often_they_test_are_identical(t
     fewer = write(tmp_path / "fewer.csv", [(1, 1.5, "", "", 1e-3, 8.0), (2, 1.1, 1.0, 0.6, 5e-4, 8.0)])
     assert metrics_difference(each, slower) == "identical"
     assert metrics_difference(each, fewer) == "identical (tested in 2 and 1 epochs)"
+    never = write(tmp_path / "never.csv", [(1, 1.5, "", "", 1e-3, 8.0), (2, 1.1, "", "", 5e-4, 8.0)])
+    assert metrics_difference(each, never) == "not both tested at the last epoch (tested in 2 and 0 epochs)"
 
 
 def test_a_training_or_test_value_that_moved_is_the_largest_difference(tmp_path):
@@ -38,15 +40,23 @@ def test_two_studies_are_identical_when_every_held_out_photo_has_the_same_probab
 
     from bench.speed.versus_commit import study_difference
 
-    def study(name, pizza):
+    def study(name, pizza, seeds=(42,)):
         folder = tmp_path / name
         folder.mkdir()
-        for fold, p in enumerate(pizza):
-            predictions = [{"photo": f"pizza/{fold}.jpg", "probabilities": {"pizza": p, "steak": 1 - p}}]
-            (folder / f"fold-{fold}.json").write_text(json.dumps({"predictions": predictions}))
+        lines = [
+            {"seed": seed, "fold": fold, "photo": f"pizza/{fold}.jpg", "probabilities": {"pizza": p, "steak": 1 - p}}
+            for seed in seeds
+            for fold, p in enumerate(pizza)
+        ]
+        (folder / "predictions.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         return folder
 
     a, b, c = study("a", [0.9, 0.4]), study("b", [0.9, 0.4]), study("c", [0.9, 0.45])
     assert study_difference(a, b) == "identical"
     assert study_difference(a, c) == "1 of 2 photos differ, by up to 0.05"
     assert study_difference(a, study("d", [0.9])) == "2 held-out predictions against 1, not of the same photos"
+    two, other = study("two", [0.9, 0.4], seeds=(42, 43)), study("other", [0.9, 0.4, 0.5], seeds=(42, 43))
+    assert study_difference(two, other).startswith("4 held-out predictions against 6")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert study_difference(empty, empty) == "0 held-out predictions against 0, not of the same photos"

@@ -189,6 +189,27 @@ def test_a_fold_that_trains_its_teacher_queues_it_as_a_task_before_its_own(tmp_p
     assert queue(with_settings(config, {"guidance.weight": 0.0})) == [alone, alone, alone]
 
 
+def test_a_fold_adds_the_seconds_of_its_teachers_task_and_forgets_a_stale_record(tmp_path: Path):
+    from foodvit.config import with_settings
+    from foodvit.recipes import load_recipe
+    from foodvit.tuning.fold import run_fold, stages_file, start_fold
+    from foodvit.tuning.folds import fold_folders, training_photos
+
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
+    settings = {"data.source": str(photos), "guidance.weight": 1.0, "vit.image_size": 32, "vit.depth": 2}
+    config = with_settings(load_recipe("tiny"), {**settings, "train.epochs": 1})
+    study = tmp_path / "study"
+    folders = fold_folders(training_photos(config), 2, 0, study / "folds")
+    start_fold(config, study / "fold-0", folders[0], seed=0)
+    assert (study / "fold-0" / "checkpoint.pt").is_file() and not (study / "fold-0" / "model.json").exists()
+    teacher_s = json.loads(stages_file(study / "fold-0").read_text())["seconds"]
+    assert run_fold(config, study / "fold-0", folders[0], seed=0, fold=0)["seconds"] >= teacher_s > 0
+    assert not stages_file(study / "fold-0").exists()
+    stages_file(study / "fold-1").write_text(json.dumps({"seconds": 5000}))  # left by a start whose run was removed
+    assert run_fold(config, study / "fold-1", folders[1], seed=0, fold=1)["seconds"] < 5000
+    assert not stages_file(study / "fold-1").exists()
+
+
 CHAIN_TASK = """
 import pathlib, time
 def step(folder, name):

@@ -314,6 +314,27 @@ def test_evaluating_less_often_trains_the_same_model(photos, tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
+def test_a_run_started_up_to_its_first_epoch_is_prepared_as_train_prepares_it(photos, tmp_path):
+    # pre-trained weights dictate the model (pretrained.adapt_config) in both; with no stage to train, the run is
+    # still left resumable from its first epoch
+    import timm
+    from safetensors.torch import save_file
+
+    from foodvit.config import RunConfig, with_settings
+    from foodvit.model.pretrained import adapt_config
+    from foodvit.rundir.directory import with_source
+    from foodvit.training.run import train_stages
+
+    weights = tmp_path / "vit_ti.safetensors"
+    save_file({k: v.contiguous() for k, v in timm.create_model("vit_tiny_patch16_224").state_dict().items()}, str(weights))
+    config = with_settings(small_config(photos, epochs=1, batch_size=8), {"train.pretrained": str(weights)})
+    train_stages(config, tmp_path / "staged")
+    stored = RunConfig.from_dict(json.loads((tmp_path / "staged" / "config.json").read_text()))
+    assert stored == adapt_config(with_source(config)) and (stored.model, config.model) == ("ViT-Ti/16", "ViT-Ti/8")
+    assert (tmp_path / "staged" / "checkpoint.pt").is_file()
+    assert resume(tmp_path / "staged", quiet=True).history[-1]["epoch"] == 1
+
+
 def test_every_purpose_draws_from_its_own_seed():
     from foodvit.seeds import PURPOSES, derive_seed
 

@@ -175,6 +175,23 @@ def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study
 
 
 
+def test_a_study_resumes_whatever_its_recipe_says_of_evaluating(cv_study, photos, capsys):
+    """A fold evaluates once, at its end, whatever --eval-every says: a study started under a recipe that evaluated
+    every epoch is the same study under one that evaluates every 5th (it was refused as another study)."""
+    stored = json.loads((cv_study["study"] / "study.json").read_text())
+    assert "eval_every" not in stored["settings"]["train"] and "source" not in stored["settings"]["data"]
+    def again(study):
+        return main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), *TINY, "--eval-every", "5"])
+
+    assert again(cv_study["study"]) == 0
+    assert "something else" not in capsys.readouterr().err
+    written = cv_study["study"].parent / "with-eval-every"
+    shutil.copytree(cv_study["study"], written)
+    stored["settings"]["train"]["eval_every"] = 1  # as a study that kept the setting wrote it
+    (written / "study.json").write_text(json.dumps(stored))
+    assert again(written) == 0
+
+
 GUIDED = [*TINY[:-1], "2", "--guidance", "1"]  # guidance needs a block before the last
 
 

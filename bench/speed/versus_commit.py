@@ -1,5 +1,5 @@
-"""`foodvit train` of the working tree against a commit's, side by side on this machine: wall time and the
-metrics each writes.
+"""`foodvit train` (or `foodvit cv`) of the working tree against a commit's, side by side on this machine: wall time
+and what each learns.
 
     python -m bench.speed.versus_commit --epochs 1 --threads 1
     python -m bench.speed.versus_commit --commit 6149773 --threads 2   # each tree's default recipe, whole
@@ -43,7 +43,7 @@ def checkout(commit: str, where: Path) -> Path:
 
 
 def timed_train(tree: Path, out: Path, args: argparse.Namespace) -> float:
-    """Seconds of one `foodvit train` from `tree`'s source."""
+    """Seconds of one `foodvit train` (with --cv: `foodvit cv`) from `tree`'s source."""
     env = {
         **os.environ,
         "PYTHONPATH": str(tree / "src"),
@@ -77,21 +77,19 @@ def timed_train(tree: Path, out: Path, args: argparse.Namespace) -> float:
 
 
 def study_difference(a: Path, b: Path) -> str:
-    """'identical' when two `foodvit cv` studies gave every held-out photo the same class probabilities, else how
-    many photos differ and the largest difference."""
+    """'identical' when two `foodvit cv` studies gave every held-out photo of every seed the same class
+    probabilities (their predictions.jsonl), else how many photos differ and by how much."""
 
     def probabilities(study: Path) -> dict:
-        return {
-            (path.name, p["photo"]): p["probabilities"]
-            for path in sorted(study.glob("fold-*.json"))
-            for p in json.loads(path.read_text())["predictions"]
-        }
+        path = study / "predictions.jsonl"
+        lines = path.read_text().splitlines() if path.is_file() else []
+        return {(p["seed"], p["photo"]): p["probabilities"] for p in map(json.loads, lines)}
 
     first, second = probabilities(a), probabilities(b)
-    if first.keys() != second.keys():
+    if not first or first.keys() != second.keys():
         return f"{len(first)} held-out predictions against {len(second)}, not of the same photos"
-    gaps = [max(abs(x[c] - second[k][c]) for c in x) for k, x in first.items()]
-    moved = sum(g > 0 for g in gaps)
+    gaps = [max(abs(x[c] - second[k].get(c, float("inf"))) for c in x) for k, x in first.items()]
+    moved = sum(not g == 0 for g in gaps)
     return "identical" if not moved else f"{moved} of {len(gaps)} photos differ, by up to {max(gaps):.3g}"
 
 
@@ -124,6 +122,8 @@ def metrics_difference(a: Path, b: Path) -> str:
     if where:
         return f"largest difference {worst:.3g} ({where})"
     counts = evaluated(first), evaluated(second)
+    if not (first and first[-1].get("test_acc") and second[-1].get("test_acc")):
+        return f"not both tested at the last epoch (tested in {counts[0]} and {counts[1]} epochs)"
     return "identical" if counts[0] == counts[1] else f"identical (tested in {counts[0]} and {counts[1]} epochs)"
 
 
@@ -137,14 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="epochs of both runs (default: each tree's recipe's own, as a user runs it)",
     )
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="OMP threads (with --cv, the plan of --jobs sets them)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1, help="pairs of runs, alternating which goes first (default 1)")
     parser.add_argument("--data", default=DATA, help="the photos (default $FOODVIT_DATA)")
     parser.add_argument("--cv", type=int, default=0, metavar="FOLDS", help="time `foodvit cv --folds FOLDS` instead")
     parser.add_argument("--jobs", type=int, default=2, help="with --cv: its --jobs (default 2)")
     parser.add_argument("--no-record", action="store_true", help="print only, append no row to results/")
-    parser.add_argument("extra", nargs="*", help="after --: more `foodvit train` options for both runs")
+    parser.add_argument("extra", nargs="*", help="after --: more `foodvit train` (or cv) options for both runs")
     args = parser.parse_args(argv)
 
     commit = subprocess.run(
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         f"| {commit} | {old:.1f} |\n| working tree | {new:.1f} |\n"
     )
     print(
-        f"{args.recipe} recipe, {args.epochs or 'its own'} epoch(s), seed {args.seed}, {args.threads} thread(s): "
+        f"{args.recipe} recipe, {args.epochs or 'its own'} epoch(s), seed {args.seed}, "
+        f"{f'cv --folds {args.cv} --jobs {args.jobs}' if args.cv else f'{args.threads} thread(s)'}: "
         f"the working tree takes {new / old:.2f} of {commit}'s time ({ratio:.2f}x as fast); "
         f"{'held-out predictions' if args.cv else 'metrics.csv'}: {metrics}"
     )
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             "recipe": args.recipe,
             "epochs": args.epochs or "recipe's own",
             "seed": args.seed,
-            "threads": args.threads,
+            "threads": "" if args.cv else args.threads,  # with --cv, its --jobs plan (in extra) sets them
             "extra": " ".join([*([f"cv --folds {args.cv} --jobs {args.jobs}"] if args.cv else []), *args.extra]),
         }
         for name, values in seconds.items():

@@ -44,12 +44,16 @@ def train(
     if not isinstance(config, RunConfig):
         config = resolve(str(config), overrides, model=model)
     out = Path(out) if out else rundir.default_out()
-    config = rundir.with_source(config)
-    if config.train.pretrained:
-        from foodvit.model.pretrained import adapt_config
-
-        config = adapt_config(config)
-    with _started(config, out, quiet, log, verbose, context, timeout_s, teacher_from) as trainer:
+    with _started(
+        config,
+        out,
+        quiet=quiet,
+        log=log,
+        verbose=verbose,
+        context=context,
+        timeout_s=timeout_s,
+        teacher_from=teacher_from,
+    ) as trainer:
         return trainer.fit()
 
 
@@ -57,13 +61,29 @@ def train_stages(config: RunConfig, out: str | Path, *, quiet: bool = True, log=
     """Start a new run in `out` as train() does, but train only its stages before the epochs (its CNN teacher, its
     pre-training) and stop: the run is left resumable from its first epoch, and `resume` then trains exactly what
     train() would have (`foodvit cv --jobs` trains a fold's teacher as a task of its own this way)."""
-    with _started(rundir.with_source(config), Path(out), quiet, log, False, None, DEFAULT_TIMEOUT_S, None) as trainer:
+    with _started(config, Path(out), quiet=quiet, log=log) as trainer:
         trainer.stages()
 
 
 @contextlib.contextmanager
-def _started(config: RunConfig, out: Path, quiet: bool, log, verbose: bool, context, timeout_s, teacher_from):
-    """The Trainer of a new run in `out`, its processes joined, its folder taken and its config.json written."""
+def _started(
+    config: RunConfig,
+    out: Path,
+    *,
+    quiet: bool,
+    log,
+    verbose: bool = False,
+    context: Context | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    teacher_from: Path | None = None,
+):
+    """The Trainer of a new run in `out`: its photos' source made absolute and its model the one pre-trained weights
+    dictate (pretrained.adapt_config), its processes joined, its folder taken and its config.json written."""
+    config = rundir.with_source(config)
+    if config.train.pretrained:
+        from foodvit.model.pretrained import adapt_config
+
+        config = adapt_config(config)
     teacher_file = borrowed_teacher(teacher_from, config) if teacher_from is not None else None
     with (
         contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx

@@ -332,6 +332,7 @@ class Trainer:
         is then resumable from its first epoch, and its resume learns what fit() would have."""
         with self._guarded():
             self._stages()
+        self._resumable_before_training()  # also where no stage ran
 
     def _stages(self) -> None:
         c = self.config

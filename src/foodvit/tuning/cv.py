@@ -294,7 +294,8 @@ def train_on_processes(
             lent = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
             fold = Task(_fold_task, (config, study / name, folder, seed, index, lent))
             if lent is None and trains_teacher(config) and not (study / name / "checkpoint.pt").is_file():
-                # the teacher a task of its own: two folds' teachers, then a teacher beside a fold, then two folds
+                # the teacher a task of its own, the fold's queued when it ends: with 5 folds on 2 processes,
+                # teachers 0 and 1, 2 and 3, teacher 4 beside fold 0, folds 1 and 2, folds 3 and 4
                 fold = Task(_teacher_task, (config, study / name, folder, seed), then=fold)
             tasks.append(fold)
     if tasks:

@@ -3,6 +3,7 @@ result is written), then every held-out photo predicted through the Predictor fr
 
     STUDY/fold-K/             a normal run directory
     STUDY/fold-K.json         the fold's result, every held-out photo's prediction included
+    STUDY/.fold-K.stages.json the seconds its teacher's task took (`cv --jobs`: start_fold), until the result
 
 One process runs a fold at a time (a lock beside the run, from the look at its result to the result
 written); another process meeting the lock gets FoldBusy and takes another fold meanwhile.
@@ -81,7 +82,7 @@ def run_fold(
     teacher_from: the same fold's run in another study, whose CNN teacher this fold borrows."""
     from foodvit.training.run import resume, train
 
-    result_file = run.with_name(run.name + ".json")
+    result_file = result_path(run)
     if (finished := read_result(result_file)) is not None:
         return finished
     with fold_lock(run):
@@ -114,24 +115,39 @@ def fold_config(config: RunConfig, folder: Path, seed: int) -> RunConfig:
 
 
 def start_fold(config: RunConfig, run: Path, folder: Path, *, seed: int) -> None:
-    """The fold's run started and trained up to its first epoch (its CNN teacher: training.run.train_stages), so that
-    run_fold resumes it; nothing when the fold has a result, a run under way or another process on it (FoldBusy)."""
+    """The fold's run started and trained up to its first epoch (its CNN teacher, its pre-training:
+    training.run.train_stages), so that run_fold resumes it; nothing when the fold has a result or a run under way;
+    FoldBusy when another process is on it."""
     from foodvit.training.run import train_stages
 
     with fold_lock(run):
-        if read_result(run.with_name(run.name + ".json")) is None and not (run / "checkpoint.pt").is_file():
+        if read_result(result_path(run)) is None and not (run / "checkpoint.pt").is_file():
             _clear_unstarted(run)
             started = time.perf_counter()
-            try:
+            with _taken_as_busy(run):
                 train_stages(fold_config(config, folder, seed), run, log=_silent)
-            except rundir.LockedError:  # another process took the fold's run between the look and the start
-                raise FoldBusy(f"{run} is being trained by another process") from None
             write_text(stages_file(run), json.dumps({"seconds": round(time.perf_counter() - started, 2)}))
 
 
+def result_path(run: Path) -> Path:
+    """STUDY/fold-K.json: the fold's result."""
+    return run.with_name(run.name + ".json")
+
+
 def stages_file(run: Path) -> Path:
-    """Where start_fold leaves the seconds it took, which the fold's result adds to its own."""
+    """STUDY/.fold-K.stages.json: the seconds start_fold took, which the fold's result adds to its own."""
     return run.with_name(f".{run.name}.stages.json")
+
+
+@contextlib.contextmanager
+def _taken_as_busy(run: Path):
+    """A run another process took between the look and the start (its lock): FoldBusy, naming the process."""
+    try:
+        yield
+    except rundir.LockedError:
+        raise FoldBusy(
+            f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -184,16 +200,12 @@ def _run_fold(
 ) -> dict:
     started = time.perf_counter()
     if not (run / "model.json").is_file():
-        try:
+        with _taken_as_busy(run):
             if (run / "checkpoint.pt").is_file():
                 resume(run, quiet=quiet, log=_silent)
             else:
                 _clear_unstarted(run)
                 train(fold_config(config, folder, seed), run, quiet=quiet, log=_silent, teacher_from=teacher_from)
-        except rundir.LockedError:  # another process took the fold between the look and the start
-            raise FoldBusy(
-                f"{run} is being trained by another process ({rundir.training_now(run) or 'owner unknown'})"
-            ) from None
     predictions = held_out_predictions(run, folder)
     metrics = json.loads((run / "model.json").read_text())["metrics"]
     right = sum(p["right"] for p in predictions)
@@ -230,13 +242,14 @@ def _stages_seconds(run: Path) -> float:
 
 def _clear_unstarted(run: Path) -> None:
     """A run killed before its first checkpoint (kill -9: no clean-up ran) leaves its config.json:
-    foodvit's own files of that start are removed, so the fold starts again."""
-    if not run.is_dir():
-        return
-    holder = rundir.training_now(run)
+    foodvit's own files of that start are removed, so the fold starts again (and the seconds an earlier
+    start_fold left are forgotten: they were not this run's)."""
+    holder = rundir.training_now(run) if run.is_dir() else None
     if holder:
         raise FoldBusy(f"{run} is being trained by another process ({holder}); wait for it or use another study folder")
-    rundir.forget_start(run)
+    stages_file(run).unlink(missing_ok=True)
+    if run.is_dir():
+        rundir.forget_start(run)
 
 
 class FoldBusy(StudyError):

@@ -3,9 +3,10 @@
 Each process runs one task at a time with `threads` threads of its own; together they take the tasks
 from one queue (cv.train_on_processes makes it), so the cores stay busy until it is empty. The plan
 splits the machine's cores: N processes x cores // N threads (never more processes than folds). A fold that
-trains its CNN teacher is two tasks, the teacher's (fold.start_fold: the run started up to its first epoch), then,
-queued when it ends, the fold's own, which resumes the run to what one task would have learnt: with 5 folds on 2
-processes the teachers and folds pair up instead of one core idling while the fifth fold trains. A fold is run by
+trains its CNN teacher is two tasks, the teacher's (fold.start_fold: the run started up to its first epoch, its
+pre-training too if it has one), then, queued when it ends, the fold's own, which resumes the run to what one task
+would have learnt: with 5 folds on 2 processes the teachers and folds pair up instead of one core idling while the
+fifth fold trains (fully when a teacher costs what a ViT does, as in the default recipe). A fold is run by
 fold.run_fold as in one process: its lock keeps any other process (of this study or another command) off
 it, a finished fold is read rather than trained, and its CNN teacher is trained once, kept in the fold's
 run (teacher.pt) or borrowed from a lender study, never trained twice.
@@ -140,21 +141,22 @@ def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts:
         ) as bar,
     ):
         pending = {pool.submit(_task, task.work, *task.args): task for task in tasks}
-        futures, started = list(pending), 0
+        futures, ended = list(pending), 0
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
+                    future.result()  # a failure stops the rest before any follow-up of these is queued
+                for future in done:
                     task = pending.pop(future)
-                    future.result()
                     if task.then is None:
                         bar.update()
                         continue
                     follow = pool.submit(_task, task.then.work, *task.then.args)
                     pending[follow] = task.then
                     futures.append(follow)
-                    started += 1
-                    bar.set_postfix_str(f"{firsts} {started}/{chained}")
+                    ended += 1
+                    bar.set_postfix_str(f"{firsts} {ended}/{chained}")
         except BaseException as error:
             stop.set()  # a task a process has already taken from the queue is not started
             for future in futures:

@@ -19,13 +19,20 @@ STUDY_FILE = "study.json"
 TRIAL_FILE = "trial.json"  # a tuning trial's folder: the settings its folds train with
 
 
+IDLE_SETTINGS = {"data": "source", "train": "eval_every"}  # section -> the setting no fold's result depends on
+
+
 def study_settings(settings: dict) -> dict:
     """A config's settings as a study names its recipe: without the photos' folder (a study names its
-    photos by their fingerprint, so a moved copy of them is the same study)."""
-    data = settings.get("data")
-    return (
-        {**settings, "data": {k: v for k, v in data.items() if k != "source"}} if isinstance(data, dict) else settings
-    )
+    photos by their fingerprint, so a moved copy of them is the same study) nor how often a run evaluates
+    (a fold evaluates once, at its end: fold.fold_config), so that a study resumes under a recipe that
+    evaluates more or less often."""
+    return {
+        section: {k: v for k, v in values.items() if k != IDLE_SETTINGS[section]}
+        if section in IDLE_SETTINGS and isinstance(values, dict)
+        else values
+        for section, values in settings.items()
+    }
 
 
 def read_identity(path: Path) -> dict | None:
