@@ -141,7 +141,7 @@ def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts:
         ) as bar,
     ):
         pending = {pool.submit(_task, task.work, *task.args): task for task in tasks}
-        futures, ended = list(pending), 0
+        ended = 0
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -154,15 +154,14 @@ def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts:
                         continue
                     follow = pool.submit(_task, task.then.work, *task.then.args)
                     pending[follow] = task.then
-                    futures.append(follow)
                     ended += 1
                     bar.set_postfix_str(f"{firsts} {ended}/{chained}")
         except BaseException as error:
             stop.set()  # a task a process has already taken from the queue is not started
-            for future in futures:
+            for future in pending:  # the futures not yet seen done
                 future.cancel()
             if isinstance(error, KeyboardInterrupt):
-                running = [f for f in futures if not f.done()]
+                running = [f for f in pending if not f.done()]
                 if wait(running, timeout=GRACE_S).not_done:  # ctrl-C reached this process alone: pass it on
                     for child in multiprocessing.active_children():
                         if child.pid not in before and child.pid is not None:
