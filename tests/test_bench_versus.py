@@ -2,6 +2,7 @@
 
 import csv
 
+import pytest
 from bench.speed.versus_commit import metrics_difference
 
 COLUMNS = ["epoch", "train_loss", "test_loss", "test_acc", "lr", "seconds"]
@@ -60,3 +61,14 @@ def test_two_studies_are_identical_when_every_held_out_photo_has_the_same_probab
     empty = tmp_path / "empty"
     empty.mkdir()
     assert study_difference(empty, empty) == "0 held-out predictions against 0, not of the same photos"
+
+
+def test_keep_refuses_a_folder_that_exists_before_anything_runs(tmp_path, capsys, monkeypatch):
+    from bench.speed import versus_commit
+
+    monkeypatch.setattr(versus_commit, "checkout", lambda *a: pytest.fail("checked out before refusing --keep"))
+    (tmp_path / "mine.txt").write_text("the user's own file")
+    with pytest.raises(SystemExit) as refused:
+        versus_commit.main(["--keep", str(tmp_path), "--no-record"])
+    assert refused.value.code == 2 and "it exists; give a new folder" in capsys.readouterr().err
+    assert (tmp_path / "mine.txt").read_text() == "the user's own file"

@@ -20,7 +20,8 @@ DATA = Path(__file__).parent / "data"
 # settings, vit was a plain table), and the same run's settings as this version writes them
 STORED = DATA / "config-default-run.json"
 STORED_SECTIONS = DATA / "config-default-run-sections.json"
-GIVEN = {"train.epochs": 3, "train.seed": 0, "data.source": "photos"}
+# (the default recipe of then trained its CNN teacher on the run's epochs and side: teacher.epochs and .size 0)
+GIVEN = {"train.epochs": 3, "train.seed": 0, "data.source": "photos", "teacher.epochs": 0, "teacher.size": 0}
 
 
 def test_a_stored_default_run_config_loads_to_the_settings_it_was_written_from():

@@ -3,6 +3,7 @@ and what each learns.
 
     python -m bench.speed.versus_commit --epochs 1 --threads 1
     python -m bench.speed.versus_commit --commit 6149773 --threads 2   # each tree's default recipe, whole
+    python -m bench.speed.versus_commit --commit 6149773 --threads 2 --keep runs/versus   # and keep both runs
     python -m bench.speed.versus_commit --commit 55963f1 --cv 5 --epochs 4   # `foodvit cv --folds 5 --jobs 2` instead
 
 The commit is checked out into a temporary git worktree and run with the same interpreter and packages
@@ -21,6 +22,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,8 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cv", type=int, default=0, metavar="FOLDS", help="time `foodvit cv --folds FOLDS` instead")
     parser.add_argument("--jobs", type=int, default=2, help="with --cv: its --jobs (default 2)")
     parser.add_argument("--no-record", action="store_true", help="print only, append no row to results/")
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="copy every run directory (or study) into DIR, new, before cleaning up"
+    )
     parser.add_argument("extra", nargs="*", help="after --: more `foodvit train` (or cv) options for both runs")
     args = parser.parse_args(argv)
+    if args.keep is not None and args.keep.exists():
+        parser.error(f"--keep {args.keep}: it exists; give a new folder, so that nothing in it is overwritten")
 
     commit = subprocess.run(
         ["git", "rev-parse", "--short=12", args.commit], cwd=ROOT, capture_output=True, text=True, check=True
@@ -168,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.cv
                 else metrics_difference(runs / "baseline-0" / "metrics.csv", runs / "working-0" / "metrics.csv")
             )
+            if args.keep is not None:
+                shutil.copytree(runs, args.keep)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False)
     old, new = statistics.median(seconds[commit]), statistics.median(seconds["working tree"])
