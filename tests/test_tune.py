@@ -286,7 +286,8 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
 
     from foodvit.training.teacher import teacher_settings
 
-    config = load_recipe("default")
+    own = load_recipe("default")  # its teacher trains on a schedule and side of its own
+    config = replace(own, teacher=replace(own.teacher, epochs=0, size=0))  # the teacher on the run's schedule and side
     same = [replace(config, vit=replace(config.vit, depth=8, drop_path=0.1)),
             replace(config, data=replace(config.data, start_size=0, start_share=0.5, test_size=112, cache=False, workers=2)),
             replace(with_settings(config, {"drloc.weight": 1.0, "guidance.weight": 2.0, "guidance.schedule": "linear",
@@ -299,6 +300,10 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
              replace(config, data=replace(config.data, mixup=0.8, workers=2)), replace(config, train=replace(config.train, epochs=50))]
     assert all(teacher_settings(c) == teacher_settings(config) for c in same)
     assert all(teacher_settings(c) != teacher_settings(config) for c in other)
+    # a teacher with epochs of its own does not read the run's (the model's side still sets the photos it is given)
+    assert teacher_settings(replace(own, vit=replace(own.vit, image_size=64))) != teacher_settings(own)
+    assert teacher_settings(replace(own, train=replace(own.train, epochs=50))) == teacher_settings(own)
+    assert teacher_settings(replace(own, teacher=replace(own.teacher, size=96))) != teacher_settings(own)
     mixed = replace(config, data=replace(config.data, mixup=0.8))  # mixing in a worker or in the process: other draws
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=1))) != teacher_settings(mixed)
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=3))) == teacher_settings(replace(mixed, data=replace(mixed.data, workers=1)))
