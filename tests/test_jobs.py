@@ -127,9 +127,11 @@ except KeyboardInterrupt:
 """
 
 
-def interrupted(tmp_path: Path, to: str, seconds: float = 60, cleanup: float = 0, ignore: bool = False):
-    """Four tasks of `seconds` on two processes, ctrl-C sent `to` the command once two have started: its exit
-    status, its stderr and the files the tasks left."""
+def interrupted(
+    tmp_path: Path, to: str, seconds: float = 60, cleanup: float = 0, ignore: bool = False, sent: str = "SIGINT"
+):
+    """Four tasks of `seconds` on two processes, ctrl-C (or the signal `sent`) sent `to` the command once two have
+    started: its exit status, its stderr and the files the tasks left."""
     import os
     import signal
     import subprocess
@@ -147,9 +149,9 @@ def interrupted(tmp_path: Path, to: str, seconds: float = 60, cleanup: float = 0
             time.sleep(0.1)
         time.sleep(0.5)
         if to == "the command alone":
-            process.send_signal(signal.SIGINT)
+            process.send_signal(getattr(signal, sent))
         else:
-            os.killpg(process.pid, signal.SIGINT)
+            os.killpg(process.pid, getattr(signal, sent))
         _, errors = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
@@ -245,6 +247,18 @@ def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: 
     from foodvit.tuning.jobs import GRACE_S
 
     status, errors, left = interrupted(tmp_path, to, cleanup=GRACE_S + 1)
+    assert status == 130, errors
+    assert left == ["started-0", "started-1", "stopped-0", "stopped-1"]
+    assert "Traceback" not in errors
+
+
+@pytest.mark.parametrize(("to", "ignore"), [("the command alone", True), ("its process group", False)])
+def test_sigterm_stops_the_running_tasks_as_ctrl_c_does(tmp_path: Path, to: str, ignore: bool):
+    """kill (or a scheduler stopping the command) ends it as interrupted, with its processes: none is left training,
+    whether the command ignores ctrl-C or not."""
+    from foodvit.tuning.jobs import GRACE_S
+
+    status, errors, left = interrupted(tmp_path, to, cleanup=GRACE_S + 1, ignore=ignore, sent="SIGTERM")
     assert status == 130, errors
     assert left == ["started-0", "started-1", "stopped-0", "stopped-1"]
     assert "Traceback" not in errors

@@ -88,23 +88,52 @@ def _start(threads: int, stop: Any, ignores_ctrl_c: bool) -> None:
 
 
 def _interrupt_once(signum: int, frame: Any) -> None:
-    """ctrl-C in a task: interrupted as in one process, once; a second one (the command passing on a ctrl-C its
-    processes had already received) waits for the task to finish stopping."""
+    """ctrl-C or SIGTERM in a task: interrupted as in one process, once; a second one (the command passing on a
+    signal its processes had already received) waits for the task to finish stopping."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the command (kill, a scheduler or service manager stopping it): its tasks stop as for ctrl-C, and
+    the command ends as interrupted, its processes with it."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """Within the block, SIGTERM to this process raises Terminated (in the main thread, the only one signals reach):
+    left to its default, the command would end at once and leave its processes training."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _task(work: Callable, *task: Any) -> Any:
     """work(*task) in a process of run_tasks, unless the work has stopped (a task queued before it stopped is left
-    for the next run); ctrl-C interrupts it as it would in one process, unless the command ignores ctrl-C."""
+    for the next run); ctrl-C interrupts it as it would in one process, unless the command ignores ctrl-C, and so
+    does SIGTERM (a process waiting for a task just ends)."""
     if _stop is not None and _stop.is_set():
         return None
     if not _ignores_ctrl_c:
         signal.signal(signal.SIGINT, _interrupt_once)
+    signal.signal(signal.SIGTERM, _interrupt_once)
     try:
         return work(*task)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 GRACE_S = 3.0  # after ctrl-C, how long the tasks running have to stop by themselves before they are interrupted
@@ -125,7 +154,8 @@ def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts:
     when it has finished; a task that fails stops the rest with its error once the tasks running have ended (none
     starts after it), and ctrl-C stops them all (each running task interrupted as in one process, none started
     after). A task's work must be a module's own function (the processes import it). The bar counts the folds, the
-    tasks that end a chain, and says how many of the chains' first tasks (`firsts`) have ended."""
+    tasks that end a chain, and says how many of the chains' first tasks (`firsts`) have ended. SIGTERM stops them as
+    ctrl-C does (Terminated, a KeyboardInterrupt, is raised), also when the command ignores ctrl-C."""
     from tqdm.auto import tqdm
 
     context = multiprocessing.get_context("spawn")  # fresh processes: no copy of this one's threads or open files
@@ -133,6 +163,7 @@ def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts:
     before = {p.pid for p in multiprocessing.active_children()}
     chained = sum(task.then is not None for task in tasks)
     with (
+        _terminate_as_interrupt(),
         ProcessPoolExecutor(
             the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads, stop, ignoring)
         ) as pool,
@@ -161,9 +192,10 @@ def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts:
             for future in pending:  # the futures not yet seen done
                 future.cancel()
             if isinstance(error, KeyboardInterrupt):
+                passed = signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT
                 running = [f for f in pending if not f.done()]
-                if wait(running, timeout=GRACE_S).not_done:  # ctrl-C reached this process alone: pass it on
+                if wait(running, timeout=GRACE_S).not_done:  # the signal reached this process alone: pass it on
                     for child in multiprocessing.active_children():
                         if child.pid not in before and child.pid is not None:
-                            os.kill(child.pid, signal.SIGINT)
+                            os.kill(child.pid, passed)
             raise
