@@ -2,6 +2,7 @@
 the same as one process on as many threads gives; the teachers trained once a fold, borrowed, never again."""
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,7 @@ def work(folder, i, seconds, cleanup):
 """
 DRIVER = """
 import signal, sys
+from foodvit.errors import Terminated
 from foodvit.tuning.jobs import Plan, Task, run_tasks
 from slowtask import work
 folder, seconds, cleanup, ignore = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "ignore"
@@ -122,16 +124,24 @@ signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 signal.signal(signal.SIGINT, signal.SIG_IGN if ignore else signal.default_int_handler)
 try:
     run_tasks([Task(work, (folder, i, seconds, cleanup)) for i in range(4)], Plan(2, 1))
+except Terminated:
+    sys.exit(143)
 except KeyboardInterrupt:
     sys.exit(130)
 """
 
 
 def interrupted(
-    tmp_path: Path, to: str, seconds: float = 60, cleanup: float = 0, ignore: bool = False, sent: str = "SIGINT"
+    tmp_path: Path,
+    to: str,
+    seconds: float = 60,
+    cleanup: float = 0,
+    ignore: bool = False,
+    sent: str = "SIGINT",
+    times: int = 1,
 ):
-    """Four tasks of `seconds` on two processes, ctrl-C (or the signal `sent`) sent `to` the command once two have
-    started: its exit status, its stderr and the files the tasks left."""
+    """Four tasks of `seconds` on two processes, ctrl-C (or the signal `sent`, `times` times half a second apart)
+    sent `to` the command once two have started: its exit status, its stderr and the files the tasks left."""
     import os
     import signal
     import subprocess
@@ -147,11 +157,12 @@ def interrupted(
         while not all((tmp_path / f"started-{i}").exists() for i in (0, 1)):
             assert process.poll() is None and time.monotonic() < deadline, "the two first tasks never started"
             time.sleep(0.1)
-        time.sleep(0.5)
-        if to == "the command alone":
-            process.send_signal(getattr(signal, sent))
-        else:
-            os.killpg(process.pid, getattr(signal, sent))
+        for _ in range(times):
+            time.sleep(0.5)
+            if to == "the command alone":
+                process.send_signal(getattr(signal, sent))
+            else:
+                os.killpg(process.pid, getattr(signal, sent))
         _, errors = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
@@ -232,7 +243,9 @@ def test_a_tasks_follow_up_is_queued_when_it_ends_so_the_first_tasks_go_first(tm
 
     folder = str(tmp_path)
     chains = [Task(step, (folder, f"teacher-{i}"), then=Task(step, (folder, f"fold-{i}"))) for i in range(3)]
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     run_tasks([*chains, Task(step, (folder, "lent"))], Plan(2, 1))
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers  # as they were before
     at = {p.name: float(p.read_text()) for p in tmp_path.iterdir() if p.suffix in (".start", ".end")}
     assert len(at) == 14  # every task started and ended
     assert all(at[f"fold-{i}.start"] >= at[f"teacher-{i}.end"] for i in range(3))
@@ -252,14 +265,17 @@ def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: 
     assert "Traceback" not in errors
 
 
-@pytest.mark.parametrize(("to", "ignore"), [("the command alone", True), ("its process group", False)])
-def test_sigterm_stops_the_running_tasks_as_ctrl_c_does(tmp_path: Path, to: str, ignore: bool):
+@pytest.mark.parametrize(
+    ("to", "ignore", "times"),
+    [("the command alone", True, 1), ("its process group", False, 1), ("the command alone", False, 2)],
+)
+def test_sigterm_stops_the_running_tasks_as_ctrl_c_does(tmp_path: Path, to: str, ignore: bool, times: int):
     """kill (or a scheduler stopping the command) ends it as interrupted, with its processes: none is left training,
-    whether the command ignores ctrl-C or not."""
+    whether the command ignores ctrl-C or not, and a second kill while the tasks stop still reaches them."""
     from foodvit.tuning.jobs import GRACE_S
 
-    status, errors, left = interrupted(tmp_path, to, cleanup=GRACE_S + 1, ignore=ignore, sent="SIGTERM")
-    assert status == 130, errors
+    status, errors, left = interrupted(tmp_path, to, cleanup=GRACE_S + 1, ignore=ignore, sent="SIGTERM", times=times)
+    assert status == 143, errors  # Terminated: the command says it was stopped by SIGTERM
     assert left == ["started-0", "started-1", "stopped-0", "stopped-1"]
     assert "Traceback" not in errors
 

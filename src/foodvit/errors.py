@@ -16,6 +16,11 @@ class FoodVitError(Exception):
     """An error with a message that says what was expected and what to do."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, a scheduler or service manager stopping a command), where a command handles it as ctrl-C: its
+    work stops as for ctrl-C, and the command ends as interrupted, with SIGTERM's exit status (143)."""
+
+
 class ConfigError(FoodVitError, ValueError):
     """A setting out of its range or of the wrong kind."""
 

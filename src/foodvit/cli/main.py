@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
 from foodvit.cli import data, export_web, listings, pictures, predicting, shipping, studies, training
-from foodvit.errors import FoodVitError
+from foodvit.errors import FoodVitError, Terminated
 
 # the subcommands in the order `foodvit --help` lists them; each module's register(sub) adds its parsers
 COMMANDS = (training, studies, predicting, pictures, shipping, export_web, data, listings)
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"foodvit {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if args.command == "train":
             where = getattr(args, "run_dir", None)
             if where and (Path(where) / "checkpoint.pt").exists():
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             print("\ninterrupted", file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
     except BrokenPipeError:  # e.g. `foodvit models | head`
         return 0
 

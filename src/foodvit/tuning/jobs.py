@@ -28,7 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from foodvit.errors import StudyError
+from foodvit.errors import StudyError, Terminated
 
 
 def cores() -> int:
@@ -73,16 +73,16 @@ def fold_threads(jobs: int | None):
 
 
 _stop: Any = None  # in each process of run_tasks: the event that says the work has stopped
-_ignores_ctrl_c = False  # whether the command that started the processes ignores ctrl-C (started so by its shell)
+_ignored: frozenset[int] = frozenset()  # the signals the command ignores (ctrl-C, started so by its shell; SIGTERM)
 
 
-def _start(threads: int, stop: Any, ignores_ctrl_c: bool) -> None:
+def _start(threads: int, stop: Any, ignored: frozenset[int]) -> None:
     """Each process's threads, set before it imports anything that would start a pool; the work's stop event; and
     ctrl-C ignored while the process waits for a task (it stops a task, never kills a waiting process)."""
     import torch
 
-    global _stop, _ignores_ctrl_c
-    _stop, _ignores_ctrl_c = stop, ignores_ctrl_c
+    global _stop, _ignored
+    _stop, _ignored = stop, ignored
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
 
@@ -95,48 +95,68 @@ def _interrupt_once(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM to the command (kill, a scheduler or service manager stopping it): its tasks stop as for ctrl-C, and
-    the command ends as interrupted, its processes with it."""
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    raise Terminated
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt():
-    """Within the block, SIGTERM to this process raises Terminated (in the main thread, the only one signals reach):
-    left to its default, the command would end at once and leave its processes training."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _task(work: Callable, *task: Any) -> Any:
     """work(*task) in a process of run_tasks, unless the work has stopped (a task queued before it stopped is left
-    for the next run); ctrl-C interrupts it as it would in one process, unless the command ignores ctrl-C, and so
-    does SIGTERM (a process waiting for a task just ends)."""
+    for the next run); ctrl-C and SIGTERM interrupt it as they would in one process, unless the command ignores
+    them. A process waiting for a task ignores ctrl-C and ends on SIGTERM (it holds no work)."""
     if _stop is not None and _stop.is_set():
         return None
-    if not _ignores_ctrl_c:
-        signal.signal(signal.SIGINT, _interrupt_once)
-    signal.signal(signal.SIGTERM, _interrupt_once)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signum not in _ignored:
+            signal.signal(signum, _interrupt_once)
     try:
         return work(*task)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if signal.SIGTERM in _ignored else signal.SIG_DFL)
 
 
-GRACE_S = 3.0  # after ctrl-C, how long the tasks running have to stop by themselves before they are interrupted
+class _Signals:
+    """SIGTERM to the command while run_tasks runs (in the main thread, the only one signals reach; unless the
+    command ignores it): left to its default, the command would end at once and leave its processes training.
+    The first raises Terminated (ctrl-C, KeyboardInterrupt); once the work is stopping (`passing_on`), any further
+    one goes straight on to the processes, so that no wait for them (the grace, the pool's shutdown) is cut short
+    with them still running."""
+
+    def __init__(self, before: set[int]) -> None:
+        import threading
+
+        self.before = before  # processes that are not this work's
+        main = threading.current_thread() is threading.main_thread()
+        # the signals handled here, each with the handler it had (None: set outside Python, not restorable)
+        ours = [s for s in (signal.SIGINT, signal.SIGTERM) if main and signal.getsignal(s) is not signal.SIG_IGN]
+        self.handled: dict[int, Any] = dict.fromkeys(ours)
+
+    def __enter__(self) -> _Signals:
+        if signal.SIGTERM in self.handled:
+            self.handled[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._raise)
+        if signal.SIGINT in self.handled:
+            self.handled[signal.SIGINT] = signal.getsignal(signal.SIGINT)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self.handled.items():
+            if previous is not None:
+                signal.signal(signum, previous)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    def passing_on(self) -> None:
+        """From now on ctrl-C and SIGTERM (those not ignored) go on to the processes, raising nothing here."""
+        for signum in self.handled:
+            signal.signal(signum, lambda signum, frame: self.pass_on(signum))
+
+    def pass_on(self, signum: int) -> None:
+        """`signum` sent to the work's processes still running."""
+        for child in multiprocessing.active_children():
+            if child.pid not in self.before and child.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signum)
+
+
+GRACE_S = 3.0  # after ctrl-C or SIGTERM, how long the tasks running have to stop by themselves before being signalled
 
 
 @dataclass(frozen=True)
@@ -159,21 +179,23 @@ def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts:
     from tqdm.auto import tqdm
 
     context = multiprocessing.get_context("spawn")  # fresh processes: no copy of this one's threads or open files
-    stop, ignoring = context.Event(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    before = {p.pid for p in multiprocessing.active_children()}
+    stop = context.Event()
+    ignored = frozenset(s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is signal.SIG_IGN)
     chained = sum(task.then is not None for task in tasks)
     with (
-        _terminate_as_interrupt(),
+        _Signals({p.pid for p in multiprocessing.active_children() if p.pid is not None}) as signals,
         ProcessPoolExecutor(
-            the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads, stop, ignoring)
+            the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads, stop, ignored)
         ) as pool,
         tqdm(
             total=len(tasks), desc=f"folds ({the_plan.line()})", unit="fold", disable=not progress, leave=False
         ) as bar,
     ):
-        pending = {pool.submit(_task, task.work, *task.args): task for task in tasks}
+        pending: dict = {}
         ended = 0
         try:
+            for task in tasks:
+                pending[pool.submit(_task, task.work, *task.args)] = task
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -188,14 +210,12 @@ def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts:
                     ended += 1
                     bar.set_postfix_str(f"{firsts} {ended}/{chained}")
         except BaseException as error:
+            signals.passing_on()  # a SIGTERM from here on stops the running tasks, while this process waits for them
             stop.set()  # a task a process has already taken from the queue is not started
             for future in pending:  # the futures not yet seen done
                 future.cancel()
             if isinstance(error, KeyboardInterrupt):
-                passed = signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT
                 running = [f for f in pending if not f.done()]
                 if wait(running, timeout=GRACE_S).not_done:  # the signal reached this process alone: pass it on
-                    for child in multiprocessing.active_children():
-                        if child.pid not in before and child.pid is not None:
-                            os.kill(child.pid, passed)
+                    signals.pass_on(signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT)
             raise
