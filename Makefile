@@ -14,13 +14,16 @@ RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
 venv: $(STAMP)
 
+# (a venv that already has everything for this pyproject.toml has the package too: nothing to install)
 $(CORE): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-cache-dir --upgrade "pip>=23"
-	$(BIN)/python -m pip install --quiet --no-cache-dir -e .
+	if [ ! -e $(STAMP) ]; then \
+	  $(PYTHON) -m venv $(VENV) && \
+	  $(BIN)/python -m pip install --quiet --no-cache-dir --upgrade "pip>=23" && \
+	  $(BIN)/python -m pip install --quiet --no-cache-dir -e .; \
+	fi
 	rm -f $(VENV)/.core-* && touch $@
 
-$(STAMP): $(CORE)
+$(STAMP): pyproject.toml | $(CORE)
 	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,lint,serve,export,track,tune,docs]'
 	rm -f $(VENV)/.installed-* && touch $@
 
