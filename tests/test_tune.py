@@ -240,8 +240,8 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
         assert not (tmp_path / name).exists()  # refused before the study folder is made
     assert main(["cv", "--compare", str(a), str(b), "--teachers", str(a)]) == 2
     assert "--compare only reads two studies" in capsys.readouterr().err
-    # teachers trained on another kind of machine, or with another number of CPU threads (the sums round
-    # otherwise: other teachers), or recorded before foodvit kept its threads, are not the ones this run would
+    # teachers trained on another kind of machine, or with another number of CPU threads or memory layout (the sums
+    # round otherwise: other teachers), or recorded before foodvit kept its threads, are not the ones this run would
     # train: refused before the study folder is made
     shutil.copytree(a, tmp_path / "lender")
     teacher = load_checkpoint(tmp_path / "lender" / "fold-0" / "teacher.pt")
@@ -250,6 +250,7 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
     place = teacher["trained_on"]
     elsewhere = {"gpu": ({**place, "device": "cuda", "bf16": True}, "bf16: True there, False here; device: 'cuda' there, 'cpu' here"),
                  "threads": ({**place, "threads": threads + 1}, f"threads: {threads + 1} there, {threads} here"),
+                 "layout": ({**place, "layout": "rows"}, "layout: 'rows' there, 'channels-last' here"),
                  "old": ({k: v for k, v in place.items() if k != "threads"}, "written by a foodvit that did not record its threads")}
     for name, (recorded, message) in elsewhere.items():
         for k, saved in enumerate((teacher, fold_1)):

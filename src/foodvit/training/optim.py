@@ -56,8 +56,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
     groups = param_groups(model, cfg.weight_decay, cfg.decay_all)
     if not groups:
         raise ConfigError("no trainable parameters: everything is frozen")
-    # fused kernels on CUDA (one launch for all parameters); foreach on the CPU, whose runs repeat the recorded
-    # studies to the photo (fused CPU steps are faster but round differently, bench/speed/optimisers.py)
+    # fused kernels on CUDA (one launch for all parameters); foreach on the CPU: fused CPU steps are faster but round
+    # differently (bench/speed/optimisers.py), and the step is about 1% of the default recipe's training time there
+    # (results/speed-phases.csv), too little to change the recorded runs for
     fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
     if cfg.optimizer == "adam":  # weight decay as L2 in the gradient, as torch.optim.Adam (and the course) does
         return torch.optim.Adam(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), **fast)

@@ -53,12 +53,15 @@ def _nothing() -> None:
 
 
 def build_teacher(name: str, num_classes: int) -> nn.Module:
-    """A torchvision classifier with random weights (no download, nothing pre-trained)."""
+    """A torchvision classifier with random weights (no download, nothing pre-trained), its weights channels-last:
+    its convolutions, batch norms and pools then run on channels-last activations, faster on the CPU than on
+    (B, C, H, W) rows (bench/speed/layouts.py; the same sums in another order)."""
     import torchvision
 
     if name not in TEACHERS:
         raise ConfigError(f"--teacher must be one of {', '.join(TEACHERS)}, got {name!r}")
-    return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+    model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+    return model.to(memory_format=torch.channels_last)
 
 
 def teacher_skeleton(name: str, num_classes: int) -> nn.Module:
@@ -169,13 +172,15 @@ def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
 def training_place(device: torch.device, processes: int, config: RunConfig) -> dict:
     """Where a teacher trains, besides its settings: the device kind, processes (each one's batch norm
     sees its share), the CPU's threads (they split the sums of a matrix product, so 1 and 2 threads
-    round differently and train two different teachers from one seed), bf16 and deterministic kernels
-    (CUDA only) and the PyTorch version."""
+    round differently and train two different teachers from one seed), its memory layout (build_teacher's
+    channels-last: another order of the same sums), bf16 and deterministic kernels (CUDA only) and the
+    PyTorch version."""
     cuda = device.type == "cuda"
     return {
         "device": device.type,
         "processes": processes,
         "threads": torch.get_num_threads() if device.type == "cpu" else 0,
+        "layout": "channels-last",
         "bf16": bool(cuda and config.train.amp),
         "deterministic": bool(cuda and config.train.deterministic),
         "torch": str(torch.__version__),
@@ -300,7 +305,6 @@ def obtain_teacher(
     resumed run needs of the teacher, so that the caller can make the run resumable from there."""
     ctx, path = data.context, folder / TEACHER_FILE
     torch.manual_seed(derive_seed(data.seed, "teacher-init"))
-    # channels-last: its convolutions, batch norms and pools run faster on it (the same sums, another order)
     module = build_teacher(setup.architecture, setup.num_classes).to(ctx.device)
     saved = ctx.broadcast(ctx.on_main(read_teacher, path, setup.architecture))
     origin = f"{path} ({setup.architecture}, trained earlier in this run)"
