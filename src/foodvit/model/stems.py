@@ -35,7 +35,7 @@ class ConvStem(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         # channels-last: the convolutions, batch norms and max-pools run faster on it than on (B, C, H, W) rows
-        # (the max-pools about 15 times: bench/speed/layouts.py); the same sums in another order
+        # (results/speed-layouts.csv); the same sums in another order
         return self.layers(images.contiguous(memory_format=torch.channels_last))  # (B, C, H, W) -> (B, D, H/P, W/P)
 
 
