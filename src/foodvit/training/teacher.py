@@ -53,9 +53,8 @@ def _nothing() -> None:
 
 
 def build_teacher(name: str, num_classes: int) -> nn.Module:
-    """A torchvision classifier with random weights (no download, nothing pre-trained), its weights channels-last:
-    its convolutions, batch norms and pools then run on channels-last activations, faster on the CPU than on
-    (B, C, H, W) rows (bench/speed/layouts.py; the same sums in another order)."""
+    """A torchvision classifier with random weights (no download, nothing pre-trained), channels-last: its
+    convolutions, batch norms and pools run faster so than on (B, C, H, W) rows (results/speed-layouts.csv)."""
     import torchvision
 
     if name not in TEACHERS:
