@@ -53,8 +53,8 @@ def _nothing() -> None:
 
 
 def build_teacher(name: str, num_classes: int) -> nn.Module:
-    """A torchvision classifier with random weights (no download, nothing pre-trained), channels-last: its
-    convolutions, batch norms and pools run faster so than on (B, C, H, W) rows (results/speed-layouts.csv)."""
+    """A torchvision classifier with random weights (no download, nothing pre-trained), in channels-last, on which
+    its convolutions, batch norms and pools run faster than on (B, C, H, W) rows (results/speed-layouts.csv)."""
     import torchvision
 
     if name not in TEACHERS:

@@ -123,9 +123,10 @@ class _Signals:
 
         self.before = before  # processes that are not this work's
         main = threading.current_thread() is threading.main_thread()
+        signals = (signal.SIGINT, signal.SIGTERM)
+        self.ignored = frozenset(s for s in signals if signal.getsignal(s) is signal.SIG_IGN)  # the command's choice
         # the signals handled here, each with the handler it had (None: set outside Python, not restorable)
-        ours = [s for s in (signal.SIGINT, signal.SIGTERM) if main and signal.getsignal(s) is not signal.SIG_IGN]
-        self.handled: dict[int, Any] = dict.fromkeys(ours)
+        self.handled: dict[int, Any] = dict.fromkeys(s for s in signals if main and s not in self.ignored)
 
     def __enter__(self) -> _Signals:
         if signal.SIGTERM in self.handled:
@@ -180,12 +181,14 @@ def run_tasks(tasks: list[Task], the_plan: Plan, progress: bool = False, firsts:
 
     context = multiprocessing.get_context("spawn")  # fresh processes: no copy of this one's threads or open files
     stop = context.Event()
-    ignored = frozenset(s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is signal.SIG_IGN)
     chained = sum(task.then is not None for task in tasks)
     with (
         _Signals({p.pid for p in multiprocessing.active_children() if p.pid is not None}) as signals,
         ProcessPoolExecutor(
-            the_plan.processes, mp_context=context, initializer=_start, initargs=(the_plan.threads, stop, ignored)
+            the_plan.processes,
+            mp_context=context,
+            initializer=_start,
+            initargs=(the_plan.threads, stop, signals.ignored),
         ) as pool,
         tqdm(
             total=len(tasks), desc=f"folds ({the_plan.line()})", unit="fold", disable=not progress, leave=False
