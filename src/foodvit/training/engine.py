@@ -292,6 +292,10 @@ def deterministic_algorithms(enabled: bool = True):
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
+def silent(*args: object, **kwargs: object) -> None:
+    """The log of a quiet run, of a rank other than the first, and of a cv fold: it writes nothing."""
+
+
 def epoch_line(row: dict, epochs: int, stage: str = "epoch", losses: tuple[tuple[str, str], ...] = ()) -> str:
     """One epoch's row as a progress line: its number, the training loss and accuracy (or the `losses` given as
     (label, key) pairs), each evaluated split's, the learning rate and the seconds."""

@@ -14,6 +14,7 @@ from foodvit.files import write_text
 from foodvit.model.resolve import resolve
 from foodvit.rundir import directory as rundir
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain
+from foodvit.training.engine import silent
 from foodvit.training.report import size_note
 from foodvit.training.teacher import borrowed_teacher
 from foodvit.training.trainer import Result, Trainer
@@ -88,7 +89,7 @@ def _started(
     with (
         contextlib.nullcontext(context) if context else Context.from_environment(config.train.device, timeout_s) as ctx
     ):
-        log = log if ctx.is_main else (lambda *a, **k: None)
+        log = log if ctx.is_main else silent
         with OnMain(rundir.NewRunDirectory(out), ctx):
             if ctx.is_main:
                 write_text(out / "config.json", config.to_json())
@@ -135,7 +136,7 @@ def resume(
         if context
         else Context.from_environment(rundir.stored_device(out), timeout_s) as ctx
     ):
-        log = (lambda *a, **k: None) if quiet or not ctx.is_main else log
+        log = silent if quiet or not ctx.is_main else log
         ctx.on_main(rundir.check_is_run, out)
         with OnMain(rundir.RunLock(out), ctx):
             config, state = ctx.on_main(rundir.read_for_resume, out, data, quiet) or (None, None)

@@ -32,7 +32,7 @@ from foodvit.objective_settings import STUDENT_SETTINGS, reads_teacher
 from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
-from foodvit.training.engine import StepSettings, epoch_line
+from foodvit.training.engine import StepSettings, epoch_line, silent
 from foodvit.training.optim import within_stage
 from foodvit.training.stages import Stage, StageData
 
@@ -42,10 +42,6 @@ TEACHER_STRIDE = 32  # a ResNet's total stride: at this size or less its last fe
 PROGRESS_FORMAT = (
     "foodvit-teacher-progress"  # teacher-progress.pt: a teacher's training after an epoch, before its last
 )
-
-
-def _silent(*args, **kwargs) -> None:
-    pass
 
 
 def _nothing() -> None:
@@ -294,7 +290,7 @@ def obtain_teacher(
     folder: Path,
     *,
     lent: Path | None = None,
-    log: Callable = _silent,
+    log: Callable = silent,
     resumable: Callable[[], None] = _nothing,
 ) -> Teacher:
     """The CNN teacher of a run whose folder is `folder`: its teacher.pt when it has one (a resumed run), else the one

@@ -51,6 +51,7 @@ from foodvit.training.engine import (
     epoch_line,
     fit,
     own_random_state,
+    silent,
 )
 from foodvit.training.final import Result, final_test
 from foodvit.training.freezing import freeze_backbone
@@ -90,7 +91,7 @@ class Trainer:
         self.ctx = context or Context.from_environment(config.train.device)
         self.main = self.ctx.is_main
         self.quiet = quiet or not self.main  # progress bars and lines on rank 0 only
-        self.log = (lambda *a, **k: None) if self.quiet else log
+        self.log = silent if self.quiet else log
         self.device = self.ctx.device
         self.history: list[dict] = []
         self.start_epoch = 0

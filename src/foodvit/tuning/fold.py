@@ -118,6 +118,7 @@ def start_fold(config: RunConfig, run: Path, folder: Path, *, seed: int) -> None
     """The fold's run started and trained up to its first epoch (its CNN teacher, its pre-training:
     training.run.train_stages), so that run_fold resumes it; nothing when the fold has a result or a run under way;
     FoldBusy when another process is on it."""
+    from foodvit.training.engine import silent
     from foodvit.training.run import train_stages
 
     with fold_lock(run):
@@ -125,7 +126,7 @@ def start_fold(config: RunConfig, run: Path, folder: Path, *, seed: int) -> None
             _clear_unstarted(run)
             started = time.perf_counter()
             with _taken_as_busy(run):
-                train_stages(fold_config(config, folder, seed), run, log=_silent)
+                train_stages(fold_config(config, folder, seed), run, log=silent)
             write_text(stages_file(run), json.dumps({"seconds": round(time.perf_counter() - started, 2)}))
 
 
@@ -166,10 +167,6 @@ def fold_lock(run: Path):
         lock.release()
 
 
-def _silent(*args, **kwargs) -> None:
-    pass
-
-
 def read_result(path: Path) -> dict | None:
     """A fold's written result; None when there is none, or when it is damaged (cut short, overwritten):
     the fold is then scored again from its saved model (trained again only if that is gone too)."""
@@ -198,14 +195,16 @@ def _run_fold(
     train,
     teacher_from: Path | None,
 ) -> dict:
+    from foodvit.training.engine import silent
+
     started = time.perf_counter()
     if not (run / "model.json").is_file():
         with _taken_as_busy(run):
             if (run / "checkpoint.pt").is_file():
-                resume(run, quiet=quiet, log=_silent)
+                resume(run, quiet=quiet, log=silent)
             else:
                 _clear_unstarted(run)
-                train(fold_config(config, folder, seed), run, quiet=quiet, log=_silent, teacher_from=teacher_from)
+                train(fold_config(config, folder, seed), run, quiet=quiet, log=silent, teacher_from=teacher_from)
     predictions = held_out_predictions(run, folder)
     metrics = json.loads((run / "model.json").read_text())["metrics"]
     right = sum(p["right"] for p in predictions)
