@@ -285,7 +285,7 @@ def cli_reference() -> str:
 
 
 def recipes_reference() -> str:
-    from foodvit.recipes import list_recipes, load_recipe, recipe_path
+    from foodvit.recipes import list_recipes, load_recipe, recipe_description
 
     names = list_recipes()
     configs = {name: flatten(load_recipe(name).to_dict()) for name in names}
@@ -295,9 +295,7 @@ def recipes_reference() -> str:
              "included). `foodvit train --recipe NAME` uses one; any setting can be overridden by its option "
              "([command line](cli.md)); `--recipe my.toml` takes your own file.", ""]
     for name in names:
-        lines = recipe_path(name).read_text().splitlines()
-        leading = [line.lstrip("# ").rstrip() for line in lines[:next((i for i, l in enumerate(lines) if not l.startswith("#")), 0)]]
-        parts += [f"## {name}", "", " ".join(leading), ""]
+        parts += [f"## {name}", "", recipe_description(name), ""]
     rows = [[f"`{k}`", *[fmt(configs[n].get(k)) for n in names]] for k in keys
             if len({fmt(configs[n].get(k)) for n in names}) > 1]
     same = [f"`{k}` = {fmt(configs[names[0]].get(k))}" for k in keys if len({fmt(configs[n].get(k)) for n in names}) == 1]

@@ -28,6 +28,18 @@ def test_errors_are_one_line_with_what_to_do(capsys):
     assert "image size 250 is not a multiple of the patch size 16; use 240 or 256" in capsys.readouterr().err
 
 
+def test_recipes_lists_each_recipes_first_sentence_whole(capsys, monkeypatch):
+    from foodvit.recipes import recipe_description
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["recipes"]) == 0
+    listing = " ".join(capsys.readouterr().out.split())
+    # the course's first sentence runs over two comment lines of its file: it is listed whole, up to its full stop
+    assert "The course's from-scratch run (PyTorch Paper Replicating, chapter 08): ViT-B/16 at 224, no augmentation, " \
+        "Adam 3e-3, weight decay 0.3 on everything, batch 32, 10 epochs. default " in listing
+    assert recipe_description("course").endswith("(per-image test accuracy 25-41%).")
+
+
 def test_every_recipe_loads_and_builds_its_optimiser():
     from foodvit.training.optim import param_groups
 

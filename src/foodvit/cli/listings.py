@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import textwrap
 
 from foodvit.cli.common import count
 
@@ -47,9 +49,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
-    from foodvit.recipes import list_recipes, recipe_path
+    from foodvit.recipes import list_recipes, recipe_summary
 
+    width = max(shutil.get_terminal_size().columns, 60)
     for name in list_recipes():
-        first = recipe_path(name).read_text().splitlines()[0].lstrip("# ").strip()
-        print(f"{name:<18} {first}")
+        print(textwrap.fill(recipe_summary(name), width, initial_indent=f"{name:<18} ", subsequent_indent=" " * 19))
     return 0

@@ -3,6 +3,8 @@ checked into a RunConfig. The settings' schema they fill is config.py's."""
 
 from __future__ import annotations
 
+import itertools
+import re
 import sys
 from pathlib import Path
 
@@ -32,6 +34,18 @@ def recipe_path(name_or_file: str) -> Path:
     raise ConfigError(
         f"unknown recipe {name_or_file!r}: expected one of {', '.join(list_recipes())} or a path to a .toml file"
     )
+
+
+def recipe_description(name_or_file: str) -> str:
+    """The recipe's leading comment block as one paragraph: what it is, and why its settings are what they are."""
+    lines = recipe_path(name_or_file).read_text().splitlines()
+    leading = itertools.takewhile(lambda line: line.startswith("#"), lines)
+    return " ".join(line.lstrip("# ").strip() for line in leading).strip()
+
+
+def recipe_summary(name_or_file: str) -> str:
+    """The first sentence of the recipe's description, whole (for `foodvit recipes`)."""
+    return re.split(r"(?<=[.!?])\s+", recipe_description(name_or_file), maxsplit=1)[0]
 
 
 def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
