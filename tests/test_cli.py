@@ -100,6 +100,24 @@ def test_evaluate_json_contract(run, capsys):
     assert result["accuracy"] == pytest.approx(correct / 9)
 
 
+def test_evaluate_prints_the_confusion_matrix(run, capsys):
+    out, photos = run
+    assert main(["evaluate", str(out), "--json"]) == 0
+    confusion = json.loads(capsys.readouterr().out)["confusion"]
+    assert main(["evaluate", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("confusion matrix (a row per true class, a column per predicted class)")
+    assert lines[at + 1].split() == ["pizza", "steak", "sushi"]
+    for name, row, line in zip(["pizza", "steak", "sushi"], confusion, lines[at + 2 : at + 5], strict=True):
+        assert line.split() == [name, *map(str, row)]
+
+
+def test_confusion_lines_point_to_json_past_ten_classes():
+    from foodvit.cli.predicting import confusion_lines
+
+    assert confusion_lines([f"c{i}" for i in range(11)], [[0] * 11] * 11) == ["confusion matrix: 11 classes, in --json"]
+
+
 def test_evaluate_accepts_a_folder_of_class_folders(run, capsys):
     out, photos = run
     capsys.readouterr()

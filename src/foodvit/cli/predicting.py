@@ -101,7 +101,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"{args.split} accuracy {result['accuracy']:.4f} ({correct}/{result['n']} photos), loss {result['loss']:.4f}")
     for name, acc in result["per_class"].items():
         print(f"  {name:<20} {acc:.3f}")
+    for line in confusion_lines(list(result["per_class"]), result["confusion"]):
+        print(line)
     return 0
+
+
+def confusion_lines(classes: list[str], confusion: list[list[int]], most: int = 10) -> list[str]:
+    """The confusion matrix as text, a row per true class and a column per predicted one; past `most` classes
+    too wide to read, so a pointer to --json instead."""
+    if len(classes) > most:
+        return [f"confusion matrix: {len(classes)} classes, in --json"]
+    names = [name[:12] for name in classes]
+    width = max(5, *(len(name) for name in names), *(len(str(c)) for row in confusion for c in row))
+    lines = ["confusion matrix (a row per true class, a column per predicted class)"]
+    lines.append(" " * 23 + " ".join(f"{name:>{width}}" for name in names))
+    for name, row in zip(names, confusion, strict=True):
+        lines.append(f"  {name:<20} " + " ".join(f"{count:>{width}}" for count in row))
+    return lines
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
