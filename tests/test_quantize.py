@@ -11,7 +11,7 @@ from helpers import needs
 from foodvit.cli.main import main
 from foodvit.deploy.onnx_runtime import OnnxBackend
 from foodvit.deploy.predictor import Predictor
-from foodvit.deploy.quantize import choose
+from foodvit.deploy.quantize import choose, describe
 
 pytestmark = needs("onnxruntime", "onnxscript", why="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
 
@@ -28,6 +28,15 @@ def test_choose_keeps_the_fastest_candidate_within_one_point_of_fp32():
     assert choose({"dynamic": {"latency_ms": 0.3, "agreement": 0.9}, "static": {"latency_ms": 0.2, "agreement": 0.8}}) == "dynamic"
     looser = {"dynamic": {"latency_ms": 0.6, "agreement": 0.97}, "static": {"latency_ms": 0.4, "agreement": 0.97}}
     assert choose(looser, bound=0.05) == "static"
+
+
+def test_describe_says_when_neither_candidate_kept_fp32s_answers():
+    figures = {"fp32": {"latency_ms": 2.9}, "static": {"latency_ms": 2.50, "agreement": 0.97},
+               "dynamic": {"latency_ms": 2.52, "agreement": 0.98}}
+    info = {"asked": "int8", "method": "dynamic", "figures": figures, "probe_photos": 96, "calibration_photos": 96}
+    assert "(neither within 1% of fp32's answers: the more agreeing kept)" in describe(info)
+    figures["dynamic"]["agreement"] = 1.0
+    assert "neither" not in describe(info)
 
 
 @pytest.mark.slow  # an export and its calibration; the fast tier keeps the choice between int8 kinds (test_choose_...)

@@ -45,7 +45,8 @@ def _add_export(sub) -> None:
         "--quantize",
         choices=["int8", "int8-dynamic", "int8-static"],
         help="ONNX only, ONNX Runtime's quantisation: int8-dynamic (int8 weights), int8-static (QDQ, calibrated on "
-        "the run's training photos), or int8: both measured, the faster that keeps top-1 within 1 point of fp32",
+        "the run's training photos), or int8: both measured, the faster that keeps top-1 within 1 point of fp32 (when "
+        "neither does, the more agreeing)",
     )
     p.add_argument(
         "--with-attention",

@@ -175,9 +175,11 @@ def describe(quantization: dict | None) -> str:
         return f"{method} int8 ({how}{calibrated})"
     other = "dynamic" if method == "static" else "static"
     f = figures
+    within = any(f[n]["agreement"] >= 1.0 - AGREEMENT_LOSS - 1e-12 for n in (method, other))
+    rule = "" if within else f" (neither within {AGREEMENT_LOSS:.0%} of fp32's answers: the more agreeing kept)"
     return (
-        f"{method} int8, chosen by measurement on {quantization.get('probe_photos', '?')} photos: single-photo latency "
-        f"{f[method]['latency_ms']:.2f} ms vs {other} {f[other]['latency_ms']:.2f} ms "
+        f"{method} int8, chosen by measurement on {quantization.get('probe_photos', '?')} photos{rule}: "
+        f"single-photo latency {f[method]['latency_ms']:.2f} ms vs {other} {f[other]['latency_ms']:.2f} ms "
         f"(fp32 {f['fp32']['latency_ms']:.2f} ms), "
         f"top-1 agreement with fp32 {f[method]['agreement']:.0%} vs {f[other]['agreement']:.0%}; "
         f"static calibrated on {quantization['calibration_photos']} training photos"
