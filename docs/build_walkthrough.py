@@ -196,7 +196,7 @@ these are the measurements kept in `results/headline.csv` (`foodvit train --reci
 | run | accuracy | measured on |
 |---|---|---|
 | the course's ViT-B/16 from scratch: 224 px, Adam 3e-3, weight decay 0.3, 10 epochs, no augmentation (seed 42) | 0.333, every photo called pizza | the 75 test photos |
-| foodvit's default recipe (`foodvit train`, 100 epochs), seeds 0-2 | 0.773 +- 0.027 (0.747 / 0.773 / 0.800) | the 75 test photos |
+| foodvit's default recipe (`foodvit train`, 100 epochs), seeds 0-2 | 0.773, seeds' std 0.027 (0.747 / 0.773 / 0.800); standard error 0.048 | the 75 test photos |
 | the default recipe, 5-fold cross-validation (seed 0) | 0.836 +- 0.025 (+- standard error) | the 225 training photos, each predicted by the fold model that did not see it |
 | a ResNet-18 from scratch trained as the ViT is (100 epochs at 96 px), the same folds | 0.738 +- 0.029 | the same 225 training photos |
 
