@@ -203,3 +203,39 @@ def test_an_export_folder_under_a_file_is_one_line(shared_run, tmp_path, capsys,
         [str(out), "--ort-web", str(tmp_path / "no-such-ort")] if command == "export-web" else [])]) == 2
     assert "a-file is a file" in one_line(capsys, command)
     assert (tmp_path / "a-file").read_text() == "not a folder"
+
+
+REFUSED = Path("/proc")  # Linux makes no files here, whoever asks (root included)
+linux_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+
+
+@linux_proc
+@pytest.mark.parametrize("command", ["cv", "tune", "predict --out", "predict --plot"])
+def test_a_place_the_system_refuses_is_one_line_naming_the_place_asked_for(photos, shared_run, capsys, command):
+    if command == "tune":
+        pytest.importorskip("optuna")
+    name, _, option = command.partition(" ")
+    if name in ("cv", "tune"):
+        target = REFUSED / "foodvit-study"
+        argv = [name, "--data", str(photos), "--out", str(target), "--folds", "2", *TINY]
+    else:
+        target = REFUSED / ("labels.csv" if option == "--out" else "plot.png")
+        photo = next((photos / "test" / "pizza").iterdir())
+        argv = ["predict", str(shared_run[0]), str(photo), option, str(target)]
+    assert main(argv) == 2
+    err = one_line(capsys, name)
+    # the place the user named, never the temporary file beside it that the write goes through
+    assert f"cannot use {target}" in err and "check the path, or choose a place you can write to" in err
+    assert ".tmp" not in err and not target.exists()
+
+
+@linux_proc
+def test_atomic_writes_name_their_target_when_the_system_refuses_them():
+    from foodvit.files import atomic_folder, atomic_write
+
+    with pytest.raises(OSError) as refused:
+        atomic_write(REFUSED / "x.txt", lambda tmp: Path(tmp).write_text("x"))
+    assert refused.value.filename == str(REFUSED / "x.txt")
+    with pytest.raises(OSError) as refused:
+        atomic_folder(REFUSED / "site", lambda tmp: None)
+    assert refused.value.filename == str(REFUSED / "site")

@@ -23,6 +23,13 @@ def _temporary_name(path: Path, suffix: str = ".tmp") -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}{suffix}")
 
 
+def _as_target(err: OSError, tmp: Path, target: Path) -> OSError:
+    """An error on the temporary file as one on the file it stands for: the user named the target, never the other."""
+    if err.filename is not None and os.fspath(err.filename) == os.fspath(tmp):
+        return type(err)(err.errno, err.strerror, os.fspath(target))
+    return err
+
+
 def atomic_write(path: str | os.PathLike, write, suffix: str = ".tmp", *, replace: bool = True) -> Path:
     """Call write(tmp_path), then rename over `path`: readers never see a half-written file, and a
     failure (or Ctrl-C) leaves neither a partial file nor the temporary one. The file gets the
@@ -31,7 +38,10 @@ def atomic_write(path: str | os.PathLike, write, suffix: str = ".tmp", *, replac
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_name(path, suffix)
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except OSError as err:
+        raise _as_target(err, tmp, path) from None
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())  # whatever the writer did (some write 0600 and rename)
@@ -40,6 +50,9 @@ def atomic_write(path: str | os.PathLike, write, suffix: str = ".tmp", *, replac
         else:
             os.link(tmp, path)  # fails if path exists, unlike a rename
             tmp.unlink()
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _as_target(err, tmp, path) from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -102,7 +115,10 @@ def atomic_folder(target: Path, fill) -> Path:
         raise NotADirectoryError(errno.ENOTDIR, f"{blocker} is a file, so no folder can be made under it", str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_name(target, "")
-    tmp.mkdir(mode=0o777)
+    try:
+        tmp.mkdir(mode=0o777)
+    except OSError as err:
+        raise _as_target(err, tmp, target) from None
     try:
         fill(tmp)
         os.replace(tmp, target)

@@ -2,8 +2,9 @@
 is a module of cli/ holding its parser's registration (`register(sub)`) beside its handler, a thin
 shell over the library; a new subcommand is one more module in COMMANDS.
 
-Errors a user can act on (FoodVitError) are printed on one line and exit 2; anything else is a
-bug and keeps its traceback (so does every error under --debug). Heavy libraries (PyTorch,
+Errors a user can act on (FoodVitError, and an OSError on a named file: a read-only or full disk, a
+folder that is not theirs) are printed on one line and exit 2; anything else is a bug and keeps its
+traceback (so does every error under --debug). Heavy libraries (PyTorch,
 torchvision, matplotlib) are imported by the subcommands that need them, never to show help.
 The library's messages go through Python's logging ("foodvit" and below): plain lines on
 standard error, INFO by default, WARNING with a command's --quiet, DEBUG with --debug.
@@ -123,6 +124,19 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
     except BrokenPipeError:  # e.g. `foodvit models | head`
         return 0
+    except OSError as err:
+        # a place the system refuses (read-only, not yours, full, not a place files can be made): the user's to change
+        if args.debug or not err.filename:
+            raise
+        print(f"foodvit {args.command}: error: {place_refused(err)}", file=sys.stderr)
+        return 2
+
+
+def place_refused(err: OSError) -> str:
+    """An OSError on a named file as one line: the file, the system's reason, and what to do."""
+    where = err.filename if not err.filename2 else f"{err.filename} -> {err.filename2}"
+    reason = err.strerror or type(err).__name__
+    return f"cannot use {where} ({reason}); check the path, or choose a place you can write to"
 
 
 if __name__ == "__main__":
