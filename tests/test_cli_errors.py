@@ -239,3 +239,14 @@ def test_atomic_writes_name_their_target_when_the_system_refuses_them():
     with pytest.raises(OSError) as refused:
         atomic_folder(REFUSED / "site", lambda tmp: None)
     assert refused.value.filename == str(REFUSED / "site")
+
+
+@pytest.mark.parametrize("command", ["train", "cv"])
+def test_photos_of_one_class_are_refused_before_anything_is_made(tmp_path, capsys, command):
+    one = make_photo_folder(tmp_path / "one", n_train=4, n_test=2, classes=("pizza",))
+    out = tmp_path / "out"
+    extra = ["--folds", "2"] if command == "cv" else []
+    assert main([command, "--data", str(one), "--out", str(out), *extra, *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # train names its run directory first
+    assert "Traceback" not in "".join(err) and err[-1].startswith(f"foodvit {command}: error: ")
+    assert "holds one class (pizza)" in err[-1] and not out.exists()

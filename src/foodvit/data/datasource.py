@@ -24,6 +24,7 @@ from foodvit.data.folders import (
     check_layout,
     is_food101,
     keep_classes,
+    learnable,
     list_folder,
     list_split,
     subsample,
@@ -131,6 +132,7 @@ class DataSource:
             )
         if self.classes:
             train, test = keep_classes(train, self.classes), keep_classes(test, self.classes)
+        learnable(train, root)
         if self.train_fraction < 1:
             train = subsample(train, self.train_fraction, seed)
         return Listed(root, train, test)

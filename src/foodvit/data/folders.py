@@ -113,6 +113,16 @@ def list_split(root: Path, split: str) -> Listing:
     return list_food101(root, split) if is_food101(root) else list_folder(root / split)
 
 
+def learnable(listing: Listing, root: Path) -> Listing:
+    """The training listing, if it has the two classes or more that a classifier needs; else a DataError."""
+    if len(listing.classes) < 2:
+        raise DataError(
+            f"{root} holds one class ({listing.classes[0]}): a classifier learns to tell classes apart, so give "
+            "train/ and test/ a folder for each of at least two classes"
+        )
+    return listing
+
+
 def keep_classes(listing: Listing, names: tuple[str, ...]) -> Listing:
     """Only the named classes (re-indexed in sorted order), e.g. pizza, steak and sushi of Food-101."""
     unknown = [n for n in names if n not in listing.classes]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from foodvit.config import RunConfig
 from foodvit.data.datasource import DataSource
-from foodvit.data.folders import Split, check, cv_folds, keep_classes, list_split
+from foodvit.data.folders import Split, check, cv_folds, keep_classes, learnable, list_split
 from foodvit.errors import StudyError
 from foodvit.files import atomic_folder
 
@@ -26,7 +26,7 @@ def training_photos(config: RunConfig) -> Split:
     listing = list_split(root, "train")
     if source.classes:
         listing = keep_classes(listing, source.classes)
-    return check(listing, strict=config.data.strict)
+    return check(learnable(listing, root), strict=config.data.strict)
 
 
 def photo_key(split: Split, path: Path) -> str:
