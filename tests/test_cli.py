@@ -93,7 +93,7 @@ def test_evaluate_json_contract(run, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(out), "--json"]) == 0  # the run's own data source by default
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == {"accuracy", "loss", "n", "per_class", "confusion"}
+    assert set(result) == {"accuracy", "loss", "n", "per_class", "confusion", "skipped"} and result["skipped"] == []
     assert result["n"] == 9 and set(result["per_class"]) == {"pizza", "steak", "sushi"}
     assert sum(map(sum, result["confusion"])) == 9
     correct = sum(result["confusion"][i][i] for i in range(3))

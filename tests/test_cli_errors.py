@@ -250,3 +250,27 @@ def test_photos_of_one_class_are_refused_before_anything_is_made(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()  # train names its run directory first
     assert "Traceback" not in "".join(err) and err[-1].startswith(f"foodvit {command}: error: ")
     assert "holds one class (pizza)" in err[-1] and not out.exists()
+
+
+def test_a_truncated_photo_is_skipped_by_evaluate_and_counted_so_by_data(shared_run, tmp_path, capsys):
+    import json
+    import shutil
+
+    folder = tmp_path / "photos"
+    shutil.copytree(shared_run[1] / "test", folder)
+    whole = next((folder / "pizza").iterdir()).read_bytes()
+    (folder / "pizza" / "cut.jpg").write_bytes(whole[: len(whole) // 2])  # its header reads, its pixels end early
+    n = sum(1 for _ in folder.rglob("*.jpg"))
+
+    assert main(["evaluate", str(shared_run[0]), "--data", str(folder), "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["n"] == n - 1 and result["skipped"] == [f"{folder / 'pizza' / 'cut.jpg'}: " + result["skipped"][0].split(": ", 1)[1]]
+    assert "could not be decoded whole" in captured.err and "cut.jpg" in captured.err
+
+    assert main(["evaluate", str(shared_run[0]), "--data", str(folder), "--strict"]) == 2
+    assert "cut.jpg" in one_line(capsys, "evaluate")
+
+    assert main(["data", "--data", str(folder)]) == 0  # counted as training would count it: skipped
+    out = capsys.readouterr().out
+    assert f"photos: {n - 1} photos" in out and "skipped 1 unreadable file(s)" in out and "cut.jpg" in out

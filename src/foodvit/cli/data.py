@@ -20,6 +20,7 @@ def register(sub) -> None:
 def cmd_data(args: argparse.Namespace) -> int:
     from foodvit.data.datasource import DataSource
     from foodvit.data.folders import check, is_food101
+    from foodvit.data.photos import load_or_explain
     from foodvit.errors import ConfigError
 
     if args.data and args.source:
@@ -27,9 +28,10 @@ def cmd_data(args: argparse.Namespace) -> int:
     source = DataSource.parse(args.data or args.source)
     root = source.root()
     splits = [split for split in ("train", "test") if is_food101(root) or (root / split).is_dir()]
-    # a folder without train/ and test/ is read as its class folders, as evaluate reads it: no photos there is refused
-    shown = [(split, check(source.listing(split, root), quiet=False)) for split in splits] or [
-        ("photos", check(source.listing("test", root), quiet=False))
+    # a folder without train/ and test/ is read as its class folders, as evaluate reads it: no photos there is refused.
+    # Each photo is decoded whole, as training decodes it, so that a truncated file counts as skipped here too
+    shown = [(split, check(source.listing(split, root), decode=load_or_explain, quiet=False)) for split in splits] or [
+        ("photos", check(source.listing("test", root), decode=load_or_explain, quiet=False))
     ]
     if args.print_path:
         print(root)

@@ -12,9 +12,10 @@ from foodvit.data.photos import PhotoError, load_or_explain
 from foodvit.errors import DataError
 
 
-def evaluate_split(predictor, split, batch_size: int = 64) -> dict:
+def evaluate_split(predictor, split, batch_size: int = 64, *, strict: bool = False) -> dict:
     """accuracy (per image), loss (mean cross-entropy), n, per_class {class: accuracy}, confusion
-    (rows = true class), computed from the Predictor's probabilities in batches."""
+    (rows = true class), computed from the Predictor's probabilities in batches; skipped: the photos
+    whose header read but that could not be decoded whole ("path: reason"; strict: refused instead)."""
     if list(split.classes) != list(predictor.classes):
         raise DataError(
             f"{split.root} has classes {list(split.classes)}, the model was trained on {list(predictor.classes)}; "
@@ -23,14 +24,28 @@ def evaluate_split(predictor, split, batch_size: int = 64) -> dict:
     k = len(predictor.classes)
     confusion = np.zeros((k, k), dtype=np.int64)
     loss = 0.0
+    skipped: list[str] = []
     for start in range(0, len(split.samples), batch_size):
-        chunk = split.samples[start : start + batch_size]
-        batch = np.stack([predictor.prepare(load_or_explain(path), str(path)) for path, _ in chunk])
+        chunk, prepared = [], []
+        for path, label in split.samples[start : start + batch_size]:
+            try:
+                prepared.append(predictor.prepare(load_or_explain(path), str(path)))
+            except PhotoError as err:
+                if strict:
+                    raise
+                skipped.append(f"{path}: {err.reason}")
+                continue
+            chunk.append((path, label))
+        if not chunk:
+            continue
+        batch = np.stack(prepared)
         probabilities = predictor.probabilities(batch)
         labels = np.array([label for _, label in chunk])
         loss -= float(np.log(np.maximum(probabilities[np.arange(len(chunk)), labels], 1e-300)).sum())
         np.add.at(confusion, (labels, probabilities.argmax(axis=1)), 1)
     n = int(confusion.sum())
+    if n == 0:
+        raise DataError(f"no photo in {split.root} could be decoded ({skipped[0]} ...); check the folder's files")
     totals = confusion.sum(axis=1)
     per_class = {
         name: float(confusion[i, i] / totals[i]) if totals[i] else float("nan") for i, name in enumerate(split.classes)
@@ -41,6 +56,7 @@ def evaluate_split(predictor, split, batch_size: int = 64) -> dict:
         "n": n,
         "per_class": per_class,
         "confusion": confusion.tolist(),
+        "skipped": skipped,
     }
 
 
