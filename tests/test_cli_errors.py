@@ -274,3 +274,18 @@ def test_a_truncated_photo_is_skipped_by_evaluate_and_counted_so_by_data(shared_
     assert main(["data", "--data", str(folder)]) == 0  # counted as training would count it: skipped
     out = capsys.readouterr().out
     assert f"photos: {n - 1} photos" in out and "skipped 1 unreadable file(s)" in out and "cut.jpg" in out
+
+
+def test_a_picture_is_written_over_only_when_foodvit_made_it(shared_run, tmp_path, capsys):
+    photo = next((shared_run[1] / "test" / "pizza").iterdir())
+    theirs = tmp_path / "holiday.png"
+    theirs.write_bytes(b"the user's own picture")
+    assert main(["predict", str(shared_run[0]), str(photo), "--plot", str(theirs)]) == 2
+    assert "holiday.png exists and is not a picture foodvit made" in one_line(capsys, "predict")
+    assert theirs.read_bytes() == b"the user's own picture"
+
+    ours = tmp_path / "plot.png"
+    assert main(["predict", str(shared_run[0]), str(photo), "--plot", str(ours)]) == 0
+    first = ours.stat().st_mtime_ns
+    assert main(["predict", str(shared_run[0]), str(photo), "--plot", str(ours)]) == 0  # run again: its own picture
+    assert ours.stat().st_mtime_ns >= first and ours.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -46,13 +46,18 @@ def need(extra: str, *modules: str) -> None:
 
 
 def writable(path: str, suffixes: tuple[str, ...] = ()) -> Path:
-    """An output file's path, or a one-line error before any work is lost to an unwritable place or
-    to a name that says another format than the one written (suffixes: those allowed, e.g. (".png",))."""
+    """An output picture's path, or a one-line error before any work is lost to an unwritable place or
+    to a name that says another format than the one written (suffixes: those allowed, e.g. (".png",)).
+    A file already there is written over only if it is a picture foodvit made (a run again); never the user's own."""
     from foodvit.errors import RunError
+
+    from foodvit.viz.plotting import made_here
 
     out = Path(path)
     if out.is_dir():
         raise RunError(f"{out} is a folder; give a file name, e.g. {out / 'picture.png'}")
+    if out.exists() and not made_here(out):
+        raise RunError(f"{out} exists and is not a picture foodvit made; give another name, or move that file first")
     if suffixes and out.suffix.lower() not in suffixes:
         raise RunError(
             f"{out} does not end in {' or '.join(suffixes)}, the format written; give a name such as "

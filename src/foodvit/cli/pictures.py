@@ -111,7 +111,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise RunError(f"--out {out} is a file; inspect writes three pictures into a folder: choose a folder")
-    writable(str(out / "filters.png"))
+    for name in ("filters.png", "pos_similarity.png", "attention_distance.png"):
+        writable(str(out / name))
     written = []
     if model.config.stem == "patch":
         written.append(save_figure(filters_figure(model), out / "filters.png"))

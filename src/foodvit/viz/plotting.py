@@ -28,8 +28,22 @@ def integer_ticks(axis) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
+MAKER = "foodvit"  # the PNG's Software text: a picture foodvit made, which a later command may write over
+
+
 def save_figure(fig, path: Path) -> Path:
     def write(tmp: Path) -> None:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata={"Software": MAKER})
 
     return atomic_write(path, write)
+
+
+def made_here(path: Path) -> bool:
+    """Whether the file at `path` is a picture save_figure wrote (a PNG whose Software text says foodvit)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as picture:
+            return picture.format == "PNG" and getattr(picture, "text", {}).get("Software") == MAKER
+    except (OSError, ValueError, SyntaxError):
+        return False
