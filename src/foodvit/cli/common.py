@@ -50,7 +50,6 @@ def writable(path: str, suffixes: tuple[str, ...] = ()) -> Path:
     to a name that says another format than the one written (suffixes: those allowed, e.g. (".png",)).
     A file already there is written over only if it is a picture foodvit made (a run again); never the user's own."""
     from foodvit.errors import RunError
-
     from foodvit.viz.plotting import made_here
 
     out = Path(path)
