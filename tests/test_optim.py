@@ -62,3 +62,18 @@ def test_decay_groups_are_found_through_any_wrapper():
     direct = [[id(p) for p in g["params"]] for g in param_groups(vit, 0.1)]
     wrapped = [[id(p) for p in g["params"]] for g in param_groups(wrapper, 0.1)]
     assert wrapped == direct
+
+
+def test_a_warmup_longer_than_the_training_is_said_with_how_far_the_rate_gets(caplog):
+    from foodvit.config import OptimConfig
+    from foodvit.training.optim import build_scheduler
+
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    with caplog.at_level("WARNING", logger="foodvit"):
+        build_scheduler(optimizer, OptimConfig(warmup_epochs=8, schedule="cosine"), steps_per_epoch=4, epochs=2)
+    assert "the warm-up (8 epochs) is longer than the training (2 epochs): the learning rate rises to 0.25 of --lr" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="foodvit"):
+        build_scheduler(optimizer, OptimConfig(warmup_epochs=2, schedule="cosine"), steps_per_epoch=4, epochs=2)
+    assert caplog.text == ""  # a warm-up as long as the training reaches its peak at the end: said nothing

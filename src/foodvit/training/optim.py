@@ -6,6 +6,7 @@ gradient clipping at global norm 1; fine-tuning uses SGD with momentum 0.9 and n
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 
@@ -15,6 +16,8 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 def no_decay_parameters(model: nn.Module) -> set[int]:
@@ -88,6 +91,11 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, min
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, steps_per_epoch: int, epochs: int):
     total = steps_per_epoch * epochs
     warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
+    if warmup > total > 0:
+        logger.warning(
+            f"the warm-up ({cfg.warmup_epochs:g} epochs) is longer than the training ({epochs} epoch{'s' if epochs != 1 else ''}): the learning "
+            f"rate rises to {total / warmup:.2g} of --lr and never decays; give --warmup-epochs at most {epochs}"
+        )
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, total, warmup, cfg.schedule, cfg.min_lr_ratio)
     )
