@@ -92,8 +92,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, steps_pe
     total = steps_per_epoch * epochs
     warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
     if warmup > total > 0:
+        span = f"{epochs} epoch{'s' if epochs != 1 else ''}"
         logger.warning(
-            f"the warm-up ({cfg.warmup_epochs:g} epochs) is longer than the training ({epochs} epoch{'s' if epochs != 1 else ''}): the learning "
+            f"the warm-up ({cfg.warmup_epochs:g} epochs) is longer than the training ({span}): the learning "
             f"rate rises to {total / warmup:.2g} of --lr and never decays; give --warmup-epochs at most {epochs}"
         )
     return torch.optim.lr_scheduler.LambdaLR(
