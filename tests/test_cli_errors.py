@@ -289,3 +289,26 @@ def test_a_picture_is_written_over_only_when_foodvit_made_it(shared_run, tmp_pat
     first = ours.stat().st_mtime_ns
     assert main(["predict", str(shared_run[0]), str(photo), "--plot", str(ours)]) == 0  # run again: its own picture
     assert ours.stat().st_mtime_ns >= first and ours.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_study_kept_in_a_storage_says_where_when_resumed_without_it(photos, tmp_path, capsys):
+    pytest.importorskip("optuna")
+    study, url = tmp_path / "study", f"sqlite:///{tmp_path / 'ext.db'}"
+    tune = ["tune", "--data", str(photos), "--out", str(study), "--folds", "2", "--trials", "1", *TINY]
+    assert main([*tune, "--storage", url]) == 0
+    capsys.readouterr()
+    assert main(tune) == 2  # it had said the folder's study.db was gone, though the trials were never there
+    assert f"are in --storage {url}, not in the folder; give --storage {url} to go on" in one_line(capsys, "tune")
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    assert main([*tune, "--storage", other]) == 2
+    assert f"are in --storage {url}, not in {other}" in one_line(capsys, "tune")
+    assert not (tmp_path / "other.db").exists()
+
+
+def test_a_study_of_its_own_database_is_not_opened_in_a_storage(tmp_path):
+    from foodvit.errors import StudyError
+    from foodvit.tuning.storage import check_database
+
+    (tmp_path / "study.db").write_bytes(b"SQLite format 3\x00")
+    with pytest.raises(StudyError, match="are in its own study.db, not in postgresql://u:\\*\\*\\*@h/db; leave out --storage"):
+        check_database(tmp_path, "postgresql://u:secret@h/db")

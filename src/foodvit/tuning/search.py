@@ -45,7 +45,7 @@ from foodvit.tuning.space import (
     space_table,
     trial_config,
 )
-from foodvit.tuning.storage import STUDY_NAME, check_database, open_storage
+from foodvit.tuning.storage import STUDY_NAME, check_database, open_storage, record_storage
 from foodvit.tuning.study import TRIAL_FILE, bind_trial, open_study, read_identity, study_settings
 from foodvit.tuning.summary import duration_text, write_report
 
@@ -324,6 +324,7 @@ def tune(
             pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
             load_if_exists=True,
         )
+        record_storage(study_dir, storage)
         if not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
             start = base_values(base)
             # skip_if_exists: machines sharing a server, each with its own folder (and lock), enqueue it once

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 from foodvit.errors import StudyError
+from foodvit.files import write_text
 
 STUDY_NAME = "foodvit"  # the study's name in its database
+WHERE = "storage.json"  # in a study folder whose trials a --storage holds: that storage's URL, its password hidden
 
 
 def open_storage(study_dir: Path, url: str | None):
@@ -75,6 +78,24 @@ def _hide_password(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
+def recorded_storage(study_dir: Path) -> str | None:
+    """The --storage the study folder's trials live in (its password hidden), or None: its own study.db."""
+    try:
+        return str(json.loads((study_dir / WHERE).read_text())["storage"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise StudyError(
+            f'{study_dir / WHERE} is damaged ({err}); write {{"storage": URL}} in it, or choose a new --out'
+        ) from None
+
+
+def record_storage(study_dir: Path, storage: str | None) -> None:
+    """Note in the study folder which --storage holds its trials, so that a run without it is told where they are."""
+    if storage and recorded_storage(study_dir) is None:
+        write_text(study_dir / WHERE, json.dumps({"storage": _hide_password(storage)}) + "\n")
+
+
 def check_database(study_dir: Path, storage: str | None) -> None:
     """The study's own SQLite database, before Optuna opens it (and would add its tables to any file):
     gone while trial folders remain, another program's, truncated or random bytes are refused, since
@@ -82,9 +103,21 @@ def check_database(study_dir: Path, storage: str | None) -> None:
     import sqlite3
     from contextlib import closing
 
-    if storage:
-        return  # a server's database: the trial folders are checked against its trials (check_trial_folders)
+    recorded = recorded_storage(study_dir)
+    if recorded is not None and (storage is None or _hide_password(storage) != recorded):
+        asked = f"not in {_hide_password(storage)}" if storage else "not in the folder"
+        raise StudyError(
+            f"the trials of the study in {study_dir} are in --storage {recorded}, {asked}; give --storage {recorded} "
+            "to go on with it, or choose a new --out"
+        )
     db = study_dir / "study.db"
+    if storage:
+        if db.exists() and recorded is None:
+            raise StudyError(
+                f"the trials of the study in {study_dir} are in its own {db.name}, not in {_hide_password(storage)}; "
+                "leave out --storage to go on with it, or choose a new --out"
+            )
+        return  # a server's database: the trial folders are checked against its trials (check_trial_folders)
     held = sorted(p.name for p in study_dir.glob("trial-*"))
     advice = f"restore {db} from where it was copied, or choose a new --out for a new study"
     if not db.exists():
