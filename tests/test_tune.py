@@ -231,6 +231,8 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
                "no study": (["--teachers", str(photos)], "holds no readable study"),
                "lends none": (["--teachers", str(cv_study["study"])], "a recipe that trains no CNN teacher"),
                "other folds": (["--folds", "3"], "folds: 2 there, 3 here"),
+               # the teacher's own epochs named as such, not as the run's epochs (1 in both)
+               "--teacher-epochs": (["--teacher-epochs", "3"], "with other settings (teacher.epochs: 1 there, 3 here)"),
                "itself": (["--teachers", str(tmp_path / "itself")], "is the study itself")}
     for name, (extra, message) in refused.items():
         args = ["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / name), *GUIDED, "--teachers", str(a), *extra]

@@ -102,16 +102,18 @@ def teacher_settings(config: RunConfig) -> dict:
     }
     data["workers"] = min(config.data.workers, 1) if (config.data.mixup or config.data.cutmix) else 0
     optim = {k: v for k, v in settings["optim"].items() if f"optim.{k}" not in STUDENT_SETTINGS}
-    train = {k: v for k, v in settings["train"].items() if k not in ("eval_every", "tensorboard", "compile")}
-    train["epochs"] = teacher_epochs(config)  # the run's own only when the teacher has none of its own
-    preprocess = asdict(default_preprocess(config))
+    train = {k: v for k, v in settings["train"].items() if k not in ("epochs", "eval_every", "tensorboard", "compile")}
     return {
-        "preprocess": preprocess,
-        "architecture": config.teacher.architecture,
+        "preprocess": asdict(default_preprocess(config)),
+        # its epochs and size as they resolve (the run's epochs when the teacher has none of its own), named as such
+        "teacher": {
+            "architecture": config.teacher.architecture,
+            "epochs": teacher_epochs(config),
+            "size": teacher_size(config),
+        },
         "data": data,
         "optim": optim,
         "train": train,
-        "size": teacher_size(config),  # the teacher's epochs and size as they resolve
     }
 
 
