@@ -35,8 +35,11 @@ def test_describe_says_when_neither_candidate_kept_fp32s_answers():
                "dynamic": {"latency_ms": 2.52, "agreement": 0.98}}
     info = {"asked": "int8", "method": "dynamic", "figures": figures, "probe_photos": 96, "calibration_photos": 96}
     assert "(neither within 1% of fp32's answers: the more agreeing kept)" in describe(info)
+    assert "both int8 kinds are slower than fp32 on this machine" not in describe(info)
     figures["dynamic"]["agreement"] = 1.0
     assert "neither" not in describe(info)
+    figures["fp32"]["latency_ms"] = 2.0  # faster than both: int8 is said to buy size, not speed
+    assert describe(info).endswith("; both int8 kinds are slower than fp32 on this machine: int8 buys a smaller file here, not speed")
 
 
 @pytest.mark.slow  # an export and its calibration; the fast tier keeps the choice between int8 kinds (test_choose_...)

@@ -1,4 +1,4 @@
-"""Serving side by side: `foodvit serve` on a run (PyTorch) and on its int8 .onnx (no
+"""Serving side by side: `foodvit serve` on a run (PyTorch) and on its .onnx exports (fp32 and int8, no
 PyTorch), against the course's demo design, on the same model, photo and machine.
 
     python -m bench.speed.serve --run runs/demo              # a trained run (static int8 calibrates on its photos)
@@ -12,6 +12,7 @@ Servers, each in its own process on 127.0.0.1:
   API, through gradio_client);
 - ours-torch: `foodvit serve RUN` (POST /predict; requests batched, up to 16);
 - ours-torch-1: the same with --max-batch 1 (what batching buys);
+- ours-onnx: `foodvit serve RUN.onnx` (`foodvit export`, fp32), ONNX Runtime, no PyTorch;
 - ours-int8: `foodvit serve RUN-int8.onnx` (`foodvit export --quantize int8`), ONNX Runtime, no PyTorch.
 N client threads (1, 8, 32) each keep one request in flight (the load is bounded), posting the same
 FoodVision Mini photo as fast as the answers come back, for --seconds. Reported per row:
@@ -165,12 +166,22 @@ def limit(model: str, photo: bytes, batch: int = 16, seconds: float = 6.0) -> di
     return {"decode_preprocess_ms": decode * 1e3, "forward_ms_per_photo": forward * 1e3, "photos_per_s": 1 / (decode + forward)}
 
 
+BACKEND = {"ours-onnx": "onnx", "ours-int8": "int8"}  # the others run the run directory's PyTorch model
+LABEL = {  # each server as results/serving.csv names it
+    "peer": "the course's gr.Interface design, PyTorch",
+    "ours-torch": "foodvit serve RUN (PyTorch)",
+    "ours-torch-1": "foodvit serve RUN --max-batch 1 (PyTorch)",
+    "ours-onnx": "foodvit serve model.onnx (fp32, no PyTorch)",
+    "ours-int8": "foodvit serve model-int8.onnx (int8, no PyTorch)",
+}
+
+
 def measure(work: Path, argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", help="a trained run (default: the --model with random weights)")
     parser.add_argument("--model", default="default", help="without --run: the architecture (default: the default recipe's)")
-    parser.add_argument("--servers", nargs="+", default=["peer", "ours-torch", "ours-int8"],
-                        choices=["peer", "ours-torch", "ours-torch-1", "ours-int8"])
+    parser.add_argument("--servers", nargs="+", default=["peer", "ours-torch", "ours-onnx", "ours-int8"],
+                        choices=["peer", "ours-torch", "ours-torch-1", "ours-onnx", "ours-int8"])
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--seconds", type=float, default=12.0, help="load time per row")
     parser.add_argument("--data", help="data source of the photo (default: $FOODVIT_DATA, else the course's zip)")
@@ -188,6 +199,8 @@ def measure(work: Path, argv=None) -> int:
     photo = photo_path.read_bytes()
     run = Path(args.run) if args.run else random_run(args.model, work / "run")
     models = {"peer": str(run), "ours-torch": str(run), "ours-torch-1": str(run)}
+    if "ours-onnx" in args.servers:
+        models["ours-onnx"] = export(run, work / "model.onnx", photos=[p for p, _ in split.samples[:16]], quiet=True)["path"]
     if "ours-int8" in args.servers:
         done = export(run, work / "model-int8.onnx", quantize="int8", photos=[p for p, _ in split.samples[:16]], quiet=True)
         models["ours-int8"] = done["path"]
@@ -196,7 +209,7 @@ def measure(work: Path, argv=None) -> int:
           f"photo {photo_path.name} ({len(photo) / 1000:.0f} kB) | {args.seconds:g} s a row")
     limits = {}
     for name in args.servers:
-        backend = "int8" if name == "ours-int8" else "torch"
+        backend = BACKEND.get(name, "torch")
         if backend not in limits:
             limits[backend] = limit(models[name], photo)
             print(f"limit ({backend}): decode + preprocess {limits[backend]['decode_preprocess_ms']:.1f} ms + forward "
@@ -221,14 +234,14 @@ def measure(work: Path, argv=None) -> int:
         try:
             load(make, 2, 3.0)  # warm-up
             memory = rss_mib(process.pid)
-            top = limits["int8" if name == "ours-int8" else "torch"]["photos_per_s"]
+            top = limits[BACKEND.get(name, "torch")]["photos_per_s"]
             for clients in args.clients:
                 r = {"server": name, "rss_mib": memory, "limit": top, **load(make, clients, args.seconds)}
                 results.append(r)
                 if args.record:
                     from bench.results import record
 
-                    record("serving", {"server": name, "clients": clients, "requests_per_s": f"{r['rps']:.1f}",
+                    record("serving", {"server": LABEL[name], "clients": clients, "requests_per_s": f"{r['rps']:.1f}",
                                        "share_of_limit": f"{r['rps'] / top:.0%}", "p50_ms": f"{r['p50'] * 1e3:.0f}",
                                        "p95_ms": f"{r['p95'] * 1e3:.0f}", "errors": r["errors"], "resident_mib": f"{memory:.0f}"})
                 print(f"| {name} | {clients} | {r['rps']:.1f} | {r['rps'] / top:.0%} | {r['p50'] * 1e3:.0f} | {r['p95'] * 1e3:.0f} | "

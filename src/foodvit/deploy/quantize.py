@@ -177,10 +177,15 @@ def describe(quantization: dict | None) -> str:
     f = figures
     within = any(f[n]["agreement"] >= 1.0 - AGREEMENT_LOSS - 1e-12 for n in (method, other))
     rule = "" if within else f" (neither within {AGREEMENT_LOSS:.0%} of fp32's answers: the more agreeing kept)"
+    slower = (
+        "; both int8 kinds are slower than fp32 on this machine: int8 buys a smaller file here, not speed"
+        if min(f[method]["latency_ms"], f[other]["latency_ms"]) > f["fp32"]["latency_ms"]
+        else ""
+    )
     return (
         f"{method} int8, chosen by measurement on {quantization.get('probe_photos', '?')} photos{rule}: "
         f"single-photo latency {f[method]['latency_ms']:.2f} ms vs {other} {f[other]['latency_ms']:.2f} ms "
         f"(fp32 {f['fp32']['latency_ms']:.2f} ms), "
         f"top-1 agreement with fp32 {f[method]['agreement']:.0%} vs {f[other]['agreement']:.0%}; "
-        f"static calibrated on {quantization['calibration_photos']} training photos"
+        f"static calibrated on {quantization['calibration_photos']} training photos{slower}"
     )
