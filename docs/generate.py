@@ -188,7 +188,9 @@ def results_page() -> str:
     web = read("web")
     parts += ["## A static page in the browser", "",
               "`foodvit export-web`'s page in Chromium (ONNX Runtime Web, WebAssembly, one thread) on FoodVision Mini's test "
-              "photos, against `foodvit serve` on the same .onnx file over HTTP; latencies are medians of 20 on a shared machine.",
+              "photos, against `foodvit serve` on the same .onnx file over HTTP; latencies are medians of 20. The model is a "
+              "run of the default recipe; the page ships it in fp32 (`--quantize int8` for the smaller file measured "
+              "beside it).",
               "", table(["model", "measure", "value", "unit", "photos", "commit"],
                         [[r["model"], r["what"], r["value"], r["unit"], r["photos"], r["commit"]] for r in web]), "",
               "Commands:", "", commands(web), ""]

@@ -245,7 +245,7 @@ def test_a_failure_while_writing_leaves_nothing(shared_run, fake_runtime, tmp_pa
 
 @pytest.fixture(scope="module")
 def site(shared_run, fake_runtime, tmp_path_factory):
-    """The site exported through the command line (int8, as shipped): {"path", "agreement", "output"}."""
+    """The site exported through the command line, its model int8: {"path", "agreement", "output"}."""
     import contextlib
 
     from foodvit.cli.main import main
@@ -253,7 +253,7 @@ def site(shared_run, fake_runtime, tmp_path_factory):
     out = tmp_path_factory.mktemp("web") / "site"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(["export-web", str(shared_run[0]), "--out", str(out), "--ort-web", str(fake_runtime)]) == 0
+        assert main(["export-web", str(shared_run[0]), "--out", str(out), "--ort-web", str(fake_runtime), "--quantize", "int8"]) == 0
     output = printed.getvalue()
     found = re.search(r"same top class as foodvit predict on (\d+)% of (\d+) test photos", output)
     assert found, output

@@ -3,7 +3,7 @@ in the visitor's browser by ONNX Runtime Web, and never leaves it.
 
     site/index.html, foodvit.js, style.css   the page (package data: deploy/web/assets/)
     site/foodvit.json      classes, preprocessing, the model card, the page's limits, the examples
-    site/model.onnx        the run exported with its attention output (export.py), int8 by default
+    site/model.onnx        the run exported with its attention output (export.py), fp32 unless quantized
     site/preprocess.onnx   photo pixels -> the model's input and its crop (graphs.py): Pillow's
                            resize, crop and normalisation, run by the same runtime as the model
     site/overlay.onnx      the attention map over the crop, as viz.overlay draws it (graphs.py)
@@ -171,7 +171,7 @@ def export_web(
     run: str | Path,
     out: str | Path,
     *,
-    quantize: str | None = "int8",
+    quantize: str | None = None,
     ort_web: str | Path | None = None,
     examples_per_class: int = 1,
     quiet: bool = False,
