@@ -225,7 +225,7 @@ def test_a_place_the_system_refuses_is_one_line_naming_the_place_asked_for(photo
     assert main(argv) == 2
     err = one_line(capsys, name)
     # the place the user named, never the temporary file beside it that the write goes through
-    assert f"cannot use {target}" in err and "check the path, or choose a place you can write to" in err
+    assert f"cannot use {target}" in err and "(No such file or directory); check the path" in err
     assert ".tmp" not in err and not target.exists()
 
 
@@ -239,6 +239,36 @@ def test_atomic_writes_name_their_target_when_the_system_refuses_them():
     with pytest.raises(OSError) as refused:
         atomic_folder(REFUSED / "site", lambda tmp: None)
     assert refused.value.filename == str(REFUSED / "site")
+
+
+def test_a_full_disk_and_a_file_inside_a_folder_being_written_are_named_as_the_user_named_them(tmp_path):
+    import errno
+
+    from foodvit.cli.main import place_refused
+    from foodvit.files import atomic_folder, atomic_write
+
+    def full(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as a write or flush raises it: no file named
+
+    with pytest.raises(OSError) as refused:
+        atomic_write(tmp_path / "model.onnx", full)
+    assert refused.value.filename == str(tmp_path / "model.onnx") and not list(tmp_path.iterdir())
+    assert place_refused(refused.value).endswith("(No space left on device); free some space there, or choose another place")
+
+    def denied(tmp):
+        raise PermissionError(errno.EACCES, "Permission denied", str(Path(tmp) / "ort" / "ort.wasm"))
+
+    with pytest.raises(PermissionError) as refused:
+        atomic_folder(tmp_path / "site", denied)
+    assert refused.value.filename == str(tmp_path / "site" / "ort" / "ort.wasm") and not list(tmp_path.iterdir())
+    assert "choose a place you can write to, or check its permissions" in place_refused(refused.value)
+
+    def reads_another(tmp):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "source.bin"))
+
+    with pytest.raises(FileNotFoundError) as refused:
+        atomic_write(tmp_path / "copy.bin", reads_another)
+    assert refused.value.filename == str(tmp_path / "source.bin")  # another file's error stays that file's
 
 
 @pytest.mark.parametrize("command", ["train", "cv"])
@@ -265,8 +295,9 @@ def test_a_truncated_photo_is_skipped_by_evaluate_and_counted_so_by_data(shared_
     assert main(["evaluate", str(shared_run[0]), "--data", str(folder), "--json"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
-    assert result["n"] == n - 1 and result["skipped"] == [f"{folder / 'pizza' / 'cut.jpg'}: " + result["skipped"][0].split(": ", 1)[1]]
-    assert "could not be decoded whole" in captured.err and "cut.jpg" in captured.err
+    assert result["n"] == n - 1 and len(result["skipped"]) == 1
+    assert result["skipped"][0].startswith(f"{folder / 'pizza' / 'cut.jpg'}: cannot be read (image file is truncated")
+    assert "skipped 1 unreadable file(s)" in captured.err and "cut.jpg" in captured.err
 
     assert main(["evaluate", str(shared_run[0]), "--data", str(folder), "--strict"]) == 2
     assert "cut.jpg" in one_line(capsys, "evaluate")
@@ -274,6 +305,27 @@ def test_a_truncated_photo_is_skipped_by_evaluate_and_counted_so_by_data(shared_
     assert main(["data", "--data", str(folder)]) == 0  # counted as training would count it: skipped
     out = capsys.readouterr().out
     assert f"photos: {n - 1} photos" in out and "skipped 1 unreadable file(s)" in out and "cut.jpg" in out
+
+    for photo in (folder / "steak").iterdir():  # a class left with no photo whole: refused, as the split's check would
+        photo.write_bytes(photo.read_bytes()[: photo.stat().st_size // 2])
+    assert main(["evaluate", str(shared_run[0]), "--data", str(folder), "--json"]) == 2
+    assert "steak has no photo that could be decoded" in one_line(capsys, "evaluate")
+
+
+def test_data_reads_only_the_headers_of_a_split_past_its_decoding_bound(shared_run, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from foodvit.cli import data
+
+    folder = tmp_path / "photos"
+    shutil.copytree(shared_run[1] / "test", folder)
+    whole = next((folder / "pizza").iterdir()).read_bytes()
+    (folder / "pizza" / "cut.jpg").write_bytes(whole[: len(whole) // 2])
+    n = sum(1 for _ in folder.rglob("*.jpg"))
+    monkeypatch.setattr(data, "DECODE_UP_TO", n - 1)
+    assert main(["data", "--data", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert f"photos: {n} photos" in out and f"(headers checked, not whole photos: over {n - 1:,};" in out
 
 
 def test_a_picture_is_written_over_only_when_foodvit_made_it(shared_run, tmp_path, capsys):
@@ -312,3 +364,22 @@ def test_a_study_of_its_own_database_is_not_opened_in_a_storage(tmp_path):
     (tmp_path / "study.db").write_bytes(b"SQLite format 3\x00")
     with pytest.raises(StudyError, match="are in its own study.db, not in postgresql://u:\\*\\*\\*@h/db; leave out --storage"):
         check_database(tmp_path, "postgresql://u:secret@h/db")
+
+
+def test_a_selection_of_one_class_is_told_to_name_two(tmp_path):
+    from foodvit.data.datasource import DataSource
+    from foodvit.errors import DataError
+
+    folder = make_photo_folder(tmp_path / "two", n_train=2, n_test=1, classes=("pizza", "steak"))
+    with pytest.raises(DataError, match=r"the data names one class \(pizza\) of .*: .* so name two or more after the colon"):
+        DataSource.parse(f"{folder}:pizza").listed()
+    assert DataSource.parse(f"{folder}:pizza,steak").listed().train.classes == ("pizza", "steak")
+
+
+def test_a_studys_storage_note_never_holds_the_password(tmp_path):
+    pytest.importorskip("sqlalchemy")
+    from foodvit.tuning.storage import WHERE, record_storage
+
+    record_storage(tmp_path, "postgresql://u:pa/ss:w%40rd@db.example:5432/studies")  # '/', ':' and '@' in it
+    note = (tmp_path / WHERE).read_text()
+    assert "pa/ss" not in note and "rd" not in note and "postgresql://u:***@db.example:5432/studies" in note

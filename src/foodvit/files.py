@@ -24,9 +24,16 @@ def _temporary_name(path: Path, suffix: str = ".tmp") -> Path:
 
 
 def _as_target(err: OSError, tmp: Path, target: Path) -> OSError:
-    """An error on the temporary file as one on the file it stands for: the user named the target, never the other."""
-    if err.filename is not None and os.fspath(err.filename) == os.fspath(tmp):
+    """An error on the temporary file or folder (or in it), or on no file named (a full disk, a quota), as one on what
+    it stands for: the user named the target, never the other. An error on another file (one the writer reads) is
+    left as it is."""
+    if err.errno is None:
+        return err  # not the system's (a URL's error, say): as it is
+    if err.filename is None:
         return type(err)(err.errno, err.strerror, os.fspath(target))
+    name, inside = os.fspath(err.filename), os.fspath(tmp)
+    if name == inside or name.startswith(inside + os.sep):  # the temporary file, or a file in the temporary folder
+        return type(err)(err.errno, err.strerror, os.fspath(target) + name[len(inside) :])
     return err
 
 
@@ -122,6 +129,9 @@ def atomic_folder(target: Path, fill) -> Path:
     try:
         fill(tmp)
         os.replace(tmp, target)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _as_target(err, tmp, target) from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

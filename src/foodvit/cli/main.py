@@ -13,6 +13,7 @@ standard error, INFO by default, WARNING with a command's --quiet, DEBUG with --
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
 import sys
@@ -126,17 +127,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as err:
         # a place the system refuses (read-only, not yours, full, not a place files can be made): the user's to change
-        if args.debug or not err.filename:
+        if args.debug or not err.filename or err.errno is None:  # errno None: not the system's (a URL's error)
             raise
         print(f"foodvit {args.command}: error: {place_refused(err)}", file=sys.stderr)
         return 2
 
 
+FULL = {errno.ENOSPC, errno.EDQUOT}
+REFUSED = {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
 def place_refused(err: OSError) -> str:
-    """An OSError on a named file as one line: the file, the system's reason, and what to do."""
+    """An OSError on a named file as one line: the file, the system's reason, and what to do about that reason."""
     where = err.filename if not err.filename2 else f"{err.filename} -> {err.filename2}"
     reason = err.strerror or type(err).__name__
-    return f"cannot use {where} ({reason}); check the path, or choose a place you can write to"
+    if err.errno in FULL:
+        advice = "free some space there, or choose another place"
+    elif err.errno in REFUSED:
+        advice = "choose a place you can write to, or check its permissions"
+    else:
+        advice = "check the path"
+    return f"cannot use {where} ({reason}); {advice}"
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
 from foodvit.cli.common import (
     VERBOSE,
@@ -91,14 +92,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     predictor = Predictor.open(args.run)  # a run directory, or an exported .onnx (then no PyTorch is loaded)
     split = evaluation_source(args.run, args.data, predictor).open_split(args.split, strict=args.strict)
-    for line in split.skipped_summary(args.verbose):
-        print(line, file=sys.stderr)
     result = evaluate_split(predictor, split, strict=args.strict)
-    if skipped := result["skipped"]:
-        more = "" if len(skipped) == 1 else f" and {len(skipped) - 1} more" + ("" if args.verbose else " (--verbose)")
-        print(f"skipped {len(skipped)} photo(s) that could not be decoded whole: {skipped[0]}{more}", file=sys.stderr)
-        for line in skipped[1:] if args.verbose else []:
-            print(f"  {line}", file=sys.stderr)
+    # every file left out, those whose header could not be read and those cut short alike, in one summary
+    for line in replace(split, skipped=tuple(result["skipped"])).skipped_summary(args.verbose):
+        print(line, file=sys.stderr)
     if args.json:
         print(json.dumps(result))
         return 0

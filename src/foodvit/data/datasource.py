@@ -132,7 +132,7 @@ class DataSource:
             )
         if self.classes:
             train, test = keep_classes(train, self.classes), keep_classes(test, self.classes)
-        learnable(train, root)
+        learnable(train, root, self.classes)
         if self.train_fraction < 1:
             train = subsample(train, self.train_fraction, seed)
         return Listed(root, train, test)

@@ -113,14 +113,21 @@ def list_split(root: Path, split: str) -> Listing:
     return list_food101(root, split) if is_food101(root) else list_folder(root / split)
 
 
-def learnable(listing: Listing, root: Path) -> Listing:
-    """The training listing, if it has the two classes or more that a classifier needs; else a DataError."""
-    if len(listing.classes) < 2:
+def learnable(listing: Listing, root: Path, selected: tuple[str, ...] | None = None) -> Listing:
+    """The training listing, if it has the two classes or more that a classifier needs; else a DataError that says
+    what to change: the classes named after the data's colon (`selected`), or the class folders."""
+    if len(listing.classes) >= 2:
+        return listing
+    held = f"one class ({listing.classes[0]})" if listing.classes else "no class"
+    if selected:
         raise DataError(
-            f"{root} holds one class ({listing.classes[0]}): a classifier learns to tell classes apart, so give "
-            "train/ and test/ a folder for each of at least two classes"
+            f"the data names {held} of {root}: a classifier learns to tell classes apart, so name two or more after "
+            "the colon (e.g. food101:pizza,steak)"
         )
-    return listing
+    raise DataError(
+        f"{root} holds {held}: a classifier learns to tell classes apart, so give train/ and test/ a folder for each "
+        "of at least two classes"
+    )
 
 
 def keep_classes(listing: Listing, names: tuple[str, ...]) -> Listing:

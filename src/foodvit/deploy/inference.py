@@ -14,8 +14,9 @@ from foodvit.errors import DataError
 
 def evaluate_split(predictor, split, batch_size: int = 64, *, strict: bool = False) -> dict:
     """accuracy (per image), loss (mean cross-entropy), n, per_class {class: accuracy}, confusion
-    (rows = true class), computed from the Predictor's probabilities in batches; skipped: the photos
-    whose header read but that could not be decoded whole ("path: reason"; strict: refused instead)."""
+    (rows = true class), computed from the Predictor's probabilities in batches; skipped: every file left out
+    ("path: reason"), those the split's check skipped and those whose header read but whose pixels could not be
+    decoded (strict: refused instead). A class left with no photo is refused, as the split's check refuses it."""
     if list(split.classes) != list(predictor.classes):
         raise DataError(
             f"{split.root} has classes {list(split.classes)}, the model was trained on {list(predictor.classes)}; "
@@ -24,7 +25,7 @@ def evaluate_split(predictor, split, batch_size: int = 64, *, strict: bool = Fal
     k = len(predictor.classes)
     confusion = np.zeros((k, k), dtype=np.int64)
     loss = 0.0
-    skipped: list[str] = []
+    skipped: list[str] = list(split.skipped)
     for start in range(0, len(split.samples), batch_size):
         chunk, prepared = [], []
         for path, label in split.samples[start : start + batch_size]:
@@ -44,15 +45,17 @@ def evaluate_split(predictor, split, batch_size: int = 64, *, strict: bool = Fal
         loss -= float(np.log(np.maximum(probabilities[np.arange(len(chunk)), labels], 1e-300)).sum())
         np.add.at(confusion, (labels, probabilities.argmax(axis=1)), 1)
     n = int(confusion.sum())
-    if n == 0:
-        raise DataError(f"no photo in {split.root} could be decoded ({skipped[0]} ...); check the folder's files")
     totals = confusion.sum(axis=1)
-    per_class = {
-        name: float(confusion[i, i] / totals[i]) if totals[i] else float("nan") for i, name in enumerate(split.classes)
-    }
+    for i, name in enumerate(split.classes):
+        if not totals[i]:
+            raise DataError(
+                f"class folder {Path(split.root) / name} has no photo that could be decoded; add photos or remove "
+                "the folder"
+            )
+    per_class = {name: float(confusion[i, i] / totals[i]) for i, name in enumerate(split.classes)}
     return {
-        "accuracy": float(np.trace(confusion) / max(n, 1)),
-        "loss": loss / max(n, 1),
+        "accuracy": float(np.trace(confusion) / n),
+        "loss": loss / n,
         "n": n,
         "per_class": per_class,
         "confusion": confusion.tolist(),

@@ -26,7 +26,7 @@ def training_photos(config: RunConfig) -> Split:
     listing = list_split(root, "train")
     if source.classes:
         listing = keep_classes(listing, source.classes)
-    return check(learnable(listing, root), strict=config.data.strict)
+    return check(learnable(listing, root, source.classes), strict=config.data.strict)
 
 
 def photo_key(split: Split, path: Path) -> str:

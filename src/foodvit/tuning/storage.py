@@ -75,7 +75,15 @@ def storage_problem(given: str | None, url: str, err: Exception) -> str:
 
 
 def _hide_password(url: str) -> str:
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+    """The URL with its password as ***, parsed as SQLAlchemy parses it (a password may hold '/' or '@');
+    one SQLAlchemy cannot parse is cut by hand up to its last '@'."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+        return parsed.render_as_string(hide_password=True) if parsed.password is not None else url
+    except Exception:  # not a URL SQLAlchemy reads (or no SQLAlchemy): the same rule by hand
+        return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
 def recorded_storage(study_dir: Path) -> str | None:
