@@ -329,3 +329,19 @@ def test_an_example_photos_url_names_its_file_whatever_its_class(label):
     name, url = example_file(3, Path("test") / label / "1.JPG")
     assert name == f"examples/03-{label}.jpg"
     assert unquote(urlsplit(url).path) == name  # what a browser asks the server for is the file itself
+
+
+def test_the_command_ships_fp32_unless_asked_for_int8(shared_run, tmp_path, monkeypatch):
+    from foodvit.cli.main import main
+    from foodvit.deploy.web import site as web_site
+
+    asked = []
+
+    def recorded(run, out, **options):
+        asked.append(options["quantize"])
+        return {"path": str(out), "bytes": 0, "model_bytes": 0, "agreement": {"photos": 0}}
+
+    monkeypatch.setattr(web_site, "export_web", recorded)
+    assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "a")]) == 0
+    assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "b"), "--quantize", "int8"]) == 0
+    assert asked == [None, "int8"]

@@ -64,7 +64,7 @@ def cnn_fold(config, folder: Path, run: Path, fold: int, teachers: Path | None) 
         return json.loads(result_file.read_text())
     run.mkdir(parents=True, exist_ok=True)
     lent = teachers / f"fold-{fold}" / "teacher.pt" if teachers is not None else None
-    trainer = Trainer(replace(config, data=replace(config.data, source=str(folder.resolve()))), run, quiet=True, log=lambda *a, **k: None,
+    trainer = Trainer(replace(config, data=replace(config.data, source=str(folder.resolve()))), run, quiet=True,
                       teacher_file=lent if lent is not None and lent.is_file() else None)
     teacher = trainer.teacher()
     # its training as recorded when it was trained (here or in the guided study), and this evaluation

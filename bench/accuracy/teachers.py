@@ -38,7 +38,7 @@ def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
     folder = fold_folder(study / "folds", seed, k)
     config = replace(config, data=replace(config.data, source=str(folder.resolve())))
     with tempfile.TemporaryDirectory() as scratch:  # the trainer builds the fold's loaders; nothing is written
-        trainer = Trainer(config, Path(scratch) / "run", quiet=True, log=lambda *a, **k: None)
+        trainer = Trainer(config, Path(scratch) / "run", quiet=True)
         teacher = build_teacher(config.teacher.architecture, len(trainer.classes)).to(trainer.device)
         teacher.load_state_dict(read_teacher(run / TEACHER_FILE, config.teacher.architecture)["model"])
         return config, held_out_result(trainer, teacher, seed, k, run.name)

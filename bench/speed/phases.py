@@ -325,7 +325,7 @@ def profiled_run(config, threads: int) -> tuple[dict[str, float], float, object]
         with tempfile.TemporaryDirectory() as tmp, profile(activities=[ProfilerActivity.CPU]) as prof:
             started = time.perf_counter()
             with record_function("run"):
-                train(config, Path(tmp) / "run", quiet=True, log=lambda *a, **k: None)
+                train(config, Path(tmp) / "run", quiet=True)
             wall = time.perf_counter() - started
     finally:
         ranges.close()

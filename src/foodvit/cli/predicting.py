@@ -129,13 +129,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.out:
         return label_to_file(args)
     args.images = list(photo_list(args))  # folders and the list file expanded: a few photos, printed at the end
+    plot = writable(args.plot, (".png",)) if args.plot else None  # refused before any work, not after it
     predictor = Predictor.open(args.run)  # a run directory, or an exported .onnx (then no PyTorch is loaded)
     results = predict(predictor, args.images, top_k=args.top_k)
-    if args.plot:
+    if plot is not None:
         from foodvit.deploy.inference import plot_predictions
         from foodvit.viz.plotting import save_figure
 
-        save_figure(plot_predictions(args.images, results), writable(args.plot, (".png",)))
+        save_figure(plot_predictions(args.images, results), plot)
     failed = [r for r in results if "error" in r]
     for r in failed:
         print(f"foodvit predict: skipped {r['error']}", file=sys.stderr)

@@ -62,10 +62,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from foodvit.config import flag_of, setting_field
     from foodvit.errors import ConfigError
     from foodvit.rundir.directory import default_out
+    from foodvit.training.engine import silent
     from foodvit.training.run import resume, train
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 alone speaks
-    say = (lambda text: print(text, file=sys.stderr)) if main_process else (lambda text: None)
+    say = (lambda text: print(text, file=sys.stderr)) if main_process else silent
 
     if args.resume:
         extra = (

@@ -47,13 +47,18 @@ def calibration_inputs(predictor, count: int = CALIBRATION_PHOTOS) -> np.ndarray
     return None
 
 
+def agrees(figure: dict, bound: float = AGREEMENT_LOSS) -> bool:
+    """Whether a candidate's top-1 agreement with fp32 is within `bound` of full agreement."""
+    return figure["agreement"] >= 1.0 - bound - 1e-12
+
+
 def choose(figures: dict[str, dict], bound: float = AGREEMENT_LOSS) -> str:
     """The candidate to keep: figures {name: {"latency_ms", "agreement"}} (agreement: top-1 agreement
     with fp32, 0-1). The fastest of those within `bound` of full agreement (1.0); when none is, the
     most agreeing (the faster of equals)."""
     if not figures:
         raise ValueError("no candidates to choose from")
-    within = [n for n, f in figures.items() if f["agreement"] >= 1.0 - bound - 1e-12]
+    within = [n for n, f in figures.items() if agrees(f, bound)]
     if within:
         return min(within, key=lambda n: figures[n]["latency_ms"])
     return min(figures, key=lambda n: (-figures[n]["agreement"], figures[n]["latency_ms"]))
@@ -175,7 +180,7 @@ def describe(quantization: dict | None) -> str:
         return f"{method} int8 ({how}{calibrated})"
     other = "dynamic" if method == "static" else "static"
     f = figures
-    within = any(f[n]["agreement"] >= 1.0 - AGREEMENT_LOSS - 1e-12 for n in (method, other))
+    within = agrees(f[method]) or agrees(f[other])
     rule = "" if within else f" (neither within {AGREEMENT_LOSS:.0%} of fp32's answers: the more agreeing kept)"
     slower = (
         "; both int8 kinds are slower than fp32 on this machine: int8 buys a smaller file here, not speed"
