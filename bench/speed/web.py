@@ -1,12 +1,12 @@
 """The static page of `foodvit export-web` in Chromium against `foodvit serve model.onnx` over HTTP, on
-the same int8 model file, photos and machine.
+the same model file (fp32 as the page ships it, or int8 with --quantize), photos and machine.
 
-    OMP_NUM_THREADS=1 FOODVIT_DATA=.../pizza_steak_sushi .venv/bin/python -m bench.speed.web --run runs/tiny \
-        --ort-web .cache/npm/onnxruntime-web-1.31.1.tgz
+    OMP_NUM_THREADS=1 FOODVIT_DATA=.../pizza_steak_sushi .venv/bin/python -m bench.speed.web --run runs/demo \
+        --ort-web .cache/npm/onnxruntime-web-1.31.1.tgz [--quantize int8]
 
 Measured, every figure a row of results/web.csv (with its command, machine, commit and date):
 - agreement: the page's top class against `foodvit predict RUN` (PyTorch, fp32) on every test photo,
-  and against the same int8 .onnx run by Python's ONNX Runtime on Pillow's preprocessing (what is left
+  and against the same .onnx run by Python's ONNX Runtime on Pillow's preprocessing (what is left
   is the page's own decoding and preprocessing graph); the largest probability difference of each;
 - load: from opening the page to the three graphs ready and warmed up (a fresh browser: files fetched from
   the local server, WebAssembly compiled), and the server's start until /health answers;
@@ -140,7 +140,9 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--ort-web", help="onnxruntime-web's .tgz or dist/ (default: foodvit's cache, else npm's registry)"
     )
-    parser.add_argument("--fp32", action="store_true", help="the fp32 model instead of int8")
+    parser.add_argument(
+        "--quantize", choices=["int8", "int8-dynamic", "int8-static"], help="an int8 model, as export-web --quantize"
+    )
     parser.add_argument(
         "--no-record", action="store_true", help="print the figures without appending them to results/web.csv"
     )
@@ -159,7 +161,7 @@ def main(argv=None) -> None:
         raise SystemExit("no test photos: set FOODVIT_DATA to FoodVision Mini")
     with tempfile.TemporaryDirectory(prefix="foodvit-bench-web-") as tmp:
         site = Path(tmp) / "site"
-        exported = export_web(args.run, site, quantize=None if args.fp32 else "int8", ort_web=args.ort_web, quiet=True)
+        exported = export_web(args.run, site, quantize=args.quantize, ort_web=args.ort_web, quiet=True)
         onnx_predictor = Predictor.from_onnx(site / "model.onnx", threads=1)
         torch_p = [predictor.classify(p)["probabilities"] for p in photos]
         onnx_p = [
@@ -180,7 +182,7 @@ def main(argv=None) -> None:
         }
     agree_torch, diff_torch = compare(page["answers"], torch_p, predictor.classes)
     agree_onnx, diff_onnx = compare(page["answers"], onnx_p, predictor.classes)
-    precision = "fp32" if args.fp32 else "int8"
+    precision = "int8" if args.quantize else "fp32"
     rows = [
         ("page top-1 agreement with foodvit predict (PyTorch fp32)", 100 * agree_torch, "%"),
         ("page max probability difference from foodvit predict", diff_torch, "probability"),
