@@ -422,3 +422,19 @@ def test_the_model_card_names_the_data_set_and_its_photos_not_a_path():
 
     card = model_card(Card())
     assert "- **training data**: `pizza_steak_sushi`, 225 training photos, 75 test photos" in card and "/home" not in card
+
+
+@pytest.mark.parametrize("where", ["an image elsewhere", "/dev/zero", "/etc/hostname"])
+def test_the_page_api_refuses_a_path_it_did_not_upload(server, run, tmp_path, where):
+    """A client names the file in a call to the page's API: a path the page did not receive (another photo on the server,
+    a device that never ends, any file) is refused without reading it, and the server stays healthy."""
+    if where == "an image elsewhere":
+        where = str(tmp_path / "private.png")
+        Image.new("RGB", (64, 64), (200, 30, 30)).save(where)
+    call = httpx.post(f"{server}/gradio_api/call/classify", json={"data": [{"path": where, "meta": {"_type": "gradio.FileData"}}]},
+                      timeout=20)
+    assert call.status_code == 200
+    events = httpx.get(f"{server}/gradio_api/call/classify/{call.json()['event_id']}", timeout=20).text
+    assert "event: error" in events and "not uploaded" in events, events  # refused by Gradio's check, or by foodvit's
+    assert "confidences" not in events and "pizza" not in events and "is no longer on the server" not in events
+    assert httpx.get(f"{server}/health", timeout=5).status_code == 200

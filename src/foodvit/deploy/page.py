@@ -114,13 +114,24 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
     from foodvit.data.photos import safe_name
 
     predictor = service.predictor
+    # the files a call may name: what the page uploaded (Gradio's upload and cache folders) and the example photos.
+    # A client can name any path in a call to the page's API, and a Gradio app mounted on FastAPI does not check it
+    received = [Path(gr.utils.get_upload_folder()).resolve(), Path(gr.utils.get_cache_folder()).resolve()]
+    shown = {Path(p).resolve() for p in examples}
 
     def classify(path: str | None):
         if not path:
             raise gr.Error("no photo yet: upload one, paste one or take one with the webcam")
         name = safe_name(Path(path).name)
+        where = Path(path).resolve()
+        if not (where in shown or any(where.is_relative_to(folder) for folder in received)):
+            raise gr.Error(
+                "the photo was not uploaded through this page; upload it, paste it or take it", print_exception=False
+            )
         try:
-            data = Path(path).read_bytes()
+            if not where.is_file() or where.stat().st_size > service.max_upload_bytes:
+                raise OSError(f"{where} is no file of an upload's size")
+            data = where.read_bytes()
         except OSError:
             raise gr.Error(f"{name} is no longer on the server; upload it again") from None
         try:

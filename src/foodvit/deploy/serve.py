@@ -83,6 +83,9 @@ def create_app(
             footer_links=["api"],
             app_kwargs={"exception_handlers": {StarletteHTTPException: http_error}},  # its 404s in our shape
         )
+        # Gradio checks that a file a call names was uploaded through the page only for an app it launched itself;
+        # mounted, the page is as launched, so that a client cannot name any file of the server's in its API calls
+        demo.has_launched = True
     return BodyLimit(app, max_bytes), service
 
 
