@@ -79,12 +79,19 @@ def _truncated(photo: Path) -> bytes:
     return data[: len(data) // 2]
 
 
+def _png(picture) -> bytes:
+    data = io.BytesIO()
+    picture.save(data, format="PNG")
+    return data.getvalue()  # a 100000 x 1 strip: 400 bytes, gigabytes once scaled to a model's side
+
+
 BAD_UPLOADS = [
     ("not-an-image.jpg", lambda p: b"hello, I am text and not a photo" * 20, 415, "is not an image Pillow can read; expected a JPEG"),
     ("empty.jpg", lambda p: b"", 400, "is empty (0 bytes)"),
     ("truncated.jpg", _truncated, 415, "damaged or truncated"),
     ("drawing.svg", lambda p: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>', 415, "not an image Pillow can read"),
     ("bomb.png", lambda p: _bomb(), 413, "is 90 megapixels, over the limit of 50 megapixels (a decompression bomb?); if it is a real photo, resize it"),
+    ("strip.png", lambda p: _png(Image.new("RGB", (100_000, 1))), 413, "is 100000 x 1 px, 100000 times as long as it is wide (at most 20); crop it"),
     ("huge.jpg", lambda p: np.random.default_rng(0).bytes(int(UPLOAD_LIMIT_MB * 1e6) + 50_000), 413, f"is over the limit of {UPLOAD_LIMIT_MB:g} MB (the server's --max-upload-mb); if it is a real photo, resize it below the limit"),
 ]
 
@@ -256,7 +263,7 @@ def test_the_page_answers_bad_photos_with_the_apis_one_line_messages(server, run
     gradio_client = pytest.importorskip("gradio_client")
     client = gradio_client.Client(server + "/", verbose=False)
     photo = photos_to_try(run)[0]
-    for name, make, status, message in BAD_UPLOADS[:5]:  # not the one over the upload size: Gradio refuses it before foodvit sees it
+    for name, make, status, message in BAD_UPLOADS[:6]:  # not the one over the upload size: Gradio refuses it before foodvit sees it
         data = make(photo)
         shown = _page_error(client, data, name, tmp_path)
         assert shown == post(server, data, name).json()["error"], name  # word for word the JSON API's

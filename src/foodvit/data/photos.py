@@ -34,6 +34,7 @@ MAX_PIXELS = 89_478_485
 # 50-megapixel phone cameras through, and the model needs a few hundred pixels a side. MAX_PIXELS
 # stays the ceiling a server may raise it to.
 PHOTO_LIMIT = 50_000_000
+MAX_ASPECT = 20  # the longest side at most this many times the shortest: a panorama is 4-12, a strip of pixels more
 
 # Reduced decoding (decode(..., reduce_to=N)): a photo is decoded at an integer fraction of its size
 # only when its shorter side stays at least REDUCE_MARGIN x N and at least REDUCE_FLOOR px, so that
@@ -68,6 +69,27 @@ def too_large(name, pixels: int, limit: int, size: tuple[int, int] | None = None
         "(a decompression bomb?); if it is a real photo, resize it below the limit and try again",
         "too large",
     )
+
+
+def too_long(name, size: tuple[int, int]) -> PhotoError:
+    """The one message for a photo far longer than it is wide: scaled so that its short side fits a model, its long
+    side would need gigabytes (a 1,000,000 x 1 strip of 3 kB, say)."""
+    w, h = size
+    return PhotoError(
+        name,
+        f"is {w} x {h} px, {max(w, h) / max(min(w, h), 1):.0f} times as long as it is wide (at most {MAX_ASPECT}); "
+        "crop it closer to what it shows and try again",
+        "too large",
+    )
+
+
+def check_shape(name, size: tuple[int, int], limit: int) -> None:
+    """A PhotoError for a photo over the pixel limit or of an aspect past MAX_ASPECT; nothing for any other."""
+    w, h = size
+    if w * h > limit:
+        raise too_large(name, w * h, limit, (w, h))
+    if max(w, h) > MAX_ASPECT * max(min(w, h), 1):
+        raise too_long(name, (w, h))
 
 
 def empty(name) -> PhotoError:
@@ -109,9 +131,7 @@ def open_photo(source: str | os.PathLike | io.BytesIO, name=None, max_pixels: in
             f"expected a complete image file: {ACCEPTED}",
         ) from None
     with image:
-        w, h = image.size
-        if w * h > limit:
-            raise too_large(name, w * h, limit, (w, h))
+        check_shape(name, image.size, limit)
         yield image
 
 
@@ -186,8 +206,7 @@ def decode(
     DecodeBudget that the decoding waits on, so that concurrent decodes share a memory bound.
     """
     if isinstance(photo, Image.Image):
-        if photo.width * photo.height > min(max_pixels, MAX_PIXELS):
-            raise too_large(name, photo.width * photo.height, min(max_pixels, MAX_PIXELS), photo.size)
+        check_shape(name, photo.size, min(max_pixels, MAX_PIXELS))
         return photo if photo.mode == "RGB" else as_rgb(photo)
     source: io.BytesIO | str | os.PathLike
     if isinstance(photo, (bytes, bytearray, memoryview)):
