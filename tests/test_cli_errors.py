@@ -4,6 +4,7 @@ what to do, never a traceback, and the advice is true: each case through the com
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import make_photo_folder
 
@@ -383,3 +384,18 @@ def test_a_studys_storage_note_never_holds_the_password(tmp_path):
     record_storage(tmp_path, "postgresql://u:pa/ss:w%40rd@db.example:5432/studies")  # '/', ':' and '@' in it
     note = (tmp_path / WHERE).read_text()
     assert "pa/ss" not in note and "rd" not in note and "postgresql://u:***@db.example:5432/studies" in note
+
+
+@pytest.mark.parametrize("name, says", [("checkpoint.pt", "the run cannot go on from it"),
+                                        ("teacher-progress.pt", "the CNN teacher's training starts over")])
+def test_a_damaged_checkpoint_says_what_to_do_in_one_line_without_pytorchs_advice(name, says, tmp_path):
+    from foodvit.errors import RunError
+    from foodvit.rundir.directory import load_checkpoint
+
+    path = tmp_path / name
+    path.write_bytes(np.random.default_rng(0).bytes(5000))
+    with pytest.raises(RunError) as refused:
+        load_checkpoint(path)
+    message = str(refused.value)
+    assert f"{path} is damaged or not a foodvit checkpoint (" in message and says in message
+    assert "\n" not in message and "weights_only" not in message and "file an issue" not in message

@@ -280,7 +280,18 @@ def load_checkpoint(path: Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load raises many kinds for a damaged or foreign file; all mean the same here
-        raise RunError(f"{path} is not a readable foodvit checkpoint ({type(err).__name__}: {err})") from err
+        # its own message is PyTorch's (pages of it, advising to load the file unsafely): the kind alone is kept
+        raise RunError(
+            f"{path} is damaged or not a foodvit checkpoint ({type(err).__name__}); {DAMAGED.get(path.name, OTHER)}"
+        ) from err
+
+
+DAMAGED = {  # what to do about each file of a run that cannot be read
+    "checkpoint.pt": "the run cannot go on from it: train again into a new --out (or remove this folder first)",
+    TEACHER_PROGRESS: "remove it and run the same command again: the CNN teacher's training starts over",
+    TEACHER_FILE: "remove it and run the same command again: the CNN teacher is trained again",
+}
+OTHER = "restore it from a copy, or train again into a new --out"
 
 
 # ------------------------------------------------------------------------------------ a stored run
