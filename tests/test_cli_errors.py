@@ -399,3 +399,20 @@ def test_a_damaged_checkpoint_says_what_to_do_in_one_line_without_pytorchs_advic
     message = str(refused.value)
     assert f"{path} is damaged or not a foodvit checkpoint (" in message and says in message
     assert "\n" not in message and "weights_only" not in message and "file an issue" not in message
+
+
+@pytest.mark.parametrize("damage", ["metrics not text", "metrics not numbers", "config a list"])
+def test_compare_with_a_damaged_run_is_one_line(shared_run, tmp_path, capsys, damage):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(shared_run[0], run)
+    if damage == "metrics not text":
+        (run / "metrics.csv").write_bytes(b"epoch,train_loss\n1,abc\n\x00\xff\n")
+    elif damage == "metrics not numbers":
+        (run / "metrics.csv").write_text("epoch,seconds\n1,soon\n")
+    else:
+        (run / "config.json").write_text("[]")
+    assert main(["compare", str(shared_run[0]), str(run)]) == 2
+    err = one_line(capsys, "compare")
+    assert str(run) in err and "restore it, or leave that run out" in err

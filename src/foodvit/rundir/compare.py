@@ -52,6 +52,27 @@ def differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
     ]
 
 
+def last_epoch(path: Path) -> dict:
+    """The figures of metrics.csv's last row, its epoch, and the seconds of all its rows; a RunError for a file
+    that is not the table training writes."""
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        if not rows:
+            return {}
+        last = rows[-1]
+        metrics = {key: last.get(key) for key, _ in METRICS if last.get(key)}
+        metrics["epochs"] = last.get("epoch")
+        metrics["seconds"] = sum(float(r["seconds"]) for r in rows if r.get("seconds"))
+        metrics["images_per_s"] = last.get("images_per_s") or None
+        return metrics
+    except (OSError, ValueError, csv.Error) as err:  # UnicodeDecodeError is a ValueError
+        raise RunError(
+            f"{path} is not the metrics table training writes ({type(err).__name__}: {str(err)[:120]}); restore it, "
+            "or leave that run out"
+        ) from None
+
+
 def read_run(run: Path) -> tuple[dict, dict]:
     """A run's flat settings and its final metrics (the last epoch's row, the final test result when
     the run finished, the total time)."""
@@ -59,20 +80,18 @@ def read_run(run: Path) -> tuple[dict, dict]:
     if not config_path.is_file():
         raise RunError(f"{run} holds no foodvit run (no config.json); give run directories written by foodvit train")
     try:
-        settings = flatten(settings_sectioned(json.loads(config_path.read_text())))  # read in either layout
+        stored = json.loads(config_path.read_text())
     except (OSError, ValueError) as err:
-        raise RunError(f"cannot read {config_path} ({err})") from None
-    rows = []
-    if (run / "metrics.csv").is_file():
-        with (run / "metrics.csv").open(newline="") as f:
-            rows = list(csv.DictReader(f))
+        raise RunError(f"cannot read {config_path} ({err}); restore it, or leave that run out") from None
+    if not isinstance(stored, dict):
+        raise RunError(
+            f"{config_path}: expected a JSON object of settings, got {type(stored).__name__}; restore it, or leave "
+            "that run out"
+        )
+    settings = flatten(settings_sectioned(stored))  # read in either layout
     metrics: dict = {}
-    if rows:
-        last = rows[-1]
-        metrics = {key: last.get(key) for key, _ in METRICS if last.get(key)}
-        metrics["epochs"] = last.get("epoch")
-        metrics["seconds"] = sum(float(r["seconds"]) for r in rows if r.get("seconds"))
-        metrics["images_per_s"] = last.get("images_per_s") or None
+    if (run / "metrics.csv").is_file():
+        metrics = last_epoch(run / "metrics.csv")
     model_json = run / "model.json"
     if model_json.is_file():
         try:
