@@ -416,3 +416,18 @@ def test_compare_with_a_damaged_run_is_one_line(shared_run, tmp_path, capsys, da
     assert main(["compare", str(shared_run[0]), str(run)]) == 2
     err = one_line(capsys, "compare")
     assert str(run) in err and "restore it, or leave that run out" in err
+
+
+def test_a_name_the_system_refuses_in_a_list_is_that_photos_error_and_a_binary_list_is_refused(shared_run, tmp_path, capsys):
+    import csv
+
+    photo = next((shared_run[1] / "test" / "pizza").iterdir())
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{photo}\n{'a' * 300}.jpg\n")  # a name too long for the file system
+    out = tmp_path / "labels.csv"
+    assert main(["predict", str(shared_run[0]), "--files-from", str(listing), "--out", str(out)]) == 1
+    rows = list(csv.DictReader(out.open()))
+    assert [bool(r["label"]) for r in rows] == [True, False] and "cannot be used (File name too long)" in rows[1]["error"]
+    capsys.readouterr()
+    assert main(["predict", str(shared_run[0]), "--files-from", str(photo), "--out", str(tmp_path / "x.csv")]) == 2
+    assert "holds binary data (a photo?)" in one_line(capsys, "predict") and not (tmp_path / "x.csv").exists()

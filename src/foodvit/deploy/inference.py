@@ -88,10 +88,13 @@ def local_photo(image: str | Path) -> Path:
             f"is a URL: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file",
         )
     path = Path(image)
-    if not path.exists():
-        raise PhotoError(path, "does not exist")
-    if path.is_dir():
-        raise PhotoError(path, f"is a folder; pass photo files (e.g. {path}/*.jpg)")
+    try:
+        if not path.exists():
+            raise PhotoError(path, "does not exist")
+        if path.is_dir():
+            raise PhotoError(path, f"is a folder; pass photo files (e.g. {path}/*.jpg)")
+    except OSError as err:  # a name the system refuses (too long, say): this photo's error, not the whole run's
+        raise PhotoError(path, f"cannot be used ({err.strerror or type(err).__name__})") from None
     return path
 
 
