@@ -431,3 +431,20 @@ def test_a_name_the_system_refuses_in_a_list_is_that_photos_error_and_a_binary_l
     capsys.readouterr()
     assert main(["predict", str(shared_run[0]), "--files-from", str(photo), "--out", str(tmp_path / "x.csv")]) == 2
     assert "holds binary data (a photo?)" in one_line(capsys, "predict") and not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.parametrize("key, value", [("classes", '["a"]'), ("preprocess", '{"image_size": 0}'), ("preprocess", '{"image_size": 64, "resize_size": 73, "mean": [0, 0, 0], "std": [1, 1, 1]}')])
+def test_an_onnx_whose_metadata_does_not_match_its_graph_is_one_line(shared_onnx, tmp_path, capsys, key, value):
+    onnx = pytest.importorskip("onnx")
+    model = onnx.load(str(shared_onnx))
+    for prop in model.metadata_props:
+        if prop.key == f"foodvit.{key}":
+            prop.value = value  # one class for a graph of three; preprocessing cut short; another input size
+    damaged = tmp_path / "damaged.onnx"
+    onnx.save(model, str(damaged))
+    photo = tmp_path / "photo.jpg"
+    from PIL import Image
+
+    Image.new("RGB", (48, 48), (120, 80, 40)).save(photo)
+    assert main(["predict", str(damaged), str(photo)]) == 2
+    assert "its foodvit metadata does not match the model it holds" in one_line(capsys, "predict")

@@ -75,4 +75,24 @@ class OnnxBackend:
                 f"{self.path} is an ONNX model but not one exported by foodvit: its metadata has no class names "
                 "and preprocessing; export a run with foodvit export RUN --format onnx"
             ) from None
+        if not self._matches(classes, preprocess) or not isinstance(card, dict):
+            raise RunError(
+                f"{self.path}: its foodvit metadata does not match the model it holds (class names, preprocessing or "
+                "input size); export the run again with foodvit export"
+            )
         return classes, preprocess, card
+
+    def _matches(self, classes, preprocess) -> bool:
+        """Whether the metadata can describe this graph: names for its outputs' classes, and preprocessing (a
+        complete one) to its input's size, where the graph fixes them."""
+        if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+            return False
+        if not isinstance(preprocess, dict) or not {"image_size", "resize_size", "mean", "std"} <= set(preprocess):
+            return False
+        size, width = self.session.get_inputs()[0].shape[-1], self.session.get_outputs()[0].shape[-1]
+        return (
+            isinstance(preprocess["image_size"], int)
+            and preprocess["image_size"] > 0
+            and (not isinstance(size, int) or size == preprocess["image_size"])
+            and (not isinstance(width, int) or width == len(classes))
+        )
