@@ -1,6 +1,7 @@
 """Bad input to the studies, predict, data and explain gets one line that says what was expected and
 what to do, never a traceback, and the advice is true: each case through the command line."""
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -448,3 +449,14 @@ def test_an_onnx_whose_metadata_does_not_match_its_graph_is_one_line(shared_onnx
     Image.new("RGB", (48, 48), (120, 80, 40)).save(photo)
     assert main(["predict", str(damaged), str(photo)]) == 2
     assert "its foodvit metadata does not match the model it holds" in one_line(capsys, "predict")
+
+
+@pytest.mark.parametrize("options, says", [(["--image-size", "100000", "--patch-size", "1000"], "must be in [1, 1024]"),
+                                           (["--image-size", "1024", "--patch-size", "2"], "a grid of 512 x 512; patches draws at most 64 x 64"),
+                                           (["--channels", "100000"], "more than the 192 channels")])
+def test_patches_refuses_sizes_past_a_picture_in_one_line(shared_run, tmp_path, capsys, options, says):
+    photo = next((shared_run[1] / "test" / "pizza").iterdir())
+    maps = ["--feature-maps", str(shared_run[0])] if "--channels" in options else []
+    with pytest.raises(SystemExit) if "100000" in options and "--image-size" in options else contextlib.nullcontext():
+        assert main(["patches", str(photo), "--out", str(tmp_path / "p.png"), *options, *maps]) == 2
+    assert says in capsys.readouterr().err and not (tmp_path / "p.png").exists()

@@ -12,6 +12,10 @@ from foodvit.cli.common import (
     evaluation_source,
     writable,
 )
+from foodvit.errors import ConfigError, Range
+
+PATCHES_MAX_SIZE = 1024  # the side of the photo `patches` draws: a picture people look at, not a data set's
+PATCHES_MAX_GRID = 64  # and its patch grid's side (ViT-B/16 at 224 px: 14)
 
 
 def register(sub) -> None:
@@ -20,12 +24,16 @@ def register(sub) -> None:
         "patches", help="a photo cut into the model's patch grid (and the patch embedding's feature maps)"
     )
     p.add_argument("image", help="a photo file")
-    p.add_argument("--image-size", type=count(), help="default 224, or the run's with --feature-maps")
+    p.add_argument(
+        "--image-size", type=count(Range(1, PATCHES_MAX_SIZE)), help="default 224, or the run's with --feature-maps"
+    )
     p.add_argument("--patch-size", type=count(), help="default 16, or the run's with --feature-maps")
     p.add_argument(
         "--feature-maps", metavar="RUN", help="add the patch embedding's output channels of this run's model"
     )
-    p.add_argument("--channels", type=count(), default=5, help="how many feature maps (default 5)")
+    p.add_argument(
+        "--channels", type=count(), default=5, help="how many feature maps (default 5; at most the model's width)"
+    )
     p.add_argument("--out", required=True, metavar="FILE", help="PNG to write")
     p.set_defaults(func=cmd_patches)
 
@@ -68,6 +76,16 @@ def cmd_patches(args: argparse.Namespace) -> int:
         model = predictor.model
     size = args.image_size or (model.config.image_size if model else 224)
     patch = args.patch_size or (model.config.patch_size if model else 16)
+    if size // patch > PATCHES_MAX_GRID:
+        raise ConfigError(
+            f"--image-size {size} in patches of {patch} px is a grid of {size // patch} x {size // patch}; patches "
+            f"draws at most {PATCHES_MAX_GRID} x {PATCHES_MAX_GRID}: give a larger --patch-size"
+        )
+    if model is not None and args.channels > model.config.embed_dim:
+        raise ConfigError(
+            f"--channels {args.channels} is more than the {model.config.embed_dim} channels of the run's patch "
+            f"embedding; give at most {model.config.embed_dim}"
+        )
     fig = patches_figure(photo, size, patch, predictor.preprocess if predictor is not None else None)
     if predictor is not None:
         import torch
