@@ -460,3 +460,19 @@ def test_patches_refuses_sizes_past_a_picture_in_one_line(shared_run, tmp_path, 
     with pytest.raises(SystemExit) if "100000" in options and "--image-size" in options else contextlib.nullcontext():
         assert main(["patches", str(photo), "--out", str(tmp_path / "p.png"), *options, *maps]) == 2
     assert says in capsys.readouterr().err and not (tmp_path / "p.png").exists()
+
+
+def test_plot_draws_thumbnails_and_refuses_more_photos_than_it_can_show(shared_run, tmp_path, capsys):
+    from PIL import Image
+
+    from foodvit.deploy.inference import PLOT_MOST, PLOT_SIDE, thumbnail
+
+    big = tmp_path / "big.jpg"
+    Image.new("RGB", (6000, 4000), (90, 140, 60)).save(big, quality=80)
+    assert max(thumbnail(big).size) <= 2 * PLOT_SIDE  # decoded reduced, never at 24 megapixels
+    photo = next((shared_run[1] / "test" / "pizza").iterdir())
+    plot = tmp_path / "plot.png"
+    assert main(["predict", str(shared_run[0]), *[str(photo)] * (PLOT_MOST + 1), "--plot", str(plot)]) == 2
+    assert f"--plot draws at most {PLOT_MOST} photos, and {PLOT_MOST + 1} are given" in one_line(capsys, "predict")
+    assert not plot.exists()
+    assert main(["predict", str(shared_run[0]), str(big), str(photo), "--plot", str(plot)]) == 0 and plot.is_file()

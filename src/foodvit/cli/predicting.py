@@ -17,7 +17,7 @@ from foodvit.cli.common import (
     number,
     writable,
 )
-from foodvit.errors import POSITIVE, Range
+from foodvit.errors import POSITIVE, ConfigError, Range
 
 
 def register(sub) -> None:
@@ -123,13 +123,18 @@ def confusion_lines(classes: list[str], confusion: list[list[int]], most: int = 
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from foodvit.deploy.inference import predict
+    from foodvit.deploy.inference import PLOT_MOST, predict
     from foodvit.deploy.predictor import Predictor
 
     if args.out:
         return label_to_file(args)
     args.images = list(photo_list(args))  # folders and the list file expanded: a few photos, printed at the end
     plot = writable(args.plot, (".png",)) if args.plot else None  # refused before any work, not after it
+    if plot is not None and len(args.images) > PLOT_MOST:
+        raise ConfigError(
+            f"--plot draws at most {PLOT_MOST} photos, and {len(args.images)} are given; plot a few of them, or label "
+            "them all with --out labels.csv"
+        )
     predictor = Predictor.open(args.run)  # a run directory, or an exported .onnx (then no PyTorch is loaded)
     results = predict(predictor, args.images, top_k=args.top_k)
     if plot is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from foodvit.data.photos import PhotoError, load_or_explain
+from foodvit.data.photos import PhotoError, decode, load_or_explain
 from foodvit.errors import DataError
 
 
@@ -98,6 +98,17 @@ def local_photo(image: str | Path) -> Path:
     return path
 
 
+PLOT_SIDE = 512  # a photo's shorter side in a plot of predictions: a thumbnail of 4.5 inches, not its full size
+PLOT_MOST = 64  # photos a plot draws: past that a picture is no longer read photo by photo (--out is for many)
+
+
+def thumbnail(path: Path):
+    """The photo decoded at no more than about PLOT_SIDE on its shorter side (JPEGs scaled by their decoder)."""
+    photo = decode(path, reduce_to=PLOT_SIDE)
+    photo.thumbnail((2 * PLOT_SIDE, 2 * PLOT_SIDE))
+    return photo
+
+
 def plot_predictions(images: list[str | Path], results: list[dict], columns: int = 4):
     """The course's pred_and_plot_image: each photo titled with its label and probability."""
     import math
@@ -114,7 +125,7 @@ def plot_predictions(images: list[str | Path], results: list[dict], columns: int
         if "error" in result:
             ax.text(0.5, 0.5, f"{Path(str(image)).name}\ncould not be read", ha="center", va="center", fontsize=10)
             continue
-        ax.imshow(load_or_explain(Path(image)))
+        ax.imshow(thumbnail(Path(image)))
         ax.set_title(f"Pred: {result['label']} | Prob: {result['probability']:.3f}", fontsize=11)
     fig.tight_layout()
     return fig
