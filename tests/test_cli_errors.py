@@ -476,3 +476,12 @@ def test_plot_draws_thumbnails_and_refuses_more_photos_than_it_can_show(shared_r
     assert f"--plot draws at most {PLOT_MOST} photos, and {PLOT_MOST + 1} are given" in one_line(capsys, "predict")
     assert not plot.exists()
     assert main(["predict", str(shared_run[0]), str(big), str(photo), "--plot", str(plot)]) == 0 and plot.is_file()
+
+
+@pytest.mark.parametrize("content", [b"", b"\n \n\r\n"])
+def test_an_empty_list_file_is_refused_as_an_empty_folder_is(shared_run, tmp_path, capsys, content):
+    listing = tmp_path / "list.txt"
+    listing.write_bytes(content)
+    out = tmp_path / "labels.csv"
+    assert main(["predict", str(shared_run[0]), "--files-from", str(listing), "--out", str(out)]) == 2
+    assert "names no photos" in one_line(capsys, "predict") and not out.exists()

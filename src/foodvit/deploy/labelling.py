@@ -67,12 +67,17 @@ class PhotoList:
                 f"the list file {self.list_file} {why}; give a text file with one photo path a line (or - for "
                 "standard input)"
             )
-        if self.list_file not in (None, "-") and not nul:
-            with open(self.list_file, "rb") as head:
-                if b"\0" in head.read(1 << 16):
+        if self.list_file not in (None, "-"):
+            with open(self.list_file, "rb") as listed:
+                head = listed.read(1 << 16)
+                if not nul and b"\0" in head:
                     raise DataError(
                         f"the list file {self.list_file} holds binary data (a photo?); give a text file with one "
                         "photo path a line (--files-from0 for NUL-separated names)"
+                    )
+                if not self.inputs and not head.replace(b"\0", b"").strip() and not listed.read(1):
+                    raise DataError(
+                        f"the list file {self.list_file} names no photos; give a text file with one photo path a line"
                     )
         if not self.inputs and self.list_file is None:
             raise DataError("no photos given; name photo files or folders, or a list file with --files-from")
