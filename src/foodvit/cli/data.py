@@ -20,14 +20,9 @@ def register(sub) -> None:
 DECODE_UP_TO = 10_000  # photos a split: decoded whole up to this many, their headers read beyond
 
 
-def small(listing) -> bool:
-    """A split read in a second or two, without a progress bar."""
-    return len(listing.files) < 2000
-
-
 def cmd_data(args: argparse.Namespace) -> int:
     from foodvit.data.datasource import DataSource
-    from foodvit.data.folders import check, is_food101
+    from foodvit.data.folders import PROGRESS_FROM, check, is_food101
     from foodvit.data.photos import load_or_explain
     from foodvit.errors import ConfigError
 
@@ -45,21 +40,17 @@ def cmd_data(args: argparse.Namespace) -> int:
         return 0
     # each photo decoded whole, as training decodes a data set this size, so that a file cut short counts as skipped
     # here too; past DECODE_UP_TO photos a split's headers alone (minutes of decoding for Food-101)
-    shown = [
-        (
-            split,
-            check(
-                listing, decode=load_or_explain if len(listing.files) <= DECODE_UP_TO else None, quiet=small(listing)
-            ),
-        )
-        for split, listing in listings
-    ]
+    shown = []
+    for split, listing in listings:
+        whole = len(listing.files) <= DECODE_UP_TO
+        checked = check(listing, decode=load_or_explain if whole else None, quiet=len(listing.files) < PROGRESS_FROM)
+        shown.append((split, checked, whole))
     print(
         f"data: {root}"
         + (" (Food-101 layout)" if is_food101(root) else "")
         + (f", classes {', '.join(source.classes)}" if source.classes else "")
     )
-    for split, s in shown:
+    for split, s, whole in shown:
         print(
             f"  {split}: {len(s)} photos, {len(s.classes)} classes; "
             + ", ".join(f"{k} {v}" for k, v in list(s.counts().items())[:12])
@@ -67,6 +58,6 @@ def cmd_data(args: argparse.Namespace) -> int:
         )
         for line in s.skipped_summary(args.verbose):
             print(f"  {line}")
-        if len(s) + len(s.skipped) > DECODE_UP_TO:
+        if not whole:
             print(f"  (headers checked, not whole photos: over {DECODE_UP_TO:,}; training skips any it cannot decode)")
     return 0

@@ -184,13 +184,16 @@ def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, S
     return Split(train.root, train.classes, tuple(sorted(keep))), Split(train.root, train.classes, tuple(sorted(held)))
 
 
+PROGRESS_FROM = 2000  # photos: reading fewer takes a second or two, without a progress bar
+
+
 def check(listing: Listing, *, strict: bool = False, decode=None, quiet: bool = True) -> Split:
     """Each file's header checked (and, with `decode`, e.g. the decode cache's prefill, the photo
     fully decoded, which catches truncated files and fills the cache in the same pass); unreadable
     files are skipped (or, strict, refused)."""
     samples, bad = [], []
     files = listing.files
-    show = not quiet and (decode is not None or len(files) >= 2000)
+    show = not quiet and (decode is not None or len(files) >= PROGRESS_FROM)
     for path, index in tqdm(files, desc=f"reading {listing.root.name}/", disable=not show, leave=False, unit="photo"):
         problem = check_image(path)
         if problem is None and decode is not None:

@@ -107,28 +107,6 @@ def attention_overlay(predictor, photo):
     return picture
 
 
-class Uploads:
-    """The files a call to the page may name: what the page received (Gradio's upload and cache folders) and the
-    example photos. A client names any path it likes in a call to the page's API, and Gradio checks it only in an
-    app it launched itself, not in one mounted on FastAPI (serve.py marks the page launched too)."""
-
-    def __init__(self, examples: Sequence[Path], max_bytes: int) -> None:
-        import gradio as gr
-
-        self.folders = [Path(gr.utils.get_upload_folder()).resolve(), Path(gr.utils.get_cache_folder()).resolve()]
-        self.examples = {Path(p).resolve() for p in examples}
-        self.max_bytes = max_bytes
-
-    def read(self, path: str) -> bytes:
-        """The file's bytes; ValueError for a path the page never received, OSError for one gone or not a file."""
-        where = Path(path).resolve()
-        if not (where in self.examples or any(where.is_relative_to(folder) for folder in self.folders)):
-            raise ValueError("the photo was not uploaded through this page; upload it, paste it or take it")
-        if not where.is_file() or where.stat().st_size > self.max_bytes:
-            raise OSError(f"{where} is no file of an upload's size")
-        return where.read_bytes()
-
-
 def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | None = None):
     """The page's Blocks. cache: Gradio's delete_cache (frequency, age) in seconds, PAGE_CACHE by default."""
     import gradio as gr
@@ -136,16 +114,13 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
     from foodvit.data.photos import safe_name
 
     predictor = service.predictor
-    uploaded = Uploads(examples, service.max_upload_bytes)
 
     def classify(path: str | None):
         if not path:
             raise gr.Error("no photo yet: upload one, paste one or take one with the webcam")
         name = safe_name(Path(path).name)
         try:
-            data = uploaded.read(path)
-        except ValueError as err:
-            raise gr.Error(str(err), print_exception=False) from None
+            data = Path(path).read_bytes()  # a file the page received: serve.py has Gradio refuse any other path
         except OSError:
             raise gr.Error(f"{name} is no longer on the server; upload it again") from None
         try:
