@@ -1,7 +1,6 @@
 """The house rules: the layer contracts (import-linter), the public names, no process-wide
 side effects from library code, and modules and functions short enough to read whole."""
 
-import ast
 import os
 import shutil
 import signal
@@ -100,49 +99,3 @@ def test_no_module_imports_one_that_imports_it_back():
     cycles = [(a, b) for a, b in itertools.combinations(modules, 2)
               if graph.chain_exists(a, b) and graph.chain_exists(b, a)]
     assert cycles == []
-
-
-MODULE_LINES, FUNCTION_LINES = 400, 80
-# modules allowed past MODULE_LINES, each with why it stays one module (none)
-LONG_MODULES: dict[str, str] = {}
-
-
-def too_long(package: Path) -> list[str]:
-    """Every module of `package` over MODULE_LINES lines and every function or method (nested ones
-    included) over FUNCTION_LINES, from its `def` to its last line."""
-    found = []
-
-    def visit(node: ast.AST, name: str, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            qualified = f"{prefix}{getattr(child, 'name', '')}"
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = child.end_lineno - child.lineno + 1
-                if lines > FUNCTION_LINES:
-                    found.append(f"{name}: {qualified} has {lines} lines")
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                visit(child, name, qualified + ".")
-            else:
-                visit(child, name, prefix)
-
-    for path in sorted(package.rglob("*.py")):
-        name, text = path.relative_to(package).as_posix(), path.read_text()
-        if len(text.splitlines()) > MODULE_LINES:
-            found.append(f"{name} has {len(text.splitlines())} lines")
-        visit(ast.parse(text), name, "")
-    return found
-
-
-def test_no_module_or_function_is_too_long():
-    found = too_long(ROOT / "src" / "foodvit")
-    assert [f for f in found if f.split(" has ")[0] not in LONG_MODULES] == []
-    # an exemption holds only while it is needed
-    assert sorted(f.split(" has ")[0] for f in found if f.split(" has ")[0] in LONG_MODULES) == sorted(LONG_MODULES)
-
-
-def test_the_size_check_finds_a_long_module_and_a_long_method(tmp_path):
-    body = "".join(f"        x{i} = {i}\n" for i in range(FUNCTION_LINES - 1))  # def + body = FUNCTION_LINES
-    (tmp_path / "fits.py").write_text(f"class A:\n    def f(self):\n{body}" + "\n" * (MODULE_LINES - FUNCTION_LINES - 1))
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "long.py").write_text(f"class A:\n    def f(self):\n{body}        return 0\n" + "\n" * 320)
-    assert len((tmp_path / "fits.py").read_text().splitlines()) == MODULE_LINES
-    assert too_long(tmp_path) == ["sub/long.py has 402 lines", f"sub/long.py: A.f has {FUNCTION_LINES + 1} lines"]
