@@ -79,7 +79,7 @@ def held_out_result(trainer, network, seed: int, fold: int, name: str, seconds: 
     from foodvit.training.engine import evaluate
 
     started = time.perf_counter()
-    test = evaluate(network, trainer.eval_loaders["test"], trainer.settings, num_classes=len(trainer.classes), keep_probabilities=True)
+    test = evaluate(network, trainer.test_loader, trainer.settings, num_classes=len(trainer.classes), keep_probabilities=True)
     predictions = [prediction_record(f"{Path(path).parent.name}/{Path(path).name}", trainer.classes[label], p, trainer.classes)
                    for (path, label), p in zip(trainer.data.test.samples, test["probabilities"])]
     right = sum(p["right"] for p in predictions)

@@ -81,6 +81,13 @@ class DataConfig:
     val_fraction: float = opt(
         0.0, "share of each training class held out as a validation split for model selection", range=SHARE_BELOW_1
     )
+    validate_on: str = opt(
+        "",
+        "judge the run on these photos (a folder of class folders, or a set with train/ and test/: both) where it "
+        "evaluates during training, and again at the end beside the test split, which is then read once; a photo "
+        "whose bytes are also in the run's data is dropped and counted",
+        flag="validate-on",
+    )
     resize_mode: str = opt(
         "crop",
         "eval preprocessing: 'crop' resizes the shorter side then centre-crops; "
@@ -147,6 +154,10 @@ class DataConfig:
         for name in ("mean", "std"):
             if len(getattr(self, name)) not in (0, 3):
                 raise ConfigError(f"--{name} takes three numbers (red, green, blue), got {len(getattr(self, name))}")
+        if self.validate_on and self.val_fraction:
+            raise ConfigError(
+                "--validate-on and --val-fraction both give the run a validation split: keep one of the two"
+            )
 
 
 @dataclass(frozen=True)

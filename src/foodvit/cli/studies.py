@@ -28,13 +28,15 @@ def _add_cv(sub) -> None:
         "cv",
         help="k-fold cross-validation of a recipe over the training photos alone (never the test split)",
         description="Each fold is a normal run inside STUDY (STUDY/fold-0, ...) trained on the other folds and "
-        "scored on its own; every held-out photo's prediction is kept. Writes STUDY/cv.json, cv.md and "
+        "scored on its own; every held-out photo's prediction is kept. With --validate-on POOL, a pool study "
+        "instead: one run a seed (STUDY/seed-0, ...) on every training photo, scored on the pool's photos (those "
+        "whose content is also in the training data dropped and counted). Writes STUDY/cv.json, cv.md and "
         "predictions.jsonl. An interrupted study resumes: finished folds are kept. The same command in a "
         "second process (or machine sharing the folder) takes the folds the first is not training. "
-        "--compare A B pairs two studies photo by photo.",
+        "--compare A B pairs two studies photo by photo (each photo's answers averaged over the seeds first).",
     )
     p.add_argument("--out", metavar="STUDY", help="the study folder (new, empty, or this same study to resume)")
-    p.add_argument("--folds", type=count(Range(2)), default=5, help="folds (default 5)")
+    p.add_argument("--folds", type=count(Range(2)), help="folds (default 5; none with --validate-on)")
     p.add_argument(
         "--seeds", type=count(), default=1, help="repeat with this many seeds (the recipe's seed and on; default 1)"
     )
@@ -97,10 +99,15 @@ def cmd_cv(args: argparse.Namespace) -> int:
 
     check_recipe(args.recipe)
     config = build_config(args.recipe or "default", args, model=args.model)
+    if config.data.validate_on and args.folds is not None:
+        raise ConfigError(
+            "--folds splits the training photos for cross-validation; a study on --validate-on trains each seed on "
+            "all of them and scores the pool: leave --folds out (or --validate-on, for cross-validation)"
+        )
     result = cross_validate(
         config,
         args.out,
-        folds=args.folds,
+        folds=args.folds or 5,
         seeds=args.seeds,
         progress=not args.quiet,
         teachers=args.teachers,
@@ -108,12 +115,13 @@ def cmd_cv(args: argparse.Namespace) -> int:
         jobs=args.jobs,
     )
     for f in result.folds:
-        print(f"  seed {f['seed']} fold {f['fold']}: {f['accuracy']:.3f} ({f['correct']}/{f['n']})", file=sys.stderr)
+        which = f"seed {f['seed']}" + ("" if config.data.validate_on else f" fold {f['fold']}")
+        print(f"  {which}: {f['accuracy']:.3f} ({f['correct']}/{f['n']})", file=sys.stderr)
     if result.left:
         left, ran = result.left, sorted(set(args.fold))
         print(
             f"fold{'s' if len(ran) > 1 else ''} {', '.join(map(str, ran))} of "
-            f"{args.folds}{' (of each seed)' if args.seeds > 1 else ''}: "
+            f"{args.folds or 5}{' (of each seed)' if args.seeds > 1 else ''}: "
             f"accuracy {result.accuracy:.3f} over their {result.n} photos; fold{'s' if len(left) > 1 else ''} "
             f"{', '.join(map(str, left))} still to run (--fold, or the same command without it); the study is written "
             "once every fold has run"

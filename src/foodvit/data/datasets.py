@@ -19,6 +19,7 @@ from torch.utils.data import Dataset, get_worker_info
 from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.folders import Split, check, split_validation
 from foodvit.data.photos import load_or_explain
+from foodvit.data.validation import Pool
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class DataSet:
     train: Split
     test: Split
     val: Split | None = None
+    pool: Pool | None = None  # where val comes from when it is a validation source (--validate-on)
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -45,11 +47,13 @@ def open_dataset(
     train_cache: PhotoCache | None = None,
     eval_cache: PhotoCache | None = None,
     quiet: bool = False,
+    pool: Pool | None = None,
 ) -> DataSet:
     """Check a source's train and test splits (a DataSource, its text, or what DataSource.listed made
     of it), filling the caches if given (which also fully decodes the photos they keep, so unreadable
     ones are found before training starts). With a text, train_fraction keeps that share of each
-    training class (a DataSource carries its own)."""
+    training class (a DataSource carries its own). pool: a validation source's photos (data/validation.py),
+    checked as the test split is, as the validation split."""
     if not isinstance(source, (DataSource, Listed)):
         source = DataSource.parse(source, train_fraction)
     listed = source if isinstance(source, Listed) else source.listed(seed=seed, quiet=quiet)
@@ -58,7 +62,10 @@ def open_dataset(
     val = None
     if val_fraction > 0:
         train, val = split_validation(train, val_fraction, seed)
-    return DataSet(listed.root, train, test, val)
+    if pool is not None:
+        decode = eval_cache.prefill if eval_cache else None
+        val = check(pool.listing, strict=strict, decode=decode, quiet=quiet, every_class=False)
+    return DataSet(listed.root, train, test, val, pool)
 
 
 # ---------------------------------------------------------------------------------------- datasets

@@ -187,10 +187,13 @@ def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, S
 PROGRESS_FROM = 2000  # photos: reading fewer takes a second or two, without a progress bar
 
 
-def check(listing: Listing, *, strict: bool = False, decode=None, quiet: bool = True) -> Split:
+def check(
+    listing: Listing, *, strict: bool = False, decode=None, quiet: bool = True, every_class: bool = True
+) -> Split:
     """Each file's header checked (and, with `decode`, e.g. the decode cache's prefill, the photo
     fully decoded, which catches truncated files and fills the cache in the same pass); unreadable
-    files are skipped (or, strict, refused)."""
+    files are skipped (or, strict, refused). A class with no readable photo is refused, unless not
+    `every_class` (a validation source may hold some of the classes)."""
     samples, bad = [], []
     files = listing.files
     show = not quiet and (decode is not None or len(files) >= PROGRESS_FROM)
@@ -206,8 +209,10 @@ def check(listing: Listing, *, strict: bool = False, decode=None, quiet: bool = 
         else:
             samples.append((path, index))
     present = {label for _, label in samples}
+    if not every_class and not samples:
+        raise DataError(f"{listing.root} has no readable photos; give a folder with a folder of photos a class")
     for index, name in enumerate(listing.classes):
-        if index not in present:
+        if index not in present and every_class:
             raise DataError(
                 f"class folder {listing.root / name} has no readable photos; add photos or remove the folder"
             )

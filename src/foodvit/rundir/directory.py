@@ -5,6 +5,7 @@
     checkpoint.pt      everything needed to resume (written atomically after every epoch)
     model.safetensors  the trained model (rundir/trained.py), model.json beside it
     curves.png, confusion.png, most_wrong.png, report.md, teacher.pt, tensorboard/
+    validation.jsonl   with --validate-on: each validation photo's answer by the final model
     .foodvit.lock      flock-ed while a process writes the run (an empty file that stays); .foodvit.owner says which
 
 A run directory is the user's: a new run goes only into a new or empty folder, one process at a
@@ -38,6 +39,7 @@ TEACHER_FILE = "teacher.pt"  # the CNN teacher of a distilled or guided run (tra
 TEACHER_PROGRESS = "teacher-progress.pt"  # its training after each epoch but the last, until teacher.pt is written
 TENSORBOARD = "tensorboard"  # --tensorboard's event files (training/tracking.py)
 PRETRAINING_FILE = "pretraining.csv"  # each self-supervised pre-training epoch's loss (training/pretrain.py)
+VALIDATION_FILE = "validation.jsonl"  # with --validate-on, each validation photo's answer (training/report.py)
 # every file and folder a run writes (a failed start removes these, and only these)
 RUN_FILES = (
     "config.json",
@@ -52,6 +54,7 @@ RUN_FILES = (
     TEACHER_FILE,
     TEACHER_PROGRESS,
     PRETRAINING_FILE,
+    VALIDATION_FILE,
 )
 RUN_FOLDERS = (TENSORBOARD,)
 # *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised

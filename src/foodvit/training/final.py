@@ -37,6 +37,7 @@ class Trained(Protocol):
     data: Any  # datasets.OpenDataset: the checked splits
     classes: tuple[str, ...]
     eval_loaders: dict[str, Any]
+    test_loader: Any
     history: list[dict]
     teacher_history: list[dict]
     teacher_lent_by: str | None
@@ -64,21 +65,25 @@ def final_test(trainer: Trained) -> Result:
         model = model.module
     assert isinstance(model, VisionTransformer)  # the run's ViT, or the EMA's copy of it
     model, preprocess = at_test_size(trainer, model)
-    loader = (
-        trainer.eval_loaders["test"]
-        if preprocess == trainer.preprocess
-        else trainer.eval_loader(trainer.data.test, preprocess)
-    )
-    test = evaluate(
-        model,
-        loader,
-        trainer.settings,
-        num_classes=len(trainer.classes),
-        keep_probabilities=True,
-        gather=trainer.ctx.gather,
-    )
-    test["per_class"] = per_class_accuracy(test["confusion"], trainer.classes)
+
+    def scored(split, own_loader) -> dict:
+        """A split evaluated with every photo's probabilities and each class's accuracy."""
+        loader = own_loader if preprocess == trainer.preprocess else trainer.eval_loader(split, preprocess)
+        result = evaluate(
+            model,
+            loader,
+            trainer.settings,
+            num_classes=len(trainer.classes),
+            keep_probabilities=True,
+            gather=trainer.ctx.gather,
+        )
+        result["per_class"] = per_class_accuracy(result["confusion"], trainer.classes)
+        return result
+
+    test = scored(trainer.data.test, trainer.test_loader)
     probabilities = test.pop("probabilities")
+    # a validation source (--validate-on) is judged by the same final model, every photo's answer kept
+    validation = scored(trainer.data.val, trainer.eval_loaders["val"]) if trainer.data.pool is not None else None
     if trainer.main:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         write_results(
@@ -94,6 +99,7 @@ def final_test(trainer: Trained) -> Result:
             history=trainer.history,
             teacher_history=trainer.teacher_history,
             teacher_lent_by=trainer.teacher_lent_by,
+            validation=validation,
             device=trainer.device,
             processes=trainer.ctx.world_size,
             tensorboard=trainer.tensorboard,

@@ -14,6 +14,7 @@ from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.preprocess import Preprocess
 from foodvit.data.sampling import make_loader
 from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
+from foodvit.data.validation import validation_pool
 from foodvit.training.distributed import Context
 
 logger = logging.getLogger(__name__)
@@ -54,8 +55,12 @@ def open_data(
         PhotoCache.decoded(train_decode_size(p), p.interpolation, keep=c.data.cache, budget=budget),
         PhotoCache.transformed(eval_transform(p), budget=budget) if c.data.cache else None,
     )
+    pool = validation_pool(c.data.validate_on, listed) if c.data.validate_on else None
+    if pool is not None and main and not quiet:
+        logger.info("validating on %s", pool.line())
     data = open_dataset(
         listed,
+        pool=pool,
         strict=c.data.strict,
         val_fraction=c.data.val_fraction,
         seed=c.train.seed,
@@ -64,7 +69,7 @@ def open_data(
         quiet=quiet,
     )
     if main:
-        for split in (data.train, data.test):
+        for split in (data.train, data.test) + ((data.val,) if pool is not None and data.val is not None else ()):
             for line in split.skipped_summary(verbose):
                 logger.warning(line)
     return data, caches

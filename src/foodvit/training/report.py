@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ import torch
 
 from foodvit.data.datasource import DataSource
 from foodvit.files import write_text
-from foodvit.rundir.directory import TEACHER_FILE
+from foodvit.rundir.directory import TEACHER_FILE, VALIDATION_FILE
 from foodvit.rundir.trained import save_model
 from foodvit.viz.figures import most_wrong_figure, predictions_figure
 from foodvit.viz.plotting import integer_ticks, save_figure, subplots
@@ -86,8 +87,10 @@ def write_report(
     final: dict,
     model_info: dict,
     extra_sections: Sequence[str] = (),
+    validation: dict | None = None,
 ) -> Path:
-    """report.md: what was trained on what, the per-image test result, curves and confusion matrix."""
+    """report.md: what was trained on what, the per-image test result (and, with a validation source, the result on
+    it beside), curves and confusion matrix."""
     run = Path(run)
     correct = int(round(final["acc"] * final["n"]))
     per_class = per_class_accuracy(final["confusion"], classes)
@@ -104,6 +107,18 @@ def write_report(
         f"test loss {final['loss']:.3f}.",
         "The test split was used for this report only: nothing (epochs, settings, checkpoint) was chosen by it.",
         "",
+    ]
+    if validation is not None:
+        right = int(round(validation["acc"] * validation["n"]))
+        dropped = validation["val_dropped"]
+        lines += [
+            f"**Validation accuracy: {validation['acc']:.3f}** ({right}/{validation['n']} photos of "
+            f"`{validation['val_source']}`, per image"
+            + (f"; {dropped} of its photos left out, their content also in the training data" if dropped else "")
+            + f"), the split the run was judged on while it trained; each photo's answer is in `{VALIDATION_FILE}`.",
+            "",
+        ]
+    lines += [
         "| | |",
         "|---|---|",
         f"| recipe | `{config.recipe}` |",
@@ -122,11 +137,19 @@ def write_report(
         + (f", {model_info['processes']} processes" if model_info.get("processes", 1) > 1 else "")
         + " |",
     ]
-    if last.get("val_acc") is not None:
+    if last.get("val_acc") is not None and validation is None:
         lines.append(f"| validation accuracy | {last['val_acc']:.3f} (last epoch) |")
     lines += ["", "## Per class (test)", "", "| class | accuracy | photos |", "|---|---|---|"]
     totals = final["confusion"].sum(dim=1).tolist()
     lines += [f"| {name} | {acc:.3f} | {int(totals[i])} |" for i, (name, acc) in enumerate(per_class.items())]
+    if validation is not None:
+        lines += ["", "## Per class (validation)", "", "| class | accuracy | photos |", "|---|---|---|"]
+        totals = validation["confusion"].sum(dim=1).tolist()
+        lines += [
+            f"| {name} | {acc:.3f} | {int(totals[i])} |"
+            for i, (name, acc) in enumerate(validation["per_class"].items())
+            if totals[i]
+        ]
     lines += [
         "",
         "## Curves",
@@ -173,6 +196,36 @@ def draw_figures(history: list[dict], test: dict, results: list[dict], truths: l
         "confusion": plot_confusion(test["confusion"], classes),
         "most_wrong": most_wrong_figure(results, truths),
     }
+
+
+def validation_summary(validation: dict, data, config) -> dict:
+    """What model.json says of the run's validation source (--validate-on): its accuracy, photos, source and the
+    photos dropped as also in the training data."""
+    return {
+        "val_acc": validation["acc"],
+        "val_loss": validation["loss"],
+        "val_n": validation["n"],
+        "val_per_class": {c: a for c, a in validation["per_class"].items() if data.val.counts()[c]},
+        "val_source": config.data.validate_on,
+        "val_dropped": len(data.pool.dropped),
+    }
+
+
+def write_validation(path: Path, probabilities: torch.Tensor, split, keys: dict, classes) -> None:
+    """validation.jsonl: each validation photo (its name, 'class/file': data.validation.Pool.keys), its class, the
+    final model's answer and every class's probability: two runs validated on the same source pair photo by photo."""
+    lines = []
+    for (photo, label), p in zip(split.samples, probabilities.tolist(), strict=True):
+        guess = max(range(len(classes)), key=p.__getitem__)
+        record = {
+            "photo": keys[photo],
+            "label": classes[label],
+            "predicted": classes[guess],
+            "right": guess == label,
+            "probabilities": {c: round(q, 6) for c, q in zip(classes, p, strict=True)},
+        }
+        lines.append(json.dumps(record) + "\n")
+    write_text(path, "".join(lines))
 
 
 def teacher_section(config, teacher_history: list[dict], teacher_lent_by: str | None) -> list[str]:
@@ -222,6 +275,7 @@ def write_results(
     processes: int,
     tensorboard=None,
     teacher_lent_by: str | None = None,
+    validation: dict | None = None,
 ) -> None:
     """What a finished run leaves (rank 0): model.safetensors and model.json, the figures, report.md,
     and TensorBoard's final images and hparams."""
@@ -240,6 +294,11 @@ def write_results(
     }
     if teacher_history:
         summary["teacher_test_acc"] = teacher_history[-1]["test_acc"]
+    if validation is not None:
+        summary |= validation_summary(validation, data, config)
+        if teacher_history and teacher_history[-1].get("val_acc") is not None:
+            summary["teacher_val_acc"] = teacher_history[-1]["val_acc"]
+        write_validation(out / VALIDATION_FILE, validation["probabilities"], data.val, data.pool.keys(), classes)
     save_model(out, model, classes, preprocess, {"metrics": summary})
     results, truths = test_results(probabilities, data.test, classes)
     figures = draw_figures(history, test, results, truths, classes)
@@ -269,6 +328,7 @@ def write_results(
         final=test,
         model_info=info,
         extra_sections=sections,
+        validation={**validation, **validation_summary(validation, data, config)} if validation is not None else None,
     )
     if tensorboard is not None:
         figures["predictions"] = predictions_figure(results, truths)

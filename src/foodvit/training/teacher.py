@@ -198,7 +198,8 @@ class TeacherSetup:
     """What a run's CNN teacher is made of, besides its photos (StageData): its architecture and
     classes, its epochs, optimiser settings and step settings (the teacher trains at its side, resizing its batches
     when that is not the model's, and without sharpness-aware minimisation), its side and batch size (checked
-    before it trains), the test photos it is evaluated on after its last epoch, where it trains (training_place), and
+    before it trains), the photos it is evaluated on after its last epoch (the test split, and a validation split
+    when the run has one), where it trains (training_place), and
     whether its side is its own (--teacher-size) rather than the model's."""
 
     architecture: str
@@ -208,7 +209,7 @@ class TeacherSetup:
     settings: StepSettings
     image_size: int
     batch_size: int
-    test_loader: Any
+    eval_loaders: dict[str, Any]
     place: dict
     own_size: bool = False
 
@@ -219,7 +220,7 @@ class TeacherSetup:
         num_classes: int,
         settings: StepSettings,
         image_size: int,
-        test_loader: Any,
+        eval_loaders: dict[str, Any],
         processes: int,
     ) -> TeacherSetup:
         size = config.teacher.size or image_size  # its batches are loaded at image_size
@@ -233,7 +234,7 @@ class TeacherSetup:
             replace(settings, input_size=0 if size == image_size else size, sam=0.0),
             size,
             config.train.batch_size,
-            test_loader,
+            eval_loaders,
             training_place(settings.device, processes, config),
             own_size=bool(config.teacher.size),
         )
@@ -364,7 +365,7 @@ def train_teacher(
         setup.settings,
         start_epoch=len(history),
         after_epoch=[after_epoch],
-        eval_loaders={"test": setup.test_loader},
+        eval_loaders=setup.eval_loaders,
         eval_every=setup.epochs,
         num_classes=setup.num_classes,
     )

@@ -154,7 +154,9 @@ class Trainer:
         self.eval_loaders = (
             {"val": self.eval_loader(self.data.val, self.preprocess)} if self.data.val is not None else {}
         )
-        self.eval_loaders["test"] = self.eval_loader(self.data.test, self.preprocess)
+        self.test_loader = self.eval_loader(self.data.test, self.preprocess)
+        if self.data.pool is None:  # with a validation source, the test split is read once, at the end
+            self.eval_loaders["test"] = self.test_loader
 
     def eval_loader(self, split, preprocess: Preprocess):
         return loading.eval_loader(
@@ -244,7 +246,7 @@ class Trainer:
             len(self.classes),
             self.settings,
             self.preprocess.image_size,
-            self.eval_loaders["test"],
+            {**self.eval_loaders, "test": self.test_loader},
             self.ctx.world_size,
         )
         return obtain_teacher(

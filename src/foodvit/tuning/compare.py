@@ -1,4 +1,5 @@
-"""Two finished cross-validation studies side by side, photo by photo (`foodvit cv --compare A B`).
+"""Two finished studies side by side, photo by photo (`foodvit cv --compare A B`): two cross-validations of the
+same folds, or two studies on the same validation pool (`foodvit cv --validate-on`).
 
 Both studies scored the same held-out photos with the same folds and seeds, so each held-out
 prediction (a photo under one seed) pairs with the other study's: the difference of the accuracies is
@@ -104,7 +105,8 @@ def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
             f"{study} is no cross-validation study (no study.json); give a folder `foodvit cv --out` wrote"
         )
     found = {}
-    for path in sorted([*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json")]):
+    results = [*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json"), *folder.glob("seed-*.json")]
+    for path in sorted(results):
         result = _result_file(path, ("seed", "fold", "predictions"))
         try:
             found[(result["seed"], result["fold"])] = {
@@ -130,12 +132,59 @@ def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str
     )
 
 
+def study_identity(study: str | Path) -> dict:
+    """What a study folder says it is (study.json, or a tune trial's trial.json): its kind, photos, folds, seeds,
+    validation pool and settings; {} for a folder from before studies said so (its photos are then paired as they
+    are)."""
+    for name in ("study.json", "trial.json"):
+        path = Path(study) / name
+        if path.is_file():
+            found = _result_file(path, ("data",))
+            if "seed" in found and "seeds" not in found:  # a trial: one seed of folds
+                found["seeds"] = [found["seed"]]
+            return found
+    return {}
+
+
+def _describe(identity: dict) -> str:
+    """A study's design in words, e.g. '5-fold CV, seeds [0]', 'a pool study of 391 photos, seeds [0, 1]'."""
+    if identity.get("kind") == "pool":
+        return f"a study on a validation pool, seeds {identity.get('seeds')}"
+    return f"{identity.get('folds')}-fold CV, seeds {identity.get('seeds')}"
+
+
+def check_comparable(a: str | Path, b: str | Path) -> str:
+    """Two studies pair photo by photo only when they scored the same photos the same way: the same training photos,
+    the same design (k-fold CV with the same folds, or the same validation pool) and seeds; else a StudyError that
+    says which differs. Returns the settings that differ, as the comparison's line names them ('' when none)."""
+    ia, ib = study_identity(a), study_identity(b)
+    if not ia or not ib:
+        return ""
+    kind_a, kind_b = ("pool" if i.get("kind") == "pool" else "cv" for i in (ia, ib))
+    design = [key for key in ("folds", "seeds", "validation") if ia.get(key) != ib.get(key)]
+    if kind_a != kind_b or design:
+        raise StudyError(
+            f"{a} is {_describe(ia)} and {b} is {_describe(ib)}: their photos are scored differently, so they do not "
+            "pair; compare studies of the same data, folds (or validation pool) and seeds"
+        )
+    if ia.get("data") != ib.get("data"):
+        raise StudyError(
+            f"{a} and {b} trained on different photos (fingerprints {ia.get('data')} and {ib.get('data')}): compare "
+            "studies of the same data, folds and seeds"
+        )
+    changed = differences(settings_sectioned(ia.get("settings", {})), settings_sectioned(ib.get("settings", {})))
+    shown = ", ".join(f"{key} {x!r} -> {y!r}" for key, x, y in changed[:4])
+    return shown + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+
+
 def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
-    """Study B against study A: paired()'s result and its line; over the folds both have finished when
-    either study is not finished yet."""
+    """Study B against study A: paired()'s result and its line (with the settings B changes); over the folds both
+    have finished when either study is not finished yet. Studies of another design, seeds or photos are refused."""
+    changed = check_comparable(a, b)
+    suffix = f"; {b} changes {changed}" if changed else ""
     if (Path(a) / "cv.json").exists() and (Path(b) / "cv.json").exists():
         result = paired(read_study(a)["photos"], read_study(b)["photos"])
-        return result, compare_line(result, str(a), str(b))
+        return result, compare_line(result, str(a), str(b)) + suffix
     folds_a, folds_b = finished_folds(a), finished_folds(b)
     both = sorted(folds_a.keys() & folds_b.keys())
     if not both:
@@ -151,7 +200,7 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
     else:
         names = ("folds " if len(both) > 1 else "fold ") + ", ".join(str(fold) for _, fold in both)
     label = f" of the folds both have finished, {names}"
-    return result, compare_line(result, str(a), str(b), label)
+    return result, compare_line(result, str(a), str(b), label) + suffix
 
 
 # What a series of studies varies on purpose (the photos' share and where they are), left out of a study's recipe name.

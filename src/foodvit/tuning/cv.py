@@ -1,4 +1,5 @@
-"""k-fold cross-validation of a recipe over the TRAINING photos alone (`foodvit cv`).
+"""k-fold cross-validation of a recipe over the TRAINING photos alone (`foodvit cv`), or a study of a recipe on a
+validation pool (`foodvit cv --validate-on POOL`: one run a seed on every training photo, judged on the pool's).
 
     STUDY/study.json          what the study is (data fingerprint, folds, seeds, settings): a rerun
                               with anything else is refused, never mixed in (tuning/study.py)
@@ -7,6 +8,9 @@
     STUDY/fold-K/             a normal run directory (STUDY/seed-S/fold-K/ with several seeds)
     STUDY/fold-K.json         the fold's result, every held-out photo's prediction included (tuning/fold.py)
     STUDY/cv.json, cv.md, predictions.jsonl   the study's result
+
+    STUDY/folds/pool/{train,test}/  with --validate-on: every training photo, and the pool's (folds.pool_folder)
+    STUDY/seed-S/, seed-S.json   a pool study's run of seed S, and its result (every pool photo's prediction)
 
 The real test split is never listed, let alone read: the photos come from <root>/train (or
 Food-101's meta/train.json) and each fold's run sees only its fold folder. A fold whose result
@@ -18,6 +22,7 @@ others' folds at the end, so k folds take about k / processes fold times.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -34,7 +39,16 @@ from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.tuning.compare import prediction_key
 from foodvit.tuning.fold import FoldBusy, per_class, run_fold, start_fold
-from foodvit.tuning.folds import check_folds, fingerprint, fold_folders, fold_name, training_photos
+from foodvit.tuning.folds import (
+    Unit,
+    check_folds,
+    fingerprint,
+    fold_name,
+    pool_fingerprint,
+    pool_photos,
+    study_units,
+    training_photos,
+)
 from foodvit.tuning.jobs import Task, fold_threads, plan, run_tasks
 from foodvit.tuning.study import check_lender, open_study, study_settings
 
@@ -52,10 +66,12 @@ class CvResult:
         int, ...
     ] = ()  # with --fold: the study's folds still without a result (of any seed); () once it is whole
 
+    pool: str = ""  # a pool study's validation source ('' for cross-validation)
+
     def line(self) -> str:
         k, seeds = len({f["fold"] for f in self.folds}), len({f["seed"] for f in self.folds})
         return (
-            f"{k}-fold CV"
+            (f"validation pool {self.pool}" if self.pool else f"{k}-fold CV")
             + (f" x {seeds} seeds" if seeds > 1 else "")
             + f" accuracy {self.accuracy:.3f} +- {self.standard_error:.3f} (standard error over "
             f"{self.n} photos); " + ", ".join(f"{c} {a:.3f}" for c, a in self.per_class.items())
@@ -90,49 +106,49 @@ def run_cv(
     wait_s: float = 30.0,
     teachers: Path | None = None,
     only: Sequence[int] | None = None,
+    pool: tuple | None = None,
 ) -> tuple[CvResult, list[dict]]:
     """Each seed's folds (or those numbered in `only`), each a run in `runs`; after_fold(index, results
     so far) after each (the tuner reports and prunes there). The results and every fold's full result, in fold order.
+    pool: a validation pool (folds.pool_photos) that each seed's one run, on every training photo, is judged on
+    instead of folds.
     teachers: a study of the same folds whose fold runs lend their trained CNN teachers (a fold whose
     lender has none yet trains its own).
     A fold another process is training is skipped, and looked at again (every wait_s seconds once
     only such folds are left) until its result is written or its process is gone (then resumed)."""
     from tqdm.auto import tqdm
 
-    check_folds(split, folds)
-    todo = [
-        (seed, index, folder)
-        for seed in seeds
-        for index, folder in enumerate(fold_folders(split, folds, seed, folds_dir))
-        if only is None or index in only
-    ]
+    if pool is None:
+        check_folds(split, folds)
+    todo = [u for u in study_units(split, folds, seeds, folds_dir, pool) if only is None or u.fold in only]
     results = []
-    with tqdm(total=len(todo), desc="folds", unit="fold", disable=not progress, leave=False) as bar:
+    unit = "run" if pool is not None else "fold"
+    with tqdm(total=len(todo), desc=f"{unit}s", unit=unit, disable=not progress, leave=False) as bar:
         while todo:
-            busy = []  # folds another process is training: taken again after the rest
-            for seed, index, folder in todo:
-                name = fold_name(seed, index, len(seeds))
-                run, lender = runs / name, teachers / name if teachers is not None else None
+            busy: list[Unit] = []  # folds another process is training: taken again after the rest
+            for u in todo:
+                run, lender = runs / u.name, teachers / u.name if teachers is not None else None
                 lender = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
                 try:
                     results.append(
-                        run_fold(config, run, folder, seed=seed, fold=index, quiet=quiet, teacher_from=lender)
+                        run_fold(config, run, u.folder, seed=u.seed, fold=u.fold, quiet=quiet, teacher_from=lender)
                     )
                 except FoldBusy:
-                    busy.append((seed, index, folder))
+                    busy.append(u)
                     continue
                 bar.update()
                 bar.set_postfix(acc=f"{summarise(results).accuracy:.3f}")
                 if after_fold is not None:
                     after_fold(len(results) - 1, results)
             if busy and len(busy) == len(todo):
-                bar.set_description(f"folds (waiting: another process runs {len(busy)})")
+                bar.set_description(f"{unit}s (waiting: another process runs {len(busy)})")
                 _wait(wait_s)
-                bar.set_description("folds")
+                bar.set_description(f"{unit}s")
             todo = busy
     order = {seed: i for i, seed in enumerate(seeds)}
     results.sort(key=lambda r: (order[r["seed"]], r["fold"]))
-    return summarise(results), results
+    result = summarise(results)
+    return (replace(result, pool=pool[0].source) if pool is not None else result), results
 
 
 def cross_validate(
@@ -148,7 +164,9 @@ def cross_validate(
     jobs: int | None = 1,
 ) -> CvResult:
     """`foodvit cv`: the config's k-fold CV over its training photos, seeds config.train.seed and on,
-    in the study folder (resumed if it holds this same study). teachers: a study of the same folds
+    in the study folder (resumed if it holds this same study). With a validation source (data.validate_on), a pool
+    study instead: one run a seed on every training photo, judged on the source's photos (those whose bytes are
+    also in the training data dropped). teachers: a study of the same folds (or pool)
     and teacher settings (a distilled or guided recipe) whose trained CNN teachers the folds borrow:
     the same teachers they would train, so only the time changes. only (`--fold K`): run these folds
     of each seed alone (to spread a study over machines or over a queue of jobs); the result is then
@@ -157,7 +175,16 @@ def cross_validate(
     study = Path(study)
     config = rundir.with_source(config)
     split = training_photos(config)
-    check_folds(split, folds)
+    pool = pool_photos(config, split) if config.data.validate_on else None
+    if pool is not None:
+        if only is not None:
+            raise StudyError(
+                "--fold picks folds of a cross-validation; a study on --validate-on has one run a seed: leave --fold "
+                "out"
+            )
+        folds = 1
+    else:
+        check_folds(split, folds)
     if only is not None:
         outside = sorted(set(only) - set(range(folds)))
         if outside or not only:
@@ -168,13 +195,15 @@ def cross_validate(
             )
     seed_list = [config.train.seed + i for i in range(seeds)]
     identity = {
-        "kind": "cv",
+        "kind": "pool" if pool is not None else "cv",
         "data": fingerprint(split),
         "classes": list(split.classes),
         "folds": folds,
         "seeds": seed_list,
         "settings": study_settings(config.to_dict()),
     }
+    if pool is not None:
+        identity |= {"validation": pool_fingerprint(*pool), "dropped": len(pool[0].dropped)}
     if teachers is not None:
         teachers = Path(teachers)
         with fold_threads(jobs):  # checked against the threads the folds will train on
@@ -182,17 +211,10 @@ def cross_validate(
     open_study(study, identity)
     if jobs != 1:  # the folds trained on several processes; run_cv below then reads their results
         train_on_processes(
-            config,
-            study,
-            split,
-            folds=folds,
-            seeds=seed_list,
-            teachers=teachers,
-            only=only,
-            jobs=jobs,
-            progress=progress,
+            config, study, split, folds=folds, seeds=seed_list, teachers=teachers, only=only, jobs=jobs, pool=pool
         )
-    result, fold_results = run_cv(
+    run = functools.partial(
+        run_cv,
         config,
         study,
         study / "folds",
@@ -200,16 +222,16 @@ def cross_validate(
         folds=folds,
         seeds=seed_list,
         quiet=quiet,
-        progress=progress,
         teachers=teachers,
-        only=only,
+        pool=pool,
     )
+    result, fold_results = run(progress=progress, only=only)
     if only is not None:  # the study is written once it is whole: its other folds' results are then read, not trained
         left = folds_left(study, folds, seed_list)
         if left:
             return replace(result, left=tuple(sorted({fold for _, fold in left})))
-        result, fold_results = run_cv(config, study, study / "folds", split, folds=folds, seeds=seed_list, quiet=quiet)
-    write_study(study, config, result, fold_results)
+        result, fold_results = run()
+    write_study(study, config, result, fold_results, identity)
     return result
 
 
@@ -223,14 +245,16 @@ def folds_left(study: Path, folds: int, seeds: list[int]) -> list[tuple[int, int
     ]
 
 
-def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: list[dict]) -> None:
-    """cv.json (the result and every prediction), predictions.jsonl, cv.md."""
+def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: list[dict], identity: dict) -> None:
+    """cv.json (the result, what the study is, and every prediction), predictions.jsonl, cv.md."""
     photos = {prediction_key(r["seed"], p["photo"]): p["right"] for r in fold_results for p in r["predictions"]}
+    what = {key: value for key, value in identity.items() if key != "settings"}  # study.json's, less the settings
     write_text(
         study / "cv.json",
         json.dumps(
             {
                 "recipe": config.recipe,
+                "study": what | ({"pool": result.pool} if result.pool else {}),
                 "accuracy": result.accuracy,
                 "standard_error": result.standard_error,
                 "n": result.n,
@@ -250,17 +274,21 @@ def write_study(study: Path, config: RunConfig, result: CvResult, fold_results: 
         ),
     )
     classes = list(result.per_class)
+    title = f"Validation pool: {config.recipe}" if result.pool else f"Cross-validation: {config.recipe}"
+    fold = "" if result.pool else "fold | "  # a pool study has one run a seed
     lines = [
-        f"# Cross-validation: {config.recipe}",
+        f"# {title}",
         "",
         result.line(),
         "",
-        "| seed | fold | photos | accuracy | " + " | ".join(classes) + " | seconds |",
-        "|---|---|---|---|" + "---|" * len(classes) + "---|",
+        f"| seed | {fold}photos | accuracy | " + " | ".join(classes) + " | seconds |",
+        "|---|---|---|" + "---|" * (len(classes) + bool(fold)) + "---|",
     ]
     for f in result.folds:
         lines.append(
-            f"| {f['seed']} | {f['fold']} | {f['n']} | {f['accuracy']:.3f} | "
+            f"| {f['seed']} | "
+            + ("" if result.pool else f"{f['fold']} | ")
+            + f"{f['n']} | {f['accuracy']:.3f} | "
             + " | ".join(f"{f['per_class'].get(c, float('nan')):.3f}" for c in classes)
             + f" | {f['seconds']:.0f} |"
         )
@@ -278,26 +306,25 @@ def train_on_processes(
     only: Sequence[int] | None,
     jobs: int | None,
     progress: bool = False,
+    pool: tuple | None = None,
 ) -> None:
-    """Every fold of the study without a result (of `only`'s folds, if given) trained on the processes of
-    jobs.plan(jobs), each fold as run_cv trains it: its lender's teacher borrowed where the lender has one, else its
+    """Every fold (or pool run) of the study without a result (of `only`'s folds, if given) trained on the processes
+    of jobs.plan(jobs), each as run_cv trains it: its lender's teacher borrowed where the lender has one, else its
     CNN teacher trained first as a task of its own, so that no core waits while the last folds train."""
     from foodvit.training.teacher import trains_teacher
 
     tasks = []
-    for seed in seeds:
-        for index, folder in enumerate(fold_folders(split, folds, seed, study / "folds")):
-            name = fold_name(seed, index, len(seeds))
-            if (only is not None and index not in only) or (study / f"{name}.json").is_file():
-                continue
-            lender = teachers / name if teachers is not None else None
-            lent = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
-            fold = Task(_fold_task, (config, study / name, folder, seed, index, lent))
-            if lent is None and trains_teacher(config) and not (study / name / "checkpoint.pt").is_file():
-                # the teacher a task of its own, the fold's queued when it ends: with 5 folds on 2 processes,
-                # teachers 0 and 1, 2 and 3, teacher 4 beside fold 0, folds 1 and 2, folds 3 and 4
-                fold = Task(_teacher_task, (config, study / name, folder, seed), then=fold)
-            tasks.append(fold)
+    for u in study_units(split, folds, seeds, study / "folds", pool):
+        if (only is not None and u.fold not in only) or (study / f"{u.name}.json").is_file():
+            continue
+        lender = teachers / u.name if teachers is not None else None
+        lent = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
+        fold = Task(_fold_task, (config, study / u.name, u.folder, u.seed, u.fold, lent))
+        if lent is None and trains_teacher(config) and not (study / u.name / "checkpoint.pt").is_file():
+            # the teacher a task of its own, the fold's queued when it ends: with 5 folds on 2 processes,
+            # teachers 0 and 1, 2 and 3, teacher 4 beside fold 0, folds 1 and 2, folds 3 and 4
+            fold = Task(_teacher_task, (config, study / u.name, u.folder, u.seed), then=fold)
+        tasks.append(fold)
     if tasks:
         run_tasks(tasks, plan(jobs, len(tasks)), progress=progress, firsts="teachers")
 

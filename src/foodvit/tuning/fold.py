@@ -109,7 +109,8 @@ def fold_config(config: RunConfig, folder: Path, seed: int) -> RunConfig:
     reads the fold's final model alone, never its curves)."""
     return replace(
         config,
-        data=replace(config.data, source=str(folder.resolve())),
+        # a pool study's folder holds its pool as the runs' test split: the run itself validates on nothing else
+        data=replace(config.data, source=str(folder.resolve()), validate_on=""),
         train=replace(config.train, seed=seed, eval_every=config.train.epochs),
     )
 

@@ -1,19 +1,23 @@
-"""A study's photos and their folds: the training split of a config's data (the test split never
-listed), each photo's key (the same in every study of the same photos, so two studies pair photo by
-photo), the photos' fingerprint, and the k folds of a seed as folders of links:
+"""A study's photos and what each of its runs trains on and is judged on: the training split of a config's
+data (the test split never listed), each photo's key (the same in every study of the same photos, so two
+studies pair photo by photo), the photos' fingerprint, and the folders of links its runs read:
 
-    STUDY/folds/seed-S/fold-K/{train,test}/<class>/...   train = the kept folds, test = the held-out one
+    STUDY/folds/seed-S/fold-K/{train,test}/<class>/...   k-fold CV: train = the kept folds, test = the held-out one
     STUDY/fold-K/             the fold's run (STUDY/seed-S/fold-K/ with several seeds; fold_name)
+    STUDY/folds/pool/{train,test}/<class>/...   a validation pool: train = every training photo, test = the pool
+    STUDY/seed-S/             a run of the pool study, one a seed
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from foodvit.config import RunConfig
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split, check, cv_folds, keep_classes, learnable, list_split
+from foodvit.data.validation import Pool, validation_pool
 from foodvit.errors import StudyError
 from foodvit.files import atomic_folder
 
@@ -96,3 +100,71 @@ def fold_folders(split: Split, k: int, seed: int, where: Path) -> list[Path]:
 def fold_name(seed: int, fold: int, seeds: int) -> str:
     """The run of one fold inside a study of `seeds` seeds (its result beside it, NAME.json)."""
     return f"fold-{fold}" if seeds == 1 else f"seed-{seed}/fold-{fold}"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One run of a study: its seed, its fold (0 in a pool study), the folder of links it trains and is judged on,
+    and its run's name in the study (its result beside it, NAME.json)."""
+
+    seed: int
+    fold: int
+    folder: Path
+    name: str
+
+
+def study_units(
+    split: Split, folds: int, seeds: list[int], folds_dir: Path, pool: tuple[Pool, Split] | None = None
+) -> list[Unit]:
+    """The runs of a study, seed by seed: k folds each (CV), or, with a pool (pool_photos), one run a seed on every
+    training photo, judged on the pool. folds_dir: the study's folder of folders of links (STUDY/folds)."""
+    if pool is not None:
+        folder = pool_folder(split, pool[1], folds_dir / "pool", pool[0].keys())
+        return [Unit(seed, 0, folder, f"seed-{seed}") for seed in seeds]
+    return [
+        Unit(seed, index, folder, fold_name(seed, index, len(seeds)))
+        for seed in seeds
+        for index, folder in enumerate(fold_folders(split, folds, seed, folds_dir))
+    ]
+
+
+def pool_photos(config: RunConfig, split: Split) -> tuple[Pool, Split]:
+    """The config's validation source (data.validate_on) as a pool study judges on it: the Pool (its photos also in
+    the training data dropped and counted) and its photos, checked, keyed as Pool.keys names them."""
+    source = DataSource.parse(config.data.source)
+    pool = validation_pool(config.data.validate_on, source.listed(quiet=True))
+    checked = check(pool.listing, strict=config.data.strict, every_class=False)
+    return pool, checked
+
+
+def pool_fingerprint(pool: Pool, checked: Split) -> str:
+    """Which photos a pool study is judged on: their names and sizes."""
+    keys = pool.keys()
+    digest = hashlib.sha256()
+    for path, _ in sorted(checked.samples, key=lambda sample: keys[sample[0]]):
+        digest.update(f"{keys[path]}:{path.stat().st_size}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def pool_folder(split: Split, pool: Split, where: Path, keys: dict[Path, str]) -> Path:
+    """The folder of links a pool study's runs read: train/ every training photo, test/ every photo of the pool
+    (named by `keys`, 'class/file'); made once, as fold_folders makes a fold's."""
+    if where.is_dir():
+        return where
+
+    def fill(tmp: Path) -> None:
+        for path, _ in split.samples:
+            link = tmp / "train" / photo_key(split, path)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(Path(path).resolve())
+        for path, _ in pool.samples:
+            link = tmp / "test" / keys[path]
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(Path(path).resolve())
+
+    try:
+        atomic_folder(where, fill)
+    except OSError:  # another process made it first: theirs holds the same links
+        if not where.is_dir():
+            raise
+    return where

@@ -190,7 +190,7 @@ class Objective:
         except Exception as err:
             trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:1000])
             raise TrialCrashed(f"{type(err).__name__}: {err}") from err
-        cv.write_study(folder, config, result, fold_results)
+        cv.write_study(folder, config, result, fold_results, trial_identity(config, self.split, self.folds))
         return result.accuracy
 
     def after_trial(self, study, trial) -> None:

@@ -19,16 +19,17 @@ STUDY_FILE = "study.json"
 TRIAL_FILE = "trial.json"  # a tuning trial's folder: the settings its folds train with
 
 
-IDLE_SETTINGS = {"data": "source", "train": "eval_every"}  # section -> the setting no fold's result depends on
+# section -> the settings no fold's result depends on
+IDLE_SETTINGS = {"data": ("source", "validate_on"), "train": ("eval_every",)}
 
 
 def study_settings(settings: dict) -> dict:
-    """A config's settings as a study names its recipe: without the photos' folder (a study names its
-    photos by their fingerprint, so a moved copy of them is the same study) nor how often a run evaluates
-    (a fold evaluates once, at its end: fold.fold_config), so that a study resumes under a recipe that
-    evaluates more or less often."""
+    """A config's settings as a study names its recipe: without the photos' folders (a study names its
+    photos, and its validation pool's, by their fingerprint, so a moved copy of them is the same study) nor how
+    often a run evaluates (a fold evaluates once, at its end: fold.fold_config), so that a study resumes under a
+    recipe that evaluates more or less often."""
     return {
-        section: {k: v for k, v in values.items() if k != IDLE_SETTINGS[section]}
+        section: {k: v for k, v in values.items() if k not in IDLE_SETTINGS[section]}
         if section in IDLE_SETTINGS and isinstance(values, dict)
         else values
         for section, values in settings.items()
@@ -155,8 +156,8 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
         )
     changed = [
         f"{key}: {theirs.get(key)!r} there, {identity[key]!r} here"
-        for key in ("kind", "data", "classes", "folds", "seeds")
-        if theirs.get(key) != identity[key]
+        for key in ("kind", "data", "classes", "folds", "seeds", "validation")
+        if theirs.get(key) != identity.get(key)
     ]
     if changed:
         raise StudyError(

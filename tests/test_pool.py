@@ -1,0 +1,163 @@
+"""A validation source (data/validation.py, `foodvit train --validate-on`) and studies on it (`foodvit cv
+--validate-on`, tuning/cv.py, folds.py, compare.py): photos also in the training data dropped and counted, the
+test split read once at the end, one run a seed judged on the pool, and two pool studies paired with the photo as
+the unit of the standard error. Tiny runs on generated photos."""
+
+import csv
+import json
+import math
+import re
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+from helpers import make_photo, make_photo_folder
+
+from foodvit.cli.main import main
+from foodvit.data.datasource import DataSource
+from foodvit.data.validation import validation_pool
+from foodvit.errors import DataError, StudyError
+from foodvit.tuning import compare
+
+TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory, photos) -> Path:
+    """Three new photos a class, plus a copy of one training and one test photo (the same bytes, another name)."""
+    root = tmp_path_factory.mktemp("pool")
+    for c, name in enumerate(("pizza", "steak", "sushi")):
+        for i in range(3):
+            make_photo(root / name / f"new-{i}.jpg", (40 + 80 * c, 120, 200 - 60 * c), (40, 48), seed=7000 + 10 * c + i)
+    shutil.copy(photos / "train" / "pizza" / "000.jpg", root / "pizza" / "copy-of-train.jpg")
+    shutil.copy(photos / "test" / "sushi" / "001.jpg", root / "sushi" / "copy-of-test.jpg")
+    return root
+
+
+def test_a_pool_drops_and_counts_photos_also_in_the_training_data(photos, pool, tmp_path):
+    listed = DataSource.parse(str(photos)).listed()
+    found = validation_pool(str(pool), listed)
+    assert sorted(p.name for p in found.dropped) == ["copy-of-test.jpg", "copy-of-train.jpg"]
+    assert len(found.listing.files) == 9 and found.listing.classes == ("pizza", "steak", "sushi")
+    assert "9 photos" in found.line() and "2 dropped" in found.line()
+    keys = found.keys()
+    assert sorted(keys.values())[:3] == ["pizza/new-0.jpg", "pizza/new-1.jpg", "pizza/new-2.jpg"]
+    # a set with train/ and test/ counts both splits, its photos named as in a folder of class folders
+    whole = tmp_path / "set"
+    shutil.copytree(pool, whole / "train")
+    (whole / "test" / "steak").mkdir(parents=True)
+    shutil.move(whole / "train" / "steak" / "new-0.jpg", whole / "test" / "steak" / "new-0.jpg")
+    from_set = validation_pool(str(whole), listed)
+    assert sorted(from_set.keys().values()) == sorted(keys.values()) and len(from_set.dropped) == 2
+    # some classes only, in the run's class order
+    some = validation_pool(f"{pool}:sushi", listed)
+    assert {some.listing.classes[label] for _, label in some.listing.files} == {"sushi"}
+    assert len(some.listing.files) == 3 and len(some.dropped) == 1
+
+
+def test_a_pool_of_other_classes_or_only_training_photos_is_refused(photos, tmp_path):
+    listed = DataSource.parse(str(photos)).listed()
+    other = make_photo_folder(tmp_path / "other", n_train=1, n_test=0, classes=("pizza", "ramen"))
+    with pytest.raises(DataError, match="class.es. ramen that the training data has not"):
+        validation_pool(str(other / "train"), listed)
+    with pytest.raises(DataError, match="every photo of the validation source .* is also in the training data"):
+        validation_pool(str(photos / "test"), listed)
+
+
+def test_train_validates_on_the_pool_and_reads_the_test_split_once(photos, pool, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(photos), "--validate-on", str(pool), "--out", str(run), "--quiet",
+                 *TINY, "--epochs", "2", "--eval-every", "1"]) == 0
+    rows = list(csv.DictReader((run / "metrics.csv").read_text().splitlines()))
+    assert len(rows) == 2 and all(row["val_acc"] and not row["test_acc"] for row in rows)  # the pool, each epoch
+    metrics = json.loads((run / "model.json").read_text())["metrics"]
+    assert metrics["val_n"] == 9 and metrics["val_dropped"] == 2 and metrics["test_n"] == 6
+    answers = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
+    assert len(answers) == 9 and statistics.mean(a["right"] for a in answers) == pytest.approx(metrics["val_acc"])
+    assert {a["photo"] for a in answers} == set(validation_pool(
+        str(pool), DataSource.parse(str(photos)).listed()).keys().values())
+    report = (run / "report.md").read_text()
+    assert "**Validation accuracy:" in report and "2 of its photos left out" in report and "## Per class (validation)" in report
+    capsys.readouterr()
+    assert main(["train", "--data", str(photos), "--validate-on", str(pool), "--val-fraction", "0.25",
+                 "--out", str(tmp_path / "both"), *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "keep one of the two" in err
+
+
+@pytest.fixture(scope="module")
+def pool_study(tmp_path_factory, photos, pool):
+    study = tmp_path_factory.mktemp("studies") / "pool"
+    assert main(["cv", "--data", str(photos), "--validate-on", str(pool), "--seeds", "2", "--seed", "0",
+                 "--out", str(study), "--quiet", *TINY]) == 0
+    return study
+
+
+def test_a_pool_study_trains_each_seed_on_every_training_photo_and_scores_the_pool(pool_study, photos):
+    result = json.loads((pool_study / "cv.json").read_text())
+    assert result["study"]["kind"] == "pool" and result["study"]["dropped"] == 2 and result["study"]["seeds"] == [0, 1]
+    assert sorted(result["photos"]) == sorted(f"s{seed}/{key}" for seed in (0, 1) for key in (
+        [f"{c}/new-{i}.jpg" for c in ("pizza", "steak", "sushi") for i in range(3)]))
+    for seed in (0, 1):
+        config = json.loads((pool_study / f"seed-{seed}" / "config.json").read_text())
+        assert config["train"]["seed"] == seed and config["data"]["validate_on"] == ""
+        assert json.loads((pool_study / f"seed-{seed}" / "model.json").read_text())["metrics"]["train_photos"] == 12
+    assert "| seed | photos | accuracy |" in (pool_study / "cv.md").read_text()
+
+
+def test_pool_study_options_that_belong_to_cross_validation_are_refused(photos, pool, tmp_path, capsys):
+    for extra, message in ((["--folds", "3"], "leave --folds out"), (["--fold", "0"], "leave --fold out")):
+        assert main(["cv", "--data", str(photos), "--validate-on", str(pool), "--out", str(tmp_path / "x"),
+                     *TINY, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def fake_study(folder: Path, kind: str, photos: dict, *, folds=1, seeds=(0, 1), settings=None) -> Path:
+    """A finished study's two files, as `foodvit cv` writes them, with these predictions."""
+    folder.mkdir(parents=True)
+    identity = {"kind": kind, "data": "d", "classes": ["a", "b"], "folds": folds, "seeds": list(seeds),
+                "settings": settings or {}, **({"validation": "v"} if kind == "pool" else {})}
+    (folder / "study.json").write_text(json.dumps(identity))
+    (folder / "cv.json").write_text(json.dumps({"recipe": "default", "photos": photos}))
+    return folder
+
+
+def test_two_seeds_of_identical_answers_give_the_one_seed_standard_error(tmp_path):
+    a_answers = [True, False, True, True, False, True, False, True]
+    b_answers = [True, True, False, True, True, True, False, False]
+    one = compare.compare_studies(
+        fake_study(tmp_path / "a1", "pool", {f"s0/x/{i}": r for i, r in enumerate(a_answers)}, seeds=(0,)),
+        fake_study(tmp_path / "b1", "pool", {f"s0/x/{i}": r for i, r in enumerate(b_answers)}, seeds=(0,)),
+    )[0]
+    twice = lambda answers: {f"s{s}/x/{i}": r for s in (0, 1) for i, r in enumerate(answers)}  # noqa: E731
+    two = compare.compare_studies(fake_study(tmp_path / "a2", "pool", twice(a_answers)),
+                                  fake_study(tmp_path / "b2", "pool", twice(b_answers)))[0]
+    diffs = [int(b) - int(a) for a, b in zip(a_answers, b_answers)]
+    assert one["standard_error"] == pytest.approx(statistics.stdev(diffs) / math.sqrt(len(diffs)))
+    assert two["standard_error"] == pytest.approx(one["standard_error"]) and two["n"] == 16 and two["photos"] == 8
+    assert two["difference"] == pytest.approx(one["difference"])
+
+
+def test_compare_refuses_studies_scored_differently_and_names_the_settings_that_differ(tmp_path, capsys):
+    answers = {"s0/x/1": True, "s0/x/2": False}
+    cv5 = fake_study(tmp_path / "cv5", "cv", answers, folds=5, seeds=(0,))
+    cv3 = fake_study(tmp_path / "cv3", "cv", answers, folds=3, seeds=(0,))
+    on_pool = fake_study(tmp_path / "pool", "pool", answers, seeds=(0,))
+    longer = fake_study(tmp_path / "longer", "cv", answers, folds=5, seeds=(0,),
+                        settings={"train": {"epochs": 150}})
+    for a, b, message in ((cv5, cv3, "is 5-fold CV, seeds [0] and"), (cv5, on_pool, "on a validation pool")):
+        with pytest.raises(StudyError, match=re.escape(message)):
+            compare.compare_studies(a, b)
+        assert main(["cv", "--compare", str(a), str(b)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "compare studies of the same data, folds" in err
+    line = compare.compare_studies(cv5, longer)[1]
+    assert line.endswith("changes train.epochs 10 -> 150"), line  # settings {} are the default recipe's
