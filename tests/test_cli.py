@@ -389,3 +389,19 @@ def test_version_and_the_librarys_log_levels(capsys):
     assert logger.level == logging.WARNING
     logging.getLogger("foodvit.tuning.cv").info("not shown under --quiet")
     assert "not shown" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, usage, message", [
+    (["cv", "--folds", "0"], "usage: foodvit cv [options]", "foodvit cv: error: argument --folds: must be >= 2, got 0"),
+    (["predict"], "usage: foodvit predict [options] run [IMAGE ...]",
+     "foodvit predict: error: the following arguments are required: run"),
+    (["bogus"], "usage: foodvit [options] COMMAND ...", "foodvit: error: argument COMMAND: invalid choice: 'bogus'"),
+])
+def test_a_usage_error_is_a_short_usage_line_and_the_error_not_every_option(argv, usage, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines  # it had printed all 50 lines of cv's options above the one that matters
+    prog = message.split(": error")[0]
+    assert lines[0] == f"{usage}  (see {prog} -h)" and lines[1].startswith(message), lines
