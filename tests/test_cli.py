@@ -65,6 +65,16 @@ def test_bad_recipe_files_are_explained(tmp_path):
         load_recipe("nope")
 
 
+def test_a_recipe_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes("# the caf\u00e9's recipe\n[optim]\nlr = 0.01\n".encode("latin-1"))  # it was a traceback
+    assert main(["train", "--recipe", str(latin), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"foodvit train: error: recipe {latin} is not UTF-8 text (invalid continuation byte at byte 9); "
+                   "save it as UTF-8"), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_command_line_overrides_every_section(tmp_path):
     import argparse
 
