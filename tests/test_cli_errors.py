@@ -75,6 +75,22 @@ def test_a_storage_that_cannot_be_used_is_one_line(photos, tmp_path, capsys, mon
     assert says in one_line(capsys, "tune")
 
 
+@pytest.mark.parametrize("password", ["SECRET@TAIL", "SE:CRET@TAIL", "SE/CRET@TAIL", "SECRET@TA/IL@END"])
+def test_a_password_with_an_unencoded_at_sign_is_told_to_be_percent_encoded_and_never_shown(photos, tmp_path, capsys,
+                                                                                          password):
+    pytest.importorskip("optuna")
+    from helpers import free_port
+
+    # it had read the password's end as the host: "cannot reach ... u:***@TAIL@127.0.0.1 ...: start its server"
+    url = f"postgresql://u:{password}@127.0.0.1:{free_port()}/db"
+    out = tmp_path / "s"
+    assert main(["tune", "--data", str(photos), "--out", str(out), "--storage", url, "--folds", "2", *TINY]) == 2
+    err = one_line(capsys, "tune")
+    assert not any(part in err for part in ("SE", "CRET", "TA", "IL", "END")), err
+    assert "percent-encode" in err and "%40" in err and "start its server" not in err, err
+    assert not out.exists()  # refused before the study folder is made
+
+
 def test_folds_advice_says_what_a_class_needs(tmp_path, capsys):
     root = make_photo_folder(tmp_path / "p", n_train=3, n_test=1)
     for extra in (root / "train" / "sushi").glob("00[12].jpg"):

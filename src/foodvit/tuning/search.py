@@ -45,7 +45,7 @@ from foodvit.tuning.space import (
     space_table,
     trial_config,
 )
-from foodvit.tuning.storage import STUDY_NAME, check_database, open_storage, record_storage
+from foodvit.tuning.storage import STUDY_NAME, check_database, check_url, open_storage, record_storage
 from foodvit.tuning.study import TRIAL_FILE, bind_trial, open_study, read_identity, study_settings
 from foodvit.tuning.summary import duration_text, write_report
 
@@ -291,6 +291,7 @@ def tune(
     started = time.time()
     log = log or logger.info
     study_dir = Path(study_dir)
+    check_url(storage)
     base = rundir.with_source(base)
     split = training_photos(base)
     check_folds(split, folds)

@@ -74,9 +74,25 @@ def storage_problem(given: str | None, url: str, err: Exception) -> str:
     raise err
 
 
+def check_url(url: str | None) -> None:
+    """A --storage URL whose password holds an '@' as it is: every reader takes the URL's host from after its first
+    '@', the password's end with it, so the server asked for would be wrong and its name would show a piece of the
+    password; refused before anything is made, the password hidden whole."""
+    if url and not url.startswith("sqlite") and url.partition("://")[2].count("@") > 1:
+        raise StudyError(
+            f"--storage {_hide_password(url)}: its password holds an '@', which a URL reads as the end of the "
+            "password; percent-encode the password's '@', ':' and '/' (as %40, %3A and %2F) in the URL"
+        )
+
+
 def _hide_password(url: str) -> str:
-    """The URL with its password as ***, parsed as SQLAlchemy parses it (a password may hold '/' or '@');
-    one SQLAlchemy cannot parse is cut by hand up to its last '@'."""
+    """The URL with its password as ***, parsed as SQLAlchemy parses it (a password may hold '/' or ':'); one
+    holding a second '@' (an '@' left in the password) or one SQLAlchemy cannot parse is cut by hand up to its last
+    '@', so that no part of a password is shown."""
+    scheme, separator, rest = url.partition("://")
+    user, at, host = rest.rpartition("@")
+    if separator and at and "@" in user:
+        return f"{scheme}://{user.split(':')[0]}:***@{host}" if ":" in user else url
     try:
         from sqlalchemy.engine import make_url
 
