@@ -69,9 +69,45 @@ def storage_problem(given: str | None, url: str, err: Exception) -> str:
             f"cannot reach the database of {where} ({first}): start its server, or check the host, port, user "
             "and database"
         )
+    place = sqlite_place(url) if given and isinstance(err, sqlalchemy.exc.OperationalError) else None
+    if place:
+        return f"{where}: {place}"
     if isinstance(err, sqlalchemy.exc.DatabaseError | sqlalchemy.exc.OperationalError):
         return f"{where} is not a study database foodvit can use ({first}): restore it, or choose a new --out"
     raise err
+
+
+def sqlite_place(url: str) -> str | None:
+    """What keeps SQLite from making or writing the file a --storage sqlite:/// URL names, and what to do about it;
+    None for another database, or a file that is there and writable (its contents are then what is wrong)."""
+    import os
+
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return None
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    path = Path(parsed.database)
+    if path.is_dir():
+        return f"{path} is a folder; give a file's path, e.g. --storage sqlite:///{path / 'study.db'}"
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return f"{blocker} is a file, not a folder; give a path in a folder"
+    if not path.parent.is_dir():
+        return f"the folder {path.parent} does not exist; create it, or give a path in an existing folder"
+    if path.exists():
+        if os.access(path, os.R_OK | os.W_OK):
+            return None
+        return f"cannot write {path} (read-only, or not yours); give a path you can write to"
+    try:  # whether a file can be made there at all, and if not the system's reason
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError as err:
+        return f"cannot create {path} ({err.strerror or err}); give a path in a folder you can write to"
+    path.unlink()
+    return None
 
 
 def check_url(url: str | None) -> None:
