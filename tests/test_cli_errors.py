@@ -103,7 +103,7 @@ def test_a_sqlite_storage_that_cannot_be_made_names_the_path_and_what_is_wrong(p
     a_file(tmp_path)
     path = place if place.startswith("/") else tmp_path / place
     url = f"sqlite:///{path}"
-    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--storage", url, "--folds", "2", *TINY]) == 2
+    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--storage", url, "--folds", "2"]) == 2
     err = one_line(capsys, "tune")
     # it had said "... is not a study database foodvit can use (unable to open database file): choose a new --out"
     assert f"--storage {url}" in err and says in err and "--out" not in err, err
