@@ -43,7 +43,7 @@ class Parser(argparse.ArgumentParser):
     """argparse's parser, whose refusal of an option is a short usage line and the error, as git's is: the whole
     synopsis of a command's fifty options would hide the one line that matters, and `-h` lists them."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         formatter = self._get_formatter()
         # the positionals alone, every option folded into "[options]"
         formatter.add_usage(None, [a for a in self._actions if not a.option_strings], [], prefix="")
