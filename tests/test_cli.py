@@ -183,6 +183,13 @@ def test_predict_reports_each_bad_photo_and_predicts_the_rest(run, capsys, tmp_p
     (["--lr", "0"], "argument --lr: must be > 0, got 0"),
     (["--epochs", "two"], "argument --epochs: expected a whole number, got 'two'"),
     (["--freeze-backbone", "maybe"], "argument --freeze-backbone: expected true or false, got 'maybe'"),
+    # sides that no machine's memory holds (the model's position embedding alone: 120 GB at 100000 px), refused
+    # before anything is allocated
+    (["--image-size", "100000"], "argument --image-size: must be in [1, 1024], got 100000"),
+    (["--teacher-size", "100000"], "argument --teacher-size: must be in [0, 1024], got 100000"),
+    (["--teacher-size", "5000"], "argument --teacher-size: must be in [0, 1024], got 5000"),
+    (["--test-size", "2048"], "argument --test-size: must be in [0, 1024], got 2048"),
+    (["--start-size", "2048"], "argument --start-size: must be in [0, 1024], got 2048"),
 ])
 def test_out_of_range_options_are_refused_where_they_are_parsed(options, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
