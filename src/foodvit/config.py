@@ -61,7 +61,6 @@ SCHEDULES = ("constant", "cosine", "linear")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 DEFAULT_RECIPE = "default"
-# ViTConfig fields offered as options; num_classes comes from the data, in_channels is always 3.
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,7 @@ def _divisors_near(n: int, target: int) -> str:
     return ", ".join(str(k) for k in sorted(divs[:3]))
 
 
+# ViTConfig fields offered as options; num_classes comes from the data, in_channels is always 3.
 VIT_OPTIONS = tuple(f for f in fields(ViTConfig) if f.name not in ("num_classes", "in_channels"))
 
 
