@@ -1,8 +1,11 @@
 """Where a `foodvit tune` study keeps its trials: Optuna's storage (SQLite in STUDY/study.db, or a server given by
---storage), opened with one-line errors for a missing driver, an unreachable server or a damaged database."""
+--storage), opened with one-line errors for a missing driver, an unreachable server or a damaged database. A --storage
+may hold several studies: each has a name of its own there (noted in the study folder's storage.json) and carries
+its study.json, so that a study never takes another's trials for its own."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import warnings
@@ -11,9 +14,11 @@ from urllib.parse import quote, unquote
 
 from foodvit.errors import StudyError
 from foodvit.files import write_text
+from foodvit.tuning.study import changes, current_names
 
-STUDY_NAME = "foodvit"  # the study's name in its database
-WHERE = "storage.json"  # in a study folder whose trials a --storage holds: that storage's URL, its password hidden
+STUDY_NAME = "foodvit"  # the study's name in its own study.db (and every study's in a --storage before names differed)
+WHERE = "storage.json"  # in a study folder whose trials a --storage holds: its URL (password hidden), the study's name
+IDENTITY = "foodvit_study"  # the study's user attribute in its storage: the study.json of the folder that started it
 
 
 def open_storage(study_dir: Path, url: str | None):
@@ -138,22 +143,66 @@ def _hide_password(url: str) -> str:
         return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
-def recorded_storage(study_dir: Path) -> str | None:
-    """The --storage the study folder's trials live in (its password hidden), or None: its own study.db."""
+def _note(study_dir: Path) -> dict | None:
+    """The folder's storage.json (which --storage holds its trials, and under which study name), or None."""
+    path = study_dir / WHERE
     try:
-        return str(json.loads((study_dir / WHERE).read_text())["storage"])
+        note = json.loads(path.read_text())
+        if not isinstance(note["storage"], str) or not isinstance(note.get("study", STUDY_NAME), str):
+            raise TypeError("its storage and study are not text")
+        return note
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise StudyError(
-            f'{study_dir / WHERE} is damaged ({err}); write {{"storage": URL}} in it, or choose a new --out'
-        ) from None
+        raise StudyError(f'{path} is damaged ({err}); write {{"storage": URL}} in it, or choose a new --out') from None
 
 
-def record_storage(study_dir: Path, storage: str | None) -> None:
-    """Note in the study folder which --storage holds its trials, so that a run without it is told where they are."""
+def recorded_storage(study_dir: Path) -> str | None:
+    """The --storage the study folder's trials live in (its password hidden), or None: its own study.db."""
+    note = _note(study_dir)
+    return None if note is None else note["storage"]
+
+
+def study_name(study_dir: Path, storage: str | None, identity: dict) -> str:
+    """The study's name in its database: "foodvit" in the folder's own study.db, which holds that study alone. A
+    --storage may hold many: there a study is named after its folder and a digest of what it is (its study.json) and
+    where its folder was when it started, so that two studies, even of one folder name or of the same settings, never
+    share trials. The name is noted in storage.json, and read from there: a folder moved, or taken to another machine
+    that reaches the same server, goes on with its study. A note written before studies had names of their own names
+    the one name they all had."""
+    if not storage:
+        return STUDY_NAME
+    note = _note(study_dir)
+    if note is not None:
+        return note.get("study", STUDY_NAME)
+    folder = study_dir.resolve()
+    what = json.dumps({"study": identity, "folder": str(folder)}, sort_keys=True)
+    return f"{STUDY_NAME}-{folder.name}-{hashlib.sha256(what.encode()).hexdigest()[:16]}"
+
+
+def record_storage(study_dir: Path, storage: str | None, name: str = STUDY_NAME) -> None:
+    """Note in the study folder which --storage holds its trials, and the study's name there, so that a run without
+    it is told where they are, and a run with it finds its study wherever the folder is."""
     if storage and recorded_storage(study_dir) is None:
-        write_text(study_dir / WHERE, json.dumps({"storage": _hide_password(storage)}) + "\n")
+        write_text(study_dir / WHERE, json.dumps({"storage": _hide_password(storage), "study": name}) + "\n")
+
+
+def check_study(study, identity: dict, storage: str) -> None:
+    """The --storage's study is this folder's: the study.json of the folder that started it, which the study carries
+    (IDENTITY), is this folder's (settings added to foodvit since counting at their defaults). A study that carries
+    none (new, or started before studies did) is given this folder's, before anything of this folder's is written in
+    it, so that from then on another study under its name is refused."""
+    stored = study.user_attrs.get(IDENTITY)
+    if not isinstance(stored, dict):
+        study.set_user_attr(IDENTITY, identity)
+        return
+    shown = changes(current_names(stored), current_names(identity))
+    if shown:
+        raise StudyError(
+            f"--storage {_hide_password(storage)} holds under the name {study.study_name} the trials of another "
+            f"study ({shown}), not this folder's; give the --storage that holds this study's trials, or choose a new "
+            "--out"
+        )
 
 
 def check_database(study_dir: Path, storage: str | None) -> None:
