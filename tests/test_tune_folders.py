@@ -215,3 +215,21 @@ def test_two_studies_sharing_one_sqlite_storage_never_share_trials(photos, space
         trials = optuna.load_study(study_name=name, storage=url).trials
         assert [(t.state.name, t.user_attrs["dir"], t.user_attrs.get("baseline")) for t in trials] == [
             ("COMPLETE", "trial-0000", True)]
+
+
+def test_a_database_gone_in_the_middle_of_a_search_is_found_behind_optunas_own_failure():
+    # the server away, Optuna's handling of the trial fails in turn (UnboundLocalError: ... 'updated_state'); the
+    # slow tier stops a real PostgreSQL server in the middle of `foodvit tune` (test_tune_postgres.py)
+    import sqlalchemy.exc
+
+    from foodvit.tuning.storage import database_error, storage_lost
+
+    gone = sqlalchemy.exc.OperationalError("UPDATE trials", {}, Exception("server closed the connection unexpectedly\n"
+                                                                         "\tThis probably means the server terminated"))
+    optunas = UnboundLocalError("cannot access local variable 'updated_state' where it is not associated with a value")
+    optunas.__context__ = gone
+    assert database_error(optunas) is gone and database_error(RuntimeError("a bug")) is None
+    assert storage_lost(Path("s"), "postgresql://u:secret@h/db", gone) == (
+        "the study's database, --storage postgresql://u:***@h/db, went away during the search (server closed the "
+        "connection unexpectedly): once its server is up again, run the same command to go on; the trial that was "
+        "running is run again, its finished folds kept")

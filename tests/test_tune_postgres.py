@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,36 @@ def test_two_studies_of_one_folder_name_on_one_server_never_share_trials(postgre
                  "2", "--space", str(space), "--storage", postgres, *TINY]) == 0
     assert len(study_in(moved, postgres).trials) == 2 and len(study_in(tmp_path / "a" / "study", postgres).trials) == 1
 
+
+@pytest.mark.slow  # a server stopped and started again
+def test_a_server_stopped_in_the_middle_of_tune_is_one_line_and_the_same_command_goes_on(postgres_server, tmp_path,
+                                                                                         capsys, monkeypatch):
+    from foodvit.cli.main import main
+    from foodvit.tuning import cv, storage
+
+    monkeypatch.setattr(storage, "HEARTBEAT_S", 1, raising=False)  # a stuck trial is stale after 2 s, not 90
+    monkeypatch.setattr(storage, "GRACE_S", 2, raising=False)
+    real_run_fold, ran = cv.run_fold, []
+
+    def run_fold(config, run, folder, **kwargs):
+        ran.append(f"{run.parent.name}/{run.name}")
+        result = real_run_fold(config, run, folder, **kwargs)
+        if len(ran) == 1:
+            postgres_server.stop()  # the server gone once the first fold has trained
+        return result
+
+    monkeypatch.setattr(cv, "run_fold", run_fold)
+    photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
+    command = ["tune", "--data", str(photos), "--out", str(tmp_path / "study"), "--trials", "1", "--folds", "2",
+               "--storage", postgres_server.url, *TINY]
+    capsys.readouterr()
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip()  # it was a hundred frames ending in UnboundLocalError: ... 'updated_state'
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "went away" in err and "run the same command to go on" in err, err
+    postgres_server.start()
+    time.sleep(3)  # the stuck trial's heartbeat past its grace period
+    assert main(command) == 0
+    trials = study_in(tmp_path / "study", postgres_server.url).trials
+    assert [(t.state.name, t.user_attrs["dir"]) for t in trials] == [("FAIL", "trial-0000"), ("COMPLETE", "trial-0000")]
+    assert ran == ["trial-0000/fold-0", "trial-0000/fold-0", "trial-0000/fold-1"]  # run again in its folder

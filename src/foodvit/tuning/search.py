@@ -49,8 +49,10 @@ from foodvit.tuning.storage import (
     check_database,
     check_study,
     check_url,
+    database_error,
     open_storage,
     record_storage,
+    storage_lost,
     study_name,
 )
 from foodvit.tuning.study import TRIAL_FILE, bind_trial, open_study, read_identity, study_settings
@@ -195,6 +197,8 @@ class Objective:
             trial.set_user_attr("interrupted", True)  # the next process runs it again, in this folder
             raise
         except Exception as err:
+            if database_error(err) is not None:
+                raise  # the study's database, not the trial: nothing can be recorded, the search stops (tune)
             trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:1000])
             raise TrialCrashed(f"{type(err).__name__}: {err}") from err
         cv.write_study(folder, config, result, fold_results)
@@ -350,13 +354,20 @@ def tune(
     with warnings.catch_warnings():
         # a starting value outside a user's range is tried as it is (the first trial): Optuna's warning is needless
         warnings.filterwarnings("ignore", message=".*out of the range.*|.*is out of range.*")
-        study.optimize(
-            objective,
-            n_trials=trials if trials else (None if budget_s else 20),
-            timeout=budget_s,
-            catch=(TrialCrashed,),
-            callbacks=[objective.after_trial],
-        )
+        try:
+            study.optimize(
+                objective,
+                n_trials=trials if trials else (None if budget_s else 20),
+                timeout=budget_s,
+                catch=(TrialCrashed,),
+                callbacks=[objective.after_trial],
+            )
+        except Exception as err:
+            # Optuna's own handling of a trial fails with the database (an UnboundLocalError), the cause behind it
+            lost = database_error(err)
+            if lost is None:
+                raise
+            raise StudyError(storage_lost(study_dir, storage, lost)) from None
     if objective.failures >= FAILURES_IN_A_ROW:
         last = study.trials[-1].user_attrs.get("error", "see tune.md")
         write_report(study, study_dir, base, space, folds)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import warnings
 from pathlib import Path
@@ -16,16 +17,32 @@ from foodvit.errors import StudyError
 from foodvit.files import write_text
 from foodvit.tuning.study import changes, current_names
 
+logger = logging.getLogger(__name__)
+
 STUDY_NAME = "foodvit"  # the study's name in its own study.db (and every study's in a --storage before names differed)
 WHERE = "storage.json"  # in a study folder whose trials a --storage holds: its URL (password hidden), the study's name
 IDENTITY = "foodvit_study"  # the study's user attribute in its storage: the study.json of the folder that started it
+# a trial's process writes a heartbeat every HEARTBEAT_S; one silent for GRACE_S (killed, or cut off from a server
+# that went away) is marked failed and run again, with its folder and finished folds, by the next trial to start
+HEARTBEAT_S, GRACE_S = 30, 90
 
 
 def open_storage(study_dir: Path, url: str | None):
     """Optuna's RDB storage: SQLite in the study folder unless a URL is given. The heartbeat
     marks a trial whose process died (kill -9) as failed after grace_period, and the retry
     callback enqueues it again."""
+    import sqlalchemy.exc
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    class Storage(RDBStorage):
+        def record_heartbeat(self, trial_id: int) -> None:
+            """A heartbeat the database does not take (its server away for a while) is skipped, not the end of the
+            heartbeats: the trial's own next write says whether the server is back, and if it never is, the trial
+            is run again once its heartbeat is GRACE_S old."""
+            try:
+                super().record_heartbeat(trial_id)
+            except sqlalchemy.exc.SQLAlchemyError as err:
+                logger.debug("the study's database took no heartbeat: %s", err)
 
     given = url
     # the folder's path quoted: a "?" or "#" in it is part of the name, not the URL's query or fragment
@@ -36,11 +53,11 @@ def open_storage(study_dir: Path, url: str | None):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna marks the heartbeat experimental
-            return RDBStorage(
+            return Storage(
                 url,
                 engine_kwargs=engine,
-                heartbeat_interval=30,
-                grace_period=90,
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
             )
     except Exception as err:
@@ -203,6 +220,37 @@ def check_study(study, identity: dict, storage: str) -> None:
             f"study ({shown}), not this folder's; give the --storage that holds this study's trials, or choose a new "
             "--out"
         )
+
+
+def database_error(err: BaseException | None) -> BaseException | None:
+    """The database's own error behind err (err itself, or what it was raised from or while handling), or None: a
+    server that went away, a connection cut, a database locked past its timeout."""
+    import sqlalchemy.exc
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def storage_lost(study_dir: Path, storage: str | None, err: BaseException) -> str:
+    """A study's database gone in the middle of a search, in one line: which, what its driver said, how to go on."""
+    first = str(getattr(err, "orig", None) or err).strip().splitlines()
+    said = first[0][:200] if first else type(err).__name__
+    if storage and not storage.startswith("sqlite"):
+        return (
+            f"the study's database, --storage {_hide_password(storage)}, went away during the search ({said}): "
+            "once its server is up again, run the same command to go on; the trial that was running is run again, "
+            "its finished folds kept"
+        )
+    where = f"--storage {storage}" if storage else str(study_dir / "study.db")
+    return (
+        f"the study's database, {where}, could not be written during the search ({said}): run the same command "
+        "again to go on; the trial that was running is run again, its finished folds kept"
+    )
 
 
 def check_database(study_dir: Path, storage: str | None) -> None:
