@@ -171,7 +171,10 @@ def _note(study_dir: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise StudyError(f'{path} is damaged ({err}); write {{"storage": URL}} in it, or choose a new --out') from None
+        raise StudyError(
+            f"{path} is damaged ({err}); restore it from a copy (it names the --storage that holds the study's trials "
+            "and the study's name there), or choose a new --out"
+        ) from None
 
 
 def recorded_storage(study_dir: Path) -> str | None:
