@@ -264,6 +264,10 @@ def test_memory_running_out_in_training_is_one_line_naming_the_size_to_lower(pho
     assert "--teacher-size 512" in err and "lower --teacher-size" in err and "--batch-size 32" in err, err
     assert ("3.6 GB" in err) == isinstance(error, RuntimeError), err
     assert not out.exists()  # nothing to resume: the folder left as it was found
+    assert main(["train", "--data", str(photos), "--out", str(out), "--recipe", "tiny", "--image-size", "32", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "at --image-size 32 with --batch-size 32: lower --image-size (or raise --patch-size: fewer, larger patches), or "
+        "--batch-size")  # no teacher: the model's own side
     other = RuntimeError("mat1 and mat2 shapes cannot be multiplied")  # not the memory's: a bug, kept as it is
     monkeypatch.setattr(Trainer, "fit", lambda self: (_ for _ in ()).throw(other))
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):

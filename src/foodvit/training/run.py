@@ -198,8 +198,9 @@ def memory_named(config: RunConfig):
             sides["--teacher-size"] = config.teacher.size
         sides = {flag: side for flag, side in sides.items() if side}
         largest = max(sides, key=lambda flag: sides[flag])
+        patches = " (or raise --patch-size: fewer, larger patches)" if largest == "--image-size" else ""
         raise RunError(
             f"ran out of memory{f' (an allocation of {asked})' if asked else ''} training {config.model} at "
             f"{', '.join(f'{flag} {side}' for flag, side in sides.items())} with --batch-size "
-            f"{config.train.batch_size}: lower {largest}, or --batch-size"
+            f"{config.train.batch_size}: lower {largest}{patches}, or --batch-size"
         ) from None
