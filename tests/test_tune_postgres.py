@@ -140,6 +140,7 @@ def test_two_studies_of_one_folder_name_on_one_server_never_share_trials(postgre
 
 
 @pytest.mark.slow  # a server stopped and started again
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the heartbeat's thread's traceback
 def test_a_server_stopped_in_the_middle_of_tune_is_one_line_and_the_same_command_goes_on(postgres_server, tmp_path,
                                                                                          capsys, monkeypatch):
     from foodvit.cli.main import main

@@ -31,7 +31,6 @@ def open_storage(study_dir: Path, url: str | None):
     """Optuna's RDB storage: SQLite in the study folder unless a URL is given. The heartbeat
     marks a trial whose process died (kill -9) as failed after grace_period, and the retry
     callback enqueues it again."""
-    import sqlalchemy.exc
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
     class Storage(RDBStorage):
@@ -41,7 +40,9 @@ def open_storage(study_dir: Path, url: str | None):
             is run again once its heartbeat is GRACE_S old."""
             try:
                 super().record_heartbeat(trial_id)
-            except sqlalchemy.exc.SQLAlchemyError as err:
+            except Exception as err:  # Optuna's StorageInternalError, raised from SQLAlchemy's
+                if database_error(err) is None:
+                    raise
                 logger.debug("the study's database took no heartbeat: %s", err)
 
     given = url
