@@ -65,6 +65,16 @@ def test_bad_recipe_files_are_explained(tmp_path):
         load_recipe("nope")
 
 
+def test_a_recipe_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes("# the caf\u00e9's recipe\n[optim]\nlr = 0.01\n".encode("latin-1"))  # it was a traceback
+    assert main(["train", "--recipe", str(latin), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"foodvit train: error: recipe {latin} is not UTF-8 text (invalid continuation byte at byte 9); "
+                   "save it as UTF-8"), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_command_line_overrides_every_section(tmp_path):
     import argparse
 
@@ -173,6 +183,13 @@ def test_predict_reports_each_bad_photo_and_predicts_the_rest(run, capsys, tmp_p
     (["--lr", "0"], "argument --lr: must be > 0, got 0"),
     (["--epochs", "two"], "argument --epochs: expected a whole number, got 'two'"),
     (["--freeze-backbone", "maybe"], "argument --freeze-backbone: expected true or false, got 'maybe'"),
+    # sides that no machine's memory holds (the model's position embedding alone: 120 GB at 100000 px), refused
+    # before anything is allocated
+    (["--image-size", "100000"], "argument --image-size: must be in [1, 1024], got 100000"),
+    (["--teacher-size", "100000"], "argument --teacher-size: must be in [0, 1024], got 100000"),
+    (["--teacher-size", "5000"], "argument --teacher-size: must be in [0, 1024], got 5000"),
+    (["--test-size", "2048"], "argument --test-size: must be in [0, 1024], got 2048"),
+    (["--start-size", "2048"], "argument --start-size: must be in [0, 1024], got 2048"),
 ])
 def test_out_of_range_options_are_refused_where_they_are_parsed(options, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
@@ -389,3 +406,19 @@ def test_version_and_the_librarys_log_levels(capsys):
     assert logger.level == logging.WARNING
     logging.getLogger("foodvit.tuning.cv").info("not shown under --quiet")
     assert "not shown" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, usage, message", [
+    (["cv", "--folds", "0"], "usage: foodvit cv [options]", "foodvit cv: error: argument --folds: must be >= 2, got 0"),
+    (["predict"], "usage: foodvit predict [options] run [IMAGE ...]",
+     "foodvit predict: error: the following arguments are required: run"),
+    (["bogus"], "usage: foodvit [options] COMMAND ...", "foodvit: error: argument COMMAND: invalid choice: 'bogus'"),
+])
+def test_a_usage_error_is_a_short_usage_line_and_the_error_not_every_option(argv, usage, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines  # it had printed all 50 lines of cv's options above the one that matters
+    prog = message.split(": error")[0]
+    assert lines[0] == f"{usage}  (see {prog} -h)" and lines[1].startswith(message), lines

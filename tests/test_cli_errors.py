@@ -66,13 +66,48 @@ def test_a_damaged_study_json_is_one_line(photos, tmp_path, capsys, damage):
 
 
 @pytest.mark.parametrize("url, says", [("bogus://x", "not a database URL"), ("postgresql://u@127.0.0.1:1/db", "driver"),
-                                       ("sqlite:////nonexistent-dir/x/y.db", "study database")])
+                                       ("sqlite:////nonexistent-dir/x/y.db", "/nonexistent-dir/x does not exist")])
 def test_a_storage_that_cannot_be_used_is_one_line(photos, tmp_path, capsys, monkeypatch, url, says):
     pytest.importorskip("optuna")
     monkeypatch.setitem(sys.modules, "psycopg2", None)  # the driver missing, whether or not it is installed here
     monkeypatch.setitem(sys.modules, "psycopg", None)
     assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--storage", url, "--folds", "2", *TINY]) == 2
     assert says in one_line(capsys, "tune")
+
+
+@pytest.mark.parametrize("password", ["SECRET@TAIL", "SE:CRET@TAIL", "SE/CRET@TAIL", "SECRET@TA/IL@END"])
+def test_a_password_with_an_unencoded_at_sign_is_told_to_be_percent_encoded_and_never_shown(photos, tmp_path, capsys,
+                                                                                          password):
+    pytest.importorskip("optuna")
+    from helpers import free_port
+
+    # it had read the password's end as the host: "cannot reach ... u:***@TAIL@127.0.0.1 ...: start its server"
+    url = f"postgresql://u:{password}@127.0.0.1:{free_port()}/db"
+    out = tmp_path / "s"
+    assert main(["tune", "--data", str(photos), "--out", str(out), "--storage", url, "--folds", "2", *TINY]) == 2
+    err = one_line(capsys, "tune")
+    assert not any(part in err for part in ("SE", "CRET", "TA", "IL", "END")), err
+    assert "percent-encode" in err and "%40" in err and "start its server" not in err, err
+    assert not out.exists()  # refused before the study folder is made
+
+
+@pytest.mark.parametrize("place, says", [("folder", "is a folder; give a file's path"),
+                                         ("missing/study.db", "missing does not exist"),
+                                         ("a-file/study.db", "a-file is a file, not a folder"),
+                                         ("/proc/foodvit-study.db", "cannot create /proc/foodvit-study.db")])
+def test_a_sqlite_storage_that_cannot_be_made_names_the_path_and_what_is_wrong(photos, tmp_path, capsys, place, says):
+    pytest.importorskip("optuna")
+    if place.startswith("/proc") and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here")
+    (tmp_path / "folder").mkdir()
+    a_file(tmp_path)
+    path = place if place.startswith("/") else tmp_path / place
+    url = f"sqlite:///{path}"
+    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--storage", url, "--folds", "2"]) == 2
+    err = one_line(capsys, "tune")
+    # it had said "... is not a study database foodvit can use (unable to open database file): choose a new --out"
+    assert f"--storage {url}" in err and says in err and "--out" not in err, err
+    assert (tmp_path / "a-file").read_text() == "not a folder" and not (tmp_path / "missing").exists()
 
 
 def test_folds_advice_says_what_a_class_needs(tmp_path, capsys):

@@ -241,6 +241,39 @@ def test_tiny_recipe_trains_one_epoch_on_foodvision_mini(real_data, tmp_path):
     assert sum(result.test["confusion"].flatten().tolist()) == 75
 
 
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+                 "to allocate 3600000000 bytes. Error code 12 (Cannot allocate memory)"),
+    MemoryError(),
+])
+def test_memory_running_out_in_training_is_one_line_naming_the_size_to_lower(photos, tmp_path, capsys, monkeypatch,
+                                                                            error):
+    from foodvit.cli.main import main
+    from foodvit.training.trainer import Trainer
+
+    def fit(self):
+        raise error  # what PyTorch's allocator raises where a --teacher-size 5000 batch does not fit
+
+    monkeypatch.setattr(Trainer, "fit", fit)
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(photos), "--out", str(out), "--recipe", "tiny", "--image-size", "32",
+                 "--depth", "1", "--distill", "0.5", "--teacher-size", "512", "--quiet"]) == 2
+    whole = capsys.readouterr().err.strip()  # it was the allocator's traceback
+    err = whole.splitlines()[-1]  # after the run directory's name, which --quiet keeps
+    assert "Traceback" not in whole and err.startswith("foodvit train: error: ran out of memory"), whole
+    assert "--teacher-size 512" in err and "lower --teacher-size" in err and "--batch-size 32" in err, err
+    assert ("3.6 GB" in err) == isinstance(error, RuntimeError), err
+    assert not out.exists()  # nothing to resume: the folder left as it was found
+    assert main(["train", "--data", str(photos), "--out", str(out), "--recipe", "tiny", "--image-size", "32", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "at --image-size 32 with --batch-size 32: lower --image-size (or raise --patch-size: fewer, larger patches), or "
+        "--batch-size")  # no teacher: the model's own side
+    other = RuntimeError("mat1 and mat2 shapes cannot be multiplied")  # not the memory's: a bug, kept as it is
+    monkeypatch.setattr(Trainer, "fit", lambda self: (_ for _ in ()).throw(other))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        main(["train", "--data", str(photos), "--out", str(out), "--recipe", "tiny", "--image-size", "32", "--quiet"])
+
+
 def test_deterministic_mode_is_scoped_to_the_block(monkeypatch):
     from foodvit.training.engine import deterministic_algorithms
 

@@ -164,3 +164,72 @@ def test_a_study_folder_named_with_url_characters_keeps_its_database_inside(phot
     study = tmp_path / "what? #1 100%"
     assert main(tune(photos, study, space, "--trials", "1")) == 0
     assert (study / "study.db").is_file() and sorted(p.name for p in tmp_path.iterdir()) == [study.name]
+
+
+def test_studies_in_one_storage_have_names_of_their_own_that_a_moved_folder_keeps(tmp_path):
+    from foodvit.tuning.storage import WHERE, record_storage, study_name
+
+    identity, url = {"kind": "tune", "data": "abc", "folds": 2}, f"sqlite:///{tmp_path / 'shared.db'}"
+    one, two = tmp_path / "a" / "study", tmp_path / "b" / "study"  # one folder name, two studies
+    assert study_name(one, None, identity) == "foodvit"  # the folder's own study.db holds that study alone
+    first = study_name(one, url, identity)
+    names = {first, study_name(two, url, identity), study_name(one, url, {**identity, "data": "other photos"})}
+    assert len(names) == 3 and all(n.startswith("foodvit-study-") for n in names)  # each --out, each study its own
+    one.mkdir(parents=True)
+    record_storage(one, url, first)
+    moved = tmp_path / "elsewhere"
+    one.rename(moved)  # or taken to another machine that reaches the same server
+    assert study_name(moved, url, identity) == first == json.loads((moved / WHERE).read_text())["study"]
+    (moved / WHERE).write_text(json.dumps({"storage": url}))  # noted before studies had names of their own
+    assert study_name(moved, url, identity) == "foodvit"
+
+
+def test_a_storages_study_of_another_folder_is_refused_and_one_without_a_folder_is_claimed(tmp_path):
+    from foodvit.errors import StudyError
+    from foodvit.tuning.storage import IDENTITY, check_study
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    study = optuna.create_study(storage=url, study_name="foodvit")  # as every study in a --storage was named
+    ours = {"kind": "tune", "data": "abc", "folds": 2, "settings": {"optim": {"lr": 0.001}}}
+    check_study(study, ours, url)  # a study that says whose it is not: this folder's from now on
+    assert optuna.load_study(study_name="foodvit", storage=url).user_attrs[IDENTITY] == ours
+    check_study(study, ours, url)
+    with pytest.raises(StudyError, match=r"holds under the name foodvit the trials of another study \(data: 'abc' -> "
+                                         r"'xyz'\), not this folder's; give the --storage that holds"):
+        check_study(optuna.load_study(study_name="foodvit", storage=url), {**ours, "data": "xyz"}, url)
+
+
+@pytest.mark.slow  # two studies in one database; the fast tier keeps their names and the check of a study's owner
+def test_two_studies_sharing_one_sqlite_storage_never_share_trials(photos, space, tmp_path, capsys):
+    other = make_photo_folder(tmp_path / "other", n_train=5, n_test=2)
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    assert main(tune(photos, tmp_path / "sA", space, "--trials", "1", "--storage", url)) == 0
+    capsys.readouterr()
+    # another study's first trial had been this one's best, and this one's starting recipe never ran
+    assert main(tune(other, tmp_path / "sB", space, "--trials", "1", "--storage", url)) == 0
+    assert sorted(p.name for p in (tmp_path / "sB").glob("trial-*")) == ["trial-0000"]  # it had run trial-0001 alone
+    assert "the starting recipe (trial 0) is the best found" in capsys.readouterr().out
+    names = {json.loads((tmp_path / s / "storage.json").read_text())["study"] for s in ("sA", "sB")}
+    assert len(names) == 2 and set(optuna.get_all_study_names(url)) == names
+    for name in names:
+        trials = optuna.load_study(study_name=name, storage=url).trials
+        assert [(t.state.name, t.user_attrs["dir"], t.user_attrs.get("baseline")) for t in trials] == [
+            ("COMPLETE", "trial-0000", True)]
+
+
+def test_a_database_gone_in_the_middle_of_a_search_is_found_behind_optunas_own_failure():
+    # the server away, Optuna's handling of the trial fails in turn (UnboundLocalError: ... 'updated_state'); the
+    # slow tier stops a real PostgreSQL server in the middle of `foodvit tune` (test_tune_postgres.py)
+    import sqlalchemy.exc
+
+    from foodvit.tuning.storage import database_error, storage_lost
+
+    gone = sqlalchemy.exc.OperationalError("UPDATE trials", {}, Exception("server closed the connection unexpectedly\n"
+                                                                         "\tThis probably means the server terminated"))
+    optunas = UnboundLocalError("cannot access local variable 'updated_state' where it is not associated with a value")
+    optunas.__context__ = gone
+    assert database_error(optunas) is gone and database_error(RuntimeError("a bug")) is None
+    assert storage_lost(Path("s"), "postgresql://u:secret@h/db", gone) == (
+        "the study's database, --storage postgresql://u:***@h/db, went away during the search (server closed the "
+        "connection unexpectedly): once its server is up again, run the same command to go on; the trial that was "
+        "running is run again, its finished folds kept")

@@ -26,6 +26,7 @@ from foodvit.errors import (
     SHARE,
     SHARE_ABOVE_0,
     SHARE_BELOW_1,
+    SIDE_OR_0,
     ConfigError,
     FoodVitError,
     Range,
@@ -60,7 +61,6 @@ SCHEDULES = ("constant", "cosine", "linear")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 DEFAULT_RECIPE = "default"
-# ViTConfig fields offered as options; num_classes comes from the data, in_channels is always 3.
 
 
 @dataclass(frozen=True)
@@ -103,13 +103,13 @@ class DataConfig:
         "after training, test and save the model at this resolution, position embeddings resampled "
         "(FixRes, Touvron et al. 2019: random crops make objects look larger in training than a centre "
         "crop at test; a test size above the training one evens that out); 0 = the training size",
-        range=AT_LEAST_0,
+        range=SIDE_OR_0,
     )
     start_size: int = opt(
         0,
         "progressive resizing (Tan & Le 2021, EfficientNetV2): train the first --start-share of the epochs "
         "at this resolution, each batch resized before the model (needs fixed position embeddings); 0 = off",
-        range=AT_LEAST_0,
+        range=SIDE_OR_0,
     )
     start_share: float = opt(0.67, "share of the epochs trained at --start-size", range=SHARE)
     mean: tuple[float, ...] = opt(
@@ -224,7 +224,7 @@ class TeacherSettings:
         "side in pixels of the photos the CNN teacher trains on (its batches resized, as progressive resizing "
         "does); the objectives that read it still give it the ViT's batches; 0 = the model's image size",
         flag="teacher_size",
-        range=AT_LEAST_0,
+        range=SIDE_OR_0,
     )
 
     def __post_init__(self) -> None:

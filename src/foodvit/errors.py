@@ -60,6 +60,12 @@ POSITIVE = Range(0, lo_open=True)
 SHARE = Range(0, 1)  # a probability or a share, ends included
 SHARE_BELOW_1 = Range(0, 1, hi_open=True)
 SHARE_ABOVE_0 = Range(0, 1, lo_open=True)
+# an image's side in pixels, for the model, its test, its first epochs and its CNN teacher: memory grows with the
+# side's square (100000 px would be a 120 GB position embedding), and photos are decoded at about 1024 px at least
+MAX_SIDE = 1024
+SIDE_HINT = "memory grows with the side's square (the paper trains at 224 px and fine-tunes at 384)"
+SIDE = Range(1, MAX_SIDE, hint=SIDE_HINT)
+SIDE_OR_0 = Range(0, MAX_SIDE, hint=SIDE_HINT)
 
 
 def check_value(flag: str, value, allowed: Range) -> None:

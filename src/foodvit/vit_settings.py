@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
-from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE_BELOW_1, ConfigError
+from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE_BELOW_1, SIDE, ConfigError
 from foodvit.setting_fields import check_field, check_fields, opt
 
 Pool = Literal["cls", "gap", "seq"]
@@ -25,7 +25,7 @@ class ViTConfig:
     """Everything that defines a ViT. Defaults are ViT-B/16 at 224 px (Table 1). The deviations
     named below are listed and cited in model/vit.py's docstring."""
 
-    image_size: int = opt(224, "input resolution H = W in pixels (paper: 224)", range=AT_LEAST_1)
+    image_size: int = opt(224, "input resolution H = W in pixels (paper: 224)", range=SIDE)
     patch_size: int = opt(16, "patch size P (paper: 16; 'ViT-B/16')", range=AT_LEAST_1)
     in_channels: int = opt(3, "image channels C", range=AT_LEAST_1)
     num_classes: int = opt(1000, "classes of the linear head (0: no head)", range=AT_LEAST_0)
@@ -146,6 +146,7 @@ def _divisors_near(n: int, target: int) -> str:
     return ", ".join(str(k) for k in sorted(divs[:3]))
 
 
+# ViTConfig fields offered as options; num_classes comes from the data, in_channels is always 3.
 VIT_OPTIONS = tuple(f for f in fields(ViTConfig) if f.name not in ("num_classes", "in_channels"))
 
 

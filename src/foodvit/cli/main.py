@@ -39,8 +39,21 @@ def version() -> str:
         return __version__
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal of an option is a short usage line and the error, as git's is: the whole
+    synopsis of a command's fifty options would hide the one line that matters, and `-h` lists them."""
+
+    def error(self, message: str):
+        formatter = self._get_formatter()
+        # the positionals alone, every option folded into "[options]"
+        formatter.add_usage(None, [a for a in self._actions if not a.option_strings], [], prefix="")
+        arguments = formatter.format_help().strip().removeprefix(self.prog).strip()
+        usage = " ".join(filter(None, (self.prog, "[options]", arguments)))
+        self.exit(2, f"usage: {usage}  (see {self.prog} -h)\n{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="foodvit", description="A paper-faithful Vision Transformer for FoodVision Mini and your own photos."
     )
     parser.add_argument(

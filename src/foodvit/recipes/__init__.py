@@ -36,9 +36,20 @@ def recipe_path(name_or_file: str) -> Path:
     )
 
 
+def recipe_text(path: Path) -> str:
+    """A recipe file's text, as TOML is written: UTF-8, whatever the system's own encoding; other bytes are refused
+    in one line."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"recipe {path} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
+        ) from None
+
+
 def recipe_description(name_or_file: str) -> str:
     """The recipe's leading comment block as one paragraph: what it is, and why its settings are what they are."""
-    lines = recipe_path(name_or_file).read_text().splitlines()
+    lines = recipe_text(recipe_path(name_or_file)).splitlines()
     leading = itertools.takewhile(lambda line: line.startswith("#"), lines)
     return " ".join(line.lstrip("# ").strip() for line in leading).strip()
 
@@ -52,7 +63,7 @@ def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
     """A RunConfig with the recipe's values over the dataclass defaults."""
     path = recipe_path(name_or_file)
     try:
-        values = tomllib.loads(path.read_text())
+        values = tomllib.loads(recipe_text(path))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"recipe {path} is not valid TOML: {err}") from err
     allowed = {"model", "vit", *SECTIONS}

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from pathlib import Path
 
 from foodvit.config import RunConfig
+from foodvit.errors import RunError
 from foodvit.files import write_text
 from foodvit.model.resolve import resolve
+from foodvit.model.variants import run_model_config
 from foodvit.rundir import directory as rundir
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain
 from foodvit.training.engine import silent
 from foodvit.training.report import size_note
-from foodvit.training.teacher import borrowed_teacher
+from foodvit.training.teacher import borrowed_teacher, trains_teacher
 from foodvit.training.trainer import Result, Trainer
 
 logger = logging.getLogger(__name__)
@@ -45,16 +48,19 @@ def train(
     if not isinstance(config, RunConfig):
         config = resolve(str(config), overrides, model=model)
     out = Path(out) if out else rundir.default_out()
-    with _started(
-        config,
-        out,
-        quiet=quiet,
-        log=log,
-        verbose=verbose,
-        context=context,
-        timeout_s=timeout_s,
-        teacher_from=teacher_from,
-    ) as trainer:
+    with (
+        memory_named(config),
+        _started(
+            config,
+            out,
+            quiet=quiet,
+            log=log,
+            verbose=verbose,
+            context=context,
+            timeout_s=timeout_s,
+            teacher_from=teacher_from,
+        ) as trainer,
+    ):
         return trainer.fit()
 
 
@@ -62,7 +68,7 @@ def train_stages(config: RunConfig, out: str | Path, *, quiet: bool = True, log=
     """Start a new run in `out` as train() does, but train only its stages before the epochs (its CNN teacher, its
     pre-training) and stop: the run is left resumable from its first epoch, and `resume` then trains exactly what
     train() would have (`foodvit cv --jobs` trains a fold's teacher as a task of its own this way)."""
-    with _started(config, Path(out), quiet=quiet, log=log) as trainer:
+    with memory_named(config), _started(config, Path(out), quiet=quiet, log=log) as trainer:
         trainer.stages()
 
 
@@ -143,13 +149,58 @@ def resume(
             if ctx.distributed:
                 config, state = ctx.broadcast((config, state))
             assert config is not None and state is not None  # rank 0 read them (or raised); the others got them
-            trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
-            trainer.restore(state)
-            if data and ctx.is_main:
-                write_text(out / "config.json", config.to_json())
-            if not quiet and ctx.is_main:
-                processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
-                logger.info(
-                    "resuming %s after epoch %d of %d%s", out, trainer.start_epoch, config.train.epochs, processes
-                )
-            return trainer.fit()
+            with memory_named(config):
+                trainer = Trainer(config, out, quiet=quiet, log=log, saved=state, verbose=verbose, context=ctx)
+                trainer.restore(state)
+                if data and ctx.is_main:
+                    write_text(out / "config.json", config.to_json())
+                if not quiet and ctx.is_main:
+                    processes = f" on {ctx.world_size} processes" if ctx.distributed else ""
+                    logger.info(
+                        "resuming %s after epoch %d of %d%s", out, trainer.start_epoch, config.train.epochs, processes
+                    )
+                return trainer.fit()
+
+
+# what PyTorch's allocators say when memory runs out: on the CPU, "DefaultCPUAllocator: can't allocate memory: you tried
+# to allocate 120000000768 bytes" ("not enough memory" on Windows); CUDA's and MPS's, "out of memory. Tried to allocate
+# 2.00 GiB"
+OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
+ALLOCATION = re.compile(r"allocate (\d+) bytes|[Tt]ried to allocate ([\d.]+ ?[KMGT]i?B)")
+
+
+def allocation(err: BaseException) -> str | None:
+    """How much an allocation that memory could not hold asked for ("" where the error does not say), or None
+    when err is not memory running out."""
+    if not isinstance(err, MemoryError) and not (
+        isinstance(err, RuntimeError) and any(words in str(err) for words in OUT_OF_MEMORY)
+    ):
+        return None
+    found = ALLOCATION.search(str(err))
+    if found is None:
+        return ""
+    return f"{int(found[1]) / 1e9:.1f} GB" if found[1] else found[2]
+
+
+@contextlib.contextmanager
+def memory_named(config: RunConfig):
+    """Memory running out while a run is made or trained, as a RunError naming the sides it trains at and which
+    to lower, rather than the allocator's traceback; every other error as it is."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as err:
+        asked = allocation(err)
+        if asked is None:
+            raise
+        sides = {"--image-size": run_model_config(config).image_size}
+        sides |= {"--start-size": config.data.start_size, "--test-size": config.data.test_size}
+        if trains_teacher(config):
+            sides["--teacher-size"] = config.teacher.size
+        sides = {flag: side for flag, side in sides.items() if side}
+        largest = max(sides, key=lambda flag: sides[flag])
+        patches = " (or raise --patch-size: fewer, larger patches)" if largest == "--image-size" else ""
+        raise RunError(
+            f"ran out of memory{f' (an allocation of {asked})' if asked else ''} training {config.model} at "
+            f"{', '.join(f'{flag} {side}' for flag, side in sides.items())} with --batch-size "
+            f"{config.train.batch_size}: lower {largest}{patches}, or --batch-size"
+        ) from None

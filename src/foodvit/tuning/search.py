@@ -45,7 +45,16 @@ from foodvit.tuning.space import (
     space_table,
     trial_config,
 )
-from foodvit.tuning.storage import STUDY_NAME, check_database, open_storage, record_storage
+from foodvit.tuning.storage import (
+    check_database,
+    check_study,
+    check_url,
+    database_error,
+    open_storage,
+    record_storage,
+    storage_lost,
+    study_name,
+)
 from foodvit.tuning.study import TRIAL_FILE, bind_trial, open_study, read_identity, study_settings
 from foodvit.tuning.summary import duration_text, write_report
 
@@ -188,6 +197,8 @@ class Objective:
             trial.set_user_attr("interrupted", True)  # the next process runs it again, in this folder
             raise
         except Exception as err:
+            if database_error(err) is not None:
+                raise  # the study's database, not the trial: nothing can be recorded, the search stops (tune)
             trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:1000])
             raise TrialCrashed(f"{type(err).__name__}: {err}") from err
         cv.write_study(folder, config, result, fold_results, trial_identity(config, self.split, self.folds))
@@ -270,6 +281,38 @@ def _requeue_interrupted(study) -> None:
             )
 
 
+def _opened(study_dir: Path, identity: dict, storage: str | None, base: RunConfig, space, split, folds: int, pruner):
+    """The folder's Optuna study, created or loaded and checked to be this folder's, its starting recipe queued once
+    and its interrupted trials queued again."""
+    import optuna
+    from filelock import FileLock
+
+    # one process at a time opens the study: Optuna's first creation of its tables is not safe
+    # against a second process doing the same, nor is enqueuing the starting recipe exactly once
+    with FileLock(study_dir / ".open.lock", timeout=300):
+        check_database(study_dir, storage)
+        name = study_name(study_dir, storage, identity)
+        # TPE unseeded: processes sharing a study would otherwise propose the same settings
+        study = optuna.create_study(
+            storage=open_storage(study_dir, storage),
+            study_name=name,
+            direction="maximize",
+            sampler=optuna.samplers.TPESampler(),
+            pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+            load_if_exists=True,
+        )
+        if storage:
+            check_study(study, identity, storage)
+        record_storage(study_dir, storage, name)
+        if not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
+            start = base_values(base)
+            # skip_if_exists: machines sharing a server, each with its own folder (and lock), enqueue it once
+            study.enqueue_trial({key: start[key] for key in space}, user_attrs={"baseline": True}, skip_if_exists=True)
+        check_trial_folders(study, study_dir, base, split, folds)
+        _requeue_interrupted(study)
+    return study
+
+
 def tune(
     study_dir: str | Path,
     base: RunConfig,
@@ -286,62 +329,45 @@ def tune(
     """Search settings around `base` (the starting recipe with its options) by k-fold CV over the
     training photos; `trials` trials in this call (default: until the budget, else 20). Writes the
     report and returns its summary lines."""
-    import optuna
-
     started = time.time()
     log = log or logger.info
     study_dir = Path(study_dir)
+    check_url(storage)
     base = rundir.with_source(base)
     split = training_photos(base)
     check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
     space = sectioned_space(space)
-    open_study(
-        study_dir,
-        {
-            "kind": "tune",
-            "data": fingerprint(split),
-            "classes": list(split.classes),
-            "folds": folds,
-            "seed": base.train.seed,
-            "space": space_table(space),
-            "settings": study_settings(base.to_dict()),
-        },
-    )
-    from filelock import FileLock
-
-    # one process at a time opens the study: Optuna's first creation of its tables is not safe
-    # against a second process doing the same, nor is enqueuing the starting recipe exactly once
-    with FileLock(study_dir / ".open.lock", timeout=300):
-        check_database(study_dir, storage)
-        # TPE unseeded: processes sharing a study would otherwise propose the same settings
-        study = optuna.create_study(
-            storage=open_storage(study_dir, storage),
-            study_name=STUDY_NAME,
-            direction="maximize",
-            sampler=optuna.samplers.TPESampler(),
-            pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
-            load_if_exists=True,
-        )
-        record_storage(study_dir, storage)
-        if not any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
-            start = base_values(base)
-            # skip_if_exists: machines sharing a server, each with its own folder (and lock), enqueue it once
-            study.enqueue_trial({key: start[key] for key in space}, user_attrs={"baseline": True}, skip_if_exists=True)
-        check_trial_folders(study, study_dir, base, split, folds)
-        _requeue_interrupted(study)
+    identity = {
+        "kind": "tune",
+        "data": fingerprint(split),
+        "classes": list(split.classes),
+        "folds": folds,
+        "seed": base.train.seed,
+        "space": space_table(space),
+        "settings": study_settings(base.to_dict()),
+    }
+    open_study(study_dir, identity)
+    study = _opened(study_dir, identity, storage, base, space, split, folds, pruner)
     objective = Objective(study_dir, base, space, split, folds, budget_s=budget_s, started=started, log=log)
     with warnings.catch_warnings():
         # a starting value outside a user's range is tried as it is (the first trial): Optuna's warning is needless
         warnings.filterwarnings("ignore", message=".*out of the range.*|.*is out of range.*")
-        study.optimize(
-            objective,
-            n_trials=trials if trials else (None if budget_s else 20),
-            timeout=budget_s,
-            catch=(TrialCrashed,),
-            callbacks=[objective.after_trial],
-        )
+        try:
+            study.optimize(
+                objective,
+                n_trials=trials if trials else (None if budget_s else 20),
+                timeout=budget_s,
+                catch=(TrialCrashed,),
+                callbacks=[objective.after_trial],
+            )
+        except Exception as err:
+            # Optuna's own handling of a trial fails with the database (an UnboundLocalError), the cause behind it
+            lost = database_error(err)
+            if lost is None:
+                raise
+            raise StudyError(storage_lost(study_dir, storage, lost)) from None
     if objective.failures >= FAILURES_IN_A_ROW:
         last = study.trials[-1].user_attrs.get("error", "see tune.md")
         write_report(study, study_dir, base, space, folds)

@@ -54,6 +54,13 @@ def read_identity(path: Path) -> dict | None:
             f"{path} holds {type(stored).__name__} where foodvit writes a JSON object: the folder's study "
             "cannot be read; choose a new --out (or restore the file)"
         )
+    return current_names(stored)
+
+
+def current_names(stored: dict) -> dict:
+    """A study's identity as it was written (study.json, a trial's trial.json, a database's note of its study) with
+    its settings and its search space named as this version names them."""
+    stored = dict(stored)
     if isinstance(stored.get("settings"), dict):
         stored["settings"] = study_settings(settings_sectioned(stored["settings"]))
     if isinstance(stored.get("space"), dict):  # a search space's settings as this version names them
