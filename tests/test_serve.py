@@ -352,6 +352,24 @@ def test_an_upload_over_the_limit_behind_the_body_limit_is_refused_by_the_endpoi
     assert answer.json() == {"error": "the upload is over the limit of 0.001 MB (the server's --max-upload-mb); if it is "
                              "a real photo, resize it below the limit and try again"}
 
+def test_two_photos_in_one_request_are_refused_with_a_400_that_says_so(run):
+    """One answer a request: a second file in the form is refused, not left unanswered while the last is classified."""
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import create_app
+
+    out, _ = run
+    first, second = photos_to_try(run)[:2]
+    app, _ = create_app(Predictor.from_run(out), examples=(), page=False)
+    with ServerThread(app) as url:
+        both = httpx.post(url + "/predict", timeout=60, files=[("file", (first.name, first.read_bytes())),
+                                                               ("file", (second.name, second.read_bytes()))])
+        one = post(url, first.read_bytes(), first.name)
+    assert both.status_code == 400
+    assert both.json() == {"error": "the form holds 2 files in the field 'file', and /predict answers one photo a "
+                                    "request; send each photo in a request of its own"}
+    assert one.status_code == 200 and "label" in one.json()
+
+
 def _memory_of(pid: int, stop: threading.Event, peak: list) -> None:
     import psutil
 
