@@ -214,7 +214,7 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
     assert main(["export-space", str(out), str(space), "--examples", "1"]) == 0
     assert {p.name for p in space.iterdir()} >= {"app.py", "requirements.txt", "README.md", "model", "examples", "foodvit"}
     readme = (space / "README.md").read_text()
-    assert readme.startswith("---\ntitle: FoodVision Mini\n") and "sdk: gradio" in readme and "app_file: app.py" in readme
+    assert readme.startswith('---\ntitle: "FoodVision Mini"\n') and "sdk: gradio" in readme and "app_file: app.py" in readme
     assert "torchvision" not in (space / "requirements.txt").read_text() and "gradio>=" in (space / "requirements.txt").read_text()
     assert len(list((space / "examples").iterdir())) == 3  # one per class
     published = (space / "model" / "model.json").read_text() + readme
@@ -447,6 +447,25 @@ def test_the_model_card_names_the_data_set_and_its_photos_not_a_path():
 
     card = model_card(Card())
     assert "- **training data**: `pizza_steak_sushi`, 225 training photos, 75 test photos" in card and "/home" not in card
+
+
+def described(classes, **metrics):
+    """What model_card and a Space's README read of a Predictor, for these class names and metrics."""
+    return type("Described", (), {"classes": list(classes), "preprocess": type("P", (), {"image_size": 32})(),
+                                  "card": {"metrics": metrics}})()
+
+
+@pytest.mark.parametrize("classes", [["cats", "dogs"], ["mac: cheese", "#1 ramen", "'quoted'", '"double"'],
+                                     ["two\nlines", "back\\slash", "- item", "[a]: b", "&amp; yes"]])
+def test_a_spaces_settings_are_yaml_a_parser_reads_whatever_the_class_names(classes):
+    yaml = pytest.importorskip("yaml")
+    from foodvit.deploy.space import _readme
+
+    readme = _readme(described(classes), classes)
+    assert readme.startswith("---\n")
+    settings = yaml.safe_load(readme.split("---\n")[1])  # `title: foodvit: cats, dogs` was no YAML at all
+    assert settings["title"] == f"foodvit: {', '.join(classes[:4])}"  # the first four name the Space
+    assert settings["sdk"] == "gradio" and settings["app_file"] == "app.py"
 
 
 @pytest.mark.parametrize("where", ["an image elsewhere", "/dev/zero", "/etc/hostname"])

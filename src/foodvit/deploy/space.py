@@ -22,6 +22,7 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 
+from foodvit import markup
 from foodvit.errors import RunError
 from foodvit.files import atomic_folder, file_above
 
@@ -78,7 +79,7 @@ def _readme(predictor, classes: list[str], onnx: bool = False) -> str:
     return "\n".join(
         [
             "---",
-            f"title: {title}",
+            f"title: {markup.yaml_string(title)}",  # quoted: `title: foodvit: cats, dogs` is no YAML
             "emoji: 🍕",
             "colorFrom: red",
             "colorTo: yellow",
