@@ -345,3 +345,33 @@ def test_the_command_ships_fp32_unless_asked_for_int8(shared_run, tmp_path, monk
     assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "a")]) == 0
     assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "b"), "--quantize", "int8"]) == 0
     assert asked == [None, "int8"]
+
+
+def test_the_sites_readme_shows_class_and_folder_names_as_text():
+    from helpers import HOSTILE_CLASSES, rendered_markdown
+
+    from foodvit.deploy.web.site import site_readme
+
+    config = {"classes": list(HOSTILE_CLASSES), "runtime": "onnxruntime-web 0.0.0-test", "precision": "fp32"}
+    readme = rendered_markdown(site_readme(config, "my <img src=x> site", "9 test photos"))
+    assert readme.pictures == [] and readme.links == [] and "em" not in readme.tags
+    assert readme.text.startswith(f"foodvit: {', '.join(HOSTILE_CLASSES)}\n")
+    assert "cd 'my <img src=x> site' && python -m http.server 8000" in readme.text  # quoted for the shell
+
+
+@pytest.mark.slow  # an ONNX export (seconds); the README's words are checked above, the page sets names as text
+def test_a_site_for_classes_named_as_html_keeps_them_text_in_its_readme_and_page(shared_run, fake_runtime, tmp_path):
+    from helpers import HOSTILE_CLASSES, renamed_run, rendered_markdown
+
+    from foodvit.cli.main import main
+
+    run, _ = renamed_run(shared_run, tmp_path)
+    assert main(["export-web", str(run), "--out", str(tmp_path / "site"), "--ort-web", str(fake_runtime)]) == 0
+    readme = rendered_markdown((tmp_path / "site" / "README.md").read_text())
+    assert readme.pictures == [] and readme.links == []
+    assert readme.text.startswith(f"foodvit: {', '.join(HOSTILE_CLASSES)}\n")
+    config = json.loads((tmp_path / "site" / "foodvit.json").read_text())
+    assert config["classes"] == list(HOSTILE_CLASSES)  # the page sets them with textContent: as they are
+    assert dict(config["card"])["classes"] == ", ".join(HOSTILE_CLASSES)
+    script = (tmp_path / "site" / "foodvit.js").read_text()
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script

@@ -1,9 +1,8 @@
 """markup.py: the user's text in the Markdown foodvit writes shows as its characters (rendered by a CommonMark
 renderer with HTML on, as GitHub's, Hugging Face's and Gradio's are), and in YAML reads back as itself."""
 
-from html.parser import HTMLParser
-
 import pytest
+from helpers import rendered_markdown
 
 from foodvit import markup
 
@@ -24,25 +23,8 @@ HOSTILE = [
 ]
 
 
-class Elements(HTMLParser):
-    """The element names and the text of an HTML fragment."""
-
-    def __init__(self, html: str) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tags: list[str] = []
-        self.text = ""
-        self.feed(html)
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append(tag)
-
-    def handle_data(self, data):
-        self.text += data
-
-
-def rendered(markdown: str) -> Elements:
-    md = pytest.importorskip("markdown_it").MarkdownIt("commonmark").enable(["table", "strikethrough"])
-    return Elements(md.render(markdown))
+def rendered(markdown: str):
+    return rendered_markdown(markdown)
 
 
 def shown(value: str) -> str:

@@ -72,9 +72,13 @@ def _version(name: str) -> str:
 
 
 def _readme(predictor, classes: list[str], onnx: bool = False) -> str:
+    """README.md: the Space's settings (YAML) and its page, every class name quoted in YAML and shown as text in
+    Markdown (markup.py): a name is never read as a setting, markup, a link or a picture."""
     from foodvit.deploy.page import model_card
 
-    title = "FoodVision Mini" if set(classes) == {"pizza", "steak", "sushi"} else f"foodvit: {', '.join(classes[:4])}"
+    mini = set(classes) == {"pizza", "steak", "sushi"}
+    title = "FoodVision Mini" if mini else f"foodvit: {', '.join(classes[:4])}"
+    heading = "FoodVision Mini" if mini else f"foodvit: {', '.join(markup.text(c) for c in classes[:4])}"
     gradio = metadata.version("gradio") if _version("gradio") else "5.0.0"
     return "\n".join(
         [
@@ -90,11 +94,11 @@ def _readme(predictor, classes: list[str], onnx: bool = False) -> str:
             "license: mit",
             "---",
             "",
-            f"# {title}",
+            f"# {heading}",
             "",
-            f"A Vision Transformer trained with foodvit to tell {', '.join(classes)} apart. The page takes a photo and "
-            "shows the probability of each class, the time taken and the attention rollout over the part of the photo "
-            "the model saw.",
+            f"A Vision Transformer trained with foodvit to tell {', '.join(map(markup.text, classes))} apart. The page "
+            "takes a photo and shows the probability of each class, the time taken and the attention rollout over the "
+            "part of the photo the model saw.",
             "",
             *(["The model runs in ONNX Runtime: the Space installs no PyTorch.", ""] if onnx else []),
             "Run it here: `pip install -r requirements.txt && python app.py`, then open http://127.0.0.1:7860/. "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from foodvit import markup
 from foodvit.data.datasource import DataSource
 from foodvit.files import write_text
 from foodvit.rundir.directory import TEACHER_FILE
@@ -87,7 +88,9 @@ def write_report(
     model_info: dict,
     extra_sections: Sequence[str] = (),
 ) -> Path:
-    """report.md: what was trained on what, the per-image test result, curves and confusion matrix."""
+    """report.md: what was trained on what, the per-image test result, curves and confusion matrix. Names of the
+    user's (the run's folder, the data's, the class folders, the recipe) are shown as text (markup.py): a class folder
+    named `<img src=x onerror=alert(1)>` must not be a live picture where the report is read."""
     run = Path(run)
     correct = int(round(final["acc"] * final["n"]))
     per_class = per_class_accuracy(final["confusion"], classes)
@@ -98,7 +101,7 @@ def write_report(
     if trained_at != model_info["image_size"]:  # --test-size
         size_line += f" (trained at {trained_at} px, tested at {model_info['image_size']})"
     lines = [
-        f"# foodvit run: {run.name}",
+        f"# foodvit run: {markup.text(run.name)}",
         "",
         f"**Test accuracy: {final['acc']:.3f}** ({correct}/{final['n']} photos, per image), "
         f"test loss {final['loss']:.3f}.",
@@ -106,18 +109,20 @@ def write_report(
         "",
         "| | |",
         "|---|---|",
-        f"| recipe | `{config.recipe}` |",
-        f"| model | {config.model} ({model_info['params']:,} parameters, {model_info['trainable']:,} trained) |",
+        f"| recipe | {markup.code(config.recipe, table=True)} |",
+        f"| model | {markup.text(config.model)} ({model_info['params']:,} parameters, {model_info['trainable']:,} "
+        "trained) |",
         f"| image size | {size_line} |",
-        f"| data | `{model_info['data_root']}` |",
+        f"| data | {markup.code(model_info['data_root'], table=True)} |",
         "| photos | "
         + "; ".join(
-            f"{split}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for split, c in counts.items()
+            f"{split}: {sum(c.values())} ({', '.join(f'{markup.text(k)} {v}' for k, v in c.items())})"
+            for split, c in counts.items()
         )
         + " |",
         f"| training | {len(history)} epochs, batch {config.train.batch_size} x {config.optim.accum_steps}, "
         f"{config.optim.optimizer} lr {config.optim.lr:g}, weight decay {config.optim.weight_decay:g}, "
-        f"augment `{config.data.augment}` |",
+        f"augment {markup.code(config.data.augment, table=True)} |",
         f"| time | {total_seconds:.0f} s on {model_info['device']}"
         + (f", {model_info['processes']} processes" if model_info.get("processes", 1) > 1 else "")
         + " |",
@@ -126,7 +131,9 @@ def write_report(
         lines.append(f"| validation accuracy | {last['val_acc']:.3f} (last epoch) |")
     lines += ["", "## Per class (test)", "", "| class | accuracy | photos |", "|---|---|---|"]
     totals = final["confusion"].sum(dim=1).tolist()
-    lines += [f"| {name} | {acc:.3f} | {int(totals[i])} |" for i, (name, acc) in enumerate(per_class.items())]
+    lines += [
+        f"| {markup.text(name)} | {acc:.3f} | {int(totals[i])} |" for i, (name, acc) in enumerate(per_class.items())
+    ]
     lines += [
         "",
         "## Curves",
@@ -197,7 +204,7 @@ def teacher_section(config, teacher_history: list[dict], teacher_lent_by: str | 
         f"{config.teacher.architecture} trained from random initialisation on the same photos for "
         f"{last['epoch']} epochs "
         f"({sum(r['seconds'] for r in teacher_history):.0f} s"
-        + (f", in {teacher_lent_by}, which lent it to this run" if teacher_lent_by else "")
+        + (f", in {markup.text(teacher_lent_by)}, which lent it to this run" if teacher_lent_by else "")
         + f"): test accuracy {last['test_acc']:.3f} "
         f"(per image). The ViT learned from {' and '.join(uses)}; the saved model "
         f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.",

@@ -167,6 +167,24 @@ Measured at export: the page's computation gave the same top class as `foodvit p
 """
 
 
+def site_readme(config: dict, folder: str, agreement: str) -> str:
+    """README.md of the site (README): its title from the class names and the folder's name as text, never as markup
+    (markup.py); the folder's name quoted for the shell in the command that serves it."""
+    import shlex
+
+    from foodvit import markup
+    from foodvit.deploy.web.runtime import VERSION
+
+    return README.format(
+        title=f"foodvit: {', '.join(markup.text(name) for name in config['classes'])}",
+        runtime=config["runtime"],
+        folder=shlex.quote(folder) if folder.isprintable() else "SITE",  # an indented code block: one line
+        precision=config["precision"],
+        runtime_version=VERSION,
+        agreement=agreement,
+    )
+
+
 def export_web(
     run: str | Path,
     out: str | Path,
@@ -186,7 +204,7 @@ def export_web(
     from foodvit.deploy.space import publishable_onnx
     from foodvit.deploy.web.graphs import overlay_graph, preprocess_graph
     from foodvit.deploy.web.runtime import FILES as RUNTIME_FILES
-    from foodvit.deploy.web.runtime import VERSION, runtime_files
+    from foodvit.deploy.web.runtime import runtime_files
     from foodvit.files import atomic_folder
 
     run, out = Path(run), Path(out)
@@ -228,16 +246,7 @@ def export_web(
             if measured["photos"]
             else "no test photos (none at hand)"
         )
-        (tmp / "README.md").write_text(
-            README.format(
-                title=config["title"],
-                runtime=config["runtime"],
-                folder=out.name,
-                precision=config["precision"],
-                runtime_version=VERSION,
-                agreement=words,
-            )
-        )
+        (tmp / "README.md").write_text(site_readme(config, out.name, words))
         result.update(
             agreement=measured,
             quantization=exported.get("quantization"),
