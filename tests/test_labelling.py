@@ -341,8 +341,8 @@ def test_a_name_that_is_not_utf8_is_labelled_and_skipped_on_a_rerun(run, tmp_pat
 
 
 @pytest.mark.parametrize("out", [None, "labels.csv"])
-def test_a_link_to_itself_or_to_nothing_in_a_folder_is_that_photos_error_and_the_rest_is_labelled(shared_run, tmp_path, capsys,
-                                                                                                   out):
+def test_a_link_to_itself_or_to_nothing_in_a_folder_is_that_photos_error_and_the_rest_is_labelled(
+        shared_run, tmp_path, capsys, out):
     folder = tmp_path / "photos"
     for i, name in enumerate(["a.jpg", "z.jpg"]):
         make_photo(folder / name, (60 * i, 120, 200), size=(20, 24), seed=i)
@@ -358,6 +358,7 @@ def test_a_link_to_itself_or_to_nothing_in_a_folder_is_that_photos_error_and_the
         rows |= {line.split(" ")[3]: {"error": line.split(" ", 3)[3]} for line in captured.err.splitlines()}
     assert sorted(rows) == [str(folder / n) for n in ("a.jpg", "gone.jpg", "loop.jpg", "z.jpg")], captured
     assert "label" in rows[str(folder / "a.jpg")] and "label" in rows[str(folder / "z.jpg")]
-    assert rows[str(folder / "gone.jpg")]["error"] == f"{folder / 'gone.jpg'} is a symbolic link to deleted.jpg, which does not exist"
-    assert rows[str(folder / "loop.jpg")]["error"].startswith(f"{folder / 'loop.jpg'} is a symbolic link that leads back to itself")
+    gone, loop = rows[str(folder / "gone.jpg")]["error"], rows[str(folder / "loop.jpg")]["error"]
+    assert gone == f"{folder / 'gone.jpg'} is a symbolic link to deleted.jpg, which does not exist"
+    assert loop.startswith(f"{folder / 'loop.jpg'} is a symbolic link that leads back to itself")
     assert "Traceback" not in captured.err
