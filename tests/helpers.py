@@ -232,9 +232,10 @@ def library_messages_on_stderr() -> None:
 HOSTILE_CLASSES = ("<img src=x onerror=alert(1)>", "<img src=https:evil.example>", 'mac & "cheese": #1 | *best*')
 
 
-def renamed_run(shared_run, folder, classes=HOSTILE_CLASSES):
+def renamed_run(shared_run, folder, classes=HOSTILE_CLASSES, sub: str = ""):
     """(run, photos): a copy of shared_run's model whose classes are named `classes` (in its classes' order), and
-    a copy of its photos in class folders of those names, which the copy's card names as its data."""
+    a copy of its photos in class folders of those names (in a subfolder `sub` of each, if given), which the
+    copy's card names as its data."""
     import json
     import shutil
 
@@ -243,7 +244,7 @@ def renamed_run(shared_run, folder, classes=HOSTILE_CLASSES):
     data = folder / "photos"
     for split in ("train", "test"):
         for before, after in zip(card["classes"], classes, strict=True):
-            shutil.copytree(photos / split / before, data / split / after)
+            shutil.copytree(photos / split / before, data / split / after / sub)
     renamed = folder / "run"
     renamed.mkdir()
     shutil.copy(run / "model.safetensors", renamed / "model.safetensors")

@@ -326,7 +326,7 @@ def test_an_example_photos_url_names_its_file_whatever_its_class(label):
 
     from foodvit.deploy.web.site import example_file
 
-    name, url = example_file(3, Path("test") / label / "1.JPG")
+    name, url = example_file(3, label, Path("test") / label / "phone" / "1.JPG")
     assert name == f"examples/03-{label}.jpg"
     assert unquote(urlsplit(url).path) == name  # what a browser asks the server for is the file itself
 
@@ -375,3 +375,18 @@ def test_a_site_for_classes_named_as_html_keeps_them_text_in_its_readme_and_page
     assert dict(config["card"])["classes"] == ", ".join(HOSTILE_CLASSES)
     script = (tmp_path / "site" / "foodvit.js").read_text()
     assert "innerHTML" not in script and "insertAdjacentHTML" not in script
+
+
+@pytest.mark.slow  # an ONNX export (seconds); export-space's examples from subfolders are checked in test_serve
+def test_a_sites_examples_come_from_class_folders_with_subfolders_named_after_the_class(shared_run, fake_runtime,
+                                                                                        tmp_path):
+    from helpers import CLASSES, renamed_run
+
+    from foodvit.deploy.web.site import export_web
+
+    run, _ = renamed_run(shared_run, tmp_path, CLASSES, sub="phone")  # test/pizza/phone/000.jpg, ...
+    export_web(run, tmp_path / "site", ort_web=fake_runtime, quiet=True)
+    config = json.loads((tmp_path / "site" / "foodvit.json").read_text())
+    names = ["00-pizza.jpg", "01-steak.jpg", "02-sushi.jpg"]
+    assert config["examples"] == [f"examples/{name}" for name in names]  # there had been none
+    assert sorted(p.name for p in (tmp_path / "site" / "examples").iterdir()) == names

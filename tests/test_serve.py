@@ -526,6 +526,15 @@ def test_an_exported_spaces_readme_shows_class_names_as_text(hostile, tmp_path):
     assert f"classes: {names}\n" in readme.text
 
 
+def test_a_spaces_examples_are_named_after_their_class_when_its_photos_sit_in_subfolders(shared_run, tmp_path):
+    from helpers import CLASSES, renamed_run
+
+    run, _ = renamed_run(shared_run, tmp_path, CLASSES, sub="phone")  # test/pizza/phone/000.jpg, ...
+    assert main(["export-space", str(run), str(tmp_path / "space"), "--examples", "1"]) == 0
+    names = sorted(p.name for p in (tmp_path / "space" / "examples").iterdir())
+    assert names == ["00-pizza.jpg", "01-steak.jpg", "02-sushi.jpg"]  # they had all been named 0x-phone.jpg
+
+
 @pytest.mark.parametrize("where", ["an image elsewhere", "/dev/zero", "/etc/hostname"])
 def test_the_page_api_refuses_a_path_it_did_not_upload(server, run, tmp_path, where):
     """A client names the file in a call to the page's API: a path the page did not receive (another photo on the server,

@@ -127,7 +127,6 @@ def export_space(
     the model as model.onnx with its attention output, quantised as `quantize` asks (export.py)."""
     import foodvit
     from foodvit.deploy.predictor import Predictor
-    from foodvit.deploy.serve import run_examples
 
     run, folder = Path(run), Path(folder)
     if quantize and not onnx:
@@ -142,7 +141,8 @@ def export_space(
             f"{folder} exists and is not an empty folder; export-space writes only into a new or empty folder"
         )
     predictor = Predictor.from_run(run)
-    examples = run_examples(predictor, per_class=examples_per_class)
+    # named after its class, which is not the photo's folder where a class keeps its photos in subfolders
+    examples = [(name, p) for name, photos in predictor.photos_by_class(examples_per_class).items() for p in photos]
     package = Path(foodvit.__file__).parent
 
     def fill(tmp: Path) -> None:
@@ -154,8 +154,8 @@ def export_space(
             if (run / "model.json").is_file():
                 (tmp / "model" / "model.json").write_text(json.dumps(published_card(predictor.card), indent=2))
         (tmp / "examples").mkdir()
-        for i, photo in enumerate(examples):
-            shutil.copy2(photo, tmp / "examples" / f"{i:02d}-{photo.parent.name}{photo.suffix.lower()}")
+        for i, (name, photo) in enumerate(examples):
+            shutil.copy2(photo, tmp / "examples" / f"{i:02d}-{name}{photo.suffix.lower()}")
         shutil.copytree(package, tmp / "foodvit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (tmp / "app.py").write_text(APP.format(model='HERE / "model" / "model.onnx"' if onnx else 'HERE / "model"'))
         requirements = ONNX_REQUIREMENTS if onnx else REQUIREMENTS

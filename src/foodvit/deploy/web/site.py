@@ -78,10 +78,10 @@ def agreement(folder: Path, predictor, photos) -> dict:
     return {"photos": len(photos), "agreement": same / max(len(photos), 1), "max_difference": worst}
 
 
-def example_file(i: int, photo: Path) -> tuple[str, str]:
-    """Where the site keeps its i-th example photo (its class in the name, as the page shows it) and the page's
-    URL of it, percent-encoded so that a class named 'mac#cheese' or '50%' stays one file name."""
-    name = f"examples/{i:02d}-{photo.parent.name}{photo.suffix.lower()}"
+def example_file(i: int, label: str, photo: Path) -> tuple[str, str]:
+    """Where the site keeps its i-th example photo, of class `label` (in the name, as the page shows it), and the
+    page's URL of it, percent-encoded so that a class named 'mac#cheese' or '50%' stays one file name."""
+    name = f"examples/{i:02d}-{label}{photo.suffix.lower()}"
     return name, quote(name)
 
 
@@ -212,7 +212,8 @@ def export_web(
     runtime = runtime_files(ort_web, quiet=quiet)  # first: without it there is no page
     predictor = Predictor.from_run(run)
     per_class = max(examples_per_class, AGREEMENT_PHOTOS)
-    test_photos = predictor.photos_at_hand(per_class)
+    by_class = predictor.photos_by_class(per_class)
+    test_photos = [photo for photos in by_class.values() for photo in photos]
     result: dict = {}
 
     def fill(tmp: Path) -> None:
@@ -228,8 +229,9 @@ def export_web(
             shutil.copy2(runtime / name, tmp / "ort" / name)
         (tmp / "examples").mkdir()
         examples = []
-        for i, photo in enumerate(_examples(test_photos, predictor.classes, examples_per_class)):
-            name, url = example_file(i, photo)
+        chosen = [(label, p) for label, photos in by_class.items() for p in photos[:examples_per_class]]
+        for i, (label, photo) in enumerate(chosen):
+            name, url = example_file(i, label, photo)
             shutil.copy2(photo, tmp / name)
             examples.append(url)
         assets = resources.files("foodvit.deploy.web") / "assets"
@@ -256,11 +258,3 @@ def export_web(
     atomic_folder(out, fill)
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return {"path": str(out), "bytes": total, **result}
-
-
-def _examples(photos: list[Path], classes: list[str], per_class: int) -> list[Path]:
-    """The first `per_class` of `photos` of each class (photos lie in folders named by class)."""
-    chosen = []
-    for name in classes:
-        chosen += [p for p in photos if p.parent.name == name][:per_class]
-    return chosen
