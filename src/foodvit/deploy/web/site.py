@@ -13,7 +13,9 @@ in the visitor's browser by ONNX Runtime Web, and never leaves it.
 
 The folder is written under a temporary name beside --out and renamed when complete: a failure
 leaves nothing. Before renaming, the page's path (preprocess.onnx, then model.onnx) is run in
-Python's ONNX Runtime on the run's test photos and compared with `foodvit predict` on the run.
+Python's ONNX Runtime on the run's test photos and compared with `foodvit predict` on the run
+(ONNX Runtime Web itself runs only in a browser: its files are checked against the published
+package's hashes instead, runtime.py; the page in Chromium is tests/test_web_browser.py).
 """
 
 from __future__ import annotations
@@ -162,8 +164,9 @@ Copy the folder to any static web host: nothing runs on the server.
 | ort/ | ONNX Runtime Web {runtime_version} (MIT licence, Microsoft), from the npm package `onnxruntime-web` |
 | examples/ | a few test photos |
 
-Measured at export: the page's computation gave the same top class as `foodvit predict` on
-{agreement}.
+Measured at export: the page's three graphs, run by Python's ONNX Runtime, gave the same top class
+as `foodvit predict` on {agreement}. ONNX Runtime Web itself runs only in a browser; its files in
+ort/ are the published package's, checked against their hashes.
 """
 
 
