@@ -431,3 +431,15 @@ def test_the_command_says_the_agreement_was_measured_in_pythons_onnx_runtime_not
     readme = web_site.site_readme({"classes": ["a", "b"], "runtime": "onnxruntime-web 1", "precision": "fp32"}, "site",
                                   "100% of 9 test photos")
     assert "by Python's ONNX Runtime" in readme  # ONNX Runtime Web itself runs only in a browser
+
+
+def test_the_pages_limits_are_predicts_and_it_lists_only_what_a_browser_decodes(shared_run, tmp_path):
+    from foodvit.data.photos import MAX_ASPECT
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.web.site import page_config
+
+    (tmp_path / "model.onnx").write_bytes(b"a model")
+    limits = page_config(Predictor.from_run(shared_run[0]), tmp_path / "model.onnx", 4, [], None)["limits"]
+    assert limits["max_aspect"] == MAX_ASPECT  # predict refuses a photo over 20 times as long as wide: so does the page
+    assert "TIFF" not in limits["accepted"] and not any("tif" in kind for kind in limits["types"])
+    assert {"image/jpeg", "image/png", "image/webp"} <= set(limits["types"])

@@ -36,6 +36,9 @@ ASSETS = ("index.html", "foodvit.js", "style.css")
 # costs 4 bytes a pixel in the tab (a 40-megapixel photo, 160 MB)
 MAX_MEGAPIXELS = 40.0
 MAX_FILE_MB = 50.0
+# what a browser decodes (Chromium, Firefox and Safari alike), where foodvit's Python also reads TIFF (photos.ACCEPTED)
+PAGE_ACCEPTED = "a JPEG, PNG, WebP, BMP or GIF photo"
+PAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif")  # the file chooser's
 AGREEMENT_PHOTOS = 8  # test photos a class on which the export compares the page's path with predict
 
 
@@ -101,7 +104,7 @@ def check_out(out: Path) -> None:
 
 def page_config(predictor, model_file: Path, grid: int, examples: list[str], quantize: str | None) -> dict:
     """foodvit.json: what the page needs to know besides the three graphs."""
-    from foodvit.data.photos import ACCEPTED
+    from foodvit.data.photos import MAX_ASPECT
     from foodvit.deploy.page import card_rows
     from foodvit.deploy.space import published_card
     from foodvit.deploy.web.runtime import VERSION
@@ -122,7 +125,13 @@ def page_config(predictor, model_file: Path, grid: int, examples: list[str], qua
         "preprocess": json.loads(predictor.preprocess.to_json()),
         "grid": grid,
         "card": rows,
-        "limits": {"max_megapixels": MAX_MEGAPIXELS, "max_file_mb": MAX_FILE_MB, "accepted": ACCEPTED},
+        "limits": {
+            "max_megapixels": MAX_MEGAPIXELS,
+            "max_file_mb": MAX_FILE_MB,
+            "max_aspect": MAX_ASPECT,  # predict's rule (photos.check_shape), from the photo's header as there
+            "accepted": PAGE_ACCEPTED,
+            "types": list(PAGE_TYPES),
+        },
         "examples": examples,
         "precision": precision,
         "runtime": f"onnxruntime-web {VERSION}",
