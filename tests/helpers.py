@@ -225,3 +225,59 @@ def library_messages_on_stderr() -> None:
     from foodvit.cli.main import build_parser, configure_logging
 
     configure_logging(build_parser().parse_args(["models"]))
+
+
+# class names that are markup: as HTML, a live element (the first) and a picture fetched from another site (the
+# second); in Markdown, emphasis, a table's cell border and a heading (the third)
+HOSTILE_CLASSES = ("<img src=x onerror=alert(1)>", "<img src=https:evil.example>", 'mac & "cheese": #1 | *best*')
+
+
+def renamed_run(shared_run, folder, classes=HOSTILE_CLASSES, sub: str = ""):
+    """(run, photos): a copy of shared_run's model whose classes are named `classes` (in its classes' order), and
+    a copy of its photos in class folders of those names (in a subfolder `sub` of each, if given), which the
+    copy's card names as its data."""
+    import json
+    import shutil
+
+    run, photos = shared_run
+    card = json.loads((run / "model.json").read_text())
+    data = folder / "photos"
+    for split in ("train", "test"):
+        for before, after in zip(card["classes"], classes, strict=True):
+            shutil.copytree(photos / split / before, data / split / after / sub)
+    renamed = folder / "run"
+    renamed.mkdir()
+    shutil.copy(run / "model.safetensors", renamed / "model.safetensors")
+    card["classes"], card["metrics"]["data"] = list(classes), str(data)
+    (renamed / "model.json").write_text(json.dumps(card))
+    return renamed, data
+
+
+def rendered_markdown(text: str):
+    """Markdown as a CommonMark renderer with HTML on (GitHub's, Hugging Face's, Gradio's) makes it: .tags (element
+    names, in order), .pictures (each <img>'s src), .links (each <a>'s href) and .text (what a reader sees)."""
+    from html.parser import HTMLParser
+
+    markdown_it = pytest.importorskip("markdown_it", reason="the Markdown renderer: pip install markdown-it-py")
+
+    class Rendered(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__(convert_charrefs=True)
+            self.tags: list[str] = []
+            self.pictures: list[str | None] = []
+            self.links: list[str | None] = []
+            self.text = ""
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            if tag == "img":
+                self.pictures.append(dict(attrs).get("src"))
+            if tag == "a":
+                self.links.append(dict(attrs).get("href"))
+
+        def handle_data(self, data):
+            self.text += data
+
+    page = Rendered()
+    page.feed(markdown_it.MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(text))
+    return page

@@ -117,3 +117,48 @@ def test_the_onnx_page_draws_the_overlay_from_the_files_output_or_says_it_has_no
                 assert page.locator("#foodvit-attention img").count() == 0
         finally:
             page.close()
+
+
+@pytest.mark.slow  # a browser; the HTTP test (test_serve) checks the Markdown the page is sent
+def test_class_names_that_are_html_stay_text_in_the_browser_and_fetch_nothing(shared_run, browser, tmp_path):
+    from helpers import HOSTILE_CLASSES, ServerThread, renamed_run
+
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import create_app, run_examples
+
+    run, photos = renamed_run(shared_run, tmp_path)
+    predictor = Predictor.from_run(run)
+    app, _ = create_app(predictor, examples=run_examples(predictor))
+    (tmp_path / "x&lt;b&gt;y.jpg").write_text("not a photo")  # Gradio shows an error's message as HTML
+    with ServerThread(app) as url:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        elsewhere, dialogs = [], []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+        def only_the_server(route):
+            if route.request.url.startswith(url):
+                return route.continue_()
+            elsewhere.append(route.request.url)  # <img src=https:evil.example> asks https://evil.example/
+            return route.abort()
+
+        page.route("**/*", only_the_server)
+        try:
+            page.goto(url + "/", wait_until="networkidle")
+            photo = sorted((photos / "test" / HOSTILE_CLASSES[2]).iterdir())[0]
+            page.locator("#foodvit-photo input[type=file]").set_input_files(str(photo))
+            page.locator("#foodvit-probabilities", has_text="answered in").wait_for(timeout=60_000)
+            pictures = page.evaluate("Array.from(document.querySelectorAll('img'), img => img.getAttribute('src'))")
+            assert not [src for src in pictures if src == "x" or "evil" in src], pictures
+            names = ", ".join(HOSTILE_CLASSES)
+            assert page.locator("h1").first.inner_text().startswith(f"foodvit: {names}")
+            assert f"classes: {names}" in page.locator("#foodvit-card").inner_text()
+            cells = page.locator("#foodvit-probabilities td").all_inner_texts()
+            assert sorted(cells[0::2]) == sorted(HOSTILE_CLASSES) and len(cells) == 6
+            assert sorted(HOSTILE_CLASSES) == sorted(page.locator("#foodvit-label").inner_text().split("\n")[2::2])
+            page.locator("#foodvit-photo input[type=file]").set_input_files(str(tmp_path / "x&lt;b&gt;y.jpg"))
+            toast = page.locator("[data-testid='toast-body']").first
+            toast.wait_for(timeout=30_000)
+            assert "x&lt;b&gt;y.jpg is not an image" in toast.inner_text()  # the file's name as it is
+            assert elsewhere == [] and dialogs == []
+        finally:
+            page.close()

@@ -2,6 +2,9 @@
 what to do, never a traceback, and the advice is true: each case through the command line."""
 
 import contextlib
+import errno
+import io
+import os
 import sys
 from pathlib import Path
 
@@ -520,3 +523,40 @@ def test_an_empty_list_file_is_refused_as_an_empty_folder_is(shared_run, tmp_pat
     out = tmp_path / "labels.csv"
     assert main(["predict", str(shared_run[0]), "--files-from", str(listing), "--out", str(out)]) == 2
     assert "names no photos" in one_line(capsys, "predict") and not out.exists()
+
+
+class _FullDevice(io.RawIOBase):
+    """A stream that refuses every write as a full disk does (what `> /dev/full` gives standard output)."""
+
+    full = True
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return len(data)
+
+
+@pytest.mark.parametrize("options", [[], ["--json"]])
+def test_predict_into_a_full_standard_output_is_one_line(shared_run, capsys, monkeypatch, options):
+    photo = next((shared_run[1] / "test" / "pizza").iterdir())
+    device = _FullDevice()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BufferedWriter(device)))
+    try:
+        assert main(["predict", str(shared_run[0]), str(photo), *options]) == 2
+    finally:
+        device.full = False  # what stays buffered goes nowhere when the stream is collected
+    assert "cannot write to standard output (No space left on device)" in one_line(capsys, "predict")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_command_whose_standard_output_is_full_says_so_in_one_line_and_nothing_at_exit():
+    import subprocess
+
+    with open("/dev/full", "w") as full:  # `foodvit models > /dev/full`; models starts without PyTorch
+        done = subprocess.run([sys.executable, "-m", "foodvit", "models"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr  # nothing more at the interpreter's exit
+    assert done.stderr.startswith("foodvit models: error: cannot write to standard output (No space left on device)")

@@ -113,6 +113,12 @@ def test_the_generated_pages_are_current_and_the_check_fails_when_a_result_chang
     assert f"0.871 +- {cv['standard_error']}" in (tmp_path / "README.md").read_text()
 
 
+def test_the_site_asks_no_font_server_so_it_works_offline_and_tells_nobody_of_a_visit(site):
+    # Material's default fetches Roboto from fonts.googleapis.com on every page: theme.font: false uses the system's
+    pages = [page for page in site.rglob("*.html") if "fonts.googleapis.com" in page.read_text(errors="replace")]
+    assert not pages, f"{len(pages)} pages ask Google's font server for fonts, e.g. {pages[0].relative_to(site)}"
+
+
 def test_the_readme_is_short_and_keeps_its_two_commands():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 200

@@ -109,6 +109,7 @@ def _integrity(data: bytes) -> str:
 
 
 FAKE = {f"dist/{name}": f"// {name}\n".encode() for name in runtime.FILES}
+FAKE_SHA256 = {name.removeprefix("dist/"): hashlib.sha256(data).hexdigest() for name, data in FAKE.items()}
 
 
 @pytest.fixture
@@ -135,14 +136,16 @@ def registry(tmp_path):
 def test_the_files_come_from_the_registry_once_checked_then_from_the_cache(registry, tmp_path, monkeypatch):
     url, data, seen = registry
     monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
-    folder = runtime.runtime_files(version="0.0.0-test", integrity=_integrity(data), registry=url, quiet=True)
+    fake = {"version": "0.0.0-test", "integrity": _integrity(data), "hashes": FAKE_SHA256, "quiet": True}
+    folder = runtime.runtime_files(registry=url, **fake)
     assert sorted(p.name for p in folder.iterdir()) == sorted(runtime.FILES)
     assert all((folder / n).read_bytes() == FAKE[f"dist/{n}"] for n in runtime.FILES)
     assert seen == ["/onnxruntime-web/-/onnxruntime-web-0.0.0-test.tgz"]
-    again = runtime.runtime_files(
-        version="0.0.0-test", integrity=_integrity(data), registry="http://127.0.0.1:9", quiet=True
-    )
+    again = runtime.runtime_files(registry="http://127.0.0.1:9", **fake)
     assert again == folder and len(seen) == 1  # the cache answered: no second request (port 9 would refuse)
+    (folder / runtime.FILES[-1]).write_bytes(b"changed since")
+    assert runtime.runtime_files(registry=url, **fake) == folder and len(seen) == 2  # fetched again, not used
+    assert (folder / runtime.FILES[-1]).read_bytes() == FAKE[f"dist/{runtime.FILES[-1]}"]
 
 
 def test_a_tarball_that_is_not_the_published_one_is_refused_and_nothing_is_cached(registry, tmp_path, monkeypatch):
@@ -180,11 +183,13 @@ def test_local_files_are_found_in_a_folder_or_a_checked_tarball(tmp_path, monkey
     package.mkdir(parents=True)
     for name in runtime.FILES:
         (package / name).write_bytes(FAKE[f"dist/{name}"])
-    assert runtime.runtime_files(tmp_path) == package
-    assert runtime.runtime_files(package.parent) == package
+    assert runtime.runtime_files(tmp_path, hashes=FAKE_SHA256) == package
+    assert runtime.runtime_files(package.parent, hashes=FAKE_SHA256) == package
+    with pytest.raises(runtime.RuntimeFilesError, match="is not onnxruntime-web .*'s as published"):
+        runtime.runtime_files(package, hashes={name: "0" * 64 for name in runtime.FILES})  # another package's
     (package / runtime.FILES[-1]).unlink()
     with pytest.raises(runtime.RuntimeFilesError, match="does not hold onnxruntime-web's"):
-        runtime.runtime_files(tmp_path)
+        runtime.runtime_files(tmp_path, hashes=FAKE_SHA256)
     with pytest.raises(runtime.RuntimeFilesError, match="does not exist"):
         runtime.runtime_files(tmp_path / "nowhere")
     data = _tarball(FAKE)
@@ -200,12 +205,15 @@ def test_local_files_are_found_in_a_folder_or_a_checked_tarball(tmp_path, monkey
 
 @pytest.fixture(scope="module")
 def fake_runtime(tmp_path_factory):
-    """A dist/ folder as npm's package has it: the page's three files among others it does not need."""
+    """A dist/ folder as npm's package has it: the page's three files among others it does not need. While it is
+    in use, its files' hashes stand for the pinned package's (runtime.SHA256)."""
     folder = tmp_path_factory.mktemp("ort-web")
     for name in runtime.FILES:
         (folder / name).write_bytes(FAKE[f"dist/{name}"])
     (folder / "ort.webgpu.min.js").write_text("// not for the page")
-    return folder
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runtime, "SHA256", FAKE_SHA256)
+        yield folder
 
 
 def test_export_web_refuses_before_writing_anything(shared_run, tmp_path, monkeypatch, capsys):
@@ -326,7 +334,7 @@ def test_an_example_photos_url_names_its_file_whatever_its_class(label):
 
     from foodvit.deploy.web.site import example_file
 
-    name, url = example_file(3, Path("test") / label / "1.JPG")
+    name, url = example_file(3, label, Path("test") / label / "phone" / "1.JPG")
     assert name == f"examples/03-{label}.jpg"
     assert unquote(urlsplit(url).path) == name  # what a browser asks the server for is the file itself
 
@@ -345,3 +353,93 @@ def test_the_command_ships_fp32_unless_asked_for_int8(shared_run, tmp_path, monk
     assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "a")]) == 0
     assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "b"), "--quantize", "int8"]) == 0
     assert asked == [None, "int8"]
+
+
+def test_the_sites_readme_shows_class_and_folder_names_as_text():
+    from helpers import HOSTILE_CLASSES, rendered_markdown
+
+    from foodvit.deploy.web.site import site_readme
+
+    config = {"classes": list(HOSTILE_CLASSES), "runtime": "onnxruntime-web 0.0.0-test", "precision": "fp32"}
+    readme = rendered_markdown(site_readme(config, "my <img src=x> site", "9 test photos"))
+    assert readme.pictures == [] and readme.links == [] and "em" not in readme.tags
+    assert readme.text.startswith(f"foodvit: {', '.join(HOSTILE_CLASSES)}\n")
+    assert "cd 'my <img src=x> site' && python -m http.server 8000" in readme.text  # quoted for the shell
+
+
+@pytest.mark.slow  # an ONNX export (seconds); the README's words are checked above, the page sets names as text
+def test_a_site_for_classes_named_as_html_keeps_them_text_in_its_readme_and_page(shared_run, fake_runtime, tmp_path):
+    from helpers import HOSTILE_CLASSES, renamed_run, rendered_markdown
+
+    from foodvit.cli.main import main
+
+    run, _ = renamed_run(shared_run, tmp_path)
+    assert main(["export-web", str(run), "--out", str(tmp_path / "site"), "--ort-web", str(fake_runtime)]) == 0
+    readme = rendered_markdown((tmp_path / "site" / "README.md").read_text())
+    assert readme.pictures == [] and readme.links == []
+    assert readme.text.startswith(f"foodvit: {', '.join(HOSTILE_CLASSES)}\n")
+    config = json.loads((tmp_path / "site" / "foodvit.json").read_text())
+    assert config["classes"] == list(HOSTILE_CLASSES)  # the page sets them with textContent: as they are
+    assert dict(config["card"])["classes"] == ", ".join(HOSTILE_CLASSES)
+    script = (tmp_path / "site" / "foodvit.js").read_text()
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script
+
+
+@pytest.mark.slow  # an ONNX export (seconds); export-space's examples from subfolders are checked in test_serve
+def test_a_sites_examples_come_from_class_folders_with_subfolders_named_after_the_class(shared_run, fake_runtime,
+                                                                                        tmp_path):
+    from helpers import CLASSES, renamed_run
+
+    from foodvit.deploy.web.site import export_web
+
+    run, _ = renamed_run(shared_run, tmp_path, CLASSES, sub="phone")  # test/pizza/phone/000.jpg, ...
+    export_web(run, tmp_path / "site", ort_web=fake_runtime, quiet=True)
+    config = json.loads((tmp_path / "site" / "foodvit.json").read_text())
+    names = ["00-pizza.jpg", "01-steak.jpg", "02-sushi.jpg"]
+    assert config["examples"] == [f"examples/{name}" for name in names]  # there had been none
+    assert sorted(p.name for p in (tmp_path / "site" / "examples").iterdir()) == names
+
+
+def test_a_folder_whose_runtime_was_changed_by_one_byte_is_refused_before_anything_is_written(shared_run, tmp_path,
+                                                                                               monkeypatch, capsys):
+    from foodvit.cli.main import main
+
+    monkeypatch.setattr(runtime, "SHA256", FAKE_SHA256, raising=False)  # the fake package's files stand for the real
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    for name in runtime.FILES:
+        (dist / name).write_bytes(FAKE[f"dist/{name}"] + (b"\0" if name.endswith(".wasm") else b""))
+    # the WebAssembly one byte longer: it had been copied, and export had said the page agreed with predict
+    assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "site"), "--ort-web", str(dist)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "ort-wasm-simd-threaded.wasm is not onnxruntime-web" in err and "as published" in err
+    assert not (tmp_path / "site").exists()
+
+
+def test_the_command_says_the_agreement_was_measured_in_pythons_onnx_runtime_not_the_browsers(shared_run, tmp_path,
+                                                                                              monkeypatch, capsys):
+    from foodvit.cli.main import main
+    from foodvit.deploy.web import site as web_site
+
+    measured = {"photos": 9, "agreement": 1.0, "max_difference": 0.001}
+    monkeypatch.setattr(web_site, "export_web", lambda run, out, **options: {
+        "path": str(out), "bytes": 0, "model_bytes": 0, "agreement": measured})
+    assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "site")]) == 0
+    said = capsys.readouterr().out
+    assert "in Python's ONNX Runtime" in said and "same top class as foodvit predict on 100% of 9 test photos" in said
+    readme = web_site.site_readme({"classes": ["a", "b"], "runtime": "onnxruntime-web 1", "precision": "fp32"}, "site",
+                                  "100% of 9 test photos")
+    assert "by Python's ONNX Runtime" in readme  # ONNX Runtime Web itself runs only in a browser
+
+
+def test_the_pages_limits_are_predicts_and_it_lists_only_what_a_browser_decodes(shared_run, tmp_path):
+    from foodvit.data.photos import MAX_ASPECT
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.web.site import page_config
+
+    (tmp_path / "model.onnx").write_bytes(b"a model")
+    limits = page_config(Predictor.from_run(shared_run[0]), tmp_path / "model.onnx", 4, [], None)["limits"]
+    assert limits["max_aspect"] == MAX_ASPECT  # predict refuses a photo over 20 times as long as wide: so does the page
+    assert "TIFF" not in limits["accepted"] and not any("tif" in kind for kind in limits["types"])
+    assert {"image/jpeg", "image/png", "image/webp"} <= set(limits["types"])

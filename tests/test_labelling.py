@@ -338,3 +338,27 @@ def test_a_name_that_is_not_utf8_is_labelled_and_skipped_on_a_rerun(run, tmp_pat
     lines = out.read_bytes().splitlines()
     assert len(lines) == 2 + (suffix == ".csv")  # a row each (and the CSV's header), none added by the re-run
     assert any(b"caf\xe9.jpg" in line or b"caf\\udce9.jpg" in line for line in lines)
+
+
+@pytest.mark.parametrize("out", [None, "labels.csv"])
+def test_a_link_to_itself_or_to_nothing_in_a_folder_is_that_photos_error_and_the_rest_is_labelled(
+        shared_run, tmp_path, capsys, out):
+    folder = tmp_path / "photos"
+    for i, name in enumerate(["a.jpg", "z.jpg"]):
+        make_photo(folder / name, (60 * i, 120, 200), size=(20, 24), seed=i)
+    (folder / "loop.jpg").symlink_to("loop.jpg")  # "Too many levels of symbolic links" had stopped the whole command
+    (folder / "gone.jpg").symlink_to("deleted.jpg")  # had been left out without a word
+    argv = ["predict", str(shared_run[0]), str(folder)]
+    assert main(argv + (["--out", str(tmp_path / out), "--quiet"] if out else [])) == 1
+    captured = capsys.readouterr()
+    if out:
+        rows = {row["path"]: row for row in read_rows(tmp_path / out)}
+    else:
+        rows = {line.split(":")[0]: {"label": line} for line in captured.out.splitlines()}
+        rows |= {line.split(" ")[3]: {"error": line.split(" ", 3)[3]} for line in captured.err.splitlines()}
+    assert sorted(rows) == [str(folder / n) for n in ("a.jpg", "gone.jpg", "loop.jpg", "z.jpg")], captured
+    assert "label" in rows[str(folder / "a.jpg")] and "label" in rows[str(folder / "z.jpg")]
+    gone, loop = rows[str(folder / "gone.jpg")]["error"], rows[str(folder / "loop.jpg")]["error"]
+    assert gone == f"{folder / 'gone.jpg'} is a symbolic link to deleted.jpg, which does not exist"
+    assert loop.startswith(f"{folder / 'loop.jpg'} is a symbolic link that leads back to itself")
+    assert "Traceback" not in captured.err

@@ -214,7 +214,8 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
     assert main(["export-space", str(out), str(space), "--examples", "1"]) == 0
     assert {p.name for p in space.iterdir()} >= {"app.py", "requirements.txt", "README.md", "model", "examples", "foodvit"}
     readme = (space / "README.md").read_text()
-    assert readme.startswith("---\ntitle: FoodVision Mini\n") and "sdk: gradio" in readme and "app_file: app.py" in readme
+    assert readme.startswith('---\ntitle: "FoodVision Mini"\n')
+    assert "sdk: gradio" in readme and "app_file: app.py" in readme
     assert "torchvision" not in (space / "requirements.txt").read_text() and "gradio>=" in (space / "requirements.txt").read_text()
     assert len(list((space / "examples").iterdir())) == 3  # one per class
     published = (space / "model" / "model.json").read_text() + readme
@@ -352,6 +353,24 @@ def test_an_upload_over_the_limit_behind_the_body_limit_is_refused_by_the_endpoi
     assert answer.json() == {"error": "the upload is over the limit of 0.001 MB (the server's --max-upload-mb); if it is "
                              "a real photo, resize it below the limit and try again"}
 
+def test_two_photos_in_one_request_are_refused_with_a_400_that_says_so(run):
+    """One answer a request: a second file in the form is refused, not left unanswered while the last is classified."""
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import create_app
+
+    out, _ = run
+    first, second = photos_to_try(run)[:2]
+    app, _ = create_app(Predictor.from_run(out), examples=(), page=False)
+    with ServerThread(app) as url:
+        both = httpx.post(url + "/predict", timeout=60, files=[("file", (first.name, first.read_bytes())),
+                                                               ("file", (second.name, second.read_bytes()))])
+        one = post(url, first.read_bytes(), first.name)
+    assert both.status_code == 400
+    assert both.json() == {"error": "the form holds 2 files in the field 'file', and /predict answers one photo a "
+                                    "request; send each photo in a request of its own"}
+    assert one.status_code == 200 and "label" in one.json()
+
+
 def _memory_of(pid: int, stop: threading.Event, peak: list) -> None:
     import psutil
 
@@ -429,6 +448,91 @@ def test_the_model_card_names_the_data_set_and_its_photos_not_a_path():
 
     card = model_card(Card())
     assert "- **training data**: `pizza_steak_sushi`, 225 training photos, 75 test photos" in card and "/home" not in card
+
+
+def described(classes, **metrics):
+    """What model_card and a Space's README read of a Predictor, for these class names and metrics."""
+    return type("Described", (), {"classes": list(classes), "preprocess": type("P", (), {"image_size": 32})(),
+                                  "card": {"metrics": metrics}})()
+
+
+@pytest.mark.parametrize("classes", [["cats", "dogs"], ["mac: cheese", "#1 ramen", "'quoted'", '"double"'],
+                                     ["two\nlines", "back\\slash", "- item", "[a]: b", "&amp; yes"]])
+def test_a_spaces_settings_are_yaml_a_parser_reads_whatever_the_class_names(classes):
+    yaml = pytest.importorskip("yaml")
+    from foodvit.deploy.space import _readme
+
+    readme = _readme(described(classes), classes)
+    assert readme.startswith("---\n")
+    settings = yaml.safe_load(readme.split("---\n")[1])  # `title: foodvit: cats, dogs` was no YAML at all
+    assert settings["title"] == f"foodvit: {', '.join(classes[:4])}"  # the first four name the Space
+    assert settings["sdk"] == "gradio" and settings["app_file"] == "app.py"
+
+
+@pytest.fixture(scope="module")
+def hostile(shared_run, tmp_path_factory):
+    """(run, photos): shared_run's model and photos, classes named as HTML and Markdown (helpers.HOSTILE_CLASSES)."""
+    from helpers import renamed_run
+
+    return renamed_run(shared_run, tmp_path_factory.mktemp("hostile"))
+
+
+def gradio_config(page: str) -> dict:
+    """The configuration a Gradio page carries (its components and their values), as the browser reads it."""
+    import re
+
+    return json.loads(re.search(r"window\.gradio_config = (.*?);</script>", page, re.S).group(1))
+
+
+def test_the_page_shows_class_names_as_text_in_its_heading_probabilities_card_and_api_docs(hostile):
+    from helpers import HOSTILE_CLASSES, rendered_markdown
+
+    from foodvit.deploy.page import probability_table
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import create_app, run_examples
+
+    predictor = Predictor.from_run(hostile[0])
+    examples = run_examples(predictor)
+    assert len(examples) == 3  # one a class, from folders named as the classes
+    app, _ = create_app(predictor, examples=examples)
+    with ServerThread(app) as url:
+        config = gradio_config(httpx.get(url + "/").text)
+        described = httpx.get(url + "/openapi.json").json()["info"]["description"]  # Markdown on /docs
+    shown = [c["props"]["value"] for c in config["components"] if c["type"] == "markdown" and c["props"].get("value")]
+    answer = predictor.classify(examples[0])
+    for markdown in [*shown, probability_table(answer), described]:
+        page = rendered_markdown(markdown)
+        assert page.pictures == [] and page.links == [] and "em" not in page.tags, markdown  # had been live <img>s
+    names = ", ".join(HOSTILE_CLASSES)
+    assert rendered_markdown(shown[0]).text.startswith(f"foodvit: {names}\n")
+    assert f"classes: {names}\n" in rendered_markdown(next(m for m in shown if "Model card" in m)).text
+    table = rendered_markdown(probability_table(answer))
+    assert table.tags.count("td") == 2 * 3 and all(f"\n{name}\n" in table.text for name in HOSTILE_CLASSES)
+    assert f"{predictor.name}: {names}" == rendered_markdown(described).text.strip()
+
+
+def test_an_exported_spaces_readme_shows_class_names_as_text(hostile, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    from helpers import HOSTILE_CLASSES, rendered_markdown
+
+    space = tmp_path / "space"
+    assert main(["export-space", str(hostile[0]), str(space), "--examples", "1"]) == 0
+    _, header, body = (space / "README.md").read_text().split("---\n", 2)
+    names = ", ".join(HOSTILE_CLASSES)
+    assert yaml.safe_load(header)["title"] == f"foodvit: {names}"
+    readme = rendered_markdown(body)  # as Hugging Face shows it: the names had been live <img>s, one fetched elsewhere
+    assert readme.pictures == [] and readme.links == [] and "em" not in readme.tags
+    assert readme.text.startswith(f"foodvit: {names}\n") and f"to tell {names} apart" in readme.text
+    assert f"classes: {names}\n" in readme.text
+
+
+def test_a_spaces_examples_are_named_after_their_class_when_its_photos_sit_in_subfolders(shared_run, tmp_path):
+    from helpers import CLASSES, renamed_run
+
+    run, _ = renamed_run(shared_run, tmp_path, CLASSES, sub="phone")  # test/pizza/phone/000.jpg, ...
+    assert main(["export-space", str(run), str(tmp_path / "space"), "--examples", "1"]) == 0
+    names = sorted(p.name for p in (tmp_path / "space" / "examples").iterdir())
+    assert names == ["00-pizza.jpg", "01-steak.jpg", "02-sushi.jpg"]  # they had all been named 0x-phone.jpg
 
 
 @pytest.mark.parametrize("where", ["an image elsewhere", "/dev/zero", "/etc/hostname"])

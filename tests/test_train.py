@@ -453,3 +453,27 @@ def test_progressive_resizing_needs_fixed_positions_and_a_size_on_the_patch_grid
     size = config.vit.image_size or 64
     with pytest.raises(ConfigError, match=rf"--start-size {size + 8} is above the image size {size}: .* or 0 to turn it off"):
         train(replace(config, data=replace(config.data, start_size=size + 8)), tmp_path / "c", quiet=True)
+
+
+def test_the_report_shows_class_and_folder_names_as_text_never_as_markup(tmp_path):
+    from helpers import HOSTILE_CLASSES, rendered_markdown
+
+    from foodvit.training.report import write_report
+
+    run = tmp_path / "<img src=https:evil.example>"  # the run's folder is named by its user too
+    run.mkdir()
+    confusion = torch.tensor([[2, 0, 0], [1, 1, 0], [0, 0, 2]])
+    counts = {split: dict.fromkeys(HOSTILE_CLASSES, n) for split, n in (("train", 4), ("test", 2))}
+    info = {"image_size": 32, "patch_size": 8, "params": 1000, "trainable": 1000, "device": "CPU",
+            "data_root": str(tmp_path / "`<img src=x>` | data")}
+    write_report(run, config=load_recipe("tiny"), classes=HOSTILE_CLASSES, counts=counts,
+                 history=[{"epoch": 1, "seconds": 1.0}],
+                 final={"acc": 5 / 6, "n": 6, "loss": 0.5, "confusion": confusion},
+                 model_info=info)
+    report = rendered_markdown((run / "report.md").read_text())
+    # the figures alone are pictures; a class name had been a live <img> in the photos row and the per-class table
+    assert report.pictures == ["curves.png", "confusion.png"] and report.links == [] and "em" not in report.tags
+    assert f"foodvit run: {run.name}" in report.text and info["data_root"] in report.text
+    for name in HOSTILE_CLASSES:
+        assert f"{name} 4" in report.text and f"\n{name}\n" in report.text  # the photos row, the per-class table
+    assert report.tags.count("table") == 2 and report.tags.count("td") == 2 * 7 + 3 * 3  # no cell split by a `|`

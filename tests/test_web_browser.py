@@ -200,3 +200,31 @@ def test_the_browser_decodes_as_pillow_does_upright_and_over_white(site, shared_
             assert np.abs(seen - expected).max() <= 2, name  # the same pixels, to the resize's rounding
     finally:
         page.close()
+
+
+@pytest.mark.slow  # a browser (uses the site above); the page's limits in foodvit.json: test_export_web
+def test_the_page_refuses_what_predict_refuses_lists_what_it_decodes_and_clears_an_answer_after_an_error(
+        site, shared_run, browser, tmp_path):
+    from PIL import Image
+
+    from foodvit.data.photos import PhotoError, check_shape
+
+    Image.new("RGB", (30000, 1), (200, 90, 40)).save(tmp_path / "strip.png")  # refused by predict from its header
+    Image.new("RGB", (64, 48), (200, 90, 40)).save(tmp_path / "photo.tiff")  # Chromium decodes no TIFF
+    with pytest.raises(PhotoError) as refused:
+        check_shape("strip.png", (30000, 1), 50_000_000)
+    page = open_page(browser, site[0], {"width": 1280, "height": 900}, [])
+    try:
+        good = sorted((shared_run[1] / "test" / "pizza").iterdir())[0]
+        assert upload(page, good, 1) == "done" and page.locator("#classes li").count() == 3
+        assert upload(page, tmp_path / "strip.png", 2) == "error"
+        assert page.locator("#error").inner_text() == str(refused.value)  # predict's words, one rule in both
+        # the previous photo's answer is no longer shown beside the error
+        assert page.locator("#classes li").count() == 0 and page.locator("#attention").is_hidden()
+        assert page.locator("#timing").inner_text() == "" and page.evaluate("window.foodvit.last") is None
+        assert upload(page, tmp_path / "photo.tiff", 2) == "error"
+        line = page.locator("#error").inner_text()
+        assert line.startswith("photo.tiff is not an image this browser can read") and "TIFF" not in line, line
+        assert "TIFF" not in page.locator("#photo").get_attribute("accept").upper()
+    finally:
+        page.close()

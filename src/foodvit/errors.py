@@ -16,6 +16,10 @@ class FoodVitError(Exception):
     """An error with a message that says what was expected and what to do."""
 
 
+class OutputError(FoodVitError):
+    """Standard output refuses what a command writes to it (a full disk behind `> file`, /dev/full)."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (kill, a scheduler or service manager stopping a command), where a command handles it as ctrl-C: its
     work stops as for ctrl-C, and the command ends as interrupted, with SIGTERM's exit status (143)."""

@@ -68,7 +68,12 @@ def cmd_export_web(args: argparse.Namespace) -> int:
             f"photos, largest probability difference {measured['max_difference']:.3f}"
         )
     size, model = result["bytes"] / 1e6, result["model_bytes"] / 1e6
-    print(f"{result['path']}: {size:.1f} MB (model {model:.1f} MB); the page's path: {same}")
+    # what was run: the page's graphs, in this Python; ONNX Runtime Web runs only in a browser (its files are the
+    # published package's, checked by their hashes)
+    print(
+        f"{result['path']}: {size:.1f} MB (model {model:.1f} MB); the page's graphs in Python's ONNX Runtime "
+        f"(ONNX Runtime Web itself runs only in a browser): {same}"
+    )
     print(
         f"open it: cd {result['path']} && python -m http.server 8000, then http://localhost:8000/ ; "
         "publish: copy the folder to any static host (see its README.md)"

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
 from foodvit.cli import data, export_web, listings, pictures, predicting, shipping, studies, training
-from foodvit.errors import FoodVitError, Terminated
+from foodvit.errors import FoodVitError, OutputError, Terminated
 
 # the subcommands in the order `foodvit --help` lists them; each module's register(sub) adds its parsers
 COMMANDS = (training, studies, predicting, pictures, shipping, export_web, data, listings)
@@ -97,18 +99,71 @@ def configure_logging(args: argparse.Namespace) -> None:
         logger.propagate = False
 
 
+class _StandardOutput:
+    """sys.stdout while a command runs: a write or flush the system refuses (a full disk behind `> file`, /dev/full,
+    an I/O error) becomes an OutputError, one line; a closed pipe stays BrokenPipeError, for `foodvit ... | head`."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def _refused(self, err: OSError) -> OutputError:
+        reason = err.strerror or type(err).__name__
+        advice = "free some space where it goes, or send it elsewhere" if err.errno in FULL else "send it elsewhere"
+        return OutputError(f"cannot write to standard output ({reason}); {advice}")
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise self._refused(err) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise self._refused(err) from None
+
+    def __getattr__(self, name: str):  # the rest (fileno, isatty, encoding, buffer) as the stream has it
+        return getattr(self.stream, name)
+
+
+def _drop_output(stream) -> None:
+    """What `stream` still buffers goes to the null device: the interpreter's exit then flushes it without failing
+    again after the command's one line (a stream with no descriptor of its own is left as it is)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args)
+    stdout = sys.stdout
+    if stdout is not None:
+        sys.stdout = _StandardOutput(stdout)
     try:
         if args.command not in ("recipes", "models", "summary", "compare"):
             from foodvit.data.photos import limit_pixels
 
             limit_pixels()  # every photo this command opens: over the pixel limit is refused, not warned about
-        return args.func(args)
+        code = args.func(args)
+        if stdout is not None:
+            sys.stdout.flush()  # what is still buffered fails here, in one line, not at the interpreter's exit
+        return code
     except FoodVitError as err:
         if args.debug:
             raise
+        if isinstance(err, OutputError) and stdout is not None:
+            _drop_output(stdout)
         print(f"foodvit {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
@@ -144,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"foodvit {args.command}: error: {place_refused(err)}", file=sys.stderr)
         return 2
+    finally:
+        if stdout is not None:
+            sys.stdout = stdout
 
 
 FULL = {errno.ENOSPC, errno.EDQUOT}

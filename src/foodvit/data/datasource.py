@@ -159,19 +159,24 @@ class DataSource:
         """The first `per_class` photos (by name) of each class of a split (of `classes`, in their
         order, when given: [] unless the source has every one of them), when the source is at hand
         without a download; [] otherwise. For a page's examples and an export's parity check."""
+        return [photo for photos in self.photos_by_class(per_class, split, classes).values() for photo in photos]
+
+    def photos_by_class(self, per_class: int, split: str = "test", classes=None) -> dict[str, list[Path]]:
+        """first_photos by class name: {class: its first photos}, {} where first_photos gives []. A photo's class is
+        its class folder's name, which is not its parent's where the class keeps its photos in subfolders."""
         root = self.root_at_hand()
         if root is None:
-            return []
+            return {}
         try:
             listing = self.listing(split, root)
         except DataError:
-            return []
+            return {}
         wanted = list(classes) if classes is not None else list(listing.classes)
         if not set(wanted) <= set(listing.classes):
-            return []
-        found = []
+            return {}
+        found = {}
         for name in wanted:
             label = listing.classes.index(name)
             photos = sorted(p for p, y in listing.files if y == label and p.suffix.lower() in IMAGE_EXTENSIONS)
-            found += photos[:per_class]
+            found[name] = photos[:per_class]
         return found

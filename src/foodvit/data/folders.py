@@ -241,7 +241,8 @@ def walk_photos(folder: Path) -> Iterator[Path]:
     """The photos under folder (by suffix, IMAGE_EXTENSIONS, as training reads them), one at a time
     in sorted path order, leaving out hidden files and folders as _photo_files does. Lazy: one
     directory's names are held at a time, so a folder of millions of photos costs no more memory
-    than its largest directory. Symbolic links to folders are not followed (as rglob)."""
+    than its largest directory. Symbolic links to folders are not followed (as rglob); a link named as a photo that
+    leads to nothing is listed, for its error to be reported."""
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as err:
@@ -251,8 +252,19 @@ def walk_photos(folder: Path) -> Iterator[Path]:
             continue
         if entry.is_dir(follow_symlinks=False):
             yield from walk_photos(Path(entry.path))
-        elif entry.is_file() and os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+        elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS and _file_or_dead_link(entry):
             yield Path(entry.path)
+
+
+def _file_or_dead_link(entry: os.DirEntry) -> bool:
+    """Whether a folder's entry is a file, or a symbolic link that leads to nothing (to a file deleted since, or back
+    to itself): such a link is listed as a photo too, so that the photo's error says what it is, never a silent gap."""
+    try:
+        if entry.is_file():
+            return True
+    except OSError:  # a loop of links: "Too many levels of symbolic links"
+        return entry.is_symlink()
+    return entry.is_symlink() and not os.path.exists(entry.path)
 
 
 def check_layout(root: Path) -> Path:

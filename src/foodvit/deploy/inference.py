@@ -90,12 +90,25 @@ def local_photo(image: str | Path) -> Path:
     path = Path(image)
     try:
         if not path.exists():
-            raise PhotoError(path, "does not exist")
+            raise PhotoError(path, _leads_nowhere(path) if path.is_symlink() else "does not exist")
         if path.is_dir():
             raise PhotoError(path, f"is a folder; pass photo files (e.g. {path}/*.jpg)")
     except OSError as err:  # a name the system refuses (too long, say): this photo's error, not the whole run's
         raise PhotoError(path, f"cannot be used ({err.strerror or type(err).__name__})") from None
     return path
+
+
+def _leads_nowhere(link: Path) -> str:
+    """Why a symbolic link is no photo: it loops, or what it names does not exist."""
+    import errno
+    import os
+
+    try:
+        link.stat()
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link that leads back to itself (a loop of links); point it at a photo or remove it"
+    return f"is a symbolic link to {os.readlink(link)}, which does not exist"
 
 
 PLOT_SIDE = 512  # a photo's shorter side in a plot of predictions: a thumbnail of 4.5 inches, not its full size

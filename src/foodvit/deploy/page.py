@@ -12,9 +12,11 @@ Uploads and the pictures shown are deleted from Gradio's cache after PAGE_CACHE[
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from pathlib import Path
 
+from foodvit import markup
 from foodvit.data.photos import PhotoError
 from foodvit.deploy.onnx_runtime import NO_ATTENTION
 
@@ -25,44 +27,49 @@ PAGE_CACHE = (600, 1800)
 
 
 def model_card(predictor) -> str:
-    """A short model card in Markdown: model, size, recipe, classes, test accuracy, data, date."""
-    return "### Model card\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in card_rows(predictor))
+    """A short model card in Markdown: model, size, recipe, classes, test accuracy, data, date; every value read from
+    the model (its class names, its card) shown as its characters, never as markup (markup.py)."""
+    rows = card_rows(predictor, code=markup.code, text=markup.text)
+    return "### Model card\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in rows)
 
 
-def card_rows(predictor, code=lambda text: f"`{text}`") -> list[tuple[str, str]]:
-    """The model card's rows (name, text): model, size, recipe, classes, test accuracy, data, date;
-    code(text) marks a name (Markdown's backticks by default)."""
+def card_rows(predictor, code=str, text=str) -> list[tuple[str, str]]:
+    """The model card's rows (name, text): model, size, recipe, classes, test accuracy, data, date. code(value) marks a
+    name, text(value) is any other value read from the model (a class name, a field of its card): as they are by
+    default, for a page that sets them as text; markup.code and markup.text in Markdown (model_card)."""
     card, metrics = predictor.card, predictor.card.get("metrics", {})
     model = card.get("model", {})
     rows = [
         (
             "model",
-            f"ViT, {_count(model.get('depth'), 'block')}, D={model.get('embed_dim', '?')}, "
-            f"{_count(model.get('num_heads'), 'head')}, patch {model.get('patch_size', '?')}, "
-            f"{predictor.preprocess.image_size} px input",
+            text(
+                f"ViT, {_count(model.get('depth'), 'block')}, D={model.get('embed_dim', '?')}, "
+                f"{_count(model.get('num_heads'), 'head')}, patch {model.get('patch_size', '?')}, "
+                f"{predictor.preprocess.image_size} px input"
+            ),
         ),
         ("parameters", f"{card['params'] / 1e6:.2f} M" if card.get("params") else "unknown"),
         (
             "recipe",
-            f"{code(metrics['recipe'])}, {_count(metrics.get('epochs'), 'epoch')}"
+            f"{code(metrics['recipe'])}, {text(_count(metrics.get('epochs'), 'epoch'))}"
             if metrics.get("recipe")
             else "unknown",
         ),
-        ("classes", ", ".join(predictor.classes)),
+        ("classes", ", ".join(text(name) for name in predictor.classes)),
     ]
     if "test_acc" in metrics:
         n = metrics.get("test_n")
         correct = f" ({round(metrics['test_acc'] * n)}/{n} photos)" if n else ""
-        rows.append(("test accuracy", f"{metrics['test_acc']:.3f}{correct}, per image"))
+        rows.append(("test accuracy", text(f"{metrics['test_acc']:.3f}{correct}, per image")))
     if metrics.get("data"):
         counts = [
             f"{metrics[k]} {what} photos"
             for k, what in (("train_photos", "training"), ("test_n", "test"))
             if metrics.get(k)
         ]
-        rows.append(("training data", code(data_name(metrics["data"])) + "".join(f", {c}" for c in counts)))
+        rows.append(("training data", code(data_name(metrics["data"])) + "".join(f", {text(c)}" for c in counts)))
     if metrics.get("trained"):
-        rows.append(("trained", metrics["trained"]))
+        rows.append(("trained", text(metrics["trained"])))
     return rows
 
 
@@ -79,9 +86,10 @@ def _count(n, word: str) -> str:
 
 
 def probability_table(answer: dict) -> str:
-    """The probabilities to three decimals, best first, and the time taken."""
+    """The probabilities to three decimals, best first, and the time taken, in Markdown (class names as text)."""
     lines = ["| class | probability |", "|---|---|"]
-    lines += [f"| {label} | {p:.3f} |" for label, p in sorted(answer["probabilities"].items(), key=lambda kv: -kv[1])]
+    ranked = sorted(answer["probabilities"].items(), key=lambda kv: -kv[1])
+    lines += [f"| {markup.text(label)} | {p:.3f} |" for label, p in ranked]
     return (
         "\n".join(lines)
         + f"\n\nanswered in **{answer['seconds'] * 1000:.0f} ms** (decoding, preprocessing and the model)"
@@ -122,20 +130,25 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
         try:
             data = Path(path).read_bytes()  # a file the page received: serve.py has Gradio refuse any other path
         except OSError:
-            raise gr.Error(f"{name} is no longer on the server; upload it again") from None
+            raise gr.Error(html.escape(f"{name} is no longer on the server; upload it again", quote=False)) from None
         try:
             photo = predictor.decode(data, name, max_pixels=service.max_pixels, budget=service.budget)
             answer = service.classify(photo, name)
         except PhotoError as err:
-            raise gr.Error(str(err), print_exception=False) from None
+            # Gradio shows an error's message as HTML: the file's name and Pillow's words as text
+            raise gr.Error(html.escape(str(err), quote=False), print_exception=False) from None
         label = {c: p for c, p in answer["probabilities"].items()}
         return label, probability_table(answer), attention_overlay(predictor, photo)
 
-    title = f"foodvit: {', '.join(predictor.classes)}"
+    title = f"foodvit: {', '.join(predictor.classes)}"  # the window's title is set as text
+    heading = f"foodvit: {', '.join(markup.text(name) for name in predictor.classes)}"
+    # the Markdown that shows the model's words (class names, its card) renders no math: $...$ in a name stays text
+    as_text: dict = {"latex_delimiters": []}
     with gr.Blocks(title=title, analytics_enabled=False, delete_cache=cache or PAGE_CACHE) as page:
         gr.Markdown(
-            f"# {title}\nA Vision Transformer (Dosovitskiy et al., 2021) trained with foodvit. "
-            "Give it a photo: it answers with the probability of each class and shows where it looked."
+            f"# {heading}\nA Vision Transformer (Dosovitskiy et al., 2021) trained with foodvit. "
+            "Give it a photo: it answers with the probability of each class and shows where it looked.",
+            **as_text,
         )
         with gr.Row(equal_height=False):
             with gr.Column(min_width=300):
@@ -163,7 +176,7 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
                     label="prediction",
                     elem_id="foodvit-label",
                 )
-                table = gr.Markdown(elem_id="foodvit-probabilities")
+                table = gr.Markdown(elem_id="foodvit-probabilities", **as_text)
                 overlay = gr.Image(
                     label="attention rollout over the model's crop (Abnar & Zuidema 2020)",
                     interactive=False,
@@ -174,7 +187,7 @@ def build_page(service, examples: Sequence[Path] = (), cache: tuple[int, int] | 
                 )
                 if not predictor.has_attention:
                     gr.Markdown(NO_ATTENTION, elem_id="foodvit-no-attention")
-        gr.Markdown(model_card(predictor), elem_id="foodvit-card")
+        gr.Markdown(model_card(predictor), elem_id="foodvit-card", **as_text)
         gr.Markdown("API: `POST /predict` with the photo in the form field `file`; `GET /health`.")
         outputs = [label, table, overlay]
         button.click(classify, inputs=[image], outputs=outputs, api_name="classify")

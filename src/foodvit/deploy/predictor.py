@@ -161,11 +161,15 @@ class Predictor:
     def photos_at_hand(self, per_class: int, split: str = "test") -> list[Path]:
         """The first photos of each of the model's classes from the first of data_sources() that is
         at hand and holds them all; [] if none (nothing is downloaded). For examples and parity checks."""
+        return [photo for photos in self.photos_by_class(per_class, split).values() for photo in photos]
+
+    def photos_by_class(self, per_class: int, split: str = "test") -> dict[str, list[Path]]:
+        """photos_at_hand by class name, {class: its first photos} in the classes' order; {} if none at hand."""
         for source in self.data_sources():
-            photos = source.first_photos(per_class, split, classes=self.classes)
-            if photos:
+            photos = source.photos_by_class(per_class, split, classes=self.classes)
+            if any(photos.values()):
                 return photos
-        return []
+        return {}
 
     def decode(self, photo, name: str = "the photo", *, max_pixels: int = PHOTO_LIMIT, budget=None):
         """One photo as an RGB PIL image, a photo file far larger than the model needs decoded

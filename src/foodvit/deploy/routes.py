@@ -82,7 +82,7 @@ API_METHODS = {"/predict": ("POST",), "/health": ("GET", "HEAD")}  # HEAD where 
 def add_api(app, service: Service, max_bytes: int):
     """/predict and /health on the app (FastAPI), the API's answers to bad requests, and 405 for the other methods of
     their paths; returns the handler of HTTP errors, for the page mounted at / to answer its own errors alike."""
-    from fastapi import File, UploadFile
+    from fastapi import File, Request, UploadFile
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     http_error = add_error_answers(app)
@@ -94,7 +94,16 @@ def add_api(app, service: Service, max_bytes: int):
         return service.health()
 
     @app.post("/predict")
-    async def predict(file: Annotated[UploadFile, File(description=f"the photo: {ACCEPTED}")]) -> dict:
+    async def predict(
+        request: Request, file: Annotated[UploadFile, File(description=f"the photo: {ACCEPTED}")]
+    ) -> dict:
+        given = len((await request.form()).getlist("file"))  # the form FastAPI read (kept on the request)
+        if given > 1:  # FastAPI hands over the last of them: the others would go unanswered without a word
+            raise StarletteHTTPException(
+                400,
+                f"the form holds {given} files in the field 'file', and /predict answers one photo a request; "
+                "send each photo in a request of its own",
+            )
         data = await file.read()
         if len(data) > max_bytes:  # a multipart body within the limit cannot hold more, but be sure
             raise StarletteHTTPException(413, too_large_message(max_bytes))  # answered by _http_error
@@ -124,8 +133,8 @@ def add_error_answers(app):
     async def _http_error(request: Request, err: Exception) -> JSONResponse:
         assert isinstance(err, StarletteHTTPException)  # registered for that class alone, below
         message = str(err.detail).rstrip(".")
-        # e.g. the multipart parser's "Invalid multipart data"
-        if request.url.path == "/predict" and err.status_code == 400:
+        # e.g. the multipart parser's "Invalid multipart data" (a message of ours that names the field says it already)
+        if request.url.path == "/predict" and err.status_code == 400 and "'file'" not in message:
             message += (
                 "; expected a multipart form with the photo in the field 'file' "
                 "(e.g. curl -F file=@photo.jpg URL/predict)"

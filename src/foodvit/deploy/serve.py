@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from foodvit import markup
 from foodvit.deploy.predictor import Predictor
 from foodvit.deploy.routes import BodyLimit, add_api
 from foodvit.deploy.service import DEFAULT_MAX_MEGAPIXELS, DEFAULT_MAX_UPLOAD_MB, Service
@@ -62,7 +63,9 @@ def create_app(
         max_upload_bytes=max_bytes,
         max_megapixels=max_megapixels,
     )
-    app = FastAPI(title="foodvit", description=f"{predictor.name}: {', '.join(predictor.classes)}")
+    # the description is Markdown on the API's page (/docs): the model's name and classes as text (markup.py)
+    described = f"{predictor.name}: {', '.join(predictor.classes)}"
+    app = FastAPI(title="foodvit", description=markup.text(described))
     app.state.service = service
     http_error = add_api(app, service, max_bytes)
     if page:

@@ -22,6 +22,7 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 
+from foodvit import markup
 from foodvit.errors import RunError
 from foodvit.files import atomic_folder, file_above
 
@@ -71,14 +72,18 @@ def _version(name: str) -> str:
 
 
 def _readme(predictor, classes: list[str], onnx: bool = False) -> str:
+    """README.md: the Space's settings (YAML) and its page, every class name quoted in YAML and shown as text in
+    Markdown (markup.py): a name is never read as a setting, markup, a link or a picture."""
     from foodvit.deploy.page import model_card
 
-    title = "FoodVision Mini" if set(classes) == {"pizza", "steak", "sushi"} else f"foodvit: {', '.join(classes[:4])}"
+    mini = set(classes) == {"pizza", "steak", "sushi"}
+    title = "FoodVision Mini" if mini else f"foodvit: {', '.join(classes[:4])}"
+    heading = "FoodVision Mini" if mini else f"foodvit: {', '.join(markup.text(c) for c in classes[:4])}"
     gradio = metadata.version("gradio") if _version("gradio") else "5.0.0"
     return "\n".join(
         [
             "---",
-            f"title: {title}",
+            f"title: {markup.yaml_string(title)}",  # quoted: `title: foodvit: cats, dogs` is no YAML
             "emoji: 🍕",
             "colorFrom: red",
             "colorTo: yellow",
@@ -89,11 +94,11 @@ def _readme(predictor, classes: list[str], onnx: bool = False) -> str:
             "license: mit",
             "---",
             "",
-            f"# {title}",
+            f"# {heading}",
             "",
-            f"A Vision Transformer trained with foodvit to tell {', '.join(classes)} apart. The page takes a photo and "
-            "shows the probability of each class, the time taken and the attention rollout over the part of the photo "
-            "the model saw.",
+            f"A Vision Transformer trained with foodvit to tell {', '.join(map(markup.text, classes))} apart. The page "
+            "takes a photo and shows the probability of each class, the time taken and the attention rollout over the "
+            "part of the photo the model saw.",
             "",
             *(["The model runs in ONNX Runtime: the Space installs no PyTorch.", ""] if onnx else []),
             "Run it here: `pip install -r requirements.txt && python app.py`, then open http://127.0.0.1:7860/. "
@@ -122,7 +127,6 @@ def export_space(
     the model as model.onnx with its attention output, quantised as `quantize` asks (export.py)."""
     import foodvit
     from foodvit.deploy.predictor import Predictor
-    from foodvit.deploy.serve import run_examples
 
     run, folder = Path(run), Path(folder)
     if quantize and not onnx:
@@ -137,7 +141,8 @@ def export_space(
             f"{folder} exists and is not an empty folder; export-space writes only into a new or empty folder"
         )
     predictor = Predictor.from_run(run)
-    examples = run_examples(predictor, per_class=examples_per_class)
+    # named after its class, which is not the photo's folder where a class keeps its photos in subfolders
+    examples = [(name, p) for name, photos in predictor.photos_by_class(examples_per_class).items() for p in photos]
     package = Path(foodvit.__file__).parent
 
     def fill(tmp: Path) -> None:
@@ -149,8 +154,8 @@ def export_space(
             if (run / "model.json").is_file():
                 (tmp / "model" / "model.json").write_text(json.dumps(published_card(predictor.card), indent=2))
         (tmp / "examples").mkdir()
-        for i, photo in enumerate(examples):
-            shutil.copy2(photo, tmp / "examples" / f"{i:02d}-{photo.parent.name}{photo.suffix.lower()}")
+        for i, (name, photo) in enumerate(examples):
+            shutil.copy2(photo, tmp / "examples" / f"{i:02d}-{name}{photo.suffix.lower()}")
         shutil.copytree(package, tmp / "foodvit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (tmp / "app.py").write_text(APP.format(model='HERE / "model" / "model.onnx"' if onnx else 'HERE / "model"'))
         requirements = ONNX_REQUIREMENTS if onnx else REQUIREMENTS

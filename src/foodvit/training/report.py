@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from foodvit import markup
 from foodvit.data.datasource import DataSource
 from foodvit.files import write_text
 from foodvit.rundir.directory import TEACHER_FILE, VALIDATION_FILE
@@ -90,7 +91,9 @@ def write_report(
     validation: dict | None = None,
 ) -> Path:
     """report.md: what was trained on what, the per-image test result (and, with a validation source, the result on
-    it beside), curves and confusion matrix."""
+    it beside), curves and confusion matrix. Names of the user's (the run's folder, the data's, the class folders, the
+    recipe, the validation source) are shown as text (markup.py): a class folder named `<img src=x onerror=alert(1)>`
+    must not be a live picture where the report is read."""
     run = Path(run)
     correct = int(round(final["acc"] * final["n"]))
     per_class = per_class_accuracy(final["confusion"], classes)
@@ -101,7 +104,7 @@ def write_report(
     if trained_at != model_info["image_size"]:  # --test-size
         size_line += f" (trained at {trained_at} px, tested at {model_info['image_size']})"
     lines = [
-        f"# foodvit run: {run.name}",
+        f"# foodvit run: {markup.text(run.name)}",
         "",
         f"**Test accuracy: {final['acc']:.3f}** ({correct}/{final['n']} photos, per image), "
         f"test loss {final['loss']:.3f}.",
@@ -113,7 +116,7 @@ def write_report(
         dropped = validation["val_dropped"]
         lines += [
             f"**Validation accuracy: {validation['acc']:.3f}** ({right}/{validation['n']} photos of "
-            f"`{validation['val_source']}`, per image"
+            f"{markup.code(validation['val_source'])}, per image"
             + (f"; {dropped} of its photos left out, their content also in the training data" if dropped else "")
             + f"), the split the run was judged on while it trained; each photo's answer is in `{VALIDATION_FILE}`.",
             "",
@@ -121,18 +124,20 @@ def write_report(
     lines += [
         "| | |",
         "|---|---|",
-        f"| recipe | `{config.recipe}` |",
-        f"| model | {config.model} ({model_info['params']:,} parameters, {model_info['trainable']:,} trained) |",
+        f"| recipe | {markup.code(config.recipe, table=True)} |",
+        f"| model | {markup.text(config.model)} ({model_info['params']:,} parameters, {model_info['trainable']:,} "
+        "trained) |",
         f"| image size | {size_line} |",
-        f"| data | `{model_info['data_root']}` |",
+        f"| data | {markup.code(model_info['data_root'], table=True)} |",
         "| photos | "
         + "; ".join(
-            f"{split}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for split, c in counts.items()
+            f"{split}: {sum(c.values())} ({', '.join(f'{markup.text(k)} {v}' for k, v in c.items())})"
+            for split, c in counts.items()
         )
         + " |",
         f"| training | {len(history)} epochs, batch {config.train.batch_size} x {config.optim.accum_steps}, "
         f"{config.optim.optimizer} lr {config.optim.lr:g}, weight decay {config.optim.weight_decay:g}, "
-        f"augment `{config.data.augment}` |",
+        f"augment {markup.code(config.data.augment, table=True)} |",
         f"| time | {total_seconds:.0f} s on {model_info['device']}"
         + (f", {model_info['processes']} processes" if model_info.get("processes", 1) > 1 else "")
         + " |",
@@ -141,12 +146,14 @@ def write_report(
         lines.append(f"| validation accuracy | {last['val_acc']:.3f} (last epoch) |")
     lines += ["", "## Per class (test)", "", "| class | accuracy | photos |", "|---|---|---|"]
     totals = final["confusion"].sum(dim=1).tolist()
-    lines += [f"| {name} | {acc:.3f} | {int(totals[i])} |" for i, (name, acc) in enumerate(per_class.items())]
+    lines += [
+        f"| {markup.text(name)} | {acc:.3f} | {int(totals[i])} |" for i, (name, acc) in enumerate(per_class.items())
+    ]
     if validation is not None:
         lines += ["", "## Per class (validation)", "", "| class | accuracy | photos |", "|---|---|---|"]
         totals = validation["confusion"].sum(dim=1).tolist()
         lines += [
-            f"| {name} | {acc:.3f} | {int(totals[i])} |"
+            f"| {markup.text(name)} | {acc:.3f} | {int(totals[i])} |"
             for i, (name, acc) in enumerate(validation["per_class"].items())
             if totals[i]
         ]
@@ -250,7 +257,7 @@ def teacher_section(config, teacher_history: list[dict], teacher_lent_by: str | 
         f"{config.teacher.architecture} trained from random initialisation on the same photos for "
         f"{last['epoch']} epochs "
         f"({sum(r['seconds'] for r in teacher_history):.0f} s"
-        + (f", in {teacher_lent_by}, which lent it to this run" if teacher_lent_by else "")
+        + (f", in {markup.text(teacher_lent_by)}, which lent it to this run" if teacher_lent_by else "")
         + f"): test accuracy {last['test_acc']:.3f} "
         f"(per image). The ViT learned from {' and '.join(uses)}; the saved model "
         f"is the ViT alone, and `{TEACHER_FILE}` keeps the teacher.",

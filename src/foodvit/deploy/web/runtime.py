@@ -3,9 +3,11 @@ site so that the page needs no network when it runs (never a CDN link).
 
 Where they come from, in this order:
     --ort-web PATH    a folder holding them (dist/ of the npm package, or a folder above it, e.g.
-                      node_modules/onnxruntime-web or an unpacked `npm pack`), or the package's
-                      .tgz itself (checked against the pinned hash)
-    the cache         FOODVIT_CACHE/onnxruntime-web/VERSION/, filled by an earlier download
+                      node_modules/onnxruntime-web or an unpacked `npm pack`), each file checked
+                      against the pinned package's (SHA256), or the package's .tgz itself (checked
+                      against the pinned hash)
+    the cache         FOODVIT_CACHE/onnxruntime-web/VERSION/, filled by an earlier download (its
+                      files checked as a folder's are; fetched again if they differ)
     the npm registry  the pinned version's tarball (https://registry.npmjs.org, or
                       $FOODVIT_NPM_REGISTRY), checked against its published sha512 integrity before
                       anything is unpacked, then kept in the cache
@@ -34,6 +36,13 @@ REGISTRY = "https://registry.npmjs.org"
 REGISTRY_ENV = "FOODVIT_NPM_REGISTRY"
 # the WebAssembly-only build: its loader script, the module glue it imports and the binary
 FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+# each of FILES as the pinned package holds it (package/dist/NAME in the .tgz of INTEGRITY): a folder is checked
+# file by file, as the tarball is as a whole; a file changed by one byte is not the runtime the page was checked with
+SHA256 = {
+    "ort.wasm.min.js": "b8a78c408c40da65fdc8ba0846f7b2948e92a4c6d6b23cc8e4165e428ad95443",
+    "ort-wasm-simd-threaded.mjs": "30ed0b5cd1182ede931fea448afb567d4dc705ec957af09f108a2be5f770dac3",
+    "ort-wasm-simd-threaded.wasm": "4b884c203b0fa48d057be3332c65513ff85aa3c5bddd6946acc0fab7ecda001d",
+}
 TIMEOUT_S = 60.0
 logger = logging.getLogger(__name__)
 PACK = f"npm pack onnxruntime-web@{VERSION}"
@@ -62,21 +71,40 @@ def runtime_files(
     integrity: str = INTEGRITY,
     registry: str | None = None,
     quiet: bool = False,
+    hashes: dict[str, str] | None = None,
 ) -> Path:
     """A folder holding FILES: found under `local` (a folder, or the package's .tgz), else in the
-    cache, else fetched from the registry into the cache. A RuntimeFilesError in one line when
-    neither is possible."""
+    cache, else fetched from the registry into the cache. A folder's files are checked against
+    `hashes` (SHA256 by name; default the pinned package's, SHA256), a tarball against `integrity`.
+    A RuntimeFilesError in one line when neither is possible, or a local folder's files differ."""
+    hashes = SHA256 if hashes is None else hashes
     if local is not None:
         local = Path(local)
         if local.is_file():
             return _unpacked(local.read_bytes(), str(local), version, integrity)
-        return _found_in(local)
-    folder = cached(version)
-    if all((folder / name).is_file() for name in FILES):
+        folder = _found_in(local)
+        for name in FILES:
+            if not _same(folder / name, hashes):
+                raise RuntimeFilesError(
+                    f"--ort-web {local}: {name} is not onnxruntime-web {version}'s as published (its SHA256 differs: "
+                    f"changed or damaged); give the package's own files (`{PACK}`, its .tgz or its dist/ folder)"
+                )
         return folder
+    folder = cached(version)
+    if all((folder / name).is_file() and _same(folder / name, hashes) for name in FILES):
+        return folder  # else fetched again: _unpacked replaces what the cache holds
     return _unpacked(
         _download(tarball_url(version, registry), quiet), tarball_url(version, registry), version, integrity
     )
+
+
+def _same(path: Path, hashes: dict[str, str]) -> bool:
+    """Whether the file at `path` has the SHA256 that `hashes` gives its name."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest() == hashes.get(path.name)
 
 
 def _found_in(local: Path) -> Path:
@@ -132,8 +160,6 @@ def _unpacked(data: bytes, where: str, version: str, integrity: str) -> Path:
 
     check_integrity(data, integrity, where)
     folder = cached(version)
-    if all((folder / name).is_file() for name in FILES):
-        return folder
 
     def fill(tmp: Path) -> None:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:

@@ -13,7 +13,9 @@ in the visitor's browser by ONNX Runtime Web, and never leaves it.
 
 The folder is written under a temporary name beside --out and renamed when complete: a failure
 leaves nothing. Before renaming, the page's path (preprocess.onnx, then model.onnx) is run in
-Python's ONNX Runtime on the run's test photos and compared with `foodvit predict` on the run.
+Python's ONNX Runtime on the run's test photos and compared with `foodvit predict` on the run
+(ONNX Runtime Web itself runs only in a browser: its files are checked against the published
+package's hashes instead, runtime.py; the page in Chromium is tests/test_web_browser.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ ASSETS = ("index.html", "foodvit.js", "style.css")
 # costs 4 bytes a pixel in the tab (a 40-megapixel photo, 160 MB)
 MAX_MEGAPIXELS = 40.0
 MAX_FILE_MB = 50.0
+# what a browser decodes (Chromium, Firefox and Safari alike), where foodvit's Python also reads TIFF (photos.ACCEPTED)
+PAGE_ACCEPTED = "a JPEG, PNG, WebP, BMP or GIF photo"
+PAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif")  # the file chooser's
 AGREEMENT_PHOTOS = 8  # test photos a class on which the export compares the page's path with predict
 
 
@@ -78,10 +83,10 @@ def agreement(folder: Path, predictor, photos) -> dict:
     return {"photos": len(photos), "agreement": same / max(len(photos), 1), "max_difference": worst}
 
 
-def example_file(i: int, photo: Path) -> tuple[str, str]:
-    """Where the site keeps its i-th example photo (its class in the name, as the page shows it) and the page's
-    URL of it, percent-encoded so that a class named 'mac#cheese' or '50%' stays one file name."""
-    name = f"examples/{i:02d}-{photo.parent.name}{photo.suffix.lower()}"
+def example_file(i: int, label: str, photo: Path) -> tuple[str, str]:
+    """Where the site keeps its i-th example photo, of class `label` (in the name, as the page shows it), and the
+    page's URL of it, percent-encoded so that a class named 'mac#cheese' or '50%' stays one file name."""
+    name = f"examples/{i:02d}-{label}{photo.suffix.lower()}"
     return name, quote(name)
 
 
@@ -99,7 +104,7 @@ def check_out(out: Path) -> None:
 
 def page_config(predictor, model_file: Path, grid: int, examples: list[str], quantize: str | None) -> dict:
     """foodvit.json: what the page needs to know besides the three graphs."""
-    from foodvit.data.photos import ACCEPTED
+    from foodvit.data.photos import MAX_ASPECT
     from foodvit.deploy.page import card_rows
     from foodvit.deploy.space import published_card
     from foodvit.deploy.web.runtime import VERSION
@@ -120,7 +125,13 @@ def page_config(predictor, model_file: Path, grid: int, examples: list[str], qua
         "preprocess": json.loads(predictor.preprocess.to_json()),
         "grid": grid,
         "card": rows,
-        "limits": {"max_megapixels": MAX_MEGAPIXELS, "max_file_mb": MAX_FILE_MB, "accepted": ACCEPTED},
+        "limits": {
+            "max_megapixels": MAX_MEGAPIXELS,
+            "max_file_mb": MAX_FILE_MB,
+            "max_aspect": MAX_ASPECT,  # predict's rule (photos.check_shape), from the photo's header as there
+            "accepted": PAGE_ACCEPTED,
+            "types": list(PAGE_TYPES),
+        },
         "examples": examples,
         "precision": precision,
         "runtime": f"onnxruntime-web {VERSION}",
@@ -162,9 +173,28 @@ Copy the folder to any static web host: nothing runs on the server.
 | ort/ | ONNX Runtime Web {runtime_version} (MIT licence, Microsoft), from the npm package `onnxruntime-web` |
 | examples/ | a few test photos |
 
-Measured at export: the page's computation gave the same top class as `foodvit predict` on
-{agreement}.
+Measured at export: the page's three graphs, run by Python's ONNX Runtime, gave the same top class
+as `foodvit predict` on {agreement}. ONNX Runtime Web itself runs only in a browser; its files in
+ort/ are the published package's, checked against their hashes.
 """
+
+
+def site_readme(config: dict, folder: str, agreement: str) -> str:
+    """README.md of the site (README): its title from the class names and the folder's name as text, never as markup
+    (markup.py); the folder's name quoted for the shell in the command that serves it."""
+    import shlex
+
+    from foodvit import markup
+    from foodvit.deploy.web.runtime import VERSION
+
+    return README.format(
+        title=f"foodvit: {', '.join(markup.text(name) for name in config['classes'])}",
+        runtime=config["runtime"],
+        folder=shlex.quote(folder) if folder.isprintable() else "SITE",  # an indented code block: one line
+        precision=config["precision"],
+        runtime_version=VERSION,
+        agreement=agreement,
+    )
 
 
 def export_web(
@@ -186,7 +216,7 @@ def export_web(
     from foodvit.deploy.space import publishable_onnx
     from foodvit.deploy.web.graphs import overlay_graph, preprocess_graph
     from foodvit.deploy.web.runtime import FILES as RUNTIME_FILES
-    from foodvit.deploy.web.runtime import VERSION, runtime_files
+    from foodvit.deploy.web.runtime import runtime_files
     from foodvit.files import atomic_folder
 
     run, out = Path(run), Path(out)
@@ -194,7 +224,8 @@ def export_web(
     runtime = runtime_files(ort_web, quiet=quiet)  # first: without it there is no page
     predictor = Predictor.from_run(run)
     per_class = max(examples_per_class, AGREEMENT_PHOTOS)
-    test_photos = predictor.photos_at_hand(per_class)
+    by_class = predictor.photos_by_class(per_class)
+    test_photos = [photo for photos in by_class.values() for photo in photos]
     result: dict = {}
 
     def fill(tmp: Path) -> None:
@@ -210,8 +241,9 @@ def export_web(
             shutil.copy2(runtime / name, tmp / "ort" / name)
         (tmp / "examples").mkdir()
         examples = []
-        for i, photo in enumerate(_examples(test_photos, predictor.classes, examples_per_class)):
-            name, url = example_file(i, photo)
+        chosen = [(label, p) for label, photos in by_class.items() for p in photos[:examples_per_class]]
+        for i, (label, photo) in enumerate(chosen):
+            name, url = example_file(i, label, photo)
             shutil.copy2(photo, tmp / name)
             examples.append(url)
         assets = resources.files("foodvit.deploy.web") / "assets"
@@ -228,16 +260,7 @@ def export_web(
             if measured["photos"]
             else "no test photos (none at hand)"
         )
-        (tmp / "README.md").write_text(
-            README.format(
-                title=config["title"],
-                runtime=config["runtime"],
-                folder=out.name,
-                precision=config["precision"],
-                runtime_version=VERSION,
-                agreement=words,
-            )
-        )
+        (tmp / "README.md").write_text(site_readme(config, out.name, words))
         result.update(
             agreement=measured,
             quantization=exported.get("quantization"),
@@ -247,11 +270,3 @@ def export_web(
     atomic_folder(out, fill)
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return {"path": str(out), "bytes": total, **result}
-
-
-def _examples(photos: list[Path], classes: list[str], per_class: int) -> list[Path]:
-    """The first `per_class` of `photos` of each class (photos lie in folders named by class)."""
-    chosen = []
-    for name in classes:
-        chosen += [p for p in photos if p.parent.name == name][:per_class]
-    return chosen

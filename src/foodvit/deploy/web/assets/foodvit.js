@@ -68,6 +68,12 @@ async function decode(blob, name) {
     throw new PhotoError(`${name} is ${width} x ${height} = ${megapixels(width * height)} megapixels, over the page's `
                          + `limit of ${limits.max_megapixels} megapixels; resize it below the limit and try again`);
   }
+  // foodvit predict's rule and words (photos.py's too_long): a strip of pixels scaled to the model would need gigabytes
+  const [long, short] = [Math.max(width, height), Math.max(Math.min(width, height), 1)];
+  if (long > limits.max_aspect * short) {
+    throw new PhotoError(`${name} is ${width} x ${height} px, ${(long / short).toFixed(0)} times as long as it is wide `
+                         + `(at most ${limits.max_aspect}); crop it closer to what it shows and try again`);
+  }
   let bitmap;
   try {
     const options = { imageOrientation: "from-image", colorSpaceConversion: "none", premultiplyAlpha: "none" };
@@ -148,12 +154,21 @@ function show(answer) {
   document.body.dataset.state = "done";
 }
 
+// the answer shown is the last photo's: a new photo, or an error, takes the previous one away
+function clearAnswer() {
+  $("classes").replaceChildren();
+  $("timing").textContent = "";
+  $("attention").hidden = true;
+  state.last = null;
+}
+
 // one photo at a time, in the order given; a failure is one line and the page goes on
 function submit(blob, name) {
   state.queue = state.queue.then(async () => {
     await state.loading;  // a photo given while the model loads waits for it
     if (!state.sessions) return;  // the model did not load: its error line stays, saying why
     clearError();
+    clearAnswer();
     document.body.dataset.state = "busy";
     $("status").textContent = `classifying ${name}...`;
     try {
@@ -219,6 +234,7 @@ async function start() {
   const started = performance.now();
   try {
     state.config = await (await fetch("foodvit.json")).json();
+    for (const input of [$("photo"), $("camera")]) input.accept = state.config.limits.types.join(",");
     document.title = state.config.title;
     $("title").textContent = state.config.title;
     card();
