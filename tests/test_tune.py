@@ -20,6 +20,7 @@ from foodvit.cli.options import build_config  # noqa: E402
 from foodvit.config import RunConfig, with_settings  # noqa: E402
 from foodvit.recipes import load_recipe  # noqa: E402
 from foodvit.errors import ConfigError, StudyError  # noqa: E402
+from foodvit import markup  # noqa: E402
 from foodvit.tuning import compare, cv  # noqa: E402
 from foodvit.tuning.folds import fold_folder, fold_folders, training_photos  # noqa: E402
 from foodvit.tuning.search import parse_budget, tune  # noqa: E402
@@ -215,7 +216,7 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
     first, second = (json.loads((s / "cv.json").read_text()) for s in (a, b))
     assert second["photos"] == first["photos"] and second["accuracy"] == first["accuracy"]
     for k in range(2):
-        assert f"in {a / f'fold-{k}'}, which lent it to this run" in (b / f"fold-{k}" / "report.md").read_text()
+        assert f"in {markup.text(a / f'fold-{k}')}, which lent it to this run" in (b / f"fold-{k}" / "report.md").read_text()
         mine, theirs = (load_checkpoint(s / f"fold-{k}" / "teacher.pt") for s in (b, a))
         assert mine["history"] == theirs["history"] and mine["model"].keys() == theirs["model"].keys() and "lent_by" not in theirs
         assert all(torch.equal(mine["model"][key], theirs["model"][key]) for key in mine["model"])

@@ -92,13 +92,14 @@ def teacher_settings(config: RunConfig) -> dict:
     preprocessing the run resolves (image size, normalisation), its architecture, the data, optimiser and training
     settings. Not among them: the ViT's architecture, the student's own settings (STUDENT_SETTINGS), and what never
     reaches the teacher's training (the ViT's progressive resizing: the teacher trains at its own side; no
-    compiling; no test size; the cache and the number of loader workers change only the time, except that with
-    mixing on, a batch is mixed in the loader's worker when there is one)."""
+    compiling; no test size; no validation source, which it is only scored on; the cache and the number of loader
+    workers change only the time, except that with mixing on, a batch is mixed in the loader's worker when there
+    is one)."""
     settings = config.to_dict()
     data = {
         k: v
         for k, v in settings["data"].items()
-        if k not in ("source", "start_size", "start_share", "test_size", "cache", "cache_gb")
+        if k not in ("source", "validate_on", "start_size", "start_share", "test_size", "cache", "cache_gb")
     }
     data["workers"] = min(config.data.workers, 1) if (config.data.mixup or config.data.cutmix) else 0
     optim = {k: v for k, v in settings["optim"].items() if f"optim.{k}" not in STUDENT_SETTINGS}

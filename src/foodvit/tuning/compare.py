@@ -134,15 +134,19 @@ def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str
 
 def study_identity(study: str | Path) -> dict:
     """What a study folder says it is (study.json, or a tune trial's trial.json): its kind, photos, folds, seeds,
-    validation pool and settings; {} for a folder from before studies said so (its photos are then paired as they
-    are)."""
+    validation pool and settings; {} when it does not say (a folder from before studies said so: its photos are then
+    paired as they are)."""
     for name in ("study.json", "trial.json"):
         path = Path(study) / name
-        if path.is_file():
-            found = _result_file(path, ("data",))
-            if "seed" in found and "seeds" not in found:  # a trial: one seed of folds
-                found["seeds"] = [found["seed"]]
-            return found
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # absent or unreadable: the study's results say what they can
+        if not isinstance(found, dict) or "data" not in found:
+            continue
+        if "seed" in found and "seeds" not in found:  # a trial: one seed of folds
+            found["seeds"] = [found["seed"]]
+        return found
     return {}
 
 
@@ -150,6 +154,8 @@ def _describe(identity: dict) -> str:
     """A study's design in words, e.g. '5-fold CV, seeds [0]', 'a pool study of 391 photos, seeds [0, 1]'."""
     if identity.get("kind") == "pool":
         return f"a study on a validation pool, seeds {identity.get('seeds')}"
+    if identity.get("kind") == "test":
+        return f"a study on a test split, seeds {identity.get('seeds')}"
     return f"{identity.get('folds')}-fold CV, seeds {identity.get('seeds')}"
 
 
@@ -160,7 +166,7 @@ def check_comparable(a: str | Path, b: str | Path) -> str:
     ia, ib = study_identity(a), study_identity(b)
     if not ia or not ib:
         return ""
-    kind_a, kind_b = ("pool" if i.get("kind") == "pool" else "cv" for i in (ia, ib))
+    kind_a, kind_b = ({"trial": "cv"}.get(i.get("kind"), i.get("kind")) for i in (ia, ib))  # a trial's folds are CV
     design = [key for key in ("folds", "seeds", "validation") if ia.get(key) != ib.get(key)]
     if kind_a != kind_b or design:
         raise StudyError(
