@@ -10,10 +10,14 @@ from pathlib import Path
 import pytest
 
 import foodvit
-from foodvit.config import MOVED, SECTIONS, VIT_OPTIONS, OptimConfig, RunConfig, VitSettings, flag_of, setting_field
+from foodvit.settings.layout import MOVED
+from foodvit.settings.run import SECTIONS, OptimConfig, RunConfig
+from foodvit.settings.model import VIT_OPTIONS, VitSettings
+from foodvit.settings.fields import flag_of
+from foodvit.settings.overrides import setting_field
 from foodvit.errors import ConfigError
 from foodvit.model.resolve import resolve
-from foodvit.objective_settings import OBJECTIVES
+from foodvit.settings.objectives import OBJECTIVES
 
 DATA = Path(__file__).parent / "data"
 # `foodvit train --epochs 3 --seed 0`'s config.json in the layout before the sections (optim held the objectives'
@@ -99,7 +103,7 @@ def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_sectione
 
 
 def test_settings_this_version_cannot_read_are_compared_in_the_sectioned_layout():
-    from foodvit.config import settings_sectioned
+    from foodvit.settings.run import settings_sectioned
 
     stored = json.loads(STORED.read_text())
     stored["optim"]["retired_option"] = 1

@@ -11,8 +11,9 @@ from helpers import make_photo_folder
 from test_train import small_config
 from torch import nn
 
-from foodvit.config import RunConfig, with_settings
-from foodvit.objective_settings import OBJECTIVES, STUDENT_SETTINGS, ObjectiveSettings
+from foodvit.settings.run import RunConfig
+from foodvit.settings.overrides import with_settings
+from foodvit.settings.objectives import OBJECTIVES, STUDENT_SETTINGS, ObjectiveSettings
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.training import objectives

@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of
-from foodvit.errors import ConfigError, Range, check_value
-from foodvit.model.resolve import apply_overrides as resolve_overrides
-from foodvit.model.resolve import is_setting_key, resolve
-from foodvit.objective_settings import OBJECTIVES
+from foodvit.errors import ConfigError
+from foodvit.model.resolve import resolve
+from foodvit.settings.fields import Range, check_value, flag_of
+from foodvit.settings.model import VIT_OPTIONS
+from foodvit.settings.objectives import OBJECTIVES
+from foodvit.settings.overrides import apply_overrides as resolve_overrides
+from foodvit.settings.overrides import is_setting_key
+from foodvit.settings.run import DEFAULT_RECIPE, SECTIONS, RunConfig
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")

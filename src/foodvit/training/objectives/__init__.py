@@ -21,7 +21,7 @@ so a resumed run ends exactly as an uninterrupted one would). None trains a froz
 
 from __future__ import annotations
 
-from foodvit.config import RunConfig
+from foodvit.settings.run import RunConfig
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs
 from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.contrast import InstanceDiscrimination

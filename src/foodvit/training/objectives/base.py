@@ -16,9 +16,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from foodvit.config import RunConfig
 from foodvit.model.vit import Heads, VisionTransformer
-from foodvit.objective_settings import ObjectiveSettings
+from foodvit.settings.objectives import ObjectiveSettings
+from foodvit.settings.run import RunConfig
 from foodvit.training.resizing import AnyGrid
 
 # the model that computes a step: the ViT, or progressive resizing's AnyGrid around it
