@@ -7,8 +7,9 @@ field from the same metadata, and the command line's own numbers are checked aga
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from foodvit.errors import ConfigError
 
@@ -93,3 +94,24 @@ def check_fields(settings) -> None:
     """check_field for every field of a settings dataclass."""
     for f in fields(settings):
         check_field(f, getattr(settings, f.name))
+
+
+T = TypeVar("T", bound=type)
+
+
+def generated_fields(new: Iterable[tuple[str, str, Any]], after: str | None = None) -> Callable[[T], T]:
+    """A class decorator, written under @dataclass, that adds fields generated from a table rather than written out
+    a second time: (name, type as text, default or field()) each, after the field `after` (at the end without one).
+    Type checkers see only the fields written in the class."""
+
+    def add(cls: T) -> T:
+        written = dict(cls.__dict__.get("__annotations__", {}))
+        new_fields = list(new)
+        at = list(written).index(after) + 1 if after is not None else len(written)
+        items = list(written.items())
+        cls.__annotations__ = dict(items[:at] + [(name, kind) for name, kind, _ in new_fields] + items[at:])
+        for name, _, default in new_fields:
+            setattr(cls, name, default)
+        return cls
+
+    return add
