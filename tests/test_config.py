@@ -1,6 +1,6 @@
 """Settings: a run directory's config.json as foodvit writes it, and as it wrote it before the objectives,
 the CNN teacher and the pre-training had sections of their own, load to the same settings; one resolve() turns a
-recipe and overrides into them; the sections come from the objectives' registry (objective_settings.OBJECTIVES);
+recipe and overrides into them; the sections come from the objectives' registry (settings.objectives.OBJECTIVES);
 and the objectives' dependent settings are refused while their objective is off."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 
 import foodvit
 from foodvit.settings.layout import MOVED
-from foodvit.settings.run import SECTIONS, OptimConfig, RunConfig
+from foodvit.settings.run import SECTIONS, OptimConfig, RunConfig, objectives_on
 from foodvit.settings.model import VIT_OPTIONS, VitSettings
 from foodvit.settings.fields import flag_of
 from foodvit.settings.overrides import setting_field
@@ -135,7 +135,7 @@ def test_the_sections_come_from_the_objectives_registry():
     for objective in OBJECTIVES:
         assert SECTIONS[objective.name] is objective.settings
         assert fields(objective.settings)[0].name == "weight" and objective.settings().weight == 0  # off by default
-        assert not objective.on(RunConfig())
+    assert objectives_on(RunConfig()) == ()
     assert [f.name for f in fields(VitSettings)] == [f.name for f in VIT_OPTIONS]  # the model's settings: ViTConfig's
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from foodvit.errors import ConfigError, FoodVitError
 from foodvit.settings.fields import (
@@ -29,17 +30,12 @@ from foodvit.settings.fields import (
     SIDE_OR_0,
     Range,
     check_fields,
+    generated_fields,
     opt,
 )
 from foodvit.settings.layout import current_layout
 from foodvit.settings.model import VitSettings
-from foodvit.settings.objectives import (
-    ContrastSettings,
-    DistillSettings,
-    DrlocSettings,
-    GuidanceSettings,
-    MaskedSettings,
-)
+from foodvit.settings.objectives import OBJECTIVES, ObjectiveSettings
 
 # Choices of the run's text settings, named once (preprocess.py and transforms.py read them from here).
 RESIZE_MODES = ("crop", "square")
@@ -275,24 +271,25 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+@generated_fields(((o.name, o.settings.__name__, field(default_factory=o.settings)) for o in OBJECTIVES), after="optim")
 class RunConfig:
     """Everything a run needs; saved as config.json. Beside the model's settings (vit), the data, the optimiser
-    and the training: a section per training objective (objectives.OBJECTIVES, one field here each, named
-    after it), the CNN teacher's and the self-supervised pre-training stage's."""
+    and the training: a section per training objective, after optim (one field each, named after it, generated
+    from the objectives' table, objectives.OBJECTIVES), the CNN teacher's and the self-supervised pre-training
+    stage's."""
 
     recipe: str = DEFAULT_RECIPE
     model: str = "ViT-B/16"
     vit: VitSettings = field(default_factory=VitSettings)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    drloc: DrlocSettings = field(default_factory=DrlocSettings)
-    masked: MaskedSettings = field(default_factory=MaskedSettings)
-    guidance: GuidanceSettings = field(default_factory=GuidanceSettings)
-    distill: DistillSettings = field(default_factory=DistillSettings)
-    contrast: ContrastSettings = field(default_factory=ContrastSettings)
     teacher: TeacherSettings = field(default_factory=TeacherSettings)
     pretrain: PretrainSettings = field(default_factory=PretrainSettings)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    if TYPE_CHECKING:  # the generated sections, as a type checker sees them
+
+        def __getattr__(self, objective: str) -> Any: ...
 
     def __post_init__(self) -> None:
         if not isinstance(self.vit, VitSettings):  # a dict of the model's settings by name; anything else refused
@@ -349,7 +346,7 @@ def settings_sectioned(stored: dict) -> dict:
 
 
 # The sections of a run's settings beside the model's, by name, in config.json's order (an objective's section
-# holds its registry line's dataclass, objectives.OBJECTIVES).
+# holds its line's dataclass, objectives.OBJECTIVES).
 SECTIONS: dict[str, type] = {
     f.name: f.default_factory  # type: ignore[misc]
     for f in fields(RunConfig)
@@ -365,3 +362,13 @@ def _build(cls, values: dict):
     if unknown := sorted(set(values) - set(known)):
         raise ConfigError(f"unknown setting(s) [{section}] {', '.join(unknown)}; [{section}] has {', '.join(known)}")
     return cls(**{k: tuple(v) if isinstance(known[k].default, tuple) else v for k, v in values.items()})  # from lists
+
+
+def objectives_on(config: RunConfig) -> tuple[ObjectiveSettings, ...]:
+    """The training objectives the settings turn on (their weight above 0), in the table's order."""
+    return tuple(o for o in OBJECTIVES if getattr(config, o.name).weight > 0)
+
+
+def reads_teacher(config: RunConfig) -> bool:
+    """Whether an objective that is on reads the CNN teacher (the run trains one unless its backbone is frozen)."""
+    return any(o.teacher for o in objectives_on(config))

@@ -30,8 +30,8 @@ from foodvit.model.build import default_preprocess
 from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
-from foodvit.settings.objectives import STUDENT_SETTINGS, reads_teacher
-from foodvit.settings.run import TEACHERS, OptimConfig, RunConfig
+from foodvit.settings.objectives import STUDENT_SETTINGS
+from foodvit.settings.run import TEACHERS, OptimConfig, RunConfig, reads_teacher
 from foodvit.training.engine import StepSettings, epoch_line, silent
 from foodvit.training.optim import within_stage
 from foodvit.training.stages import Stage, StageData

@@ -221,7 +221,7 @@ def _param(key: str, spec, config: RunConfig) -> Param:
 
 
 # A setting that needs an objective on -> (the objective's weight, what a value other than the off one asks
-# for, the off value, the objective's title): from the objectives' settings (objective_settings.OBJECTIVES).
+# for, the off value, the objective's title): from the objectives' registry (settings.objectives.OBJECTIVES).
 NEEDS = {dep.key: (o.weight_key, dep.what, dep.off, o.title) for o in OBJECTIVES for dep in o.dependents}
 
 
