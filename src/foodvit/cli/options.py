@@ -1,5 +1,5 @@
 """The command line's view of the settings: one option per settings field, generated from the
-dataclasses of config.py (never written out one by one); a run's settings are resolved from a recipe
+dataclasses of foodvit.settings (never written out one by one); a run's settings are resolved from a recipe
 and the options given by model/resolve.py, the path every caller takes. The resolved configuration is
 saved with every run (config.json) and checkpoint. No PyTorch here unless pre-trained weights are named.
 """
@@ -82,7 +82,7 @@ def _arg_type(f):
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """One option per field of ViTConfig (model) and of every section of RunConfig (config.SECTIONS), named
+    """One option per field of ViTConfig (model) and of every section of RunConfig (settings.run.SECTIONS), named
     after the field or its `flag`."""
     seen: set[str] = set()
     titles = {

@@ -1,5 +1,5 @@
 """The built-in recipes (the TOML files beside this module) and any recipe file: found, read and
-checked into a RunConfig. The settings' schema they fill is config.py's."""
+checked into a RunConfig (foodvit.settings.run: the schema they fill)."""
 
 from __future__ import annotations
 
