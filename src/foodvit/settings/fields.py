@@ -99,10 +99,10 @@ def check_fields(settings) -> None:
 T = TypeVar("T", bound=type)
 
 
-def generated_fields(new: Iterable[tuple[str, str, Any]], after: str | None = None) -> Callable[[T], T]:
+def generated_fields(new: Iterable[tuple[str, Any, Any]], after: str | None = None) -> Callable[[T], T]:
     """A class decorator, written under @dataclass, that adds fields generated from a table rather than written out
-    a second time: (name, type as text, default or field()) each, after the field `after` (at the end without one).
-    Type checkers see only the fields written in the class."""
+    a second time: (name, type or its text, default or field()) each, after the field `after` (at the end without
+    one). Type checkers see only the fields written in the class."""
 
     def add(cls: T) -> T:
         written = dict(cls.__dict__.get("__annotations__", {}))

@@ -271,7 +271,7 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-@generated_fields(((o.name, o.settings.__name__, field(default_factory=o.settings)) for o in OBJECTIVES), after="optim")
+@generated_fields(((o.name, o.settings, field(default_factory=o.settings)) for o in OBJECTIVES), after="optim")
 class RunConfig:
     """Everything a run needs; saved as config.json. Beside the model's settings (vit), the data, the optimiser
     and the training: a section per training objective, after optim (one field each, named after it, generated
