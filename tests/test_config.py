@@ -1,6 +1,6 @@
 """Settings: a run directory's config.json as foodvit writes it, and as it wrote it before the objectives,
 the CNN teacher and the pre-training had sections of their own, load to the same settings; one resolve() turns a
-recipe and overrides into them; the sections come from the objectives' registry (objective_settings.OBJECTIVES);
+recipe and overrides into them; the sections come from the objectives' registry (settings.objectives.OBJECTIVES);
 and the objectives' dependent settings are refused while their objective is off."""
 
 import json
@@ -10,10 +10,14 @@ from pathlib import Path
 import pytest
 
 import foodvit
-from foodvit.config import MOVED, SECTIONS, VIT_OPTIONS, OptimConfig, RunConfig, VitSettings, flag_of, setting_field
+from foodvit.settings.layout import MOVED
+from foodvit.settings.run import SECTIONS, OptimConfig, RunConfig, objectives_on
+from foodvit.settings.model import VIT_OPTIONS, VitSettings
+from foodvit.settings.fields import flag_of
+from foodvit.settings.overrides import setting_field
 from foodvit.errors import ConfigError
 from foodvit.model.resolve import resolve
-from foodvit.objective_settings import OBJECTIVES
+from foodvit.settings.objectives import OBJECTIVES
 
 DATA = Path(__file__).parent / "data"
 # `foodvit train --epochs 3 --seed 0`'s config.json in the layout before the sections (optim held the objectives'
@@ -99,7 +103,7 @@ def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_sectione
 
 
 def test_settings_this_version_cannot_read_are_compared_in_the_sectioned_layout():
-    from foodvit.config import settings_sectioned
+    from foodvit.settings.run import settings_sectioned
 
     stored = json.loads(STORED.read_text())
     stored["optim"]["retired_option"] = 1
@@ -131,7 +135,7 @@ def test_the_sections_come_from_the_objectives_registry():
     for objective in OBJECTIVES:
         assert SECTIONS[objective.name] is objective.settings
         assert fields(objective.settings)[0].name == "weight" and objective.settings().weight == 0  # off by default
-        assert not objective.on(RunConfig())
+    assert objectives_on(RunConfig()) == ()
     assert [f.name for f in fields(VitSettings)] == [f.name for f in VIT_OPTIONS]  # the model's settings: ViTConfig's
 
 

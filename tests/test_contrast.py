@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from helpers import make_photo_folder
 from test_train import small_config
 
-from foodvit.config import ContrastSettings, RunConfig
+from foodvit.settings.objectives import ContrastSettings
+from foodvit.settings.run import RunConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint

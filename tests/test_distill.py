@@ -12,7 +12,8 @@ from helpers import make_photo_folder
 from test_train import small_config
 from torch import nn
 
-from foodvit.config import RunConfig, with_settings
+from foodvit.settings.run import RunConfig
+from foodvit.settings.overrides import with_settings
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.variants import create_model
 from foodvit.model.vit import Heads

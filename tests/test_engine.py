@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from foodvit.config import OptimConfig
+from foodvit.settings.run import OptimConfig
 from foodvit.training.engine import StepSettings, TrainingDiverged, evaluate, fit, train_one_epoch
 from foodvit.training.optim import build_ema, build_optimizer, lr_factor, param_groups
 

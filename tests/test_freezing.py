@@ -3,7 +3,7 @@ the same features in training mode, and the model itself keeps no trace of it.""
 
 import torch
 
-from foodvit.config import ViTConfig
+from foodvit.settings.model import ViTConfig
 from foodvit.model.vit import VisionTransformer
 from foodvit.training.freezing import backbone_modules, freeze_backbone
 

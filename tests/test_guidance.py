@@ -108,7 +108,7 @@ def test_four_stages_add_the_teachers_last_stage_against_the_last_block():
     target = (t - t.mean(1, keepdim=True)) / torch.sqrt(t.var(1, unbiased=False, keepdim=True) + 1e-5)
     fourth = ((student - target) ** 2).mean()
     torch.testing.assert_close(loss4, (3 * loss3 + fourth) / 4, rtol=1e-4, atol=1e-6)  # the mean over four pairs
-    from foodvit.config import GuidanceSettings
+    from foodvit.settings.objectives import GuidanceSettings
 
     with pytest.raises(ConfigError, match="add --guidance W"):
         GuidanceSettings(stages=4)
@@ -151,7 +151,7 @@ def test_the_linear_schedule_moves_the_weight_to_the_first_epochs_and_halves_it_
 
 
 def test_a_schedule_needs_guidance_and_each_epoch_trains_at_its_weight(photos, tmp_path):
-    from foodvit.config import GuidanceSettings
+    from foodvit.settings.objectives import GuidanceSettings
     from foodvit.training.trainer import Trainer
 
     with pytest.raises(ConfigError, match="add --guidance W"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import foodvit
-from foodvit.config import ViTConfig
+from foodvit.settings.model import ViTConfig
 from foodvit.errors import ConfigError, InputError
 from foodvit.model.variants import count_params, get_variant
 from foodvit.model.positions import sincos_2d_pos_embed
@@ -213,7 +213,7 @@ def test_image_size_not_divisible_by_patch_size_names_both():
 
 
 def test_the_patch_grid_rule_names_the_nearest_sizes_on_the_grid():
-    from foodvit.config import check_on_patch_grid
+    from foodvit.settings.model import check_on_patch_grid
 
     check_on_patch_grid("image size", 224, 16)  # on the grid: nothing to say
     with pytest.raises(ConfigError, match=r"^--start-size 20 is not a multiple of the patch size 8; use 16 or 24$"):

@@ -3,7 +3,7 @@ each adds its own term and no other's, the order they are given in changes nothi
 to the checkpoint and come back, and a new objective is its class and one registry entry."""
 
 import itertools
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -11,8 +11,9 @@ from helpers import make_photo_folder
 from test_train import small_config
 from torch import nn
 
-from foodvit.config import RunConfig, with_settings
-from foodvit.objective_settings import OBJECTIVES, STUDENT_SETTINGS, ObjectiveSettings
+from foodvit.settings.run import RunConfig
+from foodvit.settings.overrides import with_settings
+from foodvit.settings.objectives import OBJECTIVES, STUDENT_SETTINGS, ObjectiveSettings
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.training import objectives
@@ -50,9 +51,9 @@ def small_vit(seed: int = 0):
     )
 
 
-def test_the_registry_and_the_settings_name_the_same_objectives_in_the_same_order():
-    assert [kind.name() for kind in REGISTRY] == [o.name for o in OBJECTIVES]
-    assert all(kind.settings is o for kind, o in zip(REGISTRY, OBJECTIVES))
+def test_the_registry_is_the_settings_table_each_name_its_modules_objective():
+    assert list(REGISTRY) == [o.name for o in OBJECTIVES] == [f.name for f in fields(RunConfig)][5:10]
+    assert all(REGISTRY[o.name].settings is o and REGISTRY[o.name].__module__.endswith(f".{o.name}") for o in OBJECTIVES)
     assert {o.name for o in OBJECTIVES} <= set(STUDENT_SETTINGS)  # every objective's section shapes the ViT alone
     assert checkpoint_keys() == ("auxiliary", "masked", "guidance", "contrast")  # what checkpoint.pt has always held
 
@@ -99,7 +100,7 @@ def test_the_order_of_composition_changes_no_term_and_no_total(teacher):
     images = torch.randn(4, 3, 32, 32)
     results = []
     for order in (list(built), list(reversed(built)), [built[2], built[4], built[0], built[3], built[1]]):
-        composed = WithObjectives(vit, order, order=REGISTRY, teacher=teacher).train()
+        composed = WithObjectives(vit, order, order=REGISTRY.values(), teacher=teacher).train()
         torch.manual_seed(3)
         _, terms = composed.terms(images)
         torch.manual_seed(3)
@@ -163,7 +164,7 @@ class Toy(Objective):
 
 
 def test_a_new_objective_is_its_class_and_one_registry_entry(tmp_path, monkeypatch):
-    monkeypatch.setattr(objectives, "REGISTRY", (*REGISTRY, Toy))
+    monkeypatch.setattr(objectives, "REGISTRY", {**REGISTRY, "toy": Toy})
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     config = small_config(photos, epochs=1, batch_size=8)
     config = replace(config, vit=replace(config.vit, pool="gap"), drloc=replace(config.drloc, weight=0.5))

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import make_photo_folder
 
-from foodvit.config import VitSettings
+from foodvit.settings.model import VitSettings
 from foodvit.recipes import load_recipe
 from foodvit.training.optim import param_groups
 from foodvit.training.trainer import Trainer
@@ -65,7 +65,7 @@ def test_decay_groups_are_found_through_any_wrapper():
 
 
 def test_a_warmup_longer_than_the_training_is_said_with_how_far_the_rate_gets(caplog):
-    from foodvit.config import OptimConfig
+    from foodvit.settings.run import OptimConfig
     from foodvit.training.optim import build_scheduler
 
     weight = torch.nn.Parameter(torch.zeros(1))

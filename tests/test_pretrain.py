@@ -9,7 +9,7 @@ import torch
 from helpers import make_photo_folder
 from test_train import small_config
 
-from foodvit.config import PretrainSettings, RunConfig, TrainConfig
+from foodvit.settings.run import PretrainSettings, RunConfig, TrainConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint

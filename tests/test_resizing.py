@@ -4,7 +4,7 @@ that grid's positions, built once per grid and device."""
 import pytest
 import torch
 
-from foodvit.config import ViTConfig
+from foodvit.settings.model import ViTConfig
 from foodvit.model.vit import VisionTransformer
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.drloc import Localization

@@ -173,7 +173,7 @@ def test_the_actual_source_is_stored_and_resume_uses_it_whatever_foodvit_data_sa
 
 
 def test_a_run_with_the_objectives_settings_inside_optim_resumes(photos, tmp_path):
-    from foodvit.config import MOVED
+    from foodvit.settings.layout import MOVED
 
     out = interrupted_run(photos, tmp_path / "run")
     config = json.loads((out / "config.json").read_text())

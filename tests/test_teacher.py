@@ -74,7 +74,7 @@ def test_a_teacher_with_its_own_epochs_and_side(tmp_path):
     the ViT keeps its own; a teacher is the same one whatever the ViT's epochs, and another at another side."""
     from dataclasses import replace
 
-    from foodvit.config import RunConfig
+    from foodvit.settings.run import RunConfig
     from foodvit.training.engine import StepSettings
     from foodvit.training.teacher import TeacherSetup, teacher_changes
 
@@ -105,7 +105,7 @@ def test_a_teacher_with_its_own_epochs_and_side(tmp_path):
 
 
 def test_a_teacher_with_few_epochs_of_its_own_warms_up_for_half_of_them_at_most():
-    from foodvit.config import RunConfig
+    from foodvit.settings.run import RunConfig
     from foodvit.training.engine import StepSettings
     from foodvit.training.teacher import TeacherSetup
 

@@ -330,7 +330,7 @@ def test_no_workers_and_two_workers_train_the_same_run(photos, tmp_path):
 def test_evaluating_less_often_trains_the_same_model(photos, tmp_path):
     # the default evaluates every 5th epoch for speed: an evaluation draws from PyTorch's random stream (the
     # loader's base seed), and every epoch reseeds the stream that the masks and drloc's pairs draw from
-    from foodvit.config import with_settings
+    from foodvit.settings.overrides import with_settings
 
     runs = []
     for every in (1, 2):
@@ -353,7 +353,8 @@ def test_a_run_started_up_to_its_first_epoch_is_prepared_as_train_prepares_it(ph
     import timm
     from safetensors.torch import save_file
 
-    from foodvit.config import RunConfig, with_settings
+    from foodvit.settings.run import RunConfig
+    from foodvit.settings.overrides import with_settings
     from foodvit.model.pretrained import adapt_config
     from foodvit.rundir.directory import with_source
     from foodvit.training.run import train_stages

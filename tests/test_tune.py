@@ -17,7 +17,8 @@ optuna = pytest.importorskip("optuna")
 
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.cli.options import build_config  # noqa: E402
-from foodvit.config import RunConfig, with_settings  # noqa: E402
+from foodvit.settings.run import RunConfig  # noqa: E402
+from foodvit.settings.overrides import with_settings  # noqa: E402
 from foodvit.recipes import load_recipe  # noqa: E402
 from foodvit.errors import ConfigError, StudyError  # noqa: E402
 from foodvit import markup  # noqa: E402

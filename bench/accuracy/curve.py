@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from foodvit.cli.main import main as foodvit
-from foodvit.config import TEACHERS, RunConfig
+from foodvit.settings.run import TEACHERS, RunConfig
 from foodvit.recipes import load_recipe
 from foodvit.errors import FoodVitError
 from foodvit.rundir.directory import with_source

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.accuracy.curve import held_out_result
 
-from foodvit.config import RunConfig
+from foodvit.settings.run import RunConfig
 from foodvit.tuning.cv import summarise, write_study
 from foodvit.tuning.folds import fold_folder, fold_name
 

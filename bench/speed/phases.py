@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.scale <= 1:
         parser.error(f"--scale is a share of the recipe's epochs, between 0 and 1, got {args.scale}")
 
-    from foodvit.config import with_settings
+    from foodvit.settings.overrides import with_settings
     from foodvit.recipes import load_recipe
     from foodvit.training.teacher import teacher_epochs, teacher_size
 

@@ -14,7 +14,7 @@ from foodvit.errors import FoodVitError
 # public name -> module that defines it
 _LAZY = {
     "Predictor": "deploy.predictor",
-    "ViTConfig": "config",
+    "ViTConfig": "settings.model",
     "VisionTransformer": "model.vit",
     "resample_pos_embed": "model.positions",
     "create_model": "model.variants",

@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 from foodvit.cli.options import add_config_options, number_type
-from foodvit.errors import AT_LEAST_1, FoodVitError, Range
+from foodvit.errors import FoodVitError
+from foodvit.settings.fields import AT_LEAST_1, Range
 
 VERBOSE = {"action": "store_true", "help": "list every skipped (unreadable) photo, not only how many"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from foodvit.cli.common import count, need
-from foodvit.errors import Range
+from foodvit.settings.fields import Range
 
 
 def register(sub) -> None:

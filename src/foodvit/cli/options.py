@@ -1,5 +1,5 @@
 """The command line's view of the settings: one option per settings field, generated from the
-dataclasses of config.py (never written out one by one); a run's settings are resolved from a recipe
+dataclasses of foodvit.settings (never written out one by one); a run's settings are resolved from a recipe
 and the options given by model/resolve.py, the path every caller takes. The resolved configuration is
 saved with every run (config.json) and checkpoint. No PyTorch here unless pre-trained weights are named.
 """
@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, VIT_OPTIONS, RunConfig, flag_of
-from foodvit.errors import ConfigError, Range, check_value
-from foodvit.model.resolve import apply_overrides as resolve_overrides
-from foodvit.model.resolve import is_setting_key, resolve
-from foodvit.objective_settings import OBJECTIVES
+from foodvit.errors import ConfigError
+from foodvit.model.resolve import resolve
+from foodvit.settings.fields import Range, check_value, flag_of
+from foodvit.settings.model import VIT_OPTIONS
+from foodvit.settings.objectives import OBJECTIVES
+from foodvit.settings.overrides import apply_overrides as resolve_overrides
+from foodvit.settings.overrides import is_setting_key
+from foodvit.settings.run import DEFAULT_RECIPE, SECTIONS, RunConfig
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -79,7 +82,7 @@ def _arg_type(f):
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """One option per field of ViTConfig (model) and of every section of RunConfig (config.SECTIONS), named
+    """One option per field of ViTConfig (model) and of every section of RunConfig (settings.run.SECTIONS), named
     after the field or its `flag`."""
     seen: set[str] = set()
     titles = {

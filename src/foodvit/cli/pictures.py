@@ -12,7 +12,8 @@ from foodvit.cli.common import (
     evaluation_source,
     writable,
 )
-from foodvit.errors import ConfigError, Range
+from foodvit.errors import ConfigError
+from foodvit.settings.fields import Range
 
 PATCHES_MAX_SIZE = 1024  # the side of the photo `patches` draws: a picture people look at, not a data set's
 PATCHES_MAX_GRID = 64  # and its patch grid's side (ViT-B/16 at 224 px: 14)

@@ -17,7 +17,8 @@ from foodvit.cli.common import (
     number,
     writable,
 )
-from foodvit.errors import POSITIVE, ConfigError, Range
+from foodvit.errors import ConfigError
+from foodvit.settings.fields import POSITIVE, Range
 
 
 def register(sub) -> None:

@@ -13,7 +13,7 @@ from foodvit.cli.common import (
     need,
     number,
 )
-from foodvit.errors import Range
+from foodvit.settings.fields import Range
 
 
 def register(sub) -> None:

@@ -13,7 +13,7 @@ from foodvit.cli.common import (
     need,
     recipe_options,
 )
-from foodvit.errors import AT_LEAST_0, Range
+from foodvit.settings.fields import AT_LEAST_0, Range
 
 
 def register(sub) -> None:

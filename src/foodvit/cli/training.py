@@ -14,7 +14,7 @@ from foodvit.cli.common import (
     number,
     recipe_options,
 )
-from foodvit.errors import POSITIVE
+from foodvit.settings.fields import POSITIVE
 
 
 def register(sub) -> None:
@@ -59,9 +59,10 @@ def register(sub) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from foodvit.cli.options import build_config, given_overrides
-    from foodvit.config import flag_of, setting_field
     from foodvit.errors import ConfigError
     from foodvit.rundir.directory import default_out
+    from foodvit.settings.fields import flag_of
+    from foodvit.settings.overrides import setting_field
     from foodvit.training.engine import silent
     from foodvit.training.run import resume, train
 

@@ -12,8 +12,8 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from foodvit.config import INTERPOLATIONS, RESIZE_MODES
 from foodvit.errors import ConfigError
+from foodvit.settings.run import INTERPOLATIONS, RESIZE_MODES
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from torchvision.transforms import InterpolationMode, v2
 
-from foodvit.config import AUGMENT_PRESETS as PRESETS
 from foodvit.data.preprocess import Preprocess, crop_view, to_array
 from foodvit.errors import ConfigError
+from foodvit.settings.run import AUGMENT_PRESETS as PRESETS
 
 _INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import ViTConfig
 from foodvit.model.gridconv import GridConv
+from foodvit.settings.model import ViTConfig
 
 
 class Attention(nn.Module):

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from foodvit.config import RunConfig
 from foodvit.data.preprocess import Preprocess, make_preprocess
 from foodvit.model.variants import get_variant, run_model_config
 from foodvit.model.vit import VisionTransformer
+from foodvit.settings.run import RunConfig
 
 
 def default_preprocess(config: RunConfig) -> Preprocess:

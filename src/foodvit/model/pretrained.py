@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from foodvit.config import RunConfig, ViTConfig, VitSettings
 from foodvit.data.preprocess import Preprocess, make_preprocess
 from foodvit.errors import FoodVitError
 from foodvit.model.variants import (
@@ -35,6 +34,8 @@ from foodvit.model.variants import (
     get_variant,
 )
 from foodvit.model.vit import VisionTransformer
+from foodvit.settings.model import ViTConfig, VitSettings
+from foodvit.settings.run import RunConfig
 
 # torchvision's ViT builders and the paper names they build
 TORCHVISION_MODELS = {

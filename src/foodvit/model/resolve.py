@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig, VitSettings, with_settings
-from foodvit.errors import ConfigError
 from foodvit.model.variants import without_recipe_resizing
 from foodvit.recipes import load_recipe
-from foodvit.settings_layout import current_names
+from foodvit.settings.layout import current_names
+from foodvit.settings.model import VitSettings
+from foodvit.settings.overrides import apply_overrides, with_settings
+from foodvit.settings.run import DEFAULT_RECIPE, RunConfig
 
 # Regularisation settings a from-scratch recipe keeps when it is used with pre-trained weights: its
 # other model settings (size, pooling, 96 px ...) are not meant for the weights, nor is its
@@ -28,23 +29,6 @@ TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
 # reconstruction is self-supervision for a model that starts from nothing, and it reads every output token,
 # which the weights' class-token model does not compute in its last block (its pixel hiding goes with it).
 TRANSFER_OFF = {"masked.weight": 0.0, "masked.pixels": False}
-
-
-def is_setting_key(key: str) -> bool:
-    """Whether `key` names a setting as "section.name" ("vit.depth", "optim.lr", "drloc.weight", ...)."""
-    return "." in key and key.split(".", 1)[0] in ("vit", *SECTIONS)
-
-
-def apply_overrides(config: RunConfig, overrides: Mapping[str, Any], model: str | None = None) -> RunConfig:
-    """`config` with every setting given: "section.name" -> value ("vit.depth", "optim.lr", ...); None
-    values are not settings given, and a key that names no section is refused rather than ignored."""
-    unknown = sorted(key for key, value in overrides.items() if value is not None and not is_setting_key(key))
-    if unknown:
-        raise ConfigError(
-            f"unknown setting {', '.join(map(repr, unknown))}: overrides are 'section.name' with a section among "
-            f"{', '.join(('vit', *SECTIONS))}, e.g. 'train.epochs' or 'optim.lr'"
-        )
-    return replace(with_settings(config, current_names(overrides)), model=model or config.model)
 
 
 def resolve(

@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
 from foodvit.errors import ConfigError
+from foodvit.settings.model import ViTConfig, check_on_patch_grid
+from foodvit.settings.run import RunConfig
 
 
 class UnknownModelError(ConfigError, KeyError):

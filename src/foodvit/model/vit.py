@@ -90,12 +90,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from foodvit.config import ViTConfig
 from foodvit.errors import ConfigError, InputError
 from foodvit.model.blocks import Block
 from foodvit.model.init import init_head, init_weights
 from foodvit.model.positions import sincos_2d_pos_embed
 from foodvit.model.stems import ConvStem, ShiftedPatches
+from foodvit.settings.model import ViTConfig
 
 # ---------------------------------------------------------------------------------------------
 # Eq. 1: patch embedding, class token, position embedding

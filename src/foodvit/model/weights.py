@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from foodvit.config import ViTConfig
 from foodvit.errors import InputError
 from foodvit.files import atomic_write
 from foodvit.model.positions import resample_pos_embed
 from foodvit.model.vit import HEADS, Block, VisionTransformer
+from foodvit.settings.model import ViTConfig
 
 StateDict = dict[str, torch.Tensor]
 

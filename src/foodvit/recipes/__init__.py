@@ -1,5 +1,5 @@
 """The built-in recipes (the TOML files beside this module) and any recipe file: found, read and
-checked into a RunConfig. The settings' schema they fill is config.py's."""
+checked into a RunConfig (foodvit.settings.run: the schema they fill)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 import sys
 from pathlib import Path
 
-from foodvit.config import DEFAULT_RECIPE, SECTIONS, RunConfig
 from foodvit.errors import ConfigError
-from foodvit.settings_layout import current_layout
+from foodvit.settings.layout import current_layout
+from foodvit.settings.run import DEFAULT_RECIPE, SECTIONS, RunConfig
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -9,8 +9,8 @@ import csv
 import json
 from pathlib import Path
 
-from foodvit.config import settings_sectioned
 from foodvit.errors import RunError
+from foodvit.settings.run import settings_sectioned
 
 METRICS = (
     ("epochs", "epochs"),

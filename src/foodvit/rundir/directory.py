@@ -27,11 +27,11 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from foodvit.config import RunConfig, settings_sectioned
 from foodvit.data.datasource import DataSource
 from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import atomic_write
 from foodvit.rundir.compare import differences
+from foodvit.settings.run import RunConfig, settings_sectioned
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from foodvit.config import ViTConfig
 from foodvit.data.preprocess import Preprocess
 from foodvit.errors import RunError
 from foodvit.files import write_text
 from foodvit.model.vit import VisionTransformer
 from foodvit.rundir.directory import training_now
+from foodvit.settings.model import ViTConfig
 
 
 def model_card(config: ViTConfig, classes, preprocess: Preprocess, extra: dict | None = None) -> dict:

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from foodvit.config import RunConfig
 from foodvit.data.preprocess import Preprocess
 from foodvit.model.vit import VisionTransformer
 from foodvit.model.weights import resize_model
+from foodvit.settings.run import RunConfig
 from foodvit.training.distributed import Context
 from foodvit.training.engine import StepSettings, evaluate
 from foodvit.training.report import per_class_accuracy, write_results

@@ -8,13 +8,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from foodvit.config import RunConfig
 from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_dataset
 from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.preprocess import Preprocess
 from foodvit.data.sampling import make_loader
 from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
 from foodvit.data.validation import validation_pool
+from foodvit.settings.run import RunConfig
 from foodvit.training.distributed import Context
 
 logger = logging.getLogger(__name__)

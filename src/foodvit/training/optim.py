@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from foodvit.config import OptimConfig
 from foodvit.errors import ConfigError
+from foodvit.settings.run import OptimConfig
 
 logger = logging.getLogger(__name__)
 

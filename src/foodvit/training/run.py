@@ -10,12 +10,12 @@ import logging
 import re
 from pathlib import Path
 
-from foodvit.config import RunConfig
 from foodvit.errors import RunError
 from foodvit.files import write_text
 from foodvit.model.resolve import resolve
 from foodvit.model.variants import run_model_config
 from foodvit.rundir import directory as rundir
+from foodvit.settings.run import RunConfig
 from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain
 from foodvit.training.engine import silent
 from foodvit.training.report import size_note

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from foodvit.config import OptimConfig
 from foodvit.seeds import derive_seed
+from foodvit.settings.run import OptimConfig
 from foodvit.training.distributed import Context
 from foodvit.training.engine import FitHooks, StepSettings, fit
 from foodvit.training.optim import build_optimizer, build_scheduler

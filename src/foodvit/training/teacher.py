@@ -24,14 +24,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from foodvit.config import TEACHERS, OptimConfig, RunConfig
 from foodvit.data.sampling import single_photo_share
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.build import default_preprocess
-from foodvit.objective_settings import STUDENT_SETTINGS, reads_teacher
 from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
+from foodvit.settings.objectives import STUDENT_SETTINGS
+from foodvit.settings.run import TEACHERS, OptimConfig, RunConfig, reads_teacher
 from foodvit.training.engine import StepSettings, epoch_line, silent
 from foodvit.training.optim import within_stage
 from foodvit.training.stages import Stage, StageData

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from foodvit.config import RunConfig, ViTConfig, check_on_patch_grid
 from foodvit.data.datasource import Listed
 from foodvit.data.preprocess import Preprocess
 from foodvit.errors import FoodVitError, RunError
@@ -40,6 +39,8 @@ from foodvit.model.variants import check_start_size
 from foodvit.model.vit import VisionTransformer
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
+from foodvit.settings.model import ViTConfig, check_on_patch_grid
+from foodvit.settings.run import RunConfig
 from foodvit.training import loading, objectives
 from foodvit.training.compiling import compile_step
 from foodvit.training.distributed import Context, PeerLost, is_backend_error

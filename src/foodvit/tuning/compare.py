@@ -20,10 +20,10 @@ import math
 import statistics
 from pathlib import Path
 
-from foodvit.config import settings_sectioned
 from foodvit.errors import FoodVitError, StudyError
 from foodvit.recipes import load_recipe
 from foodvit.rundir.compare import differences
+from foodvit.settings.run import settings_sectioned
 
 
 def prediction_key(seed: int, photo: str) -> str:

@@ -31,12 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from foodvit.config import RunConfig
 from foodvit.data.folders import Split
 from foodvit.errors import StudyError
 from foodvit.files import write_text
 from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
+from foodvit.settings.run import RunConfig
 from foodvit.tuning.compare import prediction_key
 from foodvit.tuning.fold import FoldBusy, per_class, run_fold, start_fold
 from foodvit.tuning.folds import (

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from foodvit.config import RunConfig
 from foodvit.errors import StudyError
 from foodvit.files import write_text
 from foodvit.rundir import directory as rundir
+from foodvit.settings.run import RunConfig
 from foodvit.tuning.folds import photo_key
 
 logger = logging.getLogger(__name__)

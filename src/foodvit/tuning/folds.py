@@ -14,12 +14,12 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from foodvit.config import RunConfig
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split, check, cv_folds, keep_classes, learnable, list_split
 from foodvit.data.validation import Pool, validation_pool
 from foodvit.errors import StudyError
 from foodvit.files import atomic_folder
+from foodvit.settings.run import RunConfig
 
 
 def training_photos(config: RunConfig) -> Split:

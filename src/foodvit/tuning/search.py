@@ -31,9 +31,10 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
-from foodvit.config import RunConfig, setting_key
 from foodvit.errors import ConfigError, StudyError
 from foodvit.rundir import directory as rundir
+from foodvit.settings.layout import setting_key
+from foodvit.settings.run import RunConfig
 from foodvit.tuning import cv
 from foodvit.tuning.folds import check_folds, fingerprint, training_photos
 from foodvit.tuning.space import (

@@ -7,19 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from foodvit.config import (
-    AUGMENT_PRESETS,
-    SECTIONS,
-    RunConfig,
-    check_on_patch_grid,
-    check_setting,
-    setting_field,
-    setting_key,
-    with_settings,
-)
 from foodvit.errors import ConfigError
 from foodvit.model.variants import without_recipe_resizing
-from foodvit.objective_settings import OBJECTIVES
+from foodvit.settings.layout import setting_key
+from foodvit.settings.model import check_on_patch_grid
+from foodvit.settings.objectives import OBJECTIVES
+from foodvit.settings.overrides import check_setting, setting_field, with_settings
+from foodvit.settings.run import AUGMENT_PRESETS, SECTIONS, RunConfig
 
 # The initialisations a default space tries: impulse needs sin-cos positions, which many recipes lack (a
 # space file may add it)
@@ -227,7 +221,7 @@ def _param(key: str, spec, config: RunConfig) -> Param:
 
 
 # A setting that needs an objective on -> (the objective's weight, what a value other than the off one asks
-# for, the off value, the objective's title): from the objectives' settings (objective_settings.OBJECTIVES).
+# for, the off value, the objective's title): from the objectives' registry (settings.objectives.OBJECTIVES).
 NEEDS = {dep.key: (o.weight_key, dep.what, dep.off, o.title) for o in OBJECTIVES for dep in o.dependents}
 
 

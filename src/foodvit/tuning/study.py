@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from foodvit.config import RunConfig, setting_key, settings_sectioned
 from foodvit.errors import StudyError
 from foodvit.files import write_text
 from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE
+from foodvit.settings.layout import setting_key
+from foodvit.settings.run import RunConfig, settings_sectioned
 
 STUDY_FILE = "study.json"
 TRIAL_FILE = "trial.json"  # a tuning trial's folder: the settings its folds train with

@@ -9,8 +9,9 @@ import statistics
 import warnings
 from pathlib import Path
 
-from foodvit.config import SECTIONS, RunConfig, setting_key
 from foodvit.files import write_text
+from foodvit.settings.layout import setting_key
+from foodvit.settings.run import SECTIONS, RunConfig
 from foodvit.tuning import compare
 from foodvit.tuning.space import Param, base_values, trial_config
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from foodvit.config import check_on_patch_grid
 from foodvit.errors import ConfigError
+from foodvit.settings.model import check_on_patch_grid
 from foodvit.viz.attention import explain, filter_components, position_similarity
 from foodvit.viz.plotting import integer_ticks, new_figure, subplots
 

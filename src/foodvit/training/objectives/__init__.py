@@ -1,13 +1,14 @@
 """The training objectives beside the classes, one module each, and their registry.
 
-An objective (base.Objective) names its settings (objective_settings.OBJECTIVES: its section of the settings,
-whether it reads the CNN teacher, the settings that need it on), the part of it checkpoint.pt
-keeps, how it is built, its weight at an epoch and its loss. Everything else is derived from
-REGISTRY: which objectives a run builds (build), the trainer's sum (compose.WithObjectives), the
-checkpoint's keys, whether a run trains a CNN teacher and which settings that teacher depends on
-(training/teacher.py), and tune's refusal of a search space that needs an objective off
-(tuning/space.py). Adding an objective: its module here and one line in REGISTRY (and, in
-objective_settings.py, its settings section and registry line).
+An objective (base.Objective) names its line of the settings' registry (settings.objectives.OBJECTIVES: its
+section of the settings, whether it reads the CNN teacher, the settings that need it on), the part of it
+checkpoint.pt keeps, how it is built, its weight at an epoch and its loss. The settings' table is the one list
+of objectives: REGISTRY maps each of its names to the Objective of the module named after it, in its order, and
+everything else is derived from them: which objectives a run builds (build), the trainer's sum
+(compose.WithObjectives), the checkpoint's keys, whether a run trains a CNN teacher and which settings that teacher
+depends on (training/teacher.py), and tune's refusal of a search space that needs an objective off
+(tuning/space.py). Adding an objective: its settings section and its line in settings/objectives.py, and its
+module here, named after its section, with one Objective whose `settings` is that line.
 
     drloc     dense relative localization (Liu et al. 2021)        objectives/drloc.py
     masked    masked-patch reconstruction (SimMIM-style)           objectives/masked.py
@@ -21,23 +22,36 @@ so a resumed run ends exactly as an uninterrupted one would). None trains a froz
 
 from __future__ import annotations
 
-from foodvit.config import RunConfig
+import importlib
+from collections.abc import Mapping
+
+from foodvit.settings.objectives import OBJECTIVES, ObjectiveSettings
+from foodvit.settings.run import RunConfig
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs
 from foodvit.training.objectives.compose import WithObjectives
-from foodvit.training.objectives.contrast import InstanceDiscrimination
-from foodvit.training.objectives.distill import Distillation
-from foodvit.training.objectives.drloc import Localization
-from foodvit.training.objectives.guidance import LocalityGuidance
-from foodvit.training.objectives.masked import MaskedPatches
 
-# Every objective, in the order their terms are drawn and added.
-REGISTRY: tuple[type[Objective], ...] = (
-    Localization,
-    MaskedPatches,
-    LocalityGuidance,
-    Distillation,
-    InstanceDiscrimination,
-)
+Registry = Mapping[str, type[Objective]]
+
+
+def objective_of(line: ObjectiveSettings) -> type[Objective]:
+    """The Objective of a line of the settings' registry: the one class of the module named after its section
+    whose `settings` is that line."""
+    module = importlib.import_module(f"{__name__}.{line.name}")
+    found = [
+        kind
+        for kind in vars(module).values()
+        if isinstance(kind, type) and issubclass(kind, Objective) and kind.__dict__.get("settings") is line
+    ]
+    if len(found) != 1:
+        raise ImportError(
+            f"{module.__name__} holds {len(found)} Objectives whose settings are OBJECTIVE_SETTINGS[{line.name!r}]; "
+            "it should hold one"
+        )
+    return found[0]
+
+
+# Every objective by its name, in the settings' order: the order their parts are built and their terms drawn and added.
+REGISTRY: Registry = {line.name: objective_of(line) for line in OBJECTIVES}
 
 __all__ = ["REGISTRY", "Batch", "Objective", "Outputs", "WithObjectives", "build", "checkpoint_keys"]
 
@@ -47,15 +61,16 @@ def build(
     config: RunConfig,
     num_classes: int,
     frozen: bool = False,
-    registry: tuple[type[Objective], ...] | None = None,
+    registry: Registry | None = None,
 ) -> WithObjectives:
     """The model with the objectives the settings turn on (none with a frozen backbone), each built in
     the registry's order (their parameters drawn in that order)."""
-    registry = REGISTRY if registry is None else registry
-    on = [] if frozen else [kind.build(model, config, num_classes) for kind in registry if kind.enabled(config)]
-    return WithObjectives(model, on, order=registry)
+    kinds = list((REGISTRY if registry is None else registry).values())
+    on = [] if frozen else [kind.build(model, config, num_classes) for kind in kinds if kind.enabled(config)]
+    return WithObjectives(model, on, order=kinds)
 
 
-def checkpoint_keys(registry: tuple[type[Objective], ...] | None = None) -> tuple[str, ...]:
+def checkpoint_keys(registry: Registry | None = None) -> tuple[str, ...]:
     """The keys under which checkpoint.pt keeps the objectives' parts (None for an objective that is off)."""
-    return tuple(kind.checkpoint_key for kind in (REGISTRY if registry is None else registry) if kind.checkpoint_key)
+    kinds = (REGISTRY if registry is None else registry).values()
+    return tuple(kind.checkpoint_key for kind in kinds if kind.checkpoint_key)

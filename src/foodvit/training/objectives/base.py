@@ -16,9 +16,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from foodvit.config import RunConfig
 from foodvit.model.vit import Heads, VisionTransformer
-from foodvit.objective_settings import ObjectiveSettings
+from foodvit.settings.objectives import ObjectiveSettings
+from foodvit.settings.run import RunConfig, objectives_on
 from foodvit.training.resizing import AnyGrid
 
 # the model that computes a step: the ViT, or progressive resizing's AnyGrid around it
@@ -57,7 +57,7 @@ class Objective(nn.Module):
     """One term of the loss: weight_at(epoch, epochs) x loss(batch, outputs). Subclasses set the
     class attributes and build(); parts of their own are submodules, saved as `part`."""
 
-    settings: ClassVar[ObjectiveSettings]  # its section of the settings (objective_settings.OBJECTIVES)
+    settings: ClassVar[ObjectiveSettings]  # its line of the registry (settings.objectives.OBJECTIVES)
     checkpoint_key: ClassVar[str | None] = None  # where checkpoint.pt keeps `part`; None: nothing of its own
     reads_all_tokens: ClassVar[bool] = False  # reads the final patch tokens (the last block computes all of them)
     teacher_stages: int = 0  # the teacher's first stages whose feature maps it reads
@@ -75,7 +75,7 @@ class Objective(nn.Module):
     @classmethod
     def enabled(cls, config: RunConfig) -> bool:
         """Whether the settings turn it on (its weight above 0)."""
-        return cls.settings.on(config)
+        return cls.settings in objectives_on(config)
 
     @classmethod
     def build(cls, model: Computing, config: RunConfig, num_classes: int) -> Objective:

@@ -49,7 +49,7 @@ class WithObjectives(nn.Module):
 
     @property
     def needs_teacher(self) -> bool:
-        """Whether an objective reads the CNN teacher: the settings' rule (objective_settings.reads_teacher)."""
+        """Whether an objective reads the CNN teacher: the settings' rule (settings.run.reads_teacher)."""
         return any(o.settings.teacher for o in self.each)
 
     def set_teacher(self, teacher: nn.Module | None) -> None:

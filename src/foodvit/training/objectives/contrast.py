@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import RunConfig
-from foodvit.objective_settings import CONTRAST_TEMPERATURE, OBJECTIVE_SETTINGS
+from foodvit.settings.objectives import CONTRAST_TEMPERATURE, OBJECTIVE_SETTINGS
+from foodvit.settings.run import RunConfig
 from foodvit.training.batchnorm import running_statistics_untouched
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 

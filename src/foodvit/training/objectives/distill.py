@@ -34,8 +34,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from foodvit.config import RunConfig
-from foodvit.objective_settings import OBJECTIVE_SETTINGS
+from foodvit.settings.objectives import OBJECTIVE_SETTINGS
+from foodvit.settings.run import RunConfig
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs
 
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import RunConfig
-from foodvit.objective_settings import OBJECTIVE_SETTINGS
+from foodvit.settings.objectives import OBJECTIVE_SETTINGS
+from foodvit.settings.run import RunConfig
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 
 

@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foodvit.config import RunConfig
 from foodvit.errors import ConfigError
 from foodvit.model.vit import VisionTransformer
-from foodvit.objective_settings import OBJECTIVE_SETTINGS
+from foodvit.settings.objectives import OBJECTIVE_SETTINGS
+from foodvit.settings.run import RunConfig
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 
 

@@ -1,21 +1,19 @@
-"""The training objectives' settings, as data: each objective beside the classes has a section of a run's
-settings named after it (its weight, 0 = off, and its own settings), and a line in the registry (OBJECTIVES)
-that says whether it reads the CNN teacher and which settings mean something only with it on. config.py
-builds a run's settings from the registry's sections, training/objectives builds the objectives it names,
-training/teacher.py and tuning/space.py derive from it which settings shape the ViT alone and which a search
-space may not draw with their objective off. Adding an objective: its section here, its module in
-training/objectives and one line in OBJECTIVES. No PyTorch here.
+"""The training objectives' settings, as data, and the one registry of the objectives: each objective beside the
+classes has a section of a run's settings named after it (its weight, 0 = off, and its own settings), and a line
+in OBJECTIVES that says whether it reads the CNN teacher and which settings mean something only with it on.
+Everything else follows from the table: RunConfig's sections (foodvit.settings.run), their command-line options,
+the objectives a run builds (training/objectives finds each in the module named after its section), the order
+the trainer adds their terms in, and which settings shape the ViT alone (the CNN teacher's settings) and which a
+search space may not draw with their objective off (tuning/space.py). Adding an objective: its section here, one
+line in OBJECTIVES, and its module in training/objectives. No PyTorch here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
 
-from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE_ABOVE_0, ConfigError, Range
-from foodvit.setting_fields import check_fields, flag_of, opt
-
-RunConfig = Any  # config.RunConfig, which imports this module
+from foodvit.errors import ConfigError
+from foodvit.settings.fields import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE_ABOVE_0, Range, check_fields, flag_of, opt
 
 CONTRAST_TEMPERATURE = 0.2  # --contrast-temperature's default: the option counts as given when it differs
 GUIDANCE_SCHEDULES = ("constant", "linear")  # the weight of locality guidance over the epochs (objectives/guidance.py)
@@ -171,8 +169,8 @@ class Dependent:
 
 @dataclass(frozen=True)
 class ObjectiveSettings:
-    """A training objective's line in the registry (training/objectives/ holds the objective): its name (its
-    section of the settings, and its name in training/objectives), its section's dataclass (the weight, 0 = off,
+    """A training objective's line in the registry: its name (its section of the settings, and its module in
+    training/objectives), its section's dataclass (the weight, 0 = off,
     and every setting of its own; they shape the ViT's training alone, never the CNN teacher's), whether it
     reads the CNN teacher, and the settings that need it on."""
 
@@ -187,14 +185,9 @@ class ObjectiveSettings:
     def weight_key(self) -> str:
         return f"{self.name}.weight"
 
-    def section(self, config: RunConfig) -> Any:
-        return getattr(config, self.name)
 
-    def on(self, config: RunConfig) -> bool:
-        return self.section(config).weight > 0
-
-
-# The training objectives beside the classes, in the order the trainer adds their terms (training/objectives).
+# The training objectives beside the classes, in config.json's order and the order the trainer builds them and adds
+# their terms in (training/objectives).
 OBJECTIVES = (
     ObjectiveSettings("drloc", "dense relative localization", DrlocSettings),
     ObjectiveSettings(
@@ -263,8 +256,3 @@ OBJECTIVE_SETTINGS = {o.name: o for o in OBJECTIVES}
 # The settings that shape the ViT's training alone, never the CNN teacher's, as whole sections or "section.name":
 # the objectives' sections, the self-supervised stage's, the average of the weights and sharpness-aware minimisation.
 STUDENT_SETTINGS = (*(o.name for o in OBJECTIVES), "pretrain", "optim.ema", "optim.sam")
-
-
-def reads_teacher(config: RunConfig) -> bool:
-    """Whether an objective that is on reads the CNN teacher (the run trains one unless its backbone is frozen)."""
-    return any(o.teacher and o.on(config) for o in OBJECTIVES)

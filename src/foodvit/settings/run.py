@@ -1,25 +1,26 @@
-"""Settings as plain data: the model's (ViTConfig, declared in foodvit.vit_settings and named here too) and a
-run's (RunConfig), frozen dataclasses. A run's settings come in sections, one per concern: the model's settings
-over its variant (VitSettings), the data, the optimiser, one per training objective (declared with the objectives'
-registry, foodvit.objective_settings), the CNN teacher, the self-supervised pre-training and the training; a
-setting is named "section.name". Settings in the flat layout (the objectives', the teacher's and the
-pre-training's inside optim) are read through one table (MOVED). The recipes that fill them (TOML files) are read by
-foodvit.recipes, one layer up.
+"""A run's settings (RunConfig), saved as config.json: one frozen dataclass section per concern, the model's
+settings over its variant (VitSettings, foodvit.settings.model), the data, the optimiser, one per training
+objective (foodvit.settings.objectives), the CNN teacher, the self-supervised pre-training and the training. A
+setting is named "section.name" (foodvit.settings.overrides); settings in the flat layout (the objectives', the
+teacher's and the pre-training's inside optim) are read through one table (foodvit.settings.layout). The recipes
+that fill them (TOML files) are read by foodvit.recipes, one layer up.
 
 Every number's allowed range and every text setting's choices are named once, in the field's
 metadata: the dataclasses check them when built (from a recipe, a config.json or Python), and the
 command line (cli/options.py, which generates one option per field) checks them as it parses, with
 the same message. This module imports no PyTorch and knows nothing of argparse or of pre-trained
-weights: it is the ground the other layers stand on.
+weights.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
-from foodvit.errors import (
+from foodvit.errors import ConfigError, FoodVitError
+from foodvit.settings.fields import (
     AT_LEAST_0,
     AT_LEAST_1,
     POSITIVE,
@@ -27,29 +28,14 @@ from foodvit.errors import (
     SHARE_ABOVE_0,
     SHARE_BELOW_1,
     SIDE_OR_0,
-    ConfigError,
-    FoodVitError,
     Range,
+    check_fields,
+    generated_fields,
+    opt,
 )
-from foodvit.objective_settings import GUIDANCE_SCHEDULES as GUIDANCE_SCHEDULES
-from foodvit.objective_settings import (
-    ContrastSettings,
-    DistillSettings,
-    DrlocSettings,
-    GuidanceSettings,
-    MaskedSettings,
-)
-from foodvit.setting_fields import check_field, check_fields, opt
-
-# named here too, where the other layers look for the settings
-from foodvit.setting_fields import flag_of as flag_of
-from foodvit.settings_layout import MOVED as MOVED
-from foodvit.settings_layout import current_layout
-from foodvit.settings_layout import setting_key as setting_key
-from foodvit.vit_settings import VIT_OPTIONS as VIT_OPTIONS
-from foodvit.vit_settings import ViTConfig as ViTConfig
-from foodvit.vit_settings import VitSettings as VitSettings
-from foodvit.vit_settings import check_on_patch_grid as check_on_patch_grid
+from foodvit.settings.layout import current_layout
+from foodvit.settings.model import VitSettings
+from foodvit.settings.objectives import OBJECTIVES, ObjectiveSettings
 
 # Choices of the run's text settings, named once (preprocess.py and transforms.py read them from here).
 RESIZE_MODES = ("crop", "square")
@@ -166,8 +152,8 @@ class OptimConfig:
     teacher, except where a help text says otherwise). Label smoothing is here because it is a setting of the
     step's classification loss, which the teacher trains with too; sharpness-aware minimisation because it
     changes how a step's gradient is taken, and the average of the weights (ema) because it follows every step:
-    both are the ViT's alone (objective_settings.STUDENT_SETTINGS). Each objective's settings are in its own
-    section (objective_settings.OBJECTIVES), the teacher's and the pre-training's too."""
+    both are the ViT's alone (objectives.STUDENT_SETTINGS). Each objective's settings are in its own
+    section (objectives.OBJECTIVES), the teacher's and the pre-training's too."""
 
     optimizer: str = opt("adamw", "optimiser", choices=OPTIMIZERS)
     lr: float = opt(1e-3, "peak learning rate", range=POSITIVE)
@@ -285,24 +271,25 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+@generated_fields(((o.name, o.settings, field(default_factory=o.settings)) for o in OBJECTIVES), after="optim")
 class RunConfig:
     """Everything a run needs; saved as config.json. Beside the model's settings (vit), the data, the optimiser
-    and the training: a section per training objective (objective_settings.OBJECTIVES, one field here each, named
-    after it), the CNN teacher's and the self-supervised pre-training stage's."""
+    and the training: a section per training objective, after optim (one field each, named after it, generated
+    from the objectives' table, objectives.OBJECTIVES), the CNN teacher's and the self-supervised pre-training
+    stage's."""
 
     recipe: str = DEFAULT_RECIPE
     model: str = "ViT-B/16"
     vit: VitSettings = field(default_factory=VitSettings)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    drloc: DrlocSettings = field(default_factory=DrlocSettings)
-    masked: MaskedSettings = field(default_factory=MaskedSettings)
-    guidance: GuidanceSettings = field(default_factory=GuidanceSettings)
-    distill: DistillSettings = field(default_factory=DistillSettings)
-    contrast: ContrastSettings = field(default_factory=ContrastSettings)
     teacher: TeacherSettings = field(default_factory=TeacherSettings)
     pretrain: PretrainSettings = field(default_factory=PretrainSettings)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    if TYPE_CHECKING:  # the generated sections, as a type checker sees them
+
+        def __getattr__(self, objective: str) -> Any: ...
 
     def __post_init__(self) -> None:
         if not isinstance(self.vit, VitSettings):  # a dict of the model's settings by name; anything else refused
@@ -359,7 +346,7 @@ def settings_sectioned(stored: dict) -> dict:
 
 
 # The sections of a run's settings beside the model's, by name, in config.json's order (an objective's section
-# holds its registry line's dataclass, objective_settings.OBJECTIVES).
+# holds its line's dataclass, objectives.OBJECTIVES).
 SECTIONS: dict[str, type] = {
     f.name: f.default_factory  # type: ignore[misc]
     for f in fields(RunConfig)
@@ -377,35 +364,11 @@ def _build(cls, values: dict):
     return cls(**{k: tuple(v) if isinstance(known[k].default, tuple) else v for k, v in values.items()})  # from lists
 
 
-def setting_field(key: str):
-    """The field behind a setting named "section.name" (vit.depth, optim.lr, drloc.weight, ..., or a name of the
-    flat layout, MOVED), as the command line's overrides name them; a ConfigError for an unknown one, listing its
-    section's names."""
-    section, _, name = setting_key(key).partition(".")
-    if section == "vit":
-        known = {f.name: f for f in VIT_OPTIONS}
-    elif section in SECTIONS:
-        known = {f.name: f for f in fields(SECTIONS[section])}
-    else:
-        raise ConfigError(f"unknown setting {key!r}: the sections are vit, {', '.join(SECTIONS)}")
-    if name not in known:
-        raise ConfigError(f"unknown setting {key!r}; {section} has {', '.join(sorted(known))}")
-    return known[name]
+def objectives_on(config: RunConfig) -> tuple[ObjectiveSettings, ...]:
+    """The training objectives the settings turn on (their weight above 0), in the table's order."""
+    return tuple(o for o in OBJECTIVES if getattr(config, o.name).weight > 0)
 
 
-def check_setting(key: str, value) -> None:
-    """A ConfigError unless value is allowed for the setting "section.name": the same range and
-    choices check, and message, as the command line's."""
-    check_field(setting_field(key), value)
-
-
-def with_settings(config: RunConfig, values: dict) -> RunConfig:
-    """config with the settings named "section.name" (vit.depth, optim.lr, drloc.weight, ..., or their old
-    names, MOVED) replaced, each checked as the command line checks it (e.g. a tuning trial's sampled
-    settings)."""
-    sections: dict[str, dict[str, object]] = {name: {} for name in ("vit", *SECTIONS)}
-    for key, value in values.items():
-        check_setting(key, value)
-        section, name = setting_key(key).split(".", 1)
-        sections[section][name] = value
-    return replace(config, **{name: replace(getattr(config, name), **changes) for name, changes in sections.items()})
+def reads_teacher(config: RunConfig) -> bool:
+    """Whether an objective that is on reads the CNN teacher (the run trains one unless its backbone is frozen)."""
+    return any(o.teacher for o in objectives_on(config))

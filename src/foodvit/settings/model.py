@@ -1,15 +1,25 @@
 """The model's settings: ViTConfig, everything that defines a ViT; VitSettings, what a run sets over its model
 variant; and the patch-grid rule the model, the trainer's sizes and the patch figure share. Plain data, no PyTorch:
-foodvit.config builds a run's settings around them and names them too.
+a run's settings (foodvit.settings.run) hold VitSettings as their `vit` section.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Literal, get_args
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from foodvit.errors import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE_BELOW_1, SIDE, ConfigError
-from foodvit.setting_fields import check_field, check_fields, opt
+from foodvit.errors import ConfigError
+from foodvit.settings.fields import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    POSITIVE,
+    SHARE_BELOW_1,
+    SIDE,
+    check_field,
+    check_fields,
+    generated_fields,
+    opt,
+)
 
 Pool = Literal["cls", "gap", "seq"]
 PosEmbed = Literal["learned", "sincos2d", "none"]
@@ -151,35 +161,22 @@ VIT_OPTIONS = tuple(f for f in fields(ViTConfig) if f.name not in ("num_classes"
 
 
 @dataclass(frozen=True)
+@generated_fields((f.name, f"{f.type} | None", field(default=None, metadata=f.metadata)) for f in VIT_OPTIONS)
 class VitSettings:
     """A run's model settings: ViTConfig's fields (but the classes, which come from the data, and the image
     channels, always 3), each None where the run takes the chosen model variant's value (model/variants.py).
-    Each value given is checked against its ViTConfig field's range and choices."""
+    The fields are generated from ViTConfig's (VIT_OPTIONS), in their order, with their help, range and choices;
+    each value given is checked against them."""
 
-    image_size: int | None = None
-    patch_size: int | None = None
-    embed_dim: int | None = None
-    depth: int | None = None
-    num_heads: int | None = None
-    mlp_dim: int | None = None
-    dropout: float | None = None
-    attn_dropout: float | None = None
-    drop_path: float | None = None
-    pool: Pool | None = None
-    pos_embed: PosEmbed | None = None
-    class_token: bool | None = None
-    stem: Stem | None = None
-    locality: bool | None = None
-    locality_mask: bool | None = None
-    layer_norm_eps: float | None = None
-    init: Init | None = None
-    mlp_conv: bool | None = None
-    distill_token: bool | None = None
+    if TYPE_CHECKING:  # the generated fields, as a type checker sees them
+
+        def __init__(self, **values: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def __post_init__(self) -> None:
-        options = {f.name: f for f in VIT_OPTIONS}
         for name, value in self.given().items():
-            check_field(options[name], value)
+            check_field(self.__dataclass_fields__[name], value)
 
     def given(self) -> dict:
         """The settings given (not None), by name: what the run sets over its model variant."""

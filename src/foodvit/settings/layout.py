@@ -1,6 +1,6 @@
 """The flat layout of settings: a run directory's config.json, a study, a recipe, a search space or an override may
 name the training objectives', the CNN teacher's and the pre-training's settings inside the optimiser's section. One
-table (MOVED) maps each flat name to its sectioned one; foodvit.config reads every stored setting through it. No
+table (MOVED) maps each flat name to its sectioned one; foodvit.settings.run reads every stored setting through it. No
 PyTorch here.
 """
 
