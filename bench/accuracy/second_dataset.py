@@ -28,7 +28,7 @@ SETTINGS: dict = {}  # --set KEY=VALUE: settings over the default recipe (a quic
 
 
 def default_config(data: Path, seed: int):
-    from foodvit.config import with_settings
+    from foodvit.settings.overrides import with_settings
     from foodvit.recipes import load_recipe
 
     config = with_settings(load_recipe("default"), SETTINGS)

@@ -166,7 +166,7 @@ def check_comparable(a: str | Path, b: str | Path) -> str:
     ia, ib = study_identity(a), study_identity(b)
     if not ia or not ib:
         return ""
-    kind_a, kind_b = ({"trial": "cv"}.get(i.get("kind"), i.get("kind")) for i in (ia, ib))  # a trial's folds are CV
+    kind_a, kind_b = ("cv" if i.get("kind") == "trial" else i.get("kind") for i in (ia, ib))  # a trial's folds: CV
     design = [key for key in ("folds", "seeds", "validation") if ia.get(key) != ib.get(key)]
     if kind_a != kind_b or design:
         raise StudyError(
