@@ -64,7 +64,7 @@ def test_at_a_temperature_the_loss_is_the_scaled_divergence_from_the_teachers_so
     assert not torch.isclose(extra, hard)  # not the hard term
     # a student that copies the teacher's logits has nothing left to learn from it, at any temperature
     taught = teacher(images).detach()
-    copying = Outputs(tokens=torch.zeros(0), pooled=torch.zeros(0), heads=Heads(taught, None), teacher_logits=taught)
+    copying = Outputs(tokens=torch.zeros(0), heads=Heads(torch.zeros(0), taught, None), teacher_logits=taught)
     assert Distillation(1.0, temperature=2.0).loss(Batch(images, vit), copying).abs().item() < 1e-6
     empty = WithObjectives(vit, [Distillation(weight=1.0, temperature=3.0)], teacher=teacher).train()
     assert empty(torch.zeros(0, 3, 32, 32))[1].item() == 0.0  # an empty share costs nothing
@@ -281,12 +281,13 @@ def test_the_token_is_a_second_prefix_token_and_prediction_averages_the_two_head
     vit = token_vit(pool=pool).eval()
     assert vit.config.num_prefix_tokens == 2 and vit.config.num_tokens == 16 + 2
     images = torch.randn(3, 3, 32, 32)
-    tokens, attentions = vit.forward_attention(images)
+    tokens, attentions = vit.forward_intermediates(images, attention=True)
     assert tokens.shape == (3, 18, 192) and attentions[0].shape[-1] == 18  # both tokens attend and are attended to
-    by_hand = (vit.head(vit.pool(tokens)) + vit.head_dist(tokens[:, 1])) / 2  # [class; distillation; patches]
+    pooled = vit.forward_head(tokens, pre_logits=True)
+    by_hand = (vit.head(pooled) + vit.head_dist(tokens[:, 1])) / 2  # [class; distillation; patches]
     torch.testing.assert_close(vit(images), by_hand, rtol=1e-5, atol=1e-5)  # with pool='cls', the last block's fast path too
-    heads = vit.forward_heads(images)
-    torch.testing.assert_close(heads.logits, vit.head(vit.pool(tokens)), rtol=1e-5, atol=1e-5)
+    heads = vit.forward_head(vit.forward_features(images), heads=True)
+    torch.testing.assert_close(heads.logits, vit.head(pooled), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(heads.distilled, vit.head_dist(tokens[:, 1]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(heads.prediction(), by_hand, rtol=1e-5, atol=1e-5)
     assert type(heads) is Heads  # the two heads, by name, and no auxiliary loss from the plain ViT
@@ -306,7 +307,7 @@ def test_with_the_token_the_teacher_trains_the_distillation_head_and_the_labels_
     images = torch.randn(4, 3, 32, 32)
     logits, extra = wrapped(images)
     torch.manual_seed(0)
-    heads = vit.forward_heads(images)
+    heads = vit.forward_head(vit.forward_features(images), heads=True)
     torch.testing.assert_close(logits, heads.logits, rtol=1e-5, atol=1e-5)  # the engine's CE against y reads Eq. 4's head
     torch.testing.assert_close(extra, 0.7 * F.cross_entropy(heads.distilled, torch.tensor([2, 0, 1, 1])), rtol=1e-5, atol=1e-5)
     extra.backward()
@@ -365,7 +366,7 @@ def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos
     model = load_model(tmp_path / "run").eval()
     images = torch.randn(2, 3, model.config.image_size, model.config.image_size)
     tokens = model.forward_features(images)
-    torch.testing.assert_close(model(images), model.classify(tokens), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model(images), model.forward_head(tokens), rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(model.head_dist.weight) > 0  # the distillation head was trained and saved
 
 

@@ -37,7 +37,7 @@ def test_a_fourth_stage_guides_the_last_block_as_well():
 
 def by_hand(vit, teacher, adapters, blocks, images):
     """The guidance loss written out: block outputs, teacher stages, pooled to the coarser grid, teacher standardised."""
-    x = vit.embed(images)
+    x = vit._embed(images)  # Eq. 1, then the blocks by hand
     outputs = []
     for block in vit.blocks:
         x, _ = block(x)
@@ -100,7 +100,7 @@ def test_four_stages_add_the_teachers_last_stage_against_the_last_block():
         loss3, loss4 = (WithObjectives(vit, [g], teacher=teacher).train()(images)[1] for g in (three, four))
         expected = by_hand(vit, teacher, four.adapters, four.blocks, images)
     torch.testing.assert_close(loss4, expected, rtol=1e-4, atol=1e-6)
-    x = vit.embed(images)  # the fourth pair alone, written out: the last block against layer4, pooled to its 2 x 2
+    x = vit._embed(images)  # the fourth pair alone, written out: the last block against layer4, pooled to its 2 x 2
     for block in vit.blocks:
         x, _ = block(x)
     t = teacher.layer4(teacher.layer3(teacher.layer2(teacher.layer1(teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))))))

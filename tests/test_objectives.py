@@ -159,7 +159,7 @@ class Toy(Objective):
         return self.scale
 
     def loss(self, batch, outputs) -> torch.Tensor:
-        return self.scale(outputs.pooled).pow(2).mean()
+        return self.scale(outputs.heads.pooled).pow(2).mean()
 
 
 def test_a_new_objective_is_its_class_and_one_registry_entry(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 
 An objective adds one weighted term to the loss a run minimises beside the classes' cross-entropy.
 It may prepare the batch the ViT sees (masked patches hide some), ask the ViT's forward pass for
-some blocks' tokens or for every final token, read the CNN teacher's outputs, and keep trained
+some blocks' patch tokens or for every final token, read the CNN teacher's outputs, and keep trained
 parts of its own (a head, adapters, a mask token) that checkpoint.pt keeps under its key. Its
 loss reads the step's outputs and adds nothing to another objective's term: compose.py sums the
 terms, one forward pass of the ViT and at most one of the teacher serving them all.
@@ -46,9 +46,8 @@ class Outputs:
     """One forward pass of the ViT on the batch as shown, and of the teacher on the batch as loaded."""
 
     tokens: torch.Tensor  # (B, T, D) after the final norm (the prefix tokens alone when none reads the others)
-    pooled: torch.Tensor  # (B, D): Eq. 4's pooled state, which the head reads
-    heads: Heads
-    blocks: dict[int, torch.Tensor] = field(default_factory=dict)  # block index -> its output tokens (B, T, D)
+    heads: Heads  # the pooled state (B, D) and each head's logits
+    blocks: dict[int, torch.Tensor] = field(default_factory=dict)  # block index -> its patch tokens (B, D, g, g)
     teacher_maps: list[torch.Tensor] = field(default_factory=list)  # the teacher's first stages' feature maps
     teacher_logits: torch.Tensor | None = None  # (B, classes)
 

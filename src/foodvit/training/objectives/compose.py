@@ -70,7 +70,7 @@ class WithObjectives(nn.Module):
         for term in terms.values():
             total = term if total is None else total + term
         if total is None:
-            total = outputs.pooled.sum() * 0.0
+            total = outputs.heads.pooled.sum() * 0.0
         if self.supervised:
             return outputs.heads.logits, total
         unused = outputs.heads.logits.sum() + (
@@ -87,16 +87,23 @@ class WithObjectives(nn.Module):
         return outputs, {o.name(): o.weight_at(self.epoch, self.epochs) * o.loss(batch, outputs) for o in self.each}
 
     def outputs(self, batch: Batch) -> Outputs:
-        """The ViT's forward pass on the batch as shown, with the blocks the objectives read, and the
+        """The ViT's forward pass on the batch as shown, with the blocks' patch tokens the objectives read, and the
         teacher's pass on the batch as loaded (without gradients)."""
         vit = vit_of(self.model)
         blocks = sorted({i for o in self.each for i in o.blocks})
         class_only = vit.config.class_only_last_block and not any(o.reads_all_tokens for o in self.each)
-        tokens, kept = self.model.forward_intermediates(
-            batch.shown, blocks, mask=batch.mask, mask_token=batch.mask_token, class_only=class_only
-        )
-        pooled = vit.pool(tokens)
-        outputs = Outputs(tokens, pooled, vit.heads_of(tokens, pooled), dict(zip(blocks, kept, strict=True)))
+        mask, token = batch.mask, batch.mask_token
+        if blocks:
+            tokens, kept = self.model.forward_intermediates(
+                batch.shown, blocks, mask=mask, mask_token=token, class_only=class_only
+            )
+        else:
+            tokens, kept = (
+                self.model.forward_features(batch.shown, mask=mask, mask_token=token, class_only=class_only),
+                [],
+            )
+        heads = self.model.forward_head(tokens, heads=True)
+        outputs = Outputs(tokens, heads, dict(zip(blocks, kept, strict=True)))
         stages = max((o.teacher_stages for o in self.each), default=0)
         logits = any(o.teacher_logits for o in self.each)
         if stages or logits:

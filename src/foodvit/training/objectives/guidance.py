@@ -34,7 +34,6 @@ network's features once it has.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -104,14 +103,6 @@ def teacher_outputs(
     return maps, teacher.fc(torch.flatten(teacher.avgpool(x), 1)) if logits else None
 
 
-def token_map(tokens: torch.Tensor, prefix: int) -> torch.Tensor:
-    """A block's output (B, T, D) -> its patch tokens on their grid (B, D, g, g)."""
-    patches = tokens[:, prefix:]
-    B, N, D = patches.shape
-    grid = math.isqrt(N)
-    return patches.transpose(1, 2).reshape(B, D, grid, grid)
-
-
 def matching_loss(adapted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean squared error of the adapted student map against the standardised teacher map, on the
     coarser of their two grids: (B, C, g, g) and (B, C, h, w) -> a scalar (0 for an empty share of a batch)."""
@@ -173,9 +164,8 @@ class LocalityGuidance(Objective):
         return epoch_weight(self.weight, self.schedule, epoch, epochs)
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
-        prefix = vit_of(batch.model).config.num_prefix_tokens
         losses = [
-            matching_loss(adapter(token_map(outputs.blocks[block], prefix)), target)
+            matching_loss(adapter(outputs.blocks[block]), target)  # each block's patch tokens on their grid
             for adapter, block, target in zip(self.adapters, self.blocks, outputs.teacher_maps, strict=True)
         ]
         return torch.stack(losses).mean()
