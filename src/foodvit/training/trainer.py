@@ -342,7 +342,7 @@ class Trainer:
         if self.objectives.needs_teacher:
             teacher = self.teacher()
             self.teacher_history, self.teacher_lent_by = teacher.history, teacher.lent_by
-            self.objectives.set_teacher(teacher.module)
+            self.objectives.set_teacher(teacher)
         if c.pretrain.epochs and not self.pretrained:
             self.stage = "self-supervised pre-training epoch"
             pretrain(
