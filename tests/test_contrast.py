@@ -129,8 +129,6 @@ def test_the_term_contrasts_the_projected_pooled_states_of_both_views(pool):
         torch.testing.assert_close(extra, 0.7 * nt_xent(z1, z2, 0.3), rtol=1e-5, atol=1e-6)
     extra.backward()
     assert contrast.projection.mlp[0].weight.grad.abs().sum() > 0 and vit.blocks[0].mlp.fc1.weight.grad.abs().sum() > 0
-    wrapped.eval()
-    torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
     _, nothing = wrapped.train()(torch.zeros(0, 3, 32, 32))
     assert nothing.item() == 0.0
 

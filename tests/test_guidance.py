@@ -79,8 +79,6 @@ def test_the_loss_is_the_adapted_tokens_error_against_the_teachers_standardised_
     assert vit.blocks[1].attn.qkv.weight.grad.abs().sum() > 0  # the guided blocks learn from it
     assert all(p.grad is None for p in teacher.parameters()) and not teacher.training
     assert {id(p) for p in wrapped.parameters()} == {id(p) for p in vit.parameters()} | {id(p) for p in guidance.adapters.parameters()}
-    wrapped.eval()
-    torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
     _, nothing = wrapped.train()(torch.zeros(0, 3, 64, 64))
     assert nothing.item() == 0.0  # an empty share of a batch (distributed) costs nothing
 

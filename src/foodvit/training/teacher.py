@@ -34,7 +34,7 @@ from foodvit.objective_settings import STUDENT_SETTINGS, reads_teacher
 from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, save_checkpoint
 from foodvit.seeds import derive_seed
-from foodvit.training.engine import StepSettings, epoch_line, silent
+from foodvit.training.engine import Classifier, StepSettings, epoch_line, silent
 from foodvit.training.optim import within_stage
 from foodvit.training.stages import Stage, StageData
 
@@ -368,7 +368,7 @@ def train_teacher(
     training continued from it when it holds some), then saved as teacher.pt; returns what teacher.pt holds."""
     check_teacher_batches(setup, data)
     ctx, progress_file = data.context, folder / TEACHER_PROGRESS
-    stage = Stage(module, data, epochs=setup.epochs, purpose="teacher-step", optim=setup.optim)
+    stage = Stage(Classifier(module), data, epochs=setup.epochs, purpose="teacher-step", optim=setup.optim)
     progress = ctx.broadcast(ctx.on_main(read_progress, progress_file, setup.architecture))
     history = list(progress["history"]) if progress else []
     if progress:
@@ -406,6 +406,7 @@ def train_teacher(
         start_epoch=len(history),
         after_epoch=[after_epoch],
         eval_loaders=setup.eval_loaders,
+        eval_model=module,
         eval_every=setup.epochs,
         num_classes=setup.num_classes,
     )

@@ -139,7 +139,7 @@ class Trainer:
         self.stage = "epoch"  # what is training now, for a message: the supervised epochs or the stage before them
         if self.config.pretrain.epochs:
             check_reconstructable(self.model.config.pool, "--pretrain-epochs")  # before any photo is read
-        self.trained = self.objectives if len(self.objectives.objectives) else self.grid_model
+        self.trained = self.objectives
         self.teacher_history: list[dict] = []
         self.teacher_lent_by: str | None = None  # the run whose teacher this one borrowed
         self.trained.to(self.device)

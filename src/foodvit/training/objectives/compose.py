@@ -1,12 +1,13 @@
-"""The module a run's optimiser steps when objectives are on: the model (the ViT, or AnyGrid around
-it) and the objectives, each adding its own weighted term to the loss.
+"""The module a run's optimiser steps: the model (the ViT, or AnyGrid around it) and the objectives that
+are on, each adding its own weighted term to the loss.
 
 A training step prepares the batch (each objective in turn: masked patches draw which patches
 hide), runs the ViT once on what it is shown, asking for the blocks and tokens the objectives read,
 and adds each objective's weighted term (an objective that reads the CNN teacher runs it on the batch
-as loaded), in the registry's order whatever order the objectives were given in: the random draws (the masks,
-the token pairs, the second view) and the float sums are the same for any composition. In eval
-mode it is the model alone: prediction and the saved model are the ViT's.
+as loaded), in the registry's order whatever order the objectives were given in: the random draws
+(the masks, the token pairs, the second view) and the float sums are the same for any composition.
+It returns the engine's Output, in training and evaluation mode alike; a prediction is the model's own
+(WithObjectives.model): the saved model is the ViT alone.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from foodvit.training.engine import Output
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
 from foodvit.training.teacher import Teacher
 
 
 class WithObjectives(nn.Module):
-    """model(images) in eval mode; in training mode (logits, sum of the weighted terms), the form the
-    engine adds to the cross-entropy, or with supervised=False (None, the terms' sum): a
-    self-supervised stage, whose heads add 0 x their sum so that every parameter has a gradient (of
-    0), as DistributedDataParallel expects."""
+    """One training step's forward pass: Output(the logits of Eq. 4's head, the sum of the objectives' weighted
+    terms), which the engine adds to the cross-entropy; with no objective, nothing added (the model's own
+    step). Built with supervised=False (a self-supervised stage, pretrain.py), Output(None, the terms' sum):
+    no logits, and the heads add 0 x their sum so that every parameter has a gradient (of 0), as
+    DistributedDataParallel expects."""
 
     def __init__(
         self,
@@ -60,21 +63,17 @@ class WithObjectives(nn.Module):
         """The epoch (from 0) of how many the next steps train in: an objective's weight may depend on it."""
         self.epoch, self.epochs = epoch, epochs
 
-    def forward(self, images: torch.Tensor):
-        if not self.training:
-            return self.model(images)
+    def forward(self, images: torch.Tensor) -> Output:
         outputs, terms = self.terms(images)
         total = None
         for term in terms.values():
             total = term if total is None else total + term
-        if total is None:
-            total = outputs.heads.pooled.sum() * 0.0
         if self.supervised:
-            return outputs.heads.logits, total
-        unused = outputs.heads.logits.sum() + (
-            outputs.heads.distilled.sum() if outputs.heads.distilled is not None else 0.0
-        )
-        return None, total + 0.0 * unused
+            return Output(outputs.heads.logits, total)
+        assert total is not None, "a self-supervised stage minimises its objectives' terms: it needs one"
+        distilled = outputs.heads.distilled
+        unused = outputs.heads.logits.sum() + (distilled.sum() if distilled is not None else 0.0)
+        return Output(None, total + 0.0 * unused)
 
     def terms(self, images: torch.Tensor) -> tuple[Outputs, dict[str, torch.Tensor]]:
         """One step's outputs and each objective's weighted term, by name."""
