@@ -190,7 +190,7 @@ class Ranges:
         self.wrap_everywhere("foodvit.rundir.directory", "write_metrics", "checkpoints and metrics")
         self.wrap_attribute(torch.Tensor, "backward", "backward")
         self.wrap_attribute(torch.nn.utils, "clip_grad_norm_", "optimiser (clip, step)")
-        self.wrap_everywhere("foodvit.training.final", "final_test", "final test and report")
+        self.wrap_attribute(trainer_module.Trainer, "_final_test", "final test and report")
         self.wrap_attribute(trainer_module.Trainer, "__init__", "setup")
         step_pre = register_optimizer_step_pre_hook(
             lambda opt, args, kwargs: self._open.append(record_function("optimiser (clip, step)").__enter__())
