@@ -341,9 +341,10 @@ class VisionTransformer(nn.Module):
             return patches
         B, N, D = patches.shape
         g = math.isqrt(N)
-        # (B, N, D) -> (B, g, g, D) -> (B, D, g, g); left in that memory order (timm copies it to (B, D, g, g)'s):
-        # the same numbers, and a convolution reading it (locality guidance's adapters) runs as before
-        return patches.reshape(B, g, g, D).permute(0, 3, 1, 2)
+        # (B, N, D) -> (B, D, N) -> (B, D, g, g), a view: timm's numbers, without its copy into (B, D, g, g)'s memory
+        # order. A convolution reading it (locality guidance's adapters) picks its kernel from these strides, and
+        # sums in another order on another view's (a batch of one photo, bias gradients): this one is as it was
+        return patches.transpose(1, 2).reshape(B, D, g, g)
 
     def forward_features(
         self,
