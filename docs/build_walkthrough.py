@@ -75,12 +75,12 @@ assert torch.allclose(by_hand, library, atol=1e-4)"""),
     (MD, """## 2. Eq. 1: the class token and the position embedding
 
 z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos. A learnable class token is prepended (197 tokens) and a
-learned 1-D position embedding is added (`VisionTransformer.embed`)."""),
+learned 1-D position embedding is added (`VisionTransformer._embed`, the first step of `forward_features`)."""),
     (CODE, """with torch.no_grad():
     z0_by_hand = torch.cat([model.cls_token.expand(1, -1, -1), library], dim=1) + model.pos_embed
-    z0 = model.embed(x)                    # the library's Eq. 1 (dropout is off in eval mode)
+    z0 = model._embed(x)                    # the library's Eq. 1 (dropout is off in eval mode)
 print("x_p E", tuple(library.shape), "-> [x_class; x_p E]", tuple(z0_by_hand.shape), "+ E_pos", tuple(model.pos_embed.shape))
-print("max |by hand - model.embed| =", f"{(z0_by_hand - z0).abs().max().item():.2e}")
+print("max |by hand - model._embed| =", f"{(z0_by_hand - z0).abs().max().item():.2e}")
 assert torch.allclose(z0_by_hand, z0, atol=1e-5)"""),
     (MD, """## 3. Eq. 2 and 3: one encoder block by hand
 
@@ -125,7 +125,7 @@ show(fig)"""),
 y = LN(z_L^0): after L blocks, the final LayerNorm is applied and the class token's state (index 0) goes
 through the classification head. By hand, with every block of the library in turn:"""),
     (CODE, """with torch.no_grad():
-    z = model.embed(x)
+    z = model._embed(x)
     for blk in model.blocks:
         z, _ = blk(z)
     logits_by_hand = model.head(model.norm(z)[:, 0])     # Eq. 4: y = LN(z_L^0), then the head

@@ -21,7 +21,7 @@ from foodvit.rundir.directory import load_checkpoint
 from foodvit.training.objectives import Batch, Outputs, WithObjectives
 from foodvit.training.objectives.distill import Distillation
 from foodvit.training.objectives.drloc import Localization
-from foodvit.training.teacher import build_teacher
+from foodvit.training.teacher import Teacher, build_teacher
 from foodvit.training.run import resume, train
 
 
@@ -39,14 +39,14 @@ class Fixed(nn.Module):
 def test_loss_is_the_cross_entropy_against_the_teachers_classes():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
-    wrapped = WithObjectives(vit, [Distillation(weight=0.7)], teacher=Fixed([2, 0, 1, 1]))
+    wrapped = WithObjectives(vit, [Distillation(weight=0.7)], teacher=Teacher(Fixed([2, 0, 1, 1])))
     images = torch.randn(4, 3, 32, 32)
     wrapped.train()
     logits, extra = wrapped(images)
     torch.testing.assert_close(logits, vit(images), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(extra, 0.7 * F.cross_entropy(logits, torch.tensor([2, 0, 1, 1])))
     wrapped.eval()
-    torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)  # prediction: the ViT alone
+    assert wrapped(images).logits.shape == (4, 3)  # the step's Output in either mode; a prediction is the ViT's own
 
 
 def test_at_a_temperature_the_loss_is_the_scaled_divergence_from_the_teachers_softened_probabilities():
@@ -55,19 +55,19 @@ def test_at_a_temperature_the_loss_is_the_scaled_divergence_from_the_teachers_so
     nn.init.normal_(vit.head.weight)  # a head that does not start at zero: the student's probabilities are not uniform
     teacher = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 3))
     images = torch.randn(4, 3, 32, 32)
-    wrapped = WithObjectives(vit, [Distillation(weight=0.7, temperature=3.0)], teacher=teacher).train()
+    wrapped = WithObjectives(vit, [Distillation(weight=0.7, temperature=3.0)], teacher=Teacher(teacher)).train()
     logits, extra = wrapped(images)
     p = torch.softmax(teacher(images).detach() / 3, dim=1)  # the teacher's probabilities at T = 3, by hand
     q = torch.softmax(logits / 3, dim=1)
     by_hand = 0.7 * 9 * (p * (p.log() - q.log())).sum(dim=1).mean()
     torch.testing.assert_close(extra, by_hand, rtol=1e-5, atol=1e-6)
-    hard = WithObjectives(vit, [Distillation(weight=0.7)], teacher=teacher).train()(images)[1]
+    hard = WithObjectives(vit, [Distillation(weight=0.7)], teacher=Teacher(teacher)).train()(images)[1]
     assert not torch.isclose(extra, hard)  # not the hard term
     # a student that copies the teacher's logits has nothing left to learn from it, at any temperature
     taught = teacher(images).detach()
-    copying = Outputs(tokens=torch.zeros(0), pooled=torch.zeros(0), heads=Heads(taught, None), teacher_logits=taught)
-    assert Distillation(1.0, temperature=2.0).loss(Batch(images, vit), copying).abs().item() < 1e-6
-    empty = WithObjectives(vit, [Distillation(weight=1.0, temperature=3.0)], teacher=teacher).train()
+    copying = Outputs(tokens=torch.zeros(0), heads=Heads(torch.zeros(0), taught, None))
+    assert Distillation(1.0, temperature=2.0, teacher=Teacher(teacher)).loss(Batch(images, vit), copying).abs().item() < 1e-6
+    empty = WithObjectives(vit, [Distillation(weight=1.0, temperature=3.0)], teacher=Teacher(teacher)).train()
     assert empty(torch.zeros(0, 3, 32, 32))[1].item() == 0.0  # an empty share costs nothing
 
 
@@ -77,7 +77,7 @@ def test_at_a_temperature_with_the_token_its_own_head_learns_the_teachers_probab
     nn.init.normal_(vit.head_dist.weight)
     teacher = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 3))
     images = torch.randn(4, 3, 32, 32)
-    wrapped = WithObjectives(vit, [Distillation(weight=1.0, temperature=2.0)], teacher=teacher).train()
+    wrapped = WithObjectives(vit, [Distillation(weight=1.0, temperature=2.0)], teacher=Teacher(teacher)).train()
     outputs, terms = wrapped.terms(images)
     p = torch.softmax(teacher(images).detach() / 2, dim=1)
     by_hand = 4 * (p * (p.log() - torch.log_softmax(outputs.heads.distilled / 2, dim=1))).sum(dim=1).mean()
@@ -96,7 +96,7 @@ def test_teacher_is_frozen_and_outside_the_trained_parameters():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
     teacher = build_teacher("resnet18", 3)
-    wrapped = WithObjectives(vit, [Distillation(weight=1.0)], teacher=teacher)
+    wrapped = WithObjectives(vit, [Distillation(weight=1.0)], teacher=Teacher(teacher))
     assert {id(p) for p in wrapped.parameters()} == {id(p) for p in vit.parameters()}
     assert all(not k.startswith("teacher") for k in wrapped.state_dict())
     wrapped.train()
@@ -113,7 +113,7 @@ def test_adds_to_the_localization_loss():
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
     localization = WithObjectives(vit, [Localization(vit.config.embed_dim, weight=0.5, pairs=4)])
-    wrapped = WithObjectives(vit, [*localization.objectives, Distillation(weight=2.0)], teacher=Fixed([1, 1]))
+    wrapped = WithObjectives(vit, [*localization.objectives, Distillation(weight=2.0)], teacher=Teacher(Fixed([1, 1])))
     wrapped.train()
     images = torch.randn(2, 3, 32, 32)
     torch.manual_seed(1)
@@ -125,7 +125,7 @@ def test_adds_to_the_localization_loss():
 
 def test_an_empty_share_of_a_batch_costs_nothing():
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1)
-    wrapped = WithObjectives(vit, [Distillation(weight=1.0)], teacher=build_teacher("resnet18", 3)).train()
+    wrapped = WithObjectives(vit, [Distillation(weight=1.0)], teacher=Teacher(build_teacher("resnet18", 3))).train()
     _, extra = wrapped(torch.zeros(0, 3, 32, 32))
     assert extra.item() == 0.0
 
@@ -282,12 +282,13 @@ def test_the_token_is_a_second_prefix_token_and_prediction_averages_the_two_head
     vit = token_vit(pool=pool).eval()
     assert vit.config.num_prefix_tokens == 2 and vit.config.num_tokens == 16 + 2
     images = torch.randn(3, 3, 32, 32)
-    tokens, attentions = vit.forward_attention(images)
+    tokens, attentions = vit.forward_intermediates(images, attention=True)
     assert tokens.shape == (3, 18, 192) and attentions[0].shape[-1] == 18  # both tokens attend and are attended to
-    by_hand = (vit.head(vit.pool(tokens)) + vit.head_dist(tokens[:, 1])) / 2  # [class; distillation; patches]
+    pooled = vit.forward_head(tokens, pre_logits=True)
+    by_hand = (vit.head(pooled) + vit.head_dist(tokens[:, 1])) / 2  # [class; distillation; patches]
     torch.testing.assert_close(vit(images), by_hand, rtol=1e-5, atol=1e-5)  # with pool='cls', the last block's fast path too
-    heads = vit.forward_heads(images)
-    torch.testing.assert_close(heads.logits, vit.head(vit.pool(tokens)), rtol=1e-5, atol=1e-5)
+    heads = vit.forward_head(vit.forward_features(images), heads=True)
+    torch.testing.assert_close(heads.logits, vit.head(pooled), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(heads.distilled, vit.head_dist(tokens[:, 1]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(heads.prediction(), by_hand, rtol=1e-5, atol=1e-5)
     assert type(heads) is Heads  # the two heads, by name, and no auxiliary loss from the plain ViT
@@ -303,11 +304,11 @@ def test_the_token_starts_apart_from_the_class_token_and_is_not_decayed():
 def test_with_the_token_the_teacher_trains_the_distillation_head_and_the_labels_the_class_head():
     vit = token_vit()
     nn.init.normal_(vit.head_dist.weight, std=0.1)  # as after some training: a zero head passes no gradient back to the token
-    wrapped = WithObjectives(vit, [Distillation(weight=0.7)], teacher=Fixed([2, 0, 1, 1])).train()
+    wrapped = WithObjectives(vit, [Distillation(weight=0.7)], teacher=Teacher(Fixed([2, 0, 1, 1]))).train()
     images = torch.randn(4, 3, 32, 32)
     logits, extra = wrapped(images)
     torch.manual_seed(0)
-    heads = vit.forward_heads(images)
+    heads = vit.forward_head(vit.forward_features(images), heads=True)
     torch.testing.assert_close(logits, heads.logits, rtol=1e-5, atol=1e-5)  # the engine's CE against y reads Eq. 4's head
     torch.testing.assert_close(extra, 0.7 * F.cross_entropy(heads.distilled, torch.tensor([2, 0, 1, 1])), rtol=1e-5, atol=1e-5)
     extra.backward()
@@ -318,7 +319,7 @@ def test_with_the_token_the_teacher_trains_the_distillation_head_and_the_labels_
 def test_with_the_token_the_localization_loss_still_reads_the_patch_tokens_only():
     vit = token_vit(pool="gap")
     localization = Localization(vit.config.embed_dim, weight=0.5, pairs=4)
-    wrapped = WithObjectives(vit, [localization, Distillation(weight=1.0)], teacher=Fixed([1, 0])).train()
+    wrapped = WithObjectives(vit, [localization, Distillation(weight=1.0)], teacher=Teacher(Fixed([1, 0]))).train()
     images = torch.randn(2, 3, 32, 32)
     torch.manual_seed(1)
     _, extra = wrapped(images)
@@ -366,7 +367,7 @@ def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos
     model = load_model(tmp_path / "run").eval()
     images = torch.randn(2, 3, model.config.image_size, model.config.image_size)
     tokens = model.forward_features(images)
-    torch.testing.assert_close(model(images), model.classify(tokens), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model(images), model.forward_head(tokens), rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(model.head_dist.weight) > 0  # the distillation head was trained and saved
 
 

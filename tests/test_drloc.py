@@ -8,7 +8,7 @@ from torch import nn
 from foodvit.model.variants import create_model
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.drloc import DenseRelativeLocalization, Localization, pair_offsets
-from foodvit.training.engine import train_one_epoch
+from foodvit.training.engine import Output, train_one_epoch
 
 
 def test_pair_offsets_are_row_and_column_differences_over_the_grid():
@@ -62,8 +62,8 @@ def test_wrapper_gives_the_vits_logits_and_trains_both():
         objective = Localization(vit.config.embed_dim, weight=0.5, pairs=8)
         wrapped = WithObjectives(vit, [objective])
         images = torch.randn(2, 3, 32, 32)
-        wrapped.eval()
-        torch.testing.assert_close(wrapped(images), vit(images), rtol=0, atol=0)
+        wrapped.eval()  # one type in either mode: the step's Output (a prediction is the ViT's own)
+        torch.testing.assert_close(wrapped(images).logits, vit.eval()(images), rtol=1e-5, atol=1e-5)
         wrapped.train()
         logits, extra = wrapped(images)
         torch.testing.assert_close(logits, vit(images), rtol=1e-5, atol=1e-5)  # no dropout in this config
@@ -74,7 +74,7 @@ def test_wrapper_gives_the_vits_logits_and_trains_both():
 
 
 class Tupled(nn.Module):
-    """A classifier that returns (logits, auxiliary loss) in training, like the wrapper."""
+    """A module that returns the engine's Output: logits and an auxiliary loss, like the wrapper."""
 
     def __init__(self, extra: float):
         super().__init__()
@@ -83,7 +83,7 @@ class Tupled(nn.Module):
 
     def forward(self, x):
         logits = torch.zeros(x.shape[0], 2)
-        return (logits, self.extra * self.w.sum()) if self.training else logits
+        return Output(logits, self.extra * self.w.sum())
 
 
 def test_engine_adds_the_auxiliary_loss_to_the_gradient_but_reports_cross_entropy():

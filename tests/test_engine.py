@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from foodvit.settings.run import OptimConfig
-from foodvit.training.engine import StepSettings, TrainingDiverged, evaluate, fit, train_one_epoch
+from foodvit.training.engine import Classifier, StepSettings, TrainingDiverged, evaluate, fit, train_one_epoch
 from foodvit.training.optim import build_ema, build_optimizer, lr_factor, param_groups
 
 
@@ -33,7 +33,7 @@ def test_accuracy_is_per_image_with_unequal_batches():
     assert result["confusion"].tolist() == [[3, 0], [1, 0]]
     model = Fixed()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    assert train_one_epoch(model, loader, opt)["train_acc"] == 0.75
+    assert train_one_epoch(Classifier(model), loader, opt)["train_acc"] == 0.75
     # loss is the mean over photos, not over batches
     per_photo = torch.nn.functional.cross_entropy(Fixed()(torch.tensor([[1.0], [2.0], [3.0], [1.0]])), torch.tensor([0, 0, 0, 1]))
     assert result["loss"] == pytest.approx(per_photo.item(), rel=1e-6)
@@ -72,7 +72,7 @@ def test_gradient_accumulation_equals_one_big_batch():
         model = nn.Linear(5, 3)
         model.load_state_dict(base.state_dict())
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        train_one_epoch(model, batches, opt, settings=StepSettings(accum_steps=accum))
+        train_one_epoch(Classifier(model), batches, opt, settings=StepSettings(accum_steps=accum))
         results.append(model.weight.detach().clone())
     torch.testing.assert_close(results[0], results[1])
 
@@ -82,7 +82,7 @@ def test_gradient_clipping_bounds_the_update():
     before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     batch = [(torch.randn(16, 4) * 100, torch.randint(0, 2, (16,)))]
-    train_one_epoch(model, batch, opt, settings=StepSettings(clip_grad=0.01))
+    train_one_epoch(Classifier(model), batch, opt, settings=StepSettings(clip_grad=0.01))
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert (after - before).norm().item() == pytest.approx(0.01, rel=1e-3)
 
@@ -106,7 +106,7 @@ def test_sharpness_aware_minimisation_steps_with_the_gradient_at_the_worst_nearb
     for batches, accum in (([(x, y)], 1), ([(x[:4], y[:4]), (x[4:], y[4:])], 2)):
         model = nn.Linear(5, 3)
         model.load_state_dict(base.state_dict())
-        row = train_one_epoch(model, batches, torch.optim.SGD(model.parameters(), lr=lr), settings=StepSettings(accum_steps=accum, sam=rho))
+        row = train_one_epoch(Classifier(model), batches, torch.optim.SGD(model.parameters(), lr=lr), settings=StepSettings(accum_steps=accum, sam=rho))
         for got, want in zip(model.parameters(), expected):
             torch.testing.assert_close(got.detach(), want)
         # the step's loss is the first pass's, at w
@@ -123,7 +123,7 @@ def test_sharpness_aware_minimisation_updates_batch_norm_statistics_once_a_step(
     for rho in (0.0, 0.5):
         model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
         model.load_state_dict(base.state_dict())
-        train_one_epoch(model, batch, torch.optim.SGD(model.parameters(), lr=0.1), settings=StepSettings(sam=rho))
+        train_one_epoch(Classifier(model), batch, torch.optim.SGD(model.parameters(), lr=0.1), settings=StepSettings(sam=rho))
         stats.append([model[1].running_mean.clone(), model[1].running_var.clone(), model[1].num_batches_tracked.clone()])
     # the statistics come from the first pass, at the same weights: as without SAM, one batch counted
     for without, with_sam in zip(*stats):
@@ -138,7 +138,7 @@ def test_nan_loss_stops_training_with_a_clear_error():
 
     opt = torch.optim.SGD(Poison().parameters(), lr=0.1)
     with pytest.raises(TrainingDiverged, match="the loss became nan at step 1"):
-        train_one_epoch(Poison(), [(torch.ones(2, 1), torch.tensor([0, 1]))], opt)
+        train_one_epoch(Classifier(Poison()), [(torch.ones(2, 1), torch.tensor([0, 1]))], opt)
 
 
 def test_ema_update_rule():
@@ -175,7 +175,8 @@ def test_fit_reports_each_split_per_epoch_and_soft_targets_train():
     soft = torch.nn.functional.one_hot(y, 2).float() * 0.9 + 0.05  # mixup-like targets
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    history = fit(model, [(x, soft)], {"val": [(x, y)], "test": [(x, y)]}, opt, epochs=3, show_progress=False)
+    history = fit(Classifier(model), [(x, soft)], {"val": [(x, y)], "test": [(x, y)]}, opt, epochs=3, show_progress=False,
+                  eval_model=lambda: model)
     assert [row["epoch"] for row in history] == [1, 2, 3]
     assert {"train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds"} <= set(history[0])
     assert history[-1]["train_loss"] < history[0]["train_loss"]
@@ -189,7 +190,7 @@ def test_train_loss_is_plain_cross_entropy_and_the_objective_is_what_was_minimis
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     images = torch.tensor([[0.3], [-0.1], [0.05]])
     soft = torch.tensor([[0.7, 0.3], [0.2, 0.8], [0.4, 0.6]])
-    row = train_one_epoch(model, [(images, soft)], opt, settings=StepSettings(label_smoothing=0.2))
+    row = train_one_epoch(Classifier(model), [(images, soft)], opt, settings=StepSettings(label_smoothing=0.2))
     logits = Fixed()(images)
     plain = nn.functional.cross_entropy(logits, soft.argmax(1)).item()
     objective = nn.functional.cross_entropy(logits, soft, label_smoothing=0.2).item()

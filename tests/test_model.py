@@ -66,7 +66,7 @@ def test_shapes_at_every_step_of_vit_b16():
         images = torch.empty(1, 3, 224, 224)
     with torch.no_grad():
         patches = model.patch_embed(images)
-        tokens = model.embed(images)
+        tokens = model._embed(images)  # Eq. 1 alone (a private step of forward_features)
         features = model.forward_features(images)
         logits = model(images)
     assert patches.shape == (1, 196, 768)  # Eq. 1, x_p E
@@ -119,7 +119,8 @@ def test_fused_and_plain_attention_agree():
     with torch.no_grad():
         fused = model.set_fused_attention(True)(x)
         plain = model.set_fused_attention(False)(x)
-        logits, attentions = model.forward_with_attention(x)
+        tokens, attentions = model.forward_intermediates(x, attention=True)
+        logits = model.forward_head(tokens)
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits, fused, rtol=1e-5, atol=1e-5)  # extraction leaves outputs unchanged
     assert len(attentions) == 12 and attentions[0].shape == (3, 3, 17, 17)  # (B, h, T, T)
@@ -148,7 +149,7 @@ def test_gap_pooling_averages_patch_tokens():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         features = model.forward_features(x)
-        assert torch.allclose(model.pool(features), features[:, 1:].mean(1))
+        assert torch.allclose(model.forward_head(features, pre_logits=True), features[:, 1:].mean(1))
 
 
 def test_no_class_token_model_has_n_tokens():
@@ -258,7 +259,7 @@ def test_mac_count_matches_the_reference_and_torch_flop_counter():
     assert count_macs(get_variant("ViT-B/16").config(), executed=True) == pytest.approx(16.46e9, rel=1e-3)
     model = tiny().eval().set_fused_attention(False)
     x = torch.randn(1, 3, 32, 32)
-    for forward, executed in ((lambda: model.head(model.pool(model.forward_features(x))), False), (lambda: model(x), True)):
+    for forward, executed in ((lambda: model.head(model.forward_head(model.forward_features(x), pre_logits=True)), False), (lambda: model(x), True)):
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
             forward()
@@ -276,7 +277,7 @@ def test_class_token_forward_computes_only_the_class_token_in_the_last_block(opt
     x = torch.randn(4, 3, 32, 32)
 
     def full():  # every token through every block, then Eq. 4
-        return model.head(model.pool(model.forward_features(x)))
+        return model.head(model.forward_head(model.forward_features(x), pre_logits=True))
 
     model.eval()
     with torch.no_grad():
@@ -308,7 +309,7 @@ def test_sequence_pooling_is_an_attention_weighted_mean():
         features = model.forward_features(x)
         weights = model.attn_pool(features).softmax(dim=1)  # (B, N, 1)
         assert torch.allclose(weights.sum(1), torch.ones(2, 1))
-        torch.testing.assert_close(model.pool(features), (weights * features).sum(1))
+        torch.testing.assert_close(model.forward_head(features, pre_logits=True), (weights * features).sum(1))
     assert model(x).shape == (2, 5)
     assert count_params(model.config) == sum(p.numel() for p in model.parameters())
 
@@ -326,10 +327,10 @@ def test_locality_self_attention_learns_a_temperature_and_masks_the_diagonal_unl
     with torch.no_grad():
         attn.temperature.fill_(2.5)
         x = torch.randn(2, 3, 32, 32)
-        _, attentions = model.forward_with_attention(x)
+        attentions = model.forward_intermediates(x, attention=True, intermediates_only=True)
         fused = model.set_fused_attention(True)(x)
         plain = model.set_fused_attention(False)(x)
-        tokens = model.blocks[0].norm1(model.embed(x))
+        tokens = model.blocks[0].norm1(model._embed(x))
         q, k, _ = attn.qkv(tokens).reshape(2, 17, 3, 3, 16).permute(2, 0, 3, 1, 4)
     diagonal = attentions[0].diagonal(dim1=-2, dim2=-1)
     assert torch.all(diagonal == 0) if mask else torch.all(diagonal > 0)  # no token attends to itself, or any may
@@ -444,7 +445,7 @@ def test_mimetic_init_makes_tokens_attend_to_themselves_at_step_zero():
         torch.manual_seed(0)
         model = VisionTransformer(config.replace(init=init)).eval()
         with torch.no_grad():
-            _, attentions = model.forward_with_attention(images)
+            attentions = model.forward_intermediates(images, attention=True, intermediates_only=True)
         self_weight[init] = attentions[0].diagonal(dim1=-2, dim2=-1).mean().item()
     tokens = config.num_tokens
     assert self_weight["jax"] == pytest.approx(1 / tokens, rel=0.5)  # near uniform
@@ -466,7 +467,7 @@ def test_a_sincos_model_takes_a_smaller_input_with_that_grids_positions():
     pos_embed = model.pos_embed_for_grid(2)
     tokens = torch.cat([model.cls_token.expand(2, -1, -1), model.patch_embed(small)], dim=1)  # (2, 1 + 4, 32)
     expected = tokens + torch.cat([torch.zeros(1, 32), sincos_2d_pos_embed(2, 32)])[None]
-    torch.testing.assert_close(model.embed(small, pos_embed), expected)
+    torch.testing.assert_close(model._embed(small, pos_embed), expected)
     assert model(small, pos_embed=pos_embed).shape == (2, 3) and model.config.image_size == 32
     with pytest.raises(InputError, match="expected 16 x 16 images, got 32 x 32"):
         model(images, pos_embed=pos_embed)  # the images must fit the grid they are given positions for
@@ -486,11 +487,13 @@ def test_the_heads_are_named_and_without_the_token_the_prediction_is_eq4s_head()
     torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would give zeros whatever it read
     images = torch.randn(2, 3, model.config.image_size, model.config.image_size)
     tokens = model.forward_features(images)
-    heads = model.heads(tokens)
+    heads = model.forward_head(tokens, heads=True)
     assert type(heads) is Heads and heads.distilled is None
+    torch.testing.assert_close(heads.pooled, tokens[:, 0], rtol=0, atol=0)  # Eq. 4's z_L^0
     torch.testing.assert_close(heads.logits, model.head(tokens[:, 0]))  # Eq. 4 on the class token
     torch.testing.assert_close(heads.prediction(), heads.logits, rtol=0, atol=0)
-    torch.testing.assert_close(model.forward_heads(images).logits, model(images), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.forward_head(tokens), heads.logits, rtol=0, atol=0)
+    torch.testing.assert_close(heads.logits, model(images), rtol=1e-5, atol=1e-5)
 
 
 def test_shifted_patch_tokenisation_stacks_the_image_and_its_four_diagonal_half_patch_shifts():
@@ -580,24 +583,72 @@ def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block(
     assert count_params(conv) == sum(p.numel() for p in VisionTransformer(conv).parameters())
 
 
-def test_forward_intermediates_gives_the_final_tokens_and_the_listed_blocks_outputs():
+def test_forward_intermediates_gives_the_final_tokens_and_the_taken_blocks_patch_tokens():
     torch.manual_seed(0)
     model = tiny(pool="gap", depth=3).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        final, blocks = model.forward_intermediates(x, [2, 0])
-        z = model.embed(x)
+        final, blocks = model.forward_intermediates(x, [2, 0], output_fmt="NLC")
+        z = model._embed(x)
         outputs = []
         for block in model.blocks:
             z, _ = block(z)
             outputs.append(z)
         torch.testing.assert_close(final, model.norm(z), rtol=0, atol=0)
         torch.testing.assert_close(final, model.forward_features(x), rtol=0, atol=0)
-        assert torch.equal(blocks[0], outputs[2]) and torch.equal(blocks[1], outputs[0])  # in the order asked for
+        assert torch.equal(blocks[0], outputs[0][:, 1:]) and torch.equal(blocks[1], outputs[2][:, 1:])  # blocks' order
+        grid = model.forward_intermediates(x, [0], intermediates_only=True)[0]  # NCHW, timm's default
+        assert torch.equal(grid, outputs[0][:, 1:].transpose(1, 2).reshape(2, 48, 4, 4))
+        attention = model.forward_intermediates(x, 1, attention=True, intermediates_only=True)
+        assert len(attention) == 1 and attention[0].shape == (2, 3, 17, 17)  # the last block's (B, h, T, T)
         torch.testing.assert_close(model.forward_head(final), model(x), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(model.forward_head(final, pre_logits=True), final[:, 1:].mean(1))
-    with pytest.raises(ValueError, match="not all computed in full"):
+    with pytest.raises(ValueError, match="class_only=True: it cannot be taken"):
         tiny(depth=2).forward_intermediates(x, [1], class_only=True)  # a class-only last block computes no other token
+    for indices in (0, 4, [3], [-4], []):
+        with pytest.raises(ValueError, match="give"):
+            model.forward_intermediates(x, indices)
+    with pytest.raises(ValueError, match="output_fmt"):
+        model.forward_intermediates(x, output_fmt="NHWC")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"indices": 2},
+        {"indices": [0, -1]},
+        {"indices": [3, 1], "norm": True},
+        {"indices": [1], "stop_early": True},
+        {"indices": 3, "stop_early": True, "norm": True, "output_fmt": "NLC"},
+        {"output_fmt": "NLC"},
+        {"indices": [0, 2], "intermediates_only": True},
+    ],
+)
+def test_forward_intermediates_gives_what_timms_gives_on_the_same_weights(options):
+    """The door timm's ViTs share, with timm's meaning: an int takes the last n blocks, a list those blocks (in the
+    blocks' order), norm passes them through the final norm, stop_early computes no later block, output_fmt lays
+    the patch tokens out as (B, D, g, g) or (B, N, D), intermediates_only leaves the final tokens out."""
+    timm = pytest.importorskip("timm")
+    from helpers import randomize_
+
+    torch.manual_seed(0)
+    theirs = randomize_(timm.create_model("vit_tiny_patch16_224", num_classes=5, img_size=64, depth=4)).eval()
+    ours = foodvit.load_weights(foodvit.create_model("ViT-Ti/16", num_classes=5, image_size=64, depth=4), theirs.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        mine, reference = ours.eval().forward_intermediates(x, **options), theirs.forward_intermediates(x, **options)
+        if not options.get("intermediates_only"):
+            torch.testing.assert_close(mine[0], reference[0], rtol=1e-5, atol=1e-5)  # the final tokens
+            mine, reference = mine[1], reference[1]
+        assert [m.shape for m in mine] == [r.shape for r in reference]
+        for m, r in zip(mine, reference, strict=True):
+            torch.testing.assert_close(m, r, rtol=1e-5, atol=1e-5)
+        features = ours.forward_features(x)
+        torch.testing.assert_close(features, theirs.forward_features(x), rtol=1e-5, atol=1e-5)
+        for pre_logits in (False, True):
+            torch.testing.assert_close(
+                ours.forward_head(features, pre_logits), theirs.forward_head(features, pre_logits), rtol=1e-5, atol=1e-5
+            )
 
 
 def test_a_mask_shows_the_hidden_patches_as_the_mask_token_before_the_positions():
@@ -613,7 +664,9 @@ def test_a_mask_shows_the_hidden_patches_as_the_mask_token_before_the_positions(
         z = torch.cat([model.cls_token.expand(2, -1, -1), patches], dim=1) + model.pos_embed
         for block in model.blocks:
             z, _ = block(z)
-        torch.testing.assert_close(model.forward_features(x, mask, token), model.norm(z), rtol=1e-6, atol=1e-6)
-        assert torch.equal(model.forward_features(x, torch.zeros_like(mask), token), model.forward_features(x))
+        masked = model.forward_features(x, mask=mask, mask_token=token)
+        torch.testing.assert_close(masked, model.norm(z), rtol=1e-6, atol=1e-6)
+        unmasked = model.forward_features(x, mask=torch.zeros_like(mask), mask_token=token)
+        assert torch.equal(unmasked, model.forward_features(x))
     with pytest.raises(ValueError, match="needs a mask token"):
-        model.forward_features(x, mask)
+        model.forward_features(x, mask=mask)

@@ -27,8 +27,10 @@ def test_a_smaller_batch_gets_its_grids_positions_and_the_models_own_size_the_mo
     torch.testing.assert_close(resized(small), vit(small, pos_embed=vit.pos_embed_for_grid(2)), rtol=0, atol=0)
     torch.testing.assert_close(resized(images), vit(images), rtol=0, atol=0)
     assert resized.pos_embed_for(images) is None  # the model's own grid: its own E_pos
-    heads = resized.forward_heads(small)
+    heads = resized.forward_head(resized.forward_features(small), heads=True)
     torch.testing.assert_close(heads.logits, resized(small), rtol=1e-6, atol=1e-6)
+    final, blocks = resized.forward_intermediates(small, [0])
+    assert final.shape == (2, 1 + 4, 32) and blocks[0].shape == (2, 32, 2, 2)  # the batch's own 2 x 2 grid
     assert resized.config is vit.config and {id(p) for p in resized.parameters()} == {id(p) for p in vit.parameters()}
 
 

@@ -195,14 +195,14 @@ def test_nan_loss_keeps_the_last_good_checkpoint(photos, tmp_path, monkeypatch):
     from foodvit.model.vit import VisionTransformer
 
     calls = {"n": 0}
-    original = VisionTransformer.forward
+    original = VisionTransformer.forward_features  # what training and evaluation both call once a batch
 
-    def poisoned(self, images):
+    def poisoned(self, images, **options):
         calls["n"] += 1
-        out = original(self, images)
+        out = original(self, images, **options)
         return out * float("nan") if self.training and calls["n"] > 8 else out
 
-    monkeypatch.setattr(VisionTransformer, "forward", poisoned)
+    monkeypatch.setattr(VisionTransformer, "forward_features", poisoned)
     with pytest.raises(TrainingDiverged, match=r"(?s)the loss became nan.*in epoch 2.*last good checkpoint \(epoch 1\)"):
         train(small_config(photos, epochs=3, batch_size=8), tmp_path / "nan", quiet=True)
     assert torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=True)["epoch"] == 1

@@ -33,7 +33,7 @@ def _model(**overrides):
 def test_rollout_rows_are_distributions_and_the_map_fills_the_grid():
     model = _model()
     with torch.no_grad():
-        _, attentions = model.forward_with_attention(torch.randn(2, 3, 32, 32))
+        attentions = model.forward_intermediates(torch.randn(2, 3, 32, 32), attention=True, intermediates_only=True)
     rollout = attention_rollout(attentions)
     assert rollout.shape == (2, 17, 17)
     torch.testing.assert_close(rollout.sum(-1), torch.ones(2, 17))
@@ -42,7 +42,7 @@ def test_rollout_rows_are_distributions_and_the_map_fills_the_grid():
     torch.testing.assert_close(heat.flatten(1).sum(-1), torch.ones(2))
     gap = _model(class_token=False, pool="gap")
     with torch.no_grad():
-        _, attentions = gap.forward_with_attention(torch.randn(1, 3, 32, 32))
+        attentions = gap.forward_intermediates(torch.randn(1, 3, 32, 32), attention=True, intermediates_only=True)
     assert rollout_map(attention_rollout(attentions), 0, 4).shape == (1, 4, 4)
 
 
@@ -74,7 +74,7 @@ def test_mean_attention_distance_of_identity_and_uniform_attention():
 
     model = _model()
     identity = torch.eye(17).expand(2, 3, 17, 17)
-    model.forward_with_attention = lambda x: (None, [identity[: len(x)]] * 3)  # attention forced to the identity
+    model.forward_intermediates = lambda x, **_: [identity[: len(x)]] * 3  # attention forced to the identity
     distances = attention_distances_over(model, torch.randn(5, 3, 32, 32), batch_size=2)
     assert distances.shape == (3, 3) and torch.count_nonzero(distances) == 0
 
@@ -92,7 +92,8 @@ def test_attention_extraction_leaves_the_logits_unchanged():
     model = _model()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        torch.testing.assert_close(model.forward_with_attention(x)[0], model(x), rtol=1e-5, atol=1e-5)
+        tokens, _ = model.forward_intermediates(x, attention=True)
+        torch.testing.assert_close(model.forward_head(tokens), model(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,8 @@ def test_explain_reads_attention_through_the_models_pooling():
     result = explain(predictor, photo)
     x = eval_transform(preprocess)(photo)[None]
     with torch.no_grad():
-        logits, attentions = model.forward_with_attention(x)
+        tokens, attentions = model.forward_intermediates(x, attention=True)
+        logits = model.forward_head(tokens)
     rollout = attention_rollout(attentions)  # (1, 17, 17), token 0 the class token
     patch_mean = rollout[:, 1:].mean(dim=1)[:, 1:]
     torch.testing.assert_close(result["rollout"], (patch_mean / patch_mean.sum()).reshape(4, 4))
@@ -174,7 +176,7 @@ def test_explain_reads_attention_through_the_models_pooling():
     assert [label for label, _ in result["top_k"]][0] == predictor.classes[logits.argmax().item()]
     cls_model = _model()  # pool='cls': the class token's row, as before
     with torch.no_grad():
-        cls_rollout = attention_rollout(cls_model.forward_with_attention(x)[1])
+        cls_rollout = attention_rollout(cls_model.forward_intermediates(x, attention=True)[1])
     row = cls_rollout[:, 0, 1:]
     torch.testing.assert_close(explain(foodvit.Predictor(cls_model, predictor.classes, preprocess), photo)["rollout"], (row / row.sum()).reshape(4, 4))
 
@@ -188,7 +190,7 @@ def test_explain_with_the_distillation_token_reads_both_tokens_as_the_prediction
     photo = Image.fromarray(np.random.default_rng(1).integers(0, 255, (40, 40, 3), dtype=np.uint8))
     result = explain(predictor, photo)
     with torch.no_grad():
-        _, attentions = model.forward_with_attention(eval_transform(preprocess)(photo)[None])
+        _, attentions = model.forward_intermediates(eval_transform(preprocess)(photo)[None], attention=True)
     rollout = attention_rollout(attentions)  # (1, 18, 18): class token, distillation token, 16 patches
     both = (rollout[:, 0, 2:] + rollout[:, 1, 2:]) / 2
     torch.testing.assert_close(result["rollout"], (both / both.sum()).reshape(4, 4))

@@ -206,7 +206,7 @@ def test_torch_transformer_encoder_layer_stack_agrees():
     stack = to_torch_encoder(model).eval()
     x = torch.randn(2, 3, 96, 96)
     with torch.no_grad():
-        tokens = model.embed(x)
+        tokens = model._embed(x)  # Eq. 1, then the blocks by hand
         ours = tokens
         for block in model.blocks:
             ours, _ = block(ours)

@@ -175,12 +175,14 @@ class Ranges:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         import foodvit.training.trainer as trainer_module
+        from foodvit.training.teacher import Teacher
 
         ranges = self
         self._open: list = []
         self.wrap_everywhere("foodvit.training.teacher", "obtain_teacher", TEACHER)
         self.built_with_range("foodvit.training.teacher", "build_teacher", "forward")
-        self.wrap_everywhere("foodvit.training.objectives.guidance", "teacher_outputs", "teacher forward (guidance)")
+        for forward in ("feature_maps", "logits"):  # the objectives' passes of the frozen teacher (as before)
+            self.wrap_attribute(Teacher, forward, "teacher forward (guidance)")
         self.wrap_everywhere("foodvit.training.objectives.guidance", "matching_loss", "head: guidance adapters")
         self.wrap_everywhere("foodvit.training.objectives.masked", "patch_pixels", "head: masked")
         self.wrap_everywhere("foodvit.training.engine", "evaluate", "evaluation")
@@ -188,7 +190,7 @@ class Ranges:
         self.wrap_everywhere("foodvit.rundir.directory", "write_metrics", "checkpoints and metrics")
         self.wrap_attribute(torch.Tensor, "backward", "backward")
         self.wrap_attribute(torch.nn.utils, "clip_grad_norm_", "optimiser (clip, step)")
-        self.wrap_everywhere("foodvit.training.final", "final_test", "final test and report")
+        self.wrap_attribute(trainer_module.Trainer, "_final_test", "final test and report")
         self.wrap_attribute(trainer_module.Trainer, "__init__", "setup")
         step_pre = register_optimizer_step_pre_hook(
             lambda opt, args, kwargs: self._open.append(record_function("optimiser (clip, step)").__enter__())

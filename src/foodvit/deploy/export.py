@@ -250,8 +250,8 @@ def _with_attention(model):
             self.model = model
 
         def forward(self, images):
-            tokens, attentions = self.model.forward_attention(images)
-            return self.model.classify(tokens), pooled_rollout(self.model, tokens, attentions)
+            tokens, attentions = self.model.forward_intermediates(images, attention=True)  # every block's
+            return self.model.forward_head(tokens), pooled_rollout(self.model, tokens, attentions)
 
     return WithAttention(model).eval()
 

@@ -24,7 +24,7 @@ class TorchBackend:
 
     @property
     def has_attention(self) -> bool:
-        return hasattr(self.model, "forward_features") and hasattr(self.model, "config")
+        return hasattr(self.model, "forward_intermediates") and hasattr(self.model, "config")
 
     def attention(self, batch: np.ndarray) -> np.ndarray | None:
         """The attention rollout maps (B, grid, grid) of a prepared batch, as `foodvit explain` draws
@@ -34,7 +34,8 @@ class TorchBackend:
         from foodvit.viz.attention import pooled_rollout
 
         with torch.inference_mode():
-            tokens, attentions = self.model.forward_attention(torch.from_numpy(batch).to(self.device))
+            images = torch.from_numpy(batch).to(self.device)
+            tokens, attentions = self.model.forward_intermediates(images, attention=True)  # every block's
             return pooled_rollout(self.model, tokens, attentions).float().cpu().numpy()
 
 

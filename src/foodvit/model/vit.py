@@ -73,8 +73,8 @@ Notes (not deviations from the paper's text):
   - LayerNorm epsilon is 1e-6, the JAX reference's value (torchvision and timm agree).
   - With the class token pooled (Eq. 4), forward() computes the last block for the class token
     only (all tokens still serve as its keys and values): the same logits and gradients, 6% fewer
-    FLOPs for ViT-B/16. forward_features() returns every token; forward_intermediates() the listed
-    blocks' tokens too (timm's convention), forward_attention() every block's attention weights.
+    FLOPs for ViT-B/16. forward_features() returns every token; forward_intermediates() the taken
+    blocks' patch tokens too, or their attention weights (attention=True), as timm's does.
   - The model keeps one input size (its config's). forward(images, pos_embed=...) embeds a batch of
     another patch grid with that grid's E_pos (pos_embed_for_grid: with fixed sin-cos or no position
     embeddings any grid has one), for progressive resizing's smaller first epochs; the training side
@@ -86,6 +86,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 from torch import nn
@@ -163,10 +164,11 @@ HEADS = ("head.", "head_dist.")  # parameter-name prefixes of the classifier hea
 
 @dataclass(frozen=True)
 class Heads:
-    """What the classifier heads read from the final tokens, by name: each (B, num_classes)."""
+    """What the classifier heads read from the final tokens, by name (forward_head(x, heads=True))."""
 
-    logits: torch.Tensor  # Eq. 4: the head on the pooled state
-    distilled: torch.Tensor | None  # deviation 9: the distillation token's head; None without the token
+    pooled: torch.Tensor  # (B, D): Eq. 4's pooled state, which the head reads
+    logits: torch.Tensor  # (B, num_classes): Eq. 4, the head on the pooled state
+    distilled: torch.Tensor | None  # (B, num_classes): deviation 9, the distillation token's head; None without it
 
     def prediction(self) -> torch.Tensor:
         """The model's logits: Eq. 4's, or with the distillation token the mean of the two heads' (DeiT)."""
@@ -176,7 +178,10 @@ class Heads:
 class VisionTransformer(nn.Module):
     """ViT: Eq. 1 (embed), L blocks of Eq. 2-3, Eq. 4 (normalise, pool, classify).
 
-    forward(images (B, C, H, W)) -> logits (B, num_classes).
+    Its doors are timm's: forward(images (B, C, H, W)) -> logits (B, num_classes) is
+    forward_head(forward_features(images)); forward_intermediates gives what the blocks compute on
+    the way (their tokens, or their attention weights). Whatever training or a picture needs from
+    inside the model, it asks through these.
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -207,7 +212,7 @@ class VisionTransformer(nn.Module):
             self.head_dist = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
         init_weights(self)
 
-    def embed(
+    def _embed(
         self,
         images: torch.Tensor,
         pos_embed: torch.Tensor | None = None,
@@ -215,14 +220,7 @@ class VisionTransformer(nn.Module):
         mask_token: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos, then dropout. (B, C, H, W) -> (B, T, D).
-
-        pos_embed: E_pos of another patch grid, (1, T', D), for images of that grid's side
-        (progressive resizing trains at a smaller one; pos_embed_for_grid builds it). By default the
-        model's own, for images of its own side.
-        mask: (B, N) booleans, True for the patches whose embedding x_p^i E is replaced by mask_token
-        (D,) or (1, 1, D) before the position embedding is added (masked-patch training): the position
-        stays known, the content does not. The caller owns the token (training/objectives/masked.py).
-        """
+        pos_embed, mask, mask_token: see forward and forward_features."""
         c = self.config
         side = (
             c.image_size if pos_embed is None else math.isqrt(pos_embed.shape[1] - c.num_prefix_tokens) * c.patch_size
@@ -258,64 +256,120 @@ class VisionTransformer(nn.Module):
             return like.new_zeros(1, c.num_prefix_tokens + grid * grid, c.embed_dim)  # adds nothing; names the grid
         return sincos_2d_pos_embed(grid, c.embed_dim, prefix=c.num_prefix_tokens).to(self.pos_embed)[None]  # (1, T', D)
 
+    def _encode(
+        self,
+        images: torch.Tensor,
+        take: set[int],
+        stop: int,
+        attention: bool,
+        mask: torch.Tensor | None,
+        mask_token: torch.Tensor | None,
+        class_only: bool,
+        pos_embed: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eq. 1, then Eq. 2-3 in blocks 0..stop: the last computed block's output (B, T, D), before the final
+        norm, and for each block in `take` its output (B, T, D) or, with `attention`, its weights (B, h, T, T)."""
+        last = len(self.blocks) - 1
+        if class_only and not self.config.class_token:
+            raise ValueError("class_only=True needs a model with a class token")
+        if class_only and stop == last and last in take:
+            raise ValueError(f"block {last} computes the prefix tokens alone with class_only=True: it cannot be taken")
+        x = self._embed(images, pos_embed, mask, mask_token)
+        taken = []
+        for i, block in enumerate(self.blocks[: stop + 1]):
+            queries = self.config.num_prefix_tokens if class_only and i == last else None
+            x, weights = block(x, return_attention=attention and i in take, queries=queries)  # Eq. 2 and 3
+            if i in take:
+                taken.append(weights if attention else x)
+        return x, taken
+
     def forward_intermediates(
         self,
         images: torch.Tensor,
-        indices: Sequence[int] = (),
+        indices: int | Sequence[int] | None = None,
         *,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        attention: bool = False,
         mask: torch.Tensor | None = None,
         mask_token: torch.Tensor | None = None,
         class_only: bool = False,
         pos_embed: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Eq. 1-3 and the final LayerNorm of Eq. 4 (timm's convention): the final tokens (B, T, D) and
-        the outputs of the blocks listed in `indices` (0-based, each (B, T, D), before any norm), in
-        the order listed. mask and mask_token: patches shown as a mask token (see embed).
+    ) -> tuple[torch.Tensor, list[torch.Tensor]] | list[torch.Tensor]:
+        """What the blocks compute on the way, as timm's forward_intermediates gives it: (final, intermediates),
+        the final tokens (B, T, D) of forward_features and one tensor for each block taken, in the blocks'
+        order; or the intermediates alone with intermediates_only=True.
 
-        class_only=True returns only the prefix tokens' final states, (B, 1, D) (the class token;
-        (B, 2, D) with the distillation token), and the last block computes nothing else: Eq. 4 reads
-        z_L^0 alone, and no other token's output of the last block reaches it. Every token still
-        serves as a key and value there, so z_L^0 is unchanged while that block's U_msa and MLP run
-        on 1 token instead of T (ViT-B/16: 1/16 fewer FLOPs). pos_embed: another grid's E_pos (see embed).
+        indices: the blocks taken: an int n, the last n; a list, those blocks (0-based, negative from the
+        end); None, every block. Each block's output is its patch tokens, the prefix tokens left out:
+        (B, D, H/P, W/P) with output_fmt="NCHW", (B, N, D) with "NLC"; norm=True passes them through the
+        final LayerNorm first. stop_early=True computes no block after the last one taken (the final
+        tokens are then that block's, normalised). attention=True takes the blocks' attention weights
+        instead, (B, h, T, T) each, computed on the plain attention path (the attention pictures read them).
+        mask, mask_token, class_only, pos_embed: as forward_features (class_only cannot take the last block).
         """
-        if class_only and not self.config.class_token:
-            raise ValueError("class_only=True needs a model with a class token")
-        last = len(self.blocks) - 1
-        wanted = set(indices)
-        if any(not 0 <= i <= last for i in wanted) or (class_only and last in wanted):
-            raise ValueError(f"blocks {sorted(wanted)} are not all computed in full by a model of {last + 1} blocks")
-        x = self.embed(images, pos_embed, mask, mask_token)
-        kept: dict[int, torch.Tensor] = {}
-        for i, block in enumerate(self.blocks):
-            x, _ = block(x, queries=self.config.num_prefix_tokens if class_only and i == last else None)  # Eq. 2 and 3
-            if i in wanted:
-                kept[i] = x
-        return self.norm(x), [kept[i] for i in indices]  # LN of Eq. 4
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take = self._take_indices(indices)
+        stop = max(take) if stop_early else len(self.blocks) - 1
+        x, taken = self._encode(images, set(take), stop, attention, mask, mask_token, class_only, pos_embed)
+        if not attention:
+            taken = [self._patch_tokens(self.norm(y) if norm else y, output_fmt) for y in taken]
+        return taken if intermediates_only else (self.norm(x), taken)
+
+    def _take_indices(self, indices: int | Sequence[int] | None) -> list[int]:
+        """The blocks forward_intermediates takes, in order (timm's feature_take_indices): an int n, the last n;
+        a list, those (negative from the end); None, all."""
+        L = len(self.blocks)
+        if indices is None:
+            return list(range(L))
+        if isinstance(indices, int):
+            if not 0 < indices <= L:
+                raise ValueError(f"the last {indices} blocks of a model of {L}: give 1 to {L}")
+            return list(range(L - indices, L))
+        take = sorted({L + i if i < 0 else i for i in indices})
+        if not take or not all(0 <= i < L for i in take):
+            raise ValueError(f"blocks {list(indices)}: give one or more of a model's {L} (0 to {L - 1}, or -1 to -{L})")
+        return take
+
+    def _patch_tokens(self, tokens: torch.Tensor, output_fmt: str) -> torch.Tensor:
+        """A block's output (B, T, D) -> its patch tokens, (B, N, D) (NLC) or on their grid (B, D, g, g) (NCHW)."""
+        patches = tokens[:, self.config.num_prefix_tokens :]  # (B, T, D) -> (B, N, D)
+        if output_fmt == "NLC":
+            return patches
+        B, N, D = patches.shape
+        g = math.isqrt(N)
+        # (B, N, D) -> (B, D, N) -> (B, D, g, g), a view: timm's numbers, without its copy into (B, D, g, g)'s memory
+        # order. A convolution reading it (locality guidance's adapters) picks its kernel from these strides, and
+        # sums in another order on another view's (a batch of one photo, bias gradients): this one is as it was
+        return patches.transpose(1, 2).reshape(B, D, g, g)
 
     def forward_features(
         self,
         images: torch.Tensor,
+        *,
         mask: torch.Tensor | None = None,
         mask_token: torch.Tensor | None = None,
-        *,
         class_only: bool = False,
         pos_embed: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The final tokens after the LayerNorm of Eq. 4, (B, T, D) (see forward_intermediates)."""
-        return self.forward_intermediates(
-            images, mask=mask, mask_token=mask_token, class_only=class_only, pos_embed=pos_embed
-        )[0]
+        """Eq. 1-3 and the final LayerNorm of Eq. 4: (B, C, H, W) -> the final tokens (B, T, D).
 
-    def forward_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The final tokens (B, T, D) and every block's attention weights (B, h, T, T), one tensor a
-        block, on the plain attention path (the tokens are those of forward_features)."""
-        x, attentions = self.embed(images), []
-        for block in self.blocks:
-            x, weights = block(x, return_attention=True)
-            attentions.append(weights)
-        return self.norm(x), attentions
+        mask: (B, N) booleans, True for the patches whose embedding x_p^i E is replaced by mask_token
+        (D,) or (1, 1, D) before the position embedding is added (masked-patch training): the position
+        stays known, the content does not. The caller owns the token (training/objectives/masked.py).
+        class_only=True returns only the prefix tokens' final states, (B, 1, D) (the class token;
+        (B, 2, D) with the distillation token), and the last block computes nothing else: Eq. 4 reads
+        z_L^0 alone, and no other token's output of the last block reaches it. Every token still
+        serves as a key and value there, so z_L^0 is unchanged while that block's U_msa and MLP run
+        on 1 token instead of T (ViT-B/16: 1/16 fewer FLOPs). pos_embed: another grid's E_pos (see forward).
+        """
+        x, _ = self._encode(images, set(), len(self.blocks) - 1, False, mask, mask_token, class_only, pos_embed)
+        return self.norm(x)  # LN of Eq. 4
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
+    def _pool(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 4's z_L^0: the class token's state (B, T, D) -> (B, D); or the patch-token mean
         (deviation 1); or their attention-weighted mean (deviation 6)."""
         if self.config.pool == "cls":
@@ -326,41 +380,30 @@ class VisionTransformer(nn.Module):
         weights = self.attn_pool(patches).softmax(dim=1)  # (B, N, D) -> (B, N, 1)
         return (weights * patches).sum(dim=1)  # (B, N, D) -> (B, D)
 
-    def heads(self, x: torch.Tensor) -> Heads:
-        """The final tokens (B, T, D) -> Eq. 4's logits and the distillation head's, from the
-        distillation token's state (deviation 9; None without that token)."""
-        return self.heads_of(x, self.pool(x))
-
-    def heads_of(self, x: torch.Tensor, pooled: torch.Tensor) -> Heads:
-        """heads(x) from the final tokens and their pooled state (B, D), pooled once by the caller."""
+    @overload
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor: ...
+    @overload
+    def forward_head(self, x: torch.Tensor, pre_logits: Literal[False] = False, *, heads: Literal[True]) -> Heads: ...
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, *, heads: bool = False) -> torch.Tensor | Heads:
+        """The final tokens (B, T, D) -> the model's logits (B, num_classes): Eq. 4; with the distillation
+        token, the mean of its head's logits and Eq. 4's (DeiT's prediction).
+        pre_logits=True: the pooled state (B, D) the head reads (timm's convention).
+        heads=True: every head's logits by name, and the pooled state, as Heads (training reads them apart:
+        the classes' cross-entropy reads Eq. 4's head, distillation the distillation token's)."""
+        pooled = self._pool(x)
+        if pre_logits:
+            return pooled
         logits = self.head(pooled)  # Eq. 4: y = LN(z_L^0), then the linear head
-        if not self.config.distill_token:
-            return Heads(logits, None)
-        return Heads(logits, self.head_dist(x[:, self.config.num_prefix_tokens - 1]))  # the token follows x_class
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """The final tokens (B, T, D) -> the model's logits (B, num_classes): Eq. 4; with the
-        distillation token, the mean of its head's logits and Eq. 4's (DeiT's prediction).
-        pre_logits=True: the pooled state (B, D) the head reads (timm's convention)."""
-        return self.pool(x) if pre_logits else self.heads(x).prediction()
-
-    def classify(self, x: torch.Tensor) -> torch.Tensor:
-        """forward_head(x): the final tokens -> the model's logits."""
-        return self.forward_head(x)
+        distilled = self.head_dist(x[:, self.config.num_prefix_tokens - 1]) if self.config.distill_token else None
+        both = Heads(pooled, logits, distilled)  # the distillation token follows x_class
+        return both if heads else both.prediction()
 
     def forward(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, C, H, W) -> logits (B, num_classes); pos_embed: another grid's E_pos (see embed)."""
-        return self.forward_heads(images, pos_embed).prediction()
-
-    def forward_heads(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None) -> Heads:
-        """Both heads' logits (the distillation token's too): (B, C, H, W) -> Heads."""
+        """(B, C, H, W) -> logits (B, num_classes): Eq. 1-4. pos_embed: E_pos of another patch grid, (1, T', D),
+        for images of that grid's side (progressive resizing trains at a smaller one; pos_embed_for_grid builds
+        it); by default the model's own, for images of its own side."""
         x = self.forward_features(images, class_only=self.config.class_only_last_block, pos_embed=pos_embed)
-        return self.heads(x)
-
-    def forward_with_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits and the attention weights of every layer, [(B, h, T, T)] * L."""
-        x, attentions = self.forward_attention(images)
-        return self.classify(x), attentions
+        return self.forward_head(x)
 
     def set_fused_attention(self, fused: bool) -> VisionTransformer:
         """Choose scaled_dot_product_attention (True) or the plain math path (False) in every block."""

@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from foodvit.model.vit import Heads, VisionTransformer
+from foodvit.model.vit import VisionTransformer
 
 
 class AnyGrid(nn.Module):
     """A ViT as progressive resizing trains it: batches of any side on its patch grid, each embedded
     with its grid's position embedding; batches of the model's own side take the model's own path.
-    forward, forward_features, forward_intermediates, heads, forward_heads and config mean what the
-    ViT's do (the engine and the training objectives read them); the parameters are the ViT's own."""
+    forward, forward_features, forward_intermediates, forward_head and config mean what the ViT's do (the
+    training objectives read them); the parameters are the ViT's own."""
 
     def __init__(self, vit: VisionTransformer) -> None:
         super().__init__()
@@ -43,18 +43,11 @@ class AnyGrid(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.vit(images, pos_embed=self.pos_embed_for(images))  # through __call__: the ViT's hooks still run
 
-    def forward_features(
-        self, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None, **options
-    ) -> torch.Tensor:
-        return self.vit.forward_features(images, mask, mask_token, pos_embed=self.pos_embed_for(images), **options)
+    def forward_features(self, images: torch.Tensor, **options) -> torch.Tensor:
+        return self.vit.forward_features(images, pos_embed=self.pos_embed_for(images), **options)
 
-    def forward_intermediates(
-        self, images: torch.Tensor, indices=(), **options
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward_intermediates(self, images: torch.Tensor, indices=None, **options):
         return self.vit.forward_intermediates(images, indices, pos_embed=self.pos_embed_for(images), **options)
 
-    def heads(self, x: torch.Tensor) -> Heads:
-        return self.vit.heads(x)
-
-    def forward_heads(self, images: torch.Tensor) -> Heads:
-        return self.vit.forward_heads(images, pos_embed=self.pos_embed_for(images))
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, **options):
+        return self.vit.forward_head(x, pre_logits, **options)

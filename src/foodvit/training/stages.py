@@ -34,8 +34,8 @@ class StageData:
 
 
 class Stage:
-    """`module` fitted for `epochs` on the stage's data, with an optimiser and schedule of its own
-    (kept in state() so that an interrupted stage resumes where it stopped)."""
+    """`module` (returning the engine's Output) fitted for `epochs` on the stage's data, with an optimiser and
+    schedule of its own (kept in state() so that an interrupted stage resumes where it stopped)."""
 
     def __init__(self, module: nn.Module, data: StageData, *, epochs: int, purpose: str, optim: OptimConfig) -> None:
         self.module, self.data, self.epochs, self.purpose = module, data, epochs, purpose
@@ -56,12 +56,14 @@ class Stage:
         start_epoch: int = 0,
         after_epoch: Iterable[Callable[[int, dict], None]] = (),
         eval_loaders: dict | None = None,
+        eval_model: nn.Module | None = None,
         eval_every: int = 1,
         num_classes: int | None = None,
         label: str = "epoch",
     ) -> list[dict]:
         """Fit from start_epoch; each epoch seeds torch from (run seed, purpose, epoch) and sets the
-        loader's epoch. Returns the rows of the epochs it trained."""
+        loader's epoch; eval_model, the classifier evaluated on eval_loaders. Returns the rows of the epochs it
+        trained."""
         data = self.data
 
         def before(epoch: int) -> None:
@@ -78,6 +80,7 @@ class Stage:
             start_epoch=start_epoch,
             settings=settings,
             hooks=FitHooks(before_epoch=[before], after_epoch=list(after_epoch)),
+            eval_model=None if eval_model is None else lambda: eval_model,
             eval_every=eval_every,
             show_progress=not data.quiet,
             num_classes=num_classes,

@@ -1,6 +1,8 @@
 """The CNN teacher that distillation and locality guidance read (objectives/distill.py,
 objectives/guidance.py): a torchvision architecture trained first, from random initialisation, on
-the run's own photos, augmentation and optimiser, then frozen. It trains for the run's epochs at the model's side,
+the run's own photos, augmentation and optimiser, then frozen. This module owns it: its training,
+its fingerprint (the settings and the place it depends on), its lending, and its forward pass (Teacher),
+which the objectives that read it hold. It trains for the run's epochs at the model's side,
 or for epochs and at a side of its own (--teacher-epochs, --teacher-size: its batches resized as progressive
 resizing resizes the ViT's); whatever its training side, the objectives that read it give it the ViT's batches as
 they are, and its test accuracy is measured at the model's side.
@@ -17,9 +19,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -32,13 +34,17 @@ from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkp
 from foodvit.seeds import derive_seed
 from foodvit.settings.objectives import STUDENT_SETTINGS
 from foodvit.settings.run import TEACHERS, OptimConfig, RunConfig, reads_teacher
-from foodvit.training.engine import StepSettings, epoch_line, silent
+from foodvit.training.engine import Classifier, StepSettings, epoch_line, silent
 from foodvit.training.optim import within_stage
 from foodvit.training.stages import Stage, StageData
+
+if TYPE_CHECKING:
+    from torchvision.models import ResNet
 
 logger = logging.getLogger(__name__)
 
 TEACHER_STRIDE = 32  # a ResNet's total stride: at this size or less its last feature map is 1 x 1
+STAGES = ("layer1", "layer2", "layer3", "layer4")  # a torchvision ResNet's stages, in order
 PROGRESS_FORMAT = (
     "foodvit-teacher-progress"  # teacher-progress.pt: a teacher's training after an epoch, before its last
 )
@@ -49,14 +55,24 @@ def _nothing() -> None:
 
 
 def build_teacher(name: str, num_classes: int) -> nn.Module:
-    """A torchvision classifier with random weights (no download, nothing pre-trained), in channels-last, on which
-    its convolutions, batch norms and pools run faster than on (B, C, H, W) rows (results/speed-layouts.csv)."""
+    """A torchvision classifier with random weights (no download, nothing pre-trained), its weights channels-last:
+    its convolutions, batch norms and pools then run on channels-last activations, faster on the CPU than on
+    (B, C, H, W) rows (bench/speed/layouts.py, results/speed-layouts.csv; the same sums in another order)."""
     import torchvision
 
     if name not in TEACHERS:
         raise ConfigError(f"--teacher must be one of {', '.join(TEACHERS)}, got {name!r}")
     model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
     return model.to(memory_format=torch.channels_last)
+
+
+def stage_channels(module: nn.Module, stages: int) -> list[int]:
+    """Output channels of the first `stages` stages of a torchvision ResNet (each one's last block's last conv)."""
+    channels = []
+    for name in STAGES[:stages]:
+        last = getattr(module, name)[-1]
+        channels.append((last.conv3 if hasattr(last, "conv3") else last.conv2).out_channels)
+    return channels
 
 
 def teacher_skeleton(name: str, num_classes: int) -> nn.Module:
@@ -241,13 +257,37 @@ class TeacherSetup:
         )
 
 
-@dataclass
+@dataclass(eq=False)
 class Teacher:
-    """A run's CNN teacher: the trained network, its epochs' rows, and the run that lent it (if one did)."""
+    """A run's CNN teacher, frozen (its batch-norm statistics stay as trained): the trained network, its epochs'
+    rows, the run that lent it (if one did), and its forward pass, which the objectives that read it call on
+    the batch as loaded, without gradients. Not an nn.Module: an objective that holds it does not make it a
+    submodule, so its weights never join the student's parameters, optimiser, DistributedDataParallel or
+    checkpoint (teacher.pt keeps them)."""
 
     module: nn.Module
-    history: list[dict]
+    history: list[dict] = field(default_factory=list)
     lent_by: str | None = None
+
+    def __post_init__(self) -> None:
+        self.module.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> its logits (B, classes)."""
+        return self.module(images)
+
+    @torch.no_grad()
+    def feature_maps(self, images: torch.Tensor, stages: int) -> list[torch.Tensor]:
+        """(B, C, H, W) -> the feature maps after each of its first `stages` stages, (B, C_k, H_k, W_k) (a
+        torchvision ResNet's); the later stages are not run."""
+        t = cast("ResNet", self.module)
+        x = t.maxpool(t.relu(t.bn1(t.conv1(images))))
+        maps = []
+        for name in STAGES[:stages]:
+            x = getattr(t, name)(x)
+            maps.append(x)
+        return maps
 
 
 def lent_teacher(path: Path, setup: TeacherSetup) -> dict:
@@ -329,7 +369,7 @@ def train_teacher(
     training continued from it when it holds some), then saved as teacher.pt; returns what teacher.pt holds."""
     check_teacher_batches(setup, data)
     ctx, progress_file = data.context, folder / TEACHER_PROGRESS
-    stage = Stage(module, data, epochs=setup.epochs, purpose="teacher-step", optim=setup.optim)
+    stage = Stage(Classifier(module), data, epochs=setup.epochs, purpose="teacher-step", optim=setup.optim)
     progress = ctx.broadcast(ctx.on_main(read_progress, progress_file, setup.architecture))
     history = list(progress["history"]) if progress else []
     if progress:
@@ -367,6 +407,7 @@ def train_teacher(
         start_epoch=len(history),
         after_epoch=[after_epoch],
         eval_loaders=setup.eval_loaders,
+        eval_model=module,
         eval_every=setup.epochs,
         num_classes=setup.num_classes,
     )

@@ -9,7 +9,8 @@ sets and loaders (loading.py: this rank's share of each batch), the module the o
 teacher when an objective reads one (teacher.py), pre-trains when --pretrain-epochs asks
 (pretrain.py), and runs the engine with hooks: seeding, sampler order and the objectives' epoch
 before each epoch; EMA, TensorBoard and the progress bar after each step; metrics, checkpoint and
-report after each epoch (rank 0 alone writes). One process is the plain case of the same code.
+report after each epoch (rank 0 alone writes); then the final test, at --test-size when asked, and the
+run's model files and report. One process is the plain case of the same code.
 
 Reproducibility: every random stream (model initialisation, validation split, photo order,
 augmentation, the rest of a step) has its own seed derived from the run seed (seeds.py), those
@@ -25,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,7 @@ from foodvit.errors import FoodVitError, RunError
 from foodvit.model.build import build_model
 from foodvit.model.variants import check_start_size
 from foodvit.model.vit import VisionTransformer
+from foodvit.model.weights import resize_model
 from foodvit.rundir import directory as rundir
 from foodvit.seeds import derive_seed
 from foodvit.settings.model import ViTConfig, check_on_patch_grid
@@ -50,15 +52,16 @@ from foodvit.training.engine import (
     TrainingDiverged,
     deterministic_algorithms,
     epoch_line,
+    evaluate,
     fit,
     own_random_state,
     silent,
 )
-from foodvit.training.final import Result, final_test
 from foodvit.training.freezing import freeze_backbone
 from foodvit.training.objectives.masked import check_reconstructable
 from foodvit.training.optim import build_ema, build_optimizer, build_scheduler
 from foodvit.training.pretrain import pretrain
+from foodvit.training.report import per_class_accuracy, write_results
 from foodvit.training.resizing import AnyGrid
 from foodvit.training.stages import StageData
 from foodvit.training.teacher import Teacher, TeacherSetup, obtain_teacher
@@ -68,6 +71,15 @@ if TYPE_CHECKING:
 
 
 GPU_SYNC_EVERY = 25  # on a GPU, check the loss for NaN every this many steps (each check waits for the GPU)
+
+
+@dataclass
+class Result:
+    """What a run ends with (train() and resume() return it): its folder, its epochs' rows and the final test."""
+
+    run: Path
+    history: list[dict]
+    test: dict  # loss, acc, n, confusion, per_class
 
 
 class Trainer:
@@ -140,7 +152,7 @@ class Trainer:
         self.stage = "epoch"  # what is training now, for a message: the supervised epochs or the stage before them
         if self.config.pretrain.epochs:
             check_reconstructable(self.model.config.pool, "--pretrain-epochs")  # before any photo is read
-        self.trained = self.objectives if len(self.objectives.objectives) else self.grid_model
+        self.trained = self.objectives
         self.teacher_history: list[dict] = []
         self.teacher_lent_by: str | None = None  # the run whose teacher this one borrowed
         self.trained.to(self.device)
@@ -329,7 +341,7 @@ class Trainer:
                 show_progress=not self.quiet,
                 num_classes=len(self.classes),
             )
-            return final_test(self)
+            return self._final_test()
 
     def stages(self) -> None:
         """Only the stages before the run's epochs (its CNN teacher, its pre-training), each kept as it ends: the run
@@ -343,7 +355,7 @@ class Trainer:
         if self.objectives.needs_teacher:
             teacher = self.teacher()
             self.teacher_history, self.teacher_lent_by = teacher.history, teacher.lent_by
-            self.objectives.set_teacher(teacher.module)
+            self.objectives.set_teacher(teacher)
         if c.pretrain.epochs and not self.pretrained:
             self.stage = "self-supervised pre-training epoch"
             pretrain(
@@ -359,6 +371,65 @@ class Trainer:
             self.pretrained, self.stage = True, "epoch"
             if self.main:  # resumable from here: an interruption keeps the pre-trained weights
                 rundir.save_checkpoint(self.out / "checkpoint.pt", self.state(0))
+
+    def _final_test(self) -> Result:
+        """The final test evaluation, with the confusion matrix and every photo's probabilities (every rank
+        evaluates its part), at --test-size when asked; then, on rank 0, the model file, plots and report
+        (report.py)."""
+        model = self.eval_model()
+        if isinstance(model, torch.optim.swa_utils.AveragedModel):
+            model = model.module
+        assert isinstance(model, VisionTransformer)  # the run's ViT, or the EMA's copy of it
+        model, preprocess = self._at_test_size(model)
+
+        def scored(split, own_loader) -> dict:
+            """A split evaluated with every photo's probabilities and each class's accuracy."""
+            loader = own_loader if preprocess == self.preprocess else self.eval_loader(split, preprocess)
+            result = evaluate(
+                model,
+                loader,
+                self.settings,
+                num_classes=len(self.classes),
+                keep_probabilities=True,
+                gather=self.ctx.gather,
+            )
+            result["per_class"] = per_class_accuracy(result["confusion"], self.classes)
+            return result
+
+        test = scored(self.data.test, self.test_loader)
+        probabilities = test.pop("probabilities")
+        # a validation source (--validate-on) is judged by the same final model, every photo's answer kept
+        validation = scored(self.data.val, self.eval_loaders["val"]) if self.data.pool is not None else None
+        if self.main:
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            write_results(
+                self.out,
+                config=self.config,
+                data=self.data,
+                model=model,
+                trainable=trainable,
+                train_size=self.model.config.image_size,
+                preprocess=preprocess,
+                test=test,
+                probabilities=probabilities,
+                history=self.history,
+                teacher_history=self.teacher_history,
+                teacher_lent_by=self.teacher_lent_by,
+                validation=validation,
+                device=self.device,
+                processes=self.ctx.world_size,
+                tensorboard=self.tensorboard,
+            )
+        self.ctx.barrier()  # the other ranks end when the run directory is complete
+        return Result(self.out, self.history, test)
+
+    def _at_test_size(self, model: VisionTransformer) -> tuple[VisionTransformer, Preprocess]:
+        """The trained model and its preprocessing at --test-size (FixRes): a copy rebuilt for that
+        resolution, position embeddings resampled (fixed sin-cos ones recomputed for the new grid)."""
+        size = self.config.data.test_size
+        if not size or size == model.config.image_size:
+            return model, self.preprocess
+        return resize_model(model, size).to(self.device).eval(), self.preprocess.at_size(size)
 
     @contextlib.contextmanager
     def _guarded(self):

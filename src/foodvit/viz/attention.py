@@ -80,9 +80,9 @@ def pool_readout(model, tokens: torch.Tensor) -> torch.Tensor:
 
 def pooled_rollout(model, tokens: torch.Tensor, attentions: list[torch.Tensor]) -> torch.Tensor:
     """The rollout map (B, grid, grid) as `explain` draws it: the attention rollout of every layer,
-    read out as the prediction reads the tokens (pool_readout). tokens: forward_features' output with
-    return_attention=True, attentions: its weights. The demo page's overlay, and the .onnx file's
-    "attention" output (foodvit export --with-attention), are this map."""
+    read out as the prediction reads the tokens (pool_readout). tokens and attentions: the final tokens and
+    every block's attention weights, forward_intermediates(images, attention=True). The demo page's overlay,
+    and the .onnx file's "attention" output (foodvit export --with-attention), are this map."""
     c = model.config
     return rollout_map(attention_rollout(attentions), c.num_prefix_tokens, c.grid_size, pool_readout(model, tokens))
 
@@ -161,8 +161,8 @@ def explain(predictor, photo, top_k: int = 3) -> dict:
     predictor: a Predictor with a PyTorch model; photo: a PIL image."""
     model = _torch_model(predictor)
     x = torch.from_numpy(predictor.prepare(photo))[None].to(next(model.parameters()).device)
-    tokens, attentions = model.forward_attention(x)
-    probs = model.classify(tokens).float().softmax(-1)[0].cpu()
+    tokens, attentions = model.forward_intermediates(x, attention=True)  # every block's attention weights
+    probs = model.forward_head(tokens).float().softmax(-1)[0].cpu()
     c, g = model.config, model.config.grid_size
     readout = pool_readout(model, tokens)  # (1, T)
     last = torch.einsum("t,hts->hs", readout[0], attentions[-1][0].float())[:, c.num_prefix_tokens :].cpu()  # (h, N)
@@ -193,6 +193,6 @@ def attention_distances_over(model, images: torch.Tensor, batch_size: int = 16) 
     sums = []  # each batch's distances times its number of images
     for start in range(0, len(images), batch_size):
         x = images[start : start + batch_size].to(next(model.parameters()).device)
-        _, attentions = model.forward_with_attention(x)
+        attentions = model.forward_intermediates(x, attention=True, intermediates_only=True)
         sums.append(mean_attention_distance(attentions, c.num_prefix_tokens, c.grid_size, c.patch_size).cpu() * len(x))
     return sum(sums[1:], sums[0]) / len(images)

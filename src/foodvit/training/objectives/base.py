@@ -2,10 +2,10 @@
 
 An objective adds one weighted term to the loss a run minimises beside the classes' cross-entropy.
 It may prepare the batch the ViT sees (masked patches hide some), ask the ViT's forward pass for
-some blocks' tokens or for every final token, read the CNN teacher's outputs, and keep trained
-parts of its own (a head, adapters, a mask token) that checkpoint.pt keeps under its key. Its
-loss reads the step's outputs and adds nothing to another objective's term: compose.py sums the
-terms, one forward pass of the ViT and at most one of the teacher serving them all.
+some blocks' patch tokens or for every final token, read the CNN teacher it holds (training/teacher.py,
+given to it once trained), and keep trained parts of its own (a head, adapters, a mask token) that
+checkpoint.pt keeps under its key. Its loss reads the step's outputs and adds nothing to another
+objective's term: compose.py sums the terms, one forward pass of the ViT serving them all.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from foodvit.model.vit import Heads, VisionTransformer
 from foodvit.settings.objectives import ObjectiveSettings
 from foodvit.settings.run import RunConfig, objectives_on
 from foodvit.training.resizing import AnyGrid
+from foodvit.training.teacher import Teacher
 
 # the model that computes a step: the ViT, or progressive resizing's AnyGrid around it
 Computing = VisionTransformer | AnyGrid
@@ -43,14 +44,11 @@ class Batch:
 
 @dataclass
 class Outputs:
-    """One forward pass of the ViT on the batch as shown, and of the teacher on the batch as loaded."""
+    """One forward pass of the ViT on the batch as shown."""
 
     tokens: torch.Tensor  # (B, T, D) after the final norm (the prefix tokens alone when none reads the others)
-    pooled: torch.Tensor  # (B, D): Eq. 4's pooled state, which the head reads
-    heads: Heads
-    blocks: dict[int, torch.Tensor] = field(default_factory=dict)  # block index -> its output tokens (B, T, D)
-    teacher_maps: list[torch.Tensor] = field(default_factory=list)  # the teacher's first stages' feature maps
-    teacher_logits: torch.Tensor | None = None  # (B, classes)
+    heads: Heads  # the pooled state (B, D) and each head's logits
+    blocks: dict[int, torch.Tensor] = field(default_factory=dict)  # block index -> its patch tokens (B, D, g, g)
 
 
 class Objective(nn.Module):
@@ -60,8 +58,9 @@ class Objective(nn.Module):
     settings: ClassVar[ObjectiveSettings]  # its line of the registry (settings.objectives.OBJECTIVES)
     checkpoint_key: ClassVar[str | None] = None  # where checkpoint.pt keeps `part`; None: nothing of its own
     reads_all_tokens: ClassVar[bool] = False  # reads the final patch tokens (the last block computes all of them)
-    teacher_stages: int = 0  # the teacher's first stages whose feature maps it reads
-    teacher_logits: bool = False  # reads the teacher's logits
+    # the CNN teacher, for an objective that reads one (settings.teacher): trained after the objective is built, and
+    # given to it then (compose.WithObjectives.set_teacher). Not a submodule: never trained, moved or saved with it
+    teacher: Teacher | None = None
 
     def __init__(self, weight: float) -> None:
         super().__init__()
@@ -97,6 +96,12 @@ class Objective(nn.Module):
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
         """The unweighted term, a scalar (0 for a process's empty share of a batch)."""
         raise NotImplementedError
+
+    def the_teacher(self) -> Teacher:
+        """The CNN teacher it reads, once given."""
+        if self.teacher is None:
+            raise RuntimeError(f"{self.name()} reads the CNN teacher, which was not set (set_teacher)")
+        return self.teacher
 
 
 def vit_of(model: Computing) -> VisionTransformer:

@@ -1,12 +1,13 @@
-"""The module a run's optimiser steps when objectives are on: the model (the ViT, or AnyGrid around
-it) and the objectives, each adding its own weighted term to the loss.
+"""The module a run's optimiser steps: the model (the ViT, or AnyGrid around it) and the objectives that
+are on, each adding its own weighted term to the loss.
 
 A training step prepares the batch (each objective in turn: masked patches draw which patches
 hide), runs the ViT once on what it is shown, asking for the blocks and tokens the objectives read,
-runs the CNN teacher once when an objective reads it, and adds each objective's weighted term, in
-the registry's order whatever order the objectives were given in: the random draws (the masks,
-the token pairs, the second view) and the float sums are the same for any composition. In eval
-mode it is the model alone: prediction and the saved model are the ViT's.
+and adds each objective's weighted term (an objective that reads the CNN teacher runs it on the batch
+as loaded), in the registry's order whatever order the objectives were given in: the random draws
+(the masks, the token pairs, the second view) and the float sums are the same for any composition.
+It returns the engine's Output, in training and evaluation mode alike; a prediction is the model's own
+(WithObjectives.model): the saved model is the ViT alone.
 """
 
 from __future__ import annotations
@@ -16,18 +17,17 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from foodvit.training.engine import Output
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
-from foodvit.training.objectives.guidance import teacher_outputs
+from foodvit.training.teacher import Teacher
 
 
 class WithObjectives(nn.Module):
-    """model(images) in eval mode; in training mode (logits, sum of the weighted terms), the form the
-    engine adds to the cross-entropy, or with supervised=False (None, the terms' sum): a
-    self-supervised stage, whose heads add 0 x their sum so that every parameter has a gradient (of
-    0), as DistributedDataParallel expects. The teacher is held outside the module's parameters:
-    the optimiser, DistributedDataParallel and the checkpoint never see it."""
-
-    teacher: nn.Module | None  # set by set_teacher, outside the submodules
+    """One training step's forward pass: Output(the logits of Eq. 4's head, the sum of the objectives' weighted
+    terms), which the engine adds to the cross-entropy; with no objective, nothing added (the model's own
+    step). Built with supervised=False (a self-supervised stage, pretrain.py), Output(None, the terms' sum):
+    no logits, and the heads add 0 x their sum so that every parameter has a gradient (of 0), as
+    DistributedDataParallel expects."""
 
     def __init__(
         self,
@@ -36,7 +36,7 @@ class WithObjectives(nn.Module):
         *,
         order: Iterable[type] = (),
         supervised: bool = True,
-        teacher: nn.Module | None = None,
+        teacher: Teacher | None = None,
     ) -> None:
         super().__init__()
         rank = {kind: i for i, kind in enumerate(order)}
@@ -45,38 +45,35 @@ class WithObjectives(nn.Module):
         self.objectives = nn.ModuleList(self.each)  # registered: trained, moved and saved with the model
         self.supervised = supervised
         self.epoch, self.epochs = 0, 1
-        self.set_teacher(teacher)
+        if teacher is not None:
+            self.set_teacher(teacher)
 
     @property
     def needs_teacher(self) -> bool:
         """Whether an objective reads the CNN teacher: the settings' rule (settings.run.reads_teacher)."""
         return any(o.settings.teacher for o in self.each)
 
-    def set_teacher(self, teacher: nn.Module | None) -> None:
-        """The CNN teacher the objectives read (frozen: its batch-norm statistics stay as trained)."""
-        if teacher is not None:
-            teacher.eval().requires_grad_(False)
-        object.__setattr__(self, "teacher", teacher)  # not a submodule: not trained, not saved with the student
+    def set_teacher(self, teacher: Teacher) -> None:
+        """The CNN teacher, once trained, given to each objective that reads it."""
+        for objective in self.each:
+            if objective.settings.teacher:
+                objective.teacher = teacher
 
     def set_epoch(self, epoch: int, epochs: int) -> None:
         """The epoch (from 0) of how many the next steps train in: an objective's weight may depend on it."""
         self.epoch, self.epochs = epoch, epochs
 
-    def forward(self, images: torch.Tensor):
-        if not self.training:
-            return self.model(images)
+    def forward(self, images: torch.Tensor) -> Output:
         outputs, terms = self.terms(images)
         total = None
         for term in terms.values():
             total = term if total is None else total + term
-        if total is None:
-            total = outputs.pooled.sum() * 0.0
         if self.supervised:
-            return outputs.heads.logits, total
-        unused = outputs.heads.logits.sum() + (
-            outputs.heads.distilled.sum() if outputs.heads.distilled is not None else 0.0
-        )
-        return None, total + 0.0 * unused
+            return Output(outputs.heads.logits, total)
+        assert total is not None, "a self-supervised stage minimises its objectives' terms: it needs one"
+        distilled = outputs.heads.distilled
+        unused = outputs.heads.logits.sum() + (distilled.sum() if distilled is not None else 0.0)
+        return Output(None, total + 0.0 * unused)
 
     def terms(self, images: torch.Tensor) -> tuple[Outputs, dict[str, torch.Tensor]]:
         """One step's outputs and each objective's weighted term, by name."""
@@ -87,26 +84,20 @@ class WithObjectives(nn.Module):
         return outputs, {o.name(): o.weight_at(self.epoch, self.epochs) * o.loss(batch, outputs) for o in self.each}
 
     def outputs(self, batch: Batch) -> Outputs:
-        """The ViT's forward pass on the batch as shown, with the blocks the objectives read, and the
-        teacher's pass on the batch as loaded (without gradients)."""
+        """The ViT's forward pass on the batch as shown, with the blocks' patch tokens the objectives read."""
         vit = vit_of(self.model)
         blocks = sorted({i for o in self.each for i in o.blocks})
         class_only = vit.config.class_only_last_block and not any(o.reads_all_tokens for o in self.each)
-        tokens, kept = self.model.forward_intermediates(
-            batch.shown, blocks, mask=batch.mask, mask_token=batch.mask_token, class_only=class_only
-        )
-        pooled = vit.pool(tokens)
-        outputs = Outputs(tokens, pooled, vit.heads_of(tokens, pooled), dict(zip(blocks, kept, strict=True)))
-        stages = max((o.teacher_stages for o in self.each), default=0)
-        logits = any(o.teacher_logits for o in self.each)
-        if stages or logits:
-            if self.teacher is None:
-                raise RuntimeError("an objective reads the CNN teacher, which was not set (set_teacher)")
-            with torch.no_grad():
-                outputs.teacher_maps, outputs.teacher_logits = teacher_outputs(
-                    self.teacher, batch.images, stages, logits
-                )
-        return outputs
+        mask, token = batch.mask, batch.mask_token
+        if blocks:
+            tokens, kept = self.model.forward_intermediates(
+                batch.shown, blocks, mask=mask, mask_token=token, class_only=class_only
+            )
+        else:
+            tokens = self.model.forward_features(batch.shown, mask=mask, mask_token=token, class_only=class_only)
+            kept = []
+        heads = self.model.forward_head(tokens, heads=True)
+        return Outputs(tokens, heads, dict(zip(blocks, kept, strict=True)))
 
     def state_dict_of_parts(self, keys: Iterable[str]) -> dict:
         """Each objective's trained part by its checkpoint key (None for a key whose objective is off)."""

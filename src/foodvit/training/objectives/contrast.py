@@ -145,5 +145,6 @@ class InstanceDiscrimination(Objective):
         # a conv stem's batch norms keep the statistics of the photos as shown
         with running_statistics_untouched(batch.model):
             tokens = batch.model.forward_features(second_view(batch.images))
-        first, second = self.projection(outputs.pooled), self.projection(vit_of(batch.model).pool(tokens))
+        first = self.projection(outputs.heads.pooled)
+        second = self.projection(batch.model.forward_head(tokens, pre_logits=True))
         return nt_xent(first, second, self.temperature)

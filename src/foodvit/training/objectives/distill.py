@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from foodvit.settings.objectives import OBJECTIVE_SETTINGS
 from foodvit.settings.run import RunConfig
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs
+from foodvit.training.teacher import Teacher
 
 
 class Distillation(Objective):
@@ -47,20 +48,19 @@ class Distillation(Objective):
     term's gradients the size of the hard term's as T grows). Nothing of its own is trained."""
 
     settings = OBJECTIVE_SETTINGS["distill"]
-    teacher_logits = True
 
-    def __init__(self, weight: float, temperature: float = 0.0) -> None:
+    def __init__(self, weight: float, temperature: float = 0.0, teacher: Teacher | None = None) -> None:
         super().__init__(weight)
         self.temperature = temperature
+        self.teacher = teacher  # given later when the run trains it (WithObjectives.set_teacher)
 
     @classmethod
     def build(cls, model: Computing, config: RunConfig, num_classes: int) -> Distillation:
         return cls(config.distill.weight, config.distill.temperature)
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
-        # the step ran the teacher for its logits (teacher_logits = True); an empty share gives (0, classes)
-        assert outputs.teacher_logits is not None
-        heads, taught = outputs.heads, outputs.teacher_logits.float()
+        # the teacher's classes for the batch as loaded; an empty share gives (0, classes)
+        heads, taught = outputs.heads, self.the_teacher().logits(batch.images).float()
         student = (heads.logits if heads.distilled is None else heads.distilled).float()  # the token's own head, if any
         # the mean over the batch, as a sum over its count: an empty share (distributed) gives 0
         if self.temperature > 0:

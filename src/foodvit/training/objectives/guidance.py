@@ -34,9 +34,6 @@ network's features once it has.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,12 +43,8 @@ from foodvit.model.vit import VisionTransformer
 from foodvit.settings.objectives import OBJECTIVE_SETTINGS
 from foodvit.settings.run import RunConfig
 from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs, vit_of
-from foodvit.training.teacher import teacher_skeleton
+from foodvit.training.teacher import STAGES, Teacher, stage_channels, teacher_skeleton
 
-if TYPE_CHECKING:
-    from torchvision.models import ResNet
-
-STAGES = ("layer1", "layer2", "layer3", "layer4")  # a torchvision ResNet's stages; the first --guidance-stages guide
 SPREAD = 3  # the first three stages guide blocks spread before the last; a fourth guides the last block
 
 
@@ -76,40 +69,6 @@ def epoch_weight(weight: float, schedule: str, epoch: int, epochs: int) -> float
     if schedule == "linear":
         return weight * (1 - epoch / epochs)
     raise ConfigError(f"--guidance-schedule must be constant or linear, got {schedule!r}")
-
-
-def stage_channels(teacher: nn.Module, stages: int = SPREAD) -> list[int]:
-    """Output channels of the first `stages` stages of a torchvision ResNet (each one's last block's last conv)."""
-    channels = []
-    for name in STAGES[:stages]:
-        last = getattr(teacher, name)[-1]
-        channels.append((last.conv3 if hasattr(last, "conv3") else last.conv2).out_channels)
-    return channels
-
-
-def teacher_outputs(
-    teacher: ResNet, images: torch.Tensor, stages: int = 0, logits: bool = False
-) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """One pass of the teacher (a torchvision ResNet when stages > 0): its feature maps after each of
-    its first `stages` stages, (B, C_k, H_k, W_k), and with `logits` its logits (B, classes), as its
-    forward computes them; the later stages are not run when the logits are not wanted."""
-    if not stages:
-        return [], teacher(images) if logits else None
-    x = teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))
-    maps = []
-    for k, name in enumerate(STAGES if logits else STAGES[:stages]):
-        x = getattr(teacher, name)(x)
-        if k < stages:
-            maps.append(x)
-    return maps, teacher.fc(torch.flatten(teacher.avgpool(x), 1)) if logits else None
-
-
-def token_map(tokens: torch.Tensor, prefix: int) -> torch.Tensor:
-    """A block's output (B, T, D) -> its patch tokens on their grid (B, D, g, g)."""
-    patches = tokens[:, prefix:]
-    B, N, D = patches.shape
-    grid = math.isqrt(N)
-    return patches.transpose(1, 2).reshape(B, D, grid, grid)
 
 
 def matching_loss(adapted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -139,8 +98,10 @@ class LocalityGuidance(Objective):
         teacher_skeleton: nn.Module,
         stages: int = SPREAD,
         schedule: str = "constant",
+        teacher: Teacher | None = None,
     ) -> None:
         super().__init__(weight)
+        self.teacher = teacher  # given later when the run trains it (WithObjectives.set_teacher)
         epoch_weight(weight, schedule, 0, 1)  # an unknown schedule is refused here, before training
         self.schedule = schedule
         self.blocks = tuple(guided_blocks(vit.config.depth, stages))
@@ -173,9 +134,9 @@ class LocalityGuidance(Objective):
         return epoch_weight(self.weight, self.schedule, epoch, epochs)
 
     def loss(self, batch: Batch, outputs: Outputs) -> torch.Tensor:
-        prefix = vit_of(batch.model).config.num_prefix_tokens
+        targets = self.the_teacher().feature_maps(batch.images, self.teacher_stages)  # the batch as loaded
         losses = [
-            matching_loss(adapter(token_map(outputs.blocks[block], prefix)), target)
-            for adapter, block, target in zip(self.adapters, self.blocks, outputs.teacher_maps, strict=True)
+            matching_loss(adapter(outputs.blocks[block]), target)  # each block's patch tokens on their grid
+            for adapter, block, target in zip(self.adapters, self.blocks, targets, strict=True)
         ]
         return torch.stack(losses).mean()
