@@ -72,7 +72,7 @@ def _add_cv(sub) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     recipe_options(p, "a recipe name (see `foodvit recipes`) or a .toml file")
-    p.set_defaults(func=cmd_cv)
+    p.set_defaults(func=cmd_cv, on_interrupt=study_interrupted)
 
 
 def cmd_cv(args: argparse.Namespace) -> int:
@@ -129,6 +129,13 @@ def cmd_cv(args: argparse.Namespace) -> int:
     else:
         print(f"{result.line()}; {Path(args.out) / 'cv.md'}")
     return 0
+
+
+def study_interrupted(args: argparse.Namespace) -> str | None:
+    """What an interrupted `cv` or `tune` kept (cv --compare only reads)."""
+    if not args.out:
+        return None
+    return f"interrupted: finished folds are kept in {args.out}; run the same command again to go on"
 
 
 def check_cv_study(folder: str) -> None:
@@ -199,7 +206,7 @@ def _add_tune(sub) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-trial lines")
     recipe_options(p, "the starting recipe (its values are the first trial; default: default)")
-    p.set_defaults(func=cmd_tune)
+    p.set_defaults(func=cmd_tune, on_interrupt=study_interrupted)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
