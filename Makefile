@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 HASH := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-# installed: the package and its own dependencies (what `make demo` needs); then every extra (the suite, lint, docs)
+# installed: the package and its own dependencies (what `make demo` needs); then the extras the suite, lint and the
+# docs use: every one but the notebook's JupyterLab (and onnx, which export includes)
 CORE := $(VENV)/.core-$(HASH)
 STAMP := $(VENV)/.installed-$(HASH)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
@@ -24,7 +25,7 @@ $(CORE): pyproject.toml
 	rm -f $(VENV)/.core-* && touch $@
 
 $(STAMP): pyproject.toml | $(CORE)
-	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,lint,serve,export,track,tune,docs]'
+	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,lint,serve,export,track,tune,timm,docs]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: lint
