@@ -61,9 +61,10 @@ notebook: $(STAMP)
 	  nbclient.NotebookClient(nb, timeout=600, kernel_name='python3', resources={'metadata': {'path': 'docs'}}).execute(); \
 	  nbformat.write(nb, p)"
 
-# The documentation site: docs/generate.py (through docs/hooks.py) writes the Results page, README's results table
-# and the command-line and recipe references from results/ and the code, then MkDocs builds site/ (--strict: a broken
-# link, a missing reference or a page left out of the navigation fails the build).
+# The documentation site: MkDocs builds site/, its generated pages (the Results page, the home page's figures, the
+# command-line and recipe references) made in memory from results/ and the code by docs/generate.py through
+# docs/hooks.py, so the build writes nothing else (--strict: a broken link, a missing reference or a page left out of
+# the navigation fails the build). `python docs/generate.py` rewrites the committed generated text.
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 
