@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 HASH := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-# installed: the package and its own dependencies (what `make demo` needs); then every extra (the suite, lint, docs)
+# installed: the package and its own dependencies (what `make demo` needs); then the extras the suite, lint and the
+# docs use: every one but the notebook's JupyterLab (and onnx, which export includes)
 CORE := $(VENV)/.core-$(HASH)
 STAMP := $(VENV)/.installed-$(HASH)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
@@ -24,7 +25,7 @@ $(CORE): pyproject.toml
 	rm -f $(VENV)/.core-* && touch $@
 
 $(STAMP): pyproject.toml | $(CORE)
-	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,lint,serve,export,track,tune,docs]'
+	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,lint,serve,export,track,tune,timm,docs]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: lint
@@ -60,9 +61,10 @@ notebook: $(STAMP)
 	  nbclient.NotebookClient(nb, timeout=600, kernel_name='python3', resources={'metadata': {'path': 'docs'}}).execute(); \
 	  nbformat.write(nb, p)"
 
-# The documentation site: docs/generate.py (through docs/hooks.py) writes the Results page, README's results table
-# and the command-line and recipe references from results/ and the code, then MkDocs builds site/ (--strict: a broken
-# link, a missing reference or a page left out of the navigation fails the build).
+# The documentation site: MkDocs builds site/, its generated pages (the Results page, the home page's figures, the
+# command-line and recipe references) made in memory from results/ and the code by docs/generate.py through
+# docs/hooks.py, so the build writes nothing else (--strict: a broken link, a missing reference or a page left out of
+# the navigation fails the build). `python docs/generate.py` rewrites the committed generated text.
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 

@@ -334,6 +334,47 @@ def test_ctrl_c_names_the_directory_to_resume_even_without_out(tmp_path, capsys,
     assert f"continue with `foodvit train --resume runs/{run.name}`" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["cv", "--out", "{out}"], "interrupted: finished folds are kept in {out}; run the same command again to go on"),
+        (["cv", "--compare", "a", "b"], "interrupted"),
+        (["predict", "run", "--out", "{out}"], "interrupted: every finished batch is kept in {out}; run the same "
+         "command again to label the rest"),
+        (["predict", "run", "photo.jpg"], "interrupted"),
+        (["train"], "interrupted before the first epoch finished: nothing was saved"),
+        (["models"], "interrupted"),
+    ],
+)
+def test_ctrl_c_says_what_each_command_kept(argv, line, tmp_path, capsys, monkeypatch):
+    # the line is the command's own (its parser's on_interrupt), the entry point knows no command by name
+    from foodvit.cli import main as entry
+
+    parser = entry.build_parser()
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(entry, "build_parser", lambda: parser)
+    for command in parser._subparsers._group_actions[0].choices.values():
+        command.set_defaults(func=stopped)
+    out = str(tmp_path / "out")
+    assert main([a.replace("{out}", out) for a in argv]) == 130
+    assert capsys.readouterr().err == "\n" + line.replace("{out}", out) + "\n"
+
+
+def test_the_entry_point_names_no_subcommand():
+    # a subcommand is its module and one line in COMMANDS: main.py holds no command's name
+    import ast
+    import inspect
+
+    from foodvit.cli import main as entry
+
+    sub = entry.build_parser()._subparsers._group_actions[0]
+    strings = {n.value for n in ast.walk(ast.parse(inspect.getsource(entry))) if isinstance(n, ast.Constant)}
+    assert not strings & set(sub.choices), strings & set(sub.choices)
+
+
 def test_inspect_says_why_a_picture_is_skipped(run, capsys, tmp_path):
     out, _ = run  # the tiny recipe's model: learned positions; check a sin-cos one
     photos = make_photo_folder(tmp_path / "p", n_train=2, n_test=2)

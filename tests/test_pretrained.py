@@ -108,6 +108,18 @@ def test_timm_names_give_variant_and_preprocessing():
         resolve("timm:resnet50.a1_in1k")
 
 
+def test_timm_weights_without_timm_name_the_extra(tmp_path, monkeypatch, capsys):
+    # timm is an extra: a run that names its weights without it installed says which extra brings it, in one line
+    import sys
+
+    monkeypatch.setitem(sys.modules, "timm", None)  # what an environment without the extra finds
+    monkeypatch.setitem(sys.modules, "timm.models", None)
+    assert main(["train", "--pretrained", "timm:vit_small_patch16_224.augreg_in21k_ft_in1k", "--data", str(tmp_path),
+                 "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == ("foodvit train: error: --pretrained timm:NAME needs timm, which comes with the "
+                                       "timm extra: pip install 'foodvit[timm]'\n")
+
+
 def test_variant_is_inferred_from_tensor_shapes():
     with torch.device("meta"):  # shapes are all it reads: no weights drawn
         assert infer_variant(torchvision.models.vit_b_32().state_dict()) == ("ViT-B/32", 224)

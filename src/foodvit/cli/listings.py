@@ -17,10 +17,10 @@ def register(sub) -> None:
     p.add_argument("--image-size", type=count(), default=224, help="input resolution in pixels (default 224)")
     p.add_argument("--batch-size", type=count(), default=1, help="batch size in the shapes (default 1)")
     p.add_argument("--depth", type=count(), default=2, help="how deep to list nested modules (default 2)")
-    p.set_defaults(func=cmd_summary)
+    p.set_defaults(func=cmd_summary, opens_photos=False)
 
-    sub.add_parser("models", help="list the registered model names").set_defaults(func=cmd_models)
-    sub.add_parser("recipes", help="list the built-in recipes").set_defaults(func=cmd_recipes)
+    sub.add_parser("models", help="list the registered model names").set_defaults(func=cmd_models, opens_photos=False)
+    sub.add_parser("recipes", help="list the built-in recipes").set_defaults(func=cmd_recipes, opens_photos=False)
 
 
 def cmd_summary(args: argparse.Namespace) -> int:

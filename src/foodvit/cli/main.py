@@ -1,6 +1,8 @@
 """The `foodvit` command: its parser and its entry point. Each subcommand (or small group of them)
 is a module of cli/ holding its parser's registration (`register(sub)`) beside its handler, a thin
-shell over the library; a new subcommand is one more module in COMMANDS.
+shell over the library; a new subcommand is one more module in COMMANDS. What this entry point does
+around a command, the command's parser says in its defaults: `func` (the handler), `opens_photos=False`
+(a listing: no photo decoder to load and limit), `on_interrupt` (the line after ctrl-C: what was kept).
 
 Errors a user can act on (FoodVitError, and an OSError on a named file: a read-only or full disk, a
 folder that is not theirs) are printed on one line and exit 2; anything else is a bug and keeps its
@@ -19,7 +21,6 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 from foodvit.cli import data, export_web, listings, pictures, predicting, shipping, studies, training
 from foodvit.errors import FoodVitError, OutputError, Terminated
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if stdout is not None:
         sys.stdout = _StandardOutput(stdout)
     try:
-        if args.command not in ("recipes", "models", "summary", "compare"):
+        if getattr(args, "opens_photos", True):
             from foodvit.data.photos import limit_pixels
 
             limit_pixels()  # every photo this command opens: over the pixel limit is refused, not warned about
@@ -167,29 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"foodvit {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
-        if args.command == "train":
-            where = getattr(args, "run_dir", None)
-            if where and (Path(where) / "checkpoint.pt").exists():
-                print(
-                    f"\ninterrupted: every finished epoch (and stage) is saved in {where}; continue with `foodvit "
-                    f"train --resume {where}`",
-                    file=sys.stderr,
-                )
-            else:
-                print("\ninterrupted before the first epoch finished: nothing was saved", file=sys.stderr)
-        elif args.command == "predict" and getattr(args, "out", None):
-            print(
-                f"\ninterrupted: every finished batch is kept in {args.out}; run the same command again to label the "
-                "rest",
-                file=sys.stderr,
-            )
-        elif args.command in ("cv", "tune") and getattr(args, "out", None):
-            print(
-                f"\ninterrupted: finished folds are kept in {args.out}; run the same command again to go on",
-                file=sys.stderr,
-            )
-        else:
-            print("\ninterrupted", file=sys.stderr)
+        said = getattr(args, "on_interrupt", None)
+        print(f"\n{(said(args) if said else None) or 'interrupted'}", file=sys.stderr)
         return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
     except BrokenPipeError:  # e.g. `foodvit models | head`
         return 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import replace
 
@@ -19,6 +18,7 @@ from foodvit.cli.common import (
 )
 from foodvit.errors import ConfigError
 from foodvit.settings.fields import POSITIVE, Range
+from foodvit.torchrun import DEFAULT_TIMEOUT_S, place
 
 
 def register(sub) -> None:
@@ -80,11 +80,11 @@ def register(sub) -> None:
     p.add_argument(
         "--dist-timeout",
         type=number(POSITIVE),
-        default=600,
+        default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help="under torchrun: how long the first process waits for the others' parts (default 600)",
+        help=f"under torchrun: how long the first process waits for the others' parts (default {DEFAULT_TIMEOUT_S})",
     )
-    p.set_defaults(func=cmd_predict)
+    p.set_defaults(func=cmd_predict, on_interrupt=predict_interrupted)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -174,7 +174,8 @@ def label_to_file(args: argparse.Namespace) -> int:
             f"--out writes every photo's row to {args.out}; {'--json' if args.json else '--plot'} is for a few photos "
             "printed or drawn: drop one of them"
         )
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
+    here = place()
+    rank, world = here.rank, here.world_size
     if world > 1 and "-" in (args.files_from, args.files_from0):
         raise ConfigError(
             "under torchrun each process reads the list itself: give --files-from a file, not standard input"
@@ -222,6 +223,13 @@ def label_to_file(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1 if errors else 0
+
+
+def predict_interrupted(args: argparse.Namespace) -> str | None:
+    """What an interrupted `predict --out` kept (a few photos printed keep nothing to say)."""
+    if not args.out:
+        return None
+    return f"interrupted: every finished batch is kept in {args.out}; run the same command again to label the rest"
 
 
 def photo_list(args: argparse.Namespace):

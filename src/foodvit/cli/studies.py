@@ -15,6 +15,8 @@ from foodvit.cli.common import (
 )
 from foodvit.settings.fields import AT_LEAST_0, Range
 
+FOLDS = 5  # cv's --folds when not given
+
 
 def register(sub) -> None:
     """Add cv, tune to the subcommands."""
@@ -36,7 +38,7 @@ def _add_cv(sub) -> None:
         "--compare A B pairs two studies photo by photo (each photo's answers averaged over the seeds first).",
     )
     p.add_argument("--out", metavar="STUDY", help="the study folder (new, empty, or this same study to resume)")
-    p.add_argument("--folds", type=count(Range(2)), help="folds (default 5; none with --validate-on)")
+    p.add_argument("--folds", type=count(Range(2)), help=f"folds (default {FOLDS}; none with --validate-on)")
     p.add_argument(
         "--seeds", type=count(), default=1, help="repeat with this many seeds (the recipe's seed and on; default 1)"
     )
@@ -72,7 +74,7 @@ def _add_cv(sub) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     recipe_options(p, "a recipe name (see `foodvit recipes`) or a .toml file")
-    p.set_defaults(func=cmd_cv)
+    p.set_defaults(func=cmd_cv, on_interrupt=study_interrupted)
 
 
 def cmd_cv(args: argparse.Namespace) -> int:
@@ -107,7 +109,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
     result = cross_validate(
         config,
         args.out,
-        folds=args.folds or 5,
+        folds=args.folds or FOLDS,
         seeds=args.seeds,
         progress=not args.quiet,
         teachers=args.teachers,
@@ -121,7 +123,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
         left, ran = result.left, sorted(set(args.fold))
         print(
             f"fold{'s' if len(ran) > 1 else ''} {', '.join(map(str, ran))} of "
-            f"{args.folds or 5}{' (of each seed)' if args.seeds > 1 else ''}: "
+            f"{args.folds or FOLDS}{' (of each seed)' if args.seeds > 1 else ''}: "
             f"accuracy {result.accuracy:.3f} over their {result.n} photos; fold{'s' if len(left) > 1 else ''} "
             f"{', '.join(map(str, left))} still to run (--fold, or the same command without it); the study is written "
             "once every fold has run"
@@ -129,6 +131,13 @@ def cmd_cv(args: argparse.Namespace) -> int:
     else:
         print(f"{result.line()}; {Path(args.out) / 'cv.md'}")
     return 0
+
+
+def study_interrupted(args: argparse.Namespace) -> str | None:
+    """What an interrupted `cv` or `tune` kept (cv --compare only reads)."""
+    if not args.out:
+        return None
+    return f"interrupted: finished folds are kept in {args.out}; run the same command again to go on"
 
 
 def check_cv_study(folder: str) -> None:
@@ -199,7 +208,7 @@ def _add_tune(sub) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-trial lines")
     recipe_options(p, "the starting recipe (its values are the first trial; default: default)")
-    p.set_defaults(func=cmd_tune)
+    p.set_defaults(func=cmd_tune, on_interrupt=study_interrupted)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from foodvit.cli.common import (
     recipe_options,
 )
 from foodvit.settings.fields import POSITIVE
+from foodvit.torchrun import DEFAULT_TIMEOUT_S, place
 
 
 def register(sub) -> None:
@@ -41,12 +41,13 @@ def register(sub) -> None:
     p.add_argument(
         "--dist-timeout",
         type=number(POSITIVE),
-        default=600,
+        default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help="under torchrun: how long a process waits for the others before it stops with a message (default 600)",
+        help="under torchrun: how long a process waits for the others before it stops with a message (default "
+        f"{DEFAULT_TIMEOUT_S})",
     )
     recipe_options(p, "a recipe name (see `foodvit recipes`) or a .toml file")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, on_interrupt=train_interrupted)
 
     p = sub.add_parser(
         "compare",
@@ -54,7 +55,7 @@ def register(sub) -> None:
         description="For people without TensorBoard: each run's differing settings and its final metrics, as a table.",
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by foodvit train")
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=cmd_compare, opens_photos=False)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -66,7 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from foodvit.training.engine import silent
     from foodvit.training.run import resume, train
 
-    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 alone speaks
+    main_process = place().is_main  # under torchrun, rank 0 alone speaks
     say = (lambda text: print(text, file=sys.stderr)) if main_process else silent
 
     if args.resume:
@@ -110,6 +111,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"report: {result.run / 'report.md'}"
     )
     return 0
+
+
+def train_interrupted(args: argparse.Namespace) -> str:
+    """What an interrupted `train` kept, and how to go on."""
+    where = getattr(args, "run_dir", None)  # set once the run directory is known
+    if where and (Path(where) / "checkpoint.pt").exists():
+        return (
+            f"interrupted: every finished epoch (and stage) is saved in {where}; continue with `foodvit train "
+            f"--resume {where}`"
+        )
+    return "interrupted before the first epoch finished: nothing was saved"
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ from foodvit.data.photos import IMAGE_EXTENSIONS
 from foodvit.deploy.inference import local_photo
 from foodvit.deploy.predictions import Predictions, check_written_by, meta_path, read_done
 from foodvit.errors import DataError, RunError
+from foodvit.torchrun import DEFAULT_TIMEOUT_S
 
 AHEAD = 2  # batches decoded ahead of the forward pass: enough to keep it busy, and memory stays a few batches
 
@@ -262,7 +263,7 @@ def label_share(
     batch_size: int = 64,
     workers: int = 2,
     quiet: bool = False,
-    timeout: float = 600.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Labelled:
     """One of `world` processes (torchrun's RANK and WORLD_SIZE) labelling `photos` into `out`.
 

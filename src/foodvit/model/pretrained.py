@@ -5,6 +5,7 @@ SPEC is
                         torchvision:IMAGENET1K_V1, torchvision:DEFAULT, torchvision:IMAGENET1K_SWAG_E2E_V1,
                         or with the model named: torchvision:vit_b_32.IMAGENET1K_V1
   timm:NAME             timm / the Hugging Face hub, e.g. timm:vit_base_patch16_224.augreg2_in21k_ft_in1k
+                        (the timm extra: pip install 'foodvit[timm]')
   a path                a .safetensors / .pth / .pt / .bin file in torchvision's, timm's or foodvit's layout
 
 The variant (size, patch, resolution) comes from the weights where they say it; the preprocessing
@@ -140,9 +141,9 @@ def _timm_state_dict(name: str) -> dict[str, torch.Tensor]:
     The hub client retries an unreachable server for about a minute; one short probe first makes
     an offline machine fail within seconds instead.
     """
+    get_pretrained_cfg = _timm_configs()
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError
-    from timm.models import get_pretrained_cfg
 
     from foodvit.model.weights import read_weights
 
@@ -180,9 +181,21 @@ def _preprocess_from_torchvision(weights) -> Preprocess:
     return Preprocess(t.crop_size[0], t.resize_size[0], "crop", tuple(t.mean), tuple(t.std), t.interpolation.value)
 
 
-def _preprocess_from_timm(name: str) -> tuple[str, int, Preprocess]:
-    from timm.models import get_pretrained_cfg
+def _timm_configs():
+    """timm's get_pretrained_cfg, or a one-line error naming the extra that brings timm (and the hub's client)."""
+    try:
+        from timm.models import get_pretrained_cfg
+    except ModuleNotFoundError as err:
+        if (err.name or "").split(".")[0] != "timm":  # timm there, but something it needs missing: its own error
+            raise
+        raise PretrainedError(
+            "--pretrained timm:NAME needs timm, which comes with the timm extra: pip install 'foodvit[timm]'"
+        ) from None
+    return get_pretrained_cfg
 
+
+def _preprocess_from_timm(name: str) -> tuple[str, int, Preprocess]:
+    get_pretrained_cfg = _timm_configs()
     cfg = get_pretrained_cfg(name)
     arch = name.split(".")[0]
     match = _TIMM_NAME.match(arch)

@@ -32,6 +32,7 @@ from foodvit.errors import ConfigError, FoodVitError, RunError
 from foodvit.files import atomic_write
 from foodvit.rundir.compare import differences
 from foodvit.settings.run import RunConfig, settings_sectioned
+from foodvit.torchrun import place
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +388,6 @@ def check_same_data(state: dict, classes, counts: dict[str, int], root: Path) ->
 
 def resume_command(out: Path) -> str:
     """How to continue a run, in the launcher it was started with."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if place().world_size > 1:
         return f"resume with `torchrun --nproc_per_node N -m foodvit train --resume {out}` (any number of processes)"
     return f"resume with `foodvit train --resume {out}`"

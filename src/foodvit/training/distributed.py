@@ -1,8 +1,8 @@
 """The processes a run trains on: one (the plain case) or several started by torchrun.
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in each process's
-environment; Context.from_environment reads them, joins the process group (NCCL on GPUs, gloo on
-CPUs) and picks this process's device from LOCAL_RANK. Everything the Trainer needs from the other
+environment (read in foodvit/torchrun.py); Context.from_environment joins the process group (NCCL on GPUs,
+gloo on CPUs) and picks this process's device from LOCAL_RANK. Everything the Trainer needs from the other
 processes goes through the Context: the sum of metrics over ranks, a NaN check all ranks agree on,
 gathering evaluation results, "rank 0 writes, the others wait", and turning a lost peer into one
 clear line. With one process every method is the identity (no process group at all).
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import re
 import signal
 from dataclasses import dataclass, field
@@ -21,8 +20,7 @@ import torch
 import torch.distributed as dist
 
 from foodvit.errors import ConfigError, FoodVitError
-
-DEFAULT_TIMEOUT_S = 600  # how long a rank waits for the others in one collective before it gives up
+from foodvit.torchrun import DEFAULT_TIMEOUT_S, place
 
 
 class PeerLost(FoodVitError, RuntimeError):
@@ -62,10 +60,10 @@ class Context:
     @classmethod
     def from_environment(cls, device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Context:
         """One process, or, under torchrun (WORLD_SIZE > 1), this rank of the process group."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        here = place()
+        local_rank = here.local_rank
         chosen = pick_device(device, local_rank)
-        if world <= 1:
+        if here.world_size <= 1:
             return cls(device=chosen)
         if chosen.type == "cuda":
             torch.cuda.set_device(chosen)

@@ -16,7 +16,8 @@ from foodvit.model.resolve import resolve
 from foodvit.model.variants import run_model_config
 from foodvit.rundir import directory as rundir
 from foodvit.settings.run import RunConfig
-from foodvit.training.distributed import DEFAULT_TIMEOUT_S, Context, OnMain
+from foodvit.torchrun import DEFAULT_TIMEOUT_S
+from foodvit.training.distributed import Context, OnMain
 from foodvit.training.engine import silent
 from foodvit.training.report import size_note
 from foodvit.training.teacher import borrowed_teacher, trains_teacher
