@@ -92,6 +92,25 @@ def baseline(base: Path, idea: str) -> dict:
     }
 
 
+def headline(base: Path) -> dict:
+    """The headline row of the recipe's pool accuracy (key vit-pool), from its study's own files."""
+    identity, found = study_identity(base), read_study(base)
+    per_class = ", ".join(f"{name} {value:.2f}" for name, value in found.get("per_class", {}).items())
+    seeds = identity.get("seeds", [])
+    each = " / ".join(f"{f['accuracy']:.3f}" for f in sorted(found.get("folds", []), key=lambda f: f["seed"]))
+    return {
+        "key": "vit-pool",
+        "model": "default recipe: ViT from scratch",
+        "metric": f"validation pool accuracy, {len(seeds)} seeds",
+        "value": f"{found['accuracy']:.3f}",
+        "standard_error": f"{found['standard_error']:.3f}",
+        "detail": f"seeds {' / '.join(map(str, seeds))}: {each}; per class {per_class}; SE with the photo as the unit",
+        "data": f"trained on FoodVision Mini's 225 training photos; {found['n']} pool photos "
+        f"({identity.get('dropped', 0)} dropped as also in the training data)",
+        "protocol": "the validation pool (photos in neither split), each seed trained on every training photo",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("base", type=Path, help="the pool study of the recipe the change is made to")
@@ -105,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reason", default="", help="why, in words (after the component's worth)")
     parser.add_argument(
         "--record", action="store_true", help="append the row to results/studies.csv and keep both studies"
+    )
+    parser.add_argument(
+        "--headline",
+        action="store_true",
+        help="with --record and no STUDY: BASE is the default recipe, and its pool accuracy the headline row vit-pool",
     )
     args = parser.parse_args(argv)
     found = (
@@ -129,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             + (" --removes" if args.removes else "")
         )
         record("studies", found, command=command, folder=RESULTS)
+        if args.headline and not args.study:
+            record("headline", headline(args.base), command=command, folder=RESULTS)
     return 0
 
 
