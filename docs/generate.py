@@ -42,6 +42,8 @@ COMPONENTS = [
     ("masked-patch reconstruction (`--masked 1`)", "masked-patch reconstruction", "masked-patch reconstruction inside", 1),
 ]
 
+REMOVAL = "the component is worth"  # how bench.accuracy.pool --removes starts a row's reason
+
 RULE = """Choices are made on the **validation pool**: 391 photos of the three classes that are in neither split of
 FoodVision Mini (`../shared/data/pizza_steak_sushi_validation`), scored by models trained on all 225 training photos
 with several training seeds (`foodvit cv --validate-on POOL --seeds 2`). Two recipes are paired photo by photo
@@ -153,7 +155,7 @@ def served(server: str, clients: int = 32) -> str:
 
 def results_page() -> str:
     h, studies, curve = read("headline"), read("studies"), read("curve")
-    by_idea = {row["idea"]: row for row in studies}
+    by_idea = {row["idea"]: row for row in studies if row["table"] != "pool"}  # the CV studies
 
     def find(prefix: str) -> dict:
         return next(row for idea, row in by_idea.items() if idea.startswith(prefix))
@@ -168,7 +170,8 @@ def results_page() -> str:
                    [[r["model"], r["metric"], r["value"], r["standard_error"] or "-", r["detail"], r["commit"] or "-",
                      r["date"] or "-"] for r in h]), "", "Commands:", "", commands(h), ""]
 
-    pool = {row["idea"]: row for row in studies if row["table"] == "pool"}
+    removals = [row for row in studies if row["table"] == "pool" and row["reason"].startswith(REMOVAL)]
+    pool = {row["idea"]: row for row in removals}  # the default without a component (bench.accuracy.pool --removes)
     rows = []
     for name, idea, prefix, sign in COMPONENTS:
         on_pool, cv = pool.get(idea), find(prefix)

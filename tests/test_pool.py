@@ -153,7 +153,12 @@ def test_compare_refuses_studies_scored_differently_and_names_the_settings_that_
     on_pool = fake_study(tmp_path / "pool", "pool", answers, seeds=(0,))
     longer = fake_study(tmp_path / "longer", "cv", answers, folds=5, seeds=(0,),
                         settings={"train": {"epochs": 150}})
-    for a, b, message in ((cv5, cv3, "is 5-fold CV, seeds [0] and"), (cv5, on_pool, "on a validation pool")):
+    other_pool = fake_study(tmp_path / "other-pool", "pool", answers, seeds=(0,))
+    (other_pool / "study.json").write_text(
+        json.dumps({**json.loads((other_pool / "study.json").read_text()), "validation": "w"})
+    )
+    for a, b, message in ((cv5, cv3, "is 5-fold CV, seeds [0] and"), (cv5, on_pool, "on validation pool v"),
+                          (on_pool, other_pool, "is a study on validation pool v, seeds [0] and")):
         with pytest.raises(StudyError, match=re.escape(message)):
             compare.compare_studies(a, b)
         assert main(["cv", "--compare", str(a), str(b)]) == 2

@@ -39,7 +39,7 @@ def keep(study: Path) -> Path:
 
 def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict:
     """The studies.csv row of STUDY against BASE on the pool: B - A, its paired standard error (the photo the unit,
-    each photo's answers averaged over the seeds first) and the photos right only with one of them."""
+    each photo's answers averaged over the seeds first) and the answers (a photo under each seed) right only in one."""
     result, line = compare_studies(base, study)
     identity = study_identity(study)
     found = read_study(study)
@@ -132,6 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         help="with --record and no STUDY: BASE is the default recipe, and its pool accuracy the headline row vit-pool",
     )
     args = parser.parse_args(argv)
+    if args.headline and (args.study or not args.record):
+        parser.error("--headline records the default recipe's own row: give BASE alone, with --record")
+    if args.removes and not args.study:
+        parser.error("--removes says STUDY is BASE without a component: give STUDY too")
+    for study in (args.base, args.study):
+        if study is not None and not (study / "cv.json").is_file():
+            parser.error(
+                f"{study} holds no finished study (cv.json): give a folder `foodvit cv --validate-on` finished"
+            )
     found = (
         row(args.base, args.study, args.idea, args.options, args.removes)
         if args.study

@@ -24,7 +24,7 @@ import numpy as np
 from foodvit.deploy.predictor import Predictor
 from foodvit.tuning.compare import read_study
 from foodvit.tuning.cv import summarise, write_study
-from foodvit.tuning.fold import prediction_record
+from foodvit.tuning.fold import per_class, prediction_record
 from foodvit.tuning.folds import fold_folder, fold_name, photo_key
 
 
@@ -66,6 +66,21 @@ def score(run: Path, folder: Path, kinds: list[str]) -> tuple[list[dict], float,
     return records, plain_s / n, viewed_s / n
 
 
+def fold_result(fold: dict, records: list[dict], seconds: float) -> dict:
+    """One seed's (or fold's) result from its photos' answers with the views: its own counts and classes, and the
+    seconds its model took on them (nothing of the study it was scored from but which seed and fold it is)."""
+    right = sum(r["right"] for r in records)
+    return {
+        **{key: fold[key] for key in ("seed", "fold", "run") if key in fold},
+        "n": len(records),
+        "correct": right,
+        "accuracy": right / len(records),
+        "per_class": per_class(records),
+        "seconds": round(seconds, 2),
+        "predictions": records,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", type=Path)
@@ -85,15 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         run = study / (f"seed-{f['seed']}" if pool else fold_name(f["seed"], f["fold"], seeds))
         folder = study / "folds" / "pool" if pool else fold_folder(study / "folds", f["seed"], f["fold"])
         records, a, b = score(run, folder, kinds)
-        right = sum(r["right"] for r in records)
-        results.append(
-            {
-                **{k: v for k, v in f.items() if k != "predictions"},
-                "predictions": records,
-                "correct": right,
-                "accuracy": right / len(records),
-            }
-        )
+        results.append(fold_result(f, records, seconds=b * len(records)))
         plain.append(a)
         viewed.append(b)
     args.out.mkdir(parents=True, exist_ok=True)

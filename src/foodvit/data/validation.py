@@ -79,7 +79,8 @@ def validation_pool(text: str, listed: Listed) -> Pool:
         raise DataError(f"the validation source {text} holds no photos; give a folder with a folder of photos a class")
     sizes = {path: _size(path) for path, _ in files}
     training = {path: _size(path) for path in _all_files(listed)}
-    seen = {_digest(path) for path, size in training.items() if size in set(sizes.values())} - {""}
+    pool_sizes = set(sizes.values())  # a training file is read only when a pool photo has its size
+    seen = {_digest(path) for path, size in training.items() if size in pool_sizes} - {""}
     shared = set(training.values())
     digests = {path: _digest(path) if size in shared else "" for path, size in sizes.items()}
     kept = tuple((path, label) for path, label in files if digests[path] not in seen)

@@ -151,9 +151,9 @@ def study_identity(study: str | Path) -> dict:
 
 
 def _describe(identity: dict) -> str:
-    """A study's design in words, e.g. '5-fold CV, seeds [0]', 'a pool study of 391 photos, seeds [0, 1]'."""
+    """A study's design in words, e.g. '5-fold CV, seeds [0]', 'a study on validation pool 6a4f79a2, seeds [0, 1]'."""
     if identity.get("kind") == "pool":
-        return f"a study on a validation pool, seeds {identity.get('seeds')}"
+        return f"a study on validation pool {str(identity.get('validation', '?'))[:8]}, seeds {identity.get('seeds')}"
     if identity.get("kind") == "test":
         return f"a study on a test split, seeds {identity.get('seeds')}"
     return f"{identity.get('folds')}-fold CV, seeds {identity.get('seeds')}"
