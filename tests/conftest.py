@@ -52,6 +52,21 @@ def real_data() -> Path:
     return Path(path)
 
 
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Chromium's program for the browser tests: FOODVIT_CHROMIUM, else Debian's /usr/bin/chromium (Playwright's
+    own browser download is never used). Missing: the test skips, or fails under CI=true (helpers.missing_tool)."""
+    import shutil
+
+    from helpers import missing_tool
+
+    path = os.environ.get("FOODVIT_CHROMIUM", "/usr/bin/chromium")
+    if not (Path(path).is_file() or shutil.which(path)):
+        missing_tool(f"browser test: no Chromium at {path}; install it with `apt-get install -y chromium` "
+                     "(or set FOODVIT_CHROMIUM to a Chromium binary)")
+    return path
+
+
 # Files made once for the whole suite: a trained run, its photos and its .onnx exports, made by the
 # first pytest process (xdist worker) that needs each, under a file lock, and read by every test file
 # that only needs "a trained run" (each export is seconds of torch.export). Tests read them, never

@@ -181,10 +181,9 @@ def test_the_quick_start_runs_on_the_tiny_recipe(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow  # a browser: Chromium's start; the strict build above covers the pages' content
 @pytest.mark.parametrize("width", [1280, 390])
-def test_the_home_page_and_a_guide_fit_the_screen_in_chromium(site, width):
-    chromium = os.environ.get("FOODVIT_CHROMIUM", "/usr/bin/chromium")
-    if importlib.util.find_spec("playwright") is None or not (Path(chromium).is_file() or shutil.which(chromium)):
-        pytest.skip(f"browser test: Playwright and a Chromium at {chromium} (apt-get install -y chromium)")
+def test_the_home_page_and_a_guide_fit_the_screen_in_chromium(chromium, site, width):
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("browser test: Playwright, in the test extra (pip install -e '.[test]')")
     from playwright.sync_api import sync_playwright
 
     class Quiet(http.server.SimpleHTTPRequestHandler):

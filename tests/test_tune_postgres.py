@@ -1,7 +1,7 @@
 """Two `foodvit tune` processes share one study on a real PostgreSQL server: a server started here
 (initdb in a temporary folder as an unprivileged user, 127.0.0.1 on a free port, its socket in the
 temporary folder), every trial run once, the study as on SQLite. Skipped, saying why, without
-PostgreSQL's programs or its driver."""
+PostgreSQL's programs (failed instead under CI=true: .ci/run installs them) or its driver."""
 
 import glob
 import json
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import free_port, make_photo_folder
+from helpers import free_port, make_photo_folder, missing_tool
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg", reason="the PostgreSQL driver (psycopg, in the tune extra) is not installed")
@@ -50,7 +50,7 @@ def postgres_server():
     """A PostgreSQL server of its own, started for this test alone."""
     initdb, pg_ctl = postgres_program("initdb"), postgres_program("pg_ctl")
     if not (initdb and pg_ctl):
-        pytest.skip("PostgreSQL's initdb and pg_ctl are not installed (Debian: apt-get install postgresql)")
+        missing_tool("PostgreSQL's initdb and pg_ctl are not installed (Debian: apt-get install postgresql)")
     # a folder of its own under the system's temporary folder, which an unprivileged user can reach (pytest's is root's alone)
     folder = Path(tempfile.mkdtemp(prefix="foodvit-postgres-"))
     user = {}
