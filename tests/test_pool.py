@@ -161,3 +161,29 @@ def test_compare_refuses_studies_scored_differently_and_names_the_settings_that_
         assert len(err.splitlines()) == 1 and "compare studies of the same data, folds" in err
     line = compare.compare_studies(cv5, longer)[1]
     assert line.endswith("changes train.epochs 10 -> 150"), line  # settings {} are the default recipe's
+
+
+def test_bench_pool_records_a_components_worth_as_the_rule_reads_it(tmp_path, monkeypatch):
+    """bench/accuracy/pool.py: the row of a study without a component keeps B - A (as every studies.csv row does)
+    and says the component is worth A - B; --record appends it to studies.csv and keeps both studies' results."""
+    from bench.accuracy import pool as bench_pool
+
+    with_it = [True, True, True, False, True, True, True, False]
+    without = [True, False, True, False, False, True, True, True]
+    studies = []
+    for name, answers in (("base", with_it), ("no-x", without)):
+        folder = fake_study(tmp_path / name, "pool", {f"s{s}/x/{i}": r for s in (0, 1) for i, r in enumerate(answers)})
+        found = json.loads((folder / "cv.json").read_text())
+        found.update(accuracy=sum(answers) / len(answers), standard_error=0.1, n=len(answers))
+        (folder / "cv.json").write_text(json.dumps(found))
+        (folder / "cv.md").write_text("a study")
+        studies.append(folder)
+    row = bench_pool.row(*studies, "x", "--x 0", removes=True)
+    assert row["difference"] == "-0.1250" and (row["only_b"], row["only_a"]) == (2, 4)  # answers: a photo under each seed
+    assert row["reason"].startswith("the component is worth +0.125 (") and row["overrides"] == "--x 0"
+    results = tmp_path / "results"
+    monkeypatch.setattr(bench_pool, "RESULTS", results)
+    assert bench_pool.main([str(studies[0]), str(studies[1]), "--idea", "x", "--removes", "--record", "--adopted", "kept"]) == 0
+    rows = list(csv.DictReader((results / "studies.csv").open()))
+    assert [(r["table"], r["idea"], r["adopted"], r["difference"]) for r in rows] == [("pool", "x", "kept", "-0.1250")]
+    assert sorted(p.name for p in (results / "cv").iterdir()) == ["base", "no-x"]

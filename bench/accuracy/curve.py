@@ -39,7 +39,8 @@ from foodvit.training.teacher import teacher_changes
 from foodvit.tuning.compare import paired, read_study, study_recipe
 from foodvit.tuning.cv import summarise, write_study
 from foodvit.tuning.fold import prediction_record
-from foodvit.tuning.folds import fold_folders, training_photos
+from foodvit.tuning.folds import fingerprint, fold_folders, training_photos
+from foodvit.tuning.study import study_settings
 
 FOLDS, SEED = 5, 0
 
@@ -108,7 +109,9 @@ def cnn_study(out: Path, share: float, data: str | None, teachers: Path | None, 
     if teachers is None and lends_teachers(out / f"vit-f{share:g}", config):
         teachers = out / f"vit-f{share:g}"
     results = [cnn_fold(config, folder, study / f"fold-{k}", k, teachers) for k, folder in enumerate(folders)]
-    write_study(study, replace(config, recipe=f"{cnn} (default recipe's training)"), summarise(results), results)
+    identity = {"kind": "cv", "data": fingerprint(split), "classes": list(split.classes), "folds": FOLDS,
+                "seeds": [SEED], "settings": study_settings(config.to_dict())}  # as the ViT's study of these folds says
+    write_study(study, replace(config, recipe=f"{cnn} (default recipe's training)"), summarise(results), results, identity)
     return study
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from bench.accuracy.curve import held_out_result
 
 from foodvit.settings.run import RunConfig
+from foodvit.tuning.compare import study_identity
 from foodvit.tuning.cv import summarise, write_study
 from foodvit.tuning.folds import fold_folder, fold_name
 
@@ -59,7 +60,8 @@ def main(argv: list[str]) -> int:
         config, result = score_fold(study, seeds[0], k)
         results.append(result)
     result = summarise(results)
-    write_study(out, replace(config, recipe=f"{config.teacher.architecture} teachers of {study}"), result, results)
+    identity = study_identity(study)  # the same photos, folds and seed as the guided study: the two pair
+    write_study(out, replace(config, recipe=f"{config.teacher.architecture} teachers of {study}"), result, results, identity)
     print(f"{out}: the {config.teacher.architecture} teachers of {study}, {len(results)}-fold CV accuracy "
           f"{result.accuracy:.3f} +- {result.standard_error:.3f}")
     return 0

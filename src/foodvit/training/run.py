@@ -1,4 +1,4 @@
-"""`foodvit train` and `foodvit resume`: a run started in a new folder, or resumed from its last
+"""`foodvit train` and `foodvit train --resume`: a run started in a new folder, or resumed from its last
 checkpoint, on one process or on many (torchrun): the processes' context, the run directory's lock and
 the messages around the Trainer (trainer.py) that does the work.
 """

@@ -1,5 +1,5 @@
 """A run's machinery: a RunConfig in, a run directory out, on one process or on many (torchrun);
-training/run.py starts or resumes one (`foodvit train`, `foodvit resume`).
+training/run.py starts or resumes one (`foodvit train`, `foodvit train --resume`).
 
 A Trainer is a few explicit build steps, in this order: the processes (distributed.Context:
 device from LOCAL_RANK, the process group), the classes of the data, the model (whose

@@ -1,0 +1,114 @@
+"""A change to a recipe judged on the validation pool, as the adoption rule reads it: the pool study of the change
+paired photo by photo with the pool study of the recipe it changes (`foodvit cv --validate-on POOL`), its row kept in
+results/studies.csv (table "pool") and both studies' results (cv.json with every photo's answer, study.json) under
+results/cv/, where `foodvit cv --compare` pairs them again without training.
+
+    foodvit cv --validate-on ../shared/data/pizza_steak_sushi_validation --seed 0 --seeds 2 --jobs 2 --out BASE
+    foodvit cv --validate-on ../shared/data/pizza_steak_sushi_validation --seed 0 --seeds 2 --jobs 2 --out STUDY --masked 0
+    python -m bench.accuracy.pool BASE STUDY --idea "masked-patch reconstruction" --options "--masked 0" --removes
+
+The rule (the Results page): a change joins the default when its paired difference on the pool, over at least two
+training seeds, is at least two standard errors; a component of the default stays when removing it loses at least two
+standard errors, and leaves it where its removal saves time and the pool shows no loss. `--removes` says STUDY is BASE
+without the component, so the component's worth is BASE - STUDY; the row keeps STUDY - BASE, as every row of
+studies.csv keeps the idea against the recipe it changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from foodvit.tuning.compare import compare_studies, read_study, study_identity
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+DATA = "FoodVision Mini train split, 225 photos"
+
+
+def keep(study: Path) -> Path:
+    """The study's results (cv.json, study.json, cv.md) under results/cv/<name>/: every photo's answer, no models."""
+    where = RESULTS / "cv" / study.name
+    where.mkdir(parents=True, exist_ok=True)
+    for name in ("cv.json", "study.json", "cv.md"):
+        shutil.copy(study / name, where / name)
+    return where
+
+
+def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict:
+    """The studies.csv row of STUDY against BASE on the pool: B - A, its paired standard error (the photo the unit,
+    each photo's answers averaged over the seeds first) and the photos right only with one of them."""
+    result, line = compare_studies(base, study)
+    identity = study_identity(study)
+    found = read_study(study)
+    seeds = identity.get("seeds", [])
+    difference, se = result["difference"], result["standard_error"]
+    worth = -difference if removes else difference  # the component's (or the change's) worth
+    return {
+        "table": "pool",
+        "idea": idea,
+        "overrides": options or (line.rsplit(" changes ", 1)[1] if " changes " in line else ""),
+        "recipe": "default",
+        "data": DATA,
+        "protocol": f"validation pool, {found['n']} photos ({identity.get('dropped', 0)} dropped), "
+        f"training seeds {' '.join(map(str, seeds))}",
+        "accuracy": round(found["accuracy"], 4),
+        "difference": f"{difference:+.4f}",
+        "difference_se": f"{se:.4f}",
+        "se_unit": "photo (its answers averaged over the seeds first)",
+        "only_b": len(result["only_b"]),
+        "only_a": len(result["only_a"]),
+        "adopted": "",
+        "reason": f"{'the component' if removes else 'the change'} is worth {worth:+.3f} ({worth / se:+.1f} SE)" if se else "",
+        "figures_as_recorded": f"{found['accuracy']:.3f} +- {found['standard_error']:.3f} | {difference:+.3f} +- {se:.3f} "
+        f"vs {base.name} ({read_study(base)['accuracy']:.3f})",
+    }
+
+
+def baseline(base: Path, idea: str) -> dict:
+    """The studies.csv row of the recipe the changes are made to, on the pool: its accuracy, nothing paired."""
+    identity, found = study_identity(base), read_study(base)
+    return {
+        "table": "pool", "idea": idea, "overrides": "", "recipe": "default", "data": DATA,
+        "protocol": f"validation pool, {found['n']} photos ({identity.get('dropped', 0)} dropped), "
+        f"training seeds {' '.join(map(str, identity.get('seeds', [])))}",
+        "accuracy": round(found["accuracy"], 4), "difference": "", "difference_se": "",
+        "se_unit": "photo (its answers averaged over the seeds first)", "only_b": "", "only_a": "", "adopted": "reference",
+        "reason": "", "figures_as_recorded": f"{found['accuracy']:.3f} +- {found['standard_error']:.3f}",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("base", type=Path, help="the pool study of the recipe the change is made to")
+    parser.add_argument("study", type=Path, nargs="?", help="the pool study of the change (none: BASE's own row)")
+    parser.add_argument("--idea", required=True, help="what the change is, in words")
+    parser.add_argument("--options", default="", help="the options STUDY added to BASE's command (default: the settings it changes)")
+    parser.add_argument("--removes", action="store_true", help="STUDY is BASE without the component")
+    parser.add_argument("--adopted", default="", help="the decision (yes, no, kept, removed) for the row")
+    parser.add_argument("--reason", default="", help="why, in words (after the component's worth)")
+    parser.add_argument("--record", action="store_true", help="append the row to results/studies.csv and keep both studies")
+    args = parser.parse_args(argv)
+    found = row(args.base, args.study, args.idea, args.options, args.removes) if args.study else baseline(args.base, args.idea)
+    found["adopted"] = args.adopted or found["adopted"]
+    found["reason"] = "; ".join(part for part in (found["reason"], args.reason) if part)
+    print(json.dumps(found, indent=1))
+    if args.record:
+        from bench.results import record
+
+        studied = args.study or args.base
+        for study in {args.base, studied}:
+            keep(study)
+        seeds = len(study_identity(studied).get("seeds", [])) or 1
+        command = (
+            f"foodvit cv --validate-on POOL --seed 0 --seeds {seeds} --jobs 2 --out {studied.name} {found['overrides']}".strip()
+            + (f"; python -m bench.accuracy.pool {args.base.name} {studied.name}" if args.study else "")
+            + (" --removes" if args.removes else "")
+        )
+        record("studies", found, command=command, folder=RESULTS)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
