@@ -112,12 +112,17 @@ def work(folder, i, seconds, cleanup):
         raise
     (folder / f"finished-{i}").touch()
 """
+# the grace the command gives its tasks to stop by themselves before it passes the signal on: shorter than the
+# command's 3 s (jobs.GRACE_S), the same path in a third of the wait
+GRACE_S = 1.0
 DRIVER = """
 import signal, sys
 from foodvit.errors import Terminated
+from foodvit.tuning import jobs
 from foodvit.tuning.jobs import Plan, Task, run_tasks
 from slowtask import work
 folder, seconds, cleanup, ignore = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "ignore"
+jobs.GRACE_S = float(sys.argv[5])
 # ctrl-C as a terminal delivers it, or ignored as a shell starts a command in the background of a script, whatever
 # the test runner's process passed on (an ignored or blocked SIGINT survives exec)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -150,7 +155,8 @@ def interrupted(
 
     (tmp_path / "slowtask.py").write_text(SLOW_TASK)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    command = [sys.executable, "-c", DRIVER, str(tmp_path), str(seconds), str(cleanup), "ignore" if ignore else "-"]
+    command = [sys.executable, "-c", DRIVER, str(tmp_path), str(seconds), str(cleanup), "ignore" if ignore else "-",
+               str(GRACE_S)]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -257,8 +263,6 @@ def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: 
     """The command ends within seconds, the two running tasks are interrupted, and the tasks the processes had
     queued never start; a task that takes longer than the grace to stop is not interrupted a second time in its
     stopping."""
-    from foodvit.tuning.jobs import GRACE_S
-
     status, errors, left = interrupted(tmp_path, to, cleanup=GRACE_S + 1)
     assert status == 130, errors
     assert left == ["started-0", "started-1", "stopped-0", "stopped-1"]
@@ -272,8 +276,6 @@ def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: 
 def test_sigterm_stops_the_running_tasks_as_ctrl_c_does(tmp_path: Path, to: str, ignore: bool, times: int):
     """kill (or a scheduler stopping the command) ends it as interrupted, with its processes: none is left training,
     whether the command ignores ctrl-C or not, and a second kill while the tasks stop still reaches them."""
-    from foodvit.tuning.jobs import GRACE_S
-
     status, errors, left = interrupted(tmp_path, to, cleanup=GRACE_S + 1, ignore=ignore, sent="SIGTERM", times=times)
     assert status == 143, errors  # Terminated: the command says it was stopped by SIGTERM
     assert left == ["started-0", "started-1", "stopped-0", "stopped-1"]
