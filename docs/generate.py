@@ -295,7 +295,7 @@ def training_time() -> list[str]:
         runs.setdefault(r["run"], []).append(r)
     names = list(dict.fromkeys(r["phase"] for r in phases if r["share"]))
     header, columns = ["phase"], []
-    for stamp, rs in runs.items():
+    for rs in runs.values():
         first = rs[0]
         settings = f"; {first['settings']}" if first["settings"] else ""
         header.append(f"{first['recipe']}, {first['epochs']} epochs, {first['threads']} threads{settings} ({first['commit']})")

@@ -8,8 +8,8 @@ from helpers import make_photo_folder
 from PIL import Image
 
 from foodvit.cli.main import main
-from foodvit.settings.run import RunConfig
 from foodvit.recipes import list_recipes, load_recipe
+from foodvit.settings.run import RunConfig
 
 
 def test_summary_ends_with_the_total(capsys):
@@ -216,9 +216,9 @@ def test_other_bad_options_are_one_line(argv, message, capsys, tmp_path):
 
 
 def test_the_same_ranges_hold_for_recipes_and_python():
-    from foodvit.settings.run import OptimConfig, TrainConfig
-    from foodvit.settings.model import ViTConfig, VitSettings
     from foodvit.errors import ConfigError
+    from foodvit.settings.model import ViTConfig, VitSettings
+    from foodvit.settings.run import OptimConfig, TrainConfig
 
     with pytest.raises(ConfigError, match=r"--epochs must be >= 1, got 0"):
         TrainConfig(epochs=0)
@@ -418,8 +418,8 @@ def test_nan_and_infinity_are_refused_in_one_line(argv, message, capsys):
 
 
 def test_nan_in_python_settings_is_refused():
-    from foodvit.settings.run import DataConfig, OptimConfig
     from foodvit.errors import ConfigError
+    from foodvit.settings.run import DataConfig, OptimConfig
 
     with pytest.raises(ConfigError, match="--train-fraction must be in \\(0, 1\\], got nan"):
         DataConfig(train_fraction=float("nan"))

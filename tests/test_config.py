@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 import foodvit
-from foodvit.settings.layout import MOVED
-from foodvit.settings.run import SECTIONS, OptimConfig, RunConfig, objectives_on
-from foodvit.settings.model import VIT_OPTIONS, VitSettings
-from foodvit.settings.fields import flag_of
-from foodvit.settings.overrides import setting_field
 from foodvit.errors import ConfigError
 from foodvit.model.resolve import resolve
+from foodvit.settings.fields import flag_of
+from foodvit.settings.layout import MOVED
+from foodvit.settings.model import VIT_OPTIONS, VitSettings
 from foodvit.settings.objectives import OBJECTIVES
+from foodvit.settings.overrides import setting_field
+from foodvit.settings.run import SECTIONS, OptimConfig, RunConfig, objectives_on
 
 DATA = Path(__file__).parent / "data"
 # `foodvit train --epochs 3 --seed 0`'s config.json in the layout before the sections (optim held the objectives'

@@ -12,14 +12,20 @@ import torch.nn.functional as F
 from helpers import make_photo_folder
 from test_train import small_config
 
-from foodvit.settings.objectives import ContrastSettings
-from foodvit.settings.run import RunConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
-from foodvit.training.objectives.contrast import (InstanceDiscrimination, crop_resize, distort_colours, draw_boxes, nt_xent,
-                                       second_view)
+from foodvit.settings.objectives import ContrastSettings
+from foodvit.settings.run import RunConfig
 from foodvit.training.objectives import WithObjectives, build
+from foodvit.training.objectives.contrast import (
+    InstanceDiscrimination,
+    crop_resize,
+    distort_colours,
+    draw_boxes,
+    nt_xent,
+    second_view,
+)
 from foodvit.training.resizing import AnyGrid
 from foodvit.training.run import train
 
@@ -145,7 +151,7 @@ def test_the_second_view_leaves_a_conv_stems_running_statistics_to_the_photos_as
     (logits.sum() + extra).backward()  # both passes' gradients through the stem's batch norms
     assert vit.patch_embed.stem.layers[0].weight.grad.abs().sum() > 0
     plain(images)  # one plain training pass over the same photos
-    norms = [(a, b) for a, b in zip(vit.modules(), plain.modules()) if isinstance(a, torch.nn.BatchNorm2d)]
+    norms = [(a, b) for a, b in zip(vit.modules(), plain.modules(), strict=True) if isinstance(a, torch.nn.BatchNorm2d)]
     assert norms
     for ours, theirs in norms:
         assert ours.num_batches_tracked.item() == 1

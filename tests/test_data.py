@@ -233,7 +233,7 @@ def _epoch(loader, epoch):
 
 
 def _same(a, b):
-    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b, strict=True))
 
 
 def test_batches_from_workers_depend_on_neither_their_number_nor_their_history(tmp_path):

@@ -12,17 +12,17 @@ from helpers import make_photo_folder
 from test_train import small_config
 from torch import nn
 
-from foodvit.settings.run import RunConfig
-from foodvit.settings.overrides import with_settings
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.variants import create_model
 from foodvit.model.vit import Heads
 from foodvit.rundir.directory import load_checkpoint
+from foodvit.settings.overrides import with_settings
+from foodvit.settings.run import RunConfig
 from foodvit.training.objectives import Batch, Outputs, WithObjectives
 from foodvit.training.objectives.distill import Distillation
 from foodvit.training.objectives.drloc import Localization
-from foodvit.training.teacher import Teacher, build_teacher
 from foodvit.training.run import resume, train
+from foodvit.training.teacher import Teacher, build_teacher
 
 
 class Fixed(nn.Module):

@@ -36,7 +36,7 @@ def metrics(run: Path) -> list[dict]:
 def assert_same_metrics(a: Path, b: Path, rel: float = 1e-4) -> None:
     rows_a, rows_b = metrics(a), metrics(b)
     assert len(rows_a) == len(rows_b) and rows_a
-    for row_a, row_b in zip(rows_a, rows_b):
+    for row_a, row_b in zip(rows_a, rows_b, strict=True):
         assert row_a.keys() == row_b.keys()
         for key in row_a:
             if row_a[key] == "" or row_b[key] == "":
@@ -50,7 +50,7 @@ def assert_same_predictions(a: Path, b: Path, photos: Path) -> None:
     test_photos = sorted(photos.glob("test/*/*.jpg"))
     first, second = (Predictor.from_run(run).classify_many(test_photos) for run in (a, b))
     assert [r["label"] for r in first] == [r["label"] for r in second]
-    for r, s in zip(first, second):
+    for r, s in zip(first, second, strict=True):
         for name, p in r["probabilities"].items():
             assert abs(p - s["probabilities"][name]) < 1e-4
 

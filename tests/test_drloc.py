@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from foodvit.model.variants import create_model
+from foodvit.training.engine import Output, train_one_epoch
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.drloc import DenseRelativeLocalization, Localization, pair_offsets
-from foodvit.training.engine import Output, train_one_epoch
 
 
 def test_pair_offsets_are_row_and_column_differences_over_the_grid():

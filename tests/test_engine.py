@@ -101,13 +101,13 @@ def test_sharpness_aware_minimisation_steps_with_the_gradient_at_the_worst_nearb
     rho, lr = 0.3, 0.5
     g = gradient(w)
     norm = torch.sqrt(sum((t**2).sum() for t in g))
-    worst = gradient([t + rho * d / norm for t, d in zip(w, g)])
-    expected = [t - lr * d for t, d in zip(w, worst)]
+    worst = gradient([t + rho * d / norm for t, d in zip(w, g, strict=True)])
+    expected = [t - lr * d for t, d in zip(w, worst, strict=True)]
     for batches, accum in (([(x, y)], 1), ([(x[:4], y[:4]), (x[4:], y[4:])], 2)):
         model = nn.Linear(5, 3)
         model.load_state_dict(base.state_dict())
         row = train_one_epoch(Classifier(model), batches, torch.optim.SGD(model.parameters(), lr=lr), settings=StepSettings(accum_steps=accum, sam=rho))
-        for got, want in zip(model.parameters(), expected):
+        for got, want in zip(model.parameters(), expected, strict=True):
             torch.testing.assert_close(got.detach(), want)
         # the step's loss is the first pass's, at w
         assert row["train_loss"] == pytest.approx(nn.functional.cross_entropy(x @ w[0].T + w[1], y).item(), rel=1e-6)
@@ -126,7 +126,7 @@ def test_sharpness_aware_minimisation_updates_batch_norm_statistics_once_a_step(
         train_one_epoch(Classifier(model), batch, torch.optim.SGD(model.parameters(), lr=0.1), settings=StepSettings(sam=rho))
         stats.append([model[1].running_mean.clone(), model[1].running_var.clone(), model[1].num_batches_tracked.clone()])
     # the statistics come from the first pass, at the same weights: as without SAM, one batch counted
-    for without, with_sam in zip(*stats):
+    for without, with_sam in zip(*stats, strict=True):
         torch.testing.assert_close(without, with_sam)
     assert stats[1][2].item() == 1 and not torch.equal(stats[1][0], torch.zeros(6))
 

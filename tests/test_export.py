@@ -49,7 +49,7 @@ def test_evaluate_and_predict_on_the_onnx_file_equal_those_on_the_run(run, share
     a = json.loads(capsys.readouterr().out)
     assert main(["predict", str(shared_onnx), *images, "--json"]) == 0
     b = json.loads(capsys.readouterr().out)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x["label"] == y["label"]
         for name, p in x["probabilities"].items():
             assert y["probabilities"][name] == pytest.approx(p, abs=1e-5)

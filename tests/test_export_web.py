@@ -11,10 +11,10 @@ import tarfile
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
 import pytest
-from pathlib import Path
 from helpers import needs
 
 from foodvit.deploy.web import runtime

@@ -3,8 +3,8 @@ the same features in training mode, and the model itself keeps no trace of it.""
 
 import torch
 
-from foodvit.settings.model import ViTConfig
 from foodvit.model.vit import VisionTransformer
+from foodvit.settings.model import ViTConfig
 from foodvit.training.freezing import backbone_modules, freeze_backbone
 
 
@@ -26,7 +26,7 @@ def test_frozen_backbone_computes_the_same_features_in_training_mode():
     assert bn and not any(m.training for m in bn)
     assert not any(m.training for child in backbone_modules(model) for m in child.modules())  # blocks, stem, norm, dropout
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout, no dropped paths, BatchNorm in eval
-    assert all(torch.equal(r, m.running_mean) for r, m in zip(running, bn))  # statistics untouched
+    assert all(torch.equal(r, m.running_mean) for r, m in zip(running, bn, strict=True))  # statistics untouched
     assert model.training and model.head.training  # the head still trains
     torch.testing.assert_close(model.eval()(x), a, rtol=0, atol=0)
 

@@ -16,8 +16,8 @@ from foodvit.rundir.directory import load_checkpoint
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.distill import Distillation
 from foodvit.training.objectives.guidance import LocalityGuidance, epoch_weight, guided_blocks
-from foodvit.training.teacher import Teacher, build_teacher
 from foodvit.training.run import resume, train
+from foodvit.training.teacher import Teacher, build_teacher
 
 
 def test_the_guided_blocks_spread_over_the_depth_and_leave_the_last_one_to_the_classifier():
@@ -48,7 +48,7 @@ def by_hand(vit, teacher, adapters, blocks, images):
         t = layer(t)
         maps.append(t)
     losses = []
-    for adapter, b, target in zip(adapters, blocks, maps):
+    for adapter, b, target in zip(adapters, blocks, maps, strict=True):
         tokens = outputs[b][:, 1:]  # the class token left out
         g = int(tokens.shape[1] ** 0.5)
         student = adapter(tokens.transpose(1, 2).reshape(len(images), -1, g, g))
@@ -91,7 +91,7 @@ def test_four_stages_add_the_teachers_last_stage_against_the_last_block():
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3, pool="gap")  # 8 x 8 tokens; ResNet-18's layer4 at 2 x 2
     three, four = LocalityGuidance(vit, 1.0, teacher), LocalityGuidance(vit, 1.0, teacher, stages=4)
     assert four.blocks == (0, 0, 1, 2) and [a.out_channels for a in four.adapters] == [64, 128, 256, 512]
-    for a3, a4 in zip(three.adapters, four.adapters):  # the same first three adapters: the fourth pair is the only change
+    for a3, a4 in zip(three.adapters, four.adapters, strict=True):  # the same first three adapters: the fourth pair is the only change
         a4.load_state_dict(a3.state_dict())
     images = torch.randn(2, 3, 64, 64)
     with torch.no_grad():

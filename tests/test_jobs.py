@@ -180,9 +180,9 @@ def test_a_fold_that_trains_its_teacher_queues_it_as_a_task_before_its_own(tmp_p
     """Guided folds: each a chain, its teacher's task then its training; a fold whose teacher is lent, or whose run is
     under way (a checkpoint), or a recipe without a teacher: the fold's task alone."""
     import foodvit.tuning.cv as cv
-    from foodvit.settings.overrides import with_settings
     from foodvit.recipes import load_recipe
     from foodvit.rundir.directory import TEACHER_FILE
+    from foodvit.settings.overrides import with_settings
     from foodvit.tuning.folds import training_photos
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
@@ -209,8 +209,8 @@ def test_a_fold_that_trains_its_teacher_queues_it_as_a_task_before_its_own(tmp_p
 
 
 def test_a_fold_adds_the_seconds_of_its_teachers_task_and_forgets_a_stale_record(tmp_path: Path):
-    from foodvit.settings.overrides import with_settings
     from foodvit.recipes import load_recipe
+    from foodvit.settings.overrides import with_settings
     from foodvit.tuning.fold import run_fold, stages_file, start_fold
     from foodvit.tuning.folds import fold_folders, training_photos
 

@@ -167,7 +167,7 @@ def assert_same_rows(got, expected, tolerance):
     """The same photos in the same order with the same labels and errors, probabilities within tolerance
     (a photo's logits differ in the last bits with the batch it was in)."""
     assert [r["path"] for r in got] == [r["path"] for r in expected]
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         assert set(a) == set(b) and a.get("label") == b.get("label") and a.get("error") == b.get("error")
         assert [label for label, _ in a.get("top_k", [])] == [label for label, _ in b.get("top_k", [])]
         assert [a.get("probability", 0)] + [p for _, p in a.get("top_k", [])] == \

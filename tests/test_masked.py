@@ -58,8 +58,8 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
     # the conv stem's receptive fields overlap: with the token replaced alone a hidden patch's pixels still
     # reach its neighbours' tokens; with --mask-pixels they reach no token, so repainting them changes
     # no output token (what classifies and reconstructs), only the targets
-    from foodvit.settings.run import RunConfig
     from foodvit.settings.overrides import with_settings
+    from foodvit.settings.run import RunConfig
 
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool="seq", pos_embed="sincos2d", stem="conv")
@@ -86,8 +86,8 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
 
 def test_mask_pixels_without_masked_patches_or_with_the_patch_stem_says_what_to_do():
     from foodvit.settings.objectives import MaskedSettings
-    from foodvit.settings.run import RunConfig
     from foodvit.settings.overrides import with_settings
+    from foodvit.settings.run import RunConfig
 
     with pytest.raises(ConfigError, match="--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W"):
         MaskedSettings(pixels=True)

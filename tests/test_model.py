@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import foodvit
-from foodvit.settings.model import ViTConfig
 from foodvit.errors import ConfigError, InputError
-from foodvit.model.variants import count_params, get_variant
 from foodvit.model.positions import sincos_2d_pos_embed
+from foodvit.model.variants import count_params, get_variant
 from foodvit.model.vit import VisionTransformer
+from foodvit.settings.model import ViTConfig
 
 
 def tiny(**overrides) -> VisionTransformer:

@@ -26,7 +26,7 @@ def test_walkthrough_runs_and_its_outputs_are_current(real_data, monkeypatch):
     committed = nbformat.read(NOTEBOOK, as_version=4)
     executed = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(executed, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    code = [(a, b) for a, b in zip(committed.cells, executed.cells) if a.cell_type == "code"]
+    code = [(a, b) for a, b in zip(committed.cells, executed.cells, strict=True) if a.cell_type == "code"]
     assert all(b.execution_count for _, b in code)  # every cell ran (an error would have raised above)
     for old, new in code:
         if "varies" in old.metadata.get("tags", []):

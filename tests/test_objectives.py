@@ -11,11 +11,11 @@ from helpers import make_photo_folder
 from test_train import small_config
 from torch import nn
 
-from foodvit.settings.run import RunConfig
-from foodvit.settings.overrides import with_settings
-from foodvit.settings.objectives import OBJECTIVES, STUDENT_SETTINGS, ObjectiveSettings
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
+from foodvit.settings.objectives import OBJECTIVES, STUDENT_SETTINGS, ObjectiveSettings
+from foodvit.settings.overrides import with_settings
+from foodvit.settings.run import RunConfig
 from foodvit.training import objectives
 from foodvit.training.objectives import REGISTRY, Objective, WithObjectives, checkpoint_keys
 from foodvit.training.teacher import Teacher, build_teacher

@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import make_photo_folder
 
-from foodvit.settings.model import VitSettings
 from foodvit.recipes import load_recipe
+from foodvit.settings.model import VitSettings
 from foodvit.training.optim import param_groups
 from foodvit.training.trainer import Trainer
 

@@ -140,7 +140,7 @@ def test_two_seeds_of_identical_answers_give_the_one_seed_standard_error(tmp_pat
     twice = lambda answers: {f"s{s}/x/{i}": r for s in (0, 1) for i, r in enumerate(answers)}  # noqa: E731
     two = compare.compare_studies(fake_study(tmp_path / "a2", "pool", twice(a_answers)),
                                   fake_study(tmp_path / "b2", "pool", twice(b_answers)))[0]
-    diffs = [int(b) - int(a) for a, b in zip(a_answers, b_answers)]
+    diffs = [int(b) - int(a) for a, b in zip(a_answers, b_answers, strict=True)]
     assert one["standard_error"] == pytest.approx(statistics.stdev(diffs) / math.sqrt(len(diffs)))
     assert two["standard_error"] == pytest.approx(one["standard_error"]) and two["n"] == 16 and two["photos"] == 8
     assert two["difference"] == pytest.approx(one["difference"])

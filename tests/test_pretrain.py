@@ -9,10 +9,10 @@ import torch
 from helpers import make_photo_folder
 from test_train import small_config
 
-from foodvit.settings.run import PretrainSettings, RunConfig, TrainConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
+from foodvit.settings.run import PretrainSettings, RunConfig, TrainConfig
 from foodvit.training.engine import Output, TrainingDiverged, train_one_epoch
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.masked import MaskedPatches, draw_mask, patch_pixels

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-
 from helpers import needs
 
 from foodvit.cli.main import main

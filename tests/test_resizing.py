@@ -4,8 +4,8 @@ that grid's positions, built once per grid and device."""
 import pytest
 import torch
 
-from foodvit.settings.model import ViTConfig
 from foodvit.model.vit import VisionTransformer
+from foodvit.settings.model import ViTConfig
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.drloc import Localization
 from foodvit.training.resizing import AnyGrid

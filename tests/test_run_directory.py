@@ -18,10 +18,10 @@ from helpers import library_messages_on_stderr, make_photo_folder, report_figure
 import foodvit
 from foodvit.cli.main import main
 from foodvit.cli.options import build_config
-from foodvit.recipes import load_recipe
 from foodvit.data.sources import resolve
 from foodvit.errors import ConfigError, DataError, RunError
 from foodvit.model.variants import run_model_config, without_recipe_resizing
+from foodvit.recipes import load_recipe
 from foodvit.rundir.directory import RunLock, training_now
 from foodvit.training.run import resume, train
 

@@ -57,7 +57,7 @@ def test_predict_answers_as_foodvit_predict_does(server, run, capsys):
     capsys.readouterr()
     assert main(["predict", str(out), *map(str, photos), "--json"]) == 0
     expected = json.loads(capsys.readouterr().out)
-    for photo, cli in zip(photos, expected):
+    for photo, cli in zip(photos, expected, strict=True):
         response = post(server, photo.read_bytes(), photo.name)
         assert response.status_code == 200, response.text
         answer = response.json()
@@ -133,7 +133,7 @@ def test_forty_concurrent_requests_are_all_answered_alike(server, run):
     with ThreadPoolExecutor(max_workers=40) as pool:
         answers = list(pool.map(lambda p: post(server, p.read_bytes(), p.name), jobs))
     assert all(a.status_code == 200 for a in answers)
-    for photo, answer in zip(jobs, answers):
+    for photo, answer in zip(jobs, answers, strict=True):
         got = answer.json()
         assert got["label"] == expected[photo]["label"]
         for name, p in expected[photo]["probabilities"].items():
@@ -264,7 +264,7 @@ def test_the_page_answers_bad_photos_with_the_apis_one_line_messages(server, run
     gradio_client = pytest.importorskip("gradio_client")
     client = gradio_client.Client(server + "/", verbose=False)
     photo = photos_to_try(run)[0]
-    for name, make, status, message in BAD_UPLOADS[:6]:  # not the one over the upload size: Gradio refuses it before foodvit sees it
+    for name, make, _status, message in BAD_UPLOADS[:6]:  # not the one over the upload size: Gradio refuses it before foodvit sees it
         data = make(photo)
         shown = _page_error(client, data, name, tmp_path)
         assert shown == post(server, data, name).json()["error"], name  # word for word the JSON API's

@@ -5,8 +5,6 @@ import json
 import signal
 import sys
 
-from pathlib import Path
-
 import pytest
 
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")

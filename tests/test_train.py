@@ -13,12 +13,12 @@ import torch
 from helpers import assert_drawn_png, library_messages_on_stderr, make_photo_folder, report_figures
 
 import foodvit
-from foodvit.recipes import load_recipe
 from foodvit.data.datasets import Path
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split
 from foodvit.deploy.inference import evaluate_split, predict
 from foodvit.errors import RunError
+from foodvit.recipes import load_recipe
 from foodvit.training.engine import TrainingDiverged
 from foodvit.training.run import resume, train
 
@@ -113,7 +113,7 @@ def test_one_or_two_loader_workers_train_the_same_run(photos, tmp_path):
     strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
     assert strip(runs[0].history) == strip(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "w1"), foodvit.load_model(tmp_path / "w2")
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 @pytest.mark.parametrize("cache", [True, False])
@@ -163,7 +163,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert _metrics(victim / "metrics.csv") == _metrics(tmp_path / "full" / "metrics.csv")
     a, b = foodvit.load_model(victim), foodvit.load_model(tmp_path / "full")
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 def test_resume_refuses_changes_and_missing_runs(tmp_path):
@@ -317,7 +317,7 @@ def test_cache_on_or_off_is_the_same_experiment(photos, tmp_path):
     strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
     assert strip(runs[0].history) == strip(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "cTrue"), foodvit.load_model(tmp_path / "cFalse")
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 def test_no_workers_and_two_workers_train_the_same_run(photos, tmp_path):
@@ -353,10 +353,10 @@ def test_a_run_started_up_to_its_first_epoch_is_prepared_as_train_prepares_it(ph
     import timm
     from safetensors.torch import save_file
 
-    from foodvit.settings.run import RunConfig
-    from foodvit.settings.overrides import with_settings
     from foodvit.model.pretrained import adapt_config
     from foodvit.rundir.directory import with_source
+    from foodvit.settings.overrides import with_settings
+    from foodvit.settings.run import RunConfig
     from foodvit.training.run import train_stages
 
     weights = tmp_path / "vit_ti.safetensors"

@@ -15,20 +15,19 @@ from helpers import make_photo_folder
 
 optuna = pytest.importorskip("optuna")
 
+from foodvit import markup  # noqa: E402
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.cli.options import build_config  # noqa: E402
-from foodvit.settings.run import RunConfig  # noqa: E402
-from foodvit.settings.overrides import with_settings  # noqa: E402
-from foodvit.recipes import load_recipe  # noqa: E402
 from foodvit.errors import ConfigError, StudyError  # noqa: E402
-from foodvit import markup  # noqa: E402
+from foodvit.recipes import load_recipe  # noqa: E402
+from foodvit.settings.overrides import with_settings  # noqa: E402
+from foodvit.settings.run import RunConfig  # noqa: E402
 from foodvit.tuning import compare, cv  # noqa: E402
 from foodvit.tuning.folds import fold_folder, fold_folders, training_photos  # noqa: E402
 from foodvit.tuning.search import parse_budget, tune  # noqa: E402
-from foodvit.tuning.space import trial_config  # noqa: E402
-from foodvit.tuning.summary import costs, write_report  # noqa: E402
-from foodvit.tuning.space import Param  # noqa: E402
+from foodvit.tuning.space import Param, trial_config  # noqa: E402
 from foodvit.tuning.study import open_study, study_settings  # noqa: E402
+from foodvit.tuning.summary import costs, write_report  # noqa: E402
 
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
 TINY_OVERRIDES = {"train.epochs": 1, "vit.image_size": 32, "vit.depth": 1}

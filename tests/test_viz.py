@@ -136,8 +136,8 @@ def test_the_reports_figures_draw_any_history_class_count_and_outcome(tmp_path):
     classes = ["pizza", "steak", "sushi", "ramen"]
     photos = [str(make_photo(tmp_path / f"{i}.jpg", (40 * i, 90, 200), size=(50, 60), seed=i)) for i in range(4)]
     test = {"confusion": torch.tensor([[3, 1, 0, 0], [0, 2, 0, 1], [0, 0, 4, 0], [1, 0, 0, 2]])}
-    some_wrong = ([{"image": p, "label": c, "probability": 0.6} for p, c in zip(photos, classes)], ["pizza", "sushi", "sushi", "pizza"])
-    none_wrong = ([{"image": p, "label": c, "probability": 0.9} for p, c in zip(photos, classes)], classes)
+    some_wrong = ([{"image": p, "label": c, "probability": 0.6} for p, c in zip(photos, classes, strict=True)], ["pizza", "sushi", "sushi", "pizza"])
+    none_wrong = ([{"image": p, "label": c, "probability": 0.9} for p, c in zip(photos, classes, strict=True)], classes)
     for outcome, (results, truths) in {"some": some_wrong, "none": none_wrong}.items():
         figures = DRAW_FIGURES(history, test, results, truths, classes)
         assert sorted(figures) == ["confusion", "curves", "most_wrong"]

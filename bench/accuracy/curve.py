@@ -31,10 +31,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from foodvit.cli.main import main as foodvit
-from foodvit.settings.run import TEACHERS, RunConfig
-from foodvit.recipes import load_recipe
 from foodvit.errors import FoodVitError
+from foodvit.recipes import load_recipe
 from foodvit.rundir.directory import with_source
+from foodvit.settings.run import TEACHERS, RunConfig
 from foodvit.training.teacher import teacher_changes
 from foodvit.tuning.compare import paired, read_study, study_recipe
 from foodvit.tuning.cv import summarise, write_study
@@ -82,7 +82,7 @@ def held_out_result(trainer, network, seed: int, fold: int, name: str, seconds: 
     started = time.perf_counter()
     test = evaluate(network, trainer.test_loader, trainer.settings, num_classes=len(trainer.classes), keep_probabilities=True)
     predictions = [prediction_record(f"{Path(path).parent.name}/{Path(path).name}", trainer.classes[label], p, trainer.classes)
-                   for (path, label), p in zip(trainer.data.test.samples, test["probabilities"])]
+                   for (path, label), p in zip(trainer.data.test.samples, test["probabilities"], strict=False)]
     right = sum(p["right"] for p in predictions)
     return {"seed": seed, "fold": fold, "run": name, "n": len(predictions), "correct": right, "accuracy": right / len(predictions),
             "per_class": {c: statistics.mean(p["right"] for p in predictions if p["label"] == c) for c in trainer.classes},

@@ -31,13 +31,12 @@ from pathlib import Path
 
 import torch
 
+from bench import results
 from foodvit.cli.main import main as foodvit
 from foodvit.data.datasource import DataSource
 from foodvit.errors import StudyError
 from foodvit.tuning.compare import compare_line, paired
 from foodvit.tuning.folds import fold_folder, fold_name
-
-from bench import results
 
 
 def machine() -> str:
@@ -62,8 +61,8 @@ def run_seeds(recipe: str, seeds: list[int], out: Path, data: str | None, extra:
             print(f"seed {seed}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
         card = json.loads((run / "model.json").read_text())
         metrics = [line.split(",") for line in (run / "metrics.csv").read_text().splitlines()]
-        header, last = metrics[0], dict(zip(metrics[0], metrics[-1]))
-        seconds = sum(float(dict(zip(header, m))["seconds"]) for m in metrics[1:])
+        header, last = metrics[0], dict(zip(metrics[0], metrics[-1], strict=False))
+        seconds = sum(float(dict(zip(header, m, strict=False))["seconds"]) for m in metrics[1:])
         per_class = _per_class(run) if not val_only else {}
         rows.append({"seed": seed, "test_acc": None if val_only else card["metrics"]["test_acc"], "test_n": card["metrics"]["test_n"],
                      "val_acc": float(last["val_acc"]) if last.get("val_acc") else None, "seconds": seconds, "per_class": per_class})
@@ -110,7 +109,7 @@ def fold_predictions(run: Path, held: Path, test_sizes: list[int], crop_pcts: li
                                                                                            p.interpolation))
                        for pct in crop_pcts})
     return {key: {f"{Path(path).parent.name}/{Path(path).name}": result["label"] == truth
-                  for path, truth, result in zip(paths, truths, predict(predictor, paths))}
+                  for path, truth, result in zip(paths, truths, predict(predictor, paths), strict=False)}
             for key, predictor in predictors.items()}
 
 
@@ -145,7 +144,7 @@ def run_cv(recipe: str, seeds: list[int], k: int, out: Path, data: str | None, e
                     photos.setdefault(key, {}).update({f"s{f['seed']}/{name}": r for name, r in right.items()})
     per_seed = [sum(f["correct"] for f in result["folds"] if f["seed"] == seed) / sum(f["n"] for f in result["folds"] if f["seed"] == seed)
                 for seed in seeds]
-    for seed, acc in zip(seeds, per_seed):
+    for seed, acc in zip(seeds, per_seed, strict=False):
         print(f"seed {seed}: cv accuracy {acc:.3f}", file=sys.stderr)
     return {"recipe": recipe, "extra": extra, "folds": k, "seeds": seeds, "per_seed": per_seed, "accuracy": result["accuracy"],
             "accuracy_at_test_size": {size: sum(right.values()) / len(right) for size, right in photos.items()}, "photos": photos,

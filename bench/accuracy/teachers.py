@@ -18,7 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.accuracy.curve import held_out_result
-
 from foodvit.settings.run import RunConfig
 from foodvit.tuning.compare import study_identity
 from foodvit.tuning.cv import summarise, write_study

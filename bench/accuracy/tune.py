@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<16} test accuracy {r['mean']:.3f} +- {r['sem']:.3f} over {args.seeds} seeds ({each}); "
               f"training {statistics.fmean(r['train_minutes']):.1f} min a run")
     if args.record:
-        from bench.results import record
-
         import optuna
+
+        from bench.results import record
 
         study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{out / 'study' / 'study.db'}")
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]

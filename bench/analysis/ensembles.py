@@ -45,7 +45,7 @@ def probabilities(study: Path, result: dict | None = None) -> dict[str, tuple[di
 def check_alike(studies: list[Path], scored: list[dict]) -> None:
     """The same photos (seeds, folds) and classes in every study, else a one-line refusal."""
     photos, classes = set(scored[0]), set(next(iter(scored[0].values()))[0])
-    for study, these in zip(studies[1:], scored[1:]):
+    for study, these in zip(studies[1:], scored[1:], strict=False):
         if set(these) != photos:
             raise SystemExit(f"{study} does not hold {studies[0]}'s held-out photos ({len(set(these) ^ photos)} differ): average studies "
                              "of the same data, folds and seeds")
@@ -82,7 +82,7 @@ def plot(alone: list[dict[str, bool]], path: Path) -> None:
     for name, member in groups:
         heights = [sum(1 for key, n in counts.items() if n == k and member(key)) for k in range(len(alone) + 1)]
         ax.bar(range(len(alone) + 1), heights, bottom=below, label=name)
-        below = [b + h for b, h in zip(below, heights)]
+        below = [b + h for b, h in zip(below, heights, strict=False)]
     ax.set(xlabel=f"studies (of {len(alone)}) that got it wrong", ylabel="held-out predictions", xticks=range(len(alone) + 1),
            title="Held-out photos by how many studies got them wrong")
     if len(groups) > 1:
@@ -95,13 +95,13 @@ def plot(alone: list[dict[str, bool]], path: Path) -> None:
 def report(studies: list[Path]) -> tuple[dict, list[dict[str, bool]]]:
     """The figures, printed as they come, and each study's right or wrong per photo."""
     results = [read_study(s) for s in studies]
-    scored = [probabilities(s, r) for s, r in zip(studies, results)]
+    scored = [probabilities(s, r) for s, r in zip(studies, results, strict=False)]
     check_alike(studies, scored)
     alone = [{key: r["photos"][key] for key in scored[0]} for r in results]
     out = {"studies": [str(s) for s in studies], "alone": [accuracy(r) for r in alone], "with_first": []}
-    for study, right in zip(studies, alone):
+    for study, right in zip(studies, alone, strict=False):
         print(f"{study}: {accuracy(right):.3f} alone")
-    for study, member, right in zip(studies[1:], scored[1:], alone[1:]):
+    for study, member, right in zip(studies[1:], scored[1:], alone[1:], strict=False):
         both = averaged([scored[0], member])
         first, second = paired(alone[0], both), paired(right, both)
         out["with_first"].append({"study": str(study), "accuracy": accuracy(both), "difference": first["difference"],

@@ -41,7 +41,7 @@ def best_offsets(rows: list[tuple[dict[str, float], str]], classes: list[str]) -
     of equal counts the smallest in sum."""
     best = None
     for values in itertools.product(GRID, repeat=len(classes) - 1):
-        offsets = dict(zip(classes, (0.0, *values)))
+        offsets = dict(zip(classes, (0.0, *values), strict=False))
         right = sum(predicted(scores, offsets) == label for scores, label in rows)
         key = (right, -sum(abs(v) for v in values))
         if best is None or key > best[0]:

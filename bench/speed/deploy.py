@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from bench.speed.models import random_run
-
 from foodvit.data.datasource import DataSource
 from foodvit.deploy.export import export, relative_difference
 from foodvit.deploy.inference import evaluate_split

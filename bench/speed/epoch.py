@@ -74,13 +74,13 @@ def measure(recipe: str, data: str | None, cache: bool, rounds: int, workers: in
         trainer._before_epoch(0)
         held = list(trainer.train_loader)  # the same epoch's batches, already decoded and augmented
         e2e, fetch, model_only = [], [], []
-        for r in range(rounds):
+        for _ in range(rounds):
             trainer._before_epoch(0)
             timed = TimedBatches(trainer.train_loader)
             e2e.append(epoch_seconds(trainer, timed, state))
             fetch.append(timed.seconds)
             model_only.append(epoch_seconds(trainer, held, state))
-    shares = [1 - f / e for f, e in zip(fetch, e2e)]
+    shares = [1 - f / e for f, e in zip(fetch, e2e, strict=False)]
     return {"recipe": recipe, "cache": cache, "workers": workers, "images": sum(len(b[1]) for b in held), "setup_s": setup,
             "epoch_s": statistics.median(e2e), "fetch_s": statistics.median(fetch), "model_s": statistics.median(model_only),
             "share": statistics.median(shares), "share_min": min(shares), "share_max": max(shares)}

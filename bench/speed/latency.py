@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from bench.speed.throughput import PEERS, build, implementations, machine
-
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split
 from foodvit.data.preprocess import make_preprocess  # noqa: E402

@@ -40,8 +40,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the test suite's server helpers
 from helpers import free_port, start_server, stop_server  # noqa: E402
-from bench.speed.models import in_work_folder, random_run  # noqa: E402
 
+from bench.speed.models import in_work_folder, random_run  # noqa: E402
 from foodvit.data.datasource import DataSource  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
 
