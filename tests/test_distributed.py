@@ -1,6 +1,6 @@
-"""Training on several processes with torchrun (gloo on the CPU): the same run as on one process,
-rank 0 alone writes, two single-process "nodes" joined by the c10d rendezvous, and a killed rank
-that stops the others with a message and is resumed (that run with sharpness-aware minimisation)."""
+"""Training on several processes with torchrun (gloo on the CPU): two single-process "nodes" joined by the c10d
+rendezvous train the same run as one process, rank 0 alone writing; a killed rank stops the others with a message
+and the run, resumed on three processes, ends as one process's (that run with sharpness-aware minimisation)."""
 
 import csv
 import os
@@ -87,30 +87,17 @@ def test_global_batches_are_cut_into_shares_that_add_up_to_the_one_process_batch
 
 
 @pytest.mark.slow  # torchrun starts a Python for each rank; the sharding itself is tested above
-def test_two_processes_train_the_run_of_one_and_only_rank_0_writes(photos, one_process, tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*ARGS, "--data", str(photos), "--epochs", "2",
-                                                                              "--out", "two"],
-                          cwd=work, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    two = work / "two"
-    assert sorted(os.listdir(work)) == ["two"]  # nothing else written by either rank
-    assert sorted(os.listdir(two)) == sorted(os.listdir(one_process))
-    assert done.stdout.count("test accuracy") == 1 and done.stderr.count("run directory: two") == 1  # rank 0 speaks
-    assert (two / "config.json").read_text().replace(str(photos), "P") == (one_process / "config.json").read_text().replace(str(photos), "P")
-    assert_same_metrics(one_process, two)
-    assert_same_predictions(one_process, two, photos)
-    assert "2 processes" in (two / "report.md").read_text()
-
-
-@pytest.mark.slow  # torchrun starts a Python for each rank; the sharding itself is tested above
-def test_two_nodes_joined_by_the_c10d_rendezvous_train_the_same_run(photos, one_process, tmp_path):
+def test_two_processes_joined_by_the_c10d_rendezvous_train_the_run_of_one_and_only_rank_0_writes(photos, one_process, tmp_path):
+    # two single-process "nodes" (each its own torchrun) joined by the c10d rendezvous: the run of one process, written
+    # by rank 0 alone. torchrun --standalone's processes are the killed-rank test's below, on 2 then 3 processes, whose
+    # resumed run ends as one process's too
     port = free_port()
     command = torchrun("--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
                        "--rdzv_id", "foodvit-test", "--max_restarts", "0") + [*ARGS, "--data", str(photos), "--epochs", "2",
-                                                                              "--out", str(tmp_path / "nodes")]
-    nodes = [subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                                                              "--out", "two"]
+    work = tmp_path / "work"
+    work.mkdir()
+    nodes = [subprocess.Popen(command, cwd=work, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     try:
         outputs = [node.communicate(timeout=300) for node in nodes]
@@ -118,9 +105,15 @@ def test_two_nodes_joined_by_the_c10d_rendezvous_train_the_same_run(photos, one_
         for node in nodes:
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
-    assert sum(out.count("test accuracy") for out, _ in outputs) == 1
-    assert_same_metrics(one_process, tmp_path / "nodes")
-    assert_same_predictions(one_process, tmp_path / "nodes", photos)
+    two = work / "two"
+    assert sorted(os.listdir(work)) == ["two"]  # nothing else written by either rank
+    assert sorted(os.listdir(two)) == sorted(os.listdir(one_process))
+    assert sum(out.count("test accuracy") for out, _ in outputs) == 1  # rank 0 speaks
+    assert sum(err.count("run directory: two") for _, err in outputs) == 1
+    assert (two / "config.json").read_text().replace(str(photos), "P") == (one_process / "config.json").read_text().replace(str(photos), "P")
+    assert_same_metrics(one_process, two)
+    assert_same_predictions(one_process, two, photos)
+    assert "2 processes" in (two / "report.md").read_text()
 
 
 @pytest.mark.slow  # torchrun starts a Python for each rank; test_pretrain.py covers the stage on one process
