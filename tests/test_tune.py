@@ -196,7 +196,22 @@ def test_a_study_resumes_whatever_its_recipe_says_of_evaluating(cv_study, photos
 GUIDED = [*TINY[:-1], "2", "--guidance", "1"]  # guidance needs a block before the last
 
 
-def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos, cv_study, tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def guided_study(tmp_path_factory, photos):
+    """(study, teachers trained): a 2-fold guided study, each fold's CNN teacher trained by it; read, never changed,
+    by the tests that borrow or score its teachers (one that changes a teacher changes a copy)."""
+    import foodvit.training.stages as stages
+
+    trained = []
+    real = stages.build_optimizer  # each stage a run trains before its epochs (here: its teacher) builds one
+    study = tmp_path_factory.mktemp("guided") / "a"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stages, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
+        assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *GUIDED]) == 0
+    return study, len(trained)
+
+
+def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos, cv_study, guided_study, tmp_path, monkeypatch, capsys):
     """`foodvit cv --teachers A`: the folds load A's fold teachers instead of training them, and end
     exactly as A's (which trained them with these settings); a ViT-only change may borrow them too,
     a change the teacher depends on may not, nor a recipe without a teacher, nor a folder of no study."""
@@ -205,12 +220,12 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
     import foodvit.training.stages as stages
     from foodvit.rundir.directory import load_checkpoint
 
-    trained = []
+    a, teachers = guided_study
+    assert teachers == 2  # a teacher a fold
+    trained = [1] * teachers
     real = stages.build_optimizer  # each stage a run trains before its epochs (here: its teacher) builds one
     monkeypatch.setattr(stages, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
-    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(a), "--quiet", *GUIDED]) == 0
-    assert len(trained) == 2  # a teacher a fold
+    b, c = tmp_path / "b", tmp_path / "c"
     assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(b), "--quiet", *GUIDED, "--teachers", str(a)]) == 0
     assert len(trained) == 2  # none trained again
     first, second = (json.loads((s / "cv.json").read_text()) for s in (a, b))
@@ -488,8 +503,8 @@ def test_bench_teachers_refuses_a_study_without_teachers_in_one_line(cv_study, t
     assert not (tmp_path / "none").exists()
 
 
-@pytest.mark.slow  # a guided study of its own; the fast tier keeps the script's refusals (the test above)
-def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(photos, tmp_path, monkeypatch):
+@pytest.mark.slow  # the teachers scored twice; the fast tier keeps the script's refusals (the test above)
+def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(guided_study, tmp_path, monkeypatch):
     """bench/accuracy/teachers.py: a guided study's fold teachers, loaded (none trained), scored on their own
     fold's held-out photos, written as a study `foodvit cv --compare` pairs."""
     import torch
@@ -499,7 +514,7 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
 
     teachers = bench_teachers(monkeypatch)
     guided = tmp_path / "guided"
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(guided), "--quiet", *GUIDED]) == 0
+    shutil.copytree(guided_study[0], guided)  # a copy: a teacher is rigged below
     trained = []
     real = stages.build_optimizer  # each stage a run trains before its epochs (here: its teacher) builds one
     monkeypatch.setattr(stages, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
