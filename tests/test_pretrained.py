@@ -20,9 +20,10 @@ from foodvit.model.weights import from_torchvision
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    """Generated photos, even with FOODVIT_DATA set: a frozen backbone's properties show on 18 photos,
-    and a ViT at 224 px over FoodVision Mini's 300 would be minutes of the suite (real data: test_data, test_train)."""
-    return str(make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2, size=(240, 260)))
+    """Generated photos, even with FOODVIT_DATA set: a frozen backbone's properties (its weights as loaded, the head
+    alone trained) show on one training and one test photo a class, and a ViT at 224 px costs about a second a photo
+    here (FoodVision Mini's 300 would be minutes of the suite; real data: test_data, test_train)."""
+    return str(make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=1, n_test=1, size=(240, 260)))
 
 
 def _train(args):
@@ -39,12 +40,11 @@ def _assert_backbone_identical(run, reference: dict):
 
 
 @pytest.mark.slow  # a ViT at 224 px; the fast tier keeps freezing (test_freezing) and torchvision's layout (test_weights)
-def test_torchvision_file_as_frozen_feature_extractor(tmp_path):
+def test_torchvision_file_as_frozen_feature_extractor(photos, tmp_path):
     # torchvision's ViT class and layout (its vit_b_16 file's names, encoder.layers.encoder_layer_N...) at ViT-Ti/16's
     # size, which the file's shapes name: the same conversion and statistics as vit_b_16's, at a fifteenth of its cost
     from torchvision.models.vision_transformer import VisionTransformer
 
-    photos = str(make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(240, 260)))
     tiny = VisionTransformer(image_size=224, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768)
     source = randomize_(tiny).state_dict()
     assert "encoder.layers.encoder_layer_11.self_attention.in_proj_weight" in source  # torchvision's names
