@@ -199,16 +199,17 @@ def test_an_override_that_names_no_section_is_refused_not_ignored(key):
     assert resolve("tiny", {"train.epochs": 2}).train.epochs == 2
 
 
-def test_run_config_takes_the_model_settings_as_a_dict_as_before_and_refuses_anything_else():
-    from dataclasses import replace
-
-    config = RunConfig(vit={"depth": 2, "image_size": 64})
+def test_run_config_takes_the_model_settings_as_vit_settings_and_refuses_anything_else():
+    """The model's settings are one type, VitSettings (a frozen RunConfig is never rewritten after it is made);
+    a dict is read through VitSettings.from_dict or RunConfig.from_dict, each with its own checks."""
+    config = RunConfig.from_dict({"vit": {"depth": 2, "image_size": 64}})
     assert config.vit == VitSettings(depth=2, image_size=64) and config == RunConfig(vit=VitSettings(depth=2, image_size=64))
-    assert replace(config, vit={"depth": 3}).vit == VitSettings(depth=3)
+    assert RunConfig(vit=VitSettings.from_dict({"depth": 3}, "vit")).vit == VitSettings(depth=3)
     with pytest.raises(ConfigError, match="unknown model setting"):
-        RunConfig(vit={"depht": 2})
-    with pytest.raises(ConfigError, match="vit: expected a table of model settings, got list"):
-        RunConfig(vit=[("depth", 2)])
+        RunConfig.from_dict({"vit": {"depht": 2}})
+    for wrong in ({"depth": 2}, [("depth", 2)]):
+        with pytest.raises(ConfigError, match=r"vit: expected the model's settings as VitSettings, got (dict|list); give VitSettings"):
+            RunConfig(vit=wrong)
 
 
 @pytest.mark.parametrize("text, message", [

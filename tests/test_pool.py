@@ -187,3 +187,5 @@ def test_bench_pool_records_a_components_worth_as_the_rule_reads_it(tmp_path, mo
     rows = list(csv.DictReader((results / "studies.csv").open()))
     assert [(r["table"], r["idea"], r["adopted"], r["difference"]) for r in rows] == [("pool", "x", "kept", "-0.1250")]
     assert sorted(p.name for p in (results / "cv").iterdir()) == ["base", "no-x"]
+    top = bench_pool.headline(studies[0])  # the default's own pool figure, as the README's table reads it
+    assert (top["key"], top["value"], top["metric"]) == ("vit-pool", "0.750", "validation pool accuracy, 2 seeds")

@@ -4,8 +4,9 @@ results/studies.csv (table "pool") and both studies' results (cv.json with every
 results/cv/, where `foodvit cv --compare` pairs them again without training.
 
     foodvit cv --validate-on ../shared/data/pizza_steak_sushi_validation --seed 0 --seeds 2 --jobs 2 --out BASE
-    foodvit cv --validate-on ../shared/data/pizza_steak_sushi_validation --seed 0 --seeds 2 --jobs 2 --out STUDY --masked 0
-    python -m bench.accuracy.pool BASE STUDY --idea "masked-patch reconstruction" --options "--masked 0" --removes
+    foodvit cv --validate-on ../shared/data/pizza_steak_sushi_validation --seed 0 --seeds 2 --jobs 2 --out NO-MASKED
+        (the same command with --masked 0, the change, added)
+    python -m bench.accuracy.pool BASE NO-MASKED --idea "masked-patch reconstruction" --options "--masked 0" --removes
 
 The rule (the Results page): a change joins the default when its paired difference on the pool, over at least two
 training seeds, is at least two standard errors; a component of the default stays when removing it loses at least two
@@ -60,9 +61,11 @@ def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict
         "only_b": len(result["only_b"]),
         "only_a": len(result["only_a"]),
         "adopted": "",
-        "reason": f"{'the component' if removes else 'the change'} is worth {worth:+.3f} ({worth / se:+.1f} SE)" if se else "",
-        "figures_as_recorded": f"{found['accuracy']:.3f} +- {found['standard_error']:.3f} | {difference:+.3f} +- {se:.3f} "
-        f"vs {base.name} ({read_study(base)['accuracy']:.3f})",
+        "reason": f"{'the component' if removes else 'the change'} is worth {worth:+.3f} ({worth / se:+.1f} SE)"
+        if se
+        else "",
+        "figures_as_recorded": f"{found['accuracy']:.3f} +- {found['standard_error']:.3f} | "
+        f"{difference:+.3f} +- {se:.3f} vs {base.name} ({read_study(base)['accuracy']:.3f})",
     }
 
 
@@ -70,12 +73,41 @@ def baseline(base: Path, idea: str) -> dict:
     """The studies.csv row of the recipe the changes are made to, on the pool: its accuracy, nothing paired."""
     identity, found = study_identity(base), read_study(base)
     return {
-        "table": "pool", "idea": idea, "overrides": "", "recipe": "default", "data": DATA,
+        "table": "pool",
+        "idea": idea,
+        "overrides": "",
+        "recipe": "default",
+        "data": DATA,
         "protocol": f"validation pool, {found['n']} photos ({identity.get('dropped', 0)} dropped), "
         f"training seeds {' '.join(map(str, identity.get('seeds', [])))}",
-        "accuracy": round(found["accuracy"], 4), "difference": "", "difference_se": "",
-        "se_unit": "photo (its answers averaged over the seeds first)", "only_b": "", "only_a": "", "adopted": "reference",
-        "reason": "", "figures_as_recorded": f"{found['accuracy']:.3f} +- {found['standard_error']:.3f}",
+        "accuracy": round(found["accuracy"], 4),
+        "difference": "",
+        "difference_se": "",
+        "se_unit": "photo (its answers averaged over the seeds first)",
+        "only_b": "",
+        "only_a": "",
+        "adopted": "reference",
+        "reason": "",
+        "figures_as_recorded": f"{found['accuracy']:.3f} +- {found['standard_error']:.3f}",
+    }
+
+
+def headline(base: Path) -> dict:
+    """The headline row of the recipe's pool accuracy (key vit-pool), from its study's own files."""
+    identity, found = study_identity(base), read_study(base)
+    per_class = ", ".join(f"{name} {value:.2f}" for name, value in found.get("per_class", {}).items())
+    seeds = identity.get("seeds", [])
+    each = " / ".join(f"{f['accuracy']:.3f}" for f in sorted(found.get("folds", []), key=lambda f: f["seed"]))
+    return {
+        "key": "vit-pool",
+        "model": "default recipe: ViT from scratch",
+        "metric": f"validation pool accuracy, {len(seeds)} seeds",
+        "value": f"{found['accuracy']:.3f}",
+        "standard_error": f"{found['standard_error']:.3f}",
+        "detail": f"seeds {' / '.join(map(str, seeds))}: {each}; per class {per_class}; SE with the photo as the unit",
+        "data": f"trained on FoodVision Mini's 225 training photos; {found['n']} pool photos "
+        f"({identity.get('dropped', 0)} dropped as also in the training data)",
+        "protocol": "the validation pool (photos in neither split), each seed trained on every training photo",
     }
 
 
@@ -84,13 +116,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("base", type=Path, help="the pool study of the recipe the change is made to")
     parser.add_argument("study", type=Path, nargs="?", help="the pool study of the change (none: BASE's own row)")
     parser.add_argument("--idea", required=True, help="what the change is, in words")
-    parser.add_argument("--options", default="", help="the options STUDY added to BASE's command (default: the settings it changes)")
+    parser.add_argument(
+        "--options", default="", help="the options STUDY added to BASE's command (default: the settings it changes)"
+    )
     parser.add_argument("--removes", action="store_true", help="STUDY is BASE without the component")
     parser.add_argument("--adopted", default="", help="the decision (yes, no, kept, removed) for the row")
     parser.add_argument("--reason", default="", help="why, in words (after the component's worth)")
-    parser.add_argument("--record", action="store_true", help="append the row to results/studies.csv and keep both studies")
+    parser.add_argument(
+        "--record", action="store_true", help="append the row to results/studies.csv and keep both studies"
+    )
+    parser.add_argument(
+        "--headline",
+        action="store_true",
+        help="with --record and no STUDY: BASE is the default recipe, and its pool accuracy the headline row vit-pool",
+    )
     args = parser.parse_args(argv)
-    found = row(args.base, args.study, args.idea, args.options, args.removes) if args.study else baseline(args.base, args.idea)
+    found = (
+        row(args.base, args.study, args.idea, args.options, args.removes)
+        if args.study
+        else baseline(args.base, args.idea)
+    )
     found["adopted"] = args.adopted or found["adopted"]
     found["reason"] = "; ".join(part for part in (found["reason"], args.reason) if part)
     print(json.dumps(found, indent=1))
@@ -101,12 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         for study in {args.base, studied}:
             keep(study)
         seeds = len(study_identity(studied).get("seeds", [])) or 1
+        study_command = f"foodvit cv --validate-on POOL --seed 0 --seeds {seeds} --jobs 2 --out {studied.name}"
         command = (
-            f"foodvit cv --validate-on POOL --seed 0 --seeds {seeds} --jobs 2 --out {studied.name} {found['overrides']}".strip()
+            f"{study_command} {found['overrides']}".strip()
             + (f"; python -m bench.accuracy.pool {args.base.name} {studied.name}" if args.study else "")
             + (" --removes" if args.removes else "")
         )
         record("studies", found, command=command, folder=RESULTS)
+        if args.headline and not args.study:
+            record("headline", headline(args.base), command=command, folder=RESULTS)
     return 0
 
 

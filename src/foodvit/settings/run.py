@@ -292,8 +292,12 @@ class RunConfig:
         def __getattr__(self, objective: str) -> Any: ...
 
     def __post_init__(self) -> None:
-        if not isinstance(self.vit, VitSettings):  # a dict of the model's settings by name; anything else refused
-            object.__setattr__(self, "vit", VitSettings.from_dict(self.vit, "vit"))
+        if not isinstance(self.vit, VitSettings):
+            raise ConfigError(
+                f"vit: expected the model's settings as VitSettings, got {type(self.vit).__name__}; "
+                "give VitSettings(depth=..., ...) or VitSettings.from_dict(settings), or read a whole run's settings "
+                "with RunConfig.from_dict"
+            )
         if self.pretrain.epochs and self.train.freeze_backbone:
             raise ConfigError(
                 "--pretrain-epochs pre-trains the backbone, which --freeze-backbone keeps as it is: drop one of the two"

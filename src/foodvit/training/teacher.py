@@ -98,7 +98,7 @@ def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | No
 
 
 def trains_teacher(config: RunConfig) -> bool:
-    """Whether a run trains a CNN teacher: an objective that reads it on (objective_settings), on a backbone
+    """Whether a run trains a CNN teacher: an objective that reads it is on (settings/run.reads_teacher), on a backbone
     that trains."""
     return reads_teacher(config) and not config.train.freeze_backbone
 
