@@ -116,32 +116,24 @@ def test_two_processes_joined_by_the_c10d_rendezvous_train_the_run_of_one_and_on
     assert "2 processes" in (two / "report.md").read_text()
 
 
-@pytest.mark.slow  # torchrun starts a Python for each rank; test_pretrain.py covers the stage on one process
-def test_two_processes_pre_train_before_training(photos, tmp_path):
-    pre = ["--pool", "gap", "--pretrain-epochs", "2", "--epochs", "1", "--data", str(photos)]
+@pytest.mark.slow  # torchrun starts a Python for each rank; test_pretrain.py and test_contrast.py cover both on one process
+def test_two_processes_pre_train_then_train_with_instance_discrimination_and_an_empty_share(photos, tmp_path):
+    # one launch for both stages that change under torchrun: the self-supervised pre-training first, then epochs
+    # with instance discrimination, each compared with one process's run of the same settings
+    args = [*ARGS, "--stem", "conv", "--pool", "seq", "--pos-embed", "sincos2d", "--pretrain-epochs", "2",
+            "--contrast", "0.5", "--epochs", "1", "--data", str(photos)]
     with report_figures():  # as torchrun's rank 0 draws them
-        assert main(["train", *ARGS, *pre, "--out", str(tmp_path / "one")]) == 0
-    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*ARGS, *pre, "--out", "two"],
+        assert main(["train", *args, "--out", str(tmp_path / "one")]) == 0
+    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*args, "--out", "two"],
                           cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(os.listdir(tmp_path / "two")) == sorted(os.listdir(tmp_path / "one"))
     losses = [[float(row.split(",")[1]) for row in (tmp_path / run / "pretraining.csv").read_text().splitlines()[1:]] for run in ("one", "two")]
-    # each process draws its own share's masks, so the losses are close to one process's, not equal
+    # pre-training: each process draws its own share's masks, so the losses are close to one process's, not equal
     assert len(losses[1]) == 2 and losses[1] == pytest.approx(losses[0], rel=0.05) and losses[1] != losses[0]
-    assert len(metrics(tmp_path / "two")) == 1
-
-
-@pytest.mark.slow  # torchrun
-def test_two_processes_train_with_instance_discrimination_and_an_empty_share(photos, tmp_path):
-    # the second view passes the ViT on every process, rank 0's empty share of the last batch included, so
-    # DistributedDataParallel sees every parameter used; each share's negatives are its own photos, half as
-    # many as one process's, so the contrast is an easier task there and the objective lower
-    args = [*ARGS, "--stem", "conv", "--pool", "seq", "--pos-embed", "sincos2d", "--contrast", "0.5", "--epochs", "1",
-            "--data", str(photos)]
-    assert main(["train", *args, "--out", str(tmp_path / "one")]) == 0
-    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*args, "--out", "two"],
-                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # instance discrimination: the second view passes the ViT on every process, rank 0's empty share of the last
+    # batch included, so DistributedDataParallel sees every parameter used; each share's negatives are its own
+    # photos, half as many as one process's, so the contrast is an easier task there and the objective lower
     (one,), (two,) = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert float(two["train_objective"]) < float(one["train_objective"]) - 0.2
     assert float(two["train_loss"]) == pytest.approx(float(one["train_loss"]), rel=0.05)  # the cross-entropy's share
