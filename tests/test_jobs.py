@@ -258,7 +258,12 @@ def test_a_tasks_follow_up_is_queued_when_it_ends_so_the_first_tasks_go_first(tm
     assert max(at[f"teacher-{i}.start"] for i in range(3)) <= min(at[f"fold-{i}.start"] for i in range(3))
 
 
-@pytest.mark.parametrize("to", ["the command alone", "its process group, as a terminal's ctrl-C"])
+# Each case starts three Pythons (the command and its two processes, each importing PyTorch): the fast tier keeps
+# ctrl-C as a terminal sends it (to the process group) and SIGTERM to the process group; the full suite adds the
+# signal sent to the command alone, a second SIGTERM, and a command that ignores ctrl-C.
+@pytest.mark.parametrize(
+    "to", [pytest.param("the command alone", marks=pytest.mark.slow), "its process group, as a terminal's ctrl-C"]
+)
 def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: str):
     """The command ends within seconds, the two running tasks are interrupted, and the tasks the processes had
     queued never start; a task that takes longer than the grace to stop is not interrupted a second time in its
@@ -271,7 +276,11 @@ def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: 
 
 @pytest.mark.parametrize(
     ("to", "ignore", "times"),
-    [("the command alone", True, 1), ("its process group", False, 1), ("the command alone", False, 2)],
+    [
+        pytest.param("the command alone", True, 1, marks=pytest.mark.slow),
+        ("its process group", False, 1),
+        pytest.param("the command alone", False, 2, marks=pytest.mark.slow),
+    ],
 )
 def test_sigterm_stops_the_running_tasks_as_ctrl_c_does(tmp_path: Path, to: str, ignore: bool, times: int):
     """kill (or a scheduler stopping the command) ends it as interrupted, with its processes: none is left training,
@@ -282,6 +291,7 @@ def test_sigterm_stops_the_running_tasks_as_ctrl_c_does(tmp_path: Path, to: str,
     assert "Traceback" not in errors
 
 
+@pytest.mark.slow  # three Pythons; the fast tier keeps the interrupted cases above
 def test_a_command_that_ignores_ctrl_c_runs_its_tasks_to_the_end(tmp_path: Path):
     status, errors, left = interrupted(tmp_path, "its process group", seconds=2, ignore=True)
     assert status == 0, errors
