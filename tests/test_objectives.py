@@ -58,10 +58,15 @@ def test_the_registry_is_the_settings_table_each_name_its_modules_objective():
     assert checkpoint_keys() == ("auxiliary", "masked", "guidance", "contrast")  # what checkpoint.pt has always held
 
 
+# each objective alone, every pair and all of them together: composing adds the objectives' terms over one shared
+# forward pass, so what two objectives could do to each other (read the same tokens, prepare the same batch) shows
+# in their pair, and all five together is the largest case; the 15 threes and fours would take this path again
 @pytest.mark.parametrize(
-    "on", [c for n in range(1, len(WEIGHTS) + 1) for c in itertools.combinations(WEIGHTS, n)], ids="+".join
+    "on",
+    [c for n in (1, 2, len(WEIGHTS)) for c in itertools.combinations(WEIGHTS, n)],
+    ids="+".join,
 )
-def test_every_combination_trains_and_keeps_its_parts(on, teacher):
+def test_each_objective_every_pair_and_all_together_train_and_keep_their_parts(on, teacher):
     vit = small_vit()
     composed = objectives.build(vit, weights(on), num_classes=3)
     assert composed.needs_teacher == ("guidance" in on or "distill" in on)
