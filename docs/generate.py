@@ -177,8 +177,8 @@ def results_page() -> str:
         if on_pool is None:
             rows.append([name, "not measured yet", "", cv_text, "not judged on the pool yet (kept)"])
             continue
-        worth = -float(on_pool["difference"])  # the pool's rows are the default without the component
-        z = -(se_multiple(on_pool) or 0.0)
+        worth = 0.0 - float(on_pool["difference"])  # the pool rows are the default without the component (0.0 - x: no -0)
+        z = 0.0 - (se_multiple(on_pool) or 0.0)
         verdict = on_pool["adopted"] or ("passes" if z >= 2 else "**does not pass**")
         rows.append([name, f"{worth:+.3f} +- {float(on_pool['difference_se']):.3f} (right only with it / without it: "
                      f"{on_pool['only_a']} / {on_pool['only_b']})", f"{z:+.1f}", cv_text, verdict])

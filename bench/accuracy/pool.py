@@ -45,7 +45,8 @@ def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict
     found = read_study(study)
     seeds = identity.get("seeds", [])
     difference, se = result["difference"], result["standard_error"]
-    worth = -difference if removes else difference  # the component's (or the change's) worth
+    # the component's (or the change's) worth; 0.0 - x, never -0.000
+    worth = 0.0 - difference if removes else difference
     return {
         "table": "pool",
         "idea": idea,
