@@ -129,7 +129,9 @@ def start_server(command: list[str], port: int, cwd=None, env=None, timeout: flo
     import httpx
 
     log = tempfile.NamedTemporaryFile("w+", prefix="foodvit-server-", suffix=".log", delete=False)
-    process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
+    )
     process.log_path = log.name
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
@@ -170,8 +172,24 @@ def train_tiny_run(tmp_path_factory, name: str, *, epochs: int = 1, depth: int =
 
     photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=n_test, size=size)
     out = tmp_path_factory.mktemp("runs") / name
-    code = main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(out), "--epochs", str(epochs),
-                 "--image-size", "32", "--depth", str(depth), "--quiet"])
+    code = main(
+        [
+            "train",
+            "--recipe",
+            "tiny",
+            "--data",
+            str(photos),
+            "--out",
+            str(out),
+            "--epochs",
+            str(epochs),
+            "--image-size",
+            "32",
+            "--depth",
+            str(depth),
+            "--quiet",
+        ]
+    )
     assert code == 0
     return out, photos
 
@@ -206,13 +224,15 @@ class ServerThread:
 
 
 # Python code that makes importing torch, torchvision or timm fail from then on, in the process that runs it
-BLOCK_TORCH = ("import builtins, sys\n"
-               "real = builtins.__import__\n"
-               "def guard(name, *args, **kwargs):\n"
-               "    if name.split('.')[0] in ('torch', 'torchvision', 'timm'):\n"
-               "        raise ImportError('torch is not installed here')\n"
-               "    return real(name, *args, **kwargs)\n"
-               "builtins.__import__ = guard\n")
+BLOCK_TORCH = (
+    "import builtins, sys\n"
+    "real = builtins.__import__\n"
+    "def guard(name, *args, **kwargs):\n"
+    "    if name.split('.')[0] in ('torch', 'torchvision', 'timm'):\n"
+    "        raise ImportError('torch is not installed here')\n"
+    "    return real(name, *args, **kwargs)\n"
+    "builtins.__import__ = guard\n"
+)
 
 
 def without_torch(argv: list[str]) -> list[str]:
@@ -220,10 +240,12 @@ def without_torch(argv: list[str]) -> list[str]:
     timm fails, checking at the end that none was loaded (for a server: start_server(without_torch(...)))."""
     import sys
 
-    script = (BLOCK_TORCH + "from foodvit.cli.main import main\n"
-              f"code = main({list(map(str, argv))!r})\n"
-              "assert not any(m.split('.')[0] == 'torch' for m in sys.modules), 'torch was imported'\n"
-              "sys.exit(code)\n")
+    script = (
+        BLOCK_TORCH + "from foodvit.cli.main import main\n"
+        f"code = main({list(map(str, argv))!r})\n"
+        "assert not any(m.split('.')[0] == 'torch' for m in sys.modules), 'torch was imported'\n"
+        "sys.exit(code)\n"
+    )
     return [sys.executable, "-c", script]
 
 

@@ -64,7 +64,10 @@ def test_a_study_names_its_recipe_and_the_settings_it_changed_from_its_own_files
         return folder
 
     default = load_recipe("default").to_dict()
-    share = {**default, "data": {**default["data"], "train_fraction": 0.4}}  # a curve's point: the share is not a change
+    share = {
+        **default,
+        "data": {**default["data"], "train_fraction": 0.4},
+    }  # a curve's point: the share is not a change
     unmasked = {**default, "masked": {**default["masked"], "weight": 0.0}}
     older = json.loads(json.dumps(default))
     del older["masked"]  # a study stored before a setting existed counts it at its default (off)

@@ -48,7 +48,11 @@ def test_head_reads_the_grid_of_each_batch(monkeypatch):
     import foodvit.training.objectives.drloc
 
     grids = []
-    monkeypatch.setattr(foodvit.training.objectives.drloc, "pair_offsets", lambda a, b, grid: (grids.append(grid), pair_offsets(a, b, grid))[1])
+    monkeypatch.setattr(
+        foodvit.training.objectives.drloc,
+        "pair_offsets",
+        lambda a, b, grid: (grids.append(grid), pair_offsets(a, b, grid))[1],
+    )
     head = DenseRelativeLocalization(4, pairs=16, hidden=8)
     for grid in (3, 5):
         assert torch.isfinite(head(torch.randn(2, grid * grid, 4)))

@@ -155,8 +155,16 @@ def interrupted(
 
     (tmp_path / "slowtask.py").write_text(SLOW_TASK)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    command = [sys.executable, "-c", DRIVER, str(tmp_path), str(seconds), str(cleanup), "ignore" if ignore else "-",
-               str(GRACE_S)]
+    command = [
+        sys.executable,
+        "-c",
+        DRIVER,
+        str(tmp_path),
+        str(seconds),
+        str(cleanup),
+        "ignore" if ignore else "-",
+        str(GRACE_S),
+    ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120

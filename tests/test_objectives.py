@@ -21,6 +21,8 @@ from foodvit.training.objectives import REGISTRY, Objective, WithObjectives, che
 from foodvit.training.teacher import Teacher, build_teacher
 
 WEIGHTS = {"drloc": 0.5, "masked": 1.0, "guidance": 1.0, "distill": 1.0, "contrast": 0.5}
+
+
 def weights(on) -> RunConfig:
     """Settings with the objectives `on` at their weights in WEIGHTS."""
     return with_settings(RunConfig(), {f"{name}.weight": WEIGHTS[name] for name in on})
@@ -53,7 +55,9 @@ def small_vit(seed: int = 0):
 
 def test_the_registry_is_the_settings_table_each_name_its_modules_objective():
     assert list(REGISTRY) == [o.name for o in OBJECTIVES] == [f.name for f in fields(RunConfig)][5:10]
-    assert all(REGISTRY[o.name].settings is o and REGISTRY[o.name].__module__.endswith(f".{o.name}") for o in OBJECTIVES)
+    assert all(
+        REGISTRY[o.name].settings is o and REGISTRY[o.name].__module__.endswith(f".{o.name}") for o in OBJECTIVES
+    )
     assert {o.name for o in OBJECTIVES} <= set(STUDENT_SETTINGS)  # every objective's section shapes the ViT alone
     assert checkpoint_keys() == ("auxiliary", "masked", "guidance", "contrast")  # what checkpoint.pt has always held
 
@@ -127,7 +131,9 @@ def test_the_distillation_temperature_reaches_the_loss(teacher):
     images = torch.randn(4, 3, 32, 32)
     terms = {}
     for t in (0.0, 3.0):
-        composed = objectives.build(vit, with_settings(RunConfig(), {"distill.weight": 1.0, "distill.temperature": t}), num_classes=3)
+        composed = objectives.build(
+            vit, with_settings(RunConfig(), {"distill.weight": 1.0, "distill.temperature": t}), num_classes=3
+        )
         composed.set_teacher(teacher)
         assert composed.objectives[0].temperature == t
         terms[t] = composed.train()(images)[1]

@@ -13,8 +13,18 @@ from foodvit.training.resizing import AnyGrid
 
 def sincos_vit(**changes) -> VisionTransformer:
     torch.manual_seed(0)
-    config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
-                       pool="gap", pos_embed="sincos2d", **changes)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_classes=3,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+        pool="gap",
+        pos_embed="sincos2d",
+        **changes,
+    )
     return VisionTransformer(config)
 
 

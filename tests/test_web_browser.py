@@ -207,7 +207,8 @@ def test_the_browser_decodes_as_pillow_does_upright_and_over_white(site, shared_
 
 @pytest.mark.slow  # a browser (uses the site above); the page's limits in foodvit.json: test_export_web
 def test_the_page_refuses_what_predict_refuses_lists_what_it_decodes_and_clears_an_answer_after_an_error(
-        site, shared_run, browser, tmp_path):
+    site, shared_run, browser, tmp_path
+):
     from PIL import Image
 
     from foodvit.data.photos import PhotoError, check_shape

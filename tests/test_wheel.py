@@ -30,14 +30,30 @@ def _run(argv: list, **kwargs) -> subprocess.CompletedProcess:
 def wheel(tmp_path_factory) -> Path:
     """The wheel of a copy of the tree (setuptools writes build/ and the egg-info beside the sources it builds, so
     the checkout is left as it is), built without build isolation: the setuptools of the test extra, no download."""
-    pytest.importorskip("setuptools", reason="the wheel is built with the test extra's setuptools: pip install -e '.[test]'")
+    pytest.importorskip(
+        "setuptools", reason="the wheel is built with the test extra's setuptools: pip install -e '.[test]'"
+    )
     source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     out = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "--quiet",
-          "--wheel-dir", out, source], cwd=source)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "--quiet",
+            "--wheel-dir",
+            out,
+            source,
+        ],
+        cwd=source,
+    )
     [built] = out.glob("foodvit-*.whl")
     return built
 
@@ -63,8 +79,26 @@ def test_the_wheel_installed_in_a_fresh_environment_trains_the_tiny_recipe(wheel
 
     photos = make_photo_folder(tmp_path / "photos", n_train=6, n_test=3, size=(64, 80))
     run = tmp_path / "run"
-    _run([venv / "bin" / "foodvit", "train", "--recipe", "tiny", "--epochs", "1", "--data", photos, "--out", run,
-          "--image-size", "32", "--depth", "1", "--quiet"], cwd=tmp_path)
+    _run(
+        [
+            venv / "bin" / "foodvit",
+            "train",
+            "--recipe",
+            "tiny",
+            "--epochs",
+            "1",
+            "--data",
+            photos,
+            "--out",
+            run,
+            "--image-size",
+            "32",
+            "--depth",
+            "1",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+    )
     card = json.loads((run / "model.json").read_text())
     assert card["classes"] == ["pizza", "steak", "sushi"]
     assert (run / "model.safetensors").stat().st_size > 0 and (run / "report.md").is_file()
