@@ -488,7 +488,8 @@ def test_inspect_says_why_a_picture_is_skipped(run, capsys, tmp_path):
     )
 
 
-@pytest.mark.slow  # a second Python draws a figure; the fast tier keeps test_architecture's check that training leaves the process as it found it
+@pytest.mark.slow  # a second Python draws a figure; the fast tier keeps test_architecture's check that training
+# leaves the process as it found it
 def test_drawing_changes_no_global_matplotlib_state():
     import subprocess
     import sys

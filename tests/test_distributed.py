@@ -140,7 +140,7 @@ def test_two_processes_joined_by_the_c10d_rendezvous_train_the_run_of_one_and_on
     assert "2 processes" in (two / "report.md").read_text()
 
 
-@pytest.mark.slow  # torchrun starts a Python for each rank; test_pretrain.py and test_contrast.py cover both on one process
+@pytest.mark.slow  # torchrun starts a Python for each rank; test_pretrain.py and test_contrast.py: both, one process
 def test_two_processes_pre_train_then_train_with_instance_discrimination_and_an_empty_share(photos, tmp_path):
     # one launch for both stages that change under torchrun: the self-supervised pre-training first, then epochs
     # with instance discrimination, each compared with one process's run of the same settings

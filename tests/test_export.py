@@ -146,7 +146,8 @@ def test_the_destination_is_checked_before_anything(run, tmp_path, capsys):
     cases = [
         (
             ["--format", "torchscript", "--out", str(tmp_path / "x.onnx")],
-            f"--out {tmp_path / 'x.onnx'}: --format torchscript writes a .pt file, and what opens it looks for that name; "
+            f"--out {tmp_path / 'x.onnx'}: --format torchscript writes a .pt file, "
+            "and what opens it looks for that name; "
             f"use --out {tmp_path / 'x.pt'}, or --format onnx to write the file x.onnx is named for",
         ),
         (["--out", str(tmp_path / "m.txt")], f"use --out {tmp_path / 'm.onnx'}"),
@@ -185,7 +186,10 @@ def test_an_existing_file_is_overwritten_only_with_force(run, tmp_path, capsys):
 def test_commands_that_need_a_run_say_which_take_an_onnx_file(shared_onnx, run, tmp_path, capsys):
     _, photos = run
     photo = str(sorted((photos / "test").rglob("*.jpg"))[0])
-    expected = f"{shared_onnx} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the trained run directory"
+    expected = (
+        f"{shared_onnx} is an ONNX export: foodvit predict, evaluate and serve take it; "
+        "this command needs the trained run directory"
+    )
     capsys.readouterr()
     for argv in (
         ["explain", str(shared_onnx), photo, "--out", str(tmp_path / "e.png")],
@@ -210,7 +214,8 @@ def test_a_forced_export_that_fails_its_check_keeps_the_previous_file(run, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]  # no staging file left beside it
 
 
-@pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout through sequence pooling (test_the_attention_output_reads_...)
+@pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout through sequence pooling
+# (test_the_attention_output_reads_...)
 def test_with_attention_the_file_gives_the_rollout_explain_draws(run, shared_onnx_attention, shared_onnx):
     from PIL import Image
 

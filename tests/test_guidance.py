@@ -36,7 +36,8 @@ def test_a_fourth_stage_guides_the_last_block_as_well():
 
 
 def by_hand(vit, teacher, adapters, blocks, images):
-    """The guidance loss written out: block outputs, teacher stages, pooled to the coarser grid, teacher standardised."""
+    """The guidance loss written out: block outputs, teacher stages, pooled to the coarser grid, teacher
+    standardised."""
     x = vit._embed(images)  # Eq. 1, then the blocks by hand
     outputs = []
     for block in vit.blocks:

@@ -301,7 +301,8 @@ def test_class_token_forward_computes_only_the_class_token_in_the_last_block(opt
         model.zero_grad()
         torch.manual_seed(3)
         forward().square().sum().backward()
-        # (a parameter only the last block's other tokens use, mlp_conv's filter, gets no gradient in either: zero or None)
+        # (a parameter only the last block's other tokens use, mlp_conv's filter, gets no gradient in either: zero or
+        # None)
         grads.append(
             {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
         )

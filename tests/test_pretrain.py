@@ -165,7 +165,7 @@ def test_a_run_that_fails_in_pre_training_says_where_and_leaves_nothing_behind(p
     assert not (tmp_path / "run").exists()  # its pretraining.csv too: nothing to resume, nothing left
 
 
-@pytest.mark.slow  # two trainings and a resume; test_a_run_pre_trains_before_its_supervised_epochs covers the stage fast
+@pytest.mark.slow  # two trainings and a resume; test_a_run_pre_trains_before_its_supervised_epochs: the stage, fast
 def test_a_pre_trained_run_resumes_as_an_uninterrupted_one_without_pre_training_again(photos, tmp_path, monkeypatch):
     whole = train(pretraining(photos, 2), tmp_path / "whole", quiet=True)
     import foodvit.training.trainer as T

@@ -39,7 +39,7 @@ def _assert_backbone_identical(run, reference: dict):
     assert model.head.weight.shape[0] == 3 and reference["head.weight"].shape[0] == 1000  # a new head
 
 
-@pytest.mark.slow  # a ViT at 224 px; the fast tier keeps freezing (test_freezing) and torchvision's layout (test_weights)
+@pytest.mark.slow  # a ViT at 224 px; the fast tier keeps freezing (test_freezing), torchvision's layout (test_weights)
 def test_torchvision_file_as_frozen_feature_extractor(photos, tmp_path):
     # torchvision's ViT class and layout (its vit_b_16 file's names, encoder.layers.encoder_layer_N...) at ViT-Ti/16's
     # size, which the file's shapes name: the same conversion and statistics as vit_b_16's, at a fifteenth of its cost
@@ -82,7 +82,8 @@ def test_torchvision_file_as_frozen_feature_extractor(photos, tmp_path):
     )  # head weight and bias only: no state for the frozen
 
 
-@pytest.mark.slow  # a ViT-S/16 at 224 px; the fast tier keeps freezing (test_freezing) and weight files of every format (test_weights)
+@pytest.mark.slow  # a ViT-S/16 at 224 px; the fast tier keeps freezing (test_freezing) and weight files of every
+# format (test_weights)
 def test_timm_vit_s16_safetensors_as_frozen_feature_extractor(photos, tmp_path):
     from safetensors.torch import save_file
 
@@ -105,7 +106,8 @@ def test_timm_vit_s16_safetensors_as_frozen_feature_extractor(photos, tmp_path):
     assert foodvit.load_model(run).config.embed_dim == 384
 
 
-@pytest.mark.slow  # a ViT-Ti/16 at 384 px; the fast tier keeps position resampling (test_weights) and a pre-trained run resumed (test_run_directory)
+@pytest.mark.slow  # a ViT-Ti/16 at 384 px; the fast tier keeps position resampling (test_weights) and a pre-trained
+# run resumed (test_run_directory)
 def test_finetuning_at_384_from_a_224_file_interpolates_positions(tmp_path):
     photos = make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(100, 120))
     source = randomize_(timm.create_model("vit_tiny_patch16_224"))
@@ -215,8 +217,8 @@ def test_model_that_disagrees_with_the_weights_stops_the_run(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert (
-        "--model ViT-B/16 does not match the weights timm:vit_small_patch16_224.augreg_in21k_ft_in1k, which are ViT-S/16"
-        in err
+        "--model ViT-B/16 does not match the weights timm:vit_small_patch16_224.augreg_in21k_ft_in1k, "
+        "which are ViT-S/16" in err
     )
 
 

@@ -315,7 +315,8 @@ def test_resume_of_a_pretrained_run_needs_only_the_checkpoint(photos, tmp_path):
 def test_python_train_adapts_a_pretrained_config_as_the_command_line_does(tmp_path):
     weights = tmp_path / "w.safetensors"
     foodvit.save_weights(foodvit.create_model("ViT-Ti/16", num_classes=3, image_size=48), weights)
-    # the default recipe's from-scratch model settings (96 px, 6 blocks, sequence pooling, sin-cos) give way to the weights'
+    # the default recipe's from-scratch model settings (96 px, 6 blocks, sequence pooling, sin-cos) give way to the
+    # weights'
     config = build_config("default", {"train.pretrained": str(weights)})
     assert config.model == "ViT-Ti/16" and config.vit.image_size is None and config.vit.depth is None
     given = build_config("default", {"train.pretrained": str(weights), "vit.image_size": 64})
@@ -348,7 +349,8 @@ def test_the_default_recipe_trains_from_pretrained_weights_without_its_masked_pa
         len(result.history) == 1
         and json.loads((tmp_path / "run" / "config.json").read_text())["masked"]["weight"] == 0.0
     )
-    # a recipe that hides the masked patches' pixels too loses that with them (it was refused: --mask-pixels without --masked)
+    # a recipe that hides the masked patches' pixels too loses that with them (it was refused: --mask-pixels without
+    # --masked)
     hiding = tmp_path / "hiding.toml"
     hiding.write_text(
         (Path(foodvit.__file__).parent / "recipes" / "default.toml")
@@ -466,7 +468,8 @@ def test_a_lock_whose_owner_is_not_yet_written_is_still_respected(photos, tmp_pa
     out = tmp_path / "race"
     out.mkdir()
     code = (
-        f"from pathlib import Path; from foodvit.rundir.directory import RunLock; lock = RunLock({str(out)!r}).acquire(); "
+        "from pathlib import Path; from foodvit.rundir.directory import RunLock; "
+        f"lock = RunLock({str(out)!r}).acquire(); "
         f"(Path({str(out)!r}) / RunLock.OWNER).unlink(); (Path({str(out)!r}) / RunLock.NAME).write_text(''); "
         "print('held', flush=True); import time; time.sleep(60)"
     )

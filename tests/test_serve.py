@@ -120,7 +120,8 @@ BAD_UPLOADS = [
         "huge.jpg",
         lambda p: np.random.default_rng(0).bytes(int(UPLOAD_LIMIT_MB * 1e6) + 50_000),
         413,
-        f"is over the limit of {UPLOAD_LIMIT_MB:g} MB (the server's --max-upload-mb); if it is a real photo, resize it below the limit",
+        f"is over the limit of {UPLOAD_LIMIT_MB:g} MB (the server's --max-upload-mb); "
+        "if it is a real photo, resize it below the limit",
     ),
 ]
 
@@ -148,7 +149,9 @@ def test_malformed_requests_are_4xx_with_what_is_expected(server, run):
 
     # a client that lies about the length: the body is counted as it arrives
     def chunks():
-        yield b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+        yield (
+            b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+        )
         for _ in range(40):
             yield b"0" * 50_000
 
@@ -337,7 +340,8 @@ def test_a_file_beside_the_example_photos_is_not_served(server, run):
     assert httpx.get(f"{server}/gradio_api/file={neighbour.resolve()}").status_code in (403, 404)
 
 
-@pytest.mark.slow  # uploads through Gradio's client; the fast tier keeps the app, its page included, built in process (the JSON API test)
+@pytest.mark.slow  # uploads through Gradio's client; the fast tier keeps the app, its page included, built in process
+# (the JSON API test)
 def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
     gradio_client = pytest.importorskip("gradio_client")
     import time
@@ -348,7 +352,8 @@ def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
     out, photos = run
     cache = tmp_path / "gradio"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    # checked every second, deleted at 3 s old: a loaded machine (CI's 2 cores) may take over a second to answer an upload
+    # checked every second, deleted at 3 s old: a loaded machine (CI's 2 cores) may take over a second to answer an
+    # upload
     app, _ = create_app(Predictor.from_run(out), examples=(), page_cache=(1, 3))
     uploads = sorted((photos / "test").rglob("*.jpg"))[:6]
     seen, stop = set(), threading.Event()
@@ -508,7 +513,8 @@ def test_serve_says_the_port_is_taken_or_the_host_bad_in_one_line_before_anythin
     assert "serving" not in captured.out
     assert (
         captured.err
-        == f"foodvit serve: error: cannot listen on 127.0.0.1:{port}: the port is in use (another server?); choose another --port\n"
+        == f"foodvit serve: error: cannot listen on 127.0.0.1:{port}: the port is in use (another server?); "
+        "choose another --port\n"
     )
     assert main(["serve", str(out), "--host", "bad..host", "--port", str(free_port())]) == 2
     captured = capsys.readouterr()
@@ -645,8 +651,8 @@ def test_a_spaces_examples_are_named_after_their_class_when_its_photos_sit_in_su
 
 @pytest.mark.parametrize("where", ["an image elsewhere", "/dev/zero", "/etc/hostname"])
 def test_the_page_api_refuses_a_path_it_did_not_upload(server, run, tmp_path, where):
-    """A client names the file in a call to the page's API: a path the page did not receive (another photo on the server,
-    a device that never ends, any file) is refused without reading it, and the server stays healthy."""
+    """A client names the file in a call to the page's API: a path the page did not receive (another photo on the
+    server, a device that never ends, any file) is refused without reading it, and the server stays healthy."""
     if where == "an image elsewhere":
         where = str(tmp_path / "private.png")
         Image.new("RGB", (64, 64), (200, 30, 30)).save(where)

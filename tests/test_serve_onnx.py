@@ -20,7 +20,8 @@ pytestmark = needs(
     "gradio",
     "onnxruntime",
     "onnxscript",
-    why="the .onnx server tests need the serve and export extras: pip install -e '.[serve,export]' (make test installs them)",
+    why="the .onnx server tests need the serve and export extras: pip install -e '.[serve,export]' "
+    "(make test installs them)",
 )
 
 

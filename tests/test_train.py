@@ -54,6 +54,11 @@ def trained(photos, tmp_path_factory):
     return out, result
 
 
+def untimed(history: list[dict]) -> list[dict]:
+    """A run's history without its timings (seconds, images a second, the model's share), which vary run to run."""
+    return [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in history]
+
+
 def test_run_directory_holds_everything(trained):
     out, result = trained
     for name in (
@@ -122,10 +127,7 @@ def test_learns_the_generated_classes(photos, tmp_path):
 def test_same_seed_same_run_and_new_run_refuses_an_old_directory(photos, tmp_path):
     a = train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
     b = train(small_config(photos, epochs=2), tmp_path / "b", quiet=True)
-    strip = lambda h: [
-        {k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h
-    ]  # noqa: E731
-    assert strip(a.history) == strip(b.history)
+    assert untimed(a.history) == untimed(b.history)
     with pytest.raises(RunError, match=r"already holds a run; continue it with `foodvit train --resume"):
         train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
 
@@ -138,10 +140,7 @@ def test_one_or_two_loader_workers_train_the_same_run(photos, tmp_path):
         train(small_config(photos, epochs=2, batch_size=8, workers=w, mixup=0.8), tmp_path / f"w{w}", quiet=True)
         for w in (1, 2)
     ]  # two epochs: the second is the one the kept-up workers load
-    strip = lambda h: [
-        {k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h
-    ]  # noqa: E731
-    assert strip(runs[0].history) == strip(runs[1].history)
+    assert untimed(runs[0].history) == untimed(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "w1"), foodvit.load_model(tmp_path / "w2")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
@@ -370,7 +369,8 @@ def test_memory_running_out_in_training_is_one_line_naming_the_size_to_lower(
         capsys.readouterr()
         .err.strip()
         .endswith(
-            "at --image-size 32 with --batch-size 32: lower --image-size (or raise --patch-size: fewer, larger patches), or "
+            "at --image-size 32 with --batch-size 32: lower --image-size "
+            "(or raise --patch-size: fewer, larger patches), or "
             "--batch-size"
         )
     )  # no teacher: the model's own side
@@ -422,10 +422,7 @@ def test_cache_on_or_off_is_the_same_experiment(photos, tmp_path):
         train(small_config(photos, epochs=2, batch_size=8, cache=cache), tmp_path / f"c{cache}", quiet=True)
         for cache in (True, False)
     ]
-    strip = lambda h: [
-        {k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h
-    ]  # noqa: E731
-    assert strip(runs[0].history) == strip(runs[1].history)
+    assert untimed(runs[0].history) == untimed(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "cTrue"), foodvit.load_model(tmp_path / "cFalse")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
@@ -435,10 +432,7 @@ def test_no_workers_and_two_workers_train_the_same_run(photos, tmp_path):
     runs = [
         train(small_config(photos, epochs=2, batch_size=8, workers=w), tmp_path / f"w{w}", quiet=True) for w in (0, 2)
     ]
-    strip = lambda h: [
-        {k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h
-    ]  # noqa: E731
-    assert strip(runs[0].history) == strip(runs[1].history)
+    assert untimed(runs[0].history) == untimed(runs[1].history)
 
 
 def test_evaluating_less_often_trains_the_same_model(photos, tmp_path):

@@ -1,5 +1,5 @@
-"""foodvit cv and foodvit tune (tuning/cv.py, folds.py, fold.py, study.py, compare.py, search.py): k-fold CV over the training photos
-alone, resumed fold by fold; an Optuna study with pruning by fold, failed trials, SQLite shared by
+"""foodvit cv and foodvit tune (tuning/cv.py, folds.py, fold.py, study.py, compare.py, search.py): k-fold CV over the
+training photos alone, resumed fold by fold; an Optuna study with pruning by fold, failed trials, SQLite shared by
 processes; the bad inputs refused in one line. Tiny runs: the tiny recipe at 32 px, depth 1, 1
 epoch, on 4 generated photos a class, 2 folds."""
 

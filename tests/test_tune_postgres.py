@@ -65,7 +65,8 @@ def postgres_server():
     initdb, pg_ctl = postgres_program("initdb"), postgres_program("pg_ctl")
     if not (initdb and pg_ctl):
         missing_tool("PostgreSQL's initdb and pg_ctl are not installed (Debian: apt-get install postgresql)")
-    # a folder of its own under the system's temporary folder, which an unprivileged user can reach (pytest's is root's alone)
+    # a folder of its own under the system's temporary folder, which an unprivileged user can reach (pytest's is
+    # root's alone)
     folder = Path(tempfile.mkdtemp(prefix="foodvit-postgres-"))
     user = {}
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root: the server runs as nobody, in a folder it owns

@@ -114,7 +114,8 @@ def _not_blank(path):
     assert pixels.std() > 20 and len(np.unique(pixels)) > 50, path
 
 
-@pytest.mark.slow  # every picture command on a trained run; the fast tier keeps inspect's pictures (test_cli) and the run's own figures (test_train)
+@pytest.mark.slow  # every picture command on a trained run; the fast tier keeps inspect's pictures (test_cli) and the
+# run's own figures (test_train)
 def test_each_picture_command_writes_a_real_png(tiny_run, tmp_path):
     run, photo = tiny_run
     assert main(["patches", str(photo), "--out", str(tmp_path / "patches.png")]) == 0
