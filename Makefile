@@ -31,10 +31,12 @@ $(STAMP): pyproject.toml | $(CORE)
 test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal  # two workers on the two cores; one that runs out takes queued tests from the other
 
-# ruff (lint, then the formatter as a check: it changes nothing) and mypy over src/, as configured in pyproject.toml.
+# ruff (lint, then the formatter as a check: it changes nothing) over the code, the tests, the benchmarks and the
+# documentation's scripts, and mypy over src/, as configured in pyproject.toml.
+LINTED := src tests bench docs
 lint: $(STAMP)
-	$(BIN)/ruff check src
-	$(BIN)/ruff format --check src
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 
 # The inner loop: the suite without the tests marked slow (torchrun, the browser, kill -9, servers, ViT-B/16 at full

@@ -51,10 +51,16 @@ def commit() -> str:
     just added to results/ are not a change of the code that measures)."""
     root = RESULTS.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
-                               cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
@@ -74,12 +80,17 @@ def invocation() -> str:
 def provenance(command: str | None = None) -> dict[str, str]:
     try:
         import torch
+
         version = torch.__version__
     except ImportError:
         version = ""
-    return {"command": command if command is not None else invocation(),
-            "machine": machine(), "torch": version, "commit": commit(),
-            "date": datetime.date.today().isoformat()}
+    return {
+        "command": command if command is not None else invocation(),
+        "machine": machine(),
+        "torch": version,
+        "commit": commit(),
+        "date": datetime.date.today().isoformat(),
+    }
 
 
 def record(name: str, row: dict, command: str | None = None, folder: Path = RESULTS) -> Path:

@@ -19,8 +19,13 @@ _current: dict[str, str] = {}  # a committed page's path under docs/ -> its text
 def on_pre_build(config, **kwargs) -> None:
     _current.clear()
     docs = Path(config["docs_dir"]).resolve()
-    _current.update({str(path.relative_to(docs)): text for path, text in generate.committed_pages().items()
-                     if path.is_relative_to(docs)})
+    _current.update(
+        {
+            str(path.relative_to(docs)): text
+            for path, text in generate.committed_pages().items()
+            if path.is_relative_to(docs)
+        }
+    )
 
 
 def on_files(files, config, **kwargs):

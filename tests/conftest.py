@@ -22,7 +22,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name == "test_notebook.py":  # executes the whole walkthrough over FoodVision Mini: minutes
             item.add_marker(pytest.mark.slow)
-        if "shared_server" in item.fixturenames:  # a server in another Python: torch and Gradio imported again, 10-15 s here
+        if (
+            "shared_server" in item.fixturenames
+        ):  # a server in another Python: torch and Gradio imported again, 10-15 s here
             item.add_marker(pytest.mark.slow)
 
 
@@ -50,6 +52,23 @@ def real_data() -> Path:
     if not path or not (Path(path) / "train").is_dir():
         pytest.skip("FOODVIT_DATA does not name a FoodVision Mini folder")
     return Path(path)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Chromium's program for the browser tests: FOODVIT_CHROMIUM, else Debian's /usr/bin/chromium (Playwright's
+    own browser download is never used). Missing: the test skips, or fails under CI=true (helpers.missing_tool)."""
+    import shutil
+
+    from helpers import missing_tool
+
+    path = os.environ.get("FOODVIT_CHROMIUM", "/usr/bin/chromium")
+    if not (Path(path).is_file() or shutil.which(path)):
+        missing_tool(
+            f"browser test: no Chromium at {path}; install it with `apt-get install -y chromium` "
+            "(or set FOODVIT_CHROMIUM to a Chromium binary)"
+        )
+    return path
 
 
 # Files made once for the whole suite: a trained run, its photos and its .onnx exports, made by the
@@ -89,7 +108,9 @@ def _fingerprint(path: Path) -> str:
     import hashlib
 
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return "\n".join(f"{p.relative_to(path.parent)} {p.stat().st_size} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in files)
+    return "\n".join(
+        f"{p.relative_to(path.parent)} {p.stat().st_size} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in files
+    )
 
 
 @pytest.fixture(scope="session")
@@ -100,7 +121,9 @@ def _shared_files_unchanged():
     for path in used:
         made, now = path.parent.joinpath(f"{path.name}.done").read_text().splitlines(), _fingerprint(path).splitlines()
         changed = sorted(set(made) ^ set(now))
-        assert not changed, f"a test changed the shared {path.name} (tests must copy it first): " + "; ".join(changed[:6])
+        assert not changed, f"a test changed the shared {path.name} (tests must copy it first): " + "; ".join(
+            changed[:6]
+        )
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +131,12 @@ def shared_photos(tmp_path_factory, _shared_files_unchanged) -> Path:
     """A FoodVision-like folder of generated photos (64 x 80), 6 train and 3 test photos a class."""
     from helpers import make_photo_folder
 
-    return _made_once(tmp_path_factory, _shared_files_unchanged, "photos", lambda path: make_photo_folder(path, n_train=6, n_test=3, size=(64, 80)))
+    return _made_once(
+        tmp_path_factory,
+        _shared_files_unchanged,
+        "photos",
+        lambda path: make_photo_folder(path, n_train=6, n_test=3, size=(64, 80)),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -118,8 +146,27 @@ def shared_run(shared_photos, tmp_path_factory, _shared_files_unchanged):
     from foodvit.cli.main import main
 
     def make(out):
-        assert main(["train", "--recipe", "tiny", "--data", str(shared_photos), "--out", str(out), "--epochs", "1",
-                     "--image-size", "32", "--depth", "1", "--quiet"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--recipe",
+                    "tiny",
+                    "--data",
+                    str(shared_photos),
+                    "--out",
+                    str(out),
+                    "--epochs",
+                    "1",
+                    "--image-size",
+                    "32",
+                    "--depth",
+                    "1",
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
 
     return _made_once(tmp_path_factory, _shared_files_unchanged, "run", make), shared_photos
 
@@ -152,7 +199,21 @@ def shared_server(shared_run):
 
     run, _ = shared_run
     port = free_port()
-    process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(run), "--port", str(port),
-                                 "--max-upload-mb", str(UPLOAD_LIMIT_MB), "--threads", "1"], port)
+    process, url = start_server(
+        [
+            sys.executable,
+            "-m",
+            "foodvit",
+            "serve",
+            str(run),
+            "--port",
+            str(port),
+            "--max-upload-mb",
+            str(UPLOAD_LIMIT_MB),
+            "--threads",
+            "1",
+        ],
+        port,
+    )
     yield url
     stop_server(process)

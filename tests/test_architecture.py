@@ -30,7 +30,9 @@ def test_the_layer_contracts_hold():
 
 def test_a_wrong_import_breaks_the_contracts(tmp_path):
     # the model layer reaching up into training, and the Predictor importing torch at module level
-    shutil.copytree(ROOT / "src" / "foodvit", tmp_path / "src" / "foodvit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "src" / "foodvit", tmp_path / "src" / "foodvit", ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     vit = tmp_path / "src" / "foodvit" / "model" / "vit.py"
     vit.write_text(vit.read_text() + "\nfrom foodvit.training import engine  # noqa\n")
@@ -45,10 +47,12 @@ def test_a_wrong_import_breaks_the_contracts(tmp_path):
 
 def test_a_missing_dependency_is_not_reported_as_a_missing_attribute():
     # a submodule that exists but cannot import something it needs says so (it used to be "no attribute")
-    code = ("import sys; sys.modules['tomllib'] = None; sys.modules['tomli'] = None\n"
-            "import foodvit\n"
-            "try:\n    foodvit.recipes\nexcept ModuleNotFoundError as err:\n    print('missing', err.name)\n"
-            "try:\n    foodvit.no_such_thing\nexcept AttributeError as err:\n    print('attribute', err)\n")
+    code = (
+        "import sys; sys.modules['tomllib'] = None; sys.modules['tomli'] = None\n"
+        "import foodvit\n"
+        "try:\n    foodvit.recipes\nexcept ModuleNotFoundError as err:\n    print('missing', err.name)\n"
+        "try:\n    foodvit.no_such_thing\nexcept AttributeError as err:\n    print('attribute', err)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "missing tomllib" in out.stdout or "missing tomli" in out.stdout
@@ -61,8 +65,17 @@ def test_training_leaves_the_process_as_it_found_it(tmp_path):
     from foodvit.training.run import train
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2, size=(40, 40))
-    config = build_config("tiny", {"data.source": str(photos), "train.epochs": 1, "vit.image_size": 32, "vit.depth": 1,
-                                   "train.deterministic": True, "drloc.weight": 0.5})
+    config = build_config(
+        "tiny",
+        {
+            "data.source": str(photos),
+            "train.epochs": 1,
+            "vit.image_size": 32,
+            "vit.depth": 1,
+            "train.deterministic": True,
+            "drloc.weight": 0.5,
+        },
+    )
     torch.manual_seed(1234)
     rng = torch.get_rng_state()
     filters, handler, environ = list(warnings.filters), signal.getsignal(signal.SIGTERM), dict(os.environ)
@@ -109,6 +122,7 @@ def test_no_module_imports_one_that_imports_it_back():
 
     graph = grimp.build_graph("foodvit")
     modules = sorted(graph.modules)
-    cycles = [(a, b) for a, b in itertools.combinations(modules, 2)
-              if graph.chain_exists(a, b) and graph.chain_exists(b, a)]
+    cycles = [
+        (a, b) for a, b in itertools.combinations(modules, 2) if graph.chain_exists(a, b) and graph.chain_exists(b, a)
+    ]
     assert cycles == []

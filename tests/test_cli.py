@@ -8,8 +8,8 @@ from helpers import make_photo_folder
 from PIL import Image
 
 from foodvit.cli.main import main
-from foodvit.settings.run import RunConfig
 from foodvit.recipes import list_recipes, load_recipe
+from foodvit.settings.run import RunConfig
 
 
 def test_summary_ends_with_the_total(capsys):
@@ -35,8 +35,10 @@ def test_recipes_lists_each_recipes_first_sentence_whole(capsys, monkeypatch):
     assert main(["recipes"]) == 0
     listing = " ".join(capsys.readouterr().out.split())
     # the course's first sentence runs over two comment lines of its file: it is listed whole, up to its full stop
-    assert "The course's from-scratch run (PyTorch Paper Replicating, chapter 08): ViT-B/16 at 224, no augmentation, " \
+    assert (
+        "The course's from-scratch run (PyTorch Paper Replicating, chapter 08): ViT-B/16 at 224, no augmentation, "
         "Adam 3e-3, weight decay 0.3 on everything, batch 32, 10 epochs. default " in listing
+    )
     assert recipe_description("course").endswith("(per-image test accuracy 25-41%).")
 
 
@@ -53,12 +55,16 @@ def test_every_recipe_loads_and_builds_its_optimiser():
     model = foodvit.create_model("ViT-Ti/8", image_size=16, num_classes=3, depth=1)
     course = load_recipe("course").optim
     groups = param_groups(model, course.weight_decay, course.decay_all)
-    assert len(groups) == 1 and groups[0]["weight_decay"] == 0.3 and len(groups[0]["params"]) == len(list(model.parameters()))
+    assert (
+        len(groups) == 1
+        and groups[0]["weight_decay"] == 0.3
+        and len(groups[0]["params"]) == len(list(model.parameters()))
+    )
 
 
 def test_bad_recipe_files_are_explained(tmp_path):
     bad = tmp_path / "mine.toml"
-    bad.write_text('[optim]\nlearning_rate = 1\n')
+    bad.write_text("[optim]\nlearning_rate = 1\n")
     with pytest.raises(ValueError, match=r"unknown setting\(s\) \[optim\] learning_rate; \[optim\] has optimizer, lr,"):
         load_recipe(str(bad))
     with pytest.raises(ValueError, match=r"unknown recipe 'nope'.*course"):
@@ -70,8 +76,10 @@ def test_a_recipe_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
     latin.write_bytes("# the caf\u00e9's recipe\n[optim]\nlr = 0.01\n".encode("latin-1"))  # it was a traceback
     assert main(["train", "--recipe", str(latin), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"foodvit train: error: recipe {latin} is not UTF-8 text (invalid continuation byte at byte 9); "
-                   "save it as UTF-8"), err
+    assert err == (
+        f"foodvit train: error: recipe {latin} is not UTF-8 text (invalid continuation byte at byte 9); "
+        "save it as UTF-8"
+    ), err
     assert not (tmp_path / "run").exists()
 
 
@@ -82,8 +90,24 @@ def test_command_line_overrides_every_section(tmp_path):
 
     parser = argparse.ArgumentParser()
     add_config_options(parser)
-    args = parser.parse_args(["--lr", "0.01", "--pool", "gap", "--augment", "strong", "--epochs", "3",
-                              "--betas", "0.9,0.95", "--cache", "false", "--data", "x"])
+    args = parser.parse_args(
+        [
+            "--lr",
+            "0.01",
+            "--pool",
+            "gap",
+            "--augment",
+            "strong",
+            "--epochs",
+            "3",
+            "--betas",
+            "0.9,0.95",
+            "--cache",
+            "false",
+            "--data",
+            "x",
+        ]
+    )
     config = apply_overrides(load_recipe("tiny"), args)
     assert config.optim.lr == 0.01 and config.optim.betas == (0.9, 0.95)
     assert config.vit.given() == {"image_size": 64, "depth": 4, "pool": "gap"}
@@ -170,27 +194,30 @@ def test_predict_reports_each_bad_photo_and_predicts_the_rest(run, capsys, tmp_p
 # ------------------------------------------------------------------ bad input: one line, never a traceback
 
 
-@pytest.mark.parametrize("options,message", [
-    (["--patch-size", "0"], "argument --patch-size: must be >= 1, got 0"),
-    (["--accum-steps", "0"], "argument --accum-steps: must be >= 1, got 0"),
-    (["--eval-every", "0"], "argument --eval-every: must be >= 1, got 0"),
-    (["--crop-pct", "0"], "argument --crop-pct: must be in (0, 1], got 0"),
-    (["--label-smoothing", "2"], "argument --label-smoothing: must be in [0, 1), got 2"),
-    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
-    (["--epochs", "-3"], "argument --epochs: must be >= 1, got -3"),
-    (["--repeated-aug", "0"], "argument --repeated-aug: must be >= 1, got 0"),
-    (["--depth", "0"], "argument --depth: must be >= 1, got 0"),
-    (["--lr", "0"], "argument --lr: must be > 0, got 0"),
-    (["--epochs", "two"], "argument --epochs: expected a whole number, got 'two'"),
-    (["--freeze-backbone", "maybe"], "argument --freeze-backbone: expected true or false, got 'maybe'"),
-    # sides that no machine's memory holds (the model's position embedding alone: 120 GB at 100000 px), refused
-    # before anything is allocated
-    (["--image-size", "100000"], "argument --image-size: must be in [1, 1024], got 100000"),
-    (["--teacher-size", "100000"], "argument --teacher-size: must be in [0, 1024], got 100000"),
-    (["--teacher-size", "5000"], "argument --teacher-size: must be in [0, 1024], got 5000"),
-    (["--test-size", "2048"], "argument --test-size: must be in [0, 1024], got 2048"),
-    (["--start-size", "2048"], "argument --start-size: must be in [0, 1024], got 2048"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (["--patch-size", "0"], "argument --patch-size: must be >= 1, got 0"),
+        (["--accum-steps", "0"], "argument --accum-steps: must be >= 1, got 0"),
+        (["--eval-every", "0"], "argument --eval-every: must be >= 1, got 0"),
+        (["--crop-pct", "0"], "argument --crop-pct: must be in (0, 1], got 0"),
+        (["--label-smoothing", "2"], "argument --label-smoothing: must be in [0, 1), got 2"),
+        (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+        (["--epochs", "-3"], "argument --epochs: must be >= 1, got -3"),
+        (["--repeated-aug", "0"], "argument --repeated-aug: must be >= 1, got 0"),
+        (["--depth", "0"], "argument --depth: must be >= 1, got 0"),
+        (["--lr", "0"], "argument --lr: must be > 0, got 0"),
+        (["--epochs", "two"], "argument --epochs: expected a whole number, got 'two'"),
+        (["--freeze-backbone", "maybe"], "argument --freeze-backbone: expected true or false, got 'maybe'"),
+        # sides that no machine's memory holds (the model's position embedding alone: 120 GB at 100000 px), refused
+        # before anything is allocated
+        (["--image-size", "100000"], "argument --image-size: must be in [1, 1024], got 100000"),
+        (["--teacher-size", "100000"], "argument --teacher-size: must be in [0, 1024], got 100000"),
+        (["--teacher-size", "5000"], "argument --teacher-size: must be in [0, 1024], got 5000"),
+        (["--test-size", "2048"], "argument --test-size: must be in [0, 1024], got 2048"),
+        (["--start-size", "2048"], "argument --start-size: must be in [0, 1024], got 2048"),
+    ],
+)
 def test_out_of_range_options_are_refused_where_they_are_parsed(options, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
         main(["train", "--out", str(tmp_path / "never"), *options])
@@ -200,11 +227,14 @@ def test_out_of_range_options_are_refused_where_they_are_parsed(options, message
     assert not (tmp_path / "never").exists()  # nothing started, nothing "finished"
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["train", "--device", "tpu"], "--device must be auto, cpu, cuda, cuda:N or mps, got 'tpu'"),
-    (["predict", "RUN", "x.jpg", "--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
-    (["inspect", "RUN", "--images", "0", "--out", "x"], "argument --images: must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["train", "--device", "tpu"], "--device must be auto, cpu, cuda, cuda:N or mps, got 'tpu'"),
+        (["predict", "RUN", "x.jpg", "--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
+        (["inspect", "RUN", "--images", "0", "--out", "x"], "argument --images: must be >= 1, got 0"),
+    ],
+)
 def test_other_bad_options_are_one_line(argv, message, capsys, tmp_path):
     try:
         code = main([a.replace("RUN", str(tmp_path)) for a in argv])
@@ -216,9 +246,9 @@ def test_other_bad_options_are_one_line(argv, message, capsys, tmp_path):
 
 
 def test_the_same_ranges_hold_for_recipes_and_python():
-    from foodvit.settings.run import OptimConfig, TrainConfig
-    from foodvit.settings.model import ViTConfig, VitSettings
     from foodvit.errors import ConfigError
+    from foodvit.settings.model import ViTConfig, VitSettings
+    from foodvit.settings.run import OptimConfig, TrainConfig
 
     with pytest.raises(ConfigError, match=r"--epochs must be >= 1, got 0"):
         TrainConfig(epochs=0)
@@ -237,10 +267,12 @@ def test_bad_images_and_outputs_are_one_line(run, capsys, tmp_path):
     bomb = tmp_path / "bomb.png"
     PILImage.new("1", (10_000, 9_000)).save(bomb)
     photo = str(sorted((photos / "test" / "pizza").iterdir())[0])
-    for argv in (["explain", str(out), str(bomb), "--out", str(tmp_path / "e.png")],
-                 ["patches", str(bomb), "--out", str(tmp_path / "p.png")],
-                 ["predict", str(out), photo, "--plot", str(tmp_path)],
-                 ["inspect", str(out), "--out", str(tmp_path / "e.png")]):
+    for argv in (
+        ["explain", str(out), str(bomb), "--out", str(tmp_path / "e.png")],
+        ["patches", str(bomb), "--out", str(tmp_path / "p.png")],
+        ["predict", str(out), photo, "--plot", str(tmp_path)],
+        ["inspect", str(out), "--out", str(tmp_path / "e.png")],
+    ):
         if argv[0] == "inspect":
             (tmp_path / "e.png").write_bytes(b"a file")
         capsys.readouterr()
@@ -296,20 +328,45 @@ def test_help_and_listings_import_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from foodvit.cli.main import main\n"
-            "for argv in (['models'], ['recipes']): main(argv)\n"
-            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
-            "heavy = sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'timm') if m in sys.modules)\n"
-            "print('HEAVY', heavy)")
+    code = (
+        "import sys; from foodvit.cli.main import main\n"
+        "for argv in (['models'], ['recipes']): main(argv)\n"
+        "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'timm') if m in sys.modules)\n"
+        "print('HEAVY', heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "HEAVY []" in out.stdout and "ViT-B/16" in out.stdout and "--freeze-backbone [true|false], --no-freeze-backbone" in out.stdout
+    assert (
+        "HEAVY []" in out.stdout
+        and "ViT-B/16" in out.stdout
+        and "--freeze-backbone [true|false], --no-freeze-backbone" in out.stdout
+    )
 
 
 def test_quiet_still_names_the_run_directory_and_the_result(tmp_path, capsys):
     photos = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
-    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(tmp_path / "q"), "--epochs", "1",
-                 "--image-size", "32", "--depth", "1", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--recipe",
+                "tiny",
+                "--data",
+                str(photos),
+                "--out",
+                str(tmp_path / "q"),
+                "--epochs",
+                "1",
+                "--image-size",
+                "32",
+                "--depth",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert f"run directory: {tmp_path / 'q'}" in captured.err
     assert "test accuracy" in captured.out and str(tmp_path / "q" / "report.md") in captured.out
@@ -327,8 +384,25 @@ def test_ctrl_c_names_the_directory_to_resume_even_without_out(tmp_path, capsys,
         raise KeyboardInterrupt
 
     monkeypatch.setattr(trainer.Trainer, "_after_epoch", interrupt_after_first)
-    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--epochs", "2", "--image-size", "32", "--depth", "1",
-                 "--quiet"]) == 130
+    assert (
+        main(
+            [
+                "train",
+                "--recipe",
+                "tiny",
+                "--data",
+                str(photos),
+                "--epochs",
+                "2",
+                "--image-size",
+                "32",
+                "--depth",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 130
+    )
     err = capsys.readouterr().err
     [run] = (tmp_path / "runs").iterdir()
     assert f"continue with `foodvit train --resume runs/{run.name}`" in err
@@ -337,10 +411,15 @@ def test_ctrl_c_names_the_directory_to_resume_even_without_out(tmp_path, capsys,
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
-        (["cv", "--out", "{out}"], "interrupted: finished folds are kept in {out}; run the same command again to go on"),
+        (
+            ["cv", "--out", "{out}"],
+            "interrupted: finished folds are kept in {out}; run the same command again to go on",
+        ),
         (["cv", "--compare", "a", "b"], "interrupted"),
-        (["predict", "run", "--out", "{out}"], "interrupted: every finished batch is kept in {out}; run the same "
-         "command again to label the rest"),
+        (
+            ["predict", "run", "--out", "{out}"],
+            "interrupted: every finished batch is kept in {out}; run the same command again to label the rest",
+        ),
         (["predict", "run", "photo.jpg"], "interrupted"),
         (["train"], "interrupted before the first epoch finished: nothing was saved"),
         (["models"], "interrupted"),
@@ -378,36 +457,71 @@ def test_the_entry_point_names_no_subcommand():
 def test_inspect_says_why_a_picture_is_skipped(run, capsys, tmp_path):
     out, _ = run  # the tiny recipe's model: learned positions; check a sin-cos one
     photos = make_photo_folder(tmp_path / "p", n_train=2, n_test=2)
-    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(tmp_path / "s"), "--epochs", "1",
-                 "--image-size", "32", "--depth", "1", "--pos-embed", "sincos2d", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--recipe",
+                "tiny",
+                "--data",
+                str(photos),
+                "--out",
+                str(tmp_path / "s"),
+                "--epochs",
+                "1",
+                "--image-size",
+                "32",
+                "--depth",
+                "1",
+                "--pos-embed",
+                "sincos2d",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["inspect", str(tmp_path / "s"), "--images", "2", "--out", str(tmp_path / "i")]) == 0
-    assert "pos_similarity.png: skipped, the model's position embedding is 'sincos2d', not learned" in capsys.readouterr().err
+    assert (
+        "pos_similarity.png: skipped, the model's position embedding is 'sincos2d', not learned"
+        in capsys.readouterr().err
+    )
 
 
-@pytest.mark.slow  # a second Python draws a figure; the fast tier keeps test_architecture's check that training leaves the process as it found it
+@pytest.mark.slow  # a second Python draws a figure; the fast tier keeps test_architecture's check that training
+# leaves the process as it found it
 def test_drawing_changes_no_global_matplotlib_state():
     import subprocess
     import sys
 
-    code = ("import matplotlib; before = matplotlib.get_backend()\n"
-            "from foodvit.training.report import plot_curves\n"
-            "import matplotlib.pyplot as plt\n"
-            "fig = plot_curves([{'epoch': 1, 'train_loss': 1.0, 'train_acc': 0.5, 'test_loss': 1.1, 'test_acc': 0.4}])\n"
-            "print('SAME', matplotlib.get_backend() == before, 'OPEN', len(plt.get_fignums()))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "MPLBACKEND": "svg"})
+    code = (
+        "import matplotlib; before = matplotlib.get_backend()\n"
+        "from foodvit.training.report import plot_curves\n"
+        "import matplotlib.pyplot as plt\n"
+        "fig = plot_curves([{'epoch': 1, 'train_loss': 1.0, 'train_acc': 0.5, 'test_loss': 1.1, 'test_acc': 0.4}])\n"
+        "print('SAME', matplotlib.get_backend() == before, 'OPEN', len(plt.get_fignums()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "MPLBACKEND": "svg"},
+    )
     assert out.returncode == 0, out.stderr
     assert "SAME True OPEN 0" in out.stdout
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["train", "--lr", "nan"], "argument --lr: must be > 0, got nan"),
-    (["train", "--train-fraction", "nan"], "argument --train-fraction: must be in (0, 1], got nan"),
-    (["train", "--lr", "inf"], "argument --lr: must be > 0, got inf"),
-    (["train", "--cache-gb", "0"], "must be > 0, got 0; for no cache at all, use --no-cache"),
-    (["serve", "run", "--max-upload-mb", "nan"], "argument --max-upload-mb: must be > 0, got nan"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["train", "--lr", "nan"], "argument --lr: must be > 0, got nan"),
+        (["train", "--train-fraction", "nan"], "argument --train-fraction: must be in (0, 1], got nan"),
+        (["train", "--lr", "inf"], "argument --lr: must be > 0, got inf"),
+        (["train", "--cache-gb", "0"], "must be > 0, got 0; for no cache at all, use --no-cache"),
+        (["serve", "run", "--max-upload-mb", "nan"], "argument --max-upload-mb: must be > 0, got nan"),
+    ],
+)
 def test_nan_and_infinity_are_refused_in_one_line(argv, message, capsys):
     # NaN passed every range check: --train-fraction nan trained on all photos and wrote NaN into config.json
     with pytest.raises(SystemExit) as stop:
@@ -418,8 +532,8 @@ def test_nan_and_infinity_are_refused_in_one_line(argv, message, capsys):
 
 
 def test_nan_in_python_settings_is_refused():
-    from foodvit.settings.run import DataConfig, OptimConfig
     from foodvit.errors import ConfigError
+    from foodvit.settings.run import DataConfig, OptimConfig
 
     with pytest.raises(ConfigError, match="--train-fraction must be in \\(0, 1\\], got nan"):
         DataConfig(train_fraction=float("nan"))
@@ -450,12 +564,26 @@ def test_version_and_the_librarys_log_levels(capsys):
     assert "not shown" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, usage, message", [
-    (["cv", "--folds", "0"], "usage: foodvit cv [options]", "foodvit cv: error: argument --folds: must be >= 2, got 0"),
-    (["predict"], "usage: foodvit predict [options] run [IMAGE ...]",
-     "foodvit predict: error: the following arguments are required: run"),
-    (["bogus"], "usage: foodvit [options] COMMAND ...", "foodvit: error: argument COMMAND: invalid choice: 'bogus'"),
-])
+@pytest.mark.parametrize(
+    "argv, usage, message",
+    [
+        (
+            ["cv", "--folds", "0"],
+            "usage: foodvit cv [options]",
+            "foodvit cv: error: argument --folds: must be >= 2, got 0",
+        ),
+        (
+            ["predict"],
+            "usage: foodvit predict [options] run [IMAGE ...]",
+            "foodvit predict: error: the following arguments are required: run",
+        ),
+        (
+            ["bogus"],
+            "usage: foodvit [options] COMMAND ...",
+            "foodvit: error: argument COMMAND: invalid choice: 'bogus'",
+        ),
+    ],
+)
 def test_a_usage_error_is_a_short_usage_line_and_the_error_not_every_option(argv, usage, message, capsys):
     with pytest.raises(SystemExit) as stop:
         main(argv)

@@ -68,19 +68,29 @@ def test_a_damaged_study_json_is_one_line(photos, tmp_path, capsys, damage):
     assert "study.json" in one_line(capsys, "cv")
 
 
-@pytest.mark.parametrize("url, says", [("bogus://x", "not a database URL"), ("postgresql://u@127.0.0.1:1/db", "driver"),
-                                       ("sqlite:////nonexistent-dir/x/y.db", "/nonexistent-dir/x does not exist")])
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("bogus://x", "not a database URL"),
+        ("postgresql://u@127.0.0.1:1/db", "driver"),
+        ("sqlite:////nonexistent-dir/x/y.db", "/nonexistent-dir/x does not exist"),
+    ],
+)
 def test_a_storage_that_cannot_be_used_is_one_line(photos, tmp_path, capsys, monkeypatch, url, says):
     pytest.importorskip("optuna")
     monkeypatch.setitem(sys.modules, "psycopg2", None)  # the driver missing, whether or not it is installed here
     monkeypatch.setitem(sys.modules, "psycopg", None)
-    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--storage", url, "--folds", "2", *TINY]) == 2
+    assert (
+        main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--storage", url, "--folds", "2", *TINY])
+        == 2
+    )
     assert says in one_line(capsys, "tune")
 
 
 @pytest.mark.parametrize("password", ["SECRET@TAIL", "SE:CRET@TAIL", "SE/CRET@TAIL", "SECRET@TA/IL@END"])
-def test_a_password_with_an_unencoded_at_sign_is_told_to_be_percent_encoded_and_never_shown(photos, tmp_path, capsys,
-                                                                                          password):
+def test_a_password_with_an_unencoded_at_sign_is_told_to_be_percent_encoded_and_never_shown(
+    photos, tmp_path, capsys, password
+):
     pytest.importorskip("optuna")
     from helpers import free_port
 
@@ -94,10 +104,15 @@ def test_a_password_with_an_unencoded_at_sign_is_told_to_be_percent_encoded_and_
     assert not out.exists()  # refused before the study folder is made
 
 
-@pytest.mark.parametrize("place, says", [("folder", "is a folder; give a file's path"),
-                                         ("missing/study.db", "missing does not exist"),
-                                         ("a-file/study.db", "a-file is a file, not a folder"),
-                                         ("/proc/foodvit-study.db", "cannot create /proc/foodvit-study.db")])
+@pytest.mark.parametrize(
+    "place, says",
+    [
+        ("folder", "is a folder; give a file's path"),
+        ("missing/study.db", "missing does not exist"),
+        ("a-file/study.db", "a-file is a file, not a folder"),
+        ("/proc/foodvit-study.db", "cannot create /proc/foodvit-study.db"),
+    ],
+)
 def test_a_sqlite_storage_that_cannot_be_made_names_the_path_and_what_is_wrong(photos, tmp_path, capsys, place, says):
     pytest.importorskip("optuna")
     if place.startswith("/proc") and not Path("/proc/self").is_dir():
@@ -176,8 +191,6 @@ def test_compare_with_a_tune_study_says_it_is_no_cv_study(tmp_path, capsys):
     assert "in common yet" not in err and "tune" in err
 
 
-
-
 def test_one_limit_and_one_wording_for_an_oversized_photo_in_predict_and_explain(shared_run, tmp_path, capsys):
     from PIL import Image
 
@@ -239,8 +252,17 @@ def test_compare_with_a_damaged_result_file_is_one_line(tmp_path, capsys, damage
 @pytest.mark.parametrize("command", ["export-web", "export-space"])
 def test_an_export_folder_under_a_file_is_one_line(shared_run, tmp_path, capsys, command):
     out = a_file(tmp_path) / "site"
-    assert main([command, str(shared_run[0]), "--out" if command == "export-web" else str(out), *(
-        [str(out), "--ort-web", str(tmp_path / "no-such-ort")] if command == "export-web" else [])]) == 2
+    assert (
+        main(
+            [
+                command,
+                str(shared_run[0]),
+                "--out" if command == "export-web" else str(out),
+                *([str(out), "--ort-web", str(tmp_path / "no-such-ort")] if command == "export-web" else []),
+            ]
+        )
+        == 2
+    )
     assert "a-file is a file" in one_line(capsys, command)
     assert (tmp_path / "a-file").read_text() == "not a folder"
 
@@ -293,7 +315,9 @@ def test_a_full_disk_and_a_file_inside_a_folder_being_written_are_named_as_the_u
     with pytest.raises(OSError) as refused:
         atomic_write(tmp_path / "model.onnx", full)
     assert refused.value.filename == str(tmp_path / "model.onnx") and not list(tmp_path.iterdir())
-    assert place_refused(refused.value).endswith("(No space left on device); free some space there, or choose another place")
+    assert place_refused(refused.value).endswith(
+        "(No space left on device); free some space there, or choose another place"
+    )
 
     def denied(tmp):
         raise PermissionError(errno.EACCES, "Permission denied", str(Path(tmp) / "ort" / "ort.wasm"))
@@ -402,7 +426,9 @@ def test_a_study_of_its_own_database_is_not_opened_in_a_storage(tmp_path):
     from foodvit.tuning.storage import check_database
 
     (tmp_path / "study.db").write_bytes(b"SQLite format 3\x00")
-    with pytest.raises(StudyError, match="are in its own study.db, not in postgresql://u:\\*\\*\\*@h/db; leave out --storage"):
+    with pytest.raises(
+        StudyError, match="are in its own study.db, not in postgresql://u:\\*\\*\\*@h/db; leave out --storage"
+    ):
         check_database(tmp_path, "postgresql://u:secret@h/db")
 
 
@@ -411,7 +437,9 @@ def test_a_selection_of_one_class_is_told_to_name_two(tmp_path):
     from foodvit.errors import DataError
 
     folder = make_photo_folder(tmp_path / "two", n_train=2, n_test=1, classes=("pizza", "steak"))
-    with pytest.raises(DataError, match=r"the data names one class \(pizza\) of .*: .* so name two or more after the colon"):
+    with pytest.raises(
+        DataError, match=r"the data names one class \(pizza\) of .*: .* so name two or more after the colon"
+    ):
         DataSource.parse(f"{folder}:pizza").listed()
     assert DataSource.parse(f"{folder}:pizza,steak").listed().train.classes == ("pizza", "steak")
 
@@ -425,8 +453,13 @@ def test_a_studys_storage_note_never_holds_the_password(tmp_path):
     assert "pa/ss" not in note and "rd" not in note and "postgresql://u:***@db.example:5432/studies" in note
 
 
-@pytest.mark.parametrize("name, says", [("checkpoint.pt", "the run cannot go on from it"),
-                                        ("teacher-progress.pt", "the CNN teacher's training starts over")])
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("checkpoint.pt", "the run cannot go on from it"),
+        ("teacher-progress.pt", "the CNN teacher's training starts over"),
+    ],
+)
 def test_a_damaged_checkpoint_says_what_to_do_in_one_line_without_pytorchs_advice(name, says, tmp_path):
     from foodvit.errors import RunError
     from foodvit.rundir.directory import load_checkpoint
@@ -457,7 +490,9 @@ def test_compare_with_a_damaged_run_is_one_line(shared_run, tmp_path, capsys, da
     assert str(run) in err and "restore it, or leave that run out" in err
 
 
-def test_a_name_the_system_refuses_in_a_list_is_that_photos_error_and_a_binary_list_is_refused(shared_run, tmp_path, capsys):
+def test_a_name_the_system_refuses_in_a_list_is_that_photos_error_and_a_binary_list_is_refused(
+    shared_run, tmp_path, capsys
+):
     import csv
 
     photo = next((shared_run[1] / "test" / "pizza").iterdir())
@@ -466,13 +501,22 @@ def test_a_name_the_system_refuses_in_a_list_is_that_photos_error_and_a_binary_l
     out = tmp_path / "labels.csv"
     assert main(["predict", str(shared_run[0]), "--files-from", str(listing), "--out", str(out)]) == 1
     rows = list(csv.DictReader(out.open()))
-    assert [bool(r["label"]) for r in rows] == [True, False] and "cannot be used (File name too long)" in rows[1]["error"]
+    assert [bool(r["label"]) for r in rows] == [True, False] and "cannot be used (File name too long)" in rows[1][
+        "error"
+    ]
     capsys.readouterr()
     assert main(["predict", str(shared_run[0]), "--files-from", str(photo), "--out", str(tmp_path / "x.csv")]) == 2
     assert "holds binary data (a photo?)" in one_line(capsys, "predict") and not (tmp_path / "x.csv").exists()
 
 
-@pytest.mark.parametrize("key, value", [("classes", '["a"]'), ("preprocess", '{"image_size": 0}'), ("preprocess", '{"image_size": 64, "resize_size": 73, "mean": [0, 0, 0], "std": [1, 1, 1]}')])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("classes", '["a"]'),
+        ("preprocess", '{"image_size": 0}'),
+        ("preprocess", '{"image_size": 64, "resize_size": 73, "mean": [0, 0, 0], "std": [1, 1, 1]}'),
+    ],
+)
 def test_an_onnx_whose_metadata_does_not_match_its_graph_is_one_line(shared_onnx, tmp_path, capsys, key, value):
     onnx = pytest.importorskip("onnx")
     model = onnx.load(str(shared_onnx))
@@ -489,9 +533,14 @@ def test_an_onnx_whose_metadata_does_not_match_its_graph_is_one_line(shared_onnx
     assert "its foodvit metadata does not match the model it holds" in one_line(capsys, "predict")
 
 
-@pytest.mark.parametrize("options, says", [(["--image-size", "100000", "--patch-size", "1000"], "must be in [1, 1024]"),
-                                           (["--image-size", "1024", "--patch-size", "2"], "a grid of 512 x 512; patches draws at most 64 x 64"),
-                                           (["--channels", "100000"], "more than the 192 channels")])
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--image-size", "100000", "--patch-size", "1000"], "must be in [1, 1024]"),
+        (["--image-size", "1024", "--patch-size", "2"], "a grid of 512 x 512; patches draws at most 64 x 64"),
+        (["--channels", "100000"], "more than the 192 channels"),
+    ],
+)
 def test_patches_refuses_sizes_past_a_picture_in_one_line(shared_run, tmp_path, capsys, options, says):
     photo = next((shared_run[1] / "test" / "pizza").iterdir())
     maps = ["--feature-maps", str(shared_run[0])] if "--channels" in options else []
@@ -556,7 +605,8 @@ def test_a_command_whose_standard_output_is_full_says_so_in_one_line_and_nothing
     import subprocess
 
     with open("/dev/full", "w") as full:  # `foodvit models > /dev/full`; models starts without PyTorch
-        done = subprocess.run([sys.executable, "-m", "foodvit", "models"], stdout=full, stderr=subprocess.PIPE,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "foodvit", "models"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60
+        )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr  # nothing more at the interpreter's exit
     assert done.stderr.startswith("foodvit models: error: cannot write to standard output (No space left on device)")

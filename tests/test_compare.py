@@ -21,7 +21,7 @@ B = [True, True, False, True, True, True, False, True, True, True]
 def test_the_same_photos_under_a_second_seed_do_not_shrink_the_standard_error():
     one = compare.paired(predictions(A, [0]), predictions(B, [0]))
     two = compare.paired(predictions(A, [0, 1]), predictions(B, [0, 1]))
-    diffs = [int(b) - int(a) for a, b in zip(A, B)]
+    diffs = [int(b) - int(a) for a, b in zip(A, B, strict=True)]
     assert one["standard_error"] == pytest.approx(statistics.stdev(diffs) / math.sqrt(len(diffs)))
     assert two["difference"] == one["difference"] == pytest.approx(0.2)
     assert two["standard_error"] == pytest.approx(one["standard_error"])
@@ -64,7 +64,10 @@ def test_a_study_names_its_recipe_and_the_settings_it_changed_from_its_own_files
         return folder
 
     default = load_recipe("default").to_dict()
-    share = {**default, "data": {**default["data"], "train_fraction": 0.4}}  # a curve's point: the share is not a change
+    share = {
+        **default,
+        "data": {**default["data"], "train_fraction": 0.4},
+    }  # a curve's point: the share is not a change
     unmasked = {**default, "masked": {**default["masked"], "weight": 0.0}}
     older = json.loads(json.dumps(default))
     del older["masked"]  # a study stored before a setting existed counts it at its default (off)

@@ -33,7 +33,12 @@ def metrics(run: Path) -> list[dict]:
 
 @pytest.mark.slow  # inductor compiles the step's forward and backward (tens of seconds); the fallback stays fast
 @pytest.mark.skipif(compiling.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
-def test_the_compiled_step_learns_what_the_eager_one_does(tmp_path):
+def test_the_compiled_step_learns_what_the_eager_one_does(tmp_path, monkeypatch):
+    import torch._inductor.config as inductor
+
+    # inductor compiles the kernels in this process: its pool of compiling processes, each importing PyTorch, costs
+    # more to start than this one small graph costs to compile (the step and its numbers are the same)
+    monkeypatch.setattr(inductor, "compile_threads", 1)
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     runs = {}
     for name, flag in (("eager", "--no-compile"), ("compiled", "--compile")):

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 import foodvit
-from foodvit.settings.layout import MOVED
-from foodvit.settings.run import SECTIONS, OptimConfig, RunConfig, objectives_on
-from foodvit.settings.model import VIT_OPTIONS, VitSettings
-from foodvit.settings.fields import flag_of
-from foodvit.settings.overrides import setting_field
 from foodvit.errors import ConfigError
 from foodvit.model.resolve import resolve
+from foodvit.settings.fields import flag_of
+from foodvit.settings.layout import MOVED
+from foodvit.settings.model import VIT_OPTIONS, VitSettings
 from foodvit.settings.objectives import OBJECTIVES
+from foodvit.settings.overrides import setting_field
+from foodvit.settings.run import SECTIONS, OptimConfig, RunConfig, objectives_on
 
 DATA = Path(__file__).parent / "data"
 # `foodvit train --epochs 3 --seed 0`'s config.json in the layout before the sections (optim held the objectives'
@@ -78,13 +78,19 @@ def test_a_recipe_in_the_old_layout_is_the_same_recipe(tmp_path):
     )
     a, b = foodvit.load_recipe(str(old)), foodvit.load_recipe(str(new))
     assert a.to_dict() | {"recipe": ""} == b.to_dict() | {"recipe": ""}
-    assert (b.guidance.schedule, b.teacher.architecture, b.masked.ratio, b.pretrain.epochs) == ("linear", "resnet34", 0.5, 2)
+    assert (b.guidance.schedule, b.teacher.architecture, b.masked.ratio, b.pretrain.epochs) == (
+        "linear",
+        "resnet34",
+        0.5,
+        2,
+    )
     both = tmp_path / "both.toml"
     both.write_text("[optim]\ndrloc = 0.5\n[drloc]\nweight = 1.0\n")
     with pytest.raises(ConfigError) as refused:
         foodvit.load_recipe(str(both))
-    assert str(refused.value) == (f"recipe {both}: optim.drloc = 0.5 and drloc.weight = 1.0 are one setting; "
-                                  "remove optim.drloc")
+    assert str(refused.value) == (
+        f"recipe {both}: optim.drloc = 0.5 and drloc.weight = 1.0 are one setting; remove optim.drloc"
+    )
 
 
 def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_sectioned(tmp_path):
@@ -99,7 +105,9 @@ def test_a_search_space_and_a_study_of_the_old_layout_name_the_settings_sectione
     study.write_text(json.dumps({"settings": old, "space": {"optim.drloc": {"low": 0.0, "high": 1.0}}}))
     identity = read_identity(study)
     assert identity["space"] == {"drloc.weight": {"low": 0.0, "high": 1.0}}
-    assert identity["settings"]["drloc"] == {"weight": 0.5, "pairs": 64} and "drloc" not in identity["settings"]["optim"]
+    assert (
+        identity["settings"]["drloc"] == {"weight": 0.5, "pairs": 64} and "drloc" not in identity["settings"]["optim"]
+    )
 
 
 def test_settings_this_version_cannot_read_are_compared_in_the_sectioned_layout():
@@ -203,19 +211,32 @@ def test_run_config_takes_the_model_settings_as_vit_settings_and_refuses_anythin
     """The model's settings are one type, VitSettings (a frozen RunConfig is never rewritten after it is made);
     a dict is read through VitSettings.from_dict or RunConfig.from_dict, each with its own checks."""
     config = RunConfig.from_dict({"vit": {"depth": 2, "image_size": 64}})
-    assert config.vit == VitSettings(depth=2, image_size=64) and config == RunConfig(vit=VitSettings(depth=2, image_size=64))
+    assert config.vit == VitSettings(depth=2, image_size=64) and config == RunConfig(
+        vit=VitSettings(depth=2, image_size=64)
+    )
     assert RunConfig(vit=VitSettings.from_dict({"depth": 3}, "vit")).vit == VitSettings(depth=3)
     with pytest.raises(ConfigError, match="unknown model setting"):
         RunConfig.from_dict({"vit": {"depht": 2}})
     for wrong in ({"depth": 2}, [("depth", 2)]):
-        with pytest.raises(ConfigError, match=r"vit: expected the model's settings as VitSettings, got (dict|list); give VitSettings"):
+        with pytest.raises(
+            ConfigError, match=r"vit: expected the model's settings as VitSettings, got (dict|list); give VitSettings"
+        ):
             RunConfig(vit=wrong)
 
 
-@pytest.mark.parametrize("text, message", [
-    ('teacher = "resnet34"\n', '[teacher] is a section of settings, e.g. [teacher] architecture = "resnet18", not a str'),
-    ('[teacher]\nname = "resnet34"\n', "unknown setting(s) [teacher] name; [teacher] has architecture, epochs, size"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            'teacher = "resnet34"\n',
+            '[teacher] is a section of settings, e.g. [teacher] architecture = "resnet18", not a str',
+        ),
+        (
+            '[teacher]\nname = "resnet34"\n',
+            "unknown setting(s) [teacher] name; [teacher] has architecture, epochs, size",
+        ),
+    ],
+)
 def test_a_section_written_wrong_in_a_recipe_is_named_as_the_recipe_writes_it(tmp_path, text, message):
     recipe = tmp_path / "r.toml"
     recipe.write_text(text)
@@ -225,7 +246,9 @@ def test_a_section_written_wrong_in_a_recipe_is_named_as_the_recipe_writes_it(tm
 
 
 def test_overrides_under_both_names_of_one_setting_are_refused_as_a_file_is():
-    with pytest.raises(ConfigError, match=r"^optim.drloc = 0.5 and drloc.weight = 1 are one setting; remove optim.drloc$"):
+    with pytest.raises(
+        ConfigError, match=r"^optim.drloc = 0.5 and drloc.weight = 1 are one setting; remove optim.drloc$"
+    ):
         resolve("tiny", {"optim.drloc": 0.5, "drloc.weight": 1})
     assert resolve("tiny", {"optim.drloc": 0.5, "drloc.weight": 0.5}).drloc.weight == 0.5  # the same value: one setting
     assert resolve("tiny", {"optim.drloc": None, "drloc.weight": 1.0}).drloc.weight == 1.0  # None: not given

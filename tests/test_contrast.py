@@ -12,14 +12,20 @@ import torch.nn.functional as F
 from helpers import make_photo_folder
 from test_train import small_config
 
-from foodvit.settings.objectives import ContrastSettings
-from foodvit.settings.run import RunConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
-from foodvit.training.objectives.contrast import (InstanceDiscrimination, crop_resize, distort_colours, draw_boxes, nt_xent,
-                                       second_view)
+from foodvit.settings.objectives import ContrastSettings
+from foodvit.settings.run import RunConfig
 from foodvit.training.objectives import WithObjectives, build
+from foodvit.training.objectives.contrast import (
+    InstanceDiscrimination,
+    crop_resize,
+    distort_colours,
+    draw_boxes,
+    nt_xent,
+    second_view,
+)
 from foodvit.training.resizing import AnyGrid
 from foodvit.training.run import train
 
@@ -41,7 +47,9 @@ def test_views_nearer_their_own_pair_lose_less_and_no_pairs_lose_nothing():
     torch.manual_seed(0)
     first = torch.randn(8, 16)
     near = first + 0.1 * torch.randn(8, 16)
-    assert nt_xent(first, near, 0.2) < nt_xent(first, near.roll(1, dims=0), 0.2)  # the same views paired with another photo's
+    assert nt_xent(first, near, 0.2) < nt_xent(
+        first, near.roll(1, dims=0), 0.2
+    )  # the same views paired with another photo's
     assert nt_xent(first, near, 0.1) < nt_xent(first, near, 1.0)  # a sharper temperature rewards the right pairs more
     empty = nt_xent(torch.zeros(0, 16, requires_grad=True), torch.zeros(0, 16), 0.2)
     assert empty.item() == 0.0 and empty.requires_grad
@@ -109,8 +117,17 @@ def test_the_second_view_flips_and_greys_a_share_of_the_photos(monkeypatch):
 
 def vit_for(pool: str):
     torch.manual_seed(0)
-    return create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96, pool=pool,
-                        pos_embed="sincos2d")
+    return create_model(
+        "ViT-Ti/8",
+        num_classes=3,
+        image_size=32,
+        depth=2,
+        embed_dim=48,
+        num_heads=3,
+        mlp_dim=96,
+        pool=pool,
+        pos_embed="sincos2d",
+    )
 
 
 @pytest.mark.parametrize("pool", ["cls", "seq"])
@@ -136,8 +153,18 @@ def test_the_term_contrasts_the_projected_pooled_states_of_both_views(pool):
 
 def test_the_second_view_leaves_a_conv_stems_running_statistics_to_the_photos_as_shown():
     torch.manual_seed(0)
-    vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, embed_dim=48, num_heads=3, mlp_dim=96, pool="seq",
-                       pos_embed="sincos2d", stem="conv")
+    vit = create_model(
+        "ViT-Ti/8",
+        num_classes=3,
+        image_size=32,
+        depth=2,
+        embed_dim=48,
+        num_heads=3,
+        mlp_dim=96,
+        pool="seq",
+        pos_embed="sincos2d",
+        stem="conv",
+    )
     plain = copy.deepcopy(vit).train()
     images = torch.randn(4, 3, 32, 32) * 2 + 1
     torch.manual_seed(5)
@@ -145,7 +172,7 @@ def test_the_second_view_leaves_a_conv_stems_running_statistics_to_the_photos_as
     (logits.sum() + extra).backward()  # both passes' gradients through the stem's batch norms
     assert vit.patch_embed.stem.layers[0].weight.grad.abs().sum() > 0
     plain(images)  # one plain training pass over the same photos
-    norms = [(a, b) for a, b in zip(vit.modules(), plain.modules()) if isinstance(a, torch.nn.BatchNorm2d)]
+    norms = [(a, b) for a, b in zip(vit.modules(), plain.modules(), strict=True) if isinstance(a, torch.nn.BatchNorm2d)]
     assert norms
     for ours, theirs in norms:
         assert ours.num_batches_tracked.item() == 1
@@ -166,7 +193,9 @@ def test_both_views_of_a_smaller_batch_take_its_grid_under_progressive_resizing(
 
 
 def test_a_temperature_without_the_loss_or_out_of_range_says_what_to_do():
-    with pytest.raises(ConfigError, match="--contrast-temperature sets how sharply --contrast compares the two views: add --contrast W"):
+    with pytest.raises(
+        ConfigError, match="--contrast-temperature sets how sharply --contrast compares the two views: add --contrast W"
+    ):
         ContrastSettings(temperature=0.5)
     for bad in (0.0, float("nan")):
         with pytest.raises(ConfigError, match="contrast-temperature"):
@@ -178,8 +207,12 @@ def test_a_run_keeps_the_projection_in_its_checkpoint_and_not_in_its_model(tmp_p
     config = small_config(photos, epochs=1, batch_size=8)
     run = tmp_path_factory.mktemp("runs") / "run"
     # the default recipe's shape: a conv stem (batch norms) and sequence pooling, beside masked patches
-    config = replace(config, vit=replace(config.vit, stem="conv", pool="seq", pos_embed="sincos2d"),
-                     contrast=replace(config.contrast, weight=0.5), masked=replace(config.masked, weight=1.0))
+    config = replace(
+        config,
+        vit=replace(config.vit, stem="conv", pool="seq", pos_embed="sincos2d"),
+        contrast=replace(config.contrast, weight=0.5),
+        masked=replace(config.masked, weight=1.0),
+    )
     result = train(config, run, quiet=True)
     state = load_checkpoint(run / "checkpoint.pt")
     assert set(state["contrast"]) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
@@ -194,8 +227,11 @@ def test_a_contrast_run_resumes_as_an_uninterrupted_one(tmp_path, monkeypatch):
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     config = small_config(photos, epochs=2, batch_size=8)
-    config = replace(config, vit=replace(config.vit, stem="conv", pool="seq", pos_embed="sincos2d"),
-                     contrast=replace(config.contrast, weight=0.5))
+    config = replace(
+        config,
+        vit=replace(config.vit, stem="conv", pool="seq", pos_embed="sincos2d"),
+        contrast=replace(config.contrast, weight=0.5),
+    )
     whole = train(config, tmp_path / "whole", quiet=True)
     real = T.fit
     monkeypatch.setattr(T, "fit", lambda *a, **k: real(*a, **{**k, "epochs": 1}))

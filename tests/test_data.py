@@ -153,7 +153,9 @@ def test_decompression_bomb_is_refused_by_name_and_skipped_in_a_folder(tmp_path,
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         if entry_point_policy:
             photos.limit_pixels()
-        size = "" if entry_point_policy else "10000 x 9000 = "  # Pillow refuses first under the policy: no size in its error
+        size = (
+            "" if entry_point_policy else "10000 x 9000 = "
+        )  # Pillow refuses first under the policy: no size in its error
         with pytest.raises(PhotoError, match=rf"bomb\.png is {size}90 megapixels, over the limit of 50"):
             load_or_explain(bomb)
         split = scan(root / "train")
@@ -233,7 +235,9 @@ def _epoch(loader, epoch):
 
 
 def _same(a, b):
-    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+    return len(a) == len(b) and all(
+        torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b, strict=True)
+    )
 
 
 def test_batches_from_workers_depend_on_neither_their_number_nor_their_history(tmp_path):
@@ -394,7 +398,9 @@ def make_food101(root, classes=("apple_pie", "pizza", "steak", "sushi"), n_train
             ids = [f"{name}/{1000 * c + offset + i}" for i in range(n)]
             meta[split][name] = ids
             for i, entry in enumerate(ids):
-                make_photo(root / "images" / f"{entry}.jpg", (40 * c + 60, 90, 160 - 30 * c), seed=1000 * c + offset + i)
+                make_photo(
+                    root / "images" / f"{entry}.jpg", (40 * c + 60, 90, 160 - 30 * c), seed=1000 * c + offset + i
+                )
     (root / "meta").mkdir(parents=True, exist_ok=True)
     for split in ("train", "test"):
         (root / "meta" / f"{split}.json").write_text(json.dumps(meta[split]))
@@ -409,7 +415,11 @@ def test_food101_is_read_from_its_split_files_with_a_class_subset_and_a_training
     assert full.classes == ("apple_pie", "pizza", "steak", "sushi") and len(full.train) == 40 and len(full.test) == 16
     subset = open_dataset("food101:sushi,pizza,steak", train_fraction=0.5, seed=3)
     assert subset.classes == ("pizza", "steak", "sushi")
-    assert subset.train.counts() == {"pizza": 5, "steak": 5, "sushi": 5} and subset.test.counts() == {"pizza": 4, "steak": 4, "sushi": 4}
+    assert subset.train.counts() == {"pizza": 5, "steak": 5, "sushi": 5} and subset.test.counts() == {
+        "pizza": 4,
+        "steak": 4,
+        "sushi": 4,
+    }
     assert all(path.parent.name == subset.classes[label] for path, label in subset.train.samples + subset.test.samples)
     again = open_dataset("food101:pizza,steak,sushi", train_fraction=0.5, seed=3)
     other = open_dataset("food101:pizza,steak,sushi", train_fraction=0.5, seed=4)
@@ -428,8 +438,29 @@ def test_training_on_a_food101_layout_subset(tmp_path, monkeypatch):
     monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))
     make_food101(tmp_path / "cache" / "food101" / "food-101", n_train=8, n_test=3)
     out = tmp_path / "run"
-    assert main(["train", "--recipe", "tiny", "--data", "food101:pizza,steak,sushi", "--train-fraction", "0.5", "--epochs", "1",
-                 "--image-size", "32", "--depth", "1", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--recipe",
+                "tiny",
+                "--data",
+                "food101:pizza,steak,sushi",
+                "--train-fraction",
+                "0.5",
+                "--epochs",
+                "1",
+                "--image-size",
+                "32",
+                "--depth",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     card = json.loads((out / "model.json").read_text())
     assert card["classes"] == ["pizza", "steak", "sushi"]
     assert card["metrics"]["train_photos"] == 12 and card["metrics"]["test_n"] == 9

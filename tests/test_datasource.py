@@ -27,7 +27,9 @@ def make_food101(root: Path, classes=CLASSES4, n_train=4, n_test=2) -> Path:
             ids = [f"{name}/{split}{i}" for i in range(n)]
             meta[split][name] = ids
             for i, photo in enumerate(ids):
-                make_photo(root / "images" / f"{photo}.jpg", (40 + 50 * c, 90, 200 - 40 * c), (40, 40), seed=100 * c + i)
+                make_photo(
+                    root / "images" / f"{photo}.jpg", (40 + 50 * c, 90, 200 - 40 * c), (40, 40), seed=100 * c + i
+                )
     (root / "meta").mkdir(parents=True, exist_ok=True)
     for split, entries in meta.items():
         (root / "meta" / f"{split}.json").write_text(json.dumps(entries))
@@ -50,8 +52,12 @@ def test_parse_keeps_location_subset_and_fraction(tmp_path, monkeypatch):
     url = "https://example.org/data/pizza_steak_sushi.zip"
     assert DataSource.parse(url) == DataSource(url)  # the colon of a URL is no class list
     assert str(DataSource.parse(f"{local}:sushi,pizza")) == f"{local}:sushi,pizza"
-    assert DataSource.parse(url).name == "pizza_steak_sushi" and DataSource.parse("food101:pizza").name == "food101:pizza"
-    assert DataSource.parse(None).location == url.replace("example.org/data", "github.com/mrdbourke/pytorch-deep-learning/raw/main/data")
+    assert (
+        DataSource.parse(url).name == "pizza_steak_sushi" and DataSource.parse("food101:pizza").name == "food101:pizza"
+    )
+    assert DataSource.parse(None).location == url.replace(
+        "example.org/data", "github.com/mrdbourke/pytorch-deep-learning/raw/main/data"
+    )
     with pytest.raises(DataError, match="names no classes"):
         DataSource.parse("food101:")
 
@@ -81,7 +87,9 @@ def test_evaluate_and_inspect_a_food101_subset_run(food101_cache, tmp_path, monk
 def url_run(tmp_path_factory):
     """A run trained from a URL (the default source's kind), its zip in the download cache: (run, cache, zip)."""
     cache = tmp_path_factory.mktemp("cache")
-    photos = make_photo_folder(tmp_path_factory.mktemp("photos") / "pizza_steak_sushi", n_train=4, n_test=2, size=(40, 40))
+    photos = make_photo_folder(
+        tmp_path_factory.mktemp("photos") / "pizza_steak_sushi", n_train=4, n_test=2, size=(40, 40)
+    )
     url = "https://example.invalid/data/pizza_steak_sushi.zip"
     target = cache / "downloads" / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-pizza_steak_sushi.zip"
     target.parent.mkdir(parents=True)

@@ -12,17 +12,17 @@ from helpers import make_photo_folder
 from test_train import small_config
 from torch import nn
 
-from foodvit.settings.run import RunConfig
-from foodvit.settings.overrides import with_settings
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.variants import create_model
 from foodvit.model.vit import Heads
 from foodvit.rundir.directory import load_checkpoint
+from foodvit.settings.overrides import with_settings
+from foodvit.settings.run import RunConfig
 from foodvit.training.objectives import Batch, Outputs, WithObjectives
 from foodvit.training.objectives.distill import Distillation
 from foodvit.training.objectives.drloc import Localization
-from foodvit.training.teacher import Teacher, build_teacher
 from foodvit.training.run import resume, train
+from foodvit.training.teacher import Teacher, build_teacher
 
 
 class Fixed(nn.Module):
@@ -66,7 +66,10 @@ def test_at_a_temperature_the_loss_is_the_scaled_divergence_from_the_teachers_so
     # a student that copies the teacher's logits has nothing left to learn from it, at any temperature
     taught = teacher(images).detach()
     copying = Outputs(tokens=torch.zeros(0), heads=Heads(torch.zeros(0), taught, None))
-    assert Distillation(1.0, temperature=2.0, teacher=Teacher(teacher)).loss(Batch(images, vit), copying).abs().item() < 1e-6
+    assert (
+        Distillation(1.0, temperature=2.0, teacher=Teacher(teacher)).loss(Batch(images, vit), copying).abs().item()
+        < 1e-6
+    )
     empty = WithObjectives(vit, [Distillation(weight=1.0, temperature=3.0)], teacher=Teacher(teacher)).train()
     assert empty(torch.zeros(0, 3, 32, 32))[1].item() == 0.0  # an empty share costs nothing
 
@@ -83,11 +86,15 @@ def test_at_a_temperature_with_the_token_its_own_head_learns_the_teachers_probab
     by_hand = 4 * (p * (p.log() - torch.log_softmax(outputs.heads.distilled / 2, dim=1))).sum(dim=1).mean()
     torch.testing.assert_close(terms["distill"], by_hand, rtol=1e-5, atol=1e-6)
     terms["distill"].backward()
-    assert vit.head_dist.weight.grad.abs().sum() > 0 and (vit.head.weight.grad is None or vit.head.weight.grad.abs().sum() == 0)
+    assert vit.head_dist.weight.grad.abs().sum() > 0 and (
+        vit.head.weight.grad is None or vit.head.weight.grad.abs().sum() == 0
+    )
 
 
 def test_a_temperature_without_distillation_is_refused():
-    with pytest.raises(ConfigError, match="--distill-temperature softens the classes of a teacher that --distill reads"):
+    with pytest.raises(
+        ConfigError, match="--distill-temperature softens the classes of a teacher that --distill reads"
+    ):
         RunConfig.from_dict({"optim": {"distill_temperature": 3.0}})
     assert RunConfig.from_dict({"distill": {"weight": 1.0, "temperature": 3.0}}).distill.temperature == 3.0
 
@@ -135,7 +142,9 @@ def test_unknown_teacher_and_a_wrapper_without_teacher_are_refused():
         build_teacher("vgg11", 3)
     with pytest.raises(ConfigError, match="--teacher must be one of"):
         RunConfig.from_dict({"optim": {"distill": 1.0, "teacher": "alexnet"}})
-    wrapped = WithObjectives(create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), [Distillation(weight=1.0)]).train()
+    wrapped = WithObjectives(
+        create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1), [Distillation(weight=1.0)]
+    ).train()
     with pytest.raises(RuntimeError, match="reads the CNN teacher, which was not set"):
         wrapped(torch.randn(1, 3, 32, 32))
 
@@ -149,7 +158,9 @@ def photos(tmp_path_factory):
 
 def distilled(photos, epochs=2):
     config = small_config(photos, epochs=epochs, batch_size=8)
-    return replace(config, distill=replace(config.distill, weight=1.0), teacher=replace(config.teacher, architecture="resnet18"))
+    return replace(
+        config, distill=replace(config.distill, weight=1.0), teacher=replace(config.teacher, architecture="resnet18")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +178,10 @@ def test_a_distilled_run_trains_saves_and_reports_its_teacher(distilled_run):
     assert [row["epoch"] for row in teacher["history"]] == [1, 2] and 0 <= teacher["history"][-1]["test_acc"] <= 1
     card = json.loads((out / "model.json").read_text())
     assert card["metrics"]["teacher_test_acc"] == teacher["history"][-1]["test_acc"]
-    assert "## CNN teacher" in (out / "report.md").read_text() and "its labels (distillation, weight 1)" in (out / "report.md").read_text()
+    assert (
+        "## CNN teacher" in (out / "report.md").read_text()
+        and "its labels (distillation, weight 1)" in (out / "report.md").read_text()
+    )
     state = load_checkpoint(out / "checkpoint.pt")
     assert not any(k.startswith(("teacher", "layer1", "fc.")) for k in state["model"])  # the checkpoint holds the ViT
     assert len(result.history) == 2
@@ -178,8 +192,11 @@ def test_a_teacher_that_would_see_one_photo_at_32_px_is_refused_with_a_batch_siz
     # feature map) cannot put through batch norm in training: said before it trains, with a batch size
     # that works; at 10 it trains
     config = distilled(photos, epochs=1)
-    with pytest.raises(ConfigError, match=r"resnet18 teacher cannot train on a single photo at 32 px .* 12 photos an epoch in "
-                                          r"batches of 11 give a process one photo in a step: give --batch-size 10, or an --image-size above 32"):
+    with pytest.raises(
+        ConfigError,
+        match=r"resnet18 teacher cannot train on a single photo at 32 px .* 12 photos an epoch in "
+        r"batches of 11 give a process one photo in a step: give --batch-size 10, or an --image-size above 32",
+    ):
         train(replace(config, train=replace(config.train, batch_size=11)), tmp_path / "one", quiet=True)
     assert not (tmp_path / "one" / "teacher.pt").exists()
     assert train(replace(config, train=replace(config.train, batch_size=10)), tmp_path / "ten", quiet=True).history
@@ -241,7 +258,9 @@ def test_a_foreign_teacher_file_is_refused(distilled_run, tmp_path):
         resume(out, quiet=True)
 
 
-def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(photos, distilled_run, tmp_path, monkeypatch):
+def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(
+    photos, distilled_run, tmp_path, monkeypatch
+):
     _, whole = distilled_run  # the same settings, uninterrupted
     out = tmp_path / "stopped"
     import foodvit.training.trainer as T
@@ -286,7 +305,9 @@ def test_the_token_is_a_second_prefix_token_and_prediction_averages_the_two_head
     assert tokens.shape == (3, 18, 192) and attentions[0].shape[-1] == 18  # both tokens attend and are attended to
     pooled = vit.forward_head(tokens, pre_logits=True)
     by_hand = (vit.head(pooled) + vit.head_dist(tokens[:, 1])) / 2  # [class; distillation; patches]
-    torch.testing.assert_close(vit(images), by_hand, rtol=1e-5, atol=1e-5)  # with pool='cls', the last block's fast path too
+    torch.testing.assert_close(
+        vit(images), by_hand, rtol=1e-5, atol=1e-5
+    )  # with pool='cls', the last block's fast path too
     heads = vit.forward_head(vit.forward_features(images), heads=True)
     torch.testing.assert_close(heads.logits, vit.head(pooled), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(heads.distilled, vit.head_dist(tokens[:, 1]), rtol=1e-5, atol=1e-5)
@@ -303,17 +324,25 @@ def test_the_token_starts_apart_from_the_class_token_and_is_not_decayed():
 
 def test_with_the_token_the_teacher_trains_the_distillation_head_and_the_labels_the_class_head():
     vit = token_vit()
-    nn.init.normal_(vit.head_dist.weight, std=0.1)  # as after some training: a zero head passes no gradient back to the token
+    nn.init.normal_(
+        vit.head_dist.weight, std=0.1
+    )  # as after some training: a zero head passes no gradient back to the token
     wrapped = WithObjectives(vit, [Distillation(weight=0.7)], teacher=Teacher(Fixed([2, 0, 1, 1]))).train()
     images = torch.randn(4, 3, 32, 32)
     logits, extra = wrapped(images)
     torch.manual_seed(0)
     heads = vit.forward_head(vit.forward_features(images), heads=True)
-    torch.testing.assert_close(logits, heads.logits, rtol=1e-5, atol=1e-5)  # the engine's CE against y reads Eq. 4's head
-    torch.testing.assert_close(extra, 0.7 * F.cross_entropy(heads.distilled, torch.tensor([2, 0, 1, 1])), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        logits, heads.logits, rtol=1e-5, atol=1e-5
+    )  # the engine's CE against y reads Eq. 4's head
+    torch.testing.assert_close(
+        extra, 0.7 * F.cross_entropy(heads.distilled, torch.tensor([2, 0, 1, 1])), rtol=1e-5, atol=1e-5
+    )
     extra.backward()
     assert vit.head.weight.grad is None  # the teacher's term does not reach the class head ...
-    assert vit.head_dist.weight.grad.abs().sum() > 0 and vit.dist_token.grad.abs().sum() > 0  # ... it trains the token's
+    assert (
+        vit.head_dist.weight.grad.abs().sum() > 0 and vit.dist_token.grad.abs().sum() > 0
+    )  # ... it trains the token's
 
 
 def test_with_the_token_the_localization_loss_still_reads_the_patch_tokens_only():
@@ -326,15 +355,20 @@ def test_with_the_token_the_localization_loss_still_reads_the_patch_tokens_only(
     tokens = vit.forward_features(images)
     torch.manual_seed(1)
     drloc = 0.5 * localization.drloc(tokens[:, 2:])  # 16 patch tokens: a 4 x 4 grid, not 18
-    torch.testing.assert_close(extra, drloc + F.cross_entropy(vit.head_dist(tokens[:, 1]), torch.tensor([1, 0])),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        extra, drloc + F.cross_entropy(vit.head_dist(tokens[:, 1]), torch.tensor([1, 0])), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_the_token_needs_a_teacher(capsys, tmp_path):
-    with pytest.raises(ConfigError, match="--distill-token trains its own head on a teacher's classes: add --distill W"):
+    with pytest.raises(
+        ConfigError, match="--distill-token trains its own head on a teacher's classes: add --distill W"
+    ):
         RunConfig.from_dict({"vit": {"distill_token": True}})
     with pytest.raises(ConfigError, match="no --freeze-backbone"):
-        RunConfig.from_dict({"vit": {"distill_token": True}, "optim": {"distill": 1.0}, "train": {"freeze_backbone": True}})
+        RunConfig.from_dict(
+            {"vit": {"distill_token": True}, "optim": {"distill": 1.0}, "train": {"freeze_backbone": True}}
+        )
     from foodvit.cli.main import main
 
     try:
@@ -351,7 +385,9 @@ def test_weights_keep_both_prefix_positions_and_fine_tuning_replaces_both_heads(
     source = token_vit(pos_embed="learned")
     bigger = create_model("ViT-Ti/8", num_classes=5, image_size=48, depth=2, distill_token=True, pos_embed="learned")
     load_weights(bigger, source.state_dict(), skip_head=True)  # timm's names: dist_token, head_dist
-    torch.testing.assert_close(bigger.pos_embed[:, :2], source.pos_embed[:, :2])  # class and distillation positions kept
+    torch.testing.assert_close(
+        bigger.pos_embed[:, :2], source.pos_embed[:, :2]
+    )  # class and distillation positions kept
     assert bigger.pos_embed.shape == (1, 36 + 2, 192) and torch.equal(bigger.dist_token, source.dist_token)
     assert bigger.head_dist.weight.shape == (5, 192) and torch.count_nonzero(bigger.head_dist.weight) == 0
 
@@ -374,10 +410,15 @@ def test_a_run_with_the_token_saves_a_model_that_predicts_with_both_heads(photos
 def test_the_report_says_what_the_vit_learned_from_its_teacher():
     from foodvit.training.report import teacher_section
 
-    config = with_settings(RunConfig(), {"distill.weight": 0.5, "distill.temperature": 2.0, "guidance.weight": 1.0, "guidance.schedule": "linear"})
+    config = with_settings(
+        RunConfig(),
+        {"distill.weight": 0.5, "distill.temperature": 2.0, "guidance.weight": 1.0, "guidance.schedule": "linear"},
+    )
     history = [{"epoch": 1, "seconds": 1.0, "test_acc": 0.25}, {"epoch": 2, "seconds": 1.5, "test_acc": 0.5}]
     [title, _, text, _] = teacher_section(config, history, "runs/lender")
     assert title == "## CNN teacher" and "for 2 epochs (2 s, in runs/lender, which lent it to this run)" in text
-    assert ("its probabilities at temperature 2 (soft distillation, weight 0.5) and its feature maps (locality "
-            "guidance, weight 1, falling linearly towards 0 over the epochs)") in text
+    assert (
+        "its probabilities at temperature 2 (soft distillation, weight 0.5) and its feature maps (locality "
+        "guidance, weight 1, falling linearly towards 0 over the epochs)"
+    ) in text
     assert teacher_section(config, [], None) == []

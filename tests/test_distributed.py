@@ -1,6 +1,6 @@
-"""Training on several processes with torchrun (gloo on the CPU): the same run as on one process,
-rank 0 alone writes, two single-process "nodes" joined by the c10d rendezvous, and a killed rank
-that stops the others with a message and is resumed (that run with sharpness-aware minimisation)."""
+"""Training on several processes with torchrun (gloo on the CPU): two single-process "nodes" joined by the c10d
+rendezvous train the same run as one process, rank 0 alone writing; a killed rank stops the others with a message
+and the run, resumed on three processes, ends as one process's (that run with sharpness-aware minimisation)."""
 
 import csv
 import os
@@ -36,7 +36,7 @@ def metrics(run: Path) -> list[dict]:
 def assert_same_metrics(a: Path, b: Path, rel: float = 1e-4) -> None:
     rows_a, rows_b = metrics(a), metrics(b)
     assert len(rows_a) == len(rows_b) and rows_a
-    for row_a, row_b in zip(rows_a, rows_b):
+    for row_a, row_b in zip(rows_a, rows_b, strict=True):
         assert row_a.keys() == row_b.keys()
         for key in row_a:
             if row_a[key] == "" or row_b[key] == "":
@@ -50,7 +50,7 @@ def assert_same_predictions(a: Path, b: Path, photos: Path) -> None:
     test_photos = sorted(photos.glob("test/*/*.jpg"))
     first, second = (Predictor.from_run(run).classify_many(test_photos) for run in (a, b))
     assert [r["label"] for r in first] == [r["label"] for r in second]
-    for r, s in zip(first, second):
+    for r, s in zip(first, second, strict=True):
         for name, p in r["probabilities"].items():
             assert abs(p - s["probabilities"][name]) < 1e-4
 
@@ -71,15 +71,22 @@ def one_process(photos, tmp_path_factory):
 def test_global_batches_are_cut_into_shares_that_add_up_to_the_one_process_batches():
     one = list(ShardedBatchSampler(EpochSampler(19, seed=3, per_sample_seeds=True), 8))
     for world in (2, 3, 5):
-        shares = [list(ShardedBatchSampler(EpochSampler(19, seed=3, per_sample_seeds=True), 8, rank, world)) for rank in range(world)]
+        shares = [
+            list(ShardedBatchSampler(EpochSampler(19, seed=3, per_sample_seeds=True), 8, rank, world))
+            for rank in range(world)
+        ]
         assert all(len(s) == len(one) for s in shares)  # every rank takes part in every step
         for step, batch in enumerate(one):
             assert [item for rank in range(world) for item in shares[rank][step]] == batch
     assert [len(b) for b in one] == [8, 8, 3]
     # which cuts give some rank a single photo in a step (a teacher at 32 px or less cannot train on it)
     assert single_photo_share(17, 8) and not single_photo_share(19, 8) and not single_photo_share(16, 8)
-    assert single_photo_share(19, 8, world_size=2) and single_photo_share(16, 8, world_size=5)  # a last 3 as 1 + 2; 8 as 1 + 2 + ...
-    assert not single_photo_share(20, 8, world_size=2) and single_photo_share(5, 1)  # 20 as 4 + 4; batches of one asked for
+    assert single_photo_share(19, 8, world_size=2) and single_photo_share(
+        16, 8, world_size=5
+    )  # a last 3 as 1 + 2; 8 as 1 + 2 + ...
+    assert not single_photo_share(20, 8, world_size=2) and single_photo_share(
+        5, 1
+    )  # 20 as 4 + 4; batches of one asked for
     # evaluation: contiguous parts without padding, each photo once
     assert [share(10, r, 4) for r in range(4)] == [(0, 2), (2, 5), (5, 7), (7, 10)]
     parts = [list(make_loader(list(range(10)), 3, train=False, rank=r, world_size=4).sampler) for r in range(4)]
@@ -87,68 +94,94 @@ def test_global_batches_are_cut_into_shares_that_add_up_to_the_one_process_batch
 
 
 @pytest.mark.slow  # torchrun starts a Python for each rank; the sharding itself is tested above
-def test_two_processes_train_the_run_of_one_and_only_rank_0_writes(photos, one_process, tmp_path):
+def test_two_processes_joined_by_the_c10d_rendezvous_train_the_run_of_one_and_only_rank_0_writes(
+    photos, one_process, tmp_path
+):
+    # two single-process "nodes" (each its own torchrun) joined by the c10d rendezvous: the run of one process, written
+    # by rank 0 alone. torchrun --standalone's processes are the killed-rank test's below, on 2 then 3 processes, whose
+    # resumed run ends as one process's too
+    port = free_port()
+    command = torchrun(
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv_id",
+        "foodvit-test",
+        "--max_restarts",
+        "0",
+    ) + [*ARGS, "--data", str(photos), "--epochs", "2", "--out", "two"]
     work = tmp_path / "work"
     work.mkdir()
-    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*ARGS, "--data", str(photos), "--epochs", "2",
-                                                                              "--out", "two"],
-                          cwd=work, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    two = work / "two"
-    assert sorted(os.listdir(work)) == ["two"]  # nothing else written by either rank
-    assert sorted(os.listdir(two)) == sorted(os.listdir(one_process))
-    assert done.stdout.count("test accuracy") == 1 and done.stderr.count("run directory: two") == 1  # rank 0 speaks
-    assert (two / "config.json").read_text().replace(str(photos), "P") == (one_process / "config.json").read_text().replace(str(photos), "P")
-    assert_same_metrics(one_process, two)
-    assert_same_predictions(one_process, two, photos)
-    assert "2 processes" in (two / "report.md").read_text()
-
-
-@pytest.mark.slow  # torchrun starts a Python for each rank; the sharding itself is tested above
-def test_two_nodes_joined_by_the_c10d_rendezvous_train_the_same_run(photos, one_process, tmp_path):
-    port = free_port()
-    command = torchrun("--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
-                       "--rdzv_id", "foodvit-test", "--max_restarts", "0") + [*ARGS, "--data", str(photos), "--epochs", "2",
-                                                                              "--out", str(tmp_path / "nodes")]
-    nodes = [subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    nodes = [
+        subprocess.Popen(command, cwd=work, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     try:
         outputs = [node.communicate(timeout=300) for node in nodes]
     finally:
         for node in nodes:
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
-    assert sum(out.count("test accuracy") for out, _ in outputs) == 1
-    assert_same_metrics(one_process, tmp_path / "nodes")
-    assert_same_predictions(one_process, tmp_path / "nodes", photos)
+    two = work / "two"
+    assert sorted(os.listdir(work)) == ["two"]  # nothing else written by either rank
+    assert sorted(os.listdir(two)) == sorted(os.listdir(one_process))
+    assert sum(out.count("test accuracy") for out, _ in outputs) == 1  # rank 0 speaks
+    assert sum(err.count("run directory: two") for _, err in outputs) == 1
+    assert (two / "config.json").read_text().replace(str(photos), "P") == (
+        one_process / "config.json"
+    ).read_text().replace(str(photos), "P")
+    assert_same_metrics(one_process, two)
+    assert_same_predictions(one_process, two, photos)
+    assert "2 processes" in (two / "report.md").read_text()
 
 
-@pytest.mark.slow  # torchrun starts a Python for each rank; test_pretrain.py covers the stage on one process
-def test_two_processes_pre_train_before_training(photos, tmp_path):
-    pre = ["--pool", "gap", "--pretrain-epochs", "2", "--epochs", "1", "--data", str(photos)]
+@pytest.mark.slow  # torchrun starts a Python for each rank; test_pretrain.py and test_contrast.py: both, one process
+def test_two_processes_pre_train_then_train_with_instance_discrimination_and_an_empty_share(photos, tmp_path):
+    # one launch for both stages that change under torchrun: the self-supervised pre-training first, then epochs
+    # with instance discrimination, each compared with one process's run of the same settings
+    args = [
+        *ARGS,
+        "--stem",
+        "conv",
+        "--pool",
+        "seq",
+        "--pos-embed",
+        "sincos2d",
+        "--pretrain-epochs",
+        "2",
+        "--contrast",
+        "0.5",
+        "--epochs",
+        "1",
+        "--data",
+        str(photos),
+    ]
     with report_figures():  # as torchrun's rank 0 draws them
-        assert main(["train", *ARGS, *pre, "--out", str(tmp_path / "one")]) == 0
-    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*ARGS, *pre, "--out", "two"],
-                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+        assert main(["train", *args, "--out", str(tmp_path / "one")]) == 0
+    done = subprocess.run(
+        torchrun("--standalone", "--nproc_per_node", "2") + [*args, "--out", "two"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(os.listdir(tmp_path / "two")) == sorted(os.listdir(tmp_path / "one"))
-    losses = [[float(row.split(",")[1]) for row in (tmp_path / run / "pretraining.csv").read_text().splitlines()[1:]] for run in ("one", "two")]
-    # each process draws its own share's masks, so the losses are close to one process's, not equal
+    losses = [
+        [float(row.split(",")[1]) for row in (tmp_path / run / "pretraining.csv").read_text().splitlines()[1:]]
+        for run in ("one", "two")
+    ]
+    # pre-training: each process draws its own share's masks, so the losses are close to one process's, not equal
     assert len(losses[1]) == 2 and losses[1] == pytest.approx(losses[0], rel=0.05) and losses[1] != losses[0]
-    assert len(metrics(tmp_path / "two")) == 1
-
-
-@pytest.mark.slow  # torchrun
-def test_two_processes_train_with_instance_discrimination_and_an_empty_share(photos, tmp_path):
-    # the second view passes the ViT on every process, rank 0's empty share of the last batch included, so
-    # DistributedDataParallel sees every parameter used; each share's negatives are its own photos, half as
-    # many as one process's, so the contrast is an easier task there and the objective lower
-    args = [*ARGS, "--stem", "conv", "--pool", "seq", "--pos-embed", "sincos2d", "--contrast", "0.5", "--epochs", "1",
-            "--data", str(photos)]
-    assert main(["train", *args, "--out", str(tmp_path / "one")]) == 0
-    done = subprocess.run(torchrun("--standalone", "--nproc_per_node", "2") + [*args, "--out", "two"],
-                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # instance discrimination: the second view passes the ViT on every process, rank 0's empty share of the last
+    # batch included, so DistributedDataParallel sees every parameter used; each share's negatives are its own
+    # photos, half as many as one process's, so the contrast is an easier task there and the objective lower
     (one,), (two,) = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert float(two["train_objective"]) < float(one["train_objective"]) - 0.2
     assert float(two["train_loss"]) == pytest.approx(float(one["train_loss"]), rel=0.05)  # the cross-entropy's share
@@ -184,16 +217,27 @@ print("default handler back:", signal.getsignal(signal.SIGTERM) is signal.SIG_DF
 """
 
 
-@pytest.mark.parametrize("when, message", [
-    ("training", "rank 0: stopped by the launcher (torchrun ends every process when one fails)"),
-    ("message", "rank 0: lost contact with the other training processes (Connection closed by peer [127.0.0.1]:29500)"),
-    ("teardown", "rank 0: lost contact with the other training processes (Connection closed by peer [127.0.0.1]:29500)"),
-    ("every rank", "rank 1: the photos are not there"),
-])
+@pytest.mark.parametrize(
+    "when, message",
+    [
+        ("training", "rank 0: stopped by the launcher (torchrun ends every process when one fails)"),
+        (
+            "message",
+            "rank 0: lost contact with the other training processes (Connection closed by peer [127.0.0.1]:29500)",
+        ),
+        (
+            "teardown",
+            "rank 0: lost contact with the other training processes (Connection closed by peer [127.0.0.1]:29500)",
+        ),
+        ("every rank", "rank 1: the photos are not there"),
+    ],
+)
 def test_torchruns_sigterm_stops_a_rank_once_and_never_cuts_off_its_message(when, message):
     # before a peer is lost, SIGTERM stops the rank with its own message; after, the rank is already stopping
     # with a better one, which a second error must not replace nor the default handler end unprinted
-    done = subprocess.run([sys.executable, "-c", SIGTERM_SCENARIO, when], capture_output=True, text=True, timeout=60, env=ENV)
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_SCENARIO, when], capture_output=True, text=True, timeout=60, env=ENV
+    )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.splitlines() == [message, "default handler back: True"]
 
@@ -228,8 +272,14 @@ def test_a_killed_rank_stops_the_other_with_a_message_and_resume_finishes_the_ru
     # accumulation, must give the one-process run's steps too (each process moves the weights the same way)
     args = [*ARGS, "--data", str(photos), "--epochs", "5", "--sam", "0.05"]
     out = tmp_path / "run"
-    run = subprocess.Popen(torchrun("--standalone", "--nproc_per_node", "2") + [*args, "--out", str(out)], cwd=tmp_path, env=ENV,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        torchrun("--standalone", "--nproc_per_node", "2") + [*args, "--out", str(out)],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not (out / "checkpoint.pt").is_file():  # the first epoch is saved
@@ -249,8 +299,14 @@ def test_a_killed_rank_stops_the_other_with_a_message_and_resume_finishes_the_ru
     assert 1 <= len(rows) < 5
     # resumed under torchrun on 3 processes (rank 0 reads the run and hands it to the others), it
     # ends as an uninterrupted one-process run
-    resumed = subprocess.run(torchrun("--standalone", "--nproc_per_node", "3") + ["--resume", str(out), "--quiet"], cwd=tmp_path,
-                             env=ENV, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        torchrun("--standalone", "--nproc_per_node", "3") + ["--resume", str(out), "--quiet"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert main(["train", *args, "--out", str(tmp_path / "whole")]) == 0
     assert_same_metrics(tmp_path / "whole", out)

@@ -37,15 +37,26 @@ def site(tmp_path_factory) -> Path:
     """The site built once with `mkdocs build --strict`, which writes nothing but the site: its generated pages are
     made in memory (docs/hooks.py), the committed ones left as they are."""
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "NO_MKDOCS_2_WARNING": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     sources = [ROOT / "README.md", *(ROOT / "docs").rglob("*")]
     before = {path: path.stat().st_mtime_ns for path in sources if path.is_file() and "__pycache__" not in path.parts}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     after = [ROOT / "README.md", *(ROOT / "docs").rglob("*")]
-    after_times = {path: path.stat().st_mtime_ns for path in after if path.is_file() and "__pycache__" not in path.parts}
+    after_times = {
+        path: path.stat().st_mtime_ns for path in after if path.is_file() and "__pycache__" not in path.parts
+    }
     assert after_times == before, "the build wrote into the working tree"
     return out
 
@@ -54,10 +65,12 @@ def test_the_strict_build_makes_every_page_of_the_navigation(site):
     import yaml
 
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text().replace("!!python", "#"))
+
     def pages(nav):
         for item in nav:
             value = next(iter(item.values())) if isinstance(item, dict) else item
             yield from pages(value) if isinstance(value, list) else [value]
+
     listed = set(pages(config["nav"]))
     sources = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
     assert sources <= listed, f"pages left out of the navigation: {sources - listed}"
@@ -138,10 +151,19 @@ def test_the_readme_is_short_and_keeps_its_two_commands():
 
 def test_no_text_dates_itself_by_rounds_sessions_or_issue_numbers():
     pattern = re.compile(r"([a-z]+(st|nd|rd|th)|[0-9]+(st|nd|rd|th)) session|issue [0-9]+", re.IGNORECASE)
-    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "bench").rglob("*.py"),
-             *(ROOT / "bench").rglob("*.sh"), *(ROOT / "results").glob("*")]
-    found = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in files if path.is_file()
-             for m in pattern.finditer(path.read_text(errors="replace"))]
+    files = [
+        ROOT / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "bench").rglob("*.py"),
+        *(ROOT / "bench").rglob("*.sh"),
+        *(ROOT / "results").glob("*"),
+    ]
+    found = [
+        f"{path.relative_to(ROOT)}: {m.group(0)}"
+        for path in files
+        if path.is_file()
+        for m in pattern.finditer(path.read_text(errors="replace"))
+    ]
     assert not found, found
 
 
@@ -162,7 +184,17 @@ def test_the_quick_start_runs_on_the_tiny_recipe(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FOODVIT_DATA", str(photos))
     tiny = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1", "--quiet"]
     commands = quick_start()
-    assert [c[1] for c in commands] == ["data", "train", "evaluate", "predict", "explain", "cv", "export", "predict", "serve"]
+    assert [c[1] for c in commands] == [
+        "data",
+        "train",
+        "evaluate",
+        "predict",
+        "explain",
+        "cv",
+        "export",
+        "predict",
+        "serve",
+    ]
     for argv in commands[:-1]:
         argv = [str(photo) if a == "photo.jpg" else a for a in argv[1:]]
         if argv[0] in ("train", "cv"):
@@ -181,10 +213,9 @@ def test_the_quick_start_runs_on_the_tiny_recipe(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow  # a browser: Chromium's start; the strict build above covers the pages' content
 @pytest.mark.parametrize("width", [1280, 390])
-def test_the_home_page_and_a_guide_fit_the_screen_in_chromium(site, width):
-    chromium = os.environ.get("FOODVIT_CHROMIUM", "/usr/bin/chromium")
-    if importlib.util.find_spec("playwright") is None or not (Path(chromium).is_file() or shutil.which(chromium)):
-        pytest.skip(f"browser test: Playwright and a Chromium at {chromium} (apt-get install -y chromium)")
+def test_the_home_page_and_a_guide_fit_the_screen_in_chromium(chromium, site, width):
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("browser test: Playwright, in the test extra (pip install -e '.[test]')")
     from playwright.sync_api import sync_playwright
 
     class Quiet(http.server.SimpleHTTPRequestHandler):

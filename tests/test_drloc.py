@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from foodvit.model.variants import create_model
+from foodvit.training.engine import Output, train_one_epoch
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.drloc import DenseRelativeLocalization, Localization, pair_offsets
-from foodvit.training.engine import Output, train_one_epoch
 
 
 def test_pair_offsets_are_row_and_column_differences_over_the_grid():
@@ -48,7 +48,11 @@ def test_head_reads_the_grid_of_each_batch(monkeypatch):
     import foodvit.training.objectives.drloc
 
     grids = []
-    monkeypatch.setattr(foodvit.training.objectives.drloc, "pair_offsets", lambda a, b, grid: (grids.append(grid), pair_offsets(a, b, grid))[1])
+    monkeypatch.setattr(
+        foodvit.training.objectives.drloc,
+        "pair_offsets",
+        lambda a, b, grid: (grids.append(grid), pair_offsets(a, b, grid))[1],
+    )
     head = DenseRelativeLocalization(4, pairs=16, hidden=8)
     for grid in (3, 5):
         assert torch.isfinite(head(torch.randn(2, grid * grid, 4)))

@@ -27,7 +27,10 @@ class Fixed(nn.Module):
 def test_accuracy_is_per_image_with_unequal_batches():
     # batch 1: 3 photos, all right; batch 2: 1 photo, wrong.
     # Per image: 3/4 = 0.75. The course's mean of batch means would say (1.0 + 0.0) / 2 = 0.5.
-    loader = [(torch.tensor([[1.0], [2.0], [3.0]]), torch.tensor([0, 0, 0])), (torch.tensor([[1.0]]), torch.tensor([1]))]
+    loader = [
+        (torch.tensor([[1.0], [2.0], [3.0]]), torch.tensor([0, 0, 0])),
+        (torch.tensor([[1.0]]), torch.tensor([1])),
+    ]
     result = evaluate(Fixed(), loader)
     assert result["acc"] == 0.75 and result["n"] == 4
     assert result["confusion"].tolist() == [[3, 0], [1, 0]]
@@ -35,7 +38,9 @@ def test_accuracy_is_per_image_with_unequal_batches():
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     assert train_one_epoch(Classifier(model), loader, opt)["train_acc"] == 0.75
     # loss is the mean over photos, not over batches
-    per_photo = torch.nn.functional.cross_entropy(Fixed()(torch.tensor([[1.0], [2.0], [3.0], [1.0]])), torch.tensor([0, 0, 0, 1]))
+    per_photo = torch.nn.functional.cross_entropy(
+        Fixed()(torch.tensor([[1.0], [2.0], [3.0], [1.0]])), torch.tensor([0, 0, 0, 1])
+    )
     assert result["loss"] == pytest.approx(per_photo.item(), rel=1e-6)
 
 
@@ -101,13 +106,18 @@ def test_sharpness_aware_minimisation_steps_with_the_gradient_at_the_worst_nearb
     rho, lr = 0.3, 0.5
     g = gradient(w)
     norm = torch.sqrt(sum((t**2).sum() for t in g))
-    worst = gradient([t + rho * d / norm for t, d in zip(w, g)])
-    expected = [t - lr * d for t, d in zip(w, worst)]
+    worst = gradient([t + rho * d / norm for t, d in zip(w, g, strict=True)])
+    expected = [t - lr * d for t, d in zip(w, worst, strict=True)]
     for batches, accum in (([(x, y)], 1), ([(x[:4], y[:4]), (x[4:], y[4:])], 2)):
         model = nn.Linear(5, 3)
         model.load_state_dict(base.state_dict())
-        row = train_one_epoch(Classifier(model), batches, torch.optim.SGD(model.parameters(), lr=lr), settings=StepSettings(accum_steps=accum, sam=rho))
-        for got, want in zip(model.parameters(), expected):
+        row = train_one_epoch(
+            Classifier(model),
+            batches,
+            torch.optim.SGD(model.parameters(), lr=lr),
+            settings=StepSettings(accum_steps=accum, sam=rho),
+        )
+        for got, want in zip(model.parameters(), expected, strict=True):
             torch.testing.assert_close(got.detach(), want)
         # the step's loss is the first pass's, at w
         assert row["train_loss"] == pytest.approx(nn.functional.cross_entropy(x @ w[0].T + w[1], y).item(), rel=1e-6)
@@ -123,10 +133,14 @@ def test_sharpness_aware_minimisation_updates_batch_norm_statistics_once_a_step(
     for rho in (0.0, 0.5):
         model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
         model.load_state_dict(base.state_dict())
-        train_one_epoch(Classifier(model), batch, torch.optim.SGD(model.parameters(), lr=0.1), settings=StepSettings(sam=rho))
-        stats.append([model[1].running_mean.clone(), model[1].running_var.clone(), model[1].num_batches_tracked.clone()])
+        train_one_epoch(
+            Classifier(model), batch, torch.optim.SGD(model.parameters(), lr=0.1), settings=StepSettings(sam=rho)
+        )
+        stats.append(
+            [model[1].running_mean.clone(), model[1].running_var.clone(), model[1].num_batches_tracked.clone()]
+        )
     # the statistics come from the first pass, at the same weights: as without SAM, one batch counted
-    for without, with_sam in zip(*stats):
+    for without, with_sam in zip(*stats, strict=True):
         torch.testing.assert_close(without, with_sam)
     assert stats[1][2].item() == 1 and not torch.equal(stats[1][0], torch.zeros(6))
 
@@ -175,10 +189,19 @@ def test_fit_reports_each_split_per_epoch_and_soft_targets_train():
     soft = torch.nn.functional.one_hot(y, 2).float() * 0.9 + 0.05  # mixup-like targets
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    history = fit(Classifier(model), [(x, soft)], {"val": [(x, y)], "test": [(x, y)]}, opt, epochs=3, show_progress=False,
-                  eval_model=lambda: model)
+    history = fit(
+        Classifier(model),
+        [(x, soft)],
+        {"val": [(x, y)], "test": [(x, y)]},
+        opt,
+        epochs=3,
+        show_progress=False,
+        eval_model=lambda: model,
+    )
     assert [row["epoch"] for row in history] == [1, 2, 3]
-    assert {"train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds"} <= set(history[0])
+    assert {"train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds"} <= set(
+        history[0]
+    )
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert all(math.isfinite(row["test_loss"]) for row in history)
 

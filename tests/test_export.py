@@ -11,7 +11,11 @@ from foodvit.cli.main import main
 from foodvit.deploy.export import relative_difference
 from foodvit.deploy.predictor import Predictor
 
-pytestmark = needs("onnxruntime", "onnxscript", why="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
+pytestmark = needs(
+    "onnxruntime",
+    "onnxscript",
+    why="the export tests need the export extra: pip install -e '.[export]' (make test installs it)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +31,11 @@ def _batch(predictor, photos, n):
 def test_onnx_logits_equal_the_models_at_batch_1_and_5(run, shared_onnx):
     out, photos = run
     torch_model, exported = Predictor.from_run(out), Predictor.open(shared_onnx)
-    assert exported.model is None and exported.classes == torch_model.classes and exported.preprocess == torch_model.preprocess
+    assert (
+        exported.model is None
+        and exported.classes == torch_model.classes
+        and exported.preprocess == torch_model.preprocess
+    )
     for n in (1, 5):
         x = _batch(torch_model, photos, n)
         got, expected = exported.logits(x), torch_model.logits(x)
@@ -49,7 +57,7 @@ def test_evaluate_and_predict_on_the_onnx_file_equal_those_on_the_run(run, share
     a = json.loads(capsys.readouterr().out)
     assert main(["predict", str(shared_onnx), *images, "--json"]) == 0
     b = json.loads(capsys.readouterr().out)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x["label"] == y["label"]
         for name, p in x["probabilities"].items():
             assert y["probabilities"][name] == pytest.approx(p, abs=1e-5)
@@ -108,7 +116,10 @@ def test_bad_exports_and_foreign_files_are_one_line(run, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", str(out), "--format", "tflite", "--out", str(tmp_path / "x.tflite")])
     assert "invalid choice: 'tflite'" in capsys.readouterr().err
-    assert main(["export", str(out), "--format", "torchscript", "--quantize", "int8", "--out", str(tmp_path / "x.pt")]) == 2
+    assert (
+        main(["export", str(out), "--format", "torchscript", "--quantize", "int8", "--out", str(tmp_path / "x.pt")])
+        == 2
+    )
     assert "int8 quantisation is for --format onnx" in capsys.readouterr().err
     (tmp_path / "corrupt.onnx").write_bytes(b"\x08\x07garbage" * 50)
     assert main(["predict", str(tmp_path / "corrupt.onnx"), "photo.jpg"]) == 2
@@ -116,9 +127,12 @@ def test_bad_exports_and_foreign_files_are_one_line(run, tmp_path, capsys):
     import onnx
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+    )
     onnx.save(helper.make_model(graph), tmp_path / "foreign.onnx")
     assert main(["evaluate", str(tmp_path / "foreign.onnx")]) == 2
     assert "not one exported by foodvit" in capsys.readouterr().err
@@ -130,9 +144,12 @@ def test_the_destination_is_checked_before_anything(run, tmp_path, capsys):
     out, _ = run
     capsys.readouterr()
     cases = [
-        (["--format", "torchscript", "--out", str(tmp_path / "x.onnx")],
-         f"--out {tmp_path / 'x.onnx'}: --format torchscript writes a .pt file, and what opens it looks for that name; "
-         f"use --out {tmp_path / 'x.pt'}, or --format onnx to write the file x.onnx is named for"),
+        (
+            ["--format", "torchscript", "--out", str(tmp_path / "x.onnx")],
+            f"--out {tmp_path / 'x.onnx'}: --format torchscript writes a .pt file, "
+            "and what opens it looks for that name; "
+            f"use --out {tmp_path / 'x.pt'}, or --format onnx to write the file x.onnx is named for",
+        ),
         (["--out", str(tmp_path / "m.txt")], f"use --out {tmp_path / 'm.onnx'}"),
         (["--format", "exported-program", "--out", str(tmp_path / "m.pt")], "writes a .pt2 file"),
         (["--out", "/sys/m.onnx"], "cannot write m.onnx into /sys ("),
@@ -151,23 +168,33 @@ def test_an_existing_file_is_overwritten_only_with_force(run, tmp_path, capsys):
     path.write_bytes(b"keep me")
     capsys.readouterr()
     assert main(["export", str(out), "--format", "torchscript", "--out", str(path)]) == 2
-    assert f"--out {path} exists; add --force to overwrite it" in capsys.readouterr().err and path.read_bytes() == b"keep me"
+    assert (
+        f"--out {path} exists; add --force to overwrite it" in capsys.readouterr().err
+        and path.read_bytes() == b"keep me"
+    )
     assert main(["export", str(out), "--format", "torchscript", "--out", str(path), "--force"]) == 0
     assert path.read_bytes() != b"keep me"
     # a TorchScript export is not a run: foodvit predict says so, and what to do, instead of a weights_only error
     assert main(["predict", str(path), str(sorted((run[1] / "test").rglob("*.jpg"))[0])]) == 2
     err = capsys.readouterr().err
-    assert f"{path} is a TorchScript export (foodvit export --format torchscript), which foodvit does not read back" in err
+    assert (
+        f"{path} is a TorchScript export (foodvit export --format torchscript), which foodvit does not read back" in err
+    )
     assert "weights_only" not in err and "torch.jit.load(path)" in err
 
 
 def test_commands_that_need_a_run_say_which_take_an_onnx_file(shared_onnx, run, tmp_path, capsys):
     _, photos = run
     photo = str(sorted((photos / "test").rglob("*.jpg"))[0])
-    expected = f"{shared_onnx} is an ONNX export: foodvit predict, evaluate and serve take it; this command needs the trained run directory"
+    expected = (
+        f"{shared_onnx} is an ONNX export: foodvit predict, evaluate and serve take it; "
+        "this command needs the trained run directory"
+    )
     capsys.readouterr()
-    for argv in (["explain", str(shared_onnx), photo, "--out", str(tmp_path / "e.png")],
-                 ["export", str(shared_onnx), "--out", str(tmp_path / "again.onnx")]):  # serve takes it (test_serve_onnx.py)
+    for argv in (
+        ["explain", str(shared_onnx), photo, "--out", str(tmp_path / "e.png")],
+        ["export", str(shared_onnx), "--out", str(tmp_path / "again.onnx")],
+    ):  # serve takes it (test_serve_onnx.py)
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert expected in err and "expected a .safetensors" not in err, err
@@ -187,7 +214,8 @@ def test_a_forced_export_that_fails_its_check_keeps_the_previous_file(run, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]  # no staging file left beside it
 
 
-@pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout through sequence pooling (test_the_attention_output_reads_...)
+@pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout through sequence pooling
+# (test_the_attention_output_reads_...)
 def test_with_attention_the_file_gives_the_rollout_explain_draws(run, shared_onnx_attention, shared_onnx):
     from PIL import Image
 
@@ -197,7 +225,10 @@ def test_with_attention_the_file_gives_the_rollout_explain_draws(run, shared_onn
     out, photos = run
     torch_model, exported = Predictor.from_run(out), Predictor.open(shared_onnx_attention)
     backend = OnnxBackend(shared_onnx_attention)
-    assert backend.outputs == ["logits", "attention"] and json.loads(backend.metadata["foodvit.outputs"]) == ["logits", "attention"]
+    assert backend.outputs == ["logits", "attention"] and json.loads(backend.metadata["foodvit.outputs"]) == [
+        "logits",
+        "attention",
+    ]
     grid = torch_model.model.config.grid_size
     for n in (1, 5):
         x = _batch(torch_model, photos, n)
@@ -215,15 +246,22 @@ def test_with_attention_the_file_gives_the_rollout_explain_draws(run, shared_onn
 
 def test_with_attention_is_for_onnx_only(run, tmp_path, capsys):
     out, _ = run
-    assert main(["export", str(out), "--format", "torchscript", "--out", str(tmp_path / "m.pt"), "--with-attention"]) == 2
+    assert (
+        main(["export", str(out), "--format", "torchscript", "--out", str(tmp_path / "m.pt"), "--with-attention"]) == 2
+    )
     err = capsys.readouterr().err
     assert "--with-attention is for --format onnx" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("options", [{"pool": "seq", "stem": "conv"},  # the default recipe's model
-                                     pytest.param({"pool": "gap"}, marks=pytest.mark.slow),
-                                     pytest.param({"pool": "seq", "stem": "conv", "mlp_conv": True}, marks=pytest.mark.slow),  # deviation 12's grid
-                                     pytest.param({"distill_token": True}, marks=pytest.mark.slow)])  # the class token: the full suite (and shared_onnx_attention)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pool": "seq", "stem": "conv"},  # the default recipe's model
+        pytest.param({"pool": "gap"}, marks=pytest.mark.slow),
+        pytest.param({"pool": "seq", "stem": "conv", "mlp_conv": True}, marks=pytest.mark.slow),  # deviation 12's grid
+        pytest.param({"distill_token": True}, marks=pytest.mark.slow),
+    ],
+)  # the class token: the full suite (and shared_onnx_attention)
 def test_the_attention_output_reads_the_tokens_as_each_pooling_does(options, tmp_path):
     # the graph's rollout goes through pool_readout's every branch: the mean of the patch rows, the learned
     # sequence-pooling weights, the class and distillation tokens' rows

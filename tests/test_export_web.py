@@ -11,10 +11,10 @@ import tarfile
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
 import pytest
-from pathlib import Path
 from helpers import needs
 
 from foodvit.deploy.web import runtime
@@ -261,7 +261,21 @@ def site(shared_run, fake_runtime, tmp_path_factory):
     out = tmp_path_factory.mktemp("web") / "site"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(["export-web", str(shared_run[0]), "--out", str(out), "--ort-web", str(fake_runtime), "--quantize", "int8"]) == 0
+        assert (
+            main(
+                [
+                    "export-web",
+                    str(shared_run[0]),
+                    "--out",
+                    str(out),
+                    "--ort-web",
+                    str(fake_runtime),
+                    "--quantize",
+                    "int8",
+                ]
+            )
+            == 0
+        )
     output = printed.getvalue()
     found = re.search(r"same top class as foodvit predict on (\d+)% of (\d+) test photos", output)
     assert found, output
@@ -386,8 +400,9 @@ def test_a_site_for_classes_named_as_html_keeps_them_text_in_its_readme_and_page
 
 
 @pytest.mark.slow  # an ONNX export (seconds); export-space's examples from subfolders are checked in test_serve
-def test_a_sites_examples_come_from_class_folders_with_subfolders_named_after_the_class(shared_run, fake_runtime,
-                                                                                        tmp_path):
+def test_a_sites_examples_come_from_class_folders_with_subfolders_named_after_the_class(
+    shared_run, fake_runtime, tmp_path
+):
     from helpers import CLASSES, renamed_run
 
     from foodvit.deploy.web.site import export_web
@@ -400,8 +415,9 @@ def test_a_sites_examples_come_from_class_folders_with_subfolders_named_after_th
     assert sorted(p.name for p in (tmp_path / "site" / "examples").iterdir()) == names
 
 
-def test_a_folder_whose_runtime_was_changed_by_one_byte_is_refused_before_anything_is_written(shared_run, tmp_path,
-                                                                                               monkeypatch, capsys):
+def test_a_folder_whose_runtime_was_changed_by_one_byte_is_refused_before_anything_is_written(
+    shared_run, tmp_path, monkeypatch, capsys
+):
     from foodvit.cli.main import main
 
     monkeypatch.setattr(runtime, "SHA256", FAKE_SHA256, raising=False)  # the fake package's files stand for the real
@@ -417,19 +433,24 @@ def test_a_folder_whose_runtime_was_changed_by_one_byte_is_refused_before_anythi
     assert not (tmp_path / "site").exists()
 
 
-def test_the_command_says_the_agreement_was_measured_in_pythons_onnx_runtime_not_the_browsers(shared_run, tmp_path,
-                                                                                              monkeypatch, capsys):
+def test_the_command_says_the_agreement_was_measured_in_pythons_onnx_runtime_not_the_browsers(
+    shared_run, tmp_path, monkeypatch, capsys
+):
     from foodvit.cli.main import main
     from foodvit.deploy.web import site as web_site
 
     measured = {"photos": 9, "agreement": 1.0, "max_difference": 0.001}
-    monkeypatch.setattr(web_site, "export_web", lambda run, out, **options: {
-        "path": str(out), "bytes": 0, "model_bytes": 0, "agreement": measured})
+    monkeypatch.setattr(
+        web_site,
+        "export_web",
+        lambda run, out, **options: {"path": str(out), "bytes": 0, "model_bytes": 0, "agreement": measured},
+    )
     assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "site")]) == 0
     said = capsys.readouterr().out
     assert "in Python's ONNX Runtime" in said and "same top class as foodvit predict on 100% of 9 test photos" in said
-    readme = web_site.site_readme({"classes": ["a", "b"], "runtime": "onnxruntime-web 1", "precision": "fp32"}, "site",
-                                  "100% of 9 test photos")
+    readme = web_site.site_readme(
+        {"classes": ["a", "b"], "runtime": "onnxruntime-web 1", "precision": "fp32"}, "site", "100% of 9 test photos"
+    )
     assert "by Python's ONNX Runtime" in readme  # ONNX Runtime Web itself runs only in a browser
 
 

@@ -16,8 +16,8 @@ from foodvit.rundir.directory import load_checkpoint
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.distill import Distillation
 from foodvit.training.objectives.guidance import LocalityGuidance, epoch_weight, guided_blocks
-from foodvit.training.teacher import Teacher, build_teacher
 from foodvit.training.run import resume, train
+from foodvit.training.teacher import Teacher, build_teacher
 
 
 def test_the_guided_blocks_spread_over_the_depth_and_leave_the_last_one_to_the_classifier():
@@ -36,7 +36,8 @@ def test_a_fourth_stage_guides_the_last_block_as_well():
 
 
 def by_hand(vit, teacher, adapters, blocks, images):
-    """The guidance loss written out: block outputs, teacher stages, pooled to the coarser grid, teacher standardised."""
+    """The guidance loss written out: block outputs, teacher stages, pooled to the coarser grid, teacher
+    standardised."""
     x = vit._embed(images)  # Eq. 1, then the blocks by hand
     outputs = []
     for block in vit.blocks:
@@ -48,7 +49,7 @@ def by_hand(vit, teacher, adapters, blocks, images):
         t = layer(t)
         maps.append(t)
     losses = []
-    for adapter, b, target in zip(adapters, blocks, maps):
+    for adapter, b, target in zip(adapters, blocks, maps, strict=True):
         tokens = outputs[b][:, 1:]  # the class token left out
         g = int(tokens.shape[1] ** 0.5)
         student = adapter(tokens.transpose(1, 2).reshape(len(images), -1, g, g))
@@ -78,7 +79,9 @@ def test_the_loss_is_the_adapted_tokens_error_against_the_teachers_standardised_
     assert all(a.weight.grad.abs().sum() > 0 for a in guidance.adapters)
     assert vit.blocks[1].attn.qkv.weight.grad.abs().sum() > 0  # the guided blocks learn from it
     assert all(p.grad is None for p in teacher.parameters()) and not teacher.training
-    assert {id(p) for p in wrapped.parameters()} == {id(p) for p in vit.parameters()} | {id(p) for p in guidance.adapters.parameters()}
+    assert {id(p) for p in wrapped.parameters()} == {id(p) for p in vit.parameters()} | {
+        id(p) for p in guidance.adapters.parameters()
+    }
     _, nothing = wrapped.train()(torch.zeros(0, 3, 64, 64))
     assert nothing.item() == 0.0  # an empty share of a batch (distributed) costs nothing
 
@@ -86,12 +89,17 @@ def test_the_loss_is_the_adapted_tokens_error_against_the_teachers_standardised_
 def test_four_stages_add_the_teachers_last_stage_against_the_last_block():
     torch.manual_seed(0)
     teacher = build_teacher("resnet18", 3).eval()
-    with pytest.raises(ConfigError, match="use --pool gap or --pool seq"):  # a class-token model's last block computes no patch token
+    with pytest.raises(
+        ConfigError, match="use --pool gap or --pool seq"
+    ):  # a class-token model's last block computes no patch token
         LocalityGuidance(create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3), 1.0, teacher, stages=4)
-    vit = create_model("ViT-Ti/8", num_classes=3, image_size=64, depth=3, pool="gap")  # 8 x 8 tokens; ResNet-18's layer4 at 2 x 2
+    vit = create_model(
+        "ViT-Ti/8", num_classes=3, image_size=64, depth=3, pool="gap"
+    )  # 8 x 8 tokens; ResNet-18's layer4 at 2 x 2
     three, four = LocalityGuidance(vit, 1.0, teacher), LocalityGuidance(vit, 1.0, teacher, stages=4)
     assert four.blocks == (0, 0, 1, 2) and [a.out_channels for a in four.adapters] == [64, 128, 256, 512]
-    for a3, a4 in zip(three.adapters, four.adapters):  # the same first three adapters: the fourth pair is the only change
+    # the same first three adapters: the fourth pair is the only change
+    for a3, a4 in zip(three.adapters, four.adapters[:3], strict=True):
         a4.load_state_dict(a3.state_dict())
     images = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
@@ -101,7 +109,11 @@ def test_four_stages_add_the_teachers_last_stage_against_the_last_block():
     x = vit._embed(images)  # the fourth pair alone, written out: the last block against layer4, pooled to its 2 x 2
     for block in vit.blocks:
         x, _ = block(x)
-    t = teacher.layer4(teacher.layer3(teacher.layer2(teacher.layer1(teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))))))
+    t = teacher.layer4(
+        teacher.layer3(
+            teacher.layer2(teacher.layer1(teacher.maxpool(teacher.relu(teacher.bn1(teacher.conv1(images))))))
+        )
+    )
     student = F.adaptive_avg_pool2d(four.adapters[3](x[:, 1:].transpose(1, 2).reshape(2, -1, 8, 8)), 2)
     target = (t - t.mean(1, keepdim=True)) / torch.sqrt(t.var(1, unbiased=False, keepdim=True) + 1e-5)
     fourth = ((student - target) ** 2).mean()
@@ -135,7 +147,11 @@ def photos(tmp_path_factory):
 
 def guided(photos, epochs, schedule="constant"):
     config = small_config(photos, epochs=epochs, batch_size=8)
-    return replace(config, guidance=replace(config.guidance, weight=1.0, schedule=schedule), teacher=replace(config.teacher, architecture="resnet18"))
+    return replace(
+        config,
+        guidance=replace(config.guidance, weight=1.0, schedule=schedule),
+        teacher=replace(config.teacher, architecture="resnet18"),
+    )
 
 
 def test_the_linear_schedule_moves_the_weight_to_the_first_epochs_and_halves_it_in_all():
@@ -195,7 +211,9 @@ def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(pho
 
     def stop_after_one_student_epoch(model, *args, **kwargs):
         calls["n"] += 1
-        return real(model, *args, **({**kwargs, "epochs": 1} if calls["n"] == 2 else kwargs))  # the teacher's fit is the first
+        return real(
+            model, *args, **({**kwargs, "epochs": 1} if calls["n"] == 2 else kwargs)
+        )  # the teacher's fit is the first
 
     for module in (T, S):
         monkeypatch.setattr(module, "fit", stop_after_one_student_epoch)
@@ -216,7 +234,9 @@ def test_a_four_stage_guided_run_trains_four_adapters_and_says_so(photos, tmp_pa
     assert set(state["guidance"]) == {f"{k}.{p}" for k in range(4) for p in ("weight", "bias")}
     assert state["guidance"]["3.weight"].shape[0] == 512  # layer4's width
     report = (tmp_path / "run" / "report.md").read_text()
-    assert "its four stages' feature maps, the last against the ViT's last block (locality guidance, weight 1)" in report
+    assert (
+        "its four stages' feature maps, the last against the ViT's last block (locality guidance, weight 1)" in report
+    )
 
 
 def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_path):
@@ -230,7 +250,11 @@ def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_pa
     saved = load_checkpoint(tmp_path / "guided" / TEACHER_FILE)
     assert len(saved["history"]) == 1  # trained for its epoch
     (tmp_path / "alone").mkdir()
-    distilled = replace(config, guidance=replace(config.guidance, weight=0.0, stages=3, schedule="constant"), distill=replace(config.distill, weight=1.0))
+    distilled = replace(
+        config,
+        guidance=replace(config.guidance, weight=0.0, stages=3, schedule="constant"),
+        distill=replace(config.distill, weight=1.0),
+    )
     alone = Trainer(distilled, tmp_path / "alone", quiet=True, log=lambda *a, **k: None).teacher().module.state_dict()
     assert saved["model"].keys() == alone.keys()
     for key in alone:

@@ -112,12 +112,17 @@ def work(folder, i, seconds, cleanup):
         raise
     (folder / f"finished-{i}").touch()
 """
+# the grace the command gives its tasks to stop by themselves before it passes the signal on: shorter than the
+# command's 3 s (jobs.GRACE_S), the same path in a third of the wait
+GRACE_S = 1.0
 DRIVER = """
 import signal, sys
 from foodvit.errors import Terminated
+from foodvit.tuning import jobs
 from foodvit.tuning.jobs import Plan, Task, run_tasks
 from slowtask import work
 folder, seconds, cleanup, ignore = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "ignore"
+jobs.GRACE_S = float(sys.argv[5])
 # ctrl-C as a terminal delivers it, or ignored as a shell starts a command in the background of a script, whatever
 # the test runner's process passed on (an ignored or blocked SIGINT survives exec)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -150,7 +155,16 @@ def interrupted(
 
     (tmp_path / "slowtask.py").write_text(SLOW_TASK)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    command = [sys.executable, "-c", DRIVER, str(tmp_path), str(seconds), str(cleanup), "ignore" if ignore else "-"]
+    command = [
+        sys.executable,
+        "-c",
+        DRIVER,
+        str(tmp_path),
+        str(seconds),
+        str(cleanup),
+        "ignore" if ignore else "-",
+        str(GRACE_S),
+    ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -174,9 +188,9 @@ def test_a_fold_that_trains_its_teacher_queues_it_as_a_task_before_its_own(tmp_p
     """Guided folds: each a chain, its teacher's task then its training; a fold whose teacher is lent, or whose run is
     under way (a checkpoint), or a recipe without a teacher: the fold's task alone."""
     import foodvit.tuning.cv as cv
-    from foodvit.settings.overrides import with_settings
     from foodvit.recipes import load_recipe
     from foodvit.rundir.directory import TEACHER_FILE
+    from foodvit.settings.overrides import with_settings
     from foodvit.tuning.folds import training_photos
 
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
@@ -203,8 +217,8 @@ def test_a_fold_that_trains_its_teacher_queues_it_as_a_task_before_its_own(tmp_p
 
 
 def test_a_fold_adds_the_seconds_of_its_teachers_task_and_forgets_a_stale_record(tmp_path: Path):
-    from foodvit.settings.overrides import with_settings
     from foodvit.recipes import load_recipe
+    from foodvit.settings.overrides import with_settings
     from foodvit.tuning.fold import run_fold, stages_file, start_fold
     from foodvit.tuning.folds import fold_folders, training_photos
 
@@ -252,13 +266,16 @@ def test_a_tasks_follow_up_is_queued_when_it_ends_so_the_first_tasks_go_first(tm
     assert max(at[f"teacher-{i}.start"] for i in range(3)) <= min(at[f"fold-{i}.start"] for i in range(3))
 
 
-@pytest.mark.parametrize("to", ["the command alone", "its process group, as a terminal's ctrl-C"])
+# Each case starts three Pythons (the command and its two processes, each importing PyTorch): the fast tier keeps
+# ctrl-C as a terminal sends it (to the process group) and SIGTERM to the process group; the full suite adds the
+# signal sent to the command alone, a second SIGTERM, and a command that ignores ctrl-C.
+@pytest.mark.parametrize(
+    "to", [pytest.param("the command alone", marks=pytest.mark.slow), "its process group, as a terminal's ctrl-C"]
+)
 def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: str):
     """The command ends within seconds, the two running tasks are interrupted, and the tasks the processes had
     queued never start; a task that takes longer than the grace to stop is not interrupted a second time in its
     stopping."""
-    from foodvit.tuning.jobs import GRACE_S
-
     status, errors, left = interrupted(tmp_path, to, cleanup=GRACE_S + 1)
     assert status == 130, errors
     assert left == ["started-0", "started-1", "stopped-0", "stopped-1"]
@@ -267,19 +284,22 @@ def test_ctrl_c_stops_the_running_tasks_and_starts_no_other(tmp_path: Path, to: 
 
 @pytest.mark.parametrize(
     ("to", "ignore", "times"),
-    [("the command alone", True, 1), ("its process group", False, 1), ("the command alone", False, 2)],
+    [
+        pytest.param("the command alone", True, 1, marks=pytest.mark.slow),
+        ("its process group", False, 1),
+        pytest.param("the command alone", False, 2, marks=pytest.mark.slow),
+    ],
 )
 def test_sigterm_stops_the_running_tasks_as_ctrl_c_does(tmp_path: Path, to: str, ignore: bool, times: int):
     """kill (or a scheduler stopping the command) ends it as interrupted, with its processes: none is left training,
     whether the command ignores ctrl-C or not, and a second kill while the tasks stop still reaches them."""
-    from foodvit.tuning.jobs import GRACE_S
-
     status, errors, left = interrupted(tmp_path, to, cleanup=GRACE_S + 1, ignore=ignore, sent="SIGTERM", times=times)
     assert status == 143, errors  # Terminated: the command says it was stopped by SIGTERM
     assert left == ["started-0", "started-1", "stopped-0", "stopped-1"]
     assert "Traceback" not in errors
 
 
+@pytest.mark.slow  # three Pythons; the fast tier keeps the interrupted cases above
 def test_a_command_that_ignores_ctrl_c_runs_its_tasks_to_the_end(tmp_path: Path):
     status, errors, left = interrupted(tmp_path, "its process group", seconds=2, ignore=True)
     assert status == 0, errors

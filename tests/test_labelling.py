@@ -37,7 +37,14 @@ def tree(tmp_path_factory):
     return root
 
 
-EXPECTED = ["a/1.jpg", "a/b/2.png", "a/b/3.JPG", "a/broken.jpg", "c.jpeg", "z/4.webp"]  # sorted by path, as training lists
+EXPECTED = [
+    "a/1.jpg",
+    "a/b/2.png",
+    "a/b/3.JPG",
+    "a/broken.jpg",
+    "c.jpeg",
+    "z/4.webp",
+]  # sorted by path, as training lists
 
 
 def read_rows(path):
@@ -56,8 +63,25 @@ def read_rows(path):
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_a_folder_tree_is_labelled_row_by_row_as_classify_labels_each_photo(run, tree, tmp_path, suffix, capsys):
     out = tmp_path / f"predictions{suffix}"
-    assert main(["predict", str(run), str(tree), "--out", str(out), "--batch-size", "4", "--workers", "2", "--top-k", "2",
-                 "--quiet"]) == 1  # a photo could not be read: reported, the rest labelled
+    assert (
+        main(
+            [
+                "predict",
+                str(run),
+                str(tree),
+                "--out",
+                str(out),
+                "--batch-size",
+                "4",
+                "--workers",
+                "2",
+                "--top-k",
+                "2",
+                "--quiet",
+            ]
+        )
+        == 1
+    )  # a photo could not be read: reported, the rest labelled
     err = capsys.readouterr().err
     assert f"{out}: 5 photos labelled, 1 could not be read" in err and "Traceback" not in err
     rows = read_rows(out)
@@ -65,7 +89,9 @@ def test_a_folder_tree_is_labelled_row_by_row_as_classify_labels_each_photo(run,
     predictor = Predictor.open(run)
     for row in rows:
         if row["path"].endswith("broken.jpg"):
-            assert set(row) == {"path", "error"} and row["error"].startswith(f"{tree / 'a' / 'broken.jpg'} is not an image")
+            assert set(row) == {"path", "error"} and row["error"].startswith(
+                f"{tree / 'a' / 'broken.jpg'} is not an image"
+            )
             continue
         alone = predictor.classify(row["path"], top_k=2)
         assert "error" not in row and row["label"] == alone["label"]
@@ -74,7 +100,9 @@ def test_a_folder_tree_is_labelled_row_by_row_as_classify_labels_each_photo(run,
         assert [p for _, p in row["top_k"]] == pytest.approx([p for _, p in alone["top_k"]], abs=1e-6)
 
 
-def test_list_files_and_standard_input_name_photos_and_missing_ones_get_error_rows(run, tree, tmp_path, monkeypatch, capsys):
+def test_list_files_and_standard_input_name_photos_and_missing_ones_get_error_rows(
+    run, tree, tmp_path, monkeypatch, capsys
+):
     listed = tmp_path / "list.txt"
     listed.write_text(f"{tree / 'c.jpeg'}\n\n{tmp_path / 'missing.jpg'}\n{tree / 'a' / '1.jpg'}\n")
     out = tmp_path / "p.jsonl"
@@ -89,7 +117,10 @@ def test_list_files_and_standard_input_name_photos_and_missing_ones_get_error_ro
     capsys.readouterr()
     # without --out a folder is expanded too, and printed as a few photos always were
     assert main(["predict", str(run), str(tree / "a" / "b")]) == 0
-    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [str(tree / "a/b/2.png"), str(tree / "a/b/3.JPG")]
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        str(tree / "a/b/2.png"),
+        str(tree / "a/b/3.JPG"),
+    ]
 
 
 def test_a_rerun_skips_what_is_done_and_drops_a_partial_last_row(run, tree, tmp_path, capsys):
@@ -99,8 +130,13 @@ def test_a_rerun_skips_what_is_done_and_drops_a_partial_last_row(run, tree, tmp_
     lines = whole.splitlines(keepends=True)
     out.write_text("".join(lines[:-1]) + lines[-1][:15])  # as a kill in the middle of the last write would leave it
     capsys.readouterr()
-    assert main(["predict", str(run), str(tree / "a"), "--out", str(out), "--quiet"]) == 1  # the last photo is the damaged one
-    assert "0 photos labelled, 1 could not be read, 3 already there; 1 row with an error in the file" in capsys.readouterr().err
+    assert (
+        main(["predict", str(run), str(tree / "a"), "--out", str(out), "--quiet"]) == 1
+    )  # the last photo is the damaged one
+    assert (
+        "0 photos labelled, 1 could not be read, 3 already there; 1 row with an error in the file"
+        in capsys.readouterr().err
+    )
     assert out.read_text() == whole
 
 
@@ -140,16 +176,24 @@ def test_a_run_killed_mid_way_and_run_again_labels_every_photo_exactly_once(run,
     out = tmp_path / "p.csv"
     argv = ["predict", str(run), str(photos), "--out", str(out), "--batch-size", "4", "--workers", "1", "--quiet"]
     # each forward pass slowed down, so that the kill lands in the middle of the run whatever the machine
-    script = ("import sys, time\n"
-              "from foodvit.deploy.predictor import Predictor\n"
-              "forward = Predictor.probabilities\n"
-              "Predictor.probabilities = lambda self, batch: (time.sleep(0.03), forward(self, batch))[1]\n"
-              "from foodvit.cli.main import main\n"
-              f"sys.exit(main({argv!r}))\n")
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    script = (
+        "import sys, time\n"
+        "from foodvit.deploy.predictor import Predictor\n"
+        "forward = Predictor.probabilities\n"
+        "Predictor.probabilities = lambda self, batch: (time.sleep(0.03), forward(self, batch))[1]\n"
+        "from foodvit.cli.main import main\n"
+        f"sys.exit(main({argv!r}))\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and child.poll() is None and (not out.exists() or out.read_text().count("\n") < 60):
+    while (
+        time.monotonic() < deadline and child.poll() is None and (not out.exists() or out.read_text().count("\n") < 60)
+    ):
         time.sleep(0.02)
     assert child.poll() is None, f"the run ended before it was killed: {child.stderr.read().decode()[-2000:]}"
     os.kill(child.pid, signal.SIGKILL)
@@ -167,23 +211,27 @@ def assert_same_rows(got, expected, tolerance):
     """The same photos in the same order with the same labels and errors, probabilities within tolerance
     (a photo's logits differ in the last bits with the batch it was in)."""
     assert [r["path"] for r in got] == [r["path"] for r in expected]
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         assert set(a) == set(b) and a.get("label") == b.get("label") and a.get("error") == b.get("error")
         assert [label for label, _ in a.get("top_k", [])] == [label for label, _ in b.get("top_k", [])]
-        assert [a.get("probability", 0)] + [p for _, p in a.get("top_k", [])] == \
-            pytest.approx([b.get("probability", 0)] + [p for _, p in b.get("top_k", [])], abs=tolerance)
+        assert [a.get("probability", 0)] + [p for _, p in a.get("top_k", [])] == pytest.approx(
+            [b.get("probability", 0)] + [p for _, p in b.get("top_k", [])], abs=tolerance
+        )
 
 
 def read_rows_bytes(data: bytes):
     return list(csv.DictReader(io.StringIO(data.decode(), newline="")))
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
-    (["--batch-size", "nan"], "argument --batch-size: expected a whole number, got 'nan'"),
-    (["--workers", "-1"], "argument --workers: must be >= 0, got -1"),
-    (["--dist-timeout", "nan"], "argument --dist-timeout: must be > 0, got nan"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+        (["--batch-size", "nan"], "argument --batch-size: expected a whole number, got 'nan'"),
+        (["--workers", "-1"], "argument --workers: must be >= 0, got -1"),
+        (["--dist-timeout", "nan"], "argument --dist-timeout: must be > 0, got nan"),
+    ],
+)
 def test_bad_options_are_one_line(run, tree, tmp_path, argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["predict", str(run), str(tree), "--out", str(tmp_path / "p.csv"), *argv])
@@ -204,9 +252,15 @@ def test_bad_inputs_and_outputs_are_one_line_and_write_nothing(run, tree, tmp_pa
     for argv, message in [
         ([str(empty), "--out", out], f"{empty} holds no photos (files named .jpg"),
         ([str(empty)], f"{empty} holds no photos"),
-        (["--files-from", str(tmp_path / "nope.txt"), "--out", out], f"the list file {tmp_path / 'nope.txt'} does not exist"),
+        (
+            ["--files-from", str(tmp_path / "nope.txt"), "--out", out],
+            f"the list file {tmp_path / 'nope.txt'} does not exist",
+        ),
         (["--out", out], "no photos given; name photo files or folders, or a list file with --files-from"),
-        ([str(tree), "--out", str(blocker / "p.csv")], f"cannot write p.csv into {blocker}: it is a file, not a folder"),
+        (
+            [str(tree), "--out", str(blocker / "p.csv")],
+            f"cannot write p.csv into {blocker}: it is a file, not a folder",
+        ),
         ([str(tree), "--out", str(tmp_path / "p.txt")], "predictions are written as .csv or .jsonl"),
         ([str(tree), "--out", str(tmp_path)], f"--out {tmp_path} is a folder"),
         ([str(tree), "--out", out, "--json"], "--json is for a few photos"),
@@ -241,13 +295,36 @@ def test_an_onnx_file_labels_a_folder_without_torch_and_gives_the_runs_rows(run,
 def test_two_processes_under_torchrun_write_the_rows_of_one(run, tree, tmp_path):
     one, two = tmp_path / "one.csv", tmp_path / "two.csv"
     assert main(["predict", str(run), str(tree), "--out", str(one), "--quiet"]) == 1  # the damaged photo
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "foodvit",
-               "predict", str(run), str(tree), "--out", str(two), "--batch-size", "2", "--quiet"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "foodvit",
+        "predict",
+        str(run),
+        str(tree),
+        "--out",
+        str(two),
+        "--batch-size",
+        "2",
+        "--quiet",
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert done.returncode == 1 and f"{two}: 5 photos labelled, 1 could not be read" in done.stderr, done.stderr[-3000:]
     assert [r["path"] for r in read_rows(two)] == [str(tree / p) for p in EXPECTED]  # the input's order
     assert_same_rows(read_rows(two), read_rows(one), 1e-6)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.csv", "one.csv.meta.json", "two.csv", "two.csv.meta.json"]  # parts merged and gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "one.csv",
+        "one.csv.meta.json",
+        "two.csv",
+        "two.csv.meta.json",
+    ]  # parts merged and gone
 
 
 def test_the_parts_of_an_interrupted_many_process_run_are_merged_not_labelled_again(run, tree, tmp_path):
@@ -273,8 +350,18 @@ def test_the_parts_of_an_interrupted_many_process_run_are_merged_not_labelled_ag
     results = {}
 
     def rank(r):
-        results[r] = label_share(predictor, PhotoList([tree]), out, identity, rank=r, world=2, batch_size=2, workers=1,
-                                 quiet=True, timeout=60)
+        results[r] = label_share(
+            predictor,
+            PhotoList([tree]),
+            out,
+            identity,
+            rank=r,
+            world=2,
+            batch_size=2,
+            workers=1,
+            quiet=True,
+            timeout=60,
+        )
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]
     for t in threads:
@@ -284,7 +371,12 @@ def test_the_parts_of_an_interrupted_many_process_run_are_merged_not_labelled_ag
     assert sum(calls) == 3  # of the 6 photos: 2 were in the stale part, 1 cannot be read
     assert (results[0].written, results[0].failed, results[0].skipped) == (5, 1, 0)
     assert_same_rows(read_rows(out), read_rows(tmp_path / "one.jsonl"), 1e-6)  # in the input's order, each photo once
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl", "one.jsonl.meta.json", "two.jsonl", "two.jsonl.meta.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "one.jsonl",
+        "one.jsonl.meta.json",
+        "two.jsonl",
+        "two.jsonl.meta.json",
+    ]
 
 
 def test_rank_0_times_every_ranks_photos_up_to_the_merge(run, tree, tmp_path):
@@ -301,7 +393,9 @@ def test_rank_0_times_every_ranks_photos_up_to_the_merge(run, tree, tmp_path):
 
     def rank(r, delay):
         time.sleep(delay)  # rank 1 starts late: rank 0 waits for its rows
-        results[r] = label_share(predictor, PhotoList([tree]), out, identity, rank=r, world=2, workers=0, quiet=True, timeout=60)
+        results[r] = label_share(
+            predictor, PhotoList([tree]), out, identity, rank=r, world=2, workers=0, quiet=True, timeout=60
+        )
 
     threads = [threading.Thread(target=rank, args=(1, 1.5)), threading.Thread(target=rank, args=(0, 0))]
     for t in threads:
@@ -321,8 +415,9 @@ def test_ctrl_c_says_the_finished_batches_are_kept_and_how_to_go_on(run, tree, t
     monkeypatch.setattr(labelling, "label", interrupted)
     out = tmp_path / "p.csv"
     assert main(["predict", str(run), str(tree), "--out", str(out), "--quiet"]) == 130
-    assert capsys.readouterr().err == (f"\ninterrupted: every finished batch is kept in {out}; "
-                                       "run the same command again to label the rest\n")
+    assert capsys.readouterr().err == (
+        f"\ninterrupted: every finished batch is kept in {out}; run the same command again to label the rest\n"
+    )
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
@@ -342,7 +437,8 @@ def test_a_name_that_is_not_utf8_is_labelled_and_skipped_on_a_rerun(run, tmp_pat
 
 @pytest.mark.parametrize("out", [None, "labels.csv"])
 def test_a_link_to_itself_or_to_nothing_in_a_folder_is_that_photos_error_and_the_rest_is_labelled(
-        shared_run, tmp_path, capsys, out):
+    shared_run, tmp_path, capsys, out
+):
     folder = tmp_path / "photos"
     for i, name in enumerate(["a.jpg", "z.jpg"]):
         make_photo(folder / name, (60 * i, 120, 200), size=(20, 24), seed=i)

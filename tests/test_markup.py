@@ -51,8 +51,25 @@ def test_code_is_one_code_span_of_its_characters_in_a_table_or_out(value):
     assert cell.tags.count("td") == 2 and cell.tags.count("code") == 1 and shown(value) in cell.text
 
 
-@pytest.mark.parametrize("value", [*HOSTILE, "foodvit: cats, dogs", "'single'", '"double"', "two\nlines", "tab\there",
-                                   " spaced ", "@at", "%percent", "🍕 pizza", "\u2028\x85\ufeff", "null", "yes", "1.5"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        *HOSTILE,
+        "foodvit: cats, dogs",
+        "'single'",
+        '"double"',
+        "two\nlines",
+        "tab\there",
+        " spaced ",
+        "@at",
+        "%percent",
+        "🍕 pizza",
+        "\u2028\x85\ufeff",
+        "null",
+        "yes",
+        "1.5",
+    ],
+)
 def test_a_yaml_string_reads_back_as_itself(value):
     yaml = pytest.importorskip("yaml")
     assert yaml.safe_load(f"title: {markup.yaml_string(value)}\nsdk: gradio\n") == {"title": value, "sdk": "gradio"}

@@ -44,12 +44,16 @@ def test_the_hidden_patches_are_classified_as_the_mask_token_and_their_pixels_re
         tokens = vit.norm(x)
         predicted = objective.reconstruction.decoder(tokens[:, 1:][hidden])
         target = images.reshape(2, 3, 4, 8, 4, 8).permute(0, 2, 4, 1, 3, 5).reshape(2, 16, 192)[hidden]
-        target = (target - target.mean(-1, keepdim=True)) / torch.sqrt(target.var(-1, unbiased=False, keepdim=True) + 1e-6)
+        target = (target - target.mean(-1, keepdim=True)) / torch.sqrt(
+            target.var(-1, unbiased=False, keepdim=True) + 1e-6
+        )
         torch.testing.assert_close(logits, vit.head(tokens[:, 1:].mean(1)), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(extra, 0.7 * ((predicted - target) ** 2).mean(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(patch_pixels(images, 8)[hidden], target)
     extra.backward()
-    assert objective.reconstruction.mask_token.grad.abs().sum() > 0 and vit.blocks[0].mlp.fc1.weight.grad.abs().sum() > 0
+    assert (
+        objective.reconstruction.mask_token.grad.abs().sum() > 0 and vit.blocks[0].mlp.fc1.weight.grad.abs().sum() > 0
+    )
     _, nothing = wrapped.train()(torch.zeros(0, 3, 32, 32))
     assert nothing.item() == 0.0
 
@@ -58,22 +62,26 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
     # the conv stem's receptive fields overlap: with the token replaced alone a hidden patch's pixels still
     # reach its neighbours' tokens; with --mask-pixels they reach no token, so repainting them changes
     # no output token (what classifies and reconstructs), only the targets
-    from foodvit.settings.run import RunConfig
     from foodvit.settings.overrides import with_settings
+    from foodvit.settings.run import RunConfig
 
     torch.manual_seed(0)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=2, pool="seq", pos_embed="sincos2d", stem="conv")
     images = torch.randn(2, 3, 32, 32)
     torch.manual_seed(5)
     hidden = draw_mask(2, 16, 0.25, images.device)  # the draw the task makes after manual_seed(5)
-    repainted = torch.where(hidden.reshape(2, 1, 4, 4).repeat_interleave(8, -2).repeat_interleave(8, -1), torch.randn(2, 3, 32, 32), images)
+    repainted = torch.where(
+        hidden.reshape(2, 1, 4, 4).repeat_interleave(8, -2).repeat_interleave(8, -1), torch.randn(2, 3, 32, 32), images
+    )
 
     def run(task, x):  # the output tokens (the zero-initialised head's logits would be 0 either way) and the loss
         torch.manual_seed(5)
         outputs, terms = WithObjectives(vit, [task]).train().terms(x)
         return outputs.tokens, terms["masked"]
 
-    hiding = objectives.build(vit, with_settings(RunConfig(), {"masked.weight": 1.0, "masked.pixels": True}), num_classes=3).objectives[0]
+    hiding = objectives.build(
+        vit, with_settings(RunConfig(), {"masked.weight": 1.0, "masked.pixels": True}), num_classes=3
+    ).objectives[0]
     plain = objectives.build(vit, with_settings(RunConfig(), {"masked.weight": 1.0}), num_classes=3).objectives[0]
     assert hiding.hide_pixels and not plain.hide_pixels
     plain.reconstruction.load_state_dict(hiding.reconstruction.state_dict())
@@ -86,15 +94,20 @@ def test_mask_pixels_keeps_a_hidden_patchs_pixels_from_a_conv_tokenisers_neighbo
 
 def test_mask_pixels_without_masked_patches_or_with_the_patch_stem_says_what_to_do():
     from foodvit.settings.objectives import MaskedSettings
-    from foodvit.settings.run import RunConfig
     from foodvit.settings.overrides import with_settings
+    from foodvit.settings.run import RunConfig
 
-    with pytest.raises(ConfigError, match="--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W"):
+    with pytest.raises(
+        ConfigError, match="--mask-pixels hides the pixels of the patches that --masked reconstructs: add --masked W"
+    ):
         MaskedSettings(pixels=True)
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1, pool="gap")  # the patch stem: nothing to hide
     with pytest.raises(ConfigError, match="--mask-pixels changes nothing with --stem patch.*use --stem conv or spt"):
         objectives.build(vit, with_settings(RunConfig(), {"masked.weight": 1.0, "masked.pixels": True}), num_classes=3)
-    assert [o.name() for o in objectives.build(vit, with_settings(RunConfig(), {"masked.weight": 1.0}), num_classes=3).objectives] == ["masked"]
+    assert [
+        o.name()
+        for o in objectives.build(vit, with_settings(RunConfig(), {"masked.weight": 1.0}), num_classes=3).objectives
+    ] == ["masked"]
 
 
 def test_a_class_token_pooled_model_is_refused_with_what_to_do():
@@ -109,7 +122,12 @@ def photos(tmp_path_factory):
 
 def masked(photos, epochs):
     config = small_config(photos, epochs=epochs, batch_size=8)
-    return replace(config, vit=replace(config.vit, pool="gap"), masked=replace(config.masked, weight=1.0), drloc=replace(config.drloc, weight=0.5))
+    return replace(
+        config,
+        vit=replace(config.vit, pool="gap"),
+        masked=replace(config.masked, weight=1.0),
+        drloc=replace(config.drloc, weight=0.5),
+    )
 
 
 @pytest.mark.slow  # two trainings and a resume; exact resume itself is shown fast in test_train

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import foodvit
-from foodvit.settings.model import ViTConfig
 from foodvit.errors import ConfigError, InputError
-from foodvit.model.variants import count_params, get_variant
 from foodvit.model.positions import sincos_2d_pos_embed
+from foodvit.model.variants import count_params, get_variant
 from foodvit.model.vit import VisionTransformer
+from foodvit.settings.model import ViTConfig
 
 
 def tiny(**overrides) -> VisionTransformer:
@@ -170,7 +170,9 @@ def test_sincos_position_embedding_is_fixed_and_distinct_per_position():
     assert torch.allclose((pe**2).sum(1), torch.full((16,), 24.0))
     assert torch.cdist(pe, pe).add(torch.eye(16)).min() > 0.1  # every position differs
     with_prefix = sincos_2d_pos_embed(4, 48, prefix=2)  # class and distillation tokens first, at position zero
-    assert with_prefix.shape == (18, 48) and torch.count_nonzero(with_prefix[:2]) == 0 and torch.equal(with_prefix[2:], pe)
+    assert (
+        with_prefix.shape == (18, 48) and torch.count_nonzero(with_prefix[:2]) == 0 and torch.equal(with_prefix[2:], pe)
+    )
 
 
 def test_no_position_embedding_option():
@@ -259,11 +261,16 @@ def test_mac_count_matches_the_reference_and_torch_flop_counter():
     assert count_macs(get_variant("ViT-B/16").config(), executed=True) == pytest.approx(16.46e9, rel=1e-3)
     model = tiny().eval().set_fused_attention(False)
     x = torch.randn(1, 3, 32, 32)
-    for forward, executed in ((lambda: model.head(model.forward_head(model.forward_features(x), pre_logits=True)), False), (lambda: model(x), True)):
+    for forward, executed in (
+        (lambda: model.head(model.forward_head(model.forward_features(x), pre_logits=True)), False),
+        (lambda: model(x), True),
+    ):
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
             forward()
-        assert counter.get_total_flops() == 2 * count_macs(model.config, executed=executed)  # matmuls and the patch conv, exactly
+        assert counter.get_total_flops() == 2 * count_macs(
+            model.config, executed=executed
+        )  # matmuls and the patch conv, exactly
     assert count_macs(model.config, executed=True) < count_macs(model.config)
 
 
@@ -294,8 +301,11 @@ def test_class_token_forward_computes_only_the_class_token_in_the_last_block(opt
         model.zero_grad()
         torch.manual_seed(3)
         forward().square().sum().backward()
-        # (a parameter only the last block's other tokens use, mlp_conv's filter, gets no gradient in either: zero or None)
-        grads.append({n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()})
+        # (a parameter only the last block's other tokens use, mlp_conv's filter, gets no gradient in either: zero or
+        # None)
+        grads.append(
+            {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+        )
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-5, msg=name)
     with pytest.raises(ValueError, match="class token"):
@@ -371,7 +381,9 @@ def test_mlp_conv_starts_as_the_paper_and_mixes_only_each_tokens_3x3_neighbourho
         out = mlp(tokens)
         h = mlp.act(mlp.fc1(tokens))
         grid = h[:, 1:].transpose(1, 2).reshape(2, 96, side, side)
-        by_hand = h[:, 1:] + F.gelu(F.conv2d(grid, mlp.conv.weight, mlp.conv.bias, padding=1, groups=96)).flatten(2).transpose(1, 2)
+        by_hand = h[:, 1:] + F.gelu(F.conv2d(grid, mlp.conv.weight, mlp.conv.bias, padding=1, groups=96)).flatten(
+            2
+        ).transpose(1, 2)
         torch.testing.assert_close(out[:, 1:], mlp.fc2(by_hand))
         torch.testing.assert_close(out[:, :1], mlp.fc2(h[:, :1]))  # the class token: Eq. 3's MLP
         out[0, 1 + 2].sum().backward()  # patch (row 0, column 2)'s output
@@ -410,8 +422,18 @@ def test_mimetic_init_gives_identity_like_attention_products():
     positive and dominates), W_v W_o equals a Z - b I exactly; the rest is the JAX init."""
     from foodvit.model.init import MIMETIC_QK, MIMETIC_VO
 
-    config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=48, depth=2, num_heads=3, mlp_dim=96,
-                       pool="gap", pos_embed="sincos2d", init="mimetic")
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_classes=3,
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        mlp_dim=96,
+        pool="gap",
+        pos_embed="sincos2d",
+        init="mimetic",
+    )
     torch.manual_seed(0)
     model = VisionTransformer(config)
     D, d = 48, 16
@@ -437,8 +459,17 @@ def test_mimetic_init_gives_identity_like_attention_products():
 
 
 def test_mimetic_init_makes_tokens_attend_to_themselves_at_step_zero():
-    config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=48, depth=2, num_heads=3, mlp_dim=96,
-                       pool="gap", pos_embed="sincos2d")
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_classes=3,
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        mlp_dim=96,
+        pool="gap",
+        pos_embed="sincos2d",
+    )
     images = torch.randn(2, 3, 32, 32)
     self_weight = {}
     for init in ("jax", "mimetic"):
@@ -456,8 +487,17 @@ def test_a_sincos_model_takes_a_smaller_input_with_that_grids_positions():
     """Progressive resizing's model side: given the sin-cos embedding of a 2 x 2 grid (pos_embed_for_grid),
     a 32 px model (grid 4) embeds 16 px images with it; without it, the model's own size alone, and
     nothing in the model changes: 32 px images give what they gave before."""
-    config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
-                       pool="gap", pos_embed="sincos2d")
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_classes=3,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+        pool="gap",
+        pos_embed="sincos2d",
+    )
     model = VisionTransformer(config).eval()
     images = torch.randn(2, 3, 32, 32)
     before = model(images)
@@ -472,11 +512,15 @@ def test_a_sincos_model_takes_a_smaller_input_with_that_grids_positions():
     with pytest.raises(InputError, match="expected 16 x 16 images, got 32 x 32"):
         model(images, pos_embed=pos_embed)  # the images must fit the grid they are given positions for
     torch.testing.assert_close(model(images), before, rtol=0, atol=0)
-    assert "_other_grid_pos_embed" not in model.__dict__ and not hasattr(model, "set_input_size")  # no state in the model
+    assert "_other_grid_pos_embed" not in model.__dict__ and not hasattr(
+        model, "set_input_size"
+    )  # no state in the model
     learned = VisionTransformer(config.replace(pos_embed="learned"))
     with pytest.raises(ConfigError, match="fixed position embeddings"):
         learned.pos_embed_for_grid(2)
-    unplaced = VisionTransformer(config.replace(pos_embed="none")).eval()  # no position embedding: any grid adds nothing
+    unplaced = VisionTransformer(
+        config.replace(pos_embed="none")
+    ).eval()  # no position embedding: any grid adds nothing
     torch.testing.assert_close(unplaced.pos_embed_for_grid(2), torch.zeros(1, 5, 32), rtol=0, atol=0)
 
 
@@ -508,7 +552,9 @@ def test_shifted_patch_tokenisation_stacks_the_image_and_its_four_diagonal_half_
     spt = ShiftedPatches(3, 4).eval()
     tokens = spt(images)
     assert tokens.shape == (2, 4, 5 * 3 * 16)  # (B, N, 5 C P^2)
-    x = torch.cat([images] + [ShiftedPatches.shift(images, r, c) for r, c in ((-2, -2), (-2, 2), (2, -2), (2, 2))], dim=1)
+    x = torch.cat(
+        [images] + [ShiftedPatches.shift(images, r, c) for r, c in ((-2, -2), (-2, 2), (2, -2), (2, 2))], dim=1
+    )
     patch = x[1, :, 4:8, 0:4].reshape(-1)  # second image, token (row 1, column 0): channels first, then rows, columns
     expected = (patch - patch.mean()) / torch.sqrt(patch.var(unbiased=False) + 1e-6)
     torch.testing.assert_close(tokens[1, 2], expected)
@@ -517,7 +563,9 @@ def test_shifted_patch_tokenisation_stacks_the_image_and_its_four_diagonal_half_
     assert count_params(model.config) == sum(p.numel() for p in model.parameters())
     assert model.patch_embed.proj.in_features == 5 * 3 * 8 * 8
     stem = sum(p.numel() for p in model.patch_embed.parameters())
-    assert stem == 5 * 3 * 8 * 8 * model.config.embed_dim + model.config.embed_dim + 2 * 5 * 3 * 8 * 8  # E (and bias), the LayerNorm
+    assert (
+        stem == 5 * 3 * 8 * 8 * model.config.embed_dim + model.config.embed_dim + 2 * 5 * 3 * 8 * 8
+    )  # E (and bias), the LayerNorm
 
 
 def test_impulse_init_makes_each_head_attend_to_its_own_neighbour_at_step_zero():
@@ -525,8 +573,18 @@ def test_impulse_init_makes_each_head_attend_to_its_own_neighbour_at_step_zero()
     attention peaks for every patch on the one neighbour at that head's 3 x 3 offset, the edge clamped."""
     from foodvit.model.init import impulse_init_, impulse_offsets
 
-    config = ViTConfig(image_size=64, patch_size=8, num_classes=3, embed_dim=192, depth=1, num_heads=3, mlp_dim=96,
-                       pool="gap", pos_embed="sincos2d", init="impulse")
+    config = ViTConfig(
+        image_size=64,
+        patch_size=8,
+        num_classes=3,
+        embed_dim=192,
+        depth=1,
+        num_heads=3,
+        mlp_dim=96,
+        pool="gap",
+        pos_embed="sincos2d",
+        init="impulse",
+    )
     torch.manual_seed(0)
     model = VisionTransformer(config)
     attn = model.blocks[0].attn
@@ -539,7 +597,11 @@ def test_impulse_init_makes_each_head_attend_to_its_own_neighbour_at_step_zero()
         target = impulse_offsets(8, dy, dx)
         assert torch.equal(weights[head].argmax(-1), target)
         assert weights[head][torch.arange(64), target].mean() > 0.5
-    assert impulse_offsets(8, 1, -1)[:3].tolist() == [8, 8, 9]  # patch (0, 0) -> (1, 0) at the left edge, (0, 1) -> (1, 0), (0, 2) -> (1, 1)
+    assert impulse_offsets(8, 1, -1)[:3].tolist() == [
+        8,
+        8,
+        9,
+    ]  # patch (0, 0) -> (1, 0) at the left edge, (0, 1) -> (1, 0), (0, 2) -> (1, 1)
     jax = VisionTransformer(config.replace(init="jax")).blocks[0].attn
     q, k, _ = jax.qkv(positions).detach().reshape(64, 3, 3, 64).permute(1, 2, 0, 3)
     assert (q @ k.transpose(-1, -2) * jax.scale).softmax(-1).max(-1).values.mean() < 0.2  # no such structure
@@ -551,8 +613,18 @@ def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block(
     """init_weights' wiring of deviation 11: every block's heads draw their own 3 x 3 taps (never
     (0, 0) under locality self-attention's mask; without the mask (0, 0) may be drawn) and a meta
     model (parameter counting) builds without values."""
-    config = ViTConfig(image_size=64, patch_size=8, num_classes=3, embed_dim=96, depth=3, num_heads=3, mlp_dim=96,
-                       pool="gap", pos_embed="sincos2d", init="impulse")
+    config = ViTConfig(
+        image_size=64,
+        patch_size=8,
+        num_classes=3,
+        embed_dim=96,
+        depth=3,
+        num_heads=3,
+        mlp_dim=96,
+        pool="gap",
+        pos_embed="sincos2d",
+        init="impulse",
+    )
     for locality in (False, True):
         torch.manual_seed(1)
         model = VisionTransformer(config.replace(locality=locality))
@@ -564,7 +636,9 @@ def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block(
             for head in range(3):
                 interior = [r * 8 + c for r in range(1, 7) for c in range(1, 7)]
                 moves = {(int(keys[head, i]) // 8 - i // 8, int(keys[head, i]) % 8 - i % 8) for i in interior}
-                assert len(moves) == 1 and max(map(abs, next(iter(moves)))) <= 1  # one offset in the 3 x 3 for the whole grid
+                assert (
+                    len(moves) == 1 and max(map(abs, next(iter(moves)))) <= 1
+                )  # one offset in the 3 x 3 for the whole grid
                 offsets |= moves
         assert len(offsets) > 1  # not one tap for all heads and blocks
         if locality:
@@ -575,11 +649,15 @@ def test_an_impulse_model_starts_with_each_head_on_one_neighbour_in_every_block(
     torch.manual_seed(0)
     assert (0, 0) not in impulse_taps(1000, locality=True) and (0, 0) in impulse_taps(1000)
     asked = []
-    monkeypatch.setattr(init, "impulse_taps", lambda heads, locality=False: asked.append(locality) or impulse_taps(heads, locality))
+    monkeypatch.setattr(
+        init, "impulse_taps", lambda heads, locality=False: asked.append(locality) or impulse_taps(heads, locality)
+    )
     for masked in (True, False):
         VisionTransformer(config.replace(locality=True, locality_mask=masked))
     assert asked == [True] * 3 + [False] * 3  # a block each: the tap a mask would hide is barred only under the mask
-    conv = config.replace(stem="conv")  # a deviation count_params builds on the meta device, where the solve has no values
+    conv = config.replace(
+        stem="conv"
+    )  # a deviation count_params builds on the meta device, where the solve has no values
     assert count_params(conv) == sum(p.numel() for p in VisionTransformer(conv).parameters())
 
 
@@ -633,7 +711,9 @@ def test_forward_intermediates_gives_what_timms_gives_on_the_same_weights(option
 
     torch.manual_seed(0)
     theirs = randomize_(timm.create_model("vit_tiny_patch16_224", num_classes=5, img_size=64, depth=4)).eval()
-    ours = foodvit.load_weights(foodvit.create_model("ViT-Ti/16", num_classes=5, image_size=64, depth=4), theirs.state_dict())
+    ours = foodvit.load_weights(
+        foodvit.create_model("ViT-Ti/16", num_classes=5, image_size=64, depth=4), theirs.state_dict()
+    )
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         mine, reference = ours.eval().forward_intermediates(x, **options), theirs.forward_intermediates(x, **options)

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="the notebook test needs nbformat, nbclient and ipykernel: pip install -e '.[test]'")
+nbformat = pytest.importorskip(
+    "nbformat", reason="the notebook test needs nbformat, nbclient and ipykernel: pip install -e '.[test]'"
+)
 nbclient = pytest.importorskip("nbclient", reason="the notebook test needs nbclient: pip install -e '.[test]'")
 pytest.importorskip("ipykernel", reason="the notebook test needs ipykernel: pip install -e '.[test]'")
 
@@ -15,7 +17,11 @@ SMALL = re.compile(r"\d\.\d\de-\d\d")  # differences at float rounding level: th
 
 
 def _printed(cell) -> str:
-    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream" and o.get("name") == "stdout")
+    text = "".join(
+        o.get("text", "")
+        for o in cell.get("outputs", [])
+        if o.get("output_type") == "stream" and o.get("name") == "stdout"
+    )
     return SMALL.sub("<tiny>", text)
 
 
@@ -25,13 +31,16 @@ def test_walkthrough_runs_and_its_outputs_are_current(real_data, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     committed = nbformat.read(NOTEBOOK, as_version=4)
     executed = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(executed, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    code = [(a, b) for a, b in zip(committed.cells, executed.cells) if a.cell_type == "code"]
+    nbclient.NotebookClient(
+        executed, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
+    code = [(a, b) for a, b in zip(committed.cells, executed.cells, strict=True) if a.cell_type == "code"]
     assert all(b.execution_count for _, b in code)  # every cell ran (an error would have raised above)
     for old, new in code:
         if "varies" in old.metadata.get("tags", []):
             continue
         assert _printed(old) == _printed(new), f"the committed output of this cell is stale:\n{old.source[:200]}"
-        assert sum(o.get("output_type") == "display_data" for o in old.outputs) == \
-            sum(o.get("output_type") == "display_data" for o in new.outputs)
+        assert sum(o.get("output_type") == "display_data" for o in old.outputs) == sum(
+            o.get("output_type") == "display_data" for o in new.outputs
+        )
     assert any("max |by hand - Block.forward|" in _printed(b) for _, b in code)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import make_photo_folder
 
-from foodvit.settings.model import VitSettings
 from foodvit.recipes import load_recipe
+from foodvit.settings.model import VitSettings
 from foodvit.training.optim import param_groups
 from foodvit.training.trainer import Trainer
 
@@ -21,11 +21,14 @@ def photos(tmp_path_factory):
 def trainer_for(photos, tmp_path, **changes):
     """A Trainer of a tiny learned-position, class-token ViT, with optimiser and train changes."""
     config = load_recipe("tiny")
-    config = replace(config, vit=VitSettings(image_size=32, depth=1, pos_embed="learned", pool="cls"),
-                     data=replace(config.data, source=str(photos)),
-                     optim=replace(config.optim, **{k: v for k, v in changes.items() if k == "ema"}),
-                     drloc=replace(config.drloc, weight=changes.get("drloc", 0.0)),
-                     train=replace(config.train, **{k: v for k, v in changes.items() if k == "freeze_backbone"}))
+    config = replace(
+        config,
+        vit=VitSettings(image_size=32, depth=1, pos_embed="learned", pool="cls"),
+        data=replace(config.data, source=str(photos)),
+        optim=replace(config.optim, **{k: v for k, v in changes.items() if k == "ema"}),
+        drloc=replace(config.drloc, weight=changes.get("drloc", 0.0)),
+        train=replace(config.train, **{k: v for k, v in changes.items() if k == "freeze_backbone"}),
+    )
     return Trainer(config, tmp_path, quiet=True)
 
 
@@ -51,7 +54,9 @@ def test_class_token_and_position_embedding_are_never_decayed(photos, tmp_path, 
 def test_frozen_backbone_optimises_the_head_alone(photos, tmp_path):
     trainer = trainer_for(photos, tmp_path, freeze_backbone=True, drloc=0.5)
     assert set(decay_of(trainer)) == {"head.weight", "head.bias"}
-    assert not len(trainer.objectives.objectives) and trainer.trained.model is trainer.model  # no localization loss for a backbone it cannot train
+    assert (
+        not len(trainer.objectives.objectives) and trainer.trained.model is trainer.model
+    )  # no localization loss for a backbone it cannot train
 
 
 def test_decay_groups_are_found_through_any_wrapper():
@@ -72,7 +77,10 @@ def test_a_warmup_longer_than_the_training_is_said_with_how_far_the_rate_gets(ca
     optimizer = torch.optim.SGD([weight], lr=1.0)
     with caplog.at_level("WARNING", logger="foodvit"):
         build_scheduler(optimizer, OptimConfig(warmup_epochs=8, schedule="cosine"), steps_per_epoch=4, epochs=2)
-    assert "the warm-up (8 epochs) is longer than the training (2 epochs): the learning rate rises to 0.25 of --lr" in caplog.text
+    assert (
+        "the warm-up (8 epochs) is longer than the training (2 epochs): the learning rate rises to 0.25 of --lr"
+        in caplog.text
+    )
     caplog.clear()
     with caplog.at_level("WARNING", logger="foodvit"):
         build_scheduler(optimizer, OptimConfig(warmup_epochs=2, schedule="cosine"), steps_per_epoch=4, epochs=2)

@@ -72,21 +72,59 @@ def test_a_pool_of_other_classes_or_only_training_photos_is_refused(photos, tmp_
 
 def test_train_validates_on_the_pool_and_reads_the_test_split_once(photos, pool, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["train", "--data", str(photos), "--validate-on", str(pool), "--out", str(run), "--quiet",
-                 *TINY, "--epochs", "2", "--eval-every", "1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(photos),
+                "--validate-on",
+                str(pool),
+                "--out",
+                str(run),
+                "--quiet",
+                *TINY,
+                "--epochs",
+                "2",
+                "--eval-every",
+                "1",
+            ]
+        )
+        == 0
+    )
     rows = list(csv.DictReader((run / "metrics.csv").read_text().splitlines()))
     assert len(rows) == 2 and all(row["val_acc"] and not row["test_acc"] for row in rows)  # the pool, each epoch
     metrics = json.loads((run / "model.json").read_text())["metrics"]
     assert metrics["val_n"] == 9 and metrics["val_dropped"] == 2 and metrics["test_n"] == 6
     answers = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
     assert len(answers) == 9 and statistics.mean(a["right"] for a in answers) == pytest.approx(metrics["val_acc"])
-    assert {a["photo"] for a in answers} == set(validation_pool(
-        str(pool), DataSource.parse(str(photos)).listed()).keys().values())
+    assert {a["photo"] for a in answers} == set(
+        validation_pool(str(pool), DataSource.parse(str(photos)).listed()).keys().values()
+    )
     report = (run / "report.md").read_text()
-    assert "**Validation accuracy:" in report and "2 of its photos left out" in report and "## Per class (validation)" in report
+    assert (
+        "**Validation accuracy:" in report
+        and "2 of its photos left out" in report
+        and "## Per class (validation)" in report
+    )
     capsys.readouterr()
-    assert main(["train", "--data", str(photos), "--validate-on", str(pool), "--val-fraction", "0.25",
-                 "--out", str(tmp_path / "both"), *TINY]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(photos),
+                "--validate-on",
+                str(pool),
+                "--val-fraction",
+                "0.25",
+                "--out",
+                str(tmp_path / "both"),
+                *TINY,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "keep one of the two" in err
 
@@ -94,16 +132,37 @@ def test_train_validates_on_the_pool_and_reads_the_test_split_once(photos, pool,
 @pytest.fixture(scope="module")
 def pool_study(tmp_path_factory, photos, pool):
     study = tmp_path_factory.mktemp("studies") / "pool"
-    assert main(["cv", "--data", str(photos), "--validate-on", str(pool), "--seeds", "2", "--seed", "0",
-                 "--out", str(study), "--quiet", *TINY]) == 0
+    assert (
+        main(
+            [
+                "cv",
+                "--data",
+                str(photos),
+                "--validate-on",
+                str(pool),
+                "--seeds",
+                "2",
+                "--seed",
+                "0",
+                "--out",
+                str(study),
+                "--quiet",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     return study
 
 
 def test_a_pool_study_trains_each_seed_on_every_training_photo_and_scores_the_pool(pool_study, photos):
     result = json.loads((pool_study / "cv.json").read_text())
     assert result["study"]["kind"] == "pool" and result["study"]["dropped"] == 2 and result["study"]["seeds"] == [0, 1]
-    assert sorted(result["photos"]) == sorted(f"s{seed}/{key}" for seed in (0, 1) for key in (
-        [f"{c}/new-{i}.jpg" for c in ("pizza", "steak", "sushi") for i in range(3)]))
+    assert sorted(result["photos"]) == sorted(
+        f"s{seed}/{key}"
+        for seed in (0, 1)
+        for key in ([f"{c}/new-{i}.jpg" for c in ("pizza", "steak", "sushi") for i in range(3)])
+    )
     for seed in (0, 1):
         config = json.loads((pool_study / f"seed-{seed}" / "config.json").read_text())
         assert config["train"]["seed"] == seed and config["data"]["validate_on"] == ""
@@ -113,8 +172,10 @@ def test_a_pool_study_trains_each_seed_on_every_training_photo_and_scores_the_po
 
 def test_pool_study_options_that_belong_to_cross_validation_are_refused(photos, pool, tmp_path, capsys):
     for extra, message in ((["--folds", "3"], "leave --folds out"), (["--fold", "0"], "leave --fold out")):
-        assert main(["cv", "--data", str(photos), "--validate-on", str(pool), "--out", str(tmp_path / "x"),
-                     *TINY, *extra]) == 2
+        assert (
+            main(["cv", "--data", str(photos), "--validate-on", str(pool), "--out", str(tmp_path / "x"), *TINY, *extra])
+            == 2
+        )
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, err
     assert not (tmp_path / "x").exists()
@@ -123,8 +184,15 @@ def test_pool_study_options_that_belong_to_cross_validation_are_refused(photos, 
 def fake_study(folder: Path, kind: str, photos: dict, *, folds=1, seeds=(0, 1), settings=None) -> Path:
     """A finished study's two files, as `foodvit cv` writes them, with these predictions."""
     folder.mkdir(parents=True)
-    identity = {"kind": kind, "data": "d", "classes": ["a", "b"], "folds": folds, "seeds": list(seeds),
-                "settings": settings or {}, **({"validation": "v"} if kind == "pool" else {})}
+    identity = {
+        "kind": kind,
+        "data": "d",
+        "classes": ["a", "b"],
+        "folds": folds,
+        "seeds": list(seeds),
+        "settings": settings or {},
+        **({"validation": "v"} if kind == "pool" else {}),
+    }
     (folder / "study.json").write_text(json.dumps(identity))
     (folder / "cv.json").write_text(json.dumps({"recipe": "default", "photos": photos}))
     return folder
@@ -138,9 +206,10 @@ def test_two_seeds_of_identical_answers_give_the_one_seed_standard_error(tmp_pat
         fake_study(tmp_path / "b1", "pool", {f"s0/x/{i}": r for i, r in enumerate(b_answers)}, seeds=(0,)),
     )[0]
     twice = lambda answers: {f"s{s}/x/{i}": r for s in (0, 1) for i, r in enumerate(answers)}  # noqa: E731
-    two = compare.compare_studies(fake_study(tmp_path / "a2", "pool", twice(a_answers)),
-                                  fake_study(tmp_path / "b2", "pool", twice(b_answers)))[0]
-    diffs = [int(b) - int(a) for a, b in zip(a_answers, b_answers)]
+    two = compare.compare_studies(
+        fake_study(tmp_path / "a2", "pool", twice(a_answers)), fake_study(tmp_path / "b2", "pool", twice(b_answers))
+    )[0]
+    diffs = [int(b) - int(a) for a, b in zip(a_answers, b_answers, strict=True)]
     assert one["standard_error"] == pytest.approx(statistics.stdev(diffs) / math.sqrt(len(diffs)))
     assert two["standard_error"] == pytest.approx(one["standard_error"]) and two["n"] == 16 and two["photos"] == 8
     assert two["difference"] == pytest.approx(one["difference"])
@@ -151,14 +220,16 @@ def test_compare_refuses_studies_scored_differently_and_names_the_settings_that_
     cv5 = fake_study(tmp_path / "cv5", "cv", answers, folds=5, seeds=(0,))
     cv3 = fake_study(tmp_path / "cv3", "cv", answers, folds=3, seeds=(0,))
     on_pool = fake_study(tmp_path / "pool", "pool", answers, seeds=(0,))
-    longer = fake_study(tmp_path / "longer", "cv", answers, folds=5, seeds=(0,),
-                        settings={"train": {"epochs": 150}})
+    longer = fake_study(tmp_path / "longer", "cv", answers, folds=5, seeds=(0,), settings={"train": {"epochs": 150}})
     other_pool = fake_study(tmp_path / "other-pool", "pool", answers, seeds=(0,))
     (other_pool / "study.json").write_text(
         json.dumps({**json.loads((other_pool / "study.json").read_text()), "validation": "w"})
     )
-    for a, b, message in ((cv5, cv3, "is 5-fold CV, seeds [0] and"), (cv5, on_pool, "on validation pool v"),
-                          (on_pool, other_pool, "is a study on validation pool v, seeds [0] and")):
+    for a, b, message in (
+        (cv5, cv3, "is 5-fold CV, seeds [0] and"),
+        (cv5, on_pool, "on validation pool v"),
+        (on_pool, other_pool, "is a study on validation pool v, seeds [0] and"),
+    ):
         with pytest.raises(StudyError, match=re.escape(message)):
             compare.compare_studies(a, b)
         assert main(["cv", "--compare", str(a), str(b)]) == 2
@@ -184,11 +255,17 @@ def test_bench_pool_records_a_components_worth_as_the_rule_reads_it(tmp_path, mo
         (folder / "cv.md").write_text("a study")
         studies.append(folder)
     row = bench_pool.row(*studies, "x", "--x 0", removes=True)
-    assert row["difference"] == "-0.1250" and (row["only_b"], row["only_a"]) == (2, 4)  # answers: a photo under each seed
+    assert row["difference"] == "-0.1250" and (row["only_b"], row["only_a"]) == (
+        2,
+        4,
+    )  # answers: a photo under each seed
     assert row["reason"].startswith("the component is worth +0.125 (") and row["overrides"] == "--x 0"
     results = tmp_path / "results"
     monkeypatch.setattr(bench_pool, "RESULTS", results)
-    assert bench_pool.main([str(studies[0]), str(studies[1]), "--idea", "x", "--removes", "--record", "--adopted", "kept"]) == 0
+    assert (
+        bench_pool.main([str(studies[0]), str(studies[1]), "--idea", "x", "--removes", "--record", "--adopted", "kept"])
+        == 0
+    )
     rows = list(csv.DictReader((results / "studies.csv").open()))
     assert [(r["table"], r["idea"], r["adopted"], r["difference"]) for r in rows] == [("pool", "x", "kept", "-0.1250")]
     assert sorted(p.name for p in (results / "cv").iterdir()) == ["base", "no-x"]

@@ -22,7 +22,7 @@ def one_line(capsys, command: str = "predict") -> str:
 @pytest.fixture
 def odd_names(tmp_path) -> Path:
     folder = tmp_path / "odd"
-    for i, name in enumerate(["plain.jpg", "carriage\rreturn.jpg", "new\nline.jpg", "comma, \"quoted\".jpg"]):
+    for i, name in enumerate(["plain.jpg", "carriage\rreturn.jpg", "new\nline.jpg", 'comma, "quoted".jpg']):
         make_photo(folder / name, (200, 40 * i, 60), seed=i)
     return folder
 
@@ -42,8 +42,9 @@ def test_an_out_that_is_no_regular_file_is_refused(shared_run, tmp_path, capsys,
     assert "regular file" in err or "is a folder" in err
 
 
-def test_names_with_carriage_returns_and_newlines_are_one_row_each_and_a_rerun_adds_none(shared_run, odd_names, tmp_path,
-                                                                                        capsys):
+def test_names_with_carriage_returns_and_newlines_are_one_row_each_and_a_rerun_adds_none(
+    shared_run, odd_names, tmp_path, capsys
+):
     run, _ = shared_run
     out = tmp_path / "labels.csv"
     assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 0
@@ -61,12 +62,17 @@ def test_files_from_splits_on_newlines_only_and_files_from0_on_nuls(shared_run, 
     run, _ = shared_run
     carriage = odd_names / "carriage\rreturn.jpg"
     listed = tmp_path / "list.txt"
-    listed.write_bytes(os.fsencode(carriage) + b"\n" + os.fsencode(odd_names / "plain.jpg") + b"\r\n")  # a CRLF line too
+    listed.write_bytes(
+        os.fsencode(carriage) + b"\n" + os.fsencode(odd_names / "plain.jpg") + b"\r\n"
+    )  # a CRLF line too
     out = tmp_path / "a.jsonl"
     assert main(["predict", str(run), "--files-from", str(listed), "--out", str(out), "--quiet"]) == 0
     import json
 
-    assert [json.loads(line)["path"] for line in out.read_text().splitlines()] == [str(carriage), str(odd_names / "plain.jpg")]
+    assert [json.loads(line)["path"] for line in out.read_text().splitlines()] == [
+        str(carriage),
+        str(odd_names / "plain.jpg"),
+    ]
     nul = tmp_path / "list0"
     newline = odd_names / "new\nline.jpg"
     nul.write_bytes(os.fsencode(newline) + b"\0" + os.fsencode(carriage) + b"\0")
@@ -106,7 +112,9 @@ def test_a_row_with_a_newline_cut_short_by_a_kill_is_dropped_and_labelled_again(
     whole = out.read_bytes()
     cut = whole.index(b'"' + os.fsencode(odd_names / "new\nline.jpg")[:-4])  # the row of the name with a newline, cut
     rest = [line for line in whole[:cut].split(b"\n") if line]
-    out.write_bytes(b"\n".join(rest) + b"\n" + whole[cut: cut + len(str(odd_names)) + 6])  # ... up to just after its newline
+    out.write_bytes(
+        b"\n".join(rest) + b"\n" + whole[cut : cut + len(str(odd_names)) + 6]
+    )  # ... up to just after its newline
     assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 0
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))

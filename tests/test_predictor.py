@@ -40,18 +40,26 @@ def test_classify_equals_the_models_own_softmax_for_bytes_paths_and_images(predi
         answer = predictor.classify(source, top_k=2)
         np.testing.assert_allclose(list(answer["probabilities"].values()), expected, atol=1e-6)
         assert list(answer["probabilities"]) == CLASSES
-        assert answer["label"] == CLASSES[int(expected.argmax())] and answer["top_k"][0] == [answer["label"], answer["probability"]]
+        assert answer["label"] == CLASSES[int(expected.argmax())] and answer["top_k"][0] == [
+            answer["label"],
+            answer["probability"],
+        ]
         assert len(answer["top_k"]) == 2 and answer["top_k"][0][1] >= answer["top_k"][1][1] and answer["seconds"] > 0
 
 
 def test_classify_many_is_one_batch_with_the_same_answers_and_keeps_going_past_bad_photos(predictor):
     photos = [_jpeg(0), b"not an image", _jpeg(1), b""]
     answers = predictor.classify_many(photos, names=["a.jpg", "b.jpg", "c.jpg", "d.jpg"])
-    assert "b.jpg is not an image Pillow can read" in answers[1]["error"] and "d.jpg is empty (0 bytes)" in answers[3]["error"]
+    assert (
+        "b.jpg is not an image Pillow can read" in answers[1]["error"]
+        and "d.jpg is empty (0 bytes)" in answers[3]["error"]
+    )
     for i in (0, 2):
         alone = predictor.classify(photos[i])
         assert answers[i]["label"] == alone["label"]
-        np.testing.assert_allclose(list(answers[i]["probabilities"].values()), list(alone["probabilities"].values()), atol=1e-6)
+        np.testing.assert_allclose(
+            list(answers[i]["probabilities"].values()), list(alone["probabilities"].values()), atol=1e-6
+        )
 
 
 def test_classify_many_refuses_names_that_do_not_match_the_photos(predictor):
@@ -59,13 +67,16 @@ def test_classify_many_refuses_names_that_do_not_match_the_photos(predictor):
         predictor.classify_many([_jpeg(0), _jpeg(1)], names=["a.jpg"])
 
 
-@pytest.mark.parametrize("data,message", [
-    (b"", r"is empty \(0 bytes\); expected a JPEG, PNG"),
-    (b"GIF89a but not really", "is not an image Pillow can read"),
-    (b"%PDF-1.7 hello", "is not an image Pillow can read; expected a JPEG, PNG"),
-    (_jpeg(size=(300, 200))[:400], "damaged or truncated.*expected a complete image file"),  # cut in the header
-    (_jpeg(size=(300, 200))[:5000], "is damaged or truncated.*expected a complete image file"),  # cut in the pixels
-])
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (b"", r"is empty \(0 bytes\); expected a JPEG, PNG"),
+        (b"GIF89a but not really", "is not an image Pillow can read"),
+        (b"%PDF-1.7 hello", "is not an image Pillow can read; expected a JPEG, PNG"),
+        (_jpeg(size=(300, 200))[:400], "damaged or truncated.*expected a complete image file"),  # cut in the header
+        (_jpeg(size=(300, 200))[:5000], "is damaged or truncated.*expected a complete image file"),  # cut in the pixels
+    ],
+)
 def test_bad_bytes_are_refused_with_what_is_accepted(data, message):
     with pytest.raises(PhotoError, match=message) as caught:
         decode(data, "upload.jpg")
@@ -84,12 +95,20 @@ def test_a_decompression_bomb_in_bytes_is_refused_from_its_header():
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 def test_a_bomb_is_refused_with_one_limit_in_megapixels_and_what_to_do(tmp_path):
     buffer = io.BytesIO()
-    Image.new("1", (20_000, 10_000)).save(buffer, format="PNG")  # over twice the limit: Pillow itself refuses it at open
+    Image.new("1", (20_000, 10_000)).save(
+        buffer, format="PNG"
+    )  # over twice the limit: Pillow itself refuses it at open
     (tmp_path / "bomb.png").write_bytes(buffer.getvalue())
     for source in (buffer.getvalue(), tmp_path / "bomb.png"):
-        with pytest.raises(PhotoError, match=r"is 200 megapixels, over the limit of 50 megapixels .*resize it below the limit") as caught:
+        with pytest.raises(
+            PhotoError, match=r"is 200 megapixels, over the limit of 50 megapixels .*resize it below the limit"
+        ) as caught:
             decode(source, "bomb.png")
-        assert "178956970" not in str(caught.value) and "exceeds" not in str(caught.value) and caught.value.kind == "too large"
+        assert (
+            "178956970" not in str(caught.value)
+            and "exceeds" not in str(caught.value)
+            and caught.value.kind == "too large"
+        )
     small = io.BytesIO()
     Image.new("1", (3_000, 2_000)).save(small, format="PNG")
     with pytest.raises(PhotoError, match=r"is 3000 x 2000 = 6 megapixels, over the limit of 5 megapixels"):
@@ -136,8 +155,12 @@ def test_a_photo_far_larger_than_the_model_needs_is_decoded_reduced_to_the_same_
         data = _large_photo((4 * REDUCE_FLOOR + 100, 2 * REDUCE_FLOOR + 50), fmt)
         whole = to_array(p, Image.open(io.BytesIO(data)).convert("RGB"))
         assert decode(data, reduce_to=p.resize_size).size[1] < 2 * REDUCE_FLOOR  # reduced...
-        assert np.abs(predictor.prepare(data) - whole).max() <= 2 / 255 + 1e-6  # ...and no pixel of the model's input off by more than one level
-        np.testing.assert_allclose(predictor.probabilities(predictor.prepare(data)[None]), predictor.probabilities(whole[None]), atol=5e-3)
+        assert (
+            np.abs(predictor.prepare(data) - whole).max() <= 2 / 255 + 1e-6
+        )  # ...and no pixel of the model's input off by more than one level
+        np.testing.assert_allclose(
+            predictor.probabilities(predictor.prepare(data)[None]), predictor.probabilities(whole[None]), atol=5e-3
+        )
 
 
 def test_decode_budget_keeps_concurrent_reservations_within_its_bytes():

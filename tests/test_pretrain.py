@@ -9,10 +9,10 @@ import torch
 from helpers import make_photo_folder
 from test_train import small_config
 
-from foodvit.settings.run import PretrainSettings, RunConfig, TrainConfig
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
+from foodvit.settings.run import PretrainSettings, RunConfig, TrainConfig
 from foodvit.training.engine import Output, TrainingDiverged, train_one_epoch
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.masked import MaskedPatches, draw_mask, patch_pixels
@@ -23,7 +23,9 @@ from foodvit.training.run import resume, train
 def reconstructions(task, images, seed=5):
     """The decoder's predictions for the hidden patches, and the loss, with the mask of `seed`."""
     seen = {}
-    handle = task.objectives[0].reconstruction.decoder.register_forward_hook(lambda m, a, out: seen.__setitem__("out", out))
+    handle = task.objectives[0].reconstruction.decoder.register_forward_hook(
+        lambda m, a, out: seen.__setitem__("out", out)
+    )
     torch.manual_seed(seed)
     try:
         logits, loss = task(images)
@@ -41,11 +43,15 @@ def test_no_token_sees_the_pixels_of_a_hidden_patch_in_pre_training():
     images = torch.randn(2, 3, 32, 32)
     torch.manual_seed(5)
     hidden = draw_mask(2, 16, 0.5, images.device)  # the draw the tasks make after manual_seed(5)
-    repainted = torch.where(hidden.reshape(2, 1, 4, 4).repeat_interleave(8, -2).repeat_interleave(8, -1), torch.randn(2, 3, 32, 32), images)
+    repainted = torch.where(
+        hidden.reshape(2, 1, 4, 4).repeat_interleave(8, -2).repeat_interleave(8, -1), torch.randn(2, 3, 32, 32), images
+    )
     logits, first, loss = reconstructions(pre, images)
     _, second, other_loss = reconstructions(pre, repainted)
     assert logits is None
-    torch.testing.assert_close(first, second, rtol=0, atol=0)  # the same predictions: nothing of the hidden pixels got in
+    torch.testing.assert_close(
+        first, second, rtol=0, atol=0
+    )  # the same predictions: nothing of the hidden pixels got in
     assert other_loss.item() != pytest.approx(loss.item())  # only the targets changed
     target = patch_pixels(images, 8)[hidden]
     assert loss.item() == pytest.approx(((first - target) ** 2).mean().item(), rel=1e-5)
@@ -62,7 +68,10 @@ def test_pre_training_trains_the_encoder_and_not_the_head():
     loss.backward()
     assert all(p.grad is not None for p in task.parameters())  # as DistributedDataParallel expects
     assert vit.head.weight.grad.abs().sum() == 0 and vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
-    assert task.objectives[0].reconstruction.mask_token.grad.abs().sum() > 0 and vit.patch_embed.stem.layers[0].weight.grad.abs().sum() > 0
+    assert (
+        task.objectives[0].reconstruction.mask_token.grad.abs().sum() > 0
+        and vit.patch_embed.stem.layers[0].weight.grad.abs().sum() > 0
+    )
     # a distillation token's head, which the stage does not train either, still gets its gradient of 0
     vit = create_model("ViT-Ti/8", num_classes=3, image_size=32, depth=1, pool="gap", distill_token=True)
     _, loss = masked_image_modelling(vit, 0.5).train()(torch.randn(2, 3, 32, 32))
@@ -83,7 +92,11 @@ def test_the_engine_minimises_a_self_supervised_loss_alone_without_reading_label
     model = Squares()
     labels = torch.tensor([99, -7])  # no class would take these: a cross-entropy over them fails
     row = train_one_epoch(model, [(x, labels)], torch.optim.SGD(model.parameters(), lr=0.01))
-    assert row["train_objective"] == pytest.approx(4 * 5) and row["train_loss"] == pytest.approx(20) and row["train_acc"] == 0
+    assert (
+        row["train_objective"] == pytest.approx(4 * 5)
+        and row["train_loss"] == pytest.approx(20)
+        and row["train_acc"] == 0
+    )
     assert model.w.item() == pytest.approx(2 - 0.01 * 2 * 2 * 5)  # d/dw mean(w^2 x^2) = 2 w mean(x^2) = 20
 
 
@@ -101,7 +114,9 @@ def photos(tmp_path_factory):
 
 def pretraining(photos, epochs, pretrain_epochs=2):
     config = small_config(photos, epochs=epochs, batch_size=8)
-    return replace(config, vit=replace(config.vit, pool="gap"), pretrain=replace(config.pretrain, epochs=pretrain_epochs))
+    return replace(
+        config, vit=replace(config.vit, pool="gap"), pretrain=replace(config.pretrain, epochs=pretrain_epochs)
+    )
 
 
 def test_a_run_pre_trains_before_its_supervised_epochs(photos, tmp_path):
@@ -112,15 +127,26 @@ def test_a_run_pre_trains_before_its_supervised_epochs(photos, tmp_path):
     assert all(float(r.split(",")[1]) > 0 for r in rows[1:])
     state = load_checkpoint(tmp_path / "pre" / "checkpoint.pt")
     assert state["pretrained"] is True and not any("mask_token" in k or "decoder" in k for k in state["model"])
-    assert not (tmp_path / "plain" / PRETRAINING_FILE).exists() and load_checkpoint(tmp_path / "plain" / "checkpoint.pt")["pretrained"] is False
-    assert pre.history[0]["train_loss"] != pytest.approx(plain.history[0]["train_loss"])  # the same seed, other starting weights
+    assert (
+        not (tmp_path / "plain" / PRETRAINING_FILE).exists()
+        and load_checkpoint(tmp_path / "plain" / "checkpoint.pt")["pretrained"] is False
+    )
+    assert pre.history[0]["train_loss"] != pytest.approx(
+        plain.history[0]["train_loss"]
+    )  # the same seed, other starting weights
     # sharpness-aware minimisation is the supervised stage's: the stage's losses are those of the run without it
     config = pretraining(photos, 1)
     train(replace(config, optim=replace(config.optim, sam=0.05)), tmp_path / "sam", quiet=True)
-    losses = [[r.split(",")[1] for r in (tmp_path / run / PRETRAINING_FILE).read_text().splitlines()[1:]] for run in ("pre", "sam")]
+    losses = [
+        [r.split(",")[1] for r in (tmp_path / run / PRETRAINING_FILE).read_text().splitlines()[1:]]
+        for run in ("pre", "sam")
+    ]
     assert losses[0] == losses[1]
-    assert load_checkpoint(tmp_path / "sam" / "checkpoint.pt")["model"]["head.weight"].ne(
-        load_checkpoint(tmp_path / "pre" / "checkpoint.pt")["model"]["head.weight"]).any()  # the supervised steps are SAM's
+    assert (
+        load_checkpoint(tmp_path / "sam" / "checkpoint.pt")["model"]["head.weight"]
+        .ne(load_checkpoint(tmp_path / "pre" / "checkpoint.pt")["model"]["head.weight"])
+        .any()
+    )  # the supervised steps are SAM's
 
 
 def test_a_run_that_fails_in_pre_training_says_where_and_leaves_nothing_behind(photos, tmp_path, monkeypatch):
@@ -132,12 +158,14 @@ def test_a_run_that_fails_in_pre_training_says_where_and_leaves_nothing_behind(p
         return Output(None, loss * float("nan") if len(calls) == 3 else loss)
 
     monkeypatch.setattr(WithObjectives, "forward", diverge)
-    with pytest.raises(TrainingDiverged, match="in self-supervised pre-training epoch 2; training stopped and no epoch finished"):
+    with pytest.raises(
+        TrainingDiverged, match="in self-supervised pre-training epoch 2; training stopped and no epoch finished"
+    ):
         train(pretraining(photos, 1), tmp_path / "run", quiet=True)
     assert not (tmp_path / "run").exists()  # its pretraining.csv too: nothing to resume, nothing left
 
 
-@pytest.mark.slow  # two trainings and a resume; test_a_run_pre_trains_before_its_supervised_epochs covers the stage fast
+@pytest.mark.slow  # two trainings and a resume; test_a_run_pre_trains_before_its_supervised_epochs: the stage, fast
 def test_a_pre_trained_run_resumes_as_an_uninterrupted_one_without_pre_training_again(photos, tmp_path, monkeypatch):
     whole = train(pretraining(photos, 2), tmp_path / "whole", quiet=True)
     import foodvit.training.trainer as T

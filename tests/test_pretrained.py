@@ -20,9 +20,10 @@ from foodvit.model.weights import from_torchvision
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    """Generated photos, even with FOODVIT_DATA set: a frozen backbone's properties show on 18 photos,
-    and a ViT at 224 px over FoodVision Mini's 300 would be minutes of the suite (real data: test_data, test_train)."""
-    return str(make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=4, n_test=2, size=(240, 260)))
+    """Generated photos, even with FOODVIT_DATA set: a frozen backbone's properties (its weights as loaded, the head
+    alone trained) show on one training and one test photo a class, and a ViT at 224 px costs about a second a photo
+    here (FoodVision Mini's 300 would be minutes of the suite; real data: test_data, test_train)."""
+    return str(make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=1, n_test=1, size=(240, 260)))
 
 
 def _train(args):
@@ -38,43 +39,96 @@ def _assert_backbone_identical(run, reference: dict):
     assert model.head.weight.shape[0] == 3 and reference["head.weight"].shape[0] == 1000  # a new head
 
 
-@pytest.mark.slow  # ViT-B/16 at 224; the ViT-S/16 file below shows frozen feature extraction with a smaller model
-def test_torchvision_vit_b16_file_as_frozen_feature_extractor(tmp_path):
-    photos = str(make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(240, 260)))  # ViT-B/16's forward costs about a second a photo here
-    source = randomize_(torchvision.models.vit_b_16()).state_dict()
-    torch.save(source, tmp_path / "vit_b_16.pth")
+@pytest.mark.slow  # a ViT at 224 px; the fast tier keeps freezing (test_freezing), torchvision's layout (test_weights)
+def test_torchvision_file_as_frozen_feature_extractor(photos, tmp_path):
+    # torchvision's ViT class and layout (its vit_b_16 file's names, encoder.layers.encoder_layer_N...) at ViT-Ti/16's
+    # size, which the file's shapes name: the same conversion and statistics as vit_b_16's, at a fifteenth of its cost
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    tiny = VisionTransformer(image_size=224, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768)
+    source = randomize_(tiny).state_dict()
+    assert "encoder.layers.encoder_layer_11.self_attention.in_proj_weight" in source  # torchvision's names
+    torch.save(source, tmp_path / "vit_ti_16.pth")
     run = tmp_path / "fe"
-    _train(["--pretrained", str(tmp_path / "vit_b_16.pth"), "--freeze-backbone", "true", "--data", photos, "--out", str(run),
-            "--augment", "none", "--batch-size", "32"])
+    _train(
+        [
+            "--pretrained",
+            str(tmp_path / "vit_ti_16.pth"),
+            "--freeze-backbone",
+            "true",
+            "--data",
+            photos,
+            "--out",
+            str(run),
+            "--augment",
+            "none",
+            "--batch-size",
+            "32",
+        ]
+    )
     _assert_backbone_identical(run, from_torchvision(source))
     predictor = foodvit.load_predictor(run)
     model = predictor.model
-    assert model.config.image_size == 224 and predictor.preprocess.mean == (0.485, 0.456, 0.406)  # torchvision's statistics
+    assert model.config.embed_dim == 192 and model.config.depth == 12
+    assert model.config.image_size == 224 and predictor.preprocess.mean == (
+        0.485,
+        0.456,
+        0.406,
+    )  # torchvision's statistics
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     trained = [p for group in ckpt["optimizer"]["param_groups"] for p in group["params"]]
-    assert len(trained) == 2 and len(ckpt["optimizer"]["state"]) == 2  # head weight and bias only: no state for the frozen
+    assert (
+        len(trained) == 2 and len(ckpt["optimizer"]["state"]) == 2
+    )  # head weight and bias only: no state for the frozen
 
 
-@pytest.mark.slow  # a ViT-S/16 at 224 px; the fast tier keeps freezing (test_freezing) and weight files of every format (test_weights)
+@pytest.mark.slow  # a ViT-S/16 at 224 px; the fast tier keeps freezing (test_freezing) and weight files of every
+# format (test_weights)
 def test_timm_vit_s16_safetensors_as_frozen_feature_extractor(photos, tmp_path):
     from safetensors.torch import save_file
 
     source = randomize_(timm.create_model("vit_small_patch16_224")).state_dict()
     save_file({k: v.contiguous() for k, v in source.items()}, str(tmp_path / "vit_s.safetensors"))
     run = tmp_path / "fe_timm"
-    _train(["--pretrained", str(tmp_path / "vit_s.safetensors"), "--freeze-backbone", "true", "--data", photos, "--out", str(run)])
+    _train(
+        [
+            "--pretrained",
+            str(tmp_path / "vit_s.safetensors"),
+            "--freeze-backbone",
+            "true",
+            "--data",
+            photos,
+            "--out",
+            str(run),
+        ]
+    )
     _assert_backbone_identical(run, source)
     assert foodvit.load_model(run).config.embed_dim == 384
 
 
-@pytest.mark.slow  # a ViT-Ti/16 at 384 px; the fast tier keeps position resampling (test_weights) and a pre-trained run resumed (test_run_directory)
+@pytest.mark.slow  # a ViT-Ti/16 at 384 px; the fast tier keeps position resampling (test_weights) and a pre-trained
+# run resumed (test_run_directory)
 def test_finetuning_at_384_from_a_224_file_interpolates_positions(tmp_path):
     photos = make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(100, 120))
     source = randomize_(timm.create_model("vit_tiny_patch16_224"))
     torch.save(source.state_dict(), tmp_path / "ti.pth")
     run = tmp_path / "ft384"
-    _train(["--recipe", "finetune", "--pretrained", str(tmp_path / "ti.pth"), "--image-size", "384", "--data", str(photos),
-            "--out", str(run), "--batch-size", "3"])
+    _train(
+        [
+            "--recipe",
+            "finetune",
+            "--pretrained",
+            str(tmp_path / "ti.pth"),
+            "--image-size",
+            "384",
+            "--data",
+            str(photos),
+            "--out",
+            str(run),
+            "--batch-size",
+            "3",
+        ]
+    )
     predictor = foodvit.load_predictor(run)
     model = predictor.model
     assert model.pos_embed.shape == (1, 577, 192) and model.config.image_size == 384
@@ -87,12 +141,16 @@ def test_stored_preprocessing_equals_torchvision_weights_transforms():
 
     image = Image.new("RGB", (500, 375), (90, 140, 30))
     image.paste((200, 20, 20), (100, 80, 300, 250))
-    for spec, weights in (("torchvision:IMAGENET1K_V1", ViT_B_16_Weights.IMAGENET1K_V1),
-                          ("torchvision:DEFAULT", ViT_B_16_Weights.DEFAULT),
-                          ("torchvision:IMAGENET1K_SWAG_E2E_V1", ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1)):
+    for spec, weights in (
+        ("torchvision:IMAGENET1K_V1", ViT_B_16_Weights.IMAGENET1K_V1),
+        ("torchvision:DEFAULT", ViT_B_16_Weights.DEFAULT),
+        ("torchvision:IMAGENET1K_SWAG_E2E_V1", ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1),
+    ):
         source = resolve(spec)  # nothing is downloaded
         assert source.variant == "ViT-B/16"
-        torch.testing.assert_close(eval_transform(source.preprocess)(image), weights.transforms()(image), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            eval_transform(source.preprocess)(image), weights.transforms()(image), atol=1e-5, rtol=0
+        )
     swag = resolve("torchvision:IMAGENET1K_SWAG_E2E_V1").preprocess
     assert (swag.image_size, swag.resize_size, swag.interpolation) == (384, 384, "bicubic")
     assert resolve("torchvision:vit_b_32.IMAGENET1K_V1").variant == "ViT-B/32"
@@ -114,10 +172,24 @@ def test_timm_weights_without_timm_name_the_extra(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setitem(sys.modules, "timm", None)  # what an environment without the extra finds
     monkeypatch.setitem(sys.modules, "timm.models", None)
-    assert main(["train", "--pretrained", "timm:vit_small_patch16_224.augreg_in21k_ft_in1k", "--data", str(tmp_path),
-                 "--out", str(tmp_path / "r")]) == 2
-    assert capsys.readouterr().err == ("foodvit train: error: --pretrained timm:NAME needs timm, which comes with the "
-                                       "timm extra: pip install 'foodvit[timm]'\n")
+    assert (
+        main(
+            [
+                "train",
+                "--pretrained",
+                "timm:vit_small_patch16_224.augreg_in21k_ft_in1k",
+                "--data",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 2
+    )
+    assert capsys.readouterr().err == (
+        "foodvit train: error: --pretrained timm:NAME needs timm, which comes with the "
+        "timm extra: pip install 'foodvit[timm]'\n"
+    )
 
 
 def test_variant_is_inferred_from_tensor_shapes():
@@ -127,10 +199,27 @@ def test_variant_is_inferred_from_tensor_shapes():
 
 
 def test_model_that_disagrees_with_the_weights_stops_the_run(tmp_path, capsys):
-    assert main(["train", "--pretrained", "timm:vit_small_patch16_224.augreg_in21k_ft_in1k", "--model", "ViT-B/16",
-                 "--data", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--pretrained",
+                "timm:vit_small_patch16_224.augreg_in21k_ft_in1k",
+                "--model",
+                "ViT-B/16",
+                "--data",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert "--model ViT-B/16 does not match the weights timm:vit_small_patch16_224.augreg_in21k_ft_in1k, which are ViT-S/16" in err
+    assert (
+        "--model ViT-B/16 does not match the weights timm:vit_small_patch16_224.augreg_in21k_ft_in1k, "
+        "which are ViT-S/16" in err
+    )
 
 
 @pytest.fixture
@@ -162,7 +251,10 @@ def test_offline_download_fails_fast_and_leaves_no_partial_file(offline, spec):
 
 def test_offline_training_run_says_what_to_do(offline, capsys):
     photos = make_photo_folder(offline / "p", n_train=1, n_test=1)
-    assert main(["train", "--pretrained", "torchvision:IMAGENET1K_V1", "--data", str(photos), "--out", str(offline / "r")]) == 2
+    assert (
+        main(["train", "--pretrained", "torchvision:IMAGENET1K_V1", "--data", str(photos), "--out", str(offline / "r")])
+        == 2
+    )
     assert "pass a local weights file instead" in capsys.readouterr().err
 
 

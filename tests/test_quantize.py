@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-
 from helpers import needs
 
 from foodvit.cli.main import main
@@ -13,7 +12,11 @@ from foodvit.deploy.onnx_runtime import OnnxBackend
 from foodvit.deploy.predictor import Predictor
 from foodvit.deploy.quantize import choose, describe
 
-pytestmark = needs("onnxruntime", "onnxscript", why="the export tests need the export extra: pip install -e '.[export]' (make test installs it)")
+pytestmark = needs(
+    "onnxruntime",
+    "onnxscript",
+    why="the export tests need the export extra: pip install -e '.[export]' (make test installs it)",
+)
 
 
 def _inputs(predictor, photos):
@@ -21,25 +24,42 @@ def _inputs(predictor, photos):
 
 
 def test_choose_keeps_the_fastest_candidate_within_one_point_of_fp32():
-    assert choose({"dynamic": {"latency_ms": 0.6, "agreement": 1.0}, "static": {"latency_ms": 0.4, "agreement": 0.995}}) == "static"
-    assert choose({"dynamic": {"latency_ms": 0.6, "agreement": 1.0}, "static": {"latency_ms": 0.4, "agreement": 0.98}}) == "dynamic"
-    assert choose({"dynamic": {"latency_ms": 0.3, "agreement": 0.99}, "static": {"latency_ms": 0.4, "agreement": 1.0}}) == "dynamic"
+    assert (
+        choose({"dynamic": {"latency_ms": 0.6, "agreement": 1.0}, "static": {"latency_ms": 0.4, "agreement": 0.995}})
+        == "static"
+    )
+    assert (
+        choose({"dynamic": {"latency_ms": 0.6, "agreement": 1.0}, "static": {"latency_ms": 0.4, "agreement": 0.98}})
+        == "dynamic"
+    )
+    assert (
+        choose({"dynamic": {"latency_ms": 0.3, "agreement": 0.99}, "static": {"latency_ms": 0.4, "agreement": 1.0}})
+        == "dynamic"
+    )
     # neither within the bound: the one that agrees most, not the fastest
-    assert choose({"dynamic": {"latency_ms": 0.3, "agreement": 0.9}, "static": {"latency_ms": 0.2, "agreement": 0.8}}) == "dynamic"
+    assert (
+        choose({"dynamic": {"latency_ms": 0.3, "agreement": 0.9}, "static": {"latency_ms": 0.2, "agreement": 0.8}})
+        == "dynamic"
+    )
     looser = {"dynamic": {"latency_ms": 0.6, "agreement": 0.97}, "static": {"latency_ms": 0.4, "agreement": 0.97}}
     assert choose(looser, bound=0.05) == "static"
 
 
 def test_describe_says_when_neither_candidate_kept_fp32s_answers():
-    figures = {"fp32": {"latency_ms": 2.9}, "static": {"latency_ms": 2.50, "agreement": 0.97},
-               "dynamic": {"latency_ms": 2.52, "agreement": 0.98}}
+    figures = {
+        "fp32": {"latency_ms": 2.9},
+        "static": {"latency_ms": 2.50, "agreement": 0.97},
+        "dynamic": {"latency_ms": 2.52, "agreement": 0.98},
+    }
     info = {"asked": "int8", "method": "dynamic", "figures": figures, "probe_photos": 96, "calibration_photos": 96}
     assert "(neither within 1% of fp32's answers: the more agreeing kept)" in describe(info)
     assert "both int8 kinds are slower than fp32 on this machine" not in describe(info)
     figures["dynamic"]["agreement"] = 1.0
     assert "neither" not in describe(info)
     figures["fp32"]["latency_ms"] = 2.0  # faster than both: int8 is said to buy size, not speed
-    assert describe(info).endswith("; both int8 kinds are slower than fp32 on this machine: int8 buys a smaller file here, not speed")
+    assert describe(info).endswith(
+        "; both int8 kinds are slower than fp32 on this machine: int8 buys a smaller file here, not speed"
+    )
 
 
 @pytest.mark.slow  # an export and its calibration; the fast tier keeps the choice between int8 kinds (test_choose_...)
@@ -67,7 +87,10 @@ def test_int8_measures_both_and_says_which_it_kept(shared_run, tmp_path, capsys)
     assert main(["export", str(out), "--out", str(path), "--quantize", "int8"]) == 0
     line = capsys.readouterr().out
     info = json.loads(OnnxBackend(path).metadata["foodvit.quantize"])
-    assert info["method"] in ("static", "dynamic") and f"quantisation: {info['method']} int8, chosen by measurement" in line
+    assert (
+        info["method"] in ("static", "dynamic")
+        and f"quantisation: {info['method']} int8, chosen by measurement" in line
+    )
     assert set(info["figures"]) == {"fp32", "static", "dynamic"}
     assert info["method"] == choose({k: info["figures"][k] for k in ("static", "dynamic")})
     assert all(f["latency_ms"] > 0 and 0 <= f["agreement"] <= 1 for f in info["figures"].values())

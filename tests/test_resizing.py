@@ -4,8 +4,8 @@ that grid's positions, built once per grid and device."""
 import pytest
 import torch
 
-from foodvit.settings.model import ViTConfig
 from foodvit.model.vit import VisionTransformer
+from foodvit.settings.model import ViTConfig
 from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.drloc import Localization
 from foodvit.training.resizing import AnyGrid
@@ -13,8 +13,18 @@ from foodvit.training.resizing import AnyGrid
 
 def sincos_vit(**changes) -> VisionTransformer:
     torch.manual_seed(0)
-    config = ViTConfig(image_size=32, patch_size=8, num_classes=3, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
-                       pool="gap", pos_embed="sincos2d", **changes)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_classes=3,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+        pool="gap",
+        pos_embed="sincos2d",
+        **changes,
+    )
     return VisionTransformer(config)
 
 

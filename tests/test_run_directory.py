@@ -18,10 +18,10 @@ from helpers import library_messages_on_stderr, make_photo_folder, report_figure
 import foodvit
 from foodvit.cli.main import main
 from foodvit.cli.options import build_config
-from foodvit.recipes import load_recipe
 from foodvit.data.sources import resolve
 from foodvit.errors import ConfigError, DataError, RunError
 from foodvit.model.variants import run_model_config, without_recipe_resizing
+from foodvit.recipes import load_recipe
 from foodvit.rundir.directory import RunLock, training_now
 from foodvit.training.run import resume, train
 
@@ -30,8 +30,12 @@ SMALL = {"image_size": 32, "depth": 1}
 
 def small(source, epochs=1, **train_changes):
     config = load_recipe("tiny")
-    return replace(config, vit=replace(config.vit, **SMALL), data=replace(config.data, source=str(source) if source else ""),
-                   train=replace(config.train, epochs=epochs, batch_size=12, **train_changes))
+    return replace(
+        config,
+        vit=replace(config.vit, **SMALL),
+        data=replace(config.data, source=str(source) if source else ""),
+        train=replace(config.train, epochs=epochs, batch_size=12, **train_changes),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +66,9 @@ def test_a_folder_with_the_users_files_is_refused_and_left_untouched(photos, tmp
     mine.mkdir()
     (mine / "report.md").write_text("my own notes")
     (mine / "curves.png").write_bytes(b"my picture")
-    with pytest.raises(RunError, match=r"is not empty \(curves\.png, report\.md\) and holds no foodvit run.*choose another --out"):
+    with pytest.raises(
+        RunError, match=r"is not empty \(curves\.png, report\.md\) and holds no foodvit run.*choose another --out"
+    ):
         train(small(photos), mine, quiet=True)
     assert (mine / "report.md").read_text() == "my own notes" and (mine / "curves.png").read_bytes() == b"my picture"
     assert sorted(p.name for p in mine.iterdir()) == ["curves.png", "report.md"]
@@ -73,12 +79,18 @@ def test_a_folder_with_the_users_files_is_refused_and_left_untouched(photos, tmp
 
 def test_out_naming_a_file_or_an_unwritable_place_is_one_line(photos, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
-    assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(tmp_path / "file"), "--epochs", "1"]) == 2
+    assert (
+        main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(tmp_path / "file"), "--epochs", "1"])
+        == 2
+    )
     assert "is a file; a run directory is a folder" in capsys.readouterr().err
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "ro"
         locked.mkdir(mode=0o500)
-        assert main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(locked / "run"), "--epochs", "1"]) == 2
+        assert (
+            main(["train", "--recipe", "tiny", "--data", str(photos), "--out", str(locked / "run"), "--epochs", "1"])
+            == 2
+        )
         assert "choose a writable --out" in capsys.readouterr().err
 
 
@@ -86,8 +98,16 @@ def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_free(photos, tmp_
     out = tmp_path / "run"
     out.mkdir()
     # another process holds the run's lock (an OS lock: the kernel frees it when that process dies)
-    holder = subprocess.Popen([sys.executable, "-c", f"from foodvit.rundir.directory import RunLock; lock = RunLock({str(out)!r}).acquire(); "
-                               "print('held', flush=True); import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from foodvit.rundir.directory import RunLock; lock = RunLock({str(out)!r}).acquire(); "
+            "print('held', flush=True); import time; time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         assert training_now(out).startswith(f"pid {holder.pid} on ")
@@ -123,9 +143,19 @@ def test_run_files_respect_the_umask(photos, tmp_path):
             train(small(photos), tmp_path / "run", quiet=True)
     finally:
         os.umask(old)
-    for name in ("config.json", "metrics.csv", "checkpoint.pt", "model.safetensors", "model.json", "report.md", "curves.png"):
+    for name in (
+        "config.json",
+        "metrics.csv",
+        "checkpoint.pt",
+        "model.safetensors",
+        "model.json",
+        "report.md",
+        "curves.png",
+    ):
         assert stat.S_IMODE((tmp_path / "run" / name).stat().st_mode) == 0o644, name
-    assert [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".")] == [RunLock.NAME]  # no temporary file left
+    assert [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".")] == [
+        RunLock.NAME
+    ]  # no temporary file left
 
 
 def test_unpacked_zips_respect_the_umask_and_bad_zips_leave_nothing(photos, tmp_path, monkeypatch):
@@ -148,7 +178,7 @@ def test_unpacked_zips_respect_the_umask_and_bad_zips_leave_nothing(photos, tmp_
     corrupt = tmp_path / "corrupt.zip"
     data = bytearray(good.read_bytes())
     member = data.find(b"\xff\xd8")  # the first JPEG's bytes, stored inside the zip
-    data[member + 200: member + 260] = bytes(60)
+    data[member + 200 : member + 260] = bytes(60)
     corrupt.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"corrupt\.zip is a damaged zip .*download it again"):
         resolve(corrupt)
@@ -159,7 +189,9 @@ def test_unpacked_zips_respect_the_umask_and_bad_zips_leave_nothing(photos, tmp_
 # ------------------------------------------------------------------ the data a run stores and resumes with
 
 
-def test_the_actual_source_is_stored_and_resume_uses_it_whatever_foodvit_data_says(photos, tmp_path, monkeypatch, capsys):
+def test_the_actual_source_is_stored_and_resume_uses_it_whatever_foodvit_data_says(
+    photos, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("FOODVIT_DATA", str(photos))
     train(small(None), tmp_path / "first", quiet=True)
     assert json.loads((tmp_path / "first" / "config.json").read_text())["data"]["source"] == str(photos)
@@ -213,12 +245,21 @@ def test_an_edited_config_is_refused_with_the_keys_that_differ(photos, tmp_path)
     config["optim"]["lr"] = 0.5
     config["vit"]["depth"] = 3
     (out / "config.json").write_text(json.dumps(config))
-    with pytest.raises(RunError, match=r"differs from the settings the run started with \(optim\.lr: 0\.001 -> 0\.5; vit\.depth: 1 -> 3\)"):
+    with pytest.raises(
+        RunError,
+        match=r"differs from the settings the run started with \(optim\.lr: 0\.001 -> 0\.5; vit\.depth: 1 -> 3\)",
+    ):
         resume(out, quiet=True)
 
 
-@pytest.mark.parametrize("text,message", [("{not json", "is not valid JSON"), ("[1, 2]", "expected a JSON object of settings, got list"),
-                                          ('{"train": {"epochs": 0}}', "--epochs must be >= 1, got 0")])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("{not json", "is not valid JSON"),
+        ("[1, 2]", "expected a JSON object of settings, got list"),
+        ('{"train": {"epochs": 0}}', "--epochs must be >= 1, got 0"),
+    ],
+)
 def test_a_broken_config_json_is_named(photos, tmp_path, capsys, text, message):
     out = interrupted_run(photos, tmp_path / "run")
     (out / "config.json").write_text(text)
@@ -248,8 +289,16 @@ def test_resume_of_a_pretrained_run_needs_only_the_checkpoint(photos, tmp_path):
     weights = tmp_path / "weights.safetensors"
     source = foodvit.create_model("ViT-Ti/8", num_classes=5, image_size=32, depth=1)
     foodvit.save_weights(source, weights)
-    config = build_config("tiny", {"train.pretrained": str(weights), "data.source": str(photos), "train.epochs": 1,
-                                   "train.batch_size": 12, "vit.depth": 1})
+    config = build_config(
+        "tiny",
+        {
+            "train.pretrained": str(weights),
+            "data.source": str(photos),
+            "train.epochs": 1,
+            "train.batch_size": 12,
+            "vit.depth": 1,
+        },
+    )
     out = tmp_path / "run"
     train(config, out, quiet=True)
     state = torch.load(out / "checkpoint.pt", weights_only=True)
@@ -266,7 +315,8 @@ def test_resume_of_a_pretrained_run_needs_only_the_checkpoint(photos, tmp_path):
 def test_python_train_adapts_a_pretrained_config_as_the_command_line_does(tmp_path):
     weights = tmp_path / "w.safetensors"
     foodvit.save_weights(foodvit.create_model("ViT-Ti/16", num_classes=3, image_size=48), weights)
-    # the default recipe's from-scratch model settings (96 px, 6 blocks, sequence pooling, sin-cos) give way to the weights'
+    # the default recipe's from-scratch model settings (96 px, 6 blocks, sequence pooling, sin-cos) give way to the
+    # weights'
     config = build_config("default", {"train.pretrained": str(weights)})
     assert config.model == "ViT-Ti/16" and config.vit.image_size is None and config.vit.depth is None
     given = build_config("default", {"train.pretrained": str(weights), "vit.image_size": 64})
@@ -283,17 +333,35 @@ def test_the_default_recipe_trains_from_pretrained_weights_without_its_masked_pa
     weights = tmp_path / "w.safetensors"
     foodvit.save_weights(foodvit.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=1), weights)
     assert build_config("default").masked.weight == 1.0
-    settings = {"train.pretrained": str(weights), "data.source": str(photos), "train.epochs": 1, "train.batch_size": 12,
-                "guidance.weight": 0.0, "guidance.schedule": "constant", "drloc.weight": 0.0}
+    settings = {
+        "train.pretrained": str(weights),
+        "data.source": str(photos),
+        "train.epochs": 1,
+        "train.batch_size": 12,
+        "guidance.weight": 0.0,
+        "guidance.schedule": "constant",
+        "drloc.weight": 0.0,
+    }
     config = build_config("default", settings)
     assert config.masked.weight == 0.0 and config.vit.pool in (None, "cls")
     result = train(config, tmp_path / "run", quiet=True)
-    assert len(result.history) == 1 and json.loads((tmp_path / "run" / "config.json").read_text())["masked"]["weight"] == 0.0
-    # a recipe that hides the masked patches' pixels too loses that with them (it was refused: --mask-pixels without --masked)
+    assert (
+        len(result.history) == 1
+        and json.loads((tmp_path / "run" / "config.json").read_text())["masked"]["weight"] == 0.0
+    )
+    # a recipe that hides the masked patches' pixels too loses that with them (it was refused: --mask-pixels without
+    # --masked)
     hiding = tmp_path / "hiding.toml"
-    hiding.write_text((Path(foodvit.__file__).parent / "recipes" / "default.toml").read_text().replace("[masked]", "[masked]\npixels = true"))
+    hiding.write_text(
+        (Path(foodvit.__file__).parent / "recipes" / "default.toml")
+        .read_text()
+        .replace("[masked]", "[masked]\npixels = true")
+    )
     assert build_config(str(hiding)).masked.pixels is True
-    assert (build_config(str(hiding), settings).masked.weight, build_config(str(hiding), settings).masked.pixels) == (0.0, False)
+    assert (build_config(str(hiding), settings).masked.weight, build_config(str(hiding), settings).masked.pixels) == (
+        0.0,
+        False,
+    )
     # asked for, it stays, and a class-token model is refused with the option's own message
     with pytest.raises(ConfigError, match="--masked reconstructs each hidden patch"):
         train(build_config("default", {**settings, "masked.weight": 1.0}), tmp_path / "asked", quiet=True)
@@ -304,21 +372,38 @@ def test_the_recipes_progressive_resizing_stays_while_the_model_can_take_it():
     # start (below its size, on its patch grid, fixed positions, from scratch), however the model is
     # named; a model that cannot trains without it unless the user asks for a start (it would upsample,
     # miss the patch grid, or meet learned positions the trainer refuses)
-    kept = ({"vit.image_size": 96}, {"vit.image_size": 128}, {"vit.image_size": 72}, {"vit.patch_size": 8},
-            {"vit.patch_size": 16}, {"vit.depth": 4})
+    kept = (
+        {"vit.image_size": 96},
+        {"vit.image_size": 128},
+        {"vit.image_size": 72},
+        {"vit.patch_size": 8},
+        {"vit.patch_size": 16},
+        {"vit.depth": 4},
+    )
     for given in kept:
         assert build_config("default", given).data.start_size == 64, given
     for model in ("vit-ti/8", "ViT-S/16"):
         assert build_config("default", model=model).data.start_size == 64, model
-    dropped = ({"vit.image_size": 64}, {"vit.image_size": 48}, {"vit.stem": "patch", "vit.patch_size": 12}, {"vit.pos_embed": "learned"})
+    dropped = (
+        {"vit.image_size": 64},
+        {"vit.image_size": 48},
+        {"vit.stem": "patch", "vit.patch_size": 12},
+        {"vit.pos_embed": "learned"},
+    )
     for given in dropped:
         assert build_config("default", given).data.start_size == 0, given
-    assert build_config("default", {"vit.stem": "patch"}, model="ViT-S/12").data.start_size == 0  # 64 is not on a 12 px grid
-    no_model = build_config("default", {"vit.patch_size": 12})  # a conv tokeniser needs a power of 2: left to the model's own error
+    assert (
+        build_config("default", {"vit.stem": "patch"}, model="ViT-S/12").data.start_size == 0
+    )  # 64 is not on a 12 px grid
+    no_model = build_config(
+        "default", {"vit.patch_size": 12}
+    )  # a conv tokeniser needs a power of 2: left to the model's own error
     assert no_model.data.start_size == 64
     with pytest.raises(ConfigError, match="power of 2"):
         run_model_config(no_model)
-    assert build_config("default", {"vit.image_size": 48, "data.start_size": 32}).data.start_size == 32  # asked for: kept
+    assert (
+        build_config("default", {"vit.image_size": 48, "data.start_size": 32}).data.start_size == 32
+    )  # asked for: kept
     # a recipe's own start its own model cannot take is the recipe's choice: kept, for the trainer to refuse
     for settings in ({"image_size": 48}, {"pos_embed": "learned"}):
         recipe = replace(load_recipe("default"), vit=replace(load_recipe("default").vit, **settings))
@@ -349,7 +434,9 @@ def test_resuming_a_finished_run_changes_nothing(photos, tmp_path, capsys):
         train(small(photos), out, quiet=True)
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     assert main(["train", "--resume", str(out)]) == 2
-    assert "is finished (1 of 1 epochs, model saved); nothing to resume and nothing was changed" in capsys.readouterr().err
+    assert (
+        "is finished (1 of 1 epochs, model saved); nothing to resume and nothing was changed" in capsys.readouterr().err
+    )
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
@@ -380,9 +467,12 @@ def test_a_lock_whose_owner_is_not_yet_written_is_still_respected(photos, tmp_pa
     # was taken over (two writers). The OS lock does not depend on what the file says.
     out = tmp_path / "race"
     out.mkdir()
-    code = (f"from pathlib import Path; from foodvit.rundir.directory import RunLock; lock = RunLock({str(out)!r}).acquire(); "
-            f"(Path({str(out)!r}) / RunLock.OWNER).unlink(); (Path({str(out)!r}) / RunLock.NAME).write_text(''); "
-            "print('held', flush=True); import time; time.sleep(60)")
+    code = (
+        "from pathlib import Path; from foodvit.rundir.directory import RunLock; "
+        f"lock = RunLock({str(out)!r}).acquire(); "
+        f"(Path({str(out)!r}) / RunLock.OWNER).unlink(); (Path({str(out)!r}) / RunLock.NAME).write_text(''); "
+        "print('held', flush=True); import time; time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -19,7 +19,9 @@ from helpers import ServerThread, free_port, needs, start_server, stop_server  #
 
 from foodvit.cli.main import main  # noqa: E402
 
-pytestmark = needs("fastapi", "gradio", why="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)")
+pytestmark = needs(
+    "fastapi", "gradio", why="the server tests need the serve extra: pip install -e '.[serve]' (make test installs it)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +59,14 @@ def test_predict_answers_as_foodvit_predict_does(server, run, capsys):
     capsys.readouterr()
     assert main(["predict", str(out), *map(str, photos), "--json"]) == 0
     expected = json.loads(capsys.readouterr().out)
-    for photo, cli in zip(photos, expected):
+    for photo, cli in zip(photos, expected, strict=True):
         response = post(server, photo.read_bytes(), photo.name)
         assert response.status_code == 200, response.text
         answer = response.json()
         assert set(answer) >= {"label", "probabilities", "top_k", "seconds"}
-        assert answer["label"] == cli["label"] and [label for label, _ in answer["top_k"]] == [label for label, _ in cli["top_k"]]
+        assert answer["label"] == cli["label"] and [label for label, _ in answer["top_k"]] == [
+            label for label, _ in cli["top_k"]
+        ]
         for name, p in cli["probabilities"].items():
             assert answer["probabilities"][name] == pytest.approx(p, abs=1e-6)
         assert 0 < answer["seconds"] < 30
@@ -86,13 +90,39 @@ def _png(picture) -> bytes:
 
 
 BAD_UPLOADS = [
-    ("not-an-image.jpg", lambda p: b"hello, I am text and not a photo" * 20, 415, "is not an image Pillow can read; expected a JPEG"),
+    (
+        "not-an-image.jpg",
+        lambda p: b"hello, I am text and not a photo" * 20,
+        415,
+        "is not an image Pillow can read; expected a JPEG",
+    ),
     ("empty.jpg", lambda p: b"", 400, "is empty (0 bytes)"),
     ("truncated.jpg", _truncated, 415, "damaged or truncated"),
-    ("drawing.svg", lambda p: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>', 415, "not an image Pillow can read"),
-    ("bomb.png", lambda p: _bomb(), 413, "is 90 megapixels, over the limit of 50 megapixels (a decompression bomb?); if it is a real photo, resize it"),
-    ("strip.png", lambda p: _png(Image.new("RGB", (100_000, 1))), 413, "is 100000 x 1 px, 100000 times as long as it is wide (at most 20); crop it"),
-    ("huge.jpg", lambda p: np.random.default_rng(0).bytes(int(UPLOAD_LIMIT_MB * 1e6) + 50_000), 413, f"is over the limit of {UPLOAD_LIMIT_MB:g} MB (the server's --max-upload-mb); if it is a real photo, resize it below the limit"),
+    (
+        "drawing.svg",
+        lambda p: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+        415,
+        "not an image Pillow can read",
+    ),
+    (
+        "bomb.png",
+        lambda p: _bomb(),
+        413,
+        "is 90 megapixels, over the limit of 50 megapixels (a decompression bomb?); if it is a real photo, resize it",
+    ),
+    (
+        "strip.png",
+        lambda p: _png(Image.new("RGB", (100_000, 1))),
+        413,
+        "is 100000 x 1 px, 100000 times as long as it is wide (at most 20); crop it",
+    ),
+    (
+        "huge.jpg",
+        lambda p: np.random.default_rng(0).bytes(int(UPLOAD_LIMIT_MB * 1e6) + 50_000),
+        413,
+        f"is over the limit of {UPLOAD_LIMIT_MB:g} MB (the server's --max-upload-mb); "
+        "if it is a real photo, resize it below the limit",
+    ),
 ]
 
 
@@ -116,12 +146,18 @@ def test_malformed_requests_are_4xx_with_what_is_expected(server, run):
     error = hostile.json()["error"]
     assert hostile.status_code in (400, 415), error
     assert "\x1b" not in error and "\n" not in error and len(error) < 300
+
     # a client that lies about the length: the body is counted as it arrives
     def chunks():
-        yield b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+        yield (
+            b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+        )
         for _ in range(40):
             yield b"0" * 50_000
-    streamed = httpx.post(server + "/predict", content=chunks(), headers={"content-type": "multipart/form-data; boundary=x"})
+
+    streamed = httpx.post(
+        server + "/predict", content=chunks(), headers={"content-type": "multipart/form-data; boundary=x"}
+    )
     assert streamed.status_code == 413
     assert httpx.get(server + "/health").status_code == 200
 
@@ -133,7 +169,7 @@ def test_forty_concurrent_requests_are_all_answered_alike(server, run):
     with ThreadPoolExecutor(max_workers=40) as pool:
         answers = list(pool.map(lambda p: post(server, p.read_bytes(), p.name), jobs))
     assert all(a.status_code == 200 for a in answers)
-    for photo, answer in zip(jobs, answers):
+    for photo, answer in zip(jobs, answers, strict=True):
         got = answer.json()
         assert got["label"] == expected[photo]["label"]
         for name, p in expected[photo]["probabilities"].items():
@@ -182,7 +218,9 @@ def test_batcher_batches_concurrent_inputs_and_answers_each_its_own():
     assert batcher.batches < 8  # collected together, not one forward pass each
     np.testing.assert_allclose(np.stack(answers), predictor.probabilities(inputs), atol=1e-6)
     alone = Batcher(predictor, max_batch=1)
-    np.testing.assert_allclose(alone.submit(inputs[3]).result(timeout=30), predictor.probabilities(inputs[3:4])[0], atol=1e-6)
+    np.testing.assert_allclose(
+        alone.submit(inputs[3]).result(timeout=30), predictor.probabilities(inputs[3:4])[0], atol=1e-6
+    )
     alone.close()
     assert alone.batches == 1
 
@@ -212,18 +250,35 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
     out, _ = run
     space = tmp_path / "space"
     assert main(["export-space", str(out), str(space), "--examples", "1"]) == 0
-    assert {p.name for p in space.iterdir()} >= {"app.py", "requirements.txt", "README.md", "model", "examples", "foodvit"}
+    assert {p.name for p in space.iterdir()} >= {
+        "app.py",
+        "requirements.txt",
+        "README.md",
+        "model",
+        "examples",
+        "foodvit",
+    }
     readme = (space / "README.md").read_text()
     assert readme.startswith('---\ntitle: "FoodVision Mini"\n')
     assert "sdk: gradio" in readme and "app_file: app.py" in readme
-    assert "torchvision" not in (space / "requirements.txt").read_text() and "gradio>=" in (space / "requirements.txt").read_text()
+    assert (
+        "torchvision" not in (space / "requirements.txt").read_text()
+        and "gradio>=" in (space / "requirements.txt").read_text()
+    )
     assert len(list((space / "examples").iterdir())) == 3  # one per class
     published = (space / "model" / "model.json").read_text() + readme
-    assert str(run[1]) not in published and json.loads((space / "model" / "model.json").read_text())["metrics"]["data"] == run[1].name
+    assert (
+        str(run[1]) not in published
+        and json.loads((space / "model" / "model.json").read_text())["metrics"]["data"] == run[1].name
+    )
     assert main(["export-space", str(out), str(space)]) == 2  # not empty: refused, left as it was
     port = free_port()
-    process, url = start_server([sys.executable, "app.py"], port, cwd=space,
-                                env={"GRADIO_SERVER_PORT": str(port), "PYTHONPATH": "", "FOODVIT_DATA": ""})
+    process, url = start_server(
+        [sys.executable, "app.py"],
+        port,
+        cwd=space,
+        env={"GRADIO_SERVER_PORT": str(port), "PYTHONPATH": "", "FOODVIT_DATA": ""},
+    )
     try:
         photo = sorted((run[1] / "test" / "sushi").iterdir())[0]
         answer = post(url, photo.read_bytes()).json()
@@ -240,14 +295,18 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
 def test_wrong_methods_are_405_and_unknown_paths_404_in_the_error_shape(server):
     wrong = httpx.get(server + "/predict")
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
-    assert wrong.json() == {"error": "/predict does not answer GET; send POST with the photo in the form field 'file' "
-                                     "(e.g. curl -F file=@photo.jpg URL/predict)"}
+    assert wrong.json() == {
+        "error": "/predict does not answer GET; send POST with the photo in the form field 'file' "
+        "(e.g. curl -F file=@photo.jpg URL/predict)"
+    }
     wrong = httpx.post(server + "/health")
     assert wrong.status_code == 405 and wrong.json() == {"error": "/health does not answer POST; send GET or HEAD"}
     assert httpx.head(server + "/health").status_code == 200  # HEAD where GET is (it was 404)
     assert httpx.head(server + "/predict").status_code == 405
     missing = httpx.get(server + "/nowhere")
-    assert missing.status_code == 404 and set(missing.json()) == {"error"} and "POST /predict" in missing.json()["error"]
+    assert (
+        missing.status_code == 404 and set(missing.json()) == {"error"} and "POST /predict" in missing.json()["error"]
+    )
 
 
 def _page_error(client, data: bytes, name: str, tmp_path) -> str:
@@ -264,7 +323,9 @@ def test_the_page_answers_bad_photos_with_the_apis_one_line_messages(server, run
     gradio_client = pytest.importorskip("gradio_client")
     client = gradio_client.Client(server + "/", verbose=False)
     photo = photos_to_try(run)[0]
-    for name, make, status, message in BAD_UPLOADS[:6]:  # not the one over the upload size: Gradio refuses it before foodvit sees it
+    for name, make, _status, message in BAD_UPLOADS[
+        :6
+    ]:  # not the one over the upload size: Gradio refuses it before foodvit sees it
         data = make(photo)
         shown = _page_error(client, data, name, tmp_path)
         assert shown == post(server, data, name).json()["error"], name  # word for word the JSON API's
@@ -279,7 +340,8 @@ def test_a_file_beside_the_example_photos_is_not_served(server, run):
     assert httpx.get(f"{server}/gradio_api/file={neighbour.resolve()}").status_code in (403, 404)
 
 
-@pytest.mark.slow  # uploads through Gradio's client; the fast tier keeps the app, its page included, built in process (the JSON API test)
+@pytest.mark.slow  # uploads through Gradio's client; the fast tier keeps the app, its page included, built in process
+# (the JSON API test)
 def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
     gradio_client = pytest.importorskip("gradio_client")
     import time
@@ -290,7 +352,8 @@ def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
     out, photos = run
     cache = tmp_path / "gradio"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    # checked every second, deleted at 3 s old: a loaded machine (CI's 2 cores) may take over a second to answer an upload
+    # checked every second, deleted at 3 s old: a loaded machine (CI's 2 cores) may take over a second to answer an
+    # upload
     app, _ = create_app(Predictor.from_run(out), examples=(), page_cache=(1, 3))
     uploads = sorted((photos / "test").rglob("*.jpg"))[:6]
     seen, stop = set(), threading.Event()
@@ -315,7 +378,6 @@ def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
         while [p for p in cache.rglob("*") if p.is_file()] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert [p for p in cache.rglob("*") if p.is_file()] == []  # ...and deleted a few seconds after
-
 
 
 def test_the_json_api_in_this_process_answers_as_the_predictor(run):
@@ -350,8 +412,11 @@ def test_an_upload_over_the_limit_behind_the_body_limit_is_refused_by_the_endpoi
     with ServerThread(limited.app) as url:  # the FastAPI app without the middleware
         answer = post(url, b"x" * 2_000, "big.jpg")
     assert answer.status_code == 413
-    assert answer.json() == {"error": "the upload is over the limit of 0.001 MB (the server's --max-upload-mb); if it is "
-                             "a real photo, resize it below the limit and try again"}
+    assert answer.json() == {
+        "error": "the upload is over the limit of 0.001 MB (the server's --max-upload-mb); if it is "
+        "a real photo, resize it below the limit and try again"
+    }
+
 
 def test_two_photos_in_one_request_are_refused_with_a_400_that_says_so(run):
     """One answer a request: a second file in the form is refused, not left unanswered while the last is classified."""
@@ -362,12 +427,17 @@ def test_two_photos_in_one_request_are_refused_with_a_400_that_says_so(run):
     first, second = photos_to_try(run)[:2]
     app, _ = create_app(Predictor.from_run(out), examples=(), page=False)
     with ServerThread(app) as url:
-        both = httpx.post(url + "/predict", timeout=60, files=[("file", (first.name, first.read_bytes())),
-                                                               ("file", (second.name, second.read_bytes()))])
+        both = httpx.post(
+            url + "/predict",
+            timeout=60,
+            files=[("file", (first.name, first.read_bytes())), ("file", (second.name, second.read_bytes()))],
+        )
         one = post(url, first.read_bytes(), first.name)
     assert both.status_code == 400
-    assert both.json() == {"error": "the form holds 2 files in the field 'file', and /predict answers one photo a "
-                                    "request; send each photo in a request of its own"}
+    assert both.json() == {
+        "error": "the form holds 2 files in the field 'file', and /predict answers one photo a "
+        "request; send each photo in a request of its own"
+    }
     assert one.status_code == 200 and "label" in one.json()
 
 
@@ -389,8 +459,23 @@ def test_forty_tiny_uploads_of_huge_photos_at_once_keep_the_server_within_its_me
     huge = buffer.getvalue()
     port = free_port()
     # --max-megapixels 89: let them be decoded, to measure the reduced decoding and the budget
-    process, url = start_server([sys.executable, "-m", "foodvit", "serve", str(out), "--port", str(port), "--threads", "1",
-                                 "--max-megapixels", "89", "--no-examples"], port)
+    process, url = start_server(
+        [
+            sys.executable,
+            "-m",
+            "foodvit",
+            "serve",
+            str(out),
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--max-megapixels",
+            "89",
+            "--no-examples",
+        ],
+        port,
+    )
     import psutil
 
     stop, peak = threading.Event(), [0]
@@ -404,8 +489,12 @@ def test_forty_tiny_uploads_of_huge_photos_at_once_keep_the_server_within_its_me
         watcher.join()
         after = psutil.Process(process.pid).memory_info().rss
         assert [a.status_code for a in answers] == [200] * 40
-        assert peak[0] < 1.5e9, f"the server reached {peak[0] / 1e9:.2f} GB"  # 2.3 GB without malloc_trim; before reduced decoding, killed for memory at 14.6 GB
-        assert after < before + 0.25e9, f"{after / 1e9:.2f} GB after, {before / 1e9:.2f} GB before"  # given back (2.2 GB without malloc_trim)
+        assert peak[0] < 1.5e9, (
+            f"the server reached {peak[0] / 1e9:.2f} GB"
+        )  # 2.3 GB without malloc_trim; before reduced decoding, killed for memory at 14.6 GB
+        assert after < before + 0.25e9, (
+            f"{after / 1e9:.2f} GB after, {before / 1e9:.2f} GB before"
+        )  # given back (2.2 GB without malloc_trim)
     finally:
         stop.set()
         stop_server(process)
@@ -422,11 +511,18 @@ def test_serve_says_the_port_is_taken_or_the_host_bad_in_one_line_before_anythin
         assert main(["serve", str(out), "--port", str(port)]) == 2
     captured = capsys.readouterr()
     assert "serving" not in captured.out
-    assert captured.err == f"foodvit serve: error: cannot listen on 127.0.0.1:{port}: the port is in use (another server?); choose another --port\n"
+    assert (
+        captured.err
+        == f"foodvit serve: error: cannot listen on 127.0.0.1:{port}: the port is in use (another server?); "
+        "choose another --port\n"
+    )
     assert main(["serve", str(out), "--host", "bad..host", "--port", str(free_port())]) == 2
     captured = capsys.readouterr()
     assert "serving" not in captured.out and captured.err.count("\n") == 1
-    assert captured.err.startswith("foodvit serve: error: --host bad..host: cannot resolve it") and "Traceback" not in captured.err
+    assert (
+        captured.err.startswith("foodvit serve: error: --host bad..host: cannot resolve it")
+        and "Traceback" not in captured.err
+    )
     from foodvit.deploy.serve import listening_socket
 
     with listening_socket("localhost", 0) as sock:  # the family uvicorn would pick for the name: IPv4
@@ -444,20 +540,38 @@ def test_the_model_card_names_the_data_set_and_its_photos_not_a_path():
     class Card:  # what model_card reads of a Predictor
         classes = ["pizza", "steak", "sushi"]
         preprocess = type("P", (), {"image_size": 32})()
-        card = {"metrics": {"data": "/home/someone/data/pizza_steak_sushi", "train_photos": 225, "test_n": 75, "test_acc": 0.8}}
+        card = {
+            "metrics": {
+                "data": "/home/someone/data/pizza_steak_sushi",
+                "train_photos": 225,
+                "test_n": 75,
+                "test_acc": 0.8,
+            }
+        }
 
     card = model_card(Card())
-    assert "- **training data**: `pizza_steak_sushi`, 225 training photos, 75 test photos" in card and "/home" not in card
+    assert (
+        "- **training data**: `pizza_steak_sushi`, 225 training photos, 75 test photos" in card and "/home" not in card
+    )
 
 
 def described(classes, **metrics):
     """What model_card and a Space's README read of a Predictor, for these class names and metrics."""
-    return type("Described", (), {"classes": list(classes), "preprocess": type("P", (), {"image_size": 32})(),
-                                  "card": {"metrics": metrics}})()
+    return type(
+        "Described",
+        (),
+        {"classes": list(classes), "preprocess": type("P", (), {"image_size": 32})(), "card": {"metrics": metrics}},
+    )()
 
 
-@pytest.mark.parametrize("classes", [["cats", "dogs"], ["mac: cheese", "#1 ramen", "'quoted'", '"double"'],
-                                     ["two\nlines", "back\\slash", "- item", "[a]: b", "&amp; yes"]])
+@pytest.mark.parametrize(
+    "classes",
+    [
+        ["cats", "dogs"],
+        ["mac: cheese", "#1 ramen", "'quoted'", '"double"'],
+        ["two\nlines", "back\\slash", "- item", "[a]: b", "&amp; yes"],
+    ],
+)
 def test_a_spaces_settings_are_yaml_a_parser_reads_whatever_the_class_names(classes):
     yaml = pytest.importorskip("yaml")
     from foodvit.deploy.space import _readme
@@ -537,13 +651,16 @@ def test_a_spaces_examples_are_named_after_their_class_when_its_photos_sit_in_su
 
 @pytest.mark.parametrize("where", ["an image elsewhere", "/dev/zero", "/etc/hostname"])
 def test_the_page_api_refuses_a_path_it_did_not_upload(server, run, tmp_path, where):
-    """A client names the file in a call to the page's API: a path the page did not receive (another photo on the server,
-    a device that never ends, any file) is refused without reading it, and the server stays healthy."""
+    """A client names the file in a call to the page's API: a path the page did not receive (another photo on the
+    server, a device that never ends, any file) is refused without reading it, and the server stays healthy."""
     if where == "an image elsewhere":
         where = str(tmp_path / "private.png")
         Image.new("RGB", (64, 64), (200, 30, 30)).save(where)
-    call = httpx.post(f"{server}/gradio_api/call/classify", json={"data": [{"path": where, "meta": {"_type": "gradio.FileData"}}]},
-                      timeout=20)
+    call = httpx.post(
+        f"{server}/gradio_api/call/classify",
+        json={"data": [{"path": where, "meta": {"_type": "gradio.FileData"}}]},
+        timeout=20,
+    )
     assert call.status_code == 200
     events = httpx.get(f"{server}/gradio_api/call/classify/{call.json()['event_id']}", timeout=20).text
     assert "event: error" in events and "not uploaded" in events, events  # refused by Gradio's check, or by foodvit's

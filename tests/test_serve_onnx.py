@@ -5,8 +5,6 @@ import json
 import signal
 import sys
 
-from pathlib import Path
-
 import pytest
 
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")
@@ -17,7 +15,14 @@ from foodvit.cli.main import main  # noqa: E402
 from foodvit.deploy.onnx_runtime import NO_ATTENTION  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
 
-pytestmark = needs("fastapi", "gradio", "onnxruntime", "onnxscript", why="the .onnx server tests need the serve and export extras: pip install -e '.[serve,export]' (make test installs them)")
+pytestmark = needs(
+    "fastapi",
+    "gradio",
+    "onnxruntime",
+    "onnxscript",
+    why="the .onnx server tests need the serve and export extras: pip install -e '.[serve,export]' "
+    "(make test installs them)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +35,9 @@ def exported(run, shared_onnx, shared_onnx_attention, tmp_path_factory):
     """{name: path}: the run as fp32 and dynamic int8 .onnx files with the attention output, and shared_onnx."""
     out, _ = run
     files = {"fp32": shared_onnx_attention, "int8": tmp_path_factory.mktemp("onnx") / "int8.onnx", "plain": shared_onnx}
-    assert main(["export", str(out), "--out", str(files["int8"]), "--with-attention", "--quantize", "int8-dynamic"]) == 0
+    assert (
+        main(["export", str(out), "--out", str(files["int8"]), "--with-attention", "--quantize", "int8-dynamic"]) == 0
+    )
     return files
 
 
@@ -94,8 +101,11 @@ def test_serving_a_bad_onnx_file_is_one_line(run, shared_onnx, tmp_path, capsys)
     onnx.save(proto, str(foreign))
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(shared_onnx.read_bytes()[:5000])
-    for path, says in ((foreign, "not one exported by foodvit"), (corrupt, "not a readable ONNX model"),
-                       (tmp_path / "missing.onnx", "does not exist")):
+    for path, says in (
+        (foreign, "not one exported by foodvit"),
+        (corrupt, "not a readable ONNX model"),
+        (tmp_path / "missing.onnx", "does not exist"),
+    ):
         capsys.readouterr()
         assert main(["serve", str(path), "--port", str(free_port())]) == 2
         err = capsys.readouterr().err
@@ -109,14 +119,20 @@ def test_an_onnx_space_installs_no_torch_starts_offline_without_it_and_answers_l
     assert main(["export-space", str(out), str(space), "--onnx", "--examples", "1"]) == 0
     requirements = (space / "requirements.txt").read_text()
     assert "onnxruntime" in requirements and "gradio" in requirements
-    assert not any(line.startswith(("torch", "torchvision", "timm", "safetensors")) for line in requirements.splitlines())
+    assert not any(
+        line.startswith(("torch", "torchvision", "timm", "safetensors")) for line in requirements.splitlines()
+    )
     assert (space / "model" / "model.onnx").is_file() and not (space / "model" / "model.safetensors").exists()
     card = json.dumps(Predictor.open(space / "model" / "model.onnx").card)
     assert str(run[1]) not in card  # the training data by its name, not where it lay
     port = free_port()
     app = BLOCK_TORCH + "import runpy\nrunpy.run_path('app.py', run_name='__main__')\n"
-    process, url = start_server([sys.executable, "-c", app], port, cwd=space,
-                                env={"GRADIO_SERVER_PORT": str(port), "PYTHONPATH": "", "FOODVIT_DATA": ""})
+    process, url = start_server(
+        [sys.executable, "-c", app],
+        port,
+        cwd=space,
+        env={"GRADIO_SERVER_PORT": str(port), "PYTHONPATH": "", "FOODVIT_DATA": ""},
+    )
     try:
         photo = _photos(run)[2]
         answer = httpx.post(url + "/predict", files={"file": (photo.name, photo.read_bytes())}, timeout=60).json()

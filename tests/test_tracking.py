@@ -22,9 +22,28 @@ def runs(tmp_path_factory):
     photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=3)
     root = tmp_path_factory.mktemp("runs")
     with report_figures():  # TensorBoard's images tab holds them
-        assert main(["train", *ARGS, "--data", str(photos), "--epochs", "3", "--tensorboard", "--val-fraction", "0.2",
-                     "--out", str(root / "tracked")]) == 0
-    assert main(["train", *ARGS, "--data", str(photos), "--epochs", "2", "--lr", "0.0003", "--out", str(root / "plain")]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    *ARGS,
+                    "--data",
+                    str(photos),
+                    "--epochs",
+                    "3",
+                    "--tensorboard",
+                    "--val-fraction",
+                    "0.2",
+                    "--out",
+                    str(root / "tracked"),
+                ]
+            )
+            == 0
+        )
+    assert (
+        main(["train", *ARGS, "--data", str(photos), "--epochs", "2", "--lr", "0.0003", "--out", str(root / "plain")])
+        == 0
+    )
     return root
 
 
@@ -47,7 +66,10 @@ def test_every_epoch_scalar_is_in_the_event_files_with_the_metrics_csv_values(ru
             assert [round(v.value, 4) for v in values] == [round(float(r[key]), 4) for r in rows], tag
     step_losses = events.Scalars("train/step_loss")
     assert [v.step for v in step_losses] == list(range(1, 3 * steps_per_epoch + 1))
-    assert len(events.Scalars("train/grad_norm")) == 3 * steps_per_epoch and len(events.Scalars("train/lr")) == 3 * steps_per_epoch
+    assert (
+        len(events.Scalars("train/grad_norm")) == 3 * steps_per_epoch
+        and len(events.Scalars("train/lr")) == 3 * steps_per_epoch
+    )
     assert set(events.Tags()["images"]) == {"curves", "confusion", "most_wrong", "predictions"}
     # the hparams plugin: the settings with the final metrics, for TensorBoard's HPARAMS tab
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
@@ -65,7 +87,9 @@ def test_every_epoch_scalar_is_in_the_event_files_with_the_metrics_csv_values(ru
 def test_compare_shows_the_differing_settings_and_the_final_metrics(runs, capsys):
     assert main(["compare", str(runs / "tracked"), str(runs / "plain")]) == 0
     out = capsys.readouterr().out
-    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip() and not line.startswith("-")}
+    lines = {
+        line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip() and not line.startswith("-")
+    }
     assert lines["optim.lr"] == ["0.001", "0.0003"]
     assert lines["train.epochs"] == ["3", "2"]
     assert lines["train.tensorboard"] == ["True", "False"]

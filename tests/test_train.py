@@ -13,12 +13,12 @@ import torch
 from helpers import assert_drawn_png, library_messages_on_stderr, make_photo_folder, report_figures
 
 import foodvit
-from foodvit.recipes import load_recipe
 from foodvit.data.datasets import Path
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split
 from foodvit.deploy.inference import evaluate_split, predict
 from foodvit.errors import RunError
+from foodvit.recipes import load_recipe
 from foodvit.training.engine import TrainingDiverged
 from foodvit.training.run import resume, train
 
@@ -33,8 +33,12 @@ def small_config(source, **changes):
     train_changes = {k: v for k, v in changes.items() if k in ("epochs", "batch_size", "seed")}
     optim_changes = {k: v for k, v in changes.items() if k in ("lr", "ema", "accum_steps")}
     data_changes = {k: v for k, v in changes.items() if k in ("workers", "mixup", "cache")}
-    return replace(config, train=replace(config.train, **train_changes), optim=replace(config.optim, **optim_changes),
-                   data=replace(config.data, **data_changes))
+    return replace(
+        config,
+        train=replace(config.train, **train_changes),
+        optim=replace(config.optim, **optim_changes),
+        data=replace(config.data, **data_changes),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +54,40 @@ def trained(photos, tmp_path_factory):
     return out, result
 
 
+def untimed(history: list[dict]) -> list[dict]:
+    """A run's history without its timings (seconds, images a second, the model's share), which vary run to run."""
+    return [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in history]
+
+
 def test_run_directory_holds_everything(trained):
     out, result = trained
-    for name in ("config.json", "metrics.csv", "curves.png", "confusion.png", "model.safetensors", "model.json",
-                 "checkpoint.pt", "report.md"):
+    for name in (
+        "config.json",
+        "metrics.csv",
+        "curves.png",
+        "confusion.png",
+        "model.safetensors",
+        "model.json",
+        "checkpoint.pt",
+        "report.md",
+    ):
         assert (out / name).is_file(), name
     rows = list(csv.DictReader((out / "metrics.csv").open()))
     assert [r["epoch"] for r in rows] == ["1", "2", "3"]
-    assert set(rows[0]) == {"epoch", "train_loss", "train_objective", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr", "seconds",
-                            "images_per_s", "model_share"}
+    assert set(rows[0]) == {
+        "epoch",
+        "train_loss",
+        "train_objective",
+        "train_acc",
+        "val_loss",
+        "val_acc",
+        "test_loss",
+        "test_acc",
+        "lr",
+        "seconds",
+        "images_per_s",
+        "model_share",
+    }
     config = json.loads((out / "config.json").read_text())
     assert config["recipe"] == "tiny" and config["vit"]["image_size"] == 32
     report = (out / "report.md").read_text()
@@ -98,8 +127,7 @@ def test_learns_the_generated_classes(photos, tmp_path):
 def test_same_seed_same_run_and_new_run_refuses_an_old_directory(photos, tmp_path):
     a = train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
     b = train(small_config(photos, epochs=2), tmp_path / "b", quiet=True)
-    strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
-    assert strip(a.history) == strip(b.history)
+    assert untimed(a.history) == untimed(b.history)
     with pytest.raises(RunError, match=r"already holds a run; continue it with `foodvit train --resume"):
         train(small_config(photos, epochs=2), tmp_path / "a", quiet=True)
 
@@ -108,12 +136,13 @@ def test_same_seed_same_run_and_new_run_refuses_an_old_directory(photos, tmp_pat
 def test_one_or_two_loader_workers_train_the_same_run(photos, tmp_path):
     # each photo is augmented from its own seed when workers load the data, and the workers stay up
     # between epochs: how many there are changes nothing, mixup (drawn in the workers) included
-    runs = [train(small_config(photos, epochs=2, batch_size=8, workers=w, mixup=0.8), tmp_path / f"w{w}", quiet=True)
-            for w in (1, 2)]  # two epochs: the second is the one the kept-up workers load
-    strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
-    assert strip(runs[0].history) == strip(runs[1].history)
+    runs = [
+        train(small_config(photos, epochs=2, batch_size=8, workers=w, mixup=0.8), tmp_path / f"w{w}", quiet=True)
+        for w in (1, 2)
+    ]  # two epochs: the second is the one the kept-up workers load
+    assert untimed(runs[0].history) == untimed(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "w1"), foodvit.load_model(tmp_path / "w2")
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 @pytest.mark.parametrize("cache", [True, False])
@@ -127,7 +156,10 @@ def test_training_workers_stay_up_and_cached_evaluation_needs_none(photos, tmp_p
 
 
 def _metrics(path):
-    return [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in csv.DictReader(path.open())]
+    return [
+        {k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")}
+        for row in csv.DictReader(path.open())
+    ]
 
 
 @pytest.mark.slow  # three Pythons; test_distill resumes interrupted runs in-process to the uninterrupted one
@@ -135,13 +167,37 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     # --deterministic: on a GPU, bf16 attention and gather backward add with atomics, and without it
     # two uninterrupted runs already differ by rounding (seen on an H100); the resumed run reads it
     # back from the run's config. On the CPU it changes nothing.
-    args = [sys.executable, "-m", "foodvit", "train", "--recipe", "tiny", "--data", str(photos), "--epochs", "6",
-            "--image-size", "32", "--depth", "2", "--batch-size", "6", "--ema", "0.9", "--drloc", "0.1",
-            "--deterministic", "true", "--quiet"]
+    args = [
+        sys.executable,
+        "-m",
+        "foodvit",
+        "train",
+        "--recipe",
+        "tiny",
+        "--data",
+        str(photos),
+        "--epochs",
+        "6",
+        "--image-size",
+        "32",
+        "--depth",
+        "2",
+        "--batch-size",
+        "6",
+        "--ema",
+        "0.9",
+        "--drloc",
+        "0.1",
+        "--deterministic",
+        "true",
+        "--quiet",
+    ]
     # the uninterrupted run goes on beside the victim (three Pythons one after another were this test's
     # wall time); should an assertion below fail first, it still ends by itself after its 6 epochs
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one core each, the same threads for all three runs
-    full = subprocess.Popen(args + ["--out", str(tmp_path / "full")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    full = subprocess.Popen(
+        args + ["--out", str(tmp_path / "full")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
     victim = tmp_path / "killed"
     proc = subprocess.Popen(args + ["--out", str(victim)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -158,12 +214,17 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     _, err = full.communicate(timeout=300)
     assert full.returncode == 0, err
 
-    resumed = subprocess.run([sys.executable, "-m", "foodvit", "train", "--resume", str(victim), "--quiet"],
-                             env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "foodvit", "train", "--resume", str(victim), "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert _metrics(victim / "metrics.csv") == _metrics(tmp_path / "full" / "metrics.csv")
     a, b = foodvit.load_model(victim), foodvit.load_model(tmp_path / "full")
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 def test_resume_refuses_changes_and_missing_runs(tmp_path):
@@ -203,7 +264,9 @@ def test_nan_loss_keeps_the_last_good_checkpoint(photos, tmp_path, monkeypatch):
         return out * float("nan") if self.training and calls["n"] > 8 else out
 
     monkeypatch.setattr(VisionTransformer, "forward_features", poisoned)
-    with pytest.raises(TrainingDiverged, match=r"(?s)the loss became nan.*in epoch 2.*last good checkpoint \(epoch 1\)"):
+    with pytest.raises(
+        TrainingDiverged, match=r"(?s)the loss became nan.*in epoch 2.*last good checkpoint \(epoch 1\)"
+    ):
         train(small_config(photos, epochs=3, batch_size=8), tmp_path / "nan", quiet=True)
     assert torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=True)["epoch"] == 1
     assert len(_metrics(tmp_path / "nan" / "metrics.csv")) == 1
@@ -214,9 +277,13 @@ def test_course_recipe_runs_one_epoch(tmp_path, capsys):
     # The course's settings unchanged (ViT-B/16 at 224, Adam 3e-3, wd 0.3 on everything), on 3 + 3 photos.
     from dataclasses import replace
 
-    photos = make_photo_folder(tmp_path / "p", n_train=1, n_test=1, size=(60, 80))  # one step of 3 photos: ViT-B/16's forward and backward cost seconds a photo here
+    photos = make_photo_folder(
+        tmp_path / "p", n_train=1, n_test=1, size=(60, 80)
+    )  # one step of 3 photos: ViT-B/16's forward and backward cost seconds a photo here
     config = load_recipe("course")
-    config = replace(config, data=replace(config.data, source=str(photos)), train=replace(config.train, epochs=1, batch_size=4))
+    config = replace(
+        config, data=replace(config.data, source=str(photos)), train=replace(config.train, epochs=1, batch_size=4)
+    )
     library_messages_on_stderr()  # the size note is a warning of the library's logger
     result = train(config, tmp_path / "course", quiet=True)
     predictor = foodvit.load_predictor(tmp_path / "course")
@@ -226,7 +293,10 @@ def test_course_recipe_runs_one_epoch(tmp_path, capsys):
     assert len(result.history) == 1 and result.test["n"] == 3
     # said before it starts: what the course's model costs on a CPU, and its checkpoint's size
     err = capsys.readouterr().err
-    assert "ViT-B/16 has 85.8 M parameters; checkpoint.pt will hold about 1.0 GB" in err and "about 3.5 minutes an epoch" in err
+    assert (
+        "ViT-B/16 has 85.8 M parameters; checkpoint.pt will hold about 1.0 GB" in err
+        and "about 3.5 minutes an epoch" in err
+    )
     assert (tmp_path / "course" / "checkpoint.pt").stat().st_size > 0.95e9
 
 
@@ -241,13 +311,19 @@ def test_tiny_recipe_trains_one_epoch_on_foodvision_mini(real_data, tmp_path):
     assert sum(result.test["confusion"].flatten().tolist()) == 75
 
 
-@pytest.mark.parametrize("error", [
-    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
-                 "to allocate 3600000000 bytes. Error code 12 (Cannot allocate memory)"),
-    MemoryError(),
-])
-def test_memory_running_out_in_training_is_one_line_naming_the_size_to_lower(photos, tmp_path, capsys, monkeypatch,
-                                                                            error):
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+            "to allocate 3600000000 bytes. Error code 12 (Cannot allocate memory)"
+        ),
+        MemoryError(),
+    ],
+)
+def test_memory_running_out_in_training_is_one_line_naming_the_size_to_lower(
+    photos, tmp_path, capsys, monkeypatch, error
+):
     from foodvit.cli.main import main
     from foodvit.training.trainer import Trainer
 
@@ -256,18 +332,48 @@ def test_memory_running_out_in_training_is_one_line_naming_the_size_to_lower(pho
 
     monkeypatch.setattr(Trainer, "fit", fit)
     out = tmp_path / "run"
-    assert main(["train", "--data", str(photos), "--out", str(out), "--recipe", "tiny", "--image-size", "32",
-                 "--depth", "1", "--distill", "0.5", "--teacher-size", "512", "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(photos),
+                "--out",
+                str(out),
+                "--recipe",
+                "tiny",
+                "--image-size",
+                "32",
+                "--depth",
+                "1",
+                "--distill",
+                "0.5",
+                "--teacher-size",
+                "512",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     whole = capsys.readouterr().err.strip()  # it was the allocator's traceback
     err = whole.splitlines()[-1]  # after the run directory's name, which --quiet keeps
     assert "Traceback" not in whole and err.startswith("foodvit train: error: ran out of memory"), whole
     assert "--teacher-size 512" in err and "lower --teacher-size" in err and "--batch-size 32" in err, err
     assert ("3.6 GB" in err) == isinstance(error, RuntimeError), err
     assert not out.exists()  # nothing to resume: the folder left as it was found
-    assert main(["train", "--data", str(photos), "--out", str(out), "--recipe", "tiny", "--image-size", "32", "--quiet"]) == 2
-    assert capsys.readouterr().err.strip().endswith(
-        "at --image-size 32 with --batch-size 32: lower --image-size (or raise --patch-size: fewer, larger patches), or "
-        "--batch-size")  # no teacher: the model's own side
+    assert (
+        main(["train", "--data", str(photos), "--out", str(out), "--recipe", "tiny", "--image-size", "32", "--quiet"])
+        == 2
+    )
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "at --image-size 32 with --batch-size 32: lower --image-size "
+            "(or raise --patch-size: fewer, larger patches), or "
+            "--batch-size"
+        )
+    )  # no teacher: the model's own side
     other = RuntimeError("mat1 and mat2 shapes cannot be multiplied")  # not the memory's: a bug, kept as it is
     monkeypatch.setattr(Trainer, "fit", lambda self: (_ for _ in ()).throw(other))
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
@@ -312,19 +418,21 @@ def test_deterministic_run_configures_cublas_before_its_first_product(monkeypatc
 @pytest.mark.slow  # two trainings; the fast tier keeps the cache's own tests (test_data, the workers' test)
 def test_cache_on_or_off_is_the_same_experiment(photos, tmp_path):
     # before, the cached path resized every photo once more than the uncached one: another experiment
-    runs = [train(small_config(photos, epochs=2, batch_size=8, cache=cache), tmp_path / f"c{cache}", quiet=True)
-            for cache in (True, False)]
-    strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
-    assert strip(runs[0].history) == strip(runs[1].history)
+    runs = [
+        train(small_config(photos, epochs=2, batch_size=8, cache=cache), tmp_path / f"c{cache}", quiet=True)
+        for cache in (True, False)
+    ]
+    assert untimed(runs[0].history) == untimed(runs[1].history)
     a, b = foodvit.load_model(tmp_path / "cTrue"), foodvit.load_model(tmp_path / "cFalse")
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 def test_no_workers_and_two_workers_train_the_same_run(photos, tmp_path):
     # augmentation draws from each photo's own seed in the training process too
-    runs = [train(small_config(photos, epochs=2, batch_size=8, workers=w), tmp_path / f"w{w}", quiet=True) for w in (0, 2)]
-    strip = lambda h: [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in h]  # noqa: E731
-    assert strip(runs[0].history) == strip(runs[1].history)
+    runs = [
+        train(small_config(photos, epochs=2, batch_size=8, workers=w), tmp_path / f"w{w}", quiet=True) for w in (0, 2)
+    ]
+    assert untimed(runs[0].history) == untimed(runs[1].history)
 
 
 def test_evaluating_less_often_trains_the_same_model(photos, tmp_path):
@@ -339,8 +447,10 @@ def test_evaluating_less_often_trains_the_same_model(photos, tmp_path):
             {"vit.pool": "gap", "masked.weight": 1.0, "drloc.weight": 0.5, "train.eval_every": every},
         )
         runs.append(train(config, tmp_path / f"every{every}", quiet=True))
-    each, fewer = ([{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")}
-                    for row in run.history] for run in runs)
+    each, fewer = (
+        [{k: v for k, v in row.items() if k not in ("seconds", "images_per_s", "model_share")} for row in run.history]
+        for run in runs
+    )
     assert [row.get("test_acc") is not None for row in fewer] == [False, True, True]
     assert [{k: v for k, v in row.items() if k in fewer[i]} for i, row in enumerate(each)] == fewer
     a, b = foodvit.load_model(tmp_path / "every1"), foodvit.load_model(tmp_path / "every2")
@@ -353,14 +463,16 @@ def test_a_run_started_up_to_its_first_epoch_is_prepared_as_train_prepares_it(ph
     import timm
     from safetensors.torch import save_file
 
-    from foodvit.settings.run import RunConfig
-    from foodvit.settings.overrides import with_settings
     from foodvit.model.pretrained import adapt_config
     from foodvit.rundir.directory import with_source
+    from foodvit.settings.overrides import with_settings
+    from foodvit.settings.run import RunConfig
     from foodvit.training.run import train_stages
 
     weights = tmp_path / "vit_ti.safetensors"
-    save_file({k: v.contiguous() for k, v in timm.create_model("vit_tiny_patch16_224").state_dict().items()}, str(weights))
+    save_file(
+        {k: v.contiguous() for k, v in timm.create_model("vit_tiny_patch16_224").state_dict().items()}, str(weights)
+    )
     config = with_settings(small_config(photos, epochs=1, batch_size=8), {"train.pretrained": str(weights)})
     train_stages(config, tmp_path / "staged")
     stored = RunConfig.from_dict(json.loads((tmp_path / "staged" / "config.json").read_text()))
@@ -394,14 +506,18 @@ def test_test_size_tests_and_saves_the_model_at_a_higher_resolution(photos, tmp_
     from dataclasses import replace
 
     config = small_config(photos, epochs=2, batch_size=8)
-    config = replace(config, vit=replace(config.vit, pos_embed="sincos2d", pool="gap"), data=replace(config.data, test_size=48))
+    config = replace(
+        config, vit=replace(config.vit, pos_embed="sincos2d", pool="gap"), data=replace(config.data, test_size=48)
+    )
     out = tmp_path / "r"
     result = train(config, out, quiet=True)
     predictor = foodvit.load_predictor(out)
     assert predictor.model.config.image_size == 48 and predictor.preprocess.image_size == 48
     assert predictor.preprocess.resize_size == round(48 * 36 / 32)  # the training preprocessing's crop share (32 of 36)
     evaluation = evaluate_split(predictor, DataSource.parse(photos).open_split("test"))
-    assert evaluation["accuracy"] == pytest.approx(result.test["acc"]) and evaluation["loss"] == pytest.approx(result.test["loss"], rel=1e-4)
+    assert evaluation["accuracy"] == pytest.approx(result.test["acc"]) and evaluation["loss"] == pytest.approx(
+        result.test["loss"], rel=1e-4
+    )
     # the per-epoch rows were measured at the training size: the 32 px model, not the saved one
     checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
     assert checkpoint["model_config"]["image_size"] == 32
@@ -428,10 +544,16 @@ def test_progressive_resizing_trains_small_first_and_evaluates_at_the_model_size
 
     seen = []
     original = PatchEmbed.forward
-    monkeypatch.setattr(PatchEmbed, "forward", lambda self, x: (seen.append((self.training, x.shape[-1])), original(self, x))[1])
+    monkeypatch.setattr(
+        PatchEmbed, "forward", lambda self, x: (seen.append((self.training, x.shape[-1])), original(self, x))[1]
+    )
     config = small_config(photos, epochs=4, batch_size=16)
-    config = replace(config, vit=replace(config.vit, pos_embed="sincos2d", pool="gap"),
-                     data=replace(config.data, start_size=16, start_share=0.5), drloc=replace(config.drloc, weight=0.5))
+    config = replace(
+        config,
+        vit=replace(config.vit, pos_embed="sincos2d", pool="gap"),
+        data=replace(config.data, start_size=16, start_share=0.5),
+        drloc=replace(config.drloc, weight=0.5),
+    )
     result = train(config, tmp_path / "r", quiet=True)
     training = [size for is_training, size in seen if is_training]
     assert training == [16] * 6 + [32] * 6  # 48 training photos: 3 batches an epoch
@@ -452,7 +574,9 @@ def test_progressive_resizing_needs_fixed_positions_and_a_size_on_the_patch_grid
     with pytest.raises(ConfigError, match=r"--start-size 20 is not a multiple of the patch size 8; use 16 or 24"):
         train(replace(config, data=replace(config.data, start_size=20)), tmp_path / "b", quiet=True)
     size = config.vit.image_size or 64
-    with pytest.raises(ConfigError, match=rf"--start-size {size + 8} is above the image size {size}: .* or 0 to turn it off"):
+    with pytest.raises(
+        ConfigError, match=rf"--start-size {size + 8} is above the image size {size}: .* or 0 to turn it off"
+    ):
         train(replace(config, data=replace(config.data, start_size=size + 8)), tmp_path / "c", quiet=True)
 
 
@@ -465,12 +589,23 @@ def test_the_report_shows_class_and_folder_names_as_text_never_as_markup(tmp_pat
     run.mkdir()
     confusion = torch.tensor([[2, 0, 0], [1, 1, 0], [0, 0, 2]])
     counts = {split: dict.fromkeys(HOSTILE_CLASSES, n) for split, n in (("train", 4), ("test", 2))}
-    info = {"image_size": 32, "patch_size": 8, "params": 1000, "trainable": 1000, "device": "CPU",
-            "data_root": str(tmp_path / "`<img src=x>` | data")}
-    write_report(run, config=load_recipe("tiny"), classes=HOSTILE_CLASSES, counts=counts,
-                 history=[{"epoch": 1, "seconds": 1.0}],
-                 final={"acc": 5 / 6, "n": 6, "loss": 0.5, "confusion": confusion},
-                 model_info=info)
+    info = {
+        "image_size": 32,
+        "patch_size": 8,
+        "params": 1000,
+        "trainable": 1000,
+        "device": "CPU",
+        "data_root": str(tmp_path / "`<img src=x>` | data"),
+    }
+    write_report(
+        run,
+        config=load_recipe("tiny"),
+        classes=HOSTILE_CLASSES,
+        counts=counts,
+        history=[{"epoch": 1, "seconds": 1.0}],
+        final={"acc": 5 / 6, "n": 6, "loss": 0.5, "confusion": confusion},
+        model_info=info,
+    )
     report = rendered_markdown((run / "report.md").read_text())
     # the figures alone are pictures; a class name had been a live <img> in the photos row and the per-class table
     assert report.pictures == ["curves.png", "confusion.png"] and report.links == [] and "em" not in report.tags

@@ -1,5 +1,5 @@
-"""foodvit cv and foodvit tune (tuning/cv.py, folds.py, fold.py, study.py, compare.py, search.py): k-fold CV over the training photos
-alone, resumed fold by fold; an Optuna study with pruning by fold, failed trials, SQLite shared by
+"""foodvit cv and foodvit tune (tuning/cv.py, folds.py, fold.py, study.py, compare.py, search.py): k-fold CV over the
+training photos alone, resumed fold by fold; an Optuna study with pruning by fold, failed trials, SQLite shared by
 processes; the bad inputs refused in one line. Tiny runs: the tiny recipe at 32 px, depth 1, 1
 epoch, on 4 generated photos a class, 2 folds."""
 
@@ -15,20 +15,19 @@ from helpers import make_photo_folder
 
 optuna = pytest.importorskip("optuna")
 
+from foodvit import markup  # noqa: E402
 from foodvit.cli.main import main  # noqa: E402
 from foodvit.cli.options import build_config  # noqa: E402
-from foodvit.settings.run import RunConfig  # noqa: E402
-from foodvit.settings.overrides import with_settings  # noqa: E402
-from foodvit.recipes import load_recipe  # noqa: E402
 from foodvit.errors import ConfigError, StudyError  # noqa: E402
-from foodvit import markup  # noqa: E402
+from foodvit.recipes import load_recipe  # noqa: E402
+from foodvit.settings.overrides import with_settings  # noqa: E402
+from foodvit.settings.run import RunConfig  # noqa: E402
 from foodvit.tuning import compare, cv  # noqa: E402
 from foodvit.tuning.folds import fold_folder, fold_folders, training_photos  # noqa: E402
 from foodvit.tuning.search import parse_budget, tune  # noqa: E402
-from foodvit.tuning.space import trial_config  # noqa: E402
-from foodvit.tuning.summary import costs, write_report  # noqa: E402
-from foodvit.tuning.space import Param  # noqa: E402
+from foodvit.tuning.space import Param, trial_config  # noqa: E402
 from foodvit.tuning.study import open_study, study_settings  # noqa: E402
+from foodvit.tuning.summary import costs, write_report  # noqa: E402
 
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
 TINY_OVERRIDES = {"train.epochs": 1, "vit.image_size": 32, "vit.depth": 1}
@@ -72,8 +71,14 @@ def cv_study(tmp_path_factory, photos):
         after_interrupt = list(started)
         interrupt = False
         second = main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *TINY])
-    return {"study": study, "first": first, "second": second, "after_interrupt": after_interrupt, "started": started,
-            "fold0_mtime": fold0}
+    return {
+        "study": study,
+        "first": first,
+        "second": second,
+        "after_interrupt": after_interrupt,
+        "started": started,
+        "fold0_mtime": fold0,
+    }
 
 
 def test_cv_writes_per_fold_results_and_resumes_without_retraining_a_finished_fold(cv_study, photos, capsys):
@@ -90,9 +95,16 @@ def test_cv_writes_per_fold_results_and_resumes_without_retraining_a_finished_fo
     train_photos = sorted(f"{p.parent.name}/{p.name}" for p in (photos / "train").rglob("*.jpg"))
     assert sorted(p["photo"] for p in predictions) == train_photos
     assert result["accuracy"] == pytest.approx(sum(p["right"] for p in predictions) / len(predictions))
-    for p in predictions:  # every class's probability kept (studies on the same folds can be averaged), the guess its largest
-        assert set(p["probabilities"]) == {"pizza", "steak", "sushi"} and sum(p["probabilities"].values()) == pytest.approx(1, abs=1e-5)
-        assert max(p["probabilities"], key=p["probabilities"].get) == p["predicted"] and p["probabilities"][p["predicted"]] == p["probability"]
+    for p in (
+        predictions
+    ):  # every class's probability kept (studies on the same folds can be averaged), the guess its largest
+        assert set(p["probabilities"]) == {"pizza", "steak", "sushi"} and sum(
+            p["probabilities"].values()
+        ) == pytest.approx(1, abs=1e-5)
+        assert (
+            max(p["probabilities"], key=p["probabilities"].get) == p["predicted"]
+            and p["probabilities"][p["predicted"]] == p["probability"]
+        )
     assert sum(f["n"] for f in result["folds"]) == 12 and "+-" in (study / "cv.md").read_text()
     # each fold is a normal run evaluated on its held-out photos alone
     fold_config = json.loads((study / "fold-1" / "config.json").read_text())
@@ -116,7 +128,9 @@ def test_cv_never_reads_the_test_split_and_compare_pairs_two_studies(cv_study, p
 
 def test_cv_fold_runs_one_fold_and_the_study_is_written_once_every_fold_has_run(cv_study, photos, tmp_path, capsys):
     study = tmp_path / "d"
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--fold", "1", "--out", str(study), "--quiet", *TINY]) == 0
+    assert (
+        main(["cv", "--data", str(photos), "--folds", "2", "--fold", "1", "--out", str(study), "--quiet", *TINY]) == 0
+    )
     out = capsys.readouterr()
     assert (study / "fold-1.json").is_file() and not (study / "fold-0").exists() and not (study / "cv.json").exists()
     assert "fold 1 of 2: accuracy" in out.out and "fold 0 still to run" in out.out
@@ -130,20 +144,29 @@ def test_cv_fold_runs_one_fold_and_the_study_is_written_once_every_fold_has_run(
     empty.mkdir()
     fresh.mkdir()
     shutil.copy(study / "study.json", fresh)  # a study opened, no fold run yet
-    for other, message in ((empty, "is no cross-validation study"), (cv_study["study"] / "folds", "is no cross-validation study"),
-                           (fresh, "have no finished fold in common yet")):
+    for other, message in (
+        (empty, "is no cross-validation study"),
+        (cv_study["study"] / "folds", "is no cross-validation study"),
+        (fresh, "have no finished fold in common yet"),
+    ):
         assert main(["cv", "--compare", str(study), str(other)]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, err
     trained = (study / "fold-1" / "model.safetensors").stat().st_mtime_ns
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--fold", "0", "--out", str(study), "--quiet", *TINY]) == 0
+    assert (
+        main(["cv", "--data", str(photos), "--folds", "2", "--fold", "0", "--out", str(study), "--quiet", *TINY]) == 0
+    )
     assert (study / "fold-1" / "model.safetensors").stat().st_mtime_ns == trained  # read, not trained again
     whole, alone = (json.loads((s / "cv.json").read_text()) for s in (cv_study["study"], study))
     assert alone["photos"] == whole["photos"] and alone["accuracy"] == whole["accuracy"]  # the same study, fold by fold
     assert "2-fold CV accuracy" in capsys.readouterr().out
-    for argv, message in ((["--fold", "2", "--fold", "3", "--fold", "1"], "--fold 2, 3: a 2-fold study has folds 0 to 1"),
-                          (["--compare", str(study), str(study), "--fold", "0", "--teachers", str(study)],
-                           "--teachers and --fold are for a study being run")):
+    for argv, message in (
+        (["--fold", "2", "--fold", "3", "--fold", "1"], "--fold 2, 3: a 2-fold study has folds 0 to 1"),
+        (
+            ["--compare", str(study), str(study), "--fold", "0", "--teachers", str(study)],
+            "--teachers and --fold are for a study being run",
+        ),
+    ):
         assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "e"), *TINY, *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, err
@@ -164,17 +187,20 @@ def test_cv_fold_with_two_seeds_runs_that_fold_of_each_and_names_the_ones_left(c
     assert main([*two, "--fold", "0"]) == 0
     result = json.loads((study / "cv.json").read_text())
     assert sorted((f["seed"], f["fold"]) for f in result["folds"]) == [(42, 0), (42, 1), (43, 0), (43, 1)]
-    assert {k: v for k, v in result["photos"].items() if k.startswith("s42/")} == json.loads((cv_study["study"] / "cv.json").read_text())["photos"]
+    assert {k: v for k, v in result["photos"].items() if k.startswith("s42/")} == json.loads(
+        (cv_study["study"] / "cv.json").read_text()
+    )["photos"]
 
 
 def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study, photos, capsys):
     assert main(["cv", "--data", str(photos), "--folds", "5", "--out", str(cv_study["study"].parent / "c"), *TINY]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "has 4 training photo(s), fewer than the 5 folds" in err
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(cv_study["study"]), *TINY, "--lr", "0.01"]) == 2
+    assert (
+        main(["cv", "--data", str(photos), "--folds", "2", "--out", str(cv_study["study"]), *TINY, "--lr", "0.01"]) == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "holds a study of something else" in err and "optim.lr" in err
-
 
 
 def test_a_study_resumes_whatever_its_recipe_says_of_evaluating(cv_study, photos, capsys):
@@ -182,6 +208,7 @@ def test_a_study_resumes_whatever_its_recipe_says_of_evaluating(cv_study, photos
     every epoch is the same study under one that evaluates every 5th (it was refused as another study)."""
     stored = json.loads((cv_study["study"] / "study.json").read_text())
     assert "eval_every" not in stored["settings"]["train"] and "source" not in stored["settings"]["data"]
+
     def again(study):
         return main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), *TINY, "--eval-every", "5"])
 
@@ -197,7 +224,24 @@ def test_a_study_resumes_whatever_its_recipe_says_of_evaluating(cv_study, photos
 GUIDED = [*TINY[:-1], "2", "--guidance", "1"]  # guidance needs a block before the last
 
 
-def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos, cv_study, tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def guided_study(tmp_path_factory, photos):
+    """(study, teachers trained): a 2-fold guided study, each fold's CNN teacher trained by it; read, never changed,
+    by the tests that borrow or score its teachers (one that changes a teacher changes a copy)."""
+    import foodvit.training.stages as stages
+
+    trained = []
+    real = stages.build_optimizer  # each stage a run trains before its epochs (here: its teacher) builds one
+    study = tmp_path_factory.mktemp("guided") / "a"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stages, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
+        assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *GUIDED]) == 0
+    return study, len(trained)
+
+
+def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(
+    photos, cv_study, guided_study, tmp_path, monkeypatch, capsys
+):
     """`foodvit cv --teachers A`: the folds load A's fold teachers instead of training them, and end
     exactly as A's (which trained them with these settings); a ViT-only change may borrow them too,
     a change the teacher depends on may not, nor a recipe without a teacher, nor a folder of no study."""
@@ -206,38 +250,84 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
     import foodvit.training.stages as stages
     from foodvit.rundir.directory import load_checkpoint
 
-    trained = []
+    a, teachers = guided_study
+    assert teachers == 2  # a teacher a fold
+    trained = [1] * teachers
     real = stages.build_optimizer  # each stage a run trains before its epochs (here: its teacher) builds one
     monkeypatch.setattr(stages, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
-    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(a), "--quiet", *GUIDED]) == 0
-    assert len(trained) == 2  # a teacher a fold
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(b), "--quiet", *GUIDED, "--teachers", str(a)]) == 0
+    b, c = tmp_path / "b", tmp_path / "c"
+    assert (
+        main(["cv", "--data", str(photos), "--folds", "2", "--out", str(b), "--quiet", *GUIDED, "--teachers", str(a)])
+        == 0
+    )
     assert len(trained) == 2  # none trained again
     first, second = (json.loads((s / "cv.json").read_text()) for s in (a, b))
     assert second["photos"] == first["photos"] and second["accuracy"] == first["accuracy"]
     for k in range(2):
-        assert f"in {markup.text(a / f'fold-{k}')}, which lent it to this run" in (b / f"fold-{k}" / "report.md").read_text()
+        assert (
+            f"in {markup.text(a / f'fold-{k}')}, which lent it to this run"
+            in (b / f"fold-{k}" / "report.md").read_text()
+        )
         mine, theirs = (load_checkpoint(s / f"fold-{k}" / "teacher.pt") for s in (b, a))
-        assert mine["history"] == theirs["history"] and mine["model"].keys() == theirs["model"].keys() and "lent_by" not in theirs
+        assert (
+            mine["history"] == theirs["history"]
+            and mine["model"].keys() == theirs["model"].keys()
+            and "lent_by" not in theirs
+        )
         assert all(torch.equal(mine["model"][key], theirs["model"][key]) for key in mine["model"])
         mine, theirs = (json.loads((s / f"fold-{k}.json").read_text())["predictions"] for s in (b, a))
         assert [p["probability"] for p in mine] == [p["probability"] for p in theirs]
     # the ViT's own architecture and losses are no teacher setting
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(c), "--quiet", *GUIDED, "--drop-path", "0.1",
-                 "--drloc", "0.5", "--ema", "0.9", "--teachers", str(a)]) == 0
+    assert (
+        main(
+            [
+                "cv",
+                "--data",
+                str(photos),
+                "--folds",
+                "2",
+                "--out",
+                str(c),
+                "--quiet",
+                *GUIDED,
+                "--drop-path",
+                "0.1",
+                "--drloc",
+                "0.5",
+                "--ema",
+                "0.9",
+                "--teachers",
+                str(a),
+            ]
+        )
+        == 0
+    )
     assert len(trained) == 2
     capsys.readouterr()
-    refused = {"--lr": (["--lr", "0.01"], "trained its CNN teachers with other settings (optim.lr: 0.001 there, 0.01 here)"),
-               "no teacher": (["--guidance", "0"], "this recipe trains none"),
-               "no study": (["--teachers", str(photos)], "holds no readable study"),
-               "lends none": (["--teachers", str(cv_study["study"])], "a recipe that trains no CNN teacher"),
-               "other folds": (["--folds", "3"], "folds: 2 there, 3 here"),
-               # the teacher's own epochs named as such, not as the run's epochs (1 in both)
-               "--teacher-epochs": (["--teacher-epochs", "3"], "with other settings (teacher.epochs: 1 there, 3 here)"),
-               "itself": (["--teachers", str(tmp_path / "itself")], "is the study itself")}
+    refused = {
+        "--lr": (["--lr", "0.01"], "trained its CNN teachers with other settings (optim.lr: 0.001 there, 0.01 here)"),
+        "no teacher": (["--guidance", "0"], "this recipe trains none"),
+        "no study": (["--teachers", str(photos)], "holds no readable study"),
+        "lends none": (["--teachers", str(cv_study["study"])], "a recipe that trains no CNN teacher"),
+        "other folds": (["--folds", "3"], "folds: 2 there, 3 here"),
+        # the teacher's own epochs named as such, not as the run's epochs (1 in both)
+        "--teacher-epochs": (["--teacher-epochs", "3"], "with other settings (teacher.epochs: 1 there, 3 here)"),
+        "itself": (["--teachers", str(tmp_path / "itself")], "is the study itself"),
+    }
     for name, (extra, message) in refused.items():
-        args = ["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / name), *GUIDED, "--teachers", str(a), *extra]
+        args = [
+            "cv",
+            "--data",
+            str(photos),
+            "--folds",
+            "2",
+            "--out",
+            str(tmp_path / name),
+            *GUIDED,
+            "--teachers",
+            str(a),
+            *extra,
+        ]
         assert main(args) == 2, name
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, (name, err)
@@ -252,38 +342,104 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(photos
     fold_1 = load_checkpoint(tmp_path / "lender" / "fold-1" / "teacher.pt")
     threads = torch.get_num_threads()
     place = teacher["trained_on"]
-    elsewhere = {"gpu": ({**place, "device": "cuda", "bf16": True}, "bf16: True there, False here; device: 'cuda' there, 'cpu' here"),
-                 "threads": ({**place, "threads": threads + 1}, f"threads: {threads + 1} there, {threads} here"),
-                 "layout": ({**place, "layout": "rows"}, "layout: 'rows' there, 'channels-last' here"),
-                 "old": ({k: v for k, v in place.items() if k != "threads"}, "written by a foodvit that did not record its threads")}
+    elsewhere = {
+        "gpu": (
+            {**place, "device": "cuda", "bf16": True},
+            "bf16: True there, False here; device: 'cuda' there, 'cpu' here",
+        ),
+        "threads": ({**place, "threads": threads + 1}, f"threads: {threads + 1} there, {threads} here"),
+        "layout": ({**place, "layout": "rows"}, "layout: 'rows' there, 'channels-last' here"),
+        "old": (
+            {k: v for k, v in place.items() if k != "threads"},
+            "written by a foodvit that did not record its threads",
+        ),
+    }
     for name, (recorded, message) in elsewhere.items():
         for k, saved in enumerate((teacher, fold_1)):
             torch.save({**saved, "trained_on": recorded}, tmp_path / "lender" / f"fold-{k}" / "teacher.pt")
-        assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / name), "--quiet", *GUIDED,
-                     "--teachers", str(tmp_path / "lender")]) == 2
+        assert (
+            main(
+                [
+                    "cv",
+                    "--data",
+                    str(photos),
+                    "--folds",
+                    "2",
+                    "--out",
+                    str(tmp_path / name),
+                    "--quiet",
+                    *GUIDED,
+                    "--teachers",
+                    str(tmp_path / "lender"),
+                ]
+            )
+            == 2
+        )
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "trained its CNN teachers elsewhere" in err and message in err, (name, err)
+        assert len(err.splitlines()) == 1 and "trained its CNN teachers elsewhere" in err and message in err, (
+            name,
+            err,
+        )
         assert not (tmp_path / name).exists()
     # a study whose folds trained at different thread counts (one-thread workers beside a two-thread one) lends
     # each teacher to a process like its own: here fold 0's came from elsewhere and is already used, fold 1's
     # serves this process, so the study resumes and fold 1 ends as in the study that trained it
-    torch.save({**teacher, "trained_on": {**place, "threads": threads + 1}}, tmp_path / "lender" / "fold-0" / "teacher.pt")
+    torch.save(
+        {**teacher, "trained_on": {**place, "threads": threads + 1}}, tmp_path / "lender" / "fold-0" / "teacher.pt"
+    )
     torch.save(fold_1, tmp_path / "lender" / "fold-1" / "teacher.pt")
     shutil.copytree(b, tmp_path / "mixed")
     shutil.rmtree(tmp_path / "mixed" / "fold-1")
     (tmp_path / "mixed" / "fold-1.json").unlink()
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "mixed"), "--quiet", *GUIDED,
-                 "--teachers", str(tmp_path / "lender")]) == 0, capsys.readouterr().err
+    assert (
+        main(
+            [
+                "cv",
+                "--data",
+                str(photos),
+                "--folds",
+                "2",
+                "--out",
+                str(tmp_path / "mixed"),
+                "--quiet",
+                *GUIDED,
+                "--teachers",
+                str(tmp_path / "lender"),
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     assert json.loads((tmp_path / "mixed" / "cv.json").read_text())["photos"] == first["photos"]
     assert len(trained) == 2  # no teacher trained
     capsys.readouterr()
     # a fold's teacher trained elsewhere, in a study whose other teachers serve here, is refused when that fold starts
     torch.save(teacher, tmp_path / "lender" / "fold-0" / "teacher.pt")
-    torch.save({**fold_1, "trained_on": {**fold_1["trained_on"], "threads": threads + 1}}, tmp_path / "lender" / "fold-1" / "teacher.pt")
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(tmp_path / "late"), "--quiet", *GUIDED,
-                 "--teachers", str(tmp_path / "lender")]) == 2
+    torch.save(
+        {**fold_1, "trained_on": {**fold_1["trained_on"], "threads": threads + 1}},
+        tmp_path / "lender" / "fold-1" / "teacher.pt",
+    )
+    assert (
+        main(
+            [
+                "cv",
+                "--data",
+                str(photos),
+                "--folds",
+                "2",
+                "--out",
+                str(tmp_path / "late"),
+                "--quiet",
+                *GUIDED,
+                "--teachers",
+                str(tmp_path / "lender"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"was trained elsewhere (threads: {threads + 1} there, {threads} here)" in err, err
+    assert (
+        len(err.splitlines()) == 1 and f"was trained elsewhere (threads: {threads + 1} there, {threads} here)" in err
+    ), err
 
 
 def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
@@ -293,16 +449,37 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
 
     own = load_recipe("default")  # its teacher trains on a schedule and side of its own
     config = replace(own, teacher=replace(own.teacher, epochs=0, size=0))  # the teacher on the run's schedule and side
-    same = [replace(config, vit=replace(config.vit, depth=8, drop_path=0.1)),
-            replace(config, data=replace(config.data, start_size=0, start_share=0.5, test_size=112, cache=False, workers=2)),
-            replace(with_settings(config, {"drloc.weight": 1.0, "guidance.weight": 2.0, "guidance.schedule": "linear",
-                                           "optim.ema": 0.99}), train=replace(config.train, compile=True)),
-            with_settings(config, {"pretrain.epochs": 50, "pretrain.mask_ratio": 0.75, "optim.sam": 0.05, "distill.weight": 1.0, "distill.temperature": 3.0}),
-            with_settings(config, {"masked.weight": 2.0, "masked.ratio": 0.5, "masked.pixels": True}),
-            with_settings(config, {"contrast.weight": 0.5, "contrast.temperature": 0.1})]
-    other = [replace(config, vit=replace(config.vit, image_size=64)), replace(config, optim=replace(config.optim, lr=2e-3)),
-             replace(config, teacher=replace(config.teacher, architecture="resnet34")),
-             replace(config, data=replace(config.data, mixup=0.8, workers=2)), replace(config, train=replace(config.train, epochs=50))]
+    same = [
+        replace(config, vit=replace(config.vit, depth=8, drop_path=0.1)),
+        replace(
+            config, data=replace(config.data, start_size=0, start_share=0.5, test_size=112, cache=False, workers=2)
+        ),
+        replace(
+            with_settings(
+                config, {"drloc.weight": 1.0, "guidance.weight": 2.0, "guidance.schedule": "linear", "optim.ema": 0.99}
+            ),
+            train=replace(config.train, compile=True),
+        ),
+        with_settings(
+            config,
+            {
+                "pretrain.epochs": 50,
+                "pretrain.mask_ratio": 0.75,
+                "optim.sam": 0.05,
+                "distill.weight": 1.0,
+                "distill.temperature": 3.0,
+            },
+        ),
+        with_settings(config, {"masked.weight": 2.0, "masked.ratio": 0.5, "masked.pixels": True}),
+        with_settings(config, {"contrast.weight": 0.5, "contrast.temperature": 0.1}),
+    ]
+    other = [
+        replace(config, vit=replace(config.vit, image_size=64)),
+        replace(config, optim=replace(config.optim, lr=2e-3)),
+        replace(config, teacher=replace(config.teacher, architecture="resnet34")),
+        replace(config, data=replace(config.data, mixup=0.8, workers=2)),
+        replace(config, train=replace(config.train, epochs=50)),
+    ]
     assert all(teacher_settings(c) == teacher_settings(config) for c in same)
     assert all(teacher_settings(c) != teacher_settings(config) for c in other)
     # a teacher with epochs of its own does not read the run's (the model's side still sets the photos it is given)
@@ -311,10 +488,18 @@ def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
     assert teacher_settings(replace(own, teacher=replace(own.teacher, size=96))) != teacher_settings(own)
     mixed = replace(config, data=replace(config.data, mixup=0.8))  # mixing in a worker or in the process: other draws
     assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=1))) != teacher_settings(mixed)
-    assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=3))) == teacher_settings(replace(mixed, data=replace(mixed.data, workers=1)))
+    assert teacher_settings(replace(mixed, data=replace(mixed.data, workers=3))) == teacher_settings(
+        replace(mixed, data=replace(mixed.data, workers=1))
+    )
 
-BENCH = {"accuracy": "bench.accuracy.recipe", "teachers": "bench.accuracy.teachers", "curve": "bench.accuracy.curve",
-         "ensembles": "bench.analysis.ensembles", "offsets": "bench.analysis.offsets"}
+
+BENCH = {
+    "accuracy": "bench.accuracy.recipe",
+    "teachers": "bench.accuracy.teachers",
+    "curve": "bench.accuracy.curve",
+    "ensembles": "bench.analysis.ensembles",
+    "offsets": "bench.analysis.offsets",
+}
 
 
 def bench_module(monkeypatch, name: str):
@@ -352,14 +537,25 @@ def test_bench_accuracy_scores_each_fold_model_with_other_centre_crops(cv_study,
     fold = json.loads((study / "cv.json").read_text())["folds"][0]
     held = fold_folder(study / "folds", fold["seed"], fold["fold"])
     seen, real_predict = [], inference.predict
-    monkeypatch.setattr(inference, "predict", lambda predictor, paths: seen.append(predictor.preprocess) or real_predict(predictor, paths))
+    monkeypatch.setattr(
+        inference,
+        "predict",
+        lambda predictor, paths: seen.append(predictor.preprocess) or real_predict(predictor, paths),
+    )
     got = accuracy.fold_predictions(study / fold["run"], held, [], [1.0, 0.875, 0.5])
     assert list(got) == ["0", "crop 1", "crop 0.875", "crop 0.5"]
     kept = json.loads((study / "cv.json").read_text())["photos"]
     assert got["0"] == {name: kept[f"s{fold['seed']}/{name}"] for name in got["0"]} and len(got["0"]) == fold["n"]
     assert got["crop 0.875"] == got["0"]
-    size = seen[0].image_size  # the shorter side before the crop: size / share, the rest of the preprocessing the run's own
-    assert [(p.image_size, p.resize_size) for p in seen] == [(size, int(size / 0.875)), (size, size), (size, int(size / 0.875)), (size, 2 * size)]
+    size = seen[
+        0
+    ].image_size  # the shorter side before the crop: size / share, the rest of the preprocessing the run's own
+    assert [(p.image_size, p.resize_size) for p in seen] == [
+        (size, int(size / 0.875)),
+        (size, size),
+        (size, int(size / 0.875)),
+        (size, 2 * size),
+    ]
     assert seen[3] == seen[0].__class__(size, 2 * size, seen[0].mode, seen[0].mean, seen[0].std, seen[0].interpolation)
     # a share under 0.5 would change the training photos' decode size too: refused before anything trains
     with pytest.raises(SystemExit, match=r"centre-crop shares from 0.5 to 1 .*got 0.8,0.4"):
@@ -368,17 +564,39 @@ def test_bench_accuracy_scores_each_fold_model_with_other_centre_crops(cv_study,
     # --paired prints the run's own preprocessing, then test sizes, then crop shares, each in order
     result = {"photos": {key: got["0"] for key in ("crop 0.8", "112", "0", "crop 0.5", "96")}}
     accuracy.print_paired(result, result, ["A", "B"])
-    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == ["own size", "test size 96", "test size 112",
-                                                                                   "crop 0.5", "crop 0.8"]
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "own size",
+        "test size 96",
+        "test size 112",
+        "crop 0.5",
+        "crop 0.8",
+    ]
 
 
 def fake_study(where: Path, probabilities: dict[str, dict[str, float]], seeds: tuple[int, ...] = (0,)) -> Path:
     """A finished one-fold study whose held-out photos ('label/name.jpg') have these probabilities, on each seed."""
-    rows = [{"seed": seed, "fold": 0, "photo": photo, "label": photo.split("/")[0], "predicted": max(p, key=p.get),
-             "right": max(p, key=p.get) == photo.split("/")[0], "probabilities": p} for seed in seeds for photo, p in probabilities.items()]
+    rows = [
+        {
+            "seed": seed,
+            "fold": 0,
+            "photo": photo,
+            "label": photo.split("/")[0],
+            "predicted": max(p, key=p.get),
+            "right": max(p, key=p.get) == photo.split("/")[0],
+            "probabilities": p,
+        }
+        for seed in seeds
+        for photo, p in probabilities.items()
+    ]
     where.mkdir()
-    (where / "cv.json").write_text(json.dumps({"folds": [{"seed": seed, "fold": 0, "run": "fold-0"} for seed in seeds],
-                                               "photos": {f"s{r['seed']}/{r['photo']}": r["right"] for r in rows}}))
+    (where / "cv.json").write_text(
+        json.dumps(
+            {
+                "folds": [{"seed": seed, "fold": 0, "run": "fold-0"} for seed in seeds],
+                "photos": {f"s{r['seed']}/{r['photo']}": r["right"] for r in rows},
+            }
+        )
+    )
     (where / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return where
 
@@ -387,23 +605,59 @@ def test_bench_ensembles_averages_the_studies_probabilities_photo_by_photo(tmp_p
     ensembles = bench_module(monkeypatch, "ensembles")
     # a is right on photo 1 alone, b on photo 2 alone, c on none; photo 3 is wrong everywhere and stays so;
     # photo 4 is wrong in each study (each picks another wrong class) and right in the average of all three
-    a = fake_study(tmp_path / "a", {"a/1.jpg": {"a": 0.95, "b": 0.05, "c": 0.0}, "b/2.jpg": {"a": 0.55, "b": 0.45, "c": 0.0},
-                                    "a/3.jpg": {"a": 0.2, "b": 0.8, "c": 0.0}, "a/4.jpg": {"a": 0.4, "b": 0.45, "c": 0.15}}, seeds=(0, 1))
-    b = fake_study(tmp_path / "b", {"a/1.jpg": {"a": 0.4, "b": 0.6, "c": 0.0}, "b/2.jpg": {"a": 0.2, "b": 0.8, "c": 0.0},
-                                    "a/3.jpg": {"a": 0.3, "b": 0.7, "c": 0.0}, "a/4.jpg": {"a": 0.4, "b": 0.15, "c": 0.45}}, seeds=(0, 1))
-    c = fake_study(tmp_path / "c", {"a/1.jpg": {"a": 0.2, "b": 0.8, "c": 0.0}, "b/2.jpg": {"a": 0.9, "b": 0.1, "c": 0.0},
-                                    "a/3.jpg": {"a": 0.1, "b": 0.9, "c": 0.0}, "a/4.jpg": {"a": 0.4, "b": 0.5, "c": 0.1}}, seeds=(0, 1))
-    assert ensembles.main([str(a), str(b), str(c), "--json", str(tmp_path / "e.json"), "--plot", str(tmp_path / "figs" / "e.png")]) == 0
+    a = fake_study(
+        tmp_path / "a",
+        {
+            "a/1.jpg": {"a": 0.95, "b": 0.05, "c": 0.0},
+            "b/2.jpg": {"a": 0.55, "b": 0.45, "c": 0.0},
+            "a/3.jpg": {"a": 0.2, "b": 0.8, "c": 0.0},
+            "a/4.jpg": {"a": 0.4, "b": 0.45, "c": 0.15},
+        },
+        seeds=(0, 1),
+    )
+    b = fake_study(
+        tmp_path / "b",
+        {
+            "a/1.jpg": {"a": 0.4, "b": 0.6, "c": 0.0},
+            "b/2.jpg": {"a": 0.2, "b": 0.8, "c": 0.0},
+            "a/3.jpg": {"a": 0.3, "b": 0.7, "c": 0.0},
+            "a/4.jpg": {"a": 0.4, "b": 0.15, "c": 0.45},
+        },
+        seeds=(0, 1),
+    )
+    c = fake_study(
+        tmp_path / "c",
+        {
+            "a/1.jpg": {"a": 0.2, "b": 0.8, "c": 0.0},
+            "b/2.jpg": {"a": 0.9, "b": 0.1, "c": 0.0},
+            "a/3.jpg": {"a": 0.1, "b": 0.9, "c": 0.0},
+            "a/4.jpg": {"a": 0.4, "b": 0.5, "c": 0.1},
+        },
+        seeds=(0, 1),
+    )
+    assert (
+        ensembles.main(
+            [str(a), str(b), str(c), "--json", str(tmp_path / "e.json"), "--plot", str(tmp_path / "figs" / "e.png")]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "e.json").read_text())
     assert report["alone"] == [pytest.approx(2 / 8), pytest.approx(2 / 8), 0]
     ab, ac = report["with_first"]
-    assert (ab["accuracy"], ab["difference"], ab["difference_to_it"]) == (pytest.approx(6 / 8), pytest.approx(4 / 8), pytest.approx(4 / 8))
+    assert (ab["accuracy"], ab["difference"], ab["difference_to_it"]) == (
+        pytest.approx(6 / 8),
+        pytest.approx(4 / 8),
+        pytest.approx(4 / 8),
+    )
     assert (ac["accuracy"], ac["difference"], ac["difference_to_it"]) == (pytest.approx(2 / 8), 0, pytest.approx(2 / 8))
     assert report["all"]["accuracy"] == pytest.approx(4 / 8) and report["all"]["difference"] == pytest.approx(2 / 8)
     assert report["wrong_in_all"] == ["s0/a/3.jpg", "s0/a/4.jpg", "s1/a/3.jpg", "s1/a/4.jpg"]
     assert report["wrong_in_all_mended"] == ["s0/a/4.jpg", "s1/a/4.jpg"]
     out = capsys.readouterr().out
-    assert "4 of 8 held-out predictions wrong in every study: s0/a/3.jpg, s0/a/4.jpg" in out and "gets 2 of them right" in out
+    assert (
+        "4 of 8 held-out predictions wrong in every study: s0/a/3.jpg, s0/a/4.jpg" in out
+        and "gets 2 of them right" in out
+    )
     assert (tmp_path / "figs" / "e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -416,14 +670,22 @@ def test_bench_ensembles_refuses_studies_that_cannot_be_averaged_in_one_line(tmp
     with pytest.raises(SystemExit, match=r"holds no finished cross-validation \(no cv.json\)"):
         ensembles.main([str(a), str(tmp_path)])
     other = fake_study(tmp_path / "other", {"a/1.jpg": {"a": 0.9, "b": 0.1}, "b/3.jpg": {"a": 0.4, "b": 0.6}})
-    with pytest.raises(SystemExit, match=r"does not hold .*a's held-out photos \(2 differ\): average studies of the same data, folds and seeds"):
+    with pytest.raises(
+        SystemExit,
+        match=r"does not hold .*a's held-out photos \(2 differ\): average studies of the same data, folds and seeds",
+    ):
         ensembles.main([str(a), str(other)])
-    three = fake_study(tmp_path / "three", {"a/1.jpg": {"a": 0.9, "b": 0.1, "c": 0}, "b/2.jpg": {"a": 0.4, "b": 0.6, "c": 0}})
+    three = fake_study(
+        tmp_path / "three", {"a/1.jpg": {"a": 0.9, "b": 0.1, "c": 0}, "b/2.jpg": {"a": 0.4, "b": 0.6, "c": 0}}
+    )
     with pytest.raises(SystemExit, match=r"does not predict .*a's classes \(a, b\)"):
         ensembles.main([str(a), str(three)])
     old = fake_study(tmp_path / "old", {"a/1.jpg": {"a": 0.9, "b": 0.1}, "b/2.jpg": {"a": 0.4, "b": 0.6}})
-    (old / "predictions.jsonl").write_text("".join(line.split(', "probabilities"')[0] + "}\n"
-                                                   for line in (old / "predictions.jsonl").read_text().splitlines()))
+    (old / "predictions.jsonl").write_text(
+        "".join(
+            line.split(', "probabilities"')[0] + "}\n" for line in (old / "predictions.jsonl").read_text().splitlines()
+        )
+    )
     with pytest.raises(SystemExit, match=r"keep no class probabilities and .*fold-0 holds no model to score again"):
         ensembles.main([str(a), str(old)])
 
@@ -434,7 +696,9 @@ def test_bench_ensembles_scores_a_study_without_probabilities_from_its_fold_mode
     old = tmp_path / "old"  # as a study written before predictions kept every class's probability
     shutil.copytree(cv_study["study"], old, symlinks=True)
     rows = [json.loads(line) for line in (old / "predictions.jsonl").read_text().splitlines()]
-    (old / "predictions.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "probabilities"}) + "\n" for r in rows))
+    (old / "predictions.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "probabilities"}) + "\n" for r in rows)
+    )
     rescored = ensembles.probabilities(old)
     assert set(rescored) == set(kept) and len(kept) == 12
     for key, (p, label) in kept.items():
@@ -448,10 +712,30 @@ def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_p
 
     def seed_rows(seed: int, b_photos: list[tuple[int, float]], a_b: list[float]) -> list[dict]:
         """b's photos: (how many, b's score) a fold, a scored 1 - b; a's photos: 3 a fold, scored b a_b[fold]."""
-        rows = [{"seed": seed, "fold": fold, "photo": f"b/{fold}-{i}.jpg", "label": "b", "right": p_b > 0.5,
-                 "probabilities": {"a": 1 - p_b, "b": p_b}} for fold, (n, p_b) in enumerate(b_photos) for i in range(n)]
-        return rows + [{"seed": seed, "fold": fold, "photo": f"a/{fold}-{i}.jpg", "label": "a", "right": True,
-                        "probabilities": {"a": 1 - p_b, "b": p_b}} for fold, p_b in enumerate(a_b) for i in range(3)]
+        rows = [
+            {
+                "seed": seed,
+                "fold": fold,
+                "photo": f"b/{fold}-{i}.jpg",
+                "label": "b",
+                "right": p_b > 0.5,
+                "probabilities": {"a": 1 - p_b, "b": p_b},
+            }
+            for fold, (n, p_b) in enumerate(b_photos)
+            for i in range(n)
+        ]
+        return rows + [
+            {
+                "seed": seed,
+                "fold": fold,
+                "photo": f"a/{fold}-{i}.jpg",
+                "label": "a",
+                "right": True,
+                "probabilities": {"a": 1 - p_b, "b": p_b},
+            }
+            for fold, p_b in enumerate(a_b)
+            for i in range(3)
+        ]
 
     # seed 0: folds 0 and 1 want b + 0.5 (log 1.5 = 0.41 mends their 0.4s), fold 2's twenty 0.2s want b + 1.4
     # (log 4 = 1.39), which breaks fold 2's own a photos (0.3: log 7/3 = 0.85). Chosen without fold 2, fold 2 gets
@@ -467,11 +751,19 @@ def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_p
     assert offsets.main([str(study), "--json", str(tmp_path / "o.json")]) == 0
     report = json.loads((tmp_path / "o.json").read_text())
     assert [(c["seed"], c["fold"], c["offsets"]["b"]) for c in report["offsets"]] == [
-        (0, 0, 1.4), (0, 1, 1.4), (0, 2, 0.5), (1, 0, 0.0), (1, 1, 0.0), (1, 2, 0.0)]
+        (0, 0, 1.4),
+        (0, 1, 1.4),
+        (0, 2, 0.5),
+        (1, 0, 0.0),
+        (1, 1, 0.0),
+        (1, 2, 0.0),
+    ]
     # right: seed 0's b photos of folds 0 and 1 (6 more), its a photos (at 0.1, + 1.4 leaves them right), all of seed 1
     assert report["accuracy"] == pytest.approx((6 + 9 + 18) / 53) and report["difference"] == pytest.approx(6 / 53)
     assert "6 right only in with offsets, 0 only in" in capsys.readouterr().out
-    (study / "predictions.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "probabilities"}) + "\n" for r in rows))
+    (study / "predictions.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "probabilities"}) + "\n" for r in rows)
+    )
     with pytest.raises(SystemExit, match="keep no class probabilities"):
         offsets.main([str(study)])
     (study / "predictions.jsonl").write_text(json.dumps({**rows[0], "probabilities": {c: 0.2 for c in "abcde"}}) + "\n")
@@ -479,6 +771,7 @@ def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_p
         offsets.main([str(study)])
     with pytest.raises(SystemExit, match=r"holds no finished cross-validation \(no cv.json\)"):
         offsets.main([str(tmp_path)])
+
 
 def test_bench_teachers_refuses_a_study_without_teachers_in_one_line(cv_study, tmp_path, monkeypatch):
     teachers = bench_teachers(monkeypatch)
@@ -489,8 +782,8 @@ def test_bench_teachers_refuses_a_study_without_teachers_in_one_line(cv_study, t
     assert not (tmp_path / "none").exists()
 
 
-@pytest.mark.slow  # a guided study of its own; the fast tier keeps the script's refusals (the test above)
-def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(photos, tmp_path, monkeypatch):
+@pytest.mark.slow  # the teachers scored twice; the fast tier keeps the script's refusals (the test above)
+def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(guided_study, tmp_path, monkeypatch):
     """bench/accuracy/teachers.py: a guided study's fold teachers, loaded (none trained), scored on their own
     fold's held-out photos, written as a study `foodvit cv --compare` pairs."""
     import torch
@@ -500,7 +793,7 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
 
     teachers = bench_teachers(monkeypatch)
     guided = tmp_path / "guided"
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(guided), "--quiet", *GUIDED]) == 0
+    shutil.copytree(guided_study[0], guided)  # a copy: a teacher is rigged below
     trained = []
     real = stages.build_optimizer  # each stage a run trains before its epochs (here: its teacher) builds one
     monkeypatch.setattr(stages, "build_optimizer", lambda *a, **k: trained.append(1) or real(*a, **k))
@@ -511,7 +804,9 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
     predictions = [json.loads(line) for line in (tmp_path / "cnn" / "predictions.jsonl").read_text().splitlines()]
     for k in range(2):
         held_out = (guided / "folds" / "seed-42" / f"fold-{k}" / "test").rglob("*.*")  # the tiny recipe's seed
-        assert sorted(p["photo"] for p in predictions if p["fold"] == k) == sorted(f"{p.parent.name}/{p.name}" for p in held_out)
+        assert sorted(p["photo"] for p in predictions if p["fold"] == k) == sorted(
+            f"{p.parent.name}/{p.name}" for p in held_out
+        )
         assert scored["folds"][k]["correct"] == sum(p["right"] for p in predictions if p["fold"] == k)
     assert compare.compare_studies(tmp_path / "cnn", guided)[0]["n"] == len(vit["photos"])
     # the saved weights are what is scored: a teacher whose head always answers steak answers steak
@@ -528,7 +823,9 @@ def test_bench_teachers_scores_a_guided_studys_teachers_without_training_them(ph
 
 
 @pytest.mark.slow  # a second study; cv's folds stay in the fast tier through test_cv_writes_per_fold_...
-def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process_is_gone(cv_study, photos, tmp_path, monkeypatch):
+def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process_is_gone(
+    cv_study, photos, tmp_path, monkeypatch
+):
     """Two processes on one study: a fold whose run another process holds is skipped, the free fold
     trained, then the held one waited for and trained once its holder is gone; same result as one process."""
     import foodvit.training.run as trainer
@@ -536,9 +833,18 @@ def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process
     study = tmp_path / "shared"
     (study / "fold-0").mkdir(parents=True)
     # holds fold 0's run lock (as a `foodvit train` of it would) until its stdin closes, and 2 s more
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from foodvit.rundir.directory import RunLock; "
-                               "lock = RunLock(sys.argv[1]).acquire(); print('held', flush=True); sys.stdin.read(); time.sleep(2)",
-                               str(study / "fold-0")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from foodvit.rundir.directory import RunLock; "
+            "lock = RunLock(sys.argv[1]).acquire(); print('held', flush=True); sys.stdin.read(); time.sleep(2)",
+            str(study / "fold-0"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         real_train, events = trainer.train, []
@@ -554,8 +860,16 @@ def test_a_fold_another_process_trains_is_left_to_it_and_taken_once_that_process
         monkeypatch.setattr(trainer, "train", train)
         monkeypatch.setattr(cv, "_wait", lambda seconds: (events.append("wait"), time.sleep(seconds)))
         config = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
-        result, folds = cv.run_cv(config, study, study / "folds", training_photos(config), folds=2, seeds=[42],
-                                  after_fold=after_fold, wait_s=0.1)
+        result, folds = cv.run_cv(
+            config,
+            study,
+            study / "folds",
+            training_photos(config),
+            folds=2,
+            seeds=[42],
+            after_fold=after_fold,
+            wait_s=0.1,
+        )
         assert holder.wait(timeout=60) == 0
     finally:
         holder.kill()
@@ -576,9 +890,18 @@ def test_a_fold_is_run_by_one_process_from_its_look_to_its_result(cv_study, phot
     split = training_photos(config)
     folders = fold_folders(split, 2, 42, tmp_path / "folds")
     shutil.copytree(cv_study["study"] / "fold-0", tmp_path / "fold-0")  # a finished run, its result not yet written
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from filelock import FileLock; "
-                               "lock = FileLock(sys.argv[1], timeout=0); lock.acquire(); print('held', flush=True); sys.stdin.read()",
-                               str(tmp_path / ".fold-0.lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from filelock import FileLock; "
+            "lock = FileLock(sys.argv[1], timeout=0); lock.acquire(); print('held', flush=True); sys.stdin.read()",
+            str(tmp_path / ".fold-0.lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(FoldBusy, match="is being run by another process"):
@@ -634,7 +957,7 @@ class PruneTrialOne(optuna.pruners.BasePruner):
 def test_tune_prunes_records_a_crashed_trial_and_writes_a_recipe_that_trains(photos, tmp_path, monkeypatch, capsys):
     poisoned = poisoned_copy(photos, tmp_path / "poisoned")  # the test split is never read by the search either
     space = tmp_path / "space.toml"
-    space.write_text('[optim]\nlr = {low = 1e-4, high = 1e-2, log = true}\n[train]\nepochs = {low = 1, high = 2}\n')
+    space.write_text("[optim]\nlr = {low = 1e-4, high = 1e-2, log = true}\n[train]\nepochs = {low = 1, high = 2}\n")
     base = build_config("tiny", {"data.source": str(poisoned), **TINY_OVERRIDES})
     real_run_fold = cv.run_fold
 
@@ -659,26 +982,56 @@ def test_tune_prunes_records_a_crashed_trial_and_writes_a_recipe_that_trains(pho
     assert "trial 2: fail" in " ".join(lines) and summary.splitlines()[0].endswith("2 complete, 1 pruned, 1 failed")
     # what pruning saved: the pruned trial's one fold not run, at its own fold time; the study's cost beyond the folds
     assert len(pruned.user_attrs["fold_seconds"]) == 1 and len(first.user_attrs["fold_seconds"]) == 2
-    assert costs(study.trials, folds=2)[0].startswith("pruning: 1 trials stopped early, saving about "
-                                                      f"{round(pruned.user_attrs['fold_seconds'][0])} s")
-    assert summary.splitlines()[1].startswith("pruning: 1 trials") and "the study's own cost per trial" in summary.splitlines()[2]
+    assert costs(study.trials, folds=2)[0].startswith(
+        f"pruning: 1 trials stopped early, saving about {round(pruned.user_attrs['fold_seconds'][0])} s"
+    )
+    assert (
+        summary.splitlines()[1].startswith("pruning: 1 trials")
+        and "the study's own cost per trial" in summary.splitlines()[2]
+    )
     for name in ("history.png", "importance.png", "slice.png", "tune.md"):
         assert (study_dir / name).stat().st_size > 0
     assert "best vs starting recipe" in summary.splitlines()[-1] or "starting recipe (trial 0) is the best" in summary
     recipe = load_recipe(str(study_dir / "best.toml"))
-    assert recipe.optim.lr == pytest.approx(study.best_params["optim.lr"]) and recipe.train.epochs == study.best_params["train.epochs"]
-    assert main(["train", "--recipe", str(study_dir / "best.toml"), "--data", str(photos), "--out", str(tmp_path / "best"),
-                 "--quiet", "--epochs", "1"]) == 0
+    assert (
+        recipe.optim.lr == pytest.approx(study.best_params["optim.lr"])
+        and recipe.train.epochs == study.best_params["train.epochs"]
+    )
+    assert (
+        main(
+            [
+                "train",
+                "--recipe",
+                str(study_dir / "best.toml"),
+                "--data",
+                str(photos),
+                "--out",
+                str(tmp_path / "best"),
+                "--quiet",
+                "--epochs",
+                "1",
+            ]
+        )
+        == 0
+    )
     # the same folder with another space, or other photos: refused, not mixed in
     with pytest.raises(StudyError, match="something else.*space"):
         tune(study_dir, base, trials=1, folds=2, log=lines.append)
     other = make_photo_folder(tmp_path / "other", n_train=5, n_test=1)
     with pytest.raises(StudyError, match="something else"):
-        tune(study_dir, build_config("tiny", {"data.source": str(other), **TINY_OVERRIDES}), trials=1, space_file=space, folds=2)
+        tune(
+            study_dir,
+            build_config("tiny", {"data.source": str(other), **TINY_OVERRIDES}),
+            trials=1,
+            space_file=space,
+            folds=2,
+        )
 
 
 @pytest.mark.slow  # a study interrupted and run again; the fast tier keeps tune's budget checks and cv's resume
-def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_finished_fold(photos, tmp_path, monkeypatch):
+def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_finished_fold(
+    photos, tmp_path, monkeypatch
+):
     import foodvit.training.run as trainer
 
     real_train, started, interrupt = trainer.train, [], [True]
@@ -701,37 +1054,66 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
     interrupted, again = study.trials
     assert (interrupted.state.name, again.state.name) == ("FAIL", "COMPLETE")
-    assert again.params == interrupted.params and again.user_attrs["dir"] == "trial-0000" and again.user_attrs["baseline"]
+    assert (
+        again.params == interrupted.params and again.user_attrs["dir"] == "trial-0000" and again.user_attrs["baseline"]
+    )
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[optim]\nfoo = {low = 1, high = 2}\n", "unknown setting 'optim.foo'"),
-    ("[optim]\nlr = {low = -1.0, high = 0.1}\n", "--lr must be > 0, got -1"),
-    ("[vit]\nimage_size = {low = 30, high = 64}\n", "not a multiple of the patch size 8"),
-    ("[train]\nepochs = {low = 5, high = 2}\n", "low must be below high"),
-    ("[data]\naugment = {choices = [\"flip\", \"wild\"]}\n", "--augment must be one of"),
-    ("[vit]\nembed_dim = {choices = [96, 100]}\n", "width 100 is not a multiple of the 3 heads"),
-    ("[distill]\ntemperature = {low = 1.0, high = 4.0}\n", "distill.temperature may draw a temperature above 0 where distill.weight may be 0"),
-    ("[guidance]\nweight = {choices = [0.0, 1.0]}\nschedule = {choices = [\"constant\", \"linear\"]}\n",
-     "guidance.schedule may draw a schedule other than constant where guidance.weight may be 0"),
-    ("[guidance]\nweight = {choices = [0.0, 1.0]}\nstages = {choices = [3, 4]}\n",
-     "guidance.stages may draw the teacher's fourth stage where guidance.weight may be 0"),
-    ("[distill]\nweight = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n", "vit.distill_token may draw the distillation token"),
-    ("[contrast]\ntemperature = {low = 0.1, high = 0.5}\n",
-     "contrast.temperature may draw a temperature other than 0.2 where contrast.weight may be 0"),
-    # a space file of the layout before the objectives' sections: the settings under their flat names
-    ("[optim]\nmasked = {choices = [0.0, 1.0]}\nmask_pixels = {choices = [true, false]}\n",
-     "masked.pixels may draw hidden pixels where masked.weight may be 0"),
-    ("[optim]\ndrloc = {low = 0.0, high = 1.0}\n[drloc]\nweight = {low = 0.5, high = 1.0}\n", "drloc.weight is given twice, also under its flat-layout name optim.drloc: remove optim.drloc"),
-    # the CNN teacher's settings with no objective that reads it on, nor one the space may switch on
-    ("[teacher]\nepochs = {low = 1, high = 3}\n", "teacher.epochs varies the CNN teacher, which no trial reads"),
-    ("[optim]\nteacher = {choices = [\"resnet18\", \"resnet34\"]}\n[guidance]\nweight = {choices = [0.0]}\n",
-     "teacher.architecture varies the CNN teacher, which no trial reads"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[optim]\nfoo = {low = 1, high = 2}\n", "unknown setting 'optim.foo'"),
+        ("[optim]\nlr = {low = -1.0, high = 0.1}\n", "--lr must be > 0, got -1"),
+        ("[vit]\nimage_size = {low = 30, high = 64}\n", "not a multiple of the patch size 8"),
+        ("[train]\nepochs = {low = 5, high = 2}\n", "low must be below high"),
+        ('[data]\naugment = {choices = ["flip", "wild"]}\n', "--augment must be one of"),
+        ("[vit]\nembed_dim = {choices = [96, 100]}\n", "width 100 is not a multiple of the 3 heads"),
+        (
+            "[distill]\ntemperature = {low = 1.0, high = 4.0}\n",
+            "distill.temperature may draw a temperature above 0 where distill.weight may be 0",
+        ),
+        (
+            '[guidance]\nweight = {choices = [0.0, 1.0]}\nschedule = {choices = ["constant", "linear"]}\n',
+            "guidance.schedule may draw a schedule other than constant where guidance.weight may be 0",
+        ),
+        (
+            "[guidance]\nweight = {choices = [0.0, 1.0]}\nstages = {choices = [3, 4]}\n",
+            "guidance.stages may draw the teacher's fourth stage where guidance.weight may be 0",
+        ),
+        (
+            "[distill]\nweight = {choices = [0.0, 1.0]}\n[vit]\ndistill_token = {choices = [true]}\n",
+            "vit.distill_token may draw the distillation token",
+        ),
+        (
+            "[contrast]\ntemperature = {low = 0.1, high = 0.5}\n",
+            "contrast.temperature may draw a temperature other than 0.2 where contrast.weight may be 0",
+        ),
+        # a space file of the layout before the objectives' sections: the settings under their flat names
+        (
+            "[optim]\nmasked = {choices = [0.0, 1.0]}\nmask_pixels = {choices = [true, false]}\n",
+            "masked.pixels may draw hidden pixels where masked.weight may be 0",
+        ),
+        (
+            "[optim]\ndrloc = {low = 0.0, high = 1.0}\n[drloc]\nweight = {low = 0.5, high = 1.0}\n",
+            "drloc.weight is given twice, also under its flat-layout name optim.drloc: remove optim.drloc",
+        ),
+        # the CNN teacher's settings with no objective that reads it on, nor one the space may switch on
+        ("[teacher]\nepochs = {low = 1, high = 3}\n", "teacher.epochs varies the CNN teacher, which no trial reads"),
+        (
+            '[optim]\nteacher = {choices = ["resnet18", "resnet34"]}\n[guidance]\nweight = {choices = [0.0]}\n',
+            "teacher.architecture varies the CNN teacher, which no trial reads",
+        ),
+    ],
+)
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
     space = tmp_path / "space.toml"
     space.write_text(text)
-    assert main(["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--space", str(space), "--folds", "2", *TINY]) == 2
+    assert (
+        main(
+            ["tune", "--data", str(photos), "--out", str(tmp_path / "s"), "--space", str(space), "--folds", "2", *TINY]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and str(space) in err
     assert not (tmp_path / "s").exists()  # refused before anything was written
@@ -755,8 +1137,15 @@ def test_no_fold_starts_that_would_end_past_the_budget(photos, tmp_path, monkeyp
     monkeypatch.setattr(cv, "run_fold", run_fold)
     base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
     study_dir = tmp_path / "study"
-    summary = tune(study_dir, base, trials=3, budget_s=1000, space={"optim.lr": Param("optim.lr", 1e-4, 1e-2, log=True)},
-                   folds=2, log=lambda line: None)
+    summary = tune(
+        study_dir,
+        base,
+        trials=3,
+        budget_s=1000,
+        space={"optim.lr": Param("optim.lr", 1e-4, 1e-2, log=True)},
+        folds=2,
+        log=lambda line: None,
+    )
     study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["PRUNED"] and study.trials[0].user_attrs["stopped"] == "budget"
     assert not (study_dir / "trial-0000" / "fold-1").exists() and "no trial has finished yet" in summary
@@ -774,9 +1163,27 @@ def test_two_processes_with_one_trial_each_share_one_sqlite_study(photos, tmp_pa
     study_dir = tmp_path / "study"
     space = tmp_path / "space.toml"
     space.write_text("[optim]\nlr = {low = 1e-4, high = 1e-2, log = true}\n")
-    command = [sys.executable, "-m", "foodvit", "tune", "--data", str(photos), "--out", str(study_dir), "--trials", "1",
-               "--folds", "2", "--space", str(space), "--quiet", *TINY]
-    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    command = [
+        sys.executable,
+        "-m",
+        "foodvit",
+        "tune",
+        "--data",
+        str(photos),
+        "--out",
+        str(study_dir),
+        "--trials",
+        "1",
+        "--folds",
+        "2",
+        "--space",
+        str(space),
+        "--quiet",
+        *TINY,
+    ]
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=300)[0] for p in processes]
     assert [p.returncode for p in processes] == [0, 0], outputs
     study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
@@ -806,7 +1213,9 @@ def test_a_trial_keeps_the_bases_progressive_resizing_where_its_model_can_take_i
         assert trial_config({"vit.image_size": start}, base).data.start_size == 0
         assert trial_config({"vit.pos_embed": "learned"}, base).data.start_size == 0
         assert trial_config({"optim.lr": 3e-4}, base).data.start_size == start
-    assert trial_config({"data.start_size": 0}, build_config("default")).data.start_size == 0  # searched: the trial's own
+    assert (
+        trial_config({"data.start_size": 0}, build_config("default")).data.start_size == 0
+    )  # searched: the trial's own
 
 
 def test_best_toml_records_the_schedule_the_best_trial_trained_with(tmp_path):
@@ -817,8 +1226,13 @@ def test_best_toml_records_the_schedule_the_best_trial_trained_with(tmp_path):
 
     study = optuna.create_study(direction="maximize")
     for size, accuracy in ((48, 0.7), (128, 0.6)):
-        study.add_trial(optuna.trial.create_trial(params={"vit.image_size": size}, value=accuracy,
-                                                  distributions={"vit.image_size": IntDistribution(32, 128, step=16)}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"vit.image_size": size},
+                value=accuracy,
+                distributions={"vit.image_size": IntDistribution(32, 128, step=16)},
+            )
+        )
     write_report(study, tmp_path, build_config("default"), {}, folds=2)
     best = load_recipe(str(tmp_path / "best.toml"))
     assert (best.vit.image_size, best.data.start_size) == (48, 0)
@@ -831,14 +1245,22 @@ def test_a_study_of_the_flat_layout_runs_its_interrupted_trials_again_under_the_
     from foodvit.tuning.search import _requeue_interrupted
 
     study = optuna.create_study(direction="maximize")
-    study.add_trial(optuna.trial.create_trial(params={"optim.drloc": 0.3}, state=TrialState.FAIL,
-                                              distributions={"optim.drloc": FloatDistribution(0.0, 1.0)},
-                                              user_attrs={"interrupted": True}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"optim.drloc": 0.3},
+            state=TrialState.FAIL,
+            distributions={"optim.drloc": FloatDistribution(0.0, 1.0)},
+            user_attrs={"interrupted": True},
+        )
+    )
     _requeue_interrupted(study)
     queued = [t for t in study.trials if t.state == TrialState.WAITING]
     assert [t.system_attrs["fixed_params"] for t in queued] == [{"drloc.weight": 0.3}]  # what the space suggests
-    study.add_trial(optuna.trial.create_trial(params={"optim.drloc": 0.5}, value=0.7,
-                                              distributions={"optim.drloc": FloatDistribution(0.0, 1.0)}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"optim.drloc": 0.5}, value=0.7, distributions={"optim.drloc": FloatDistribution(0.0, 1.0)}
+        )
+    )
     write_report(study, tmp_path, build_config("default"), {}, folds=2)
     assert "| 0.700 |  | (the starting recipe) |" in (tmp_path / "tune.md").read_text()  # 0.5: the default's
 
@@ -872,19 +1294,22 @@ def test_a_space_with_distillation_always_on_may_search_its_temperature_and_toke
 
     config = load_recipe("tiny")
     space = tmp_path / "space.toml"
-    space.write_text("[distill]\nweight = {low = 0.5, high = 2.0}\ntemperature = {choices = [0.0, 3.0]}\n"
-                     "[vit]\ndistill_token = {choices = [false, true]}\n")
+    space.write_text(
+        "[distill]\nweight = {low = 0.5, high = 2.0}\ntemperature = {choices = [0.0, 3.0]}\n"
+        "[vit]\ndistill_token = {choices = [false, true]}\n"
+    )
     assert set(read_space(space, config)) == {"distill.weight", "distill.temperature", "vit.distill_token"}
     space.write_text("[distill]\nweight = {choices = [0.0, 1.0]}\n")  # hard distillation on or off: nothing needs it
     assert set(read_space(space, config)) == {"distill.weight"}
-    space.write_text("[guidance]\nweight = {low = 0.5, high = 2.0}\nschedule = {choices = [\"constant\", \"linear\"]}\n")
+    space.write_text('[guidance]\nweight = {low = 0.5, high = 2.0}\nschedule = {choices = ["constant", "linear"]}\n')
     assert set(read_space(space, config)) == {"guidance.weight", "guidance.schedule"}
     space.write_text("[guidance]\nweight = {choices = [0.0, 1.0]}\n[teacher]\nsize = {low = 32, high = 64}\n")
     assert set(read_space(space, config)) == {"guidance.weight", "teacher.size"}  # the teacher read where guided
 
 
 def test_a_study_of_the_old_layout_runs_its_queued_and_retried_trials_with_their_values_under_the_current_names(
-        photos, tmp_path, monkeypatch):
+    photos, tmp_path, monkeypatch
+):
     # a study of the flat layout: its starting recipe queued under the flat name (fixed params), and a trial killed
     # with kill -9 that Optuna's stale-trial retry queued again with its parameters under the flat name
     from types import SimpleNamespace
@@ -899,19 +1324,42 @@ def test_a_study_of_the_old_layout_runs_its_queued_and_retried_trials_with_their
     base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
     split = training_photos(rundir.with_source(base))
     study_dir = tmp_path / "study"
-    open_study(study_dir, {"kind": "tune", "data": fingerprint(split), "classes": list(split.classes), "folds": 2,
-                           "seed": base.train.seed, "space": {"optim.drloc": {"low": 0.0, "high": 1.0}},
-                           "settings": study_settings(base.to_dict())})
+    open_study(
+        study_dir,
+        {
+            "kind": "tune",
+            "data": fingerprint(split),
+            "classes": list(split.classes),
+            "folds": 2,
+            "seed": base.train.seed,
+            "space": {"optim.drloc": {"low": 0.0, "high": 1.0}},
+            "settings": study_settings(base.to_dict()),
+        },
+    )
     old = optuna.create_study(storage=open_storage(study_dir, None), study_name=STUDY_NAME, direction="maximize")
     old.enqueue_trial({"optim.drloc": 0.25}, user_attrs={"baseline": True})
-    old.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, params={"optim.drloc": 0.75},
-                                            distributions={"optim.drloc": FloatDistribution(0.0, 1.0)}))
+    old.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.WAITING,
+            params={"optim.drloc": 0.75},
+            distributions={"optim.drloc": FloatDistribution(0.0, 1.0)},
+        )
+    )
     trained = []
-    monkeypatch.setattr(cv, "run_cv", lambda config, *a, **k: (trained.append(config.drloc.weight),
-                                                               (SimpleNamespace(accuracy=0.5), []))[1])
+    monkeypatch.setattr(
+        cv,
+        "run_cv",
+        lambda config, *a, **k: (trained.append(config.drloc.weight), (SimpleNamespace(accuracy=0.5), []))[1],
+    )
     monkeypatch.setattr(cv, "write_study", lambda *a: None)
-    tune(study_dir, base, trials=2, space={"drloc.weight": Param("drloc.weight", 0.0, 1.0)}, folds=2,
-         log=lambda line: None)
+    tune(
+        study_dir,
+        base,
+        trials=2,
+        space={"drloc.weight": Param("drloc.weight", 0.0, 1.0)},
+        folds=2,
+        log=lambda line: None,
+    )
     assert trained == [0.25, 0.75]
     study = optuna.load_study(study_name=STUDY_NAME, storage=open_storage(study_dir, None))
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
@@ -922,17 +1370,28 @@ def test_a_space_given_in_python_under_the_old_names_is_searched_under_the_curre
     from types import SimpleNamespace
 
     trained = []
-    monkeypatch.setattr(cv, "run_cv", lambda config, *a, **k: (trained.append(config.drloc.weight),
-                                                               (SimpleNamespace(accuracy=0.5), []))[1])
+    monkeypatch.setattr(
+        cv,
+        "run_cv",
+        lambda config, *a, **k: (trained.append(config.drloc.weight), (SimpleNamespace(accuracy=0.5), []))[1],
+    )
     monkeypatch.setattr(cv, "write_study", lambda *a: None)
     base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
     study_dir = tmp_path / "study"
-    tune(study_dir, base, trials=1, space={"optim.drloc": Param("optim.drloc", 0.0, 1.0)}, folds=2,
-         log=lambda line: None)
+    tune(
+        study_dir, base, trials=1, space={"optim.drloc": Param("optim.drloc", 0.0, 1.0)}, folds=2, log=lambda line: None
+    )
     assert trained == [base.drloc.weight]  # the starting recipe's value, the first trial
     assert json.loads((study_dir / "study.json").read_text())["space"] == {"drloc.weight": {"low": 0.0, "high": 1.0}}
     study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
     assert study.trials[0].params == {"drloc.weight": base.drloc.weight}
-    with pytest.raises(ConfigError, match="drloc.weight is given twice, also under its flat-layout name optim.drloc: remove"):
-        tune(tmp_path / "other", base, trials=1, folds=2, space={"drloc.weight": Param("drloc.weight", 0.0, 1.0),
-                                                                 "optim.drloc": Param("optim.drloc", 0.0, 1.0)})
+    with pytest.raises(
+        ConfigError, match="drloc.weight is given twice, also under its flat-layout name optim.drloc: remove"
+    ):
+        tune(
+            tmp_path / "other",
+            base,
+            trials=1,
+            folds=2,
+            space={"drloc.weight": Param("drloc.weight", 0.0, 1.0), "optim.drloc": Param("optim.drloc", 0.0, 1.0)},
+        )

@@ -70,18 +70,23 @@ def damage_copy(one_trial: Path, tmp_path: Path, how: str) -> Path:
 
 
 @pytest.mark.parametrize("how", ["deleted", "foreign", "truncated", "random", "empty"])
-def test_a_study_whose_database_is_gone_or_damaged_is_refused_in_one_line(one_trial, photos, space, tmp_path, capsys, how):
+def test_a_study_whose_database_is_gone_or_damaged_is_refused_in_one_line(
+    one_trial, photos, space, tmp_path, capsys, how
+):
     study = damage_copy(one_trial, tmp_path, how)
     before = {p: p.stat().st_mtime_ns for p in study.rglob("*") if p.is_file() and not p.name.startswith(".")}
     capsys.readouterr()
     assert main(tune(photos, study, space, "--trials", "1")) == 2
     err = one_line_error(capsys, "tune")
     assert "study.db" in err and "--out" in err
-    assert {p: p.stat().st_mtime_ns for p in study.rglob("*") if p.is_file() and not p.name.startswith(".")} == before  # nothing touched, nothing lost
+    assert {
+        p: p.stat().st_mtime_ns for p in study.rglob("*") if p.is_file() and not p.name.startswith(".")
+    } == before  # nothing touched, nothing lost
 
 
-def test_another_studys_database_never_reports_a_fold_under_settings_it_was_not_trained_with(one_trial, photos, space,
-                                                                                             tmp_path, capsys):
+def test_another_studys_database_never_reports_a_fold_under_settings_it_was_not_trained_with(
+    one_trial, photos, space, tmp_path, capsys
+):
     other = tmp_path / "other"
     assert main(tune(photos, other, space, "--trials", "1", "--lr", "0.003")) == 0  # the same space, another start
     study = damage_copy(one_trial, tmp_path, "kept")
@@ -93,7 +98,9 @@ def test_another_studys_database_never_reports_a_fold_under_settings_it_was_not_
     assert "0.003" not in (study / "tune.md").read_text()  # no report under the foreign settings
 
 
-def test_a_trial_folder_is_bound_to_its_settings_and_checked_when_it_is_reused(one_trial, tmp_path, photos, space, capsys):
+def test_a_trial_folder_is_bound_to_its_settings_and_checked_when_it_is_reused(
+    one_trial, tmp_path, photos, space, capsys
+):
     study = damage_copy(one_trial, tmp_path, "kept")
     bound = json.loads((study / "trial-0000" / "trial.json").read_text())
     assert bound["settings"]["optim"]["lr"] == 1e-3  # the tiny recipe's, the starting trial's
@@ -107,13 +114,17 @@ def test_a_trial_folder_is_bound_to_its_settings_and_checked_when_it_is_reused(o
     assert config == json.loads((study / "trial-0000" / "fold-0" / "config.json").read_text())
 
 
-def test_a_budget_shorter_than_one_fold_stops_the_trial_and_the_next_tune_resumes_it(photos, space, tmp_path, capsys,
-                                                                                     monkeypatch):
+def test_a_budget_shorter_than_one_fold_stops_the_trial_and_the_next_tune_resumes_it(
+    photos, space, tmp_path, capsys, monkeypatch
+):
     real_run_fold, ran = cv.run_fold, []
 
     def run_fold(config, run, folder, **kwargs):
         ran.append(f"{run.parent.name}/{run.name}")
-        return {**real_run_fold(config, run, folder, **kwargs), "seconds": 5.0}  # every fold takes 5 s, whatever the machine
+        return {
+            **real_run_fold(config, run, folder, **kwargs),
+            "seconds": 5.0,
+        }  # every fold takes 5 s, whatever the machine
 
     monkeypatch.setattr(cv, "run_fold", run_fold)
     study = tmp_path / "study"
@@ -131,7 +142,9 @@ def test_a_budget_shorter_than_one_fold_stops_the_trial_and_the_next_tune_resume
     assert "0 failed" in summary and "1 stopped by the budget" in summary
 
 
-def test_a_file_where_a_trial_folder_belongs_and_a_binary_space_file_are_one_line(one_trial, photos, space, tmp_path, capsys):
+def test_a_file_where_a_trial_folder_belongs_and_a_binary_space_file_are_one_line(
+    one_trial, photos, space, tmp_path, capsys
+):
     study = damage_copy(one_trial, tmp_path, "kept")
     shutil.rmtree(study / "trial-0000")
     (study / "trial-0000").write_text("a file")
@@ -144,8 +157,9 @@ def test_a_file_where_a_trial_folder_belongs_and_a_binary_space_file_are_one_lin
     assert "not UTF-8" in one_line_error(capsys, "tune")
 
 
-def test_a_damaged_fold_result_is_scored_again_from_its_run_not_trained_again(one_trial, photos, tmp_path, capsys,
-                                                                              monkeypatch):
+def test_a_damaged_fold_result_is_scored_again_from_its_run_not_trained_again(
+    one_trial, photos, tmp_path, capsys, monkeypatch
+):
     import foodvit.training.run as trainer
 
     study = damage_copy(one_trial, tmp_path, "kept") / "trial-0000"  # a trial folder is a cv study of its settings
@@ -194,8 +208,11 @@ def test_a_storages_study_of_another_folder_is_refused_and_one_without_a_folder_
     check_study(study, ours, url)  # a study that says whose it is not: this folder's from now on
     assert optuna.load_study(study_name="foodvit", storage=url).user_attrs[IDENTITY] == ours
     check_study(study, ours, url)
-    with pytest.raises(StudyError, match=r"holds under the name foodvit the trials of another study \(data: 'abc' -> "
-                                         r"'xyz'\), not this folder's; give the --storage that holds"):
+    with pytest.raises(
+        StudyError,
+        match=r"holds under the name foodvit the trials of another study \(data: 'abc' -> "
+        r"'xyz'\), not this folder's; give the --storage that holds",
+    ):
         check_study(optuna.load_study(study_name="foodvit", storage=url), {**ours, "data": "xyz"}, url)
 
 
@@ -214,7 +231,8 @@ def test_two_studies_sharing_one_sqlite_storage_never_share_trials(photos, space
     for name in names:
         trials = optuna.load_study(study_name=name, storage=url).trials
         assert [(t.state.name, t.user_attrs["dir"], t.user_attrs.get("baseline")) for t in trials] == [
-            ("COMPLETE", "trial-0000", True)]
+            ("COMPLETE", "trial-0000", True)
+        ]
 
 
 def test_a_database_gone_in_the_middle_of_a_search_is_found_behind_optunas_own_failure():
@@ -224,12 +242,16 @@ def test_a_database_gone_in_the_middle_of_a_search_is_found_behind_optunas_own_f
 
     from foodvit.tuning.storage import database_error, storage_lost
 
-    gone = sqlalchemy.exc.OperationalError("UPDATE trials", {}, Exception("server closed the connection unexpectedly\n"
-                                                                         "\tThis probably means the server terminated"))
+    gone = sqlalchemy.exc.OperationalError(
+        "UPDATE trials",
+        {},
+        Exception("server closed the connection unexpectedly\n\tThis probably means the server terminated"),
+    )
     optunas = UnboundLocalError("cannot access local variable 'updated_state' where it is not associated with a value")
     optunas.__context__ = gone
     assert database_error(optunas) is gone and database_error(RuntimeError("a bug")) is None
     assert storage_lost(Path("s"), "postgresql://u:secret@h/db", gone) == (
         "the study's database, --storage postgresql://u:***@h/db, went away during the search (server closed the "
         "connection unexpectedly): once its server is up again, run the same command to go on; the trial that was "
-        "running is run again, its finished folds kept")
+        "running is run again, its finished folds kept"
+    )

@@ -114,15 +114,22 @@ def _not_blank(path):
     assert pixels.std() > 20 and len(np.unique(pixels)) > 50, path
 
 
-@pytest.mark.slow  # every picture command on a trained run; the fast tier keeps inspect's pictures (test_cli) and the run's own figures (test_train)
+@pytest.mark.slow  # every picture command on a trained run; the fast tier keeps inspect's pictures (test_cli) and the
+# run's own figures (test_train)
 def test_each_picture_command_writes_a_real_png(tiny_run, tmp_path):
     run, photo = tiny_run
     assert main(["patches", str(photo), "--out", str(tmp_path / "patches.png")]) == 0
     assert main(["patches", str(photo), "--feature-maps", str(run), "--out", str(tmp_path / "maps.png")]) == 0
     assert main(["explain", str(run), str(photo), "--heads", "--out", str(tmp_path / "explain.png")]) == 0
     assert main(["inspect", str(run), "--images", "8", "--out", str(tmp_path / "inspect")]) == 0
-    for name in ("patches.png", "maps.png", "explain.png", "inspect/filters.png", "inspect/pos_similarity.png",
-                 "inspect/attention_distance.png"):
+    for name in (
+        "patches.png",
+        "maps.png",
+        "explain.png",
+        "inspect/filters.png",
+        "inspect/pos_similarity.png",
+        "inspect/attention_distance.png",
+    ):
         _not_blank(tmp_path / name)
     _not_blank(run / "most_wrong.png")
     assert "most_wrong.png" in (run / "report.md").read_text()
@@ -131,13 +138,18 @@ def test_each_picture_command_writes_a_real_png(tiny_run, tmp_path):
 def test_the_reports_figures_draw_any_history_class_count_and_outcome(tmp_path):
     # the suite's trainings skip them (conftest), so here they are drawn from results of each shape a run
     # can end with: a validation split that starts late, no test row, four classes, nothing or some wrong
-    history = [{"epoch": 1, "train_loss": 1.3, "train_acc": 0.3, "train_objective": 1.5, "val_loss": None, "val_acc": None},
-               {"epoch": 2, "train_loss": 1.1, "train_acc": 0.5, "train_objective": 1.2, "val_loss": 1.2, "val_acc": 0.4}]
+    history = [
+        {"epoch": 1, "train_loss": 1.3, "train_acc": 0.3, "train_objective": 1.5, "val_loss": None, "val_acc": None},
+        {"epoch": 2, "train_loss": 1.1, "train_acc": 0.5, "train_objective": 1.2, "val_loss": 1.2, "val_acc": 0.4},
+    ]
     classes = ["pizza", "steak", "sushi", "ramen"]
     photos = [str(make_photo(tmp_path / f"{i}.jpg", (40 * i, 90, 200), size=(50, 60), seed=i)) for i in range(4)]
     test = {"confusion": torch.tensor([[3, 1, 0, 0], [0, 2, 0, 1], [0, 0, 4, 0], [1, 0, 0, 2]])}
-    some_wrong = ([{"image": p, "label": c, "probability": 0.6} for p, c in zip(photos, classes)], ["pizza", "sushi", "sushi", "pizza"])
-    none_wrong = ([{"image": p, "label": c, "probability": 0.9} for p, c in zip(photos, classes)], classes)
+    some_wrong = (
+        [{"image": p, "label": c, "probability": 0.6} for p, c in zip(photos, classes, strict=True)],
+        ["pizza", "sushi", "sushi", "pizza"],
+    )
+    none_wrong = ([{"image": p, "label": c, "probability": 0.9} for p, c in zip(photos, classes, strict=True)], classes)
     for outcome, (results, truths) in {"some": some_wrong, "none": none_wrong}.items():
         figures = DRAW_FIGURES(history, test, results, truths, classes)
         assert sorted(figures) == ["confusion", "curves", "most_wrong"]
@@ -149,7 +161,21 @@ def test_the_reports_figures_draw_any_history_class_count_and_outcome(tmp_path):
 
 def test_patch_grid_errors_name_both_sizes(tmp_path, capsys):
     Image.new("RGB", (50, 40), (1, 2, 3)).save(tmp_path / "p.png")
-    assert main(["patches", str(tmp_path / "p.png"), "--image-size", "100", "--patch-size", "16", "--out", str(tmp_path / "x.png")]) == 2
+    assert (
+        main(
+            [
+                "patches",
+                str(tmp_path / "p.png"),
+                "--image-size",
+                "100",
+                "--patch-size",
+                "16",
+                "--out",
+                str(tmp_path / "x.png"),
+            ]
+        )
+        == 2
+    )
     assert "image size 100 is not a multiple of the patch size 16; use 96 or 112" in capsys.readouterr().err
 
 
@@ -178,7 +204,10 @@ def test_explain_reads_attention_through_the_models_pooling():
     with torch.no_grad():
         cls_rollout = attention_rollout(cls_model.forward_intermediates(x, attention=True)[1])
     row = cls_rollout[:, 0, 1:]
-    torch.testing.assert_close(explain(foodvit.Predictor(cls_model, predictor.classes, preprocess), photo)["rollout"], (row / row.sum()).reshape(4, 4))
+    torch.testing.assert_close(
+        explain(foodvit.Predictor(cls_model, predictor.classes, preprocess), photo)["rollout"],
+        (row / row.sum()).reshape(4, 4),
+    )
 
 
 def test_explain_with_the_distillation_token_reads_both_tokens_as_the_prediction_does():

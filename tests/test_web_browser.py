@@ -3,12 +3,11 @@ site served by a static file server on 127.0.0.1 and every other request refused
 
 It needs ONNX Runtime Web's real files, which no test downloads: `make ort-web` (`.ci/run` does it)
 fetches the pinned package with npm into .cache/npm/, or FOODVIT_ORT_WEB names the package's .tgz or
-its dist/ folder. Without them, or without Chromium, the test skips and says why.
+its dist/ folder. Without them, or without Chromium, the tests skip and say why, or fail under CI=true.
 """
 
 import functools
 import os
-import shutil
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from importlib.util import find_spec
@@ -16,26 +15,30 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import missing_tool
 
 from foodvit.deploy.web.runtime import VERSION
 
-CHROMIUM = os.environ.get("FOODVIT_CHROMIUM", "/usr/bin/chromium")
 ORT_WEB = Path(
     os.environ.get("FOODVIT_ORT_WEB") or Path(__file__).parents[1] / ".cache" / "npm" / f"onnxruntime-web-{VERSION}.tgz"
 )
 if find_spec("playwright") is None or find_spec("onnxruntime") is None:
     pytest.skip("web page test: pip install -e '.[test,export]' for Playwright and the export", allow_module_level=True)
-if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
-    pytest.skip(
-        f"web page test: no Chromium at {CHROMIUM}; install it with `apt-get install -y chromium`",
-        allow_module_level=True,
-    )
-if not ORT_WEB.exists():
-    pytest.skip(
-        f"web page test: no onnxruntime-web {VERSION} at {ORT_WEB}; fetch it with `make ort-web` (needs npm), or set "
-        "FOODVIT_ORT_WEB to its .tgz or dist/ folder",
-        allow_module_level=True,
-    )
+
+
+@pytest.fixture(scope="module")
+def ort_web() -> Path:
+    """ONNX Runtime Web's package; missing, the tests skip, or fail under CI=true (helpers.missing_tool)."""
+    if not ORT_WEB.exists():
+        missing_tool(
+            f"web page test: no onnxruntime-web {VERSION} at {ORT_WEB}; fetch it with `make ort-web` (needs npm), or "
+            "set FOODVIT_ORT_WEB to its .tgz or dist/ folder"
+        )
+    return ORT_WEB
+
+
+# the two programs first, before the export: without either each test skips, or fails under CI=true
+pytestmark = pytest.mark.usefixtures("chromium", "ort_web")
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -44,7 +47,7 @@ class _Quiet(SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def site(shared_run, tmp_path_factory):
+def site(shared_run, ort_web, tmp_path_factory):
     """(url, folder): the exported site (fp32, as shipped) served on 127.0.0.1 by a plain static file server."""
     from foodvit.deploy.web.site import export_web
 
@@ -52,7 +55,7 @@ def site(shared_run, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FOODVIT_CACHE", str(cache))  # the tarball is unpacked into a cache of the test's own
         folder = Path(
-            export_web(shared_run[0], tmp_path_factory.mktemp("web") / "site", ort_web=ORT_WEB, quiet=True)["path"]
+            export_web(shared_run[0], tmp_path_factory.mktemp("web") / "site", ort_web=ort_web, quiet=True)["path"]
         )
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(folder)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -63,11 +66,11 @@ def site(shared_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(chromium):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
         yield browser
         browser.close()
 
@@ -204,7 +207,8 @@ def test_the_browser_decodes_as_pillow_does_upright_and_over_white(site, shared_
 
 @pytest.mark.slow  # a browser (uses the site above); the page's limits in foodvit.json: test_export_web
 def test_the_page_refuses_what_predict_refuses_lists_what_it_decodes_and_clears_an_answer_after_an_error(
-        site, shared_run, browser, tmp_path):
+    site, shared_run, browser, tmp_path
+):
     from PIL import Image
 
     from foodvit.data.photos import PhotoError, check_shape

@@ -41,15 +41,24 @@ def _torchvision_vit(name, depth=None, **kwargs):
         return build(**kwargs)
     with torch.device("meta"):  # the reference's settings, without building its weights
         full = build(**kwargs)
-    return torchvision.models.VisionTransformer(num_layers=depth, patch_size=full.patch_size, hidden_dim=full.hidden_dim,
-                                                mlp_dim=full.mlp_dim, num_heads=full.encoder.layers[0].num_heads, **kwargs)
+    return torchvision.models.VisionTransformer(
+        num_layers=depth,
+        patch_size=full.patch_size,
+        hidden_dim=full.hidden_dim,
+        mlp_dim=full.mlp_dim,
+        num_heads=full.encoder.layers[0].num_heads,
+        **kwargs,
+    )
 
 
-@pytest.mark.parametrize("tv_name,ours_name,image_size,depth", [
-    pytest.param("vit_b_16", "ViT-B/16", 224, None, marks=pytest.mark.slow),  # the one full-size ViT-B/16 parity
-    ("vit_b_32", "ViT-B/32", 224, 2),
-    ("vit_b_32", "ViT-B/32", 384, 2),
-])
+@pytest.mark.parametrize(
+    "tv_name,ours_name,image_size,depth",
+    [
+        pytest.param("vit_b_16", "ViT-B/16", 224, None, marks=pytest.mark.slow),  # the one full-size ViT-B/16 parity
+        ("vit_b_32", "ViT-B/32", 224, 2),
+        ("vit_b_32", "ViT-B/32", 384, 2),
+    ],
+)
 def test_equal_to_torchvision(tv_name, ours_name, image_size, depth):
     torch.manual_seed(0)
     theirs = randomize_(_torchvision_vit(tv_name, depth, image_size=image_size, num_classes=7))
@@ -58,17 +67,22 @@ def test_equal_to_torchvision(tv_name, ours_name, image_size, depth):
     _same_outputs(ours, theirs, image_size)
 
 
-@pytest.mark.parametrize("timm_name,ours_name,image_size,depth", [  # two blocks show what twelve do (see _torchvision_vit)
-    ("vit_base_patch16_224", "ViT-B/16", 224, 2),
-    ("vit_small_patch16_224", "ViT-S/16", 224, 2),
-    ("vit_tiny_patch16_224", "ViT-Ti/16", 224, None),
-    ("vit_small_patch16_224", "ViT-S/16", 288, 2),
-])
+@pytest.mark.parametrize(
+    "timm_name,ours_name,image_size,depth",
+    [  # two blocks show what twelve do (see _torchvision_vit)
+        ("vit_base_patch16_224", "ViT-B/16", 224, 2),
+        ("vit_small_patch16_224", "ViT-S/16", 224, 2),
+        ("vit_tiny_patch16_224", "ViT-Ti/16", 224, None),
+        ("vit_small_patch16_224", "ViT-S/16", 288, 2),
+    ],
+)
 def test_equal_to_timm(timm_name, ours_name, image_size, depth):
     torch.manual_seed(0)
     cut = {"depth": depth} if depth else {}
     theirs = randomize_(timm.create_model(timm_name, pretrained=False, num_classes=5, img_size=image_size, **cut))
-    ours = foodvit.load_weights(foodvit.create_model(ours_name, num_classes=5, image_size=image_size, **cut), theirs.state_dict())
+    ours = foodvit.load_weights(
+        foodvit.create_model(ours_name, num_classes=5, image_size=image_size, **cut), theirs.state_dict()
+    )
     _same_outputs(ours, theirs, image_size)
 
 
@@ -137,15 +151,21 @@ def test_pickled_code_is_never_run(tmp_path):
 def test_shape_mismatch_names_the_keys_and_both_shapes():
     small = foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=3)
     other = foodvit.create_model("ViT-S/16", image_size=32, num_classes=3)
-    with pytest.raises(ValueError, match=r"(?s)shapes differ: .*patch_embed\.proj\.weight: file \(384, 3, 16, 16\), model \(192, 3, 16, 16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)shapes differ: .*patch_embed\.proj\.weight: file \(384, 3, 16, 16\), model \(192, 3, 16, 16\)",
+    ):
         foodvit.load_weights(small, other.state_dict())
     wrong_head = foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=10)
     with pytest.raises(ValueError, match=r"(?s)head\.weight: file \(10, 192\), model \(3, 192\).*skip_head=True"):
         foodvit.load_weights(small, wrong_head.state_dict())
     foodvit.load_weights(small, wrong_head.state_dict(), skip_head=True)  # transfer learning path
     with pytest.raises(ValueError, match=r"missing from the weights: blocks\.11\."):
-        foodvit.load_weights(small, {k: v for k, v in other.state_dict().items() if not k.startswith("blocks.11.")} | {
-            k: v for k, v in small.state_dict().items() if not k.startswith("blocks.11.")})
+        foodvit.load_weights(
+            small,
+            {k: v for k, v in other.state_dict().items() if not k.startswith("blocks.11.")}
+            | {k: v for k, v in small.state_dict().items() if not k.startswith("blocks.11.")},
+        )
 
 
 def test_resampling_matches_timm_and_torchvision():
@@ -187,9 +207,13 @@ def test_weights_without_the_mlp_convolution_load_with_it_at_zero_and_it_exports
     with torch.no_grad():
         torch.testing.assert_close(local(x), plain(x))
     incomplete = {k: v for k, v in plain.state_dict().items() if k != "blocks.0.mlp.fc1.weight"}
-    with pytest.raises(ValueError, match=r"missing from the weights: blocks\.0\.mlp\.fc1\.weight\n"):  # only the filters may be missing
+    with pytest.raises(
+        ValueError, match=r"missing from the weights: blocks\.0\.mlp\.fc1\.weight\n"
+    ):  # only the filters may be missing
         load_weights(local, incomplete)
-    with pytest.raises(ValueError, match="not in the model: blocks.0.mlp.conv"):  # and a plain ViT has no place for them
+    with pytest.raises(
+        ValueError, match="not in the model: blocks.0.mlp.conv"
+    ):  # and a plain ViT has no place for them
         load_weights(foodvit.create_model("ViT-Ti/16", image_size=32, num_classes=2), local.state_dict())
     assert detect_layout(local.state_dict()) == "foodvit"
     with pytest.raises(ValueError, match="no convolution in its MLP"):

@@ -49,7 +49,11 @@ def pack(out: Path, target: Path) -> None:
     part = target.with_name(target.name + ".part")
     with tarfile.open(part, "w:gz") as tar:
         for path in sorted(out.rglob("*")):
-            if path.is_file() and path.suffix in (".json", ".md", ".log") and "folds" not in path.relative_to(out).parts:
+            if (
+                path.is_file()
+                and path.suffix in (".json", ".md", ".log")
+                and "folds" not in path.relative_to(out).parts
+            ):
                 tar.add(path, arcname=str(path.relative_to(out)))
     part.replace(target)
 
@@ -57,9 +61,16 @@ def pack(out: Path, target: Path) -> None:
 def pairings(out: Path, names: list[str], seeds: list[int]) -> list[str]:
     """Each variant against the first over the folds both finished: seed by seed, then pooled over the seeds."""
 
-    def folds(name: str) -> dict[tuple[int, int], dict[str, bool]]:  # (seed, fold) -> each held-out photo right or wrong
+    def folds(
+        name: str,
+    ) -> dict[tuple[int, int], dict[str, bool]]:  # (seed, fold) -> each held-out photo right or wrong
         studies = [out / f"{name}-s{seed}" for seed in seeds]
-        return {key: right for study in studies if (study / "study.json").is_file() for key, right in finished_folds(study).items()}
+        return {
+            key: right
+            for study in studies
+            if (study / "study.json").is_file()
+            for key, right in finished_folds(study).items()
+        }
 
     base, lines = folds(names[0]), []
     for name in names[1:]:
@@ -70,23 +81,40 @@ def pairings(out: Path, names: list[str], seeds: list[int]) -> list[str]:
             if not keys:
                 lines.append(f"{name} - {names[0]}, {label}: no finished fold in common")
                 continue
-            result = paired({p: r for key in keys for p, r in base[key].items()}, {p: r for key in keys for p, r in other[key].items()})
+            result = paired(
+                {p: r for key in keys for p, r in base[key].items()},
+                {p: r for key in keys for p, r in other[key].items()},
+            )
             lines.append(compare_line(result, names[0], name, f" of the {len(keys)} folds both finished, {label}"))
     return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                     epilog="Options after -- go to every `foodvit cv` run (e.g. -- --no-amp).")
-    parser.add_argument("--data", required=True, help="the photos (a folder holding train/ and test/, each with a folder per class)")
-    parser.add_argument("--out", type=Path, required=True, help="the folder of the studies (OUT/NAME-sSEED) and their logs")
-    parser.add_argument("--variant", type=variant, action="append", required=True,
-                        help="NAME=OPTIONS of `foodvit cv`, again for each; the first is the one the others are paired with")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
+        epilog="Options after -- go to every `foodvit cv` run (e.g. -- --no-amp).",
+    )
+    parser.add_argument(
+        "--data", required=True, help="the photos (a folder holding train/ and test/, each with a folder per class)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="the folder of the studies (OUT/NAME-sSEED) and their logs"
+    )
+    parser.add_argument(
+        "--variant",
+        type=variant,
+        action="append",
+        required=True,
+        help="NAME=OPTIONS of `foodvit cv`, again for each; the first is the one the others are paired with",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--launch-for", type=float, default=float("inf"), help="seconds after which nothing new starts")
-    parser.add_argument("--stop-at", type=float, default=float("inf"), help="seconds after which running folds are stopped")
+    parser.add_argument(
+        "--stop-at", type=float, default=float("inf"), help="seconds after which running folds are stopped"
+    )
     parser.add_argument("--pack", type=Path, help="a .tar.gz of the fold results and logs, rewritten every minute")
     args, extra = parser.parse_known_args()
     extra = [e for e in extra if e != "--"]
@@ -94,8 +122,13 @@ def main() -> None:
     variants = dict(args.variant)
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    )
     queue = [(s, v, k) for s in args.seeds for k in range(args.folds) for v in variants]
     running: dict[subprocess.Popen, tuple[str, int, float, object]] = {}
     took: list[float] = []  # seconds of each finished fold run
@@ -114,8 +147,27 @@ def main() -> None:
         while queue and len(running) < args.processes:
             seed, name, fold = queue.pop(0)
             study = f"{name}-s{seed}"
-            command = [sys.executable, "-m", "foodvit", "cv", "--seed", str(seed), "--folds", str(args.folds), "--eval-every", "100",
-                       "--data", args.data, "--out", str(args.out / study), "--quiet", "--fold", str(fold), *variants[name], *extra]
+            command = [
+                sys.executable,
+                "-m",
+                "foodvit",
+                "cv",
+                "--seed",
+                str(seed),
+                "--folds",
+                str(args.folds),
+                "--eval-every",
+                "100",
+                "--data",
+                args.data,
+                "--out",
+                str(args.out / study),
+                "--quiet",
+                "--fold",
+                str(fold),
+                *variants[name],
+                *extra,
+            ]
             log = open(logs / f"{study}-fold-{fold}.log", "w")
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             running[process] = (study, fold, time.time(), log)

@@ -28,8 +28,8 @@ SETTINGS: dict = {}  # --set KEY=VALUE: settings over the default recipe (a quic
 
 
 def default_config(data: Path, seed: int):
-    from foodvit.settings.overrides import with_settings
     from foodvit.recipes import load_recipe
+    from foodvit.settings.overrides import with_settings
 
     config = with_settings(load_recipe("default"), SETTINGS)
     return replace(

@@ -18,7 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.accuracy.curve import held_out_result
-
 from foodvit.settings.run import RunConfig
 from foodvit.tuning.compare import study_identity
 from foodvit.tuning.cv import summarise, write_study
@@ -47,23 +46,31 @@ def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        raise SystemExit("usage: python -m bench.accuracy.teachers STUDY OUT (a guided cv study of one seed, and a folder for the result)")
+        raise SystemExit(
+            "usage: python -m bench.accuracy.teachers STUDY OUT (a guided cv study of one seed, and a folder for the result)"
+        )
     study, out = Path(argv[0]), Path(argv[1])
     if not (study / "cv.json").is_file():
         raise SystemExit(f"{study} holds no finished cv study (cv.json): give a guided or distilled `foodvit cv` study")
     done = json.loads((study / "cv.json").read_text())["folds"]
     seeds = sorted({f["seed"] for f in done})
     if len(seeds) != 1:
-        raise SystemExit(f"{study} holds folds of {len(seeds)} seeds ({', '.join(map(str, seeds))}): give a study run with one --seed")
+        raise SystemExit(
+            f"{study} holds folds of {len(seeds)} seeds ({', '.join(map(str, seeds))}): give a study run with one --seed"
+        )
     results, config = [], None
     for k in sorted(f["fold"] for f in done):
         config, result = score_fold(study, seeds[0], k)
         results.append(result)
     result = summarise(results)
     identity = study_identity(study)  # the same photos, folds and seed as the guided study: the two pair
-    write_study(out, replace(config, recipe=f"{config.teacher.architecture} teachers of {study}"), result, results, identity)
-    print(f"{out}: the {config.teacher.architecture} teachers of {study}, {len(results)}-fold CV accuracy "
-          f"{result.accuracy:.3f} +- {result.standard_error:.3f}")
+    write_study(
+        out, replace(config, recipe=f"{config.teacher.architecture} teachers of {study}"), result, results, identity
+    )
+    print(
+        f"{out}: the {config.teacher.architecture} teachers of {study}, {len(results)}-fold CV accuracy "
+        f"{result.accuracy:.3f} +- {result.standard_error:.3f}"
+    )
     return 0
 
 

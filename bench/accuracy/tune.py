@@ -31,7 +31,9 @@ def test_accuracy(runs: Path, recipe: str, data: str | None, extra: list[str], s
     for seed in range(seeds):
         run = runs / f"seed-{seed}"
         if not (run / "model.json").is_file():
-            args = ["train", "--recipe", recipe, "--out", str(run), "--quiet", *extra, "--seed", str(seed)] + (["--data", data] if data else [])
+            args = ["train", "--recipe", recipe, "--out", str(run), "--quiet", *extra, "--seed", str(seed)] + (
+                ["--data", data] if data else []
+            )
             started = time.perf_counter()
             if foodvit(args) != 0:
                 raise SystemExit(f"training {recipe} (seed {seed}) failed")
@@ -54,7 +56,7 @@ def _best_is_start(study: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", required=True, help="the search's wall-clock time, e.g. 60m, 2h")
@@ -65,15 +67,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="seeds for the final test of each recipe (default 3)")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--record", action="store_true", help="append the result to results/tune.csv")
-    parser.add_argument("--search-only", action="store_true", help="stop after the search (test later with --test-only)")
+    parser.add_argument(
+        "--search-only", action="store_true", help="stop after the search (test later with --test-only)"
+    )
     parser.add_argument("--test-only", action="store_true", help="the test of a finished search only")
     args = parser.parse_args(argv)
     out = Path(args.out)
     timing = out / "search-seconds.txt"
     if not args.test_only:
         started = time.perf_counter()
-        search = ["tune", "--recipe", args.recipe, "--out", str(out / "study"), "--budget", args.budget, "--folds", str(args.folds),
-                  *extra] + (["--data", args.data] if args.data else [])
+        search = [
+            "tune",
+            "--recipe",
+            args.recipe,
+            "--out",
+            str(out / "study"),
+            "--budget",
+            args.budget,
+            "--folds",
+            str(args.folds),
+            *extra,
+        ] + (["--data", args.data] if args.data else [])
         if foodvit(search) != 0:
             return 1
         timing.write_text(f"{time.perf_counter() - started:.1f}\n")
@@ -85,28 +99,53 @@ def main(argv: list[str] | None = None) -> int:
         best = start  # the search found nothing better: the starting recipe's runs are the best's
     else:
         best = test_accuracy(out / "best", str(out / "study" / "best.toml"), args.data, [], args.seeds)
-    print(f"search: {searched / 60:.0f} min ({args.budget} budget), {args.folds}-fold CV per trial; see {out / 'study' / 'tune.md'}")
+    print(
+        f"search: {searched / 60:.0f} min ({args.budget} budget), {args.folds}-fold CV per trial; see {out / 'study' / 'tune.md'}"
+    )
     for name, r in (("starting recipe", start), ("best found", best)):
         each = " ".join(f"{a:.3f}" for a in r["test_acc"])
-        print(f"{name:<16} test accuracy {r['mean']:.3f} +- {r['sem']:.3f} over {args.seeds} seeds ({each}); "
-              f"training {statistics.fmean(r['train_minutes']):.1f} min a run")
+        print(
+            f"{name:<16} test accuracy {r['mean']:.3f} +- {r['sem']:.3f} over {args.seeds} seeds ({each}); "
+            f"training {statistics.fmean(r['train_minutes']):.1f} min a run"
+        )
     if args.record:
-        from bench.results import record
-
         import optuna
+
+        from bench.results import record
 
         study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{out / 'study' / 'study.db'}")
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         first = next(t for t in study.trials if t.user_attrs.get("baseline"))
         pruned = sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials)
-        record("tune", {"budget": args.budget, "trials": len(study.trials), "pruned": pruned, "best_cv": f"{study.best_value:.3f}",
-                        "default_cv": f"{first.value:.3f}" if first.value is not None else "",
-                        "difference": f"{study.best_value - first.value:+.3f}" if first.value is not None and done else "",
-                        "difference_se": "", "best_test": f"{best['mean']:.3f}", "default_test": f"{start['mean']:.3f}",
-                        "protocol": f"{args.folds}-fold CV, fold seed 0; test photos read once, {args.seeds} seeds"})
+        record(
+            "tune",
+            {
+                "budget": args.budget,
+                "trials": len(study.trials),
+                "pruned": pruned,
+                "best_cv": f"{study.best_value:.3f}",
+                "default_cv": f"{first.value:.3f}" if first.value is not None else "",
+                "difference": f"{study.best_value - first.value:+.3f}" if first.value is not None and done else "",
+                "difference_se": "",
+                "best_test": f"{best['mean']:.3f}",
+                "default_test": f"{start['mean']:.3f}",
+                "protocol": f"{args.folds}-fold CV, fold seed 0; test photos read once, {args.seeds} seeds",
+            },
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"budget": args.budget, "folds": args.folds, "search_seconds": searched,
-                                               "start": start, "best": best, "extra": extra}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "budget": args.budget,
+                    "folds": args.folds,
+                    "search_seconds": searched,
+                    "start": start,
+                    "best": best,
+                    "extra": extra,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -36,21 +36,30 @@ def probabilities(study: Path, result: dict | None = None) -> dict[str, tuple[di
         for f in folds:
             run = study / fold_name(f["seed"], f["fold"], seeds)
             if not (run / "model.json").is_file():
-                raise SystemExit(f"{study}'s predictions keep no class probabilities and {run} holds no model to score again (a study "
-                                 "written before they were kept, of CNN teachers?): score the study again (bench/accuracy/teachers.py, bench/accuracy/curve.py)")
-            rows += [{"seed": f["seed"], **p} for p in held_out_predictions(run, fold_folder(study / "folds", f["seed"], f["fold"]))]
+                raise SystemExit(
+                    f"{study}'s predictions keep no class probabilities and {run} holds no model to score again (a study "
+                    "written before they were kept, of CNN teachers?): score the study again (bench/accuracy/teachers.py, bench/accuracy/curve.py)"
+                )
+            rows += [
+                {"seed": f["seed"], **p}
+                for p in held_out_predictions(run, fold_folder(study / "folds", f["seed"], f["fold"]))
+            ]
     return {f"s{r['seed']}/{r['photo']}": (r["probabilities"], r["label"]) for r in rows}
 
 
 def check_alike(studies: list[Path], scored: list[dict]) -> None:
     """The same photos (seeds, folds) and classes in every study, else a one-line refusal."""
     photos, classes = set(scored[0]), set(next(iter(scored[0].values()))[0])
-    for study, these in zip(studies[1:], scored[1:]):
+    for study, these in zip(studies[1:], scored[1:], strict=False):
         if set(these) != photos:
-            raise SystemExit(f"{study} does not hold {studies[0]}'s held-out photos ({len(set(these) ^ photos)} differ): average studies "
-                             "of the same data, folds and seeds")
+            raise SystemExit(
+                f"{study} does not hold {studies[0]}'s held-out photos ({len(set(these) ^ photos)} differ): average studies "
+                "of the same data, folds and seeds"
+            )
         if set(next(iter(these.values()))[0]) != classes:
-            raise SystemExit(f"{study} does not predict {studies[0]}'s classes ({', '.join(sorted(classes))}): average studies of the same data")
+            raise SystemExit(
+                f"{study} does not predict {studies[0]}'s classes ({', '.join(sorted(classes))}): average studies of the same data"
+            )
 
 
 def averaged(members: list[dict]) -> dict[str, bool]:
@@ -76,15 +85,23 @@ def plot(alone: list[dict[str, bool]], path: Path) -> None:
 
     counts = {key: sum(not r[key] for r in alone) for key in alone[0]}
     classes = sorted({key.split("/")[1] for key in counts})
-    groups = [(c, lambda key, c=c: key.split("/")[1] == c) for c in classes] if len(classes) <= 10 else [(None, lambda key: True)]
+    groups = (
+        [(c, lambda key, c=c: key.split("/")[1] == c) for c in classes]
+        if len(classes) <= 10
+        else [(None, lambda key: True)]
+    )
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     below = [0] * (len(alone) + 1)
     for name, member in groups:
         heights = [sum(1 for key, n in counts.items() if n == k and member(key)) for k in range(len(alone) + 1)]
         ax.bar(range(len(alone) + 1), heights, bottom=below, label=name)
-        below = [b + h for b, h in zip(below, heights)]
-    ax.set(xlabel=f"studies (of {len(alone)}) that got it wrong", ylabel="held-out predictions", xticks=range(len(alone) + 1),
-           title="Held-out photos by how many studies got them wrong")
+        below = [b + h for b, h in zip(below, heights, strict=False)]
+    ax.set(
+        xlabel=f"studies (of {len(alone)}) that got it wrong",
+        ylabel="held-out predictions",
+        xticks=range(len(alone) + 1),
+        title="Held-out photos by how many studies got them wrong",
+    )
     if len(groups) > 1:
         ax.legend()
     fig.tight_layout()
@@ -95,41 +112,66 @@ def plot(alone: list[dict[str, bool]], path: Path) -> None:
 def report(studies: list[Path]) -> tuple[dict, list[dict[str, bool]]]:
     """The figures, printed as they come, and each study's right or wrong per photo."""
     results = [read_study(s) for s in studies]
-    scored = [probabilities(s, r) for s, r in zip(studies, results)]
+    scored = [probabilities(s, r) for s, r in zip(studies, results, strict=False)]
     check_alike(studies, scored)
     alone = [{key: r["photos"][key] for key in scored[0]} for r in results]
     out = {"studies": [str(s) for s in studies], "alone": [accuracy(r) for r in alone], "with_first": []}
-    for study, right in zip(studies, alone):
+    for study, right in zip(studies, alone, strict=False):
         print(f"{study}: {accuracy(right):.3f} alone")
-    for study, member, right in zip(studies[1:], scored[1:], alone[1:]):
+    for study, member, right in zip(studies[1:], scored[1:], alone[1:], strict=False):
         both = averaged([scored[0], member])
         first, second = paired(alone[0], both), paired(right, both)
-        out["with_first"].append({"study": str(study), "accuracy": accuracy(both), "difference": first["difference"],
-                                  "standard_error": first["standard_error"], "difference_to_it": second["difference"],
-                                  "standard_error_to_it": second["standard_error"]})
+        out["with_first"].append(
+            {
+                "study": str(study),
+                "accuracy": accuracy(both),
+                "difference": first["difference"],
+                "standard_error": first["standard_error"],
+                "difference_to_it": second["difference"],
+                "standard_error_to_it": second["standard_error"],
+            }
+        )
         print(f"{studies[0]} and {study} averaged: {accuracy(both):.3f}")
         print("    " + compare_line(first, f"{studies[0]} alone", "the two"))
         print("    " + compare_line(second, f"{study} alone", "the two"))
     everything = averaged(scored)
     pair = paired(alone[0], everything)
-    out["all"] = {"accuracy": accuracy(everything), "difference": pair["difference"], "standard_error": pair["standard_error"]}
+    out["all"] = {
+        "accuracy": accuracy(everything),
+        "difference": pair["difference"],
+        "standard_error": pair["standard_error"],
+    }
     if len(studies) > 2:
-        print(f"all {len(studies)} averaged: {accuracy(everything):.3f}; " + compare_line(pair, f"{studies[0]} alone", f"all {len(studies)}"))
+        print(
+            f"all {len(studies)} averaged: {accuracy(everything):.3f}; "
+            + compare_line(pair, f"{studies[0]} alone", f"all {len(studies)}")
+        )
     shared = sorted(k for k in alone[0] if not any(r[k] for r in alone))
     out["wrong_in_all"], out["wrong_in_all_mended"] = shared, sorted(k for k in shared if everything[k])
-    named = ", ".join(shared[:SHOWN]) + (f" and {len(shared) - SHOWN} more (--json lists them)" if len(shared) > SHOWN else "")
-    print(f"{len(shared)} of {len(alone[0])} held-out predictions wrong in every study" + (f": {named}" if shared else "")
-          + f"; the average of all gets {len(out['wrong_in_all_mended'])} of them right")
+    named = ", ".join(shared[:SHOWN]) + (
+        f" and {len(shared) - SHOWN} more (--json lists them)" if len(shared) > SHOWN else ""
+    )
+    print(
+        f"{len(shared)} of {len(alone[0])} held-out predictions wrong in every study"
+        + (f": {named}" if shared else "")
+        + f"; the average of all gets {len(out['wrong_in_all_mended'])} of them right"
+    )
     return out, alone
 
 
 def main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="Ensembles of finished cv studies on the same folds, scored after the fact.")
-    parser.add_argument("studies", type=Path, nargs="+", help="finished `foodvit cv` studies of the same photos, folds and seeds")
+    parser = argparse.ArgumentParser(
+        description="Ensembles of finished cv studies on the same folds, scored after the fact."
+    )
+    parser.add_argument(
+        "studies", type=Path, nargs="+", help="finished `foodvit cv` studies of the same photos, folds and seeds"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
-    parser.add_argument("--plot", type=Path, help="write the chart of held-out photos by how many studies got them wrong here")
+    parser.add_argument(
+        "--plot", type=Path, help="write the chart of held-out photos by how many studies got them wrong here"
+    )
     args = parser.parse_args(argv)
     if len(args.studies) < 2:
         parser.error("give at least two studies to average")

@@ -41,7 +41,7 @@ def best_offsets(rows: list[tuple[dict[str, float], str]], classes: list[str]) -
     of equal counts the smallest in sum."""
     best = None
     for values in itertools.product(GRID, repeat=len(classes) - 1):
-        offsets = dict(zip(classes, (0.0, *values)))
+        offsets = dict(zip(classes, (0.0, *values), strict=False))
         right = sum(predicted(scores, offsets) == label for scores, label in rows)
         key = (right, -sum(abs(v) for v in values))
         if best is None or key > best[0]:
@@ -53,19 +53,27 @@ def nested(rows: list[dict]) -> tuple[dict[str, bool], list[dict]]:
     """Each fold (of each seed) scored with the offsets chosen on the other folds of its seed:
     's{seed}/{photo}' -> right, and the offsets of each fold."""
     classes = sorted(rows[0]["probabilities"])
-    scored = [(r["seed"], r["fold"], f"s{r['seed']}/{r['photo']}", log_probabilities(r), r["label"]) for r in rows]  # the logs once
+    scored = [
+        (r["seed"], r["fold"], f"s{r['seed']}/{r['photo']}", log_probabilities(r), r["label"]) for r in rows
+    ]  # the logs once
     right, chosen = {}, []
     for seed, fold in sorted({(r["seed"], r["fold"]) for r in rows}):
-        offsets = best_offsets([(scores, label) for s, f, _, scores, label in scored if s == seed and f != fold], classes)
+        offsets = best_offsets(
+            [(scores, label) for s, f, _, scores, label in scored if s == seed and f != fold], classes
+        )
         chosen.append({"seed": seed, "fold": fold, "offsets": offsets})
-        right.update({key: predicted(scores, offsets) == label for s, f, key, scores, label in scored if s == seed and f == fold})
+        right.update(
+            {key: predicted(scores, offsets) == label for s, f, key, scores, label in scored if s == seed and f == fold}
+        )
     return right, chosen
 
 
 def main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="A per-class offset on a finished cv study's scores, chosen and scored nested over its folds.")
+    parser = argparse.ArgumentParser(
+        description="A per-class offset on a finished cv study's scores, chosen and scored nested over its folds."
+    )
     parser.add_argument("study", type=Path, help="a finished `foodvit cv` study")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
@@ -75,10 +83,14 @@ def main(argv: list[str]) -> int:
         raise SystemExit(str(err)) from None
     rows = [json.loads(line) for line in (args.study / "predictions.jsonl").read_text().splitlines()]
     if not rows or not all("probabilities" in r for r in rows):
-        raise SystemExit(f"{args.study}'s predictions keep no class probabilities: give a study written since they are kept")
+        raise SystemExit(
+            f"{args.study}'s predictions keep no class probabilities: give a study written since they are kept"
+        )
     if len(rows[0]["probabilities"]) > 4:
-        raise SystemExit(f"{args.study} has {len(rows[0]['probabilities'])} classes: the offsets are searched on a full grid "
-                         f"({len(GRID)} values a class), which is for a few classes only (4 at most)")
+        raise SystemExit(
+            f"{args.study} has {len(rows[0]['probabilities'])} classes: the offsets are searched on a full grid "
+            f"({len(GRID)} values a class), which is for a few classes only (4 at most)"
+        )
     if len({r["fold"] for r in rows}) < 2:
         raise SystemExit(f"{args.study} has one fold: offsets chosen on the other folds need two or more")
     right, chosen = nested(rows)
@@ -89,11 +101,23 @@ def main(argv: list[str]) -> int:
     except StudyError as err:
         raise SystemExit(f"{args.study}: its predictions.jsonl and cv.json disagree ({err})") from None
     accuracy = sum(right.values()) / len(right)
-    print(f"nested offsets: {accuracy:.3f} (the study as it is: {result['accuracy']:.3f}); "
-          + compare_line(comparison, str(args.study), "with offsets"))
+    print(
+        f"nested offsets: {accuracy:.3f} (the study as it is: {result['accuracy']:.3f}); "
+        + compare_line(comparison, str(args.study), "with offsets")
+    )
     if args.json:
-        args.json.write_text(json.dumps({"study": str(args.study), "accuracy": accuracy, "offsets": chosen,
-                                         "difference": comparison["difference"], "standard_error": comparison["standard_error"]}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "study": str(args.study),
+                    "accuracy": accuracy,
+                    "offsets": chosen,
+                    "difference": comparison["difference"],
+                    "standard_error": comparison["standard_error"],
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from bench.speed.models import random_run
-
 from foodvit.data.datasource import DataSource
 from foodvit.deploy.export import export, relative_difference
 from foodvit.deploy.inference import evaluate_split
@@ -58,7 +57,9 @@ def main(argv=None) -> int:
     parser.add_argument("--photos", type=int, default=100, help="photos for the latency percentiles")
     parser.add_argument("--data", help="data source (default: the run's)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
-    parser.add_argument("--burst", type=float, default=1.0, help="seconds of batch-16 forward passes per backend per round")
+    parser.add_argument(
+        "--burst", type=float, default=1.0, help="seconds of batch-16 forward passes per backend per round"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
 
@@ -68,8 +69,10 @@ def main(argv=None) -> int:
     source = args.data or json.loads((run / "config.json").read_text())["data"]["source"] or None
     split = DataSource.parse(source).open_split("test")
     photos = [path.read_bytes() for path, _ in (split.samples * (args.photos // len(split.samples) + 1))[: args.photos]]
-    print(f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | "
-          f"{len(photos)} photos for latency, {len(split)} test photos")
+    print(
+        f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | "
+        f"{len(photos)} photos for latency, {len(split)} test photos"
+    )
     header = f"{'model':<10} {'backend':<18} {'MB':>7} {'params':>8} {'p50 ms':>8} {'p95 ms':>8} {'img/s b16':>10} {'test acc / parity':>18}"
     print(header)
     results = []
@@ -78,7 +81,10 @@ def main(argv=None) -> int:
             folder = run if name == "default" else random_run(name, Path(tmp) / name.replace("/", "-"))
             eager = Predictor.from_run(folder)
             params = sum(p.numel() for p in eager.model.parameters())
-            onnx32, onnx8 = Path(tmp) / f"{name.replace('/', '-')}.onnx", Path(tmp) / f"{name.replace('/', '-')}-int8.onnx"
+            onnx32, onnx8 = (
+                Path(tmp) / f"{name.replace('/', '-')}.onnx",
+                Path(tmp) / f"{name.replace('/', '-')}-int8.onnx",
+            )
             parity_photos = [path for path, _ in split.samples[:: max(1, len(split) // 8)]][:8]
             export(folder, onnx32, photos=parity_photos)
             export(folder, onnx8, quantize="int8-dynamic", photos=parity_photos)
@@ -89,7 +95,9 @@ def main(argv=None) -> int:
                 print(f"{name}: no static int8 ({err})")
             backends = {"pytorch eager": (eager, (folder / "model.safetensors").stat().st_size)}
             if not args.no_compile:
-                compiled = Predictor(TorchBackend(torch.compile(eager.model)), eager.classes, eager.preprocess, eager.card)
+                compiled = Predictor(
+                    TorchBackend(torch.compile(eager.model)), eager.classes, eager.preprocess, eager.card
+                )
                 backends["torch.compile"] = (compiled, (folder / "model.safetensors").stat().st_size)
             backends["onnxruntime fp32"] = (Predictor.from_onnx(onnx32), onnx32.stat().st_size)
             backends["onnxruntime int8"] = (Predictor.from_onnx(onnx8), onnx8.stat().st_size)
@@ -117,21 +125,36 @@ def main(argv=None) -> int:
                     quality = evaluate_split(predictor, split)["accuracy"]
                     shown = f"{quality:.3f}"
                 else:
-                    quality = relative_difference(predictor.logits(np.stack([eager.prepare(d) for d in photos[:32]])), reference)
+                    quality = relative_difference(
+                        predictor.logits(np.stack([eager.prepare(d) for d in photos[:32]])), reference
+                    )
                     shown = f"{quality:.1e}"
-                row = {"model": name, "backend": backend, "mb": size / 1e6, "params": params, "p50": p50, "p95": p95,
-                       "images_per_s_b16": rate, "quality": quality}
+                row = {
+                    "model": name,
+                    "backend": backend,
+                    "mb": size / 1e6,
+                    "params": params,
+                    "p50": p50,
+                    "p95": p95,
+                    "images_per_s_b16": rate,
+                    "quality": quality,
+                }
                 results.append(row)
-                print(f"{name:<10} {backend:<18} {size / 1e6:>7.1f} {params / 1e6:>7.2f}M {p50 * 1e3:>8.1f} {p95 * 1e3:>8.1f} "
-                      f"{rate:>10.1f} {shown:>18}", flush=True)
+                print(
+                    f"{name:<10} {backend:<18} {size / 1e6:>7.1f} {params / 1e6:>7.2f}M {p50 * 1e3:>8.1f} {p95 * 1e3:>8.1f} "
+                    f"{rate:>10.1f} {shown:>18}",
+                    flush=True,
+                )
     for name in args.models:
         rows = {r["backend"]: r for r in results if r["model"] == name}
         eager = rows["pytorch eager"]
         for backend in ("onnxruntime int8", "onnxruntime int8 st"):
             if backend in rows:
                 int8 = rows[backend]
-                print(f"{name}: {backend} (dynamic{'' if backend.endswith('int8') else ' -> static, QDQ'}) single-photo p50 = "
-                      f"{int8['p50'] / eager['p50']:.2f}x eager's; file {eager['mb'] / int8['mb']:.1f}x smaller")
+                print(
+                    f"{name}: {backend} (dynamic{'' if backend.endswith('int8') else ' -> static, QDQ'}) single-photo p50 = "
+                    f"{int8['p50'] / eager['p50']:.2f}x eager's; file {eager['mb'] / int8['mb']:.1f}x smaller"
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -74,16 +74,26 @@ def measure(recipe: str, data: str | None, cache: bool, rounds: int, workers: in
         trainer._before_epoch(0)
         held = list(trainer.train_loader)  # the same epoch's batches, already decoded and augmented
         e2e, fetch, model_only = [], [], []
-        for r in range(rounds):
+        for _ in range(rounds):
             trainer._before_epoch(0)
             timed = TimedBatches(trainer.train_loader)
             e2e.append(epoch_seconds(trainer, timed, state))
             fetch.append(timed.seconds)
             model_only.append(epoch_seconds(trainer, held, state))
-    shares = [1 - f / e for f, e in zip(fetch, e2e)]
-    return {"recipe": recipe, "cache": cache, "workers": workers, "images": sum(len(b[1]) for b in held), "setup_s": setup,
-            "epoch_s": statistics.median(e2e), "fetch_s": statistics.median(fetch), "model_s": statistics.median(model_only),
-            "share": statistics.median(shares), "share_min": min(shares), "share_max": max(shares)}
+    shares = [1 - f / e for f, e in zip(fetch, e2e, strict=False)]
+    return {
+        "recipe": recipe,
+        "cache": cache,
+        "workers": workers,
+        "images": sum(len(b[1]) for b in held),
+        "setup_s": setup,
+        "epoch_s": statistics.median(e2e),
+        "fetch_s": statistics.median(fetch),
+        "model_s": statistics.median(model_only),
+        "share": statistics.median(shares),
+        "share_min": min(shares),
+        "share_max": max(shares),
+    }
 
 
 def main(argv=None) -> int:
@@ -92,18 +102,27 @@ def main(argv=None) -> int:
     parser.add_argument("--data", help="data source (default: $FOODVIT_DATA, else the course's zip)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-cache-too", action="store_true", help="also measure with the decode cache off")
-    parser.add_argument("--workers", nargs="+", type=int, help="DataLoader worker processes to try (default: the recipe's)")
+    parser.add_argument(
+        "--workers", nargs="+", type=int, help="DataLoader worker processes to try (default: the recipe's)"
+    )
     args = parser.parse_args(argv)
     from bench.results import machine
 
     print(f"{machine()} | {time.strftime('%Y-%m-%d')}")
-    print(f"{'recipe':<10} {'cache':<5} {'workers':>7} {'images':>6} {'setup s':>8} {'epoch s':>8} {'fetch s':>8} {'model share (min-max)':>22} "
-          f"{'model-only s':>13}")
-    for recipe, cache, workers in itertools.product(args.recipes, [True, False] if args.no_cache_too else [True], args.workers or [None]):
+    print(
+        f"{'recipe':<10} {'cache':<5} {'workers':>7} {'images':>6} {'setup s':>8} {'epoch s':>8} {'fetch s':>8} {'model share (min-max)':>22} "
+        f"{'model-only s':>13}"
+    )
+    for recipe, cache, workers in itertools.product(
+        args.recipes, [True, False] if args.no_cache_too else [True], args.workers or [None]
+    ):
         r = measure(recipe, args.data, cache, args.rounds, workers)
         share = f"{r['share']:.1%} ({r['share_min']:.1%}-{r['share_max']:.1%})"
-        print(f"{recipe:<10} {str(cache):<5} {r['workers']:>7} {r['images']:>6} {r['setup_s']:>8.1f} {r['epoch_s']:>8.2f} {r['fetch_s']:>8.2f} "
-              f"{share:>22} {r['model_s']:>13.2f}", flush=True)
+        print(
+            f"{recipe:<10} {str(cache):<5} {r['workers']:>7} {r['images']:>6} {r['setup_s']:>8.1f} {r['epoch_s']:>8.2f} {r['fetch_s']:>8.2f} "
+            f"{share:>22} {r['model_s']:>13.2f}",
+            flush=True,
+        )
     return 0
 
 

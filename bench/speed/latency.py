@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from bench.speed.throughput import PEERS, build, implementations, machine
-
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split
 from foodvit.data.preprocess import make_preprocess  # noqa: E402
@@ -55,7 +54,9 @@ def model_only(model: torch.nn.Module, repeats: int) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["ViT-B/16"], choices=list(PEERS))
-    parser.add_argument("--data", help="data source whose test photos are predicted (default: $FOODVIT_DATA, else the course's zip)")
+    parser.add_argument(
+        "--data", help="data source whose test photos are predicted (default: $FOODVIT_DATA, else the course's zip)"
+    )
     parser.add_argument("--photos", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
@@ -81,11 +82,19 @@ def main(argv=None) -> int:
         for impl in models:
             ratio = fastest_peer / median[impl]
             print(f"{name:<10} {impl:<12} {median[impl]:>9.4f} {forward[impl]:>11.4f} {ratio:>15.2f}x")
-            results.append({"model": name, "impl": impl, "seconds_per_photo": median[impl], "model_only": forward[impl],
-                            "speed_vs_fastest_peer": ratio})
+            results.append(
+                {
+                    "model": name,
+                    "impl": impl,
+                    "seconds_per_photo": median[impl],
+                    "model_only": forward[impl],
+                    "speed_vs_fastest_peer": ratio,
+                }
+            )
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": where, "date": time.strftime("%Y-%m-%d"),
-                                               "results": results}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"machine": where, "date": time.strftime("%Y-%m-%d"), "results": results}, indent=2)
+        )
     return 0
 
 

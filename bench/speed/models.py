@@ -18,8 +18,8 @@ def random_run(name: str, folder: Path) -> Path:
     the exports' parity checks empty)."""
     import torch
 
-    from foodvit.model.resolve import resolve
     from foodvit.model.build import build_model
+    from foodvit.model.resolve import resolve
     from foodvit.rundir.trained import save_model
 
     torch.manual_seed(0)

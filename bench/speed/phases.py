@@ -381,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.scale <= 1:
         parser.error(f"--scale is a share of the recipe's epochs, between 0 and 1, got {args.scale}")
 
-    from foodvit.settings.overrides import with_settings
     from foodvit.recipes import load_recipe
+    from foodvit.settings.overrides import with_settings
     from foodvit.training.teacher import teacher_epochs, teacher_size
 
     values = {

@@ -45,8 +45,10 @@ from foodvit.deploy.labelling import PhotoList  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
 
 # runs a command and prints the peak resident memory (KiB) of the largest process under it
-PEAK = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]); "
-        "print('peak-kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(done.returncode)")
+PEAK = (
+    "import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]); "
+    "print('peak-kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(done.returncode)"
+)
 
 
 def ceiling(model: str, photos: list[str], batch_size: int, seconds: float = 8.0) -> float:
@@ -64,10 +66,33 @@ def ceiling(model: str, photos: list[str], batch_size: int, seconds: float = 8.0
 def label(model: str, listing: Path, workers: int, batch_size: int, processes: int = 1) -> dict:
     """The command, in a fresh process (or torchrun's): its photos/s, wall time and peak memory."""
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["predict", model, "--files-from", str(listing), "--out", str(Path(tmp) / "predictions.csv"), "--workers", str(workers),
-                "--batch-size", str(batch_size), "--quiet"]
-        command = ([sys.executable, "-m", "foodvit"] if processes == 1 else
-                   [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), "-m", "foodvit"])
+        args = [
+            "predict",
+            model,
+            "--files-from",
+            str(listing),
+            "--out",
+            str(Path(tmp) / "predictions.csv"),
+            "--workers",
+            str(workers),
+            "--batch-size",
+            str(batch_size),
+            "--quiet",
+        ]
+        command = (
+            [sys.executable, "-m", "foodvit"]
+            if processes == 1
+            else [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                str(processes),
+                "-m",
+                "foodvit",
+            ]
+        )
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-c", PEAK, *command, *args], capture_output=True, text=True)
         wall = time.perf_counter() - started
@@ -96,7 +121,9 @@ def measure(work: Path, argv=None) -> int:
     import onnxruntime
     import torch
 
-    logging.getLogger().setLevel(logging.ERROR)  # ONNX Runtime's quantiser advises on the root logger (as the command line quiets it)
+    logging.getLogger().setLevel(
+        logging.ERROR
+    )  # ONNX Runtime's quantiser advises on the root logger (as the command line quiets it)
 
     from foodvit.deploy.export import export
 
@@ -106,18 +133,33 @@ def measure(work: Path, argv=None) -> int:
     for n in sorted({args.photos, min(1000, args.photos), min(args.large_photos, args.photos)}):
         lists[n] = work / f"photos-{n}.txt"
         lists[n].write_text("\n".join(map(str, listed[:n])) + "\n")
-    print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"onnxruntime {onnxruntime.__version__}, {time.strftime('%Y-%m-%d')}; batch {args.batch_size}; photos: 682 x 512 px JPEGs")
-    print("| model | backend | photos | processes | workers | photos/s | share of the ceiling | wall s (whole command) | peak RSS MiB |")
+    print(
+        f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"onnxruntime {onnxruntime.__version__}, {time.strftime('%Y-%m-%d')}; batch {args.batch_size}; photos: 682 x 512 px JPEGs"
+    )
+    print(
+        "| model | backend | photos | processes | workers | photos/s | share of the ceiling | wall s (whole command) | peak RSS MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     results = []
 
     def row(name, backend, n, processes, workers, r, top):
-        r = {"model": name, "backend": backend, "photos": n, "processes": processes, "workers": workers, **r, "ceiling": top}
+        r = {
+            "model": name,
+            "backend": backend,
+            "photos": n,
+            "processes": processes,
+            "workers": workers,
+            **r,
+            "ceiling": top,
+        }
         results.append(r)
         assert r["rows"] == n, r
-        print(f"| {name} | {backend} | {n:,} | {processes} | {workers} | {r['photos_per_s']:.1f} | {r['photos_per_s'] / top:.0%} | "
-              f"{r['wall_s']:.1f} | {r['peak_mib']:.0f} |", flush=True)
+        print(
+            f"| {name} | {backend} | {n:,} | {processes} | {workers} | {r['photos_per_s']:.1f} | {r['photos_per_s'] / top:.0%} | "
+            f"{r['wall_s']:.1f} | {r['peak_mib']:.0f} |",
+            flush=True,
+        )
 
     for name in args.models.split(","):
         run = random_run(name, work / name.replace("/", "-"))
@@ -125,15 +167,19 @@ def measure(work: Path, argv=None) -> int:
         for backend in args.backends.split(","):
             model = str(run)
             if backend == "int8":
-                model = export(run, work / f"{name.replace('/', '-')}-int8.onnx", quantize="int8", photos=listed[:16], quiet=True)["path"]
+                model = export(
+                    run, work / f"{name.replace('/', '-')}-int8.onnx", quantize="int8", photos=listed[:16], quiet=True
+                )["path"]
             top = ceiling(model, listed, args.batch_size)
             results.append({"model": name, "backend": backend, "ceiling": top})
             print(f"| {name} | {backend} | (forward pass alone) | | | {top:.1f} | 100% | | |", flush=True)
             for workers in (int(w) for w in args.workers.split(",")):
                 row(name, backend, n, 1, workers, label(model, lists[n], workers, args.batch_size), top)
             if name == "default" and not args.no_scaling:
-                best = max((r for r in results if r.get("rows") and r["model"] == name and r["backend"] == backend),
-                           key=lambda r: r["photos_per_s"])["workers"]
+                best = max(
+                    (r for r in results if r.get("rows") and r["model"] == name and r["backend"] == backend),
+                    key=lambda r: r["photos_per_s"],
+                )["workers"]
                 small = min(1000, n)
                 row(name, backend, small, 1, best, label(model, lists[small], best, args.batch_size), top)
                 row(name, backend, n, 2, best, label(model, lists[n], best, args.batch_size, processes=2), top)

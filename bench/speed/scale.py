@@ -52,9 +52,13 @@ def generate(root: Path, n: int, classes: int = 10, size: int = 512, test_share:
                 for i in range(count):
                     coarse = rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)
                     image = Image.fromarray(coarse).resize((size * 4 // 3, size), Image.BICUBIC)
-                    pixels = np.asarray(image, dtype=np.int16) + rng.integers(-12, 13, (size, size * 4 // 3, 3), dtype=np.int16)
+                    pixels = np.asarray(image, dtype=np.int16) + rng.integers(
+                        -12, 13, (size, size * 4 // 3, 3), dtype=np.int16
+                    )
                     entry = f"{name}/{split}{i:05d}"
-                    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(root / "images" / f"{entry}.jpg", quality=90)
+                    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
+                        root / "images" / f"{entry}.jpg", quality=90
+                    )
                     ids.append(entry)
                     bar.update(1)
                 meta[split][name] = ids
@@ -67,13 +71,39 @@ def generate(root: Path, n: int, classes: int = 10, size: int = 512, test_share:
 def run(data: Path, processes: int, cache: bool, workers: int, batch: int, device: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        args = ["--recipe", "tiny", "--data", str(data), "--epochs", "1", "--batch-size", str(batch), "--workers", str(workers),
-                "--cache" if cache else "--no-cache", "--device", device, "--quiet", "--out", str(out)]
+        args = [
+            "--recipe",
+            "tiny",
+            "--data",
+            str(data),
+            "--epochs",
+            "1",
+            "--batch-size",
+            str(batch),
+            "--workers",
+            str(workers),
+            "--cache" if cache else "--no-cache",
+            "--device",
+            device,
+            "--quiet",
+            "--out",
+            str(out),
+        ]
         if processes == 1:
             command = [sys.executable, "-m", "foodvit", "train", *args]
         else:
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-                       "-m", "foodvit", "train", *args]
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                str(processes),
+                "-m",
+                "foodvit",
+                "train",
+                *args,
+            ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -83,16 +113,25 @@ def run(data: Path, processes: int, cache: bool, workers: int, batch: int, devic
             raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
         with (out / "metrics.csv").open() as f:
             row = list(csv.DictReader(f))[-1]
-    return {"processes": processes, "cache": cache, "workers": workers, "images_per_s": float(row["images_per_s"]),
-            "model_share": float(row["model_share"]), "epoch_s": float(row["seconds"]), "wall_s": wall,
-            # ru_maxrss of the children is the largest single process so far: only a new maximum shows
-            "peak_gib": peak_kib / 2**20 if peak_kib > before else None}
+    return {
+        "processes": processes,
+        "cache": cache,
+        "workers": workers,
+        "images_per_s": float(row["images_per_s"]),
+        "model_share": float(row["model_share"]),
+        "epoch_s": float(row["seconds"]),
+        "wall_s": wall,
+        # ru_maxrss of the children is the largest single process so far: only a new maximum shows
+        "peak_gib": peak_kib / 2**20 if peak_kib > before else None,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--photos", type=int, default=10_000)
-    parser.add_argument("--grid", nargs="*", help="processes,cache(on|off),workers triples (default: all of 1-2 x on/off x 0-2)")
+    parser.add_argument(
+        "--grid", nargs="*", help="processes,cache(on|off),workers triples (default: all of 1-2 x on/off x 0-2)"
+    )
     parser.add_argument("--gpu", action="store_true", help="on a GPU: batch 256, workers 0, 4, 8")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -105,17 +144,24 @@ def main() -> None:
         grid = [(p, c, w) for c in (False, True) for p in (1, 2) for w in worker_counts]
     import torch
 
-    print(f"# {args.photos} photos of 512 px, {os.cpu_count()} CPU cores, torch {torch.__version__}, device {device}, "
-          f"{time.strftime('%Y-%m-%d')}")
-    print("| processes | cache | workers | images/s (epoch) | model step share | epoch s | wall s (whole command) | peak RSS GiB |")
+    print(
+        f"# {args.photos} photos of 512 px, {os.cpu_count()} CPU cores, torch {torch.__version__}, device {device}, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
+    print(
+        "| processes | cache | workers | images/s (epoch) | model step share | epoch s | wall s (whole command) | peak RSS GiB |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     results = []
     for processes, cache, workers in grid:
         r = run(data, processes, cache, workers, batch, device)
         results.append(r)
         peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "<= above"
-        print(f"| {processes} | {'on' if cache else 'off'} | {workers} | {r['images_per_s']:.0f} | {r['model_share']:.0%} | "
-              f"{r['epoch_s']:.1f} | {r['wall_s']:.1f} | {peak} |", flush=True)
+        print(
+            f"| {processes} | {'on' if cache else 'off'} | {workers} | {r['images_per_s']:.0f} | {r['model_share']:.0%} | "
+            f"{r['epoch_s']:.1f} | {r['wall_s']:.1f} | {peak} |",
+            flush=True,
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

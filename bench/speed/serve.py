@@ -40,14 +40,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the test suite's server helpers
 from helpers import free_port, start_server, stop_server  # noqa: E402
-from bench.speed.models import in_work_folder, random_run  # noqa: E402
 
+from bench.speed.models import in_work_folder, random_run  # noqa: E402
 from foodvit.data.datasource import DataSource  # noqa: E402
 from foodvit.deploy.predictor import Predictor  # noqa: E402
 
 # The course's chapter-09 app.py, its design kept (a gr.Interface, one photo per call, the default
 # queue), around the same trained model and its preprocessing written as torchvision transforms.
-PEER_APP = '''
+PEER_APP = """
 import sys, time
 import gradio as gr
 import torch
@@ -72,7 +72,7 @@ demo = gr.Interface(fn=predict, inputs=gr.Image(type="pil"),
                     outputs=[gr.Label(num_top_classes=3, label="Predictions"), gr.Number(label="Prediction time (s)")],
                     title="FoodVision Mini", analytics_enabled=False)
 demo.launch(server_name="127.0.0.1", server_port=int(sys.argv[2]))
-'''
+"""
 
 
 def rss_mib(pid: int) -> float:
@@ -115,8 +115,19 @@ def load(make, clients: int, seconds: float) -> dict:
     for t in threads:
         t.join()
     wall = time.monotonic() - began
-    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [latencies[0] if latencies else float("nan")] * 99
-    return {"clients": clients, "requests": len(latencies), "errors": errors[0], "rps": len(latencies) / wall, "p50": q[49], "p95": q[94]}
+    q = (
+        statistics.quantiles(latencies, n=100)
+        if len(latencies) > 1
+        else [latencies[0] if latencies else float("nan")] * 99
+    )
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "errors": errors[0],
+        "rps": len(latencies) / wall,
+        "p50": q[49],
+        "p95": q[94],
+    }
 
 
 def ours(url: str, photo: bytes):
@@ -163,7 +174,11 @@ def limit(model: str, photo: bytes, batch: int = 16, seconds: float = 6.0) -> di
         done += 1
     forward = (time.perf_counter() - began) / (done * batch)
     decode = statistics.median(prepare)
-    return {"decode_preprocess_ms": decode * 1e3, "forward_ms_per_photo": forward * 1e3, "photos_per_s": 1 / (decode + forward)}
+    return {
+        "decode_preprocess_ms": decode * 1e3,
+        "forward_ms_per_photo": forward * 1e3,
+        "photos_per_s": 1 / (decode + forward),
+    }
 
 
 BACKEND = {"ours-onnx": "onnx", "ours-int8": "int8"}  # the others run the run directory's PyTorch model
@@ -179,9 +194,15 @@ LABEL = {  # each server as results/serving.csv names it
 def measure(work: Path, argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", help="a trained run (default: the --model with random weights)")
-    parser.add_argument("--model", default="default", help="without --run: the architecture (default: the default recipe's)")
-    parser.add_argument("--servers", nargs="+", default=["peer", "ours-torch", "ours-onnx", "ours-int8"],
-                        choices=["peer", "ours-torch", "ours-torch-1", "ours-onnx", "ours-int8"])
+    parser.add_argument(
+        "--model", default="default", help="without --run: the architecture (default: the default recipe's)"
+    )
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        default=["peer", "ours-torch", "ours-onnx", "ours-int8"],
+        choices=["peer", "ours-torch", "ours-torch-1", "ours-onnx", "ours-int8"],
+    )
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--seconds", type=float, default=12.0, help="load time per row")
     parser.add_argument("--data", help="data source of the photo (default: $FOODVIT_DATA, else the course's zip)")
@@ -200,21 +221,29 @@ def measure(work: Path, argv=None) -> int:
     run = Path(args.run) if args.run else random_run(args.model, work / "run")
     models = {"peer": str(run), "ours-torch": str(run), "ours-torch-1": str(run)}
     if "ours-onnx" in args.servers:
-        models["ours-onnx"] = export(run, work / "model.onnx", photos=[p for p, _ in split.samples[:16]], quiet=True)["path"]
+        models["ours-onnx"] = export(run, work / "model.onnx", photos=[p for p, _ in split.samples[:16]], quiet=True)[
+            "path"
+        ]
     if "ours-int8" in args.servers:
-        done = export(run, work / "model-int8.onnx", quantize="int8", photos=[p for p, _ in split.samples[:16]], quiet=True)
+        done = export(
+            run, work / "model-int8.onnx", quantize="int8", photos=[p for p, _ in split.samples[:16]], quiet=True
+        )
         models["ours-int8"] = done["path"]
         print(f"int8 export: {json.dumps({k: v for k, v in done.items() if k != 'path'})}")
-    print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | model {run} | "
-          f"photo {photo_path.name} ({len(photo) / 1000:.0f} kB) | {args.seconds:g} s a row")
+    print(
+        f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | model {run} | "
+        f"photo {photo_path.name} ({len(photo) / 1000:.0f} kB) | {args.seconds:g} s a row"
+    )
     limits = {}
     for name in args.servers:
         backend = BACKEND.get(name, "torch")
         if backend not in limits:
             limits[backend] = limit(models[name], photo)
-            print(f"limit ({backend}): decode + preprocess {limits[backend]['decode_preprocess_ms']:.1f} ms + forward "
-                  f"{limits[backend]['forward_ms_per_photo']:.1f} ms/photo at batch 16 = {limits[backend]['photos_per_s']:.0f} photos/s",
-                  flush=True)
+            print(
+                f"limit ({backend}): decode + preprocess {limits[backend]['decode_preprocess_ms']:.1f} ms + forward "
+                f"{limits[backend]['forward_ms_per_photo']:.1f} ms/photo at batch 16 = {limits[backend]['photos_per_s']:.0f} photos/s",
+                flush=True,
+            )
     print("| server | clients | requests/s | share of the limit | p50 ms | p95 ms | errors | RSS after warm-up MiB |")
     print("|---|---|---|---|---|---|---|---|")
     results = []
@@ -228,8 +257,22 @@ def measure(work: Path, argv=None) -> int:
             make = peer(url, photo_path)
         else:
             batch = "1" if name == "ours-torch-1" else "16"
-            process, url = start_server([sys.executable, "-m", "foodvit", "serve", models[name], "--port", str(port),
-                                         "--max-batch", batch, "--no-examples"], port, env=env)
+            process, url = start_server(
+                [
+                    sys.executable,
+                    "-m",
+                    "foodvit",
+                    "serve",
+                    models[name],
+                    "--port",
+                    str(port),
+                    "--max-batch",
+                    batch,
+                    "--no-examples",
+                ],
+                port,
+                env=env,
+            )
             make = ours(url, photo)
         try:
             load(make, 2, 3.0)  # warm-up
@@ -241,21 +284,36 @@ def measure(work: Path, argv=None) -> int:
                 if args.record:
                     from bench.results import record
 
-                    record("serving", {"server": LABEL[name], "clients": clients, "requests_per_s": f"{r['rps']:.1f}",
-                                       "share_of_limit": f"{r['rps'] / top:.0%}", "p50_ms": f"{r['p50'] * 1e3:.0f}",
-                                       "p95_ms": f"{r['p95'] * 1e3:.0f}", "errors": r["errors"], "resident_mib": f"{memory:.0f}"})
-                print(f"| {name} | {clients} | {r['rps']:.1f} | {r['rps'] / top:.0%} | {r['p50'] * 1e3:.0f} | {r['p95'] * 1e3:.0f} | "
-                      f"{r['errors']} | {memory:.0f} |", flush=True)
+                    record(
+                        "serving",
+                        {
+                            "server": LABEL[name],
+                            "clients": clients,
+                            "requests_per_s": f"{r['rps']:.1f}",
+                            "share_of_limit": f"{r['rps'] / top:.0%}",
+                            "p50_ms": f"{r['p50'] * 1e3:.0f}",
+                            "p95_ms": f"{r['p95'] * 1e3:.0f}",
+                            "errors": r["errors"],
+                            "resident_mib": f"{memory:.0f}",
+                        },
+                    )
+                print(
+                    f"| {name} | {clients} | {r['rps']:.1f} | {r['rps'] / top:.0%} | {r['p50'] * 1e3:.0f} | {r['p95'] * 1e3:.0f} | "
+                    f"{r['errors']} | {memory:.0f} |",
+                    flush=True,
+                )
         finally:
             stop_server(process)
     by = {(r["server"], r["clients"]): r for r in results}
     for name in args.servers:
         if name != "peer" and ("peer", max(args.clients)) in by and (name, max(args.clients)) in by:
             c = max(args.clients)
-            print(f"{name} / peer at {c} clients: {by[(name, c)]['rps'] / by[('peer', c)]['rps']:.1f}x requests/s; "
-                  f"p95 at {min(args.clients)} client(s): {by[(name, min(args.clients))]['p95'] * 1e3:.0f} ms vs "
-                  f"{by[('peer', min(args.clients))]['p95'] * 1e3:.0f} ms; memory {by[(name, c)]['rss_mib']:.0f} vs "
-                  f"{by[('peer', c)]['rss_mib']:.0f} MiB")
+            print(
+                f"{name} / peer at {c} clients: {by[(name, c)]['rps'] / by[('peer', c)]['rps']:.1f}x requests/s; "
+                f"p95 at {min(args.clients)} client(s): {by[(name, min(args.clients))]['p95'] * 1e3:.0f} ms vs "
+                f"{by[('peer', min(args.clients))]['p95'] * 1e3:.0f} ms; memory {by[(name, c)]['rss_mib']:.0f} vs "
+                f"{by[('peer', c)]['rss_mib']:.0f} MiB"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"limits": limits, "rows": results}, indent=2))
     return 0

@@ -43,13 +43,22 @@ def install(space: Path, env: Path) -> dict:
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
     empty = du(env)
     started = time.perf_counter()
-    done = subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", "-r", str(space / "requirements.txt")],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(env / "bin" / "python"), "-m", "pip", "install", "-q", "-r", str(space / "requirements.txt")],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"installing {space / 'requirements.txt'} failed:\n{done.stderr[-3000:]}")
-    frozen = subprocess.run([str(env / "bin" / "python"), "-m", "pip", "freeze"], capture_output=True, text=True).stdout.split()
-    return {"install_s": time.perf_counter() - started, "bytes": du(env) - empty, "packages": len(frozen),
-            "torch": any(line.lower().startswith("torch") for line in frozen)}
+    frozen = subprocess.run(
+        [str(env / "bin" / "python"), "-m", "pip", "freeze"], capture_output=True, text=True
+    ).stdout.split()
+    return {
+        "install_s": time.perf_counter() - started,
+        "bytes": du(env) - empty,
+        "packages": len(frozen),
+        "torch": any(line.lower().startswith("torch") for line in frozen),
+    }
 
 
 def cold_start(space: Path, env: Path, photo: bytes, timeout: float = 300) -> float:
@@ -57,15 +66,21 @@ def cold_start(space: Path, env: Path, photo: bytes, timeout: float = 300) -> fl
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if k not in ("FOODVIT_DATA", "PYTHONPATH")}
     started = time.perf_counter()
-    process = subprocess.Popen([str(env / "bin" / "python"), "app.py"], cwd=space, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
-                                    "HF_HUB_OFFLINE": "1"})
+    process = subprocess.Popen(
+        [str(env / "bin" / "python"), "app.py"],
+        cwd=space,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"},
+    )
     try:
         while time.perf_counter() - started < timeout:
             if process.poll() is not None:
                 raise SystemExit(f"{space}/app.py exited with {process.returncode}")
             try:
-                answer = httpx.post(f"http://127.0.0.1:{port}/predict", files={"file": ("photo.jpg", photo, "image/jpeg")}, timeout=60)
+                answer = httpx.post(
+                    f"http://127.0.0.1:{port}/predict", files={"file": ("photo.jpg", photo, "image/jpeg")}, timeout=60
+                )
                 if answer.status_code == 200:
                     return time.perf_counter() - started
             except httpx.HTTPError:
@@ -79,23 +94,34 @@ def cold_start(space: Path, env: Path, photo: bytes, timeout: float = 300) -> fl
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", required=True, help="a trained run (its photos at hand: the exports check parity on them)")
-    parser.add_argument("--work", type=Path, required=True, help="where the Spaces and their environments go (kept, reused)")
+    parser.add_argument(
+        "--run", required=True, help="a trained run (its photos at hand: the exports check parity on them)"
+    )
+    parser.add_argument(
+        "--work", type=Path, required=True, help="where the Spaces and their environments go (kept, reused)"
+    )
     parser.add_argument("--starts", type=int, default=3, help="cold starts timed per Space (median; 0: install only)")
     parser.add_argument("--data", help="data source of the photo (default: $FOODVIT_DATA)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--record", action="store_true", help="append each Space's row to results/space.csv")
     args = parser.parse_args(argv)
     photo = DataSource.parse(args.data).open_split("test").samples[0][0].read_bytes()
-    print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()} | {time.strftime('%Y-%m-%d')} | run {args.run}")
-    print("| Space | installed MB | packages | torch installed | pip install s | cold start to first answer s (median) | starts |")
+    print(
+        f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()} | {time.strftime('%Y-%m-%d')} | run {args.run}"
+    )
+    print(
+        "| Space | installed MB | packages | torch installed | pip install s | cold start to first answer s (median) | starts |"
+    )
     print("|---|---|---|---|---|---|---|")
     results = {}
     for kind, options in KINDS.items():
         space, env = args.work / f"space-{kind}", args.work / f"env-{kind}"
         if not (space / "app.py").is_file():
-            subprocess.run([sys.executable, "-m", "foodvit", "export-space", args.run, str(space), *options], check=True,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, "-m", "foodvit", "export-space", args.run, str(space), *options],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
         record = args.work / f"install-{kind}.json"
         if not record.is_file():
             record.write_text(json.dumps(install(space, env)))
@@ -106,14 +132,26 @@ def main(argv=None) -> int:
         if args.record:
             from bench.results import record
 
-            record("space", {"space": f"foodvit export-space RUN DIR {' '.join(KINDS[kind])}".strip(),
-                             "installed_mb": f"{r['bytes'] / 1e6:.0f}", "packages": r["packages"], "pytorch": "yes" if r["torch"] else "no",
-                             "cold_start_s": f"{r['cold_start_s']:.1f}"})
-        print(f"| {kind} | {r['bytes'] / 1e6:,.0f} | {r['packages']} | {'yes' if r['torch'] else 'no'} | {r['install_s']:.0f} | "
-              f"{r['cold_start_s']:.1f} | {', '.join(f'{s:.1f}' for s in starts)} |", flush=True)
+            record(
+                "space",
+                {
+                    "space": f"foodvit export-space RUN DIR {' '.join(KINDS[kind])}".strip(),
+                    "installed_mb": f"{r['bytes'] / 1e6:.0f}",
+                    "packages": r["packages"],
+                    "pytorch": "yes" if r["torch"] else "no",
+                    "cold_start_s": f"{r['cold_start_s']:.1f}",
+                },
+            )
+        print(
+            f"| {kind} | {r['bytes'] / 1e6:,.0f} | {r['packages']} | {'yes' if r['torch'] else 'no'} | {r['install_s']:.0f} | "
+            f"{r['cold_start_s']:.1f} | {', '.join(f'{s:.1f}' for s in starts)} |",
+            flush=True,
+        )
     a, b = results["pytorch"], results["onnx-int8"]
-    print(f"onnx-int8 / pytorch: installed size {b['bytes'] / a['bytes']:.2f}x ({a['bytes'] / b['bytes']:.0f}x smaller), "
-          f"cold start {b['cold_start_s'] / a['cold_start_s']:.2f}x")
+    print(
+        f"onnx-int8 / pytorch: installed size {b['bytes'] / a['bytes']:.2f}x ({a['bytes'] / b['bytes']:.0f}x smaller), "
+        f"cold start {b['cold_start_s'] / a['cold_start_s']:.2f}x"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-PROBE = ("import sys, runpy; sys.argv = ['foodvit'] + {argv!r}\n"
-         "try:\n    runpy.run_module('foodvit', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-         "print('LOADED ' + ','.join(m for m in ('torch', 'torchvision', 'matplotlib', 'timm') if m in sys.modules), file=sys.stderr)")
+PROBE = (
+    "import sys, runpy; sys.argv = ['foodvit'] + {argv!r}\n"
+    "try:\n    runpy.run_module('foodvit', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+    "print('LOADED ' + ','.join(m for m in ('torch', 'torchvision', 'matplotlib', 'timm') if m in sys.modules), file=sys.stderr)"
+)
 
 
 def timed(argv: list[str], rounds: int) -> dict:
@@ -36,8 +38,13 @@ def timed(argv: list[str], rounds: int) -> dict:
             raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
     probe = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True)
     loaded = next((line[7:] for line in probe.stderr.splitlines() if line.startswith("LOADED ")), "?")
-    return {"command": "foodvit " + " ".join(argv), "median": statistics.median(seconds), "min": min(seconds),
-            "max": max(seconds), "loaded": loaded or "none of them"}
+    return {
+        "command": "foodvit " + " ".join(argv),
+        "median": statistics.median(seconds),
+        "min": min(seconds),
+        "max": max(seconds),
+        "loaded": loaded or "none of them",
+    }
 
 
 def main() -> int:

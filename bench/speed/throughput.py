@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -67,13 +66,19 @@ def make_step(model, mode: str, batch: int, device, dtype: str, channels_last: b
     x = torch.randn(batch, 3, 224, 224, device=device)
     if dtype == "bf16-pure":  # weights and activations in bf16: inference only (AdamW needs fp32 master weights)
         if mode != "infer":
-            raise SystemExit("--dtype bf16-pure is for inference (--modes infer); train under bf16 autocast (--dtype bf16)")
+            raise SystemExit(
+                "--dtype bf16-pure is for inference (--modes infer); train under bf16 autocast (--dtype bf16)"
+            )
         model.to(torch.bfloat16)
         x = x.to(torch.bfloat16)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=device)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast(device.type, enabled=False)
+    amp = (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if dtype == "bf16"
+        else torch.autocast(device.type, enabled=False)
+    )
     if mode == "infer":
         model.eval()
 
@@ -125,7 +130,9 @@ def measure(name: str, mode: str, batch: int, args) -> tuple[dict[str, float], l
         for impl, step in steps.items():
             rates[impl].append(batch * iters / time_step(step, iters, device))
     peers = [i for i in rates if i != "foodvit"]
-    paired = [rates["foodvit"][k] / max(rates[i][k] for i in peers) for k in range(args.rounds)]  # ours / best peer, per round
+    paired = [
+        rates["foodvit"][k] / max(rates[i][k] for i in peers) for k in range(args.rounds)
+    ]  # ours / best peer, per round
     if args.profile:
         for impl, step in steps.items():
             print(f"  where the time goes, {impl}: " + where_time_goes(step, device), flush=True)
@@ -172,8 +179,12 @@ def where_time_goes(step, device: torch.device, steps: int = 3) -> str:
             own = event.self_cpu_time_total
         kinds[kernel_kind(event.name)] = kinds.get(kernel_kind(event.name), 0.0) + own
     busy = sum(kinds.values())
-    shares = ", ".join(f"{k} {v / busy:.0%}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v / busy >= 0.005)
-    return shares + (f"; kernels cover {busy / (last - first):.0%} of the span from first to last (profiler on)" if cuda else "")
+    shares = ", ".join(
+        f"{k} {v / busy:.0%}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v / busy >= 0.005
+    )
+    return shares + (
+        f"; kernels cover {busy / (last - first):.0%} of the span from first to last (profiler on)" if cuda else ""
+    )
 
 
 def check(name: str, args) -> str:
@@ -196,12 +207,18 @@ def check(name: str, args) -> str:
         fp32 = ((a - b).norm() / b.norm()).item()
         low = torch.bfloat16 if args.dtype == "bf16-pure" else torch.float32
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
-            errors = {impl: ((m.to(low)(x.to(device, low)).double().cpu() - reference).norm() / reference.norm()).item()
-                      for impl, m in (("foodvit", ours), ("timm", theirs))}
+            errors = {
+                impl: ((m.to(low)(x.to(device, low)).double().cpu() - reference).norm() / reference.norm()).item()
+                for impl, m in (("foodvit", ours), ("timm", theirs))
+            }
     if not fp32 < 1e-4 or any(not e < 5e-2 for e in errors.values()):
-        raise SystemExit(f"{name}: foodvit and timm disagree on {device} (fp32 {fp32:.1e}, {args.dtype} {errors}); not timing")
-    return (f"{name} on {device}: foodvit vs timm, same weights, fp32: rel. error {fp32:.1e}; {args.dtype} vs float64: "
-            + ", ".join(f"{i} {e:.1e}" for i, e in errors.items()))
+        raise SystemExit(
+            f"{name}: foodvit and timm disagree on {device} (fp32 {fp32:.1e}, {args.dtype} {errors}); not timing"
+        )
+    return (
+        f"{name} on {device}: foodvit vs timm, same weights, fp32: rel. error {fp32:.1e}; {args.dtype} vs float64: "
+        + ", ".join(f"{i} {e:.1e}" for i, e in errors.items())
+    )
 
 
 def peak_memory(name: str, impl: str, batch: int, args) -> float:
@@ -214,7 +231,9 @@ def peak_memory(name: str, impl: str, batch: int, args) -> float:
         f"s = t.make_step(m, 'train', {batch}, d, '{args.dtype}', False)\n"
         "print(t.peak_during(lambda: [s() for _ in range(3)], d))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
+    )
     return float(out.stdout.strip().splitlines()[-1]) / batch
 
 
@@ -269,11 +288,20 @@ def record_row(row: dict, device: torch.device, args) -> None:
     """One row of results/throughput.csv: images/s of each implementation and the ratio to the fastest peer."""
     from bench.results import record
 
-    record("throughput", {
-        "device": "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device), "model": row["model"],
-        "step": "inference" if row["mode"] == "infer" else "training", "batch": row["batch"], "precision": args.dtype,
-        "compiled": ", ".join(args.compiled) or "no", **{i: f"{row[i]:.4g}" if i in row else "" for i in ("foodvit", "timm", "torchvision")},
-        "ratio_to_fastest_peer": f"{row['ratio']:.2f}x", "mfu": f"{row['mfu']['foodvit']:.1%}" if "mfu" in row else ""})
+    record(
+        "throughput",
+        {
+            "device": "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device),
+            "model": row["model"],
+            "step": "inference" if row["mode"] == "infer" else "training",
+            "batch": row["batch"],
+            "precision": args.dtype,
+            "compiled": ", ".join(args.compiled) or "no",
+            **{i: f"{row[i]:.4g}" if i in row else "" for i in ("foodvit", "timm", "torchvision")},
+            "ratio_to_fastest_peer": f"{row['ratio']:.2f}x",
+            "mfu": f"{row['mfu']['foodvit']:.1%}" if "mfu" in row else "",
+        },
+    )
 
 
 def main(argv=None) -> int:
@@ -282,21 +310,44 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "bf16-pure"],
-                        help="bf16: autocast (fp32 weights and residual stream); bf16-pure: the model in bf16 (inference)")
-    parser.add_argument("--compile", nargs="*", metavar="IMPL", help="torch.compile these implementations "
-                        "(no names: all); e.g. --compile foodvit times ours compiled against the peers eager")
-    parser.add_argument("--compile-mode", default=None, choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
-                        help="torch.compile mode (reduce-overhead: CUDA graphs)")
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "bf16", "bf16-pure"],
+        help="bf16: autocast (fp32 weights and residual stream); bf16-pure: the model in bf16 (inference)",
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="*",
+        metavar="IMPL",
+        help="torch.compile these implementations "
+        "(no names: all); e.g. --compile foodvit times ours compiled against the peers eager",
+    )
+    parser.add_argument(
+        "--compile-mode",
+        default=None,
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+        help="torch.compile mode (reduce-overhead: CUDA graphs)",
+    )
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=3, help="steps per timed round")
-    parser.add_argument("--min-images", type=int, default=16, help="each timed round runs at least this many images (more steps at small batches)")
+    parser.add_argument(
+        "--min-images",
+        type=int,
+        default=16,
+        help="each timed round runs at least this many images (more steps at small batches)",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory", action="store_true", help="also peak training memory per image (subprocesses)")
-    parser.add_argument("--peak-tflops", type=float, help="bf16 matrix peak for MFU (default: measured here, "
-                        "an 8192^3 product; REFERENCE: ~800 on the lent H100)")
-    parser.add_argument("--check", action="store_true", help="first check on the device that ours equals timm (same weights)")
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="bf16 matrix peak for MFU (default: measured here, an 8192^3 product; REFERENCE: ~800 on the lent H100)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="first check on the device that ours equals timm (same weights)"
+    )
     parser.add_argument("--profile", action="store_true", help="also print the share of device time by kind of kernel")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--record", action="store_true", help="append each row to results/throughput.csv")
@@ -304,12 +355,18 @@ def main(argv=None) -> int:
     args.compiled = ["foodvit", "timm", "torchvision"] if args.compile == [] else (args.compile or [])
     device = torch.device(args.device)
     rows = []
-    header = f"{'model':<10} {'mode':<6} {'batch':>5}  " + "  ".join(f"{i:>12}" for i in ("foodvit", "timm", "torchvision")) + "   ours/best peer"
+    header = (
+        f"{'model':<10} {'mode':<6} {'batch':>5}  "
+        + "  ".join(f"{i:>12}" for i in ("foodvit", "timm", "torchvision"))
+        + "   ours/best peer"
+    )
     compiled = f" | compiled ({args.compile_mode or 'default'}): {', '.join(args.compiled)}" if args.compiled else ""
     print(f"{machine(device)} | {args.dtype}{compiled} | {time.strftime('%Y-%m-%d')}")
     if device.type == "cuda" and args.peak_tflops is None:
         args.peak_tflops = matmul_peak_tflops(device)
-        print(f"bf16 matrix-product ceiling measured here (8192^3, random data): {args.peak_tflops:.0f} TFLOP/s; MFU is against it")
+        print(
+            f"bf16 matrix-product ceiling measured here (8192^3, random data): {args.peak_tflops:.0f} TFLOP/s; MFU is against it"
+        )
     if args.check:
         for name in args.models:
             print(check(name, args), flush=True)
@@ -321,15 +378,27 @@ def main(argv=None) -> int:
             for batch in args.batch_sizes:
                 r, paired = measure(name, mode, batch, args)
                 peers = [r[i] for i in ("timm", "torchvision") if i in r]
-                row = {"model": name, "mode": mode, "batch": batch, **r, "ratio": r["foodvit"] / max(peers), "round_ratios": paired}
+                row = {
+                    "model": name,
+                    "mode": mode,
+                    "batch": batch,
+                    **r,
+                    "ratio": r["foodvit"] / max(peers),
+                    "round_ratios": paired,
+                }
                 if device.type == "cuda":
-                    row["mfu"] = {i: r[i] * flops[i] * (3 if mode == "train" else 1) / (args.peak_tflops * 1e12) for i in implementations(name)}
+                    row["mfu"] = {
+                        i: r[i] * flops[i] * (3 if mode == "train" else 1) / (args.peak_tflops * 1e12)
+                        for i in implementations(name)
+                    }
                 if args.memory and mode == "train":
                     row["mem_mib_per_image"] = {i: peak_memory(name, i, batch, args) for i in implementations(name)}
                 rows.append(row)
                 if args.record:
                     record_row(row, device, args)
-                cells = "  ".join(f"{r[i]:>12.2f}" if i in r else f"{'--':>12}" for i in ("foodvit", "timm", "torchvision"))
+                cells = "  ".join(
+                    f"{r[i]:>12.2f}" if i in r else f"{'--':>12}" for i in ("foodvit", "timm", "torchvision")
+                )
                 line = f"{name:<10} {mode:<6} {batch:>5}  {cells}   {row['ratio']:.3f}x  per round {statistics.median(paired):.3f}x ({min(paired):.2f}-{max(paired):.2f})"
                 if "mfu" in row:
                     line += "  MFU " + " ".join(f"{i} {v:.1%}" for i, v in row["mfu"].items())
