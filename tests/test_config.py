@@ -170,6 +170,21 @@ def test_each_dependent_setting_needs_its_objective_on(objective):
         assert getattr(objective.settings(weight=1.0, **{field: value}), field) == value
 
 
+def test_an_objective_turned_off_from_the_command_line_takes_the_recipes_dependent_settings_off_with_it(capsys):
+    """`--guidance 0` on the default recipe (whose guidance schedule is linear) had been refused, asking to add a
+    guidance weight: the user turning guidance off could not. A dependent given too still counts as asked."""
+    from foodvit.cli.main import main
+    from foodvit.model.resolve import resolve
+
+    config = resolve("default", {"guidance.weight": 0.0})
+    assert config.guidance.weight == 0 and config.guidance.schedule == "constant" and config.guidance.stages == 3
+    assert resolve("default", {"masked.weight": 0.0}).masked.weight == 0
+    with pytest.raises(ConfigError, match=r"--guidance-schedule sets how the weight"):
+        resolve("default", {"guidance.weight": 0.0, "guidance.schedule": "linear"})
+    assert main(["train", "--guidance", "0", "--guidance-schedule", "linear", "--out", "x"]) == 2
+    assert "--guidance-schedule sets how the weight" in capsys.readouterr().err
+
+
 def test_train_takes_a_recipe_and_overrides(tmp_path):
     from helpers import make_photo_folder
 

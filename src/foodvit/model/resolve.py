@@ -18,6 +18,7 @@ from foodvit.model.variants import without_recipe_resizing
 from foodvit.recipes import load_recipe
 from foodvit.settings.layout import current_names
 from foodvit.settings.model import VitSettings
+from foodvit.settings.objectives import OBJECTIVES
 from foodvit.settings.overrides import apply_overrides, with_settings
 from foodvit.settings.run import DEFAULT_RECIPE, RunConfig
 
@@ -31,6 +32,21 @@ TRANSFER_KEEPS = ("dropout", "attn_dropout", "drop_path")
 TRANSFER_OFF = {"masked.weight": 0.0, "masked.pixels": False}
 
 
+def with_objectives_off(given: dict[str, Any]) -> dict[str, Any]:
+    """An objective turned off by its weight (`--guidance 0`) takes its dependent settings off with it unless they
+    are given too: a recipe's `guidance.schedule = "linear"` means something only with guidance on, so it must not
+    stop the user who turns guidance off from the command line."""
+    out = dict(given)
+    for objective in OBJECTIVES:
+        weight = given.get(objective.weight_key)
+        if weight is None or float(weight) > 0:
+            continue
+        for dependent in objective.dependents:
+            if out.get(dependent.key) is None:
+                out[dependent.key] = dependent.off
+    return out
+
+
 def resolve(
     recipe: str = DEFAULT_RECIPE,
     overrides: Mapping[str, Any] | None = None,
@@ -41,7 +57,7 @@ def resolve(
     """A run's settings: the recipe, then the overrides, then, with pre-trained weights (`pretrained`, or
     "train.pretrained" among the overrides or in the recipe), the model that the weights dictate
     (pretrained.adapt_config; a `model` that disagrees stops the run)."""
-    given = current_names(overrides or {})
+    given = with_objectives_off(current_names(overrides or {}))
     given.update({"train.pretrained": pretrained} if pretrained else {})
     base = load_recipe(recipe)
     config = without_recipe_resizing(base, apply_overrides(base, given, model=model), given)
