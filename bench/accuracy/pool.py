@@ -37,13 +37,18 @@ def keep(study: Path) -> Path:
     return where
 
 
+def protocol(identity: dict, found: dict) -> str:
+    """How a pool study scored, as studies.csv's protocol column says it: the pool's photos and the seeds."""
+    seeds = " ".join(map(str, identity.get("seeds", [])))
+    return f"validation pool, {found['n']} photos ({identity.get('dropped', 0)} dropped), training seeds {seeds}"
+
+
 def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict:
     """The studies.csv row of STUDY against BASE on the pool: B - A, its paired standard error (the photo the unit,
     each photo's answers averaged over the seeds first) and the answers (a photo under each seed) right only in one."""
     result, line = compare_studies(base, study)
     identity = study_identity(study)
     found = read_study(study)
-    seeds = identity.get("seeds", [])
     difference, se = result["difference"], result["standard_error"]
     # the component's (or the change's) worth; 0.0 - x, never -0.000
     worth = 0.0 - difference if removes else difference
@@ -53,8 +58,7 @@ def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict
         "overrides": options or (line.rsplit(" changes ", 1)[1] if " changes " in line else ""),
         "recipe": "default",
         "data": DATA,
-        "protocol": f"validation pool, {found['n']} photos ({identity.get('dropped', 0)} dropped), "
-        f"training seeds {' '.join(map(str, seeds))}",
+        "protocol": protocol(identity, found),
         "accuracy": round(found["accuracy"], 4),
         "difference": f"{difference:+.4f}",
         "difference_se": f"{se:.4f}",
@@ -79,8 +83,7 @@ def baseline(base: Path, idea: str) -> dict:
         "overrides": "",
         "recipe": "default",
         "data": DATA,
-        "protocol": f"validation pool, {found['n']} photos ({identity.get('dropped', 0)} dropped), "
-        f"training seeds {' '.join(map(str, identity.get('seeds', [])))}",
+        "protocol": protocol(identity, found),
         "accuracy": round(found["accuracy"], 4),
         "difference": "",
         "difference_se": "",

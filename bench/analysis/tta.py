@@ -17,11 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from foodvit.data.folders import scan
+from foodvit.data.photos import load_or_explain
+from foodvit.data.preprocess import to_array
 from foodvit.deploy.predictor import Predictor
+from foodvit.recipes import load_recipe
 from foodvit.tuning.compare import read_study
 from foodvit.tuning.cv import summarise, write_study
 from foodvit.tuning.fold import per_class, prediction_record
@@ -30,10 +35,6 @@ from foodvit.tuning.folds import fold_folder, fold_name, photo_key
 
 def views(predictor: Predictor, image, kinds: list[str]) -> np.ndarray:
     """The model's inputs for one decoded photo: itself, then each asked view (V, 3, S, S)."""
-    from dataclasses import replace
-
-    from foodvit.data.preprocess import to_array
-
     first = to_array(predictor.preprocess, image)
     out = [first]
     if "zoom" in kinds:
@@ -46,9 +47,6 @@ def views(predictor: Predictor, image, kinds: list[str]) -> np.ndarray:
 
 def score(run: Path, folder: Path, kinds: list[str]) -> tuple[list[dict], float, float]:
     """Each held-out photo's prediction with the views averaged, and the seconds a photo takes with and without."""
-    from foodvit.data.folders import scan
-    from foodvit.data.photos import load_or_explain
-
     predictor = Predictor.from_run(run)
     held = scan(folder / "test")
     records, plain_s, viewed_s = [], 0.0, 0.0
@@ -106,11 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "study.json").write_text(json.dumps(identity, indent=1))
     result = summarise(results)
-    from dataclasses import replace
-
     result = replace(result, pool=found.get("study", {}).get("pool", ""))
-    from foodvit.recipes import load_recipe
-
     write_study(args.out, load_recipe(found["recipe"]), result, results, identity)
     print(f"{study}: {found['accuracy']:.3f}; with {'+'.join(kinds)}: {result.accuracy:.3f}")
     print(f"model time a photo: {1000 * np.mean(plain):.1f} ms alone, {1000 * np.mean(viewed):.1f} ms with the views")
