@@ -28,6 +28,15 @@ def test_the_layer_contracts_hold():
     assert "Contracts: 3 kept, 0 broken." in result.stdout
 
 
+@pytest.mark.slow  # a minute of one core on a fresh checkout (seconds with its cache); `make lint` runs it too
+def test_the_types_check():
+    # mypy as pyproject.toml configures it (src/foodvit, Python 3.10): part of `make test`
+    mypy = Path(sys.executable).with_name("mypy")
+    result = subprocess.run([str(mypy)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Success: no issues found" in result.stdout
+
+
 def test_a_wrong_import_breaks_the_contracts(tmp_path):
     # the model layer reaching up into training, and the Predictor importing torch at module level
     shutil.copytree(
