@@ -209,27 +209,27 @@ def test_a_teacher_of_its_own_side_that_would_see_one_photo_is_told_of_its_side(
         train(config, tmp_path / "one", quiet=True)
 
 
-@pytest.mark.slow  # three trainings; the teacher's reuse is also shown by the interruption test
-def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
-    whole = train(distilled(photos, epochs=3), tmp_path / "whole", quiet=True)
+@pytest.mark.slow  # a stopped training and its resume; the teacher's reuse is also shown by the interruption test
+def test_a_resumed_run_loads_its_teacher_and_ends_as_an_uninterrupted_one(photos, distilled_run, tmp_path, monkeypatch):
+    _, whole = distilled_run  # the same settings, uninterrupted
     out = tmp_path / "stopped"
     import foodvit.training.trainer as T
 
     calls = {"n": 0}
     real = T.fit
 
-    def stop_after_two_student_epochs(model, *args, **kwargs):
+    def stop_after_one_student_epoch(model, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:  # the student's fit (the teacher's is the first)
-            kwargs = {**kwargs, "epochs": 2}
+            kwargs = {**kwargs, "epochs": 1}
         return real(model, *args, **kwargs)
 
     import foodvit.training.stages as S  # the teacher's fit runs there
 
     for module in (T, S):
-        monkeypatch.setattr(module, "fit", stop_after_two_student_epochs)
-    train(distilled(photos, epochs=3), out, quiet=True)
-    assert len(load_checkpoint(out / "checkpoint.pt")["history"]) == 2
+        monkeypatch.setattr(module, "fit", stop_after_one_student_epoch)
+    train(distilled(photos, epochs=2), out, quiet=True)
+    assert len(load_checkpoint(out / "checkpoint.pt")["history"]) == 1
     for module in (T, S):
         monkeypatch.setattr(module, "fit", real)
     saved_teacher = (out / "teacher.pt").read_bytes()

@@ -3,6 +3,7 @@ rendezvous train the same run as one process, rank 0 alone writing; a killed ran
 and the run, resumed on three processes, ends as one process's (that run with sharpness-aware minimisation)."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -217,6 +218,53 @@ print("default handler back:", signal.getsignal(signal.SIGTERM) is signal.SIG_DF
 """
 
 
+# Each moment runs in a process of its own (it changes the process's signal handlers and torch.distributed), forked
+# from one Python that imported PyTorch once, still single-threaded: the scenario's output and exit status, by moment
+FORKS = """
+import json, os, sys, traceback
+import foodvit.training.distributed  # torch.distributed and the Context, imported before the forks
+scenario, folder, statuses = sys.argv[1], sys.argv[2], {}
+for when in sys.argv[3:]:
+    pid = os.fork()
+    if pid == 0:
+        for fd, name in ((1, "out"), (2, "err")):
+            os.dup2(os.open(os.path.join(folder, f"{when}.{name}"), os.O_WRONLY | os.O_CREAT), fd)
+        sys.argv = ["-c", when]
+        code = 0
+        try:
+            exec(scenario, {"__name__": "__main__"})
+        except SystemExit as stop:
+            code = stop.code
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
+    statuses[when] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(statuses))
+"""
+MOMENTS = ("training", "message", "teardown", "every rank")
+
+
+@pytest.fixture(scope="module")
+def sigterm_scenarios(tmp_path_factory) -> dict:
+    """{moment: (exit status, stdout, stderr)} of SIGTERM_SCENARIO at each of MOMENTS."""
+    folder = tmp_path_factory.mktemp("sigterm")
+    done = subprocess.run(
+        [sys.executable, "-c", FORKS, SIGTERM_SCENARIO, str(folder), *MOMENTS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    statuses = json.loads(done.stdout)
+    return {
+        when: (statuses[when], (folder / f"{when}.out").read_text(), (folder / f"{when}.err").read_text())
+        for when in MOMENTS
+    }
+
+
 @pytest.mark.parametrize(
     "when, message",
     [
@@ -232,14 +280,12 @@ print("default handler back:", signal.getsignal(signal.SIGTERM) is signal.SIG_DF
         ("every rank", "rank 1: the photos are not there"),
     ],
 )
-def test_torchruns_sigterm_stops_a_rank_once_and_never_cuts_off_its_message(when, message):
+def test_torchruns_sigterm_stops_a_rank_once_and_never_cuts_off_its_message(sigterm_scenarios, when, message):
     # before a peer is lost, SIGTERM stops the rank with its own message; after, the rank is already stopping
     # with a better one, which a second error must not replace nor the default handler end unprinted
-    done = subprocess.run(
-        [sys.executable, "-c", SIGTERM_SCENARIO, when], capture_output=True, text=True, timeout=60, env=ENV
-    )
-    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert done.stdout.splitlines() == [message, "default handler back: True"]
+    status, out, err = sigterm_scenarios[when]
+    assert status == 0, (status, err[-2000:])
+    assert out.splitlines() == [message, "default handler back: True"]
 
 
 def _children(pid: int) -> list[int]:

@@ -154,6 +154,14 @@ def guided(photos, epochs, schedule="constant"):
     )
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(photos, tmp_path_factory):
+    """(folder, result) of guided(photos, 2, "linear") trained uninterrupted, once for the tests that compare a
+    stopped or staged run with it: its ResNet-18 teacher is most of a test's time."""
+    out = tmp_path_factory.mktemp("guided") / "whole"
+    return out, train(guided(photos, 2, "linear"), out, quiet=True)
+
+
 def test_the_linear_schedule_moves_the_weight_to_the_first_epochs_and_halves_it_in_all():
     assert [epoch_weight(0.5, "constant", e, 4) for e in range(4)] == [0.5] * 4
     assert [epoch_weight(2.0, "linear", e, 4) for e in range(4)] == [2.0, 1.5, 1.0, 0.5]
@@ -195,15 +203,17 @@ def test_a_schedule_needs_guidance_and_each_epoch_trains_at_its_weight(photos, t
     torch.testing.assert_close(last, 0.25 * first)
 
 
-@pytest.mark.slow  # two trainings and a resume; exact resume itself is shown fast in test_train
-def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(photos, tmp_path, monkeypatch):
+@pytest.mark.slow  # a stopped training and its resume; exact resume itself is shown fast in test_train
+def test_a_guided_run_keeps_its_adapters_and_resumes_as_an_uninterrupted_one(
+    photos, uninterrupted, tmp_path, monkeypatch
+):
     """With the linear schedule: the resumed epoch trains at its own weight (0.5), as the whole run's did."""
-    whole = train(guided(photos, 2, "linear"), tmp_path / "whole", quiet=True)
-    state = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
+    whole_run, whole = uninterrupted
+    state = load_checkpoint(whole_run / "checkpoint.pt")
     assert set(state["guidance"]) == {f"{k}.{p}" for k in range(3) for p in ("weight", "bias")}
     assert not any(k.startswith("adapters") for k in state["model"])  # the model file holds the ViT alone
-    assert (tmp_path / "whole" / "teacher.pt").is_file()
-    assert "locality guidance, weight 1, falling linearly towards 0" in (tmp_path / "whole" / "report.md").read_text()
+    assert (whole_run / "teacher.pt").is_file()
+    assert "locality guidance, weight 1, falling linearly towards 0" in (whole_run / "report.md").read_text()
     import foodvit.training.stages as S  # the teacher's fit runs there
     import foodvit.training.trainer as T
 
@@ -261,13 +271,13 @@ def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_pa
         torch.testing.assert_close(saved["model"][key], alone[key], rtol=0, atol=0)
 
 
-def test_a_run_started_up_to_its_first_epoch_resumes_to_the_whole_runs_model(photos, tmp_path):
+def test_a_run_started_up_to_its_first_epoch_resumes_to_the_whole_runs_model(photos, uninterrupted, tmp_path):
     """foodvit cv --jobs trains a fold's teacher as a task of its own (train_stages), then the fold's task resumes
     the run: the same teacher, the same model, to the bit."""
     import foodvit
     from foodvit.training.run import train_stages
 
-    whole = train(guided(photos, 2, "linear"), tmp_path / "whole", quiet=True)
+    whole_run, whole = uninterrupted
     train_stages(guided(photos, 2, "linear"), tmp_path / "staged")
     staged = load_checkpoint(tmp_path / "staged" / "checkpoint.pt")
     assert staged["epoch"] == 0 and not (tmp_path / "staged" / "model.safetensors").exists()
@@ -276,7 +286,7 @@ def test_a_run_started_up_to_its_first_epoch_resumes_to_the_whole_runs_model(pho
     assert [{k: v for k, v in r.items() if k not in timing} for r in resumed.history] == [
         {k: v for k, v in r.items() if k not in timing} for r in whole.history
     ]
-    teachers = [load_checkpoint(tmp_path / run / "teacher.pt")["model"] for run in ("whole", "staged")]
+    teachers = [load_checkpoint(run / "teacher.pt")["model"] for run in (whole_run, tmp_path / "staged")]
     assert all(torch.equal(teachers[0][k], teachers[1][k]) for k in teachers[0])
-    models = [foodvit.load_model(tmp_path / run).state_dict() for run in ("whole", "staged")]
+    models = [foodvit.load_model(run).state_dict() for run in (whole_run, tmp_path / "staged")]
     assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])

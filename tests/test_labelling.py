@@ -11,16 +11,16 @@ import sys
 import time
 
 import pytest
-from helpers import make_photo, run_without_torch, train_tiny_run
+from helpers import make_photo, run_without_torch
 
 from foodvit.cli.main import main
 from foodvit.deploy.predictor import Predictor
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out, _ = train_tiny_run(tmp_path_factory, "labeller")
-    return out
+def run(shared_run):
+    """The suite's trained tiny run (the tests read it, never change it)."""
+    return shared_run[0]
 
 
 @pytest.fixture(scope="module")
@@ -272,12 +272,11 @@ def test_bad_inputs_and_outputs_are_one_line_and_write_nothing(run, tree, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def onnx_file(run, tmp_path_factory):
+def onnx_file(request):
+    """`foodvit export` of the run: the suite's shared export of it."""
     pytest.importorskip("onnxruntime", reason="the .onnx test needs the export extra: pip install -e '.[export]'")
     pytest.importorskip("onnxscript", reason="the .onnx test needs the export extra: pip install -e '.[export]'")
-    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
-    assert main(["export", str(run), "--out", str(path)]) == 0
-    return path
+    return request.getfixturevalue("shared_onnx")  # exported only once the extra is known to be there
 
 
 @pytest.mark.slow  # an export and a second process

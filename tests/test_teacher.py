@@ -18,7 +18,7 @@ def rows(run):
         return [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in csv.DictReader(f)]
 
 
-@pytest.mark.slow  # three trainings through the CLI, a teacher each (about 30 s of CPU)
+@pytest.mark.slow  # three trainings through the CLI of two epochs, a teacher each
 def test_a_run_stopped_in_its_teacher_stage_resumes_to_the_uninterrupted_end(tmp_path, monkeypatch, capsys):
     import foodvit.training.teacher as T
 
@@ -30,7 +30,7 @@ def test_a_run_stopped_in_its_teacher_stage_resumes_to_the_uninterrupted_end(tmp
         "--recipe",
         "tiny",
         "--epochs",
-        "3",
+        "2",
         "--image-size",
         "32",
         "--depth",
@@ -46,16 +46,16 @@ def test_a_run_stopped_in_its_teacher_stage_resumes_to_the_uninterrupted_end(tmp
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
     real = T.epoch_line
 
-    def stop_after_the_second_teacher_epoch(row, epochs):
-        if row["epoch"] == 2:
+    def stop_after_the_first_teacher_epoch(row, epochs):
+        if row["epoch"] == 1:
             raise KeyboardInterrupt  # as a ctrl-C (or a kill) while the teacher trains
         return real(row, epochs)
 
-    monkeypatch.setattr(T, "epoch_line", stop_after_the_second_teacher_epoch)
+    monkeypatch.setattr(T, "epoch_line", stop_after_the_first_teacher_epoch)
     stopped = tmp_path / "stopped"
     assert main([*args, "--out", str(stopped)]) != 0
     assert (stopped / TEACHER_PROGRESS).is_file() and not (stopped / TEACHER_FILE).exists()
-    assert len(load_checkpoint(stopped / TEACHER_PROGRESS)["history"]) == 2
+    assert len(load_checkpoint(stopped / TEACHER_PROGRESS)["history"]) == 1
     monkeypatch.setattr(T, "epoch_line", real)
     capsys.readouterr()
     assert main(["train", "--resume", str(stopped), "--quiet"]) == 0

@@ -162,15 +162,14 @@ def _metrics(path):
     ]
 
 
-@pytest.mark.slow  # three Pythons; test_distill resumes interrupted runs in-process to the uninterrupted one
+@pytest.mark.slow  # two Pythons; test_distill resumes interrupted runs in-process to the uninterrupted one
 def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
+    from foodvit.cli.main import main
+
     # --deterministic: on a GPU, bf16 attention and gather backward add with atomics, and without it
     # two uninterrupted runs already differ by rounding (seen on an H100); the resumed run reads it
     # back from the run's config. On the CPU it changes nothing.
-    args = [
-        sys.executable,
-        "-m",
-        "foodvit",
+    options = [
         "train",
         "--recipe",
         "tiny",
@@ -192,15 +191,14 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
         "true",
         "--quiet",
     ]
-    # the uninterrupted run goes on beside the victim (three Pythons one after another were this test's
-    # wall time); should an assertion below fail first, it still ends by itself after its 6 epochs
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one core each, the same threads for all three runs
-    full = subprocess.Popen(
-        args + ["--out", str(tmp_path / "full")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
     victim = tmp_path / "killed"
-    proc = subprocess.Popen(args + ["--out", str(victim)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "foodvit", *options, "--out", str(victim)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     while not (victim / "checkpoint.pt").exists():
         assert proc.poll() is None, proc.stderr.read().decode()
@@ -211,17 +209,24 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     done = torch.load(victim / "checkpoint.pt", weights_only=True)["epoch"]
     assert 1 <= done < 6  # killed mid-run, with at least one finished epoch on disk
     assert not (victim / "model.safetensors").exists()
-    _, err = full.communicate(timeout=300)
-    assert full.returncode == 0, err
 
-    resumed = subprocess.run(
+    # the resumed run goes on beside the uninterrupted one, which this process trains on one thread as the other
+    # two did; should an assertion below fail first, the resumed run still ends by itself after its epochs
+    resumed = subprocess.Popen(
         [sys.executable, "-m", "foodvit", "train", "--resume", str(victim), "--quiet"],
         env=env,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
-    assert resumed.returncode == 0, resumed.stderr
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main([*options, "--out", str(tmp_path / "full")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
     assert _metrics(victim / "metrics.csv") == _metrics(tmp_path / "full" / "metrics.csv")
     a, b = foodvit.load_model(victim), foodvit.load_model(tmp_path / "full")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))

@@ -3,6 +3,7 @@
 temporary folder), every trial run once, the study as on SQLite. Skipped, saying why, without
 PostgreSQL's programs (failed instead under CI=true: .ci/run installs them) or its driver."""
 
+import contextlib
 import glob
 import json
 import os
@@ -28,7 +29,7 @@ def postgres_program(name: str) -> str | None:
 
 
 class Server:
-    """A PostgreSQL server of its own, for one test: its URL, and its stop and start again."""
+    """A PostgreSQL server of its own, for a test or a module: its URL, and its stop and start again."""
 
     def __init__(self, folder: Path, user: dict) -> None:
         self.pg_ctl, self.data, self.folder = postgres_program("pg_ctl"), folder / "data", folder
@@ -59,9 +60,9 @@ class Server:
         subprocess.run(stop, **{**self.run, "check": False})
 
 
-@pytest.fixture
-def postgres_server():
-    """A PostgreSQL server of its own, started for this test alone."""
+@contextlib.contextmanager
+def started_server():
+    """A PostgreSQL server of its own, started for the block, stopped and removed after it."""
     initdb, pg_ctl = postgres_program("initdb"), postgres_program("pg_ctl")
     if not (initdb and pg_ctl):
         missing_tool("PostgreSQL's initdb and pg_ctl are not installed (Debian: apt-get install postgresql)")
@@ -86,9 +87,18 @@ def postgres_server():
 
 
 @pytest.fixture
-def postgres(postgres_server):
-    """The URL of a PostgreSQL server of its own, for this test alone."""
-    return postgres_server.url
+def postgres_server():
+    """A PostgreSQL server of its own, started for this test alone (which may stop and start it)."""
+    with started_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """The URL of a PostgreSQL server that this module's tests share, each in studies of its own (none stops it):
+    a server's initdb and start cost seconds."""
+    with started_server() as server:
+        yield server.url
 
 
 def study_in(folder: Path, url: str):
