@@ -58,7 +58,7 @@ def _photos(run):
 
 
 @pytest.fixture(scope="module")
-def served(exported):
+def served(exported, tmp_path_factory):
     """{name: url}: `foodvit serve` of each of exported's files, each in a process where importing torch fails,
     started together and shared by the tests below, which only send them requests. Each is stopped at the end as
     Ctrl+C stops it: the server stops and main returns 130; then the check for torch modules runs, over all that
@@ -67,7 +67,11 @@ def served(exported):
     try:
         ports = {name: free_port() for name in exported}
         for name, path in exported.items():  # launched together: one imports Gradio while another waits for a core
-            processes[name] = launch_server(without_torch(["serve", path, "--port", ports[name], "--threads", "1"]))
+            # an upload cache of each server's own: Gradio files an upload under its content's hash, and a server
+            # elsewhere (another test process) that stops deletes the files it received, the same photo among them
+            cache = {"GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("gradio"))}
+            command = without_torch(["serve", path, "--port", ports[name], "--threads", "1"])
+            processes[name] = launch_server(command, env=cache)
         for name, port in ports.items():
             urls[name] = wait_for_server(processes[name], port)
         yield urls
