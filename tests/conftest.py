@@ -193,6 +193,26 @@ def shared_onnx_attention(shared_run, tmp_path_factory, _shared_files_unchanged)
 
 
 @pytest.fixture(scope="session")
+def shared_onnx_int8(shared_run, tmp_path_factory, _shared_files_unchanged) -> tuple[Path, str]:
+    """(file, what the command printed): shared_run exported by `foodvit export --quantize int8`, which measures
+    static and dynamic int8 and keeps one (test_export and test_quantize read it)."""
+    import contextlib
+    import io
+
+    from foodvit.cli.main import main
+
+    def make(folder):
+        folder.mkdir()
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(["export", str(shared_run[0]), "--out", str(folder / "int8.onnx"), "--quantize", "int8"]) == 0
+        (folder / "printed.txt").write_text(printed.getvalue())
+
+    folder = _made_once(tmp_path_factory, _shared_files_unchanged, "int8", make)
+    return folder / "int8.onnx", (folder / "printed.txt").read_text()
+
+
+@pytest.fixture(scope="session")
 def shared_server(shared_run):
     """The base URL of `foodvit serve` on shared_run, with an upload limit of UPLOAD_LIMIT_MB."""
     from helpers import free_port, start_server, stop_server

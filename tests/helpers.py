@@ -121,33 +121,52 @@ def start_server(command: list[str], port: int, cwd=None, env=None, timeout: flo
     """Start a server process and wait until GET `ready` answers; (process, base URL). The caller
     stops it (stop_server). The process's output goes to a temporary file, quoted in the failure
     message and removed by stop_server."""
+    process = launch_server(command, cwd, env)
+    return process, wait_for_server(process, port, timeout, ready)
+
+
+def launch_server(command: list[str], cwd=None, env=None):
+    """The server process of start_server, started and not waited for (wait_for_server): servers launched one
+    after another start side by side. Its output goes to a temporary file (server_output)."""
     import os
     import subprocess
     import tempfile
-    import time
-
-    import httpx
 
     log = tempfile.NamedTemporaryFile("w+", prefix="foodvit-server-", suffix=".log", delete=False)
     process = subprocess.Popen(
         command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
     )
     process.log_path = log.name
+    log.close()
+    return process
+
+
+def server_output(process) -> str:
+    """The end of what a launch_server process wrote (its output file's name first)."""
+    with open(process.log_path) as log:
+        return f"(output in {process.log_path}):\n{log.read()[-3000:]}"
+
+
+def wait_for_server(process, port: int, timeout: float = 120.0, ready: str = "/health") -> str:
+    """Wait until GET `ready` of a launch_server process answers 200: its base URL; killed, and a RuntimeError
+    quoting its output, if it exits or does not answer within `timeout` seconds."""
+    import time
+
+    import httpx
+
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"server exited with {process.returncode} (output in {log.name}):\n{log.read()[-3000:]}")
+            raise RuntimeError(f"server exited with {process.returncode} {server_output(process)}")
         try:
             if httpx.get(url + ready, timeout=2).status_code == 200:
-                return process, url
+                return url
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
     process.kill()
-    log.seek(0)
-    raise RuntimeError(f"server did not answer within {timeout:.0f} s (output in {log.name}):\n{log.read()[-3000:]}")
+    raise RuntimeError(f"server did not answer within {timeout:.0f} s {server_output(process)}")
 
 
 def stop_server(process) -> None:

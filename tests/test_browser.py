@@ -3,7 +3,8 @@
 Enable on a machine without it: `apt-get install -y chromium` (.ci/run does this) and the test
 extra (`pip install -e '.[test,serve]'`, which make test installs). Playwright's own browser
 download is never used: the test points Playwright at /usr/bin/chromium. Without Chromium the tests
-skip, saying so, or fail under CI=true.
+skip, saying so, or fail under CI=true. The page of an .onnx file in the browser is test_serve_onnx's, on the
+servers it starts.
 """
 
 import os
@@ -82,54 +83,6 @@ def test_upload_shows_the_same_answer_as_the_api(served, browser, viewport, tmp_
             shutil.copy(shot, target / shot.name)
     finally:
         page.close()
-
-
-@pytest.fixture(scope="module")
-def served_onnx(request):
-    """`foodvit serve` of the run's .onnx (exported --with-attention) and of one without the attention
-    output, each in a process where importing torch fails: {"attention": url, "plain": url}."""
-    pytest.importorskip("onnxruntime", reason="the .onnx page test needs the export extra: pip install -e '.[export]'")
-    pytest.importorskip("onnxscript", reason="the .onnx page test needs the export extra: pip install -e '.[export]'")
-    from helpers import free_port, start_server, stop_server, without_torch
-
-    files = {
-        "attention": request.getfixturevalue("shared_onnx_attention"),
-        "plain": request.getfixturevalue("shared_onnx"),
-    }
-    urls, processes = {}, []
-    try:
-        for name, path in files.items():
-            port = free_port()
-            process, urls[name] = start_server(without_torch(["serve", path, "--port", port, "--threads", "1"]), port)
-            processes.append(process)
-        yield urls
-    finally:
-        for process in processes:
-            stop_server(process)
-
-
-@pytest.mark.slow  # a browser, and two servers
-def test_the_onnx_page_draws_the_overlay_from_the_files_output_or_says_it_has_none(served_onnx, shared_run, browser):
-    from foodvit.deploy.onnx_runtime import NO_ATTENTION
-
-    photo = sorted((shared_run[1] / "test" / "sushi").iterdir())[0]
-    for name, url in served_onnx.items():
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        try:
-            page.goto(url + "/", wait_until="networkidle")
-            page.locator("#foodvit-photo input[type=file]").set_input_files(str(photo))
-            page.locator("#foodvit-probabilities", has_text="answered in").wait_for(timeout=60_000)
-            if name == "attention":
-                page.wait_for_function(
-                    "() => { const img = document.querySelector('#foodvit-attention img');"
-                    " return img && img.complete && img.naturalWidth >= 224; }",
-                    timeout=30_000,
-                )
-            else:
-                assert NO_ATTENTION in page.locator("#foodvit-no-attention").inner_text()
-                assert page.locator("#foodvit-attention img").count() == 0
-        finally:
-            page.close()
 
 
 @pytest.mark.slow  # a browser; the HTTP test (test_serve) checks the Markdown the page is sent

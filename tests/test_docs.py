@@ -211,13 +211,22 @@ def test_the_quick_start_runs_on_the_tiny_recipe(tmp_path, monkeypatch, capsys):
     assert len(answers) == 2 and answers[0] == answers[1], out  # the run's answer, and the .onnx's the same
 
 
-@pytest.mark.slow  # a browser: Chromium's start; the strict build above covers the pages' content
-@pytest.mark.parametrize("width", [1280, 390])
-def test_the_home_page_and_a_guide_fit_the_screen_in_chromium(chromium, site, width):
+@pytest.fixture(scope="module")
+def browser(chromium):
+    """Chromium, started once for the widths below."""
     if importlib.util.find_spec("playwright") is None:
         pytest.skip("browser test: Playwright, in the test extra (pip install -e '.[test]')")
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.mark.slow  # a browser: Chromium's start; the strict build above covers the pages' content
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_home_page_and_a_guide_fit_the_screen_in_chromium(browser, site, width):
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -226,16 +235,14 @@ def test_the_home_page_and_a_guide_fit_the_screen_in_chromium(chromium, site, wi
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
+    page = browser.new_page(viewport={"width": width, "height": 900})
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": width, "height": 900})
-            for path, heading in [("/", "Getting started"), ("/guides/deploy/", "Export, serve and publish a Space")]:
-                response = page.goto(url + path, wait_until="load")
-                assert response.status == 200
-                assert page.locator("h1").first.inner_text().strip().rstrip("¶").strip() == heading
-                overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-                assert overflow <= 0, f"{path} at {width} px is {overflow} px wider than the screen"
-            browser.close()
+        for path, heading in [("/", "Getting started"), ("/guides/deploy/", "Export, serve and publish a Space")]:
+            response = page.goto(url + path, wait_until="load")
+            assert response.status == 200
+            assert page.locator("h1").first.inner_text().strip().rstrip("¶").strip() == heading
+            overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            assert overflow <= 0, f"{path} at {width} px is {overflow} px wider than the screen"
     finally:
+        page.close()
         server.shutdown()

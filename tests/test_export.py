@@ -72,11 +72,10 @@ def test_predicting_from_onnx_needs_no_torch(shared_onnx, run):
     assert answer["label"] in ("pizza", "steak", "sushi") and answer["image"] == str(photo)
 
 
-@pytest.mark.slow  # another export; the full suite keeps int8 (here and test_quantize)
-def test_int8_is_smaller_and_keeps_the_answers(run, shared_onnx, tmp_path, capsys):
-    out, photos = run
-    path = tmp_path / "int8.onnx"
-    assert main(["export", str(out), "--out", str(path), "--quantize", "int8"]) == 0
+@pytest.mark.slow  # an int8 export (shared with test_quantize); the full suite keeps int8 (here and test_quantize)
+def test_int8_is_smaller_and_keeps_the_answers(run, shared_onnx, shared_onnx_int8, capsys):
+    _, photos = run
+    path, _ = shared_onnx_int8  # `foodvit export --quantize int8` of the run
     assert shared_onnx.stat().st_size / path.stat().st_size >= 2.5
     capsys.readouterr()
     assert main(["evaluate", str(shared_onnx), "--data", str(photos), "--json"]) == 0

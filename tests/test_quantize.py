@@ -81,11 +81,8 @@ def test_static_int8_is_calibrated_and_keeps_the_answers(shared_run, tmp_path, c
 
 
 @pytest.mark.slow  # two quantisations measured; the fast tier keeps the choice between int8 kinds
-def test_int8_measures_both_and_says_which_it_kept(shared_run, tmp_path, capsys):
-    out, _ = shared_run
-    path = tmp_path / "int8.onnx"
-    assert main(["export", str(out), "--out", str(path), "--quantize", "int8"]) == 0
-    line = capsys.readouterr().out
+def test_int8_measures_both_and_says_which_it_kept(shared_onnx_int8):
+    path, line = shared_onnx_int8  # `foodvit export --quantize int8` of the run, and what it printed
     info = json.loads(OnnxBackend(path).metadata["foodvit.quantize"])
     assert (
         info["method"] in ("static", "dynamic")

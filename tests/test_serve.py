@@ -355,7 +355,7 @@ def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
     # checked every second, deleted at 3 s old: a loaded machine (CI's 2 cores) may take over a second to answer an
     # upload
     app, _ = create_app(Predictor.from_run(out), examples=(), page_cache=(1, 3))
-    uploads = sorted((photos / "test").rglob("*.jpg"))[:6]
+    uploads = sorted((photos / "test").rglob("*.jpg"))[:3]
     seen, stop = set(), threading.Event()
 
     def watch():  # every file the cache holds at some moment (each lives >= 3 s, far longer than a look)
