@@ -213,8 +213,7 @@ def test_a_forced_export_that_fails_its_check_keeps_the_previous_file(run, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]  # no staging file left beside it
 
 
-@pytest.mark.slow  # a second ONNX export of the run; the fast tier keeps the graph's rollout through sequence pooling
-# (test_the_attention_output_reads_...)
+@pytest.mark.slow  # a second ONNX export of the run, with attention; the fast tier exports without it (shared_onnx)
 def test_with_attention_the_file_gives_the_rollout_explain_draws(run, shared_onnx_attention, shared_onnx):
     from PIL import Image
 
@@ -252,15 +251,16 @@ def test_with_attention_is_for_onnx_only(run, tmp_path, capsys):
     assert "--with-attention is for --format onnx" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # each export with attention is 10 s of tracing: the fast tier exports without it (shared_onnx)
 @pytest.mark.parametrize(
     "options",
     [
         {"pool": "seq", "stem": "conv"},  # the default recipe's model
-        pytest.param({"pool": "gap"}, marks=pytest.mark.slow),
-        pytest.param({"pool": "seq", "stem": "conv", "mlp_conv": True}, marks=pytest.mark.slow),  # deviation 12's grid
-        pytest.param({"distill_token": True}, marks=pytest.mark.slow),
+        {"pool": "gap"},
+        {"pool": "seq", "stem": "conv", "mlp_conv": True},  # deviation 12's grid
+        {"distill_token": True},
     ],
-)  # the class token: the full suite (and shared_onnx_attention)
+)  # the class token: shared_onnx_attention
 def test_the_attention_output_reads_the_tokens_as_each_pooling_does(options, tmp_path):
     # the graph's rollout goes through pool_readout's every branch: the mean of the patch rows, the learned
     # sequence-pooling weights, the class and distillation tokens' rows

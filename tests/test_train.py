@@ -306,6 +306,7 @@ def test_course_recipe_runs_one_epoch(tmp_path, capsys):
 
 
 @pytest.mark.realdata
+@pytest.mark.slow  # 300 real photos decoded; the fast tier trains the same code on generated photos
 def test_tiny_recipe_trains_one_epoch_on_foodvision_mini(real_data, tmp_path):
     from dataclasses import replace
 

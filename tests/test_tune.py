@@ -239,6 +239,7 @@ def guided_study(tmp_path_factory, photos):
     return study, len(trained)
 
 
+@pytest.mark.slow  # a guided study and a second one; the fast tier keeps a fold's teacher task (test_jobs)
 def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(
     photos, cv_study, guided_study, tmp_path, monkeypatch, capsys
 ):
