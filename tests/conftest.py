@@ -45,6 +45,16 @@ def _no_report_figures():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _gradio_cache_of_this_process(tmp_path_factory):
+    """An upload cache for this pytest process's pages and servers (they inherit it): Gradio files an upload under
+    its content's hash, and a page that stops deletes the files it received, so a page stopping in the other worker
+    would delete the same generated photo from under this one's server."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
+        yield
+
+
 @pytest.fixture
 def real_data() -> Path:
     """The FoodVision Mini folder, when FOODVIT_DATA names it (set by .ci/run)."""
