@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml | $(CORE)
 	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[test,lint,serve,export,track,tune,timm,docs]'
 	rm -f $(VENV)/.installed-* && touch $@
 
-# ruff first (a second), then the suite; mypy runs inside the suite (tests/test_architecture.py), where its minute
-# of one core shares the two cores with the other tests instead of waiting before them.
+# ruff first (a second), then the suite; mypy runs inside the suite (tests/test_architecture.py), so that its minute
+# of one core overlaps the other tests.
 test: ruff
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal  # two workers on the two cores; one that runs out takes queued tests from the other
 
@@ -44,7 +44,7 @@ lint: ruff
 	$(BIN)/mypy
 
 # The inner loop: the suite without the tests marked slow (torchrun, the browser, kill -9, servers, ViT-B/16 at full
-# size); every module is still exercised. `make test` stays the one that counts.
+# size, mypy) and without ruff; every module is still exercised. `make test` stays the one that counts.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow"
 

@@ -185,34 +185,6 @@ def stop_server(process) -> None:
             pass
 
 
-def train_tiny_run(tmp_path_factory, name: str, *, epochs: int = 1, depth: int = 1, n_test: int = 3, size=(64, 80)):
-    """A tiny recipe run (32 px) trained on generated photos through the command line: (run, photos)."""
-    from foodvit.cli.main import main
-
-    photos = make_photo_folder(tmp_path_factory.mktemp("photos"), n_train=6, n_test=n_test, size=size)
-    out = tmp_path_factory.mktemp("runs") / name
-    code = main(
-        [
-            "train",
-            "--recipe",
-            "tiny",
-            "--data",
-            str(photos),
-            "--out",
-            str(out),
-            "--epochs",
-            str(epochs),
-            "--image-size",
-            "32",
-            "--depth",
-            str(depth),
-            "--quiet",
-        ]
-    )
-    assert code == 0
-    return out, photos
-
-
 class ServerThread:
     """An ASGI app served by uvicorn in a thread of the test process on 127.0.0.1 (for what a test
     must configure beyond the command line); `with ServerThread(app) as url: ...`."""

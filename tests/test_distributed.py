@@ -234,12 +234,13 @@ for when in sys.argv[3:]:
         try:
             exec(scenario, {"__name__": "__main__"})
         except SystemExit as stop:
-            code = stop.code
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         except BaseException:
             traceback.print_exc()
             code = 1
-        sys.stdout.flush(), sys.stderr.flush()
-        os._exit(code)
+        finally:  # the child never returns into the loop that forks the other moments
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(code)
     statuses[when] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 print(json.dumps(statuses))
 """

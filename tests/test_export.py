@@ -72,7 +72,7 @@ def test_predicting_from_onnx_needs_no_torch(shared_onnx, run):
     assert answer["label"] in ("pizza", "steak", "sushi") and answer["image"] == str(photo)
 
 
-@pytest.mark.slow  # an int8 export (shared with test_quantize); the full suite keeps int8 (here and test_quantize)
+@pytest.mark.slow  # an int8 export (shared with test_quantize); the fast tier exports fp32 (shared_onnx)
 def test_int8_is_smaller_and_keeps_the_answers(run, shared_onnx, shared_onnx_int8, capsys):
     _, photos = run
     path, _ = shared_onnx_int8  # `foodvit export --quantize int8` of the run

@@ -279,7 +279,7 @@ def onnx_file(request):
     return request.getfixturevalue("shared_onnx")  # exported only once the extra is known to be there
 
 
-@pytest.mark.slow  # an export and a second process
+@pytest.mark.slow  # a second Python, without torch
 def test_an_onnx_file_labels_a_folder_without_torch_and_gives_the_runs_rows(run, onnx_file, tree, tmp_path):
     out, reference = tmp_path / "onnx.jsonl", tmp_path / "run.jsonl"
     result = run_without_torch(["predict", onnx_file, tree, "--out", out, "--workers", "2", "--quiet"])

@@ -67,10 +67,11 @@ def served(exported, tmp_path_factory):
     try:
         ports = {name: free_port() for name in exported}
         for name, path in exported.items():  # launched together: one imports Gradio while another waits for a core
-            # an upload cache of each server's own: Gradio files an upload under its content's hash, and a server
-            # elsewhere (another test process) that stops deletes the files it received, the same photo among them
+            # an upload cache of each server's own: Gradio files an upload under its content's hash, the same photo
+            # goes to several of these servers, and a server that stops deletes the files it received
             cache = {"GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("gradio"))}
-            command = without_torch(["serve", path, "--port", ports[name], "--threads", "1"])
+            examples = ["--no-examples"] if name == "int8" else []  # the page without examples, torch-free too
+            command = without_torch(["serve", path, "--port", ports[name], "--threads", "1", *examples])
             processes[name] = launch_server(command, env=cache)
         for name, port in ports.items():
             urls[name] = wait_for_server(processes[name], port)

@@ -211,7 +211,8 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     assert not (victim / "model.safetensors").exists()
 
     # the resumed run goes on beside the uninterrupted one, which this process trains on one thread as the other
-    # two did; should an assertion below fail first, the resumed run still ends by itself after its epochs
+    # two did; should an assertion below fail first, the resumed run still ends by itself after its epochs. Only
+    # metrics.csv and the weights are compared, so this run needs no report figures (helpers.report_figures)
     resumed = subprocess.Popen(
         [sys.executable, "-m", "foodvit", "train", "--resume", str(victim), "--quiet"],
         env=env,
