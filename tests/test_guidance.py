@@ -271,7 +271,6 @@ def test_a_guided_runs_teacher_is_the_network_distillation_trains(photos, tmp_pa
         torch.testing.assert_close(saved["model"][key], alone[key], rtol=0, atol=0)
 
 
-@pytest.mark.slow  # a guided run trained twice; the fast tier runs a fold's teacher task and its fold (test_jobs)
 def test_a_run_started_up_to_its_first_epoch_resumes_to_the_whole_runs_model(photos, uninterrupted, tmp_path):
     """foodvit cv --jobs trains a fold's teacher as a task of its own (train_stages), then the fold's task resumes
     the run: the same teacher, the same model, to the bit."""

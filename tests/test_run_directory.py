@@ -136,7 +136,6 @@ def test_a_failed_start_leaves_nothing_behind(tmp_path):
     assert (tmp_path / "keep").is_dir() and not any((tmp_path / "keep").iterdir())  # the user's folder stays
 
 
-@pytest.mark.slow  # a run with its figures drawn (1-3 s); the fast tier writes run directories in every run
 def test_run_files_respect_the_umask(photos, tmp_path):
     old = os.umask(0o022)
     try:

@@ -69,7 +69,6 @@ def test_a_run_stopped_in_its_teacher_stage_resumes_to_the_uninterrupted_end(tmp
     assert rows(stopped) == rows(tmp_path / "whole")
 
 
-@pytest.mark.slow  # a teacher and a ViT trained; the fast tier trains teachers in guided and distilled runs
 def test_a_teacher_with_its_own_epochs_and_side(tmp_path):
     """--teacher-epochs and --teacher-size: the teacher trains that many epochs on batches of that side, while
     the ViT keeps its own; a teacher is the same one whatever the ViT's epochs, and another at another side."""

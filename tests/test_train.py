@@ -442,7 +442,6 @@ def test_no_workers_and_two_workers_train_the_same_run(photos, tmp_path):
     assert untimed(runs[0].history) == untimed(runs[1].history)
 
 
-@pytest.mark.slow  # two runs; the fast tier keeps a fold evaluated once against an evaluated run (test_jobs)
 def test_evaluating_less_often_trains_the_same_model(photos, tmp_path):
     # the default evaluates every 5th epoch for speed: an evaluation draws from PyTorch's random stream (the
     # loader's base seed), and every epoch reseeds the stream that the masks and drloc's pairs draw from
