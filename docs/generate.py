@@ -79,7 +79,8 @@ with several training seeds (`foodvit cv --validate-on POOL --seeds 2`). Two rec
 - 5-fold cross-validation over the training photos stays the second opinion where the pool and CV disagree. The test
   photos are read once, after the choice, with three training seeds."""
 
-UNCERTAINTY = """**The standard errors on this page.** A study on one fold seed holds one prediction a photo, so its paired standard
+UNCERTAINTY = """\
+**The standard errors on this page.** A study on one fold seed holds one prediction a photo, so its paired standard
 error takes the photo as its unit. The test accuracy over three training seeds is measured on the same 75 photos: its
 standard error is one seed's binomial error over them (the headline table's), an upper bound with the photo as the
 unit; the standard deviation of the three seeds, given beside it, is how much a single training run varies. A row
@@ -129,8 +130,9 @@ def readme_table() -> str:
     rows = [
         [
             "**default recipe: a 2.9 M-parameter ViT from scratch**",
-            f"5-fold CV **{pm('vit-cv')}**; test **{h['vit-test']['value']}** over 3 seeds (SE {h['vit-test']['standard_error']}); "
-            f"validation pool of {pool_photos(h)} other photos {pm('vit-pool')} over {h['vit-pool']['metric'].rsplit(', ', 1)[1]}; "
+            f"5-fold CV **{pm('vit-cv')}**; test **{h['vit-test']['value']}** over 3 seeds "
+            f"(SE {h['vit-test']['standard_error']}); validation pool of {pool_photos(h)} other photos "
+            f"{pm('vit-pool')} over {h['vit-pool']['metric'].rsplit(', ', 1)[1]}; "
             f"{minutes} min to train on a 2-core CPU, its CNN teacher included",
             link,
         ],
@@ -468,8 +470,8 @@ def results_page() -> str:
     parts += [
         "## Throughput against timm and torchvision",
         "",
-        "Images per second in the same process on the same inputs, rounds interleaved (bf16: autocast); the ratio is against the "
-        "fastest peer.",
+        "Images per second in the same process on the same inputs, rounds interleaved (bf16: autocast); "
+        "the ratio is against the fastest peer.",
         "",
         table(
             [

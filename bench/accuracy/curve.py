@@ -1,9 +1,12 @@
 """The data-efficiency curve: 5-fold cross-validation accuracy of the default ViT and of a ResNet-18
 from scratch, at several numbers of training photos a class.
 
-    python -m bench.accuracy.curve --out runs/curve                                  # FoodVision Mini: 15, 30, 45, 75 a class
-    python -m bench.accuracy.curve --out runs/curve-20 --fractions 1 --data ../shared/data/pizza_steak_sushi_20_percent   # 150 a class
-    python -m bench.accuracy.curve --out runs/curve --plot docs/images/data-efficiency.png --extra runs/curve-20   # table and plot
+    # FoodVision Mini: 15, 30, 45, 75 a class
+    python -m bench.accuracy.curve --out runs/curve
+    # 150 a class
+    python -m bench.accuracy.curve --out runs/curve-20 --fractions 1 --data ../shared/data/pizza_steak_sushi_20_percent
+    # table and plot
+    python -m bench.accuracy.curve --out runs/curve --plot docs/images/data-efficiency.png --extra runs/curve-20
 
 A data set of n photos a class is --train-fraction n / (photos a class) of it: each fold of the
 5-fold CV over the training photos (seed 0, the folds `foodvit cv --seed 0` makes) trains on that
@@ -179,7 +182,8 @@ def lends_teachers(vit: Path, config) -> bool:
 
 
 def cnn_name(study: dict) -> str:
-    """'ResNet-34' for a CNN study cnn_study wrote with --cnn resnet34 (its recipe: 'resnet34 (default recipe's training)')."""
+    """'ResNet-34' for a CNN study cnn_study wrote with --cnn resnet34
+    (its recipe: 'resnet34 (default recipe's training)')."""
     return "ResNet-" + study["recipe"].split()[0].removeprefix("resnet")
 
 
@@ -269,7 +273,8 @@ def plot(found: list[dict], path: Path, marks: list[tuple[str, Path]] = ()) -> N
         ):
             raise SystemExit(
                 f"{r['folder']}: its {r['cnn_name']}s at {r['photos_per_class']} a class are not those of "
-                f"{cnn[r['photos_per_class']]['folder']} (another CNN, image size or teacher): plot the two curves separately"
+                f"{cnn[r['photos_per_class']]['folder']} (another CNN, image size or teacher): "
+                "plot the two curves separately"
             )
     names = sorted({r["cnn_name"] for r in found})
     ax.errorbar(
@@ -352,7 +357,8 @@ def main() -> int:
     print("| photos a class | ViT recipe | ViT | CNN | ViT - CNN, paired |\n|---|---|---|---|---|")
     for r in found:
         print(
-            f"| {r['photos_per_class']} | {r['recipe']} | {r['vit']:.3f} +- {r['vit_se']:.3f} | {r['cnn_name']} {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
+            f"| {r['photos_per_class']} | {r['recipe']} | {r['vit']:.3f} +- {r['vit_se']:.3f} | "
+            f"{r['cnn_name']} {r['cnn']:.3f} +- {r['cnn_se']:.3f} | "
             f"{r['vit_minus_cnn']:+.3f} +- {r['paired_se']:.3f} |"
         )
     if args.record:

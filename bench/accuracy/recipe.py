@@ -2,7 +2,8 @@
 
     python -m bench.accuracy.recipe --recipe default --seeds 3
     python -m bench.accuracy.recipe --recipe course --seeds 3 --data ../shared/data/pizza_steak_sushi
-    python -m bench.accuracy.recipe --recipe default --seeds 3 -- --epochs 50 --augment strong   # any train option after --
+    # any train option after --
+    python -m bench.accuracy.recipe --recipe default --seeds 3 -- --epochs 50 --augment strong
 
 Each seed is a full `foodvit train` run in --out/<recipe>-s<seed>; nothing is chosen by test
 accuracy (the runs report their last epoch). Prints a table, and --json writes the figures.
@@ -11,12 +12,13 @@ accuracy (the runs report their last epoch). Prints a table, and --json writes t
 
 --cv K: K-fold cross-validation over the training photos alone, through `foodvit cv` (tuning/cv.py;
 folders.cv_folds: stratified, every photo validated once per seed; the study folder is
---out/<recipe>-cv<K>[-<hash of the options>], resumed when rerun). Each fold trains on the other K-1 folds and is evaluated on its own;
-the K folds' predictions together cover every training photo. Reported: accuracy over the photos
-(each photo's share right over the seeds) and its standard error. The test split is never read. --test-sizes 72,80 also scores
-each fold's model rebuilt at those sizes (what --test-size gives), --crop-pcts 0.8,1 with those centre-crop shares (what
---crop-pct gives); the JSON keeps every photo's result,
-and --paired A.json B.json compares two recipes photo by photo.
+--out/<recipe>-cv<K>[-<hash of the options>], resumed when rerun). Each fold trains on the other K-1
+folds and is evaluated on its own; the K folds' predictions together cover every training photo.
+Reported: accuracy over the photos (each photo's share right over the seeds) and its standard error.
+The test split is never read. --test-sizes 72,80 also scores each fold's model rebuilt at those
+sizes (what --test-size gives), --crop-pcts 0.8,1 with those centre-crop shares (what --crop-pct
+gives); the JSON keeps every photo's result, and --paired A.json B.json compares two recipes photo
+by photo.
 """
 
 from __future__ import annotations
@@ -314,12 +316,14 @@ def main(argv: list[str] | None = None) -> int:
         crops = [float(x) for x in args.crop_pcts.split(",") if x]
         if not all(0.5 <= pct <= 1 for pct in crops):  # below 0.5 the training photos' decode size would change too
             raise SystemExit(
-                f"--crop-pcts takes centre-crop shares from 0.5 to 1 (what --crop-pct changes after training alone), got {args.crop_pcts}"
+                "--crop-pcts takes centre-crop shares from 0.5 to 1 (what --crop-pct changes after training alone), "
+                f"got {args.crop_pcts}"
             )
         result = run_cv(args.recipe, seeds, args.cv, Path(args.out), args.data, extra, sizes, crops)
         print(
             f"recipe {result['recipe']} {' '.join(extra)}: {args.cv}-fold CV accuracy {result['accuracy']:.3f} +- "
-            f"{result['standard_error']:.3f} (standard error over {result['predictions']} predictions, {len(seeds)} seeds: "
+            f"{result['standard_error']:.3f} (standard error over {result['predictions']} predictions, "
+            f"{len(seeds)} seeds: "
             f"{', '.join(f'{a:.3f}' for a in result['per_seed'])}); {result['seconds']:.0f} s"
         )
         shown = [(str(size), f"tested at {size} px (--test-size {size})") for size in sizes]

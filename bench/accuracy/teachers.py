@@ -47,7 +47,8 @@ def score_fold(study: Path, seed: int, k: int) -> tuple[RunConfig, dict]:
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         raise SystemExit(
-            "usage: python -m bench.accuracy.teachers STUDY OUT (a guided cv study of one seed, and a folder for the result)"
+            "usage: python -m bench.accuracy.teachers STUDY OUT "
+            "(a guided cv study of one seed, and a folder for the result)"
         )
     study, out = Path(argv[0]), Path(argv[1])
     if not (study / "cv.json").is_file():
@@ -56,7 +57,8 @@ def main(argv: list[str]) -> int:
     seeds = sorted({f["seed"] for f in done})
     if len(seeds) != 1:
         raise SystemExit(
-            f"{study} holds folds of {len(seeds)} seeds ({', '.join(map(str, seeds))}): give a study run with one --seed"
+            f"{study} holds folds of {len(seeds)} seeds ({', '.join(map(str, seeds))}): "
+            "give a study run with one --seed"
         )
     results, config = [], None
     for k in sorted(f["fold"] for f in done):

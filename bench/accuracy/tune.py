@@ -1,8 +1,8 @@
 """The recipe search on FoodVision Mini under a time budget, then the test split, once, at the end.
 
-    python -m bench.accuracy.tune --budget 60m                        # the default recipe as the starting point
+    python -m bench.accuracy.tune --budget 60m                 # the default recipe as the starting point
     python -m bench.accuracy.tune --budget 2h --recipe tiny --folds 5 --data ../shared/data/pizza_steak_sushi
-    python -m bench.accuracy.tune --budget 60m -- --epochs 30         # any train option after -- (the fixed starting point)
+    python -m bench.accuracy.tune --budget 60m -- --epochs 30  # any train option after -- (the fixed starting point)
 
 1. `foodvit tune` searches from the recipe for --budget, every trial a k-fold CV over the training
    photos (the test split is not read).
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         best = test_accuracy(out / "best", str(out / "study" / "best.toml"), args.data, [], args.seeds)
     print(
-        f"search: {searched / 60:.0f} min ({args.budget} budget), {args.folds}-fold CV per trial; see {out / 'study' / 'tune.md'}"
+        f"search: {searched / 60:.0f} min ({args.budget} budget), {args.folds}-fold CV per trial; "
+        f"see {out / 'study' / 'tune.md'}"
     )
     for name, r in (("starting recipe", start), ("best found", best)):
         each = " ".join(f"{a:.3f}" for a in r["test_acc"])

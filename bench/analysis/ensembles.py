@@ -1,7 +1,8 @@
 """Would averaging models help? Ensembles of finished `foodvit cv` studies on the same folds, scored
 after the fact: each held-out photo's class probabilities averaged over the studies.
 
-    python -m bench.analysis.ensembles runs/r10/default runs/r12/strong runs/r12/lsa ... [--json ensembles.json] [--plot errors.png]
+    python -m bench.analysis.ensembles runs/r10/default runs/r12/strong runs/r12/lsa ...
+        [--json ensembles.json] [--plot errors.png]
 
 Prints each study alone (as its cv.json says), the first averaged with each other one (paired photo by
 photo with each of the two alone), all of them averaged, and the photos every study gets wrong: errors
@@ -37,8 +38,9 @@ def probabilities(study: Path, result: dict | None = None) -> dict[str, tuple[di
             run = study / fold_name(f["seed"], f["fold"], seeds)
             if not (run / "model.json").is_file():
                 raise SystemExit(
-                    f"{study}'s predictions keep no class probabilities and {run} holds no model to score again (a study "
-                    "written before they were kept, of CNN teachers?): score the study again (bench/accuracy/teachers.py, bench/accuracy/curve.py)"
+                    f"{study}'s predictions keep no class probabilities and {run} holds no model to score again "
+                    "(a study written before they were kept, of CNN teachers?): score the study again "
+                    "(bench/accuracy/teachers.py, bench/accuracy/curve.py)"
                 )
             rows += [
                 {"seed": f["seed"], **p}
@@ -53,12 +55,13 @@ def check_alike(studies: list[Path], scored: list[dict]) -> None:
     for study, these in zip(studies[1:], scored[1:], strict=False):
         if set(these) != photos:
             raise SystemExit(
-                f"{study} does not hold {studies[0]}'s held-out photos ({len(set(these) ^ photos)} differ): average studies "
-                "of the same data, folds and seeds"
+                f"{study} does not hold {studies[0]}'s held-out photos ({len(set(these) ^ photos)} differ): "
+                "average studies of the same data, folds and seeds"
             )
         if set(next(iter(these.values()))[0]) != classes:
             raise SystemExit(
-                f"{study} does not predict {studies[0]}'s classes ({', '.join(sorted(classes))}): average studies of the same data"
+                f"{study} does not predict {studies[0]}'s classes ({', '.join(sorted(classes))}): "
+                "average studies of the same data"
             )
 
 

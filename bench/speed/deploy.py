@@ -73,7 +73,10 @@ def main(argv=None) -> int:
         f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | "
         f"{len(photos)} photos for latency, {len(split)} test photos"
     )
-    header = f"{'model':<10} {'backend':<18} {'MB':>7} {'params':>8} {'p50 ms':>8} {'p95 ms':>8} {'img/s b16':>10} {'test acc / parity':>18}"
+    header = (
+        f"{'model':<10} {'backend':<18} {'MB':>7} {'params':>8} {'p50 ms':>8} {'p95 ms':>8} {'img/s b16':>10} "
+        f"{'test acc / parity':>18}"
+    )
     print(header)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,8 +144,8 @@ def main(argv=None) -> int:
                 }
                 results.append(row)
                 print(
-                    f"{name:<10} {backend:<18} {size / 1e6:>7.1f} {params / 1e6:>7.2f}M {p50 * 1e3:>8.1f} {p95 * 1e3:>8.1f} "
-                    f"{rate:>10.1f} {shown:>18}",
+                    f"{name:<10} {backend:<18} {size / 1e6:>7.1f} {params / 1e6:>7.2f}M {p50 * 1e3:>8.1f} "
+                    f"{p95 * 1e3:>8.1f} {rate:>10.1f} {shown:>18}",
                     flush=True,
                 )
     for name in args.models:
@@ -152,7 +155,8 @@ def main(argv=None) -> int:
             if backend in rows:
                 int8 = rows[backend]
                 print(
-                    f"{name}: {backend} (dynamic{'' if backend.endswith('int8') else ' -> static, QDQ'}) single-photo p50 = "
+                    f"{name}: {backend} (dynamic{'' if backend.endswith('int8') else ' -> static, QDQ'}) "
+                    "single-photo p50 = "
                     f"{int8['p50'] / eager['p50']:.2f}x eager's; file {eager['mb'] / int8['mb']:.1f}x smaller"
                 )
     if args.json:

@@ -110,8 +110,8 @@ def main(argv=None) -> int:
 
     print(f"{machine()} | {time.strftime('%Y-%m-%d')}")
     print(
-        f"{'recipe':<10} {'cache':<5} {'workers':>7} {'images':>6} {'setup s':>8} {'epoch s':>8} {'fetch s':>8} {'model share (min-max)':>22} "
-        f"{'model-only s':>13}"
+        f"{'recipe':<10} {'cache':<5} {'workers':>7} {'images':>6} {'setup s':>8} {'epoch s':>8} {'fetch s':>8} "
+        f"{'model share (min-max)':>22} {'model-only s':>13}"
     )
     for recipe, cache, workers in itertools.product(
         args.recipes, [True, False] if args.no_cache_too else [True], args.workers or [None]
@@ -119,8 +119,8 @@ def main(argv=None) -> int:
         r = measure(recipe, args.data, cache, args.rounds, workers)
         share = f"{r['share']:.1%} ({r['share_min']:.1%}-{r['share_max']:.1%})"
         print(
-            f"{recipe:<10} {str(cache):<5} {r['workers']:>7} {r['images']:>6} {r['setup_s']:>8.1f} {r['epoch_s']:>8.2f} {r['fetch_s']:>8.2f} "
-            f"{share:>22} {r['model_s']:>13.2f}",
+            f"{recipe:<10} {str(cache):<5} {r['workers']:>7} {r['images']:>6} {r['setup_s']:>8.1f} "
+            f"{r['epoch_s']:>8.2f} {r['fetch_s']:>8.2f} {share:>22} {r['model_s']:>13.2f}",
             flush=True,
         )
     return 0

@@ -47,7 +47,8 @@ from foodvit.deploy.predictor import Predictor  # noqa: E402
 # runs a command and prints the peak resident memory (KiB) of the largest process under it
 PEAK = (
     "import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]); "
-    "print('peak-kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(done.returncode)"
+    "print('peak-kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+    "sys.exit(done.returncode)"
 )
 
 
@@ -134,11 +135,13 @@ def measure(work: Path, argv=None) -> int:
         lists[n] = work / f"photos-{n}.txt"
         lists[n].write_text("\n".join(map(str, listed[:n])) + "\n")
     print(
-        f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"onnxruntime {onnxruntime.__version__}, {time.strftime('%Y-%m-%d')}; batch {args.batch_size}; photos: 682 x 512 px JPEGs"
+        f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), onnxruntime {onnxruntime.__version__}, {time.strftime('%Y-%m-%d')}; "
+        f"batch {args.batch_size}; photos: 682 x 512 px JPEGs"
     )
     print(
-        "| model | backend | photos | processes | workers | photos/s | share of the ceiling | wall s (whole command) | peak RSS MiB |"
+        "| model | backend | photos | processes | workers | photos/s | share of the ceiling | wall s (whole command) "
+        "| peak RSS MiB |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     results = []
@@ -156,8 +159,8 @@ def measure(work: Path, argv=None) -> int:
         results.append(r)
         assert r["rows"] == n, r
         print(
-            f"| {name} | {backend} | {n:,} | {processes} | {workers} | {r['photos_per_s']:.1f} | {r['photos_per_s'] / top:.0%} | "
-            f"{r['wall_s']:.1f} | {r['peak_mib']:.0f} |",
+            f"| {name} | {backend} | {n:,} | {processes} | {workers} | {r['photos_per_s']:.1f} | "
+            f"{r['photos_per_s'] / top:.0%} | {r['wall_s']:.1f} | {r['peak_mib']:.0f} |",
             flush=True,
         )
 

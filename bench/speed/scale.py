@@ -149,7 +149,8 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d')}"
     )
     print(
-        "| processes | cache | workers | images/s (epoch) | model step share | epoch s | wall s (whole command) | peak RSS GiB |"
+        "| processes | cache | workers | images/s (epoch) | model step share | epoch s | wall s (whole command) "
+        "| peak RSS GiB |"
     )
     print("|---|---|---|---|---|---|---|---|")
     results = []
@@ -158,8 +159,8 @@ def main() -> None:
         results.append(r)
         peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "<= above"
         print(
-            f"| {processes} | {'on' if cache else 'off'} | {workers} | {r['images_per_s']:.0f} | {r['model_share']:.0%} | "
-            f"{r['epoch_s']:.1f} | {r['wall_s']:.1f} | {peak} |",
+            f"| {processes} | {'on' if cache else 'off'} | {workers} | {r['images_per_s']:.0f} | "
+            f"{r['model_share']:.0%} | {r['epoch_s']:.1f} | {r['wall_s']:.1f} | {peak} |",
             flush=True,
         )
     if args.json:

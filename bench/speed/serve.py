@@ -47,7 +47,8 @@ from foodvit.deploy.predictor import Predictor  # noqa: E402
 
 # The course's chapter-09 app.py, its design kept (a gr.Interface, one photo per call, the default
 # queue), around the same trained model and its preprocessing written as torchvision transforms.
-PEER_APP = """
+PEER_APP = (
+    """
 import sys, time
 import gradio as gr
 import torch
@@ -56,8 +57,10 @@ from foodvit.rundir.trained import read_trained
 
 model, class_names, pre, _ = read_trained(sys.argv[1])
 model.eval()
-resize = transforms.Resize(pre.resize_size) if pre.mode == "crop" else transforms.Resize((pre.image_size, pre.image_size))
-model_transforms = transforms.Compose([resize, transforms.CenterCrop(pre.image_size), transforms.ToTensor(),
+"""
+    'resize = transforms.Resize(pre.resize_size) if pre.mode == "crop" '
+    "else transforms.Resize((pre.image_size, pre.image_size))\n"
+    """model_transforms = transforms.Compose([resize, transforms.CenterCrop(pre.image_size), transforms.ToTensor(),
                                        transforms.Normalize(pre.mean, pre.std)])
 
 def predict(img):
@@ -73,6 +76,7 @@ demo = gr.Interface(fn=predict, inputs=gr.Image(type="pil"),
                     title="FoodVision Mini", analytics_enabled=False)
 demo.launch(server_name="127.0.0.1", server_port=int(sys.argv[2]))
 """
+)
 
 
 def rss_mib(pid: int) -> float:
@@ -231,8 +235,8 @@ def measure(work: Path, argv=None) -> int:
         models["ours-int8"] = done["path"]
         print(f"int8 export: {json.dumps({k: v for k, v in done.items() if k != 'path'})}")
     print(
-        f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | model {run} | "
-        f"photo {photo_path.name} ({len(photo) / 1000:.0f} kB) | {args.seconds:g} s a row"
+        f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} | {time.strftime('%Y-%m-%d')} | "
+        f"model {run} | photo {photo_path.name} ({len(photo) / 1000:.0f} kB) | {args.seconds:g} s a row"
     )
     limits = {}
     for name in args.servers:
@@ -241,7 +245,8 @@ def measure(work: Path, argv=None) -> int:
             limits[backend] = limit(models[name], photo)
             print(
                 f"limit ({backend}): decode + preprocess {limits[backend]['decode_preprocess_ms']:.1f} ms + forward "
-                f"{limits[backend]['forward_ms_per_photo']:.1f} ms/photo at batch 16 = {limits[backend]['photos_per_s']:.0f} photos/s",
+                f"{limits[backend]['forward_ms_per_photo']:.1f} ms/photo at batch 16 = "
+                f"{limits[backend]['photos_per_s']:.0f} photos/s",
                 flush=True,
             )
     print("| server | clients | requests/s | share of the limit | p50 ms | p95 ms | errors | RSS after warm-up MiB |")
@@ -298,8 +303,8 @@ def measure(work: Path, argv=None) -> int:
                         },
                     )
                 print(
-                    f"| {name} | {clients} | {r['rps']:.1f} | {r['rps'] / top:.0%} | {r['p50'] * 1e3:.0f} | {r['p95'] * 1e3:.0f} | "
-                    f"{r['errors']} | {memory:.0f} |",
+                    f"| {name} | {clients} | {r['rps']:.1f} | {r['rps'] / top:.0%} | {r['p50'] * 1e3:.0f} | "
+                    f"{r['p95'] * 1e3:.0f} | {r['errors']} | {memory:.0f} |",
                     flush=True,
                 )
         finally:

@@ -107,10 +107,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     photo = DataSource.parse(args.data).open_split("test").samples[0][0].read_bytes()
     print(
-        f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()} | {time.strftime('%Y-%m-%d')} | run {args.run}"
+        f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()} | "
+        f"{time.strftime('%Y-%m-%d')} | run {args.run}"
     )
     print(
-        "| Space | installed MB | packages | torch installed | pip install s | cold start to first answer s (median) | starts |"
+        "| Space | installed MB | packages | torch installed | pip install s | cold start to first answer s (median) "
+        "| starts |"
     )
     print("|---|---|---|---|---|---|---|")
     results = {}
@@ -143,8 +145,8 @@ def main(argv=None) -> int:
                 },
             )
         print(
-            f"| {kind} | {r['bytes'] / 1e6:,.0f} | {r['packages']} | {'yes' if r['torch'] else 'no'} | {r['install_s']:.0f} | "
-            f"{r['cold_start_s']:.1f} | {', '.join(f'{s:.1f}' for s in starts)} |",
+            f"| {kind} | {r['bytes'] / 1e6:,.0f} | {r['packages']} | {'yes' if r['torch'] else 'no'} | "
+            f"{r['install_s']:.0f} | {r['cold_start_s']:.1f} | {', '.join(f'{s:.1f}' for s in starts)} |",
             flush=True,
         )
     a, b = results["pytorch"], results["onnx-int8"]

@@ -22,7 +22,8 @@ from pathlib import Path
 PROBE = (
     "import sys, runpy; sys.argv = ['foodvit'] + {argv!r}\n"
     "try:\n    runpy.run_module('foodvit', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-    "print('LOADED ' + ','.join(m for m in ('torch', 'torchvision', 'matplotlib', 'timm') if m in sys.modules), file=sys.stderr)"
+    "print('LOADED ' + ','.join(m for m in ('torch', 'torchvision', 'matplotlib', 'timm') if m in sys.modules), "
+    "file=sys.stderr)"
 )
 
 

@@ -365,7 +365,8 @@ def main(argv=None) -> int:
     if device.type == "cuda" and args.peak_tflops is None:
         args.peak_tflops = matmul_peak_tflops(device)
         print(
-            f"bf16 matrix-product ceiling measured here (8192^3, random data): {args.peak_tflops:.0f} TFLOP/s; MFU is against it"
+            f"bf16 matrix-product ceiling measured here (8192^3, random data): {args.peak_tflops:.0f} TFLOP/s; "
+            "MFU is against it"
         )
     if args.check:
         for name in args.models:
@@ -399,7 +400,10 @@ def main(argv=None) -> int:
                 cells = "  ".join(
                     f"{r[i]:>12.2f}" if i in r else f"{'--':>12}" for i in ("foodvit", "timm", "torchvision")
                 )
-                line = f"{name:<10} {mode:<6} {batch:>5}  {cells}   {row['ratio']:.3f}x  per round {statistics.median(paired):.3f}x ({min(paired):.2f}-{max(paired):.2f})"
+                line = (
+                    f"{name:<10} {mode:<6} {batch:>5}  {cells}   {row['ratio']:.3f}x  "
+                    f"per round {statistics.median(paired):.3f}x ({min(paired):.2f}-{max(paired):.2f})"
+                )
                 if "mfu" in row:
                     line += "  MFU " + " ".join(f"{i} {v:.1%}" for i, v in row["mfu"].items())
                 if "mem_mib_per_image" in row:
