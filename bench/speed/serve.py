@@ -47,8 +47,7 @@ from foodvit.deploy.predictor import Predictor  # noqa: E402
 
 # The course's chapter-09 app.py, its design kept (a gr.Interface, one photo per call, the default
 # queue), around the same trained model and its preprocessing written as torchvision transforms.
-PEER_APP = (
-    """
+PEER_APP = """
 import sys, time
 import gradio as gr
 import torch
@@ -57,10 +56,9 @@ from foodvit.rundir.trained import read_trained
 
 model, class_names, pre, _ = read_trained(sys.argv[1])
 model.eval()
-"""
-    'resize = transforms.Resize(pre.resize_size) if pre.mode == "crop" '
-    "else transforms.Resize((pre.image_size, pre.image_size))\n"
-    """model_transforms = transforms.Compose([resize, transforms.CenterCrop(pre.image_size), transforms.ToTensor(),
+resize = (transforms.Resize(pre.resize_size) if pre.mode == "crop"
+          else transforms.Resize((pre.image_size, pre.image_size)))
+model_transforms = transforms.Compose([resize, transforms.CenterCrop(pre.image_size), transforms.ToTensor(),
                                        transforms.Normalize(pre.mean, pre.std)])
 
 def predict(img):
@@ -76,7 +74,6 @@ demo = gr.Interface(fn=predict, inputs=gr.Image(type="pil"),
                     title="FoodVision Mini", analytics_enabled=False)
 demo.launch(server_name="127.0.0.1", server_port=int(sys.argv[2]))
 """
-)
 
 
 def rss_mib(pid: int) -> float:
