@@ -3,13 +3,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 # Each pytest process takes its share of the cores: under `pytest -n 2` on 2 cores, two threads a
 # worker would be four threads on two cores, and OpenMP's waiting threads spin and burn the time (an
 # 8-epoch tiny training took 1.2 s of CPU with one thread, 7.6 s with two, beside another process).
 THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
-torch.set_num_threads(THREADS)
 
 # Read once, before any test's monkeypatching of the environment.
 REAL_DATA = os.environ.get("FOODVIT_DATA")
@@ -26,6 +24,16 @@ def pytest_collection_modifyitems(items):
             "shared_server" in item.fixturenames
         ):  # a server in another Python: torch and Gradio imported again, 10-15 s here
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _threads():
+    """Each process that runs tests sets its PyTorch threads before its first test. Not at this file's import:
+    under `pytest -n 2` the process that only hands out the tests would import PyTorch (3 s) before starting its
+    workers, and run none."""
+    import torch
+
+    torch.set_num_threads(THREADS)
 
 
 @pytest.fixture(scope="session", autouse=True)
