@@ -47,10 +47,16 @@ COMPONENTS = [
         -1,
     ),
     (
-        "CCT's convolutional tokeniser and sequence pooling",
-        "convolutional tokeniser and sequence pooling",
+        "CCT's convolutional tokeniser (`--stem conv`; CV: with sequence pooling)",
+        "convolutional tokeniser",
         "guidance + CCT tokeniser",
         1,
+    ),
+    (
+        "sequence pooling (`--pool seq`, against global average pooling)",
+        "sequence pooling",
+        "global average pooling in place of sequence pooling",
+        -1,
     ),
     ("mimetic initialisation of the attention", "mimetic initialisation", "3. mimetic initialisation", 1),
     ("progressive resizing, 64 px then 96 px", "progressive resizing", "progressive resizing up, 64 -> 96 px", 1),
