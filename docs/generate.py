@@ -31,7 +31,8 @@ EXPECT_END = "<!-- end of what to expect -->"
 RESULTS_LINK = "docs/results.md"
 
 # Each component of the default recipe: its name, the idea of its row on the validation pool (table "pool" of
-# studies.csv, the study of the default without it), and the 5-fold CV study that adopted it (or removed it, sign -1).
+# studies.csv, the study of the default without it), and the 5-fold CV study that adopted it (sign 1) or that
+# removed or replaced it (sign -1).
 COMPONENTS = [
     ("locality guidance from a ResNet-18 trained first", "locality guidance", "locality guidance, feature matching", 1),
     (
@@ -47,7 +48,7 @@ COMPONENTS = [
         -1,
     ),
     (
-        "CCT's convolutional tokeniser (`--stem conv`; CV: with sequence pooling)",
+        "CCT's convolutional tokeniser (`--stem conv`; its CV figure: added together with sequence pooling)",
         "convolutional tokeniser",
         "guidance + CCT tokeniser",
         1,
