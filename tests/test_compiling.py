@@ -1,5 +1,8 @@
 """--compile (training/compiling.py): the train step compiled by torch.compile computes what the eager one does, to
-float noise; without a C++ compiler on the CPU the step runs uncompiled, said once."""
+float noise; inductor draws eager PyTorch's random numbers; without a C++ compiler on the CPU the step runs
+uncompiled, said once. Inductor's C++ kernels for the whole step take about 30 s of g++ on a cold cache: the suite
+traces the whole step through TorchDynamo and AOTAutograd (the graphs inductor would be given) and runs inductor on
+a small module; `python -m bench.speed.compiled` compares the whole step under inductor."""
 
 import csv
 from pathlib import Path
@@ -31,21 +34,61 @@ def metrics(run: Path) -> list[dict]:
         return [{k: float(v) for k, v in row.items() if k not in timing and v} for row in csv.DictReader(f)]
 
 
-@pytest.mark.slow  # inductor compiles the step's forward and backward (tens of seconds); the fallback stays fast
-@pytest.mark.skipif(compiling.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
-def test_the_compiled_step_learns_what_the_eager_one_does(tmp_path, monkeypatch):
-    import torch._inductor.config as inductor
+@pytest.mark.slow  # TorchDynamo traces two trainings' steps (seconds); the fast tier keeps the fallback's test
+def test_the_traced_step_learns_what_the_eager_one_does(tmp_path, monkeypatch):
+    """--compile hands the trainer's whole step to torch.compile; here its graphs run as AOTAutograd traced them
+    (backend "aot_eager": what inductor would receive, without its C++), so a graph break, a guard that recompiles
+    every step or a traced random draw of ours shows, in seconds."""
+    compile = torch.compile
+    given: list[dict] = []
 
-    # inductor compiles the kernels in this process: its pool of compiling processes, each importing PyTorch, costs
-    # more to start than this one small graph costs to compile (the step and its numbers are the same)
-    monkeypatch.setattr(inductor, "compile_threads", 1)
+    def traced(module, **options):
+        given.append(options)
+        return compile(module, backend="aot_eager")
+
+    monkeypatch.setattr(torch, "compile", traced)
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     runs = {}
     for name, flag in (("eager", "--no-compile"), ("compiled", "--compile")):
+        torch._dynamo.reset()
         assert main(["train", "--data", str(photos), "--out", str(tmp_path / name), *TINY, flag]) == 0
         runs[name] = metrics(tmp_path / name)
+    assert given == [{"options": {"fallback_random": True}}]  # inductor told to draw as eager PyTorch does
     assert len(runs["eager"]) == len(runs["compiled"]) == 1
     for eager, compiled in zip(runs["eager"], runs["compiled"], strict=True):
         assert eager.keys() == compiled.keys()
         for key in eager:  # other kernels, other rounding: float noise, no more
             assert compiled[key] == pytest.approx(eager[key], rel=1e-3, abs=1e-4), key
+
+
+class _Drawing(torch.nn.Module):
+    """The random draws a step makes inside the compiled graph: dropout's mask and the localization loss's pairs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+        self.dropout = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pairs = torch.randint(0, x.shape[0], (8,))
+        return self.dropout(self.linear(x))[pairs]
+
+
+@pytest.mark.slow  # inductor writes and compiles C++ kernels (seconds on a cold cache)
+@pytest.mark.skipif(compiling.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
+def test_inductor_draws_the_random_numbers_eager_pytorch_draws(monkeypatch):
+    import torch._inductor.config as inductor
+
+    # inductor compiles the kernels in this process: its pool of compiling processes, each importing PyTorch, costs
+    # more to start than these small kernels cost to compile
+    monkeypatch.setattr(inductor, "compile_threads", 1)
+    torch._dynamo.reset()
+    module = _Drawing().train()
+    x = torch.randn(32, 16)
+    torch.manual_seed(0)
+    eager = module(x)
+    compiled = compiling.compile_step(module, torch.device("cpu"))
+    assert compiled is not module
+    torch.manual_seed(0)
+    assert torch.allclose(compiled(x), eager, atol=1e-6)  # the same photos paired and the same features dropped
+    assert (eager == 0).any() and not torch.equal(eager, module(x))  # the draws did draw
