@@ -34,26 +34,34 @@ def metrics(run: Path) -> list[dict]:
         return [{k: float(v) for k, v in row.items() if k not in timing and v} for row in csv.DictReader(f)]
 
 
-@pytest.mark.slow  # TorchDynamo traces two trainings' steps (seconds); the fast tier keeps the fallback's test
+@pytest.mark.slow  # TorchDynamo traces a training's steps (seconds); the fast tier keeps the fallback's test
 def test_the_traced_step_learns_what_the_eager_one_does(tmp_path, monkeypatch):
     """--compile hands the trainer's whole step to torch.compile; here its graphs run as AOTAutograd traced them
-    (backend "aot_eager": what inductor would receive, without its C++), so a graph break, a guard that recompiles
-    every step or a traced random draw of ours shows, in seconds."""
-    compile = torch.compile
+    (backend "aot_eager": what inductor would receive, without its C++, so no compiler is needed). The step is one
+    graph, traced once and reused by the next steps, and learns what the eager step does."""
+    from torch._dynamo.utils import counters
+
+    real_compile = torch.compile
     given: list[dict] = []
 
     def traced(module, **options):
         given.append(options)
-        return compile(module, backend="aot_eager")
+        return real_compile(module, backend="aot_eager")
 
     monkeypatch.setattr(torch, "compile", traced)
+    monkeypatch.setattr(compiling, "cpp_compiler", lambda: "g++")  # aot_eager compiles no C++
     photos = make_photo_folder(tmp_path / "photos", n_train=4, n_test=2)
     runs = {}
     for name, flag in (("eager", "--no-compile"), ("compiled", "--compile")):
         torch._dynamo.reset()
-        assert main(["train", "--data", str(photos), "--out", str(tmp_path / name), *TINY, flag]) == 0
+        counters.clear()
+        # 12 photos in batches of 4: three steps, the last two through the graph the first traced
+        assert (
+            main(["train", "--data", str(photos), "--out", str(tmp_path / name), *TINY, "--batch-size", "4", flag]) == 0
+        )
         runs[name] = metrics(tmp_path / name)
     assert given == [{"options": {"fallback_random": True}}]  # inductor told to draw as eager PyTorch does
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
     assert len(runs["eager"]) == len(runs["compiled"]) == 1
     for eager, compiled in zip(runs["eager"], runs["compiled"], strict=True):
         assert eager.keys() == compiled.keys()
@@ -74,7 +82,7 @@ class _Drawing(torch.nn.Module):
         return self.dropout(self.linear(x))[pairs]
 
 
-@pytest.mark.slow  # inductor writes and compiles C++ kernels (seconds on a cold cache)
+@pytest.mark.slow  # inductor compiles C++ kernels (seconds on a cold cache); the fast tier keeps the fallback
 @pytest.mark.skipif(compiling.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
 def test_inductor_draws_the_random_numbers_eager_pytorch_draws(monkeypatch):
     import torch._inductor.config as inductor
