@@ -271,9 +271,14 @@ def results_page() -> str:
                 verdict,
             ]
         )
+    # the default's own pool study on each machine that judged a component: a row pairs with the one of its machine
     reference = [r for r in studies if r["table"] == "pool" and r["adopted"] == "reference"]
     base = (
-        f" The default recipe scores {float(reference[-1]['accuracy']):.3f} on the pool ({reference[-1]['protocol']})."
+        " The default recipe scores "
+        + " and ".join(f"{float(r['accuracy']):.3f} ({r['machine']})" for r in reference)
+        + f" on the pool ({reference[-1]['protocol']}"
+        + ("; the same seeds, other float rounding: each row pairs with its machine's" if len(reference) > 1 else "")
+        + ")."
         if reference
         else ""
     )
