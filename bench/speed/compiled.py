@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.speed import settings
 
 TIMING = ("seconds", "images_per_s", "model_share")
 DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
@@ -55,13 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         "train.epochs": args.epochs,
         "train.seed": args.seed,
         "drloc.weight": 0.5,
+        **settings(args.set),
     }
-    for item in args.set:
-        key, _, value = item.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
     runs, seconds = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, compiled in (("eager", False), ("compiled", True)):

@@ -24,7 +24,6 @@ Rows go to results/speed-phases.csv, a markdown table to stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from bench.results import record
+from bench.speed import settings
 
 DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
 OTHER = "other (setup, loop, resizing, logging)"
@@ -389,13 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         "data.source": args.data,
         "train.seed": args.seed,
         **({} if args.scale else {"train.epochs": args.epochs}),
+        **settings(args.set),
     }
-    for item in args.set:
-        key, _, value = item.partition("=")
-        try:
-            values[key] = json.loads(value)
-        except json.JSONDecodeError:
-            values[key] = value
     config = with_settings(load_recipe(args.recipe), values)
     if args.scale:
         whole = config  # the recipe with --set, each stage at its own epochs
