@@ -1,6 +1,10 @@
 """speed benchmarks: run each as `python -m bench.speed.NAME` from the repository root."""
 
 import json
+import os
+
+# the photos a speed benchmark trains on unless told otherwise: $FOODVIT_DATA, else the shared FoodVision Mini
+DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
 
 
 def settings(items: list[str]) -> dict:

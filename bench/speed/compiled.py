@@ -16,16 +16,14 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.speed import settings
+from bench.speed import DATA, settings
 
 TIMING = ("seconds", "images_per_s", "model_share")
-DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
 
 
 def learned(run: Path) -> list[dict[str, float]]:

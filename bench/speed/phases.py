@@ -24,7 +24,6 @@ Rows go to results/speed-phases.csv, a markdown table to stdout.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -36,9 +35,8 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from bench.results import record
-from bench.speed import settings
+from bench.speed import DATA, settings
 
-DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
 OTHER = "other (setup, loop, resizing, logging)"
 TEACHER = "teacher training"
 STEP = (  # the phases of a train step, in the table's order

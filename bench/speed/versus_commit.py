@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 
 from bench.results import record
+from bench.speed import DATA
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = os.environ.get("FOODVIT_DATA", "/work/shared/data/pizza_steak_sushi")
 TIMING = ("seconds", "images_per_s", "model_share")  # what a run's speed changes in metrics.csv
 EVALUATION = ("val_", "test_")  # the columns an epoch fills only when it evaluates
 
