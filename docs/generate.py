@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 import textwrap
@@ -570,12 +571,15 @@ SECOND_DATASET = "food101_seven"  # the second small data set of ../shared/data
 
 
 def second_dataset_rows() -> list[dict]:
-    """The latest run of bench/accuracy/second_dataset.py on the second data set: its rows, one a class and "all"."""
+    """The latest run of bench/accuracy/second_dataset.py on the second data set: the last block of rows it wrote, one
+    a class and "all"."""
     rows = [r for r in read("second-dataset") if r["data"] == SECOND_DATASET]
-    last = rows[-1]
-    return [
-        r for r in rows if (r["command"], r["commit"], r["date"]) == (last["command"], last["commit"], last["date"])
-    ]
+    block = [rows[-1]]
+    for row in reversed(rows[:-1]):
+        if row["class"] == "all":  # the row that ends the run before
+            break
+        block.insert(0, row)
+    return block
 
 
 def second_dataset() -> list[str]:
@@ -583,6 +587,10 @@ def second_dataset() -> list[str]:
     rows = second_dataset_rows()
     everything = next(r for r in rows if r["class"] == "all")
     classes = [r for r in rows if r["class"] != "all"]
+    command = everything["command"].split()
+    assert "--set" not in command, "the Results page shows the default recipe unchanged, not a run with --set"
+    jobs = command[command.index("--jobs") + 1] if "--jobs" in command else "2"
+    cnn = json.loads((RESULTS / "cv" / "seven-cnn" / "study.json").read_text())["settings"]["teacher"]
 
     def line(r: dict) -> list:
         return [
@@ -599,11 +607,12 @@ def second_dataset() -> list[str]:
         "",
         f"The default recipe, unchanged (every choice in it was made on FoodVision Mini), trained on {len(classes)} "
         f"other Food-101 classes ({', '.join(r['class'].replace('_', ' ') for r in classes)}; "
-        f"{everything['photos']} test photos), against a ResNet-18 from scratch on the ViT's schedule (100 epochs at "
-        f"96 px, as in the data-efficiency curve). Each of {len(seeds)} seeds ({', '.join(seeds)}) trains both models "
-        "on the training photos; each model reads the test photos once. The difference is paired with the photo as "
-        "the unit, each photo's answers averaged over the seeds first; the last column counts the answers (a photo "
-        "under each seed) right only with the ViT / only with the ResNet-18.",
+        f"{everything['photos']} test photos), against a ResNet-18 from scratch trained as the recipe trains its "
+        f"teacher but for {cnn['epochs']} epochs at {cnn['size']} px (the ViT's epochs at its final side, as in the "
+        f"data-efficiency curve). Each of {len(seeds)} seeds ({', '.join(seeds)}) trains both models on the training "
+        "photos; each model reads the test photos once. The difference is paired with the photo as the unit, each "
+        "photo's answers averaged over the seeds first; the last column counts the answers (a photo under each seed) "
+        "right only with the ViT / only with the ResNet-18.",
         "",
         table(
             ["class", "default ViT", "ResNet-18", "ViT - ResNet-18, paired", "answers right only: ViT / ResNet-18"],
@@ -611,9 +620,10 @@ def second_dataset() -> list[str]:
         ),
         "",
         f"Seeds {' / '.join(seeds)}: the ViT {everything['vit_per_seed']}, the ResNet-18 "
-        f"{everything['cnn_per_seed']}. Training, the mean a seed with one thread each and two trainings at once: "
-        f"the ViT {everything['vit_seconds']} s (its CNN teacher included), the ResNet-18 {everything['cnn_seconds']} "
-        f"s. Machine: {everything['machine']}; commit {everything['commit']}, {everything['date']}.",
+        f"{everything['cnn_per_seed']}. Training and predicting the test photos, the mean a seed with one thread a "
+        f"training and {jobs} at once: the ViT {everything['vit_seconds']} s (its CNN teacher included), the "
+        f"ResNet-18 {everything['cnn_seconds']} s. Machine: {everything['machine']}; commit {everything['commit']}, "
+        f"{everything['date']}.",
         "",
         "Command:",
         "",

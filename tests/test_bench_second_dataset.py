@@ -26,6 +26,7 @@ def test_each_class_and_all_photos_are_paired_with_the_photo_as_the_unit(tmp_pat
     ramen, ice, everything = by_class["ramen"], by_class["ice_cream"], by_class["all"]
     assert (ramen["vit"], ramen["cnn"], ramen["difference"]) == (0.75, 0.25, 0.5)
     assert (ramen["only_vit"], ramen["only_cnn"], ramen["photos"]) == (2, 0, 2)
+    assert ramen["difference_se"] == pytest.approx(0.5)  # its photos' differences over the seeds: 1 and 0
     assert (ice["vit"], ice["cnn"], ice["difference"]) == (0.5, 0.25, 0.25)
     assert (ice["only_vit"], ice["only_cnn"]) == (2, 1)
     assert (everything["vit"], everything["cnn"], everything["difference"]) == (0.625, 0.25, 0.375)

@@ -90,8 +90,9 @@ def test_inductor_draws_the_random_numbers_eager_pytorch_draws(monkeypatch):
     # inductor compiles the kernels in this process: its pool of compiling processes, each importing PyTorch, costs
     # more to start than these small kernels cost to compile
     monkeypatch.setattr(inductor, "compile_threads", 1)
-    # scalar kernels: choosing vector instructions compiles a probe program for each set the CPU might have (about 8 s
-    # of g++ here, against 2 s for the kernels themselves), and which instructions add the numbers changes no draw
+    # scalar kernels: choosing vector instructions compiles a probe program for each set the CPU reports, on a cold
+    # cache (about 8 s of g++ here, against 2 s for the kernels), and which instructions add the numbers changes no
+    # draw; inductor keeps the empty list of sets for the rest of this process (no other test here runs inductor)
     monkeypatch.setattr(inductor.cpp, "vec_isa_ok", False)
     torch._dynamo.reset()
     module = _Drawing().train()
