@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from foodvit.settings.run import OptimConfig
+from foodvit.training import engine
 from foodvit.training.engine import Classifier, StepSettings, TrainingDiverged, evaluate, fit, train_one_epoch
 from foodvit.training.optim import build_ema, build_optimizer, lr_factor, param_groups
 
@@ -220,3 +221,38 @@ def test_train_loss_is_plain_cross_entropy_and_the_objective_is_what_was_minimis
     assert row["train_loss"] == pytest.approx(plain, rel=1e-6)
     assert row["train_objective"] == pytest.approx(objective, rel=1e-6)
     assert abs(row["train_loss"] - row["train_objective"]) > 0.05  # really two different numbers
+
+
+class DtypeSeen(nn.Module):
+    """A linear classifier that records the dtype its matrix product computed in, at each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.seen: list[torch.dtype] = []
+
+    def forward(self, x):
+        out = self.linear(x)
+        self.seen.append(out.dtype)
+        return out
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_autocast_trains_on_a_cpu_with_native_bf16_and_evaluates_in_float32(monkeypatch, native):
+    # settings.amp on the CPU: the training steps run under bf16 autocast only where the CPU multiplies bf16 natively
+    # (else it would emulate it, slower); evaluation is float32 either way, as prediction and ONNX Runtime are
+    monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: native)
+    x, y = torch.randn(8, 4), torch.tensor([0, 1] * 4)
+    model = DtypeSeen()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    amp = StepSettings(amp=True)
+    train_one_epoch(Classifier(model), [(x, y)], opt, settings=amp)
+    evaluate(model, [(x, y)], amp)
+    assert model.seen == [torch.bfloat16 if native else torch.float32, torch.float32]
+    assert model.linear.weight.dtype == torch.float32  # autocast: the weights and their update stay float32
+    model.seen.clear()
+    train_one_epoch(Classifier(model), [(x, y)], opt, settings=StepSettings(amp=False))
+    assert model.seen == [torch.float32]
+    assert engine.computes_bf16(amp, training=True) is native
+    assert engine.computes_bf16(amp, training=False) is False
+    assert engine.computes_bf16(StepSettings(torch.device("cuda"), amp=True), training=False) is True

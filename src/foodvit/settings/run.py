@@ -253,7 +253,11 @@ class TrainConfig:
         "slower on a GPU, no effect on the CPU's results",
     )
     device: str = opt("auto", "'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1', 'mps'")
-    amp: bool = opt(True, "bf16 autocast on CUDA (ignored on the CPU)")
+    amp: bool = opt(
+        True,
+        "bf16 autocast: on CUDA, and for the training steps on a CPU with native bf16 (AVX512-BF16 or AMX); "
+        "ignored on other CPUs",
+    )
     compile: bool = opt(False, "torch.compile the model")
     eval_every: int = opt(
         1, "evaluate on the validation and test splits every N epochs (and always at the end)", range=AT_LEAST_1
