@@ -620,3 +620,22 @@ def test_the_report_shows_class_and_folder_names_as_text_never_as_markup(tmp_pat
     for name in HOSTILE_CLASSES:
         assert f"{name} 4" in report.text and f"\n{name}\n" in report.text  # the photos row, the per-class table
     assert report.tags.count("table") == 2 and report.tags.count("td") == 2 * 7 + 3 * 3  # no cell split by a `|`
+
+
+@pytest.mark.parametrize("amp", [True, False])
+def test_bf16_training_is_reported_and_the_saved_model_predicts_what_the_report_says(photos, tmp_path, monkeypatch, amp):
+    # on a CPU that multiplies bf16 natively, --amp trains under bf16 autocast and the report says so; evaluation is
+    # float32, so the saved model, loaded and evaluated, scores exactly the test accuracy the run reported
+    from dataclasses import replace
+
+    from foodvit.training import engine
+
+    monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: True)
+    config = small_config(photos, epochs=1, batch_size=8)
+    config = replace(config, train=replace(config.train, amp=amp))
+    out = tmp_path / "run"
+    result = train(config, out, quiet=True)
+    assert ("training in bf16 autocast" in (out / "report.md").read_text()) is amp
+    evaluation = evaluate_split(foodvit.load_predictor(out), DataSource.parse(photos).open_split("test"))
+    assert evaluation["accuracy"] == result.test["acc"]
+    assert evaluation["confusion"] == result.test["confusion"].tolist()

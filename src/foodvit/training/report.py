@@ -15,6 +15,7 @@ from foodvit.data.datasource import DataSource
 from foodvit.files import write_text
 from foodvit.rundir.directory import TEACHER_FILE, VALIDATION_FILE
 from foodvit.rundir.trained import save_model
+from foodvit.training.engine import StepSettings, computes_bf16
 from foodvit.viz.figures import most_wrong_figure, predictions_figure
 from foodvit.viz.plotting import integer_ticks, save_figure, subplots
 
@@ -179,10 +180,14 @@ def write_report(
     return write_text(run / "report.md", "\n".join(lines))
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+def device_name(device: torch.device, amp: bool = False) -> str:
+    """The device, and whether its training steps ran under bf16 autocast (engine.computes_bf16)."""
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+    )
+    return name + (", training in bf16 autocast" if computes_bf16(StepSettings(device, amp=amp), training=True) else "")
 
 
 def test_results(probabilities: torch.Tensor, split, classes) -> tuple[list[dict], list[str]]:
@@ -321,7 +326,7 @@ def write_results(
         "train_image_size": train_size,
         "patch_size": model.config.patch_size,
         "data_root": str(data.root),
-        "device": device_name(device),
+        "device": device_name(device, config.train.amp),
         "processes": processes,
     }
     sections = teacher_section(config, teacher_history, teacher_lent_by)
