@@ -623,7 +623,7 @@ def test_the_report_shows_class_and_folder_names_as_text_never_as_markup(tmp_pat
 
 
 @pytest.mark.parametrize("amp", [True, False])
-def test_bf16_training_is_reported_and_the_saved_model_predicts_what_the_report_says(photos, tmp_path, monkeypatch, amp):
+def test_bf16_training_is_reported_and_the_saved_model_scores_what_it_says(photos, tmp_path, monkeypatch, amp):
     # on a CPU that multiplies bf16 natively, --amp trains under bf16 autocast and the report says so; evaluation is
     # float32, so the saved model, loaded and evaluated, scores exactly the test accuracy the run reported
     from dataclasses import replace
