@@ -19,8 +19,10 @@ from foodvit.data.sampling import EpochSampler, ShardedBatchSampler, make_loader
 from foodvit.deploy.predictor import Predictor
 
 # 33 training photos in global batches of 8: the last batch holds one photo, so rank 0's share of
-# it is empty; accumulation over 2 batches exercises no_sync
+# it is empty; accumulation over 2 batches exercises no_sync. Float32 (--amp false): on a CPU with native bf16,
+# autocast's rounding would blur the comparison of two processes with one beyond what their order of sums does
 ARGS = ["--recipe", "tiny", "--image-size", "32", "--depth", "2", "--batch-size", "8", "--accum-steps", "2", "--quiet"]
+ARGS += ["--amp", "false"]
 TIMINGS = ("seconds", "images_per_s", "model_share")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 

@@ -345,8 +345,8 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(
     place = teacher["trained_on"]
     elsewhere = {
         "gpu": (
-            {**place, "device": "cuda", "bf16": True},
-            "bf16: True there, False here; device: 'cuda' there, 'cpu' here",
+            {**place, "device": "cuda", "bf16": not place["bf16"]},  # bf16 here: on a CPU that computes it natively
+            f"bf16: {not place['bf16']} there, {place['bf16']} here; device: 'cuda' there, 'cpu' here",
         ),
         "threads": ({**place, "threads": threads + 1}, f"threads: {threads + 1} there, {threads} here"),
         "layout": ({**place, "layout": "rows"}, "layout: 'rows' there, 'channels-last' here"),
