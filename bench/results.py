@@ -37,13 +37,16 @@ def cpu_name() -> str:
 
 def machine(device=None) -> str:
     """What ran a benchmark: the GPU's name for a CUDA `device`, else the CPU model and the cores this process may
-    use, e.g. 'AMD EPYC 7B13, 2 cores'."""
+    use, e.g. 'AMD EPYC 7B13, 2 cores' or 'AMD EPYC with native bf16, 2 cores'."""
     if device is not None and device.type == "cuda":
         import torch
 
         return torch.cuda.get_device_name(device)
+    from foodvit.training.engine import cpu_computes_bf16
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{cpu_name()}, {cores} cores"
+    # a CPU with native bf16 trains about 1.5 times as fast (training under bf16 autocast, --amp) and rounds otherwise
+    return f"{cpu_name()}{' with native bf16' if cpu_computes_bf16() else ''}, {cores} cores"
 
 
 def commit() -> str:

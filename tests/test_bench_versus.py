@@ -72,3 +72,17 @@ def test_keep_refuses_a_folder_that_exists_before_anything_runs(tmp_path, capsys
         versus_commit.main(["--keep", str(tmp_path), "--no-record"])
     assert refused.value.code == 2 and "it exists; give a new folder" in capsys.readouterr().err
     assert (tmp_path / "mine.txt").read_text() == "the user's own file"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_rows_machine_says_whether_the_cpu_computes_bf16(monkeypatch, native):
+    # two CPUs of one model name train at speeds 1.5 times apart when only one multiplies bf16: the row tells them apart
+    from bench import results
+
+    from foodvit.training import engine
+
+    monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: native)
+    monkeypatch.setattr(results, "cpu_name", lambda: "AMD EPYC")
+    monkeypatch.setattr(results.os, "sched_getaffinity", lambda pid: {0, 1})
+    expected = "AMD EPYC with native bf16, 2 cores" if native else "AMD EPYC, 2 cores"
+    assert results.machine() == expected
