@@ -287,10 +287,12 @@ def results_page() -> str:
     reference = [r for r in studies if r["table"] == "pool" and r["adopted"] == "reference"]
     base = (
         " The default recipe scores "
-        + " and ".join(f"{float(r['accuracy']):.3f} ({r['machine']})" for r in reference)
-        + f" on the pool ({reference[-1]['protocol']}"
-        + ("; the same seeds, other float rounding: each row pairs with its machine's" if len(reference) > 1 else "")
-        + ")."
+        + ", ".join(
+            f"{float(r['accuracy']):.3f} ({r['machine']}, {r['protocol'].split(', ')[-1]})" for r in reference
+        )
+        + f" on the {reference[-1]['protocol'].rsplit(', training seeds', 1)[0]}"
+        + ("; other float rounding: each row pairs with the default of its machine" if len(reference) > 1 else "")
+        + "."
         if reference
         else ""
     )
