@@ -33,7 +33,7 @@ RESULTS_LINK = "docs/results.md"
 
 # Each component of the default recipe: its name, the idea of its row on the validation pool (table "pool" of
 # studies.csv, the study of the default without it), and the 5-fold CV study that adopted it (sign 1) or that
-# removed or replaced it (sign -1).
+# removed or replaced it (sign -1; None: judged on the pool alone).
 COMPONENTS = [
     ("locality guidance from a ResNet-18 trained first", "locality guidance", "locality guidance, feature matching", 1),
     (
@@ -63,6 +63,12 @@ COMPONENTS = [
     ("mimetic initialisation of the attention", "mimetic initialisation", "3. mimetic initialisation", 1),
     ("progressive resizing, 64 px then 96 px", "progressive resizing", "progressive resizing up, 64 -> 96 px", 1),
     ("the guidance weight falling from 1 to 0", "the falling guidance weight", "the guidance weight front-loaded", 1),
+    (
+        "bf16 autocast for the training steps on a CPU with native bf16 (`--amp`, on by default; float32 elsewhere)",
+        "bf16 autocast",
+        None,
+        1,
+    ),
     (
         "masked-patch reconstruction (`--masked 1`)",
         "masked-patch reconstruction",
@@ -262,9 +268,13 @@ def results_page() -> str:
     pool = {row["idea"]: row for row in removals}  # the default without a component (bench.accuracy.pool --removes)
     rows = []
     for name, idea, prefix, sign in COMPONENTS:
-        on_pool, cv = pool.get(idea), find(prefix)
-        z_cv = sign * (se_multiple(cv) or 0.0)
-        cv_text = f"{sign * float(cv['difference']):+.3f} +- {cv['difference_se']} ({z_cv:+.1f} SE)"
+        on_pool = pool.get(idea)
+        if prefix is None:  # judged on the pool alone
+            cv_text = "not studied"
+        else:
+            cv = find(prefix)
+            z_cv = sign * (se_multiple(cv) or 0.0)
+            cv_text = f"{sign * float(cv['difference']):+.3f} +- {cv['difference_se']} ({z_cv:+.1f} SE)"
         if on_pool is None:
             rows.append([name, "not measured yet", "", cv_text, "not judged on the pool yet (kept)"])
             continue
