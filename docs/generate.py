@@ -64,7 +64,7 @@ COMPONENTS = [
     ("progressive resizing, 64 px then 96 px", "progressive resizing", "progressive resizing up, 64 -> 96 px", 1),
     ("the guidance weight falling from 1 to 0", "the falling guidance weight", "the guidance weight front-loaded", 1),
     (
-        "bf16 autocast for the training steps on a CPU with native bf16 (`--amp`, on by default; float32 elsewhere)",
+        "bf16 autocast for the training steps on a CPU with native bf16 (`--amp`, on by default; float32 on other CPUs)",
         "bf16 autocast",
         None,
         1,
@@ -297,11 +297,14 @@ def results_page() -> str:
     reference = [r for r in studies if r["table"] == "pool" and r["adopted"] == "reference"]
     base = (
         " The default recipe scores "
-        + ", ".join(
-            f"{float(r['accuracy']):.3f} ({r['machine']}, {r['protocol'].split(', ')[-1]})" for r in reference
-        )
+        + ", ".join(f"{float(r['accuracy']):.3f} ({r['machine']}, {r['protocol'].split(', ')[-1]})" for r in reference)
         + f" on the {reference[-1]['protocol'].rsplit(', training seeds', 1)[0]}"
-        + ("; other float rounding: each row pairs with the default of its machine" if len(reference) > 1 else "")
+        + (
+            "; other arithmetic (float rounding, and bf16 autocast on the CPU with native bf16): each row pairs with the "
+            "default of its machine"
+            if len(reference) > 1
+            else ""
+        )
         + "."
         if reference
         else ""
@@ -312,7 +315,8 @@ def results_page() -> str:
         "Each component of the default recipe, worth the default's pool accuracy minus that of the default "
         "without it (paired, answers counted a photo under each seed), and its figure under 5-fold CV from the "
         "study that adopted it (or removed it). Several were adopted under a weaker rule (more than one standard "
-        "error of CV, once); the verdict says what the pool shows." + base,
+        "error of CV, once); the verdict says what the pool shows; one whose CV column says 'not studied' was judged "
+        "on the pool alone." + base,
         "",
         table(["component", "worth on the pool", "in standard errors", "under 5-fold CV", "verdict"], rows),
         "",
@@ -343,8 +347,8 @@ def results_page() -> str:
     parts += [
         "## Each change on the validation pool",
         "",
-        "Pool studies of the default recipe and of one change to it (training seeds 0 and 1, all 225 training "
-        "photos), paired photo by photo (answers: right only with the change / only without it, a photo under "
+        "Pool studies of the default recipe and of one change to it (training seeds 0 and 1 unless the row says "
+        "otherwise, all 225 training photos), paired photo by photo (answers: right only with the change / only without it, a photo under "
         "each seed). `results/cv/` keeps each study's answers, so `foodvit cv --compare` pairs a new study with "
         "them without training again.",
         "",

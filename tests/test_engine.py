@@ -246,10 +246,14 @@ def test_bf16_autocast_trains_on_a_cpu_with_native_bf16_and_evaluates_in_float32
     model = DtypeSeen()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     amp = StepSettings(amp=True)
+    trained = torch.bfloat16 if native else torch.float32
     train_one_epoch(Classifier(model), [(x, y)], opt, settings=amp)
     evaluate(model, [(x, y)], amp)
-    assert model.seen == [torch.bfloat16 if native else torch.float32, torch.float32]
-    assert model.linear.weight.dtype == torch.float32  # autocast: the weights and their update stay float32
+    assert model.seen == [trained, torch.float32]
+    model.seen.clear()
+    # sharpness-aware minimisation's second forward pass, at the worst nearby weights, is a training step's too
+    train_one_epoch(Classifier(model), [(x, y)], opt, settings=StepSettings(amp=True, sam=0.05))
+    assert model.seen == [trained, trained]
     model.seen.clear()
     train_one_epoch(Classifier(model), [(x, y)], opt, settings=StepSettings(amp=False))
     assert model.seen == [torch.float32]

@@ -117,3 +117,24 @@ def test_a_teacher_with_few_epochs_of_its_own_warms_up_for_half_of_them_at_most(
     assert warmup(4) == 2  # else it would still be warming up at its last epoch, its rate never decaying
     assert warmup(50) == 5
     assert warmup(0) == 5  # the run's epochs, the run's schedule: as the ViT's own
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_teachers_place_records_whether_it_trained_under_bf16(monkeypatch, native):
+    # a teacher trained under bf16 autocast is another teacher than one trained in float32 from the same seed: its
+    # place says which, so that a run on the other arithmetic never borrows it (--amp false, or a CPU without bf16)
+    from dataclasses import replace
+
+    from foodvit.recipes import load_recipe
+    from foodvit.training import engine
+    from foodvit.training.teacher import place_changes, training_place
+
+    monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: native)
+    config = load_recipe("default")
+    cpu = torch.device("cpu")
+    on, off = (training_place(cpu, 1, replace(config, train=replace(config.train, amp=amp))) for amp in (True, False))
+    assert on["bf16"] is native and off["bf16"] is False
+    assert training_place(torch.device("cuda"), 1, config)["bf16"] is True
+    assert (place_changes(on, off) == "") is not native
+    if native:
+        assert "bf16: True there, False here" in place_changes(on, off)

@@ -632,7 +632,7 @@ def test_bf16_training_is_reported_and_the_saved_model_scores_what_it_says(photo
 
     monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: True)
     config = small_config(photos, epochs=1, batch_size=8)
-    config = replace(config, train=replace(config.train, amp=amp))
+    config = replace(config, train=replace(config.train, amp=amp, device="cpu"))  # on CUDA evaluation is bf16 too
     out = tmp_path / "run"
     result = train(config, out, quiet=True)
     assert ("training in bf16 autocast" in (out / "report.md").read_text()) is amp

@@ -17,7 +17,9 @@ steps include the compilation.
 MFU = the step's model FLOPs (counted from the shapes by torch.utils.flop_counter, forward and backward,
 the teacher's forward passes included) / the step's seconds (forward, backward, optimiser) / the ceiling:
 the best fp32 matrix product GFLOP/s at the ViT's own shapes on the run's threads, measured before and after the
-run (the better of the two; a warning when they differ, as on a machine shared with other work).
+run (the better of the two; a warning when they differ, as on a machine shared with other work). On a CPU that
+multiplies bf16 natively the training steps run under bf16 autocast (--amp, on by default), faster than that fp32
+ceiling allows: MFU there is a fraction of the fp32 ceiling and may pass 1; --set train.amp=false measures float32.
 Rows go to results/speed-phases.csv, a markdown table to stdout.
 """
 

@@ -13,7 +13,9 @@ and threads (OMP_NUM_THREADS), for the same --epochs or, without it, each tree's
 photos decoded by itself. The ratio is the baseline's wall time over the working tree's, the median over
 rounds. The metrics.csv of the two are compared column by column, the timing columns aside and the evaluation
 columns in the epochs both evaluated: identical, or the largest difference; with --cv, every held-out photo's class
-probabilities. Rows go to results/speed-versus.csv.
+probabilities. Rows go to results/speed-versus.csv. On a CPU that multiplies bf16 natively, a tree that trains under
+bf16 autocast against one that trains every CPU in float32 differs in arithmetic: the ratio includes bf16's speed-up
+and the metrics differ (`-- --amp false` runs both in float32 where both trees know the option).
 """
 
 from __future__ import annotations

@@ -256,7 +256,7 @@ class TrainConfig:
     amp: bool = opt(
         True,
         "bf16 autocast: on CUDA, and for the training steps on a CPU with native bf16 (AVX512-BF16 or AMX); "
-        "ignored on other CPUs",
+        "ignored elsewhere (other CPUs, MPS)",
     )
     compile: bool = opt(False, "torch.compile the model")
     eval_every: int = opt(
