@@ -64,7 +64,8 @@ COMPONENTS = [
     ("progressive resizing, 64 px then 96 px", "progressive resizing", "progressive resizing up, 64 -> 96 px", 1),
     ("the guidance weight falling from 1 to 0", "the falling guidance weight", "the guidance weight front-loaded", 1),
     (
-        "bf16 autocast for the training steps on a CPU with native bf16 (`--amp`, on by default; float32 on other CPUs)",
+        "bf16 autocast for the training steps on a CPU with native bf16 (`--amp`, on by default; float32 on other "
+        "CPUs)",
         "bf16 autocast",
         None,
         1,
@@ -300,8 +301,8 @@ def results_page() -> str:
         + ", ".join(f"{float(r['accuracy']):.3f} ({r['machine']}, {r['protocol'].split(', ')[-1]})" for r in reference)
         + f" on the {reference[-1]['protocol'].rsplit(', training seeds', 1)[0]}"
         + (
-            "; other arithmetic (float rounding, and bf16 autocast on the CPU with native bf16): each row pairs with the "
-            "default of its machine"
+            "; other arithmetic (float rounding, and bf16 autocast on the CPU with native bf16): each row pairs with "
+            "the default of its machine"
             if len(reference) > 1
             else ""
         )
@@ -348,9 +349,9 @@ def results_page() -> str:
         "## Each change on the validation pool",
         "",
         "Pool studies of the default recipe and of one change to it (training seeds 0 and 1 unless the row says "
-        "otherwise, all 225 training photos), paired photo by photo (answers: right only with the change / only without it, a photo under "
-        "each seed). `results/cv/` keeps each study's answers, so `foodvit cv --compare` pairs a new study with "
-        "them without training again.",
+        "otherwise, all 225 training photos), paired photo by photo (answers: right only with the change / only "
+        "without it, a photo under each seed). `results/cv/` keeps each study's answers, so `foodvit cv --compare` "
+        "pairs a new study with them without training again.",
         "",
         table(
             [
