@@ -10,6 +10,7 @@ Accuracy is per image: correct predictions over images seen, never a mean of bat
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import time
@@ -94,24 +95,27 @@ class StepInfo:
     model: nn.Module
 
 
+@functools.cache
 def cpu_computes_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX): there bf16 autocast trains the default recipe
     about 1.5 times as fast as float32 (results/studies.csv, pool row "bf16 autocast"); elsewhere bf16 would only be
-    emulated."""
+    emulated. Asked once a process (autocast asks at every training step)."""
     cpu = torch.cpu
     checks = (getattr(cpu, "_is_avx512_bf16_supported", None), getattr(cpu, "_is_amx_tile_supported", None))
     return any(check is not None and check() for check in checks)
+
+
+def trains_in_bf16(device: torch.device, amp: bool) -> bool:
+    """Whether training steps on `device` run under bf16 autocast with --amp `amp`: on CUDA, and on a CPU that
+    computes bf16 natively (what a run's report and its teacher's place record)."""
+    return amp and (device.type == "cuda" or (device.type == "cpu" and cpu_computes_bf16()))
 
 
 def computes_bf16(settings: StepSettings, training: bool) -> bool:
     """Whether a forward pass runs under bf16 autocast (settings.amp): on CUDA, training and evaluating; on a CPU
     that computes bf16 natively, only training steps, so that evaluation, the report and prediction (PyTorch or
     ONNX Runtime, both float32) give each photo the same answer."""
-    if not settings.amp:
-        return False
-    if settings.device.type == "cuda":
-        return True
-    return training and settings.device.type == "cpu" and cpu_computes_bf16()
+    return trains_in_bf16(settings.device, settings.amp) and (training or settings.device.type == "cuda")
 
 
 def autocast(settings: StepSettings, training: bool = False):

@@ -15,7 +15,7 @@ from foodvit.data.datasource import DataSource
 from foodvit.files import write_text
 from foodvit.rundir.directory import TEACHER_FILE, VALIDATION_FILE
 from foodvit.rundir.trained import save_model
-from foodvit.training.engine import StepSettings, computes_bf16
+from foodvit.training.engine import trains_in_bf16
 from foodvit.viz.figures import most_wrong_figure, predictions_figure
 from foodvit.viz.plotting import integer_ticks, save_figure, subplots
 
@@ -181,13 +181,13 @@ def write_report(
 
 
 def device_name(device: torch.device, amp: bool = False) -> str:
-    """The device, and whether its training steps ran under bf16 autocast (engine.computes_bf16)."""
+    """The device, and whether its training steps ran under bf16 autocast (engine.trains_in_bf16)."""
     name = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
     )
-    return name + (", training in bf16 autocast" if computes_bf16(StepSettings(device, amp=amp), training=True) else "")
+    return name + (", training in bf16 autocast" if trains_in_bf16(device, amp) else "")
 
 
 def test_results(probabilities: torch.Tensor, split, classes) -> tuple[list[dict], list[str]]:

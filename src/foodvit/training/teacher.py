@@ -34,7 +34,7 @@ from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkp
 from foodvit.seeds import derive_seed
 from foodvit.settings.objectives import STUDENT_SETTINGS
 from foodvit.settings.run import TEACHERS, OptimConfig, RunConfig, reads_teacher
-from foodvit.training.engine import Classifier, StepSettings, computes_bf16, epoch_line, silent
+from foodvit.training.engine import Classifier, StepSettings, epoch_line, silent, trains_in_bf16
 from foodvit.training.optim import within_stage
 from foodvit.training.stages import Stage, StageData
 
@@ -187,7 +187,7 @@ def training_place(device: torch.device, processes: int, config: RunConfig) -> d
     """Where a teacher trains, besides its settings: the device kind, processes (each one's batch norm
     sees its share), the CPU's threads (they split the sums of a matrix product, so 1 and 2 threads
     round differently and train two different teachers from one seed), its memory layout (build_teacher's
-    channels-last: another order of the same sums), bf16 autocast (engine.computes_bf16: CUDA, or a CPU with native
+    channels-last: another order of the same sums), bf16 autocast (engine.trains_in_bf16: CUDA, or a CPU with native
     bf16), deterministic kernels (CUDA only) and the PyTorch version."""
     cuda = device.type == "cuda"
     return {
@@ -195,7 +195,7 @@ def training_place(device: torch.device, processes: int, config: RunConfig) -> d
         "processes": processes,
         "threads": torch.get_num_threads() if device.type == "cpu" else 0,
         "layout": "channels-last",
-        "bf16": computes_bf16(StepSettings(device, amp=config.train.amp), training=True),
+        "bf16": trains_in_bf16(device, config.train.amp),
         "deterministic": bool(cuda and config.train.deterministic),
         "torch": str(torch.__version__),
     }
