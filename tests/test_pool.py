@@ -170,6 +170,49 @@ def test_a_pool_study_trains_each_seed_on_every_training_photo_and_scores_the_po
     assert "| seed | photos | accuracy |" in (pool_study / "cv.md").read_text()
 
 
+def test_a_study_trains_every_run_in_one_arithmetic(pool_study, photos, pool, tmp_path, monkeypatch, capsys):
+    """Each run's result records its arithmetic (bf16 autocast or float32); a machine of the other arithmetic may not
+    train a study's runs left, and results of both are refused, never summarised together."""
+    import torch
+
+    from foodvit.training import engine
+
+    ours = engine.arithmetic(torch.device("cpu"), True)
+    other = {"bf16": "float32", "float32": "bf16"}[ours]
+    assert [json.loads((pool_study / f"seed-{s}.json").read_text())["arithmetic"] for s in (0, 1)] == [ours, ours]
+    assert [f["arithmetic"] for f in json.loads((pool_study / "cv.json").read_text())["folds"]] == [ours, ours]
+    args = ["cv", "--data", str(photos), "--validate-on", str(pool), "--seeds", "2", "--seed", "0", *TINY, "--quiet"]
+
+    study = tmp_path / "left"  # seed 1 left to train, on a CPU of the other arithmetic: refused before it trains
+    shutil.copytree(pool_study, study)
+    shutil.rmtree(study / "seed-1")
+    (study / "seed-1.json").unlink()
+    with monkeypatch.context() as patched:
+        patched.setattr(engine, "cpu_computes_bf16", lambda: other == "bf16")
+        assert main([*args, "--out", str(study)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        len(err.splitlines()) == 1
+        and f"seed-0 trained in {ours}, and this machine would train the rest in {other}" in err
+    )
+    assert "start a new study with --amp false" in err and not (study / "seed-1").exists()
+
+    study = tmp_path / "mixed"  # both results written, in different arithmetic: the study is not summarised
+    shutil.copytree(pool_study, study)
+    (study / "cv.json").unlink()
+    seed_1 = json.loads((study / "seed-1.json").read_text())
+    (study / "seed-1.json").write_text(json.dumps({**seed_1, "arithmetic": other}))
+    assert main([*args, "--out", str(study)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"mixes arithmetic: seed-0 trained in {ours}, seed-1 in {other}" in err
+    assert f"remove {study / 'seed-1'}" in err and not (study / "cv.json").exists()
+
+    # a result written before foodvit recorded its arithmetic is not taken for either
+    del seed_1["arithmetic"]
+    (study / "seed-1.json").write_text(json.dumps(seed_1))
+    assert main([*args, "--out", str(study)]) == 0 and (study / "cv.json").is_file()
+
+
 def test_pool_study_options_that_belong_to_cross_validation_are_refused(photos, pool, tmp_path, capsys):
     for extra, message in ((["--folds", "3"], "leave --folds out"), (["--fold", "0"], "leave --fold out")):
         assert (

@@ -111,6 +111,12 @@ def trains_in_bf16(device: torch.device, amp: bool) -> bool:
     return amp and (device.type == "cuda" or (device.type == "cpu" and cpu_computes_bf16()))
 
 
+def arithmetic(device: torch.device, amp: bool) -> str:
+    """The arithmetic a run's training steps use, as its model.json and a study's fold results name it: "bf16"
+    (trains_in_bf16) or "float32". Two runs of one seed in different arithmetic train two different models."""
+    return "bf16" if trains_in_bf16(device, amp) else "float32"
+
+
 def computes_bf16(settings: StepSettings, training: bool) -> bool:
     """Whether a forward pass runs under bf16 autocast (settings.amp): on CUDA, training and evaluating; on a CPU
     that computes bf16 natively, only training steps, so that evaluation, the report and prediction (PyTorch or

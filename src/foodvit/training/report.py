@@ -15,7 +15,7 @@ from foodvit.data.datasource import DataSource
 from foodvit.files import write_text
 from foodvit.rundir.directory import TEACHER_FILE, VALIDATION_FILE
 from foodvit.rundir.trained import save_model
-from foodvit.training.engine import trains_in_bf16
+from foodvit.training.engine import arithmetic, trains_in_bf16
 from foodvit.viz.figures import most_wrong_figure, predictions_figure
 from foodvit.viz.plotting import integer_ticks, save_figure, subplots
 
@@ -303,6 +303,7 @@ def write_results(
         "data": str(config.data.source or data.root),
         "data_name": source.name,
         "train_photos": len(data.train),
+        "arithmetic": arithmetic(device, config.train.amp),
     }
     if teacher_history:
         summary["teacher_test_acc"] = teacher_history[-1]["test_acc"]

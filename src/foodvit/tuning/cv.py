@@ -38,7 +38,7 @@ from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.settings.run import RunConfig
 from foodvit.tuning.compare import prediction_key
-from foodvit.tuning.fold import FoldBusy, per_class, run_fold, start_fold
+from foodvit.tuning.fold import FoldBusy, per_class, read_result, result_path, run_fold, start_fold
 from foodvit.tuning.folds import (
     Unit,
     check_folds,
@@ -120,7 +120,9 @@ def run_cv(
 
     if pool is None:
         check_folds(split, folds)
-    todo = [u for u in study_units(split, folds, seeds, folds_dir, pool) if only is None or u.fold in only]
+    units = study_units(split, folds, seeds, folds_dir, pool)
+    todo = [u for u in units if only is None or u.fold in only]
+    check_arithmetic(runs, todo, config)
     results = []
     unit = "run" if pool is not None else "fold"
     with tqdm(total=len(todo), desc=f"{unit}s", unit=unit, disable=not progress, leave=False) as bar:
@@ -147,8 +149,55 @@ def run_cv(
             todo = busy
     order = {seed: i for i, seed in enumerate(seeds)}
     results.sort(key=lambda r: (order[r["seed"]], r["fold"]))
+    names = {(u.seed, u.fold): u.name for u in units}  # runs of other processes may have joined since the start
+    one_arithmetic(runs, {names[r["seed"], r["fold"]]: r.get("arithmetic") for r in results}, None)
     result = summarise(results)
     return (replace(result, pool=pool[0].source) if pool is not None else result), results
+
+
+def check_arithmetic(study: Path, units: list[Unit], config: RunConfig) -> None:
+    """Before any of `units` trains: the study's written results and the runs left to train here in one arithmetic
+    (one_arithmetic)."""
+    from foodvit.training.distributed import pick_device
+    from foodvit.training.engine import arithmetic
+
+    written = {u.name: read_result(result_path(study / u.name)) for u in units}
+    here = None
+    if any(result is None for result in written.values()):
+        here = arithmetic(pick_device(config.train.device), config.train.amp)
+    one_arithmetic(study, {name: r.get("arithmetic") for name, r in written.items() if r is not None}, here)
+
+
+ARITHMETIC_WHERE = {  # where training runs in each arithmetic (engine.trains_in_bf16), with --amp on
+    "bf16": "on CUDA, or a CPU with native bf16 (AVX512-BF16 or AMX)",
+    "float32": "on a CPU without native bf16",
+}
+
+
+def one_arithmetic(study: Path, written: dict[str, str | None], here: str | None) -> None:
+    """A study trains all its runs in one arithmetic (engine.arithmetic): one seed trained in bf16 and in float32
+    gives two different models, so a study that machines with and without native bf16 share, or that one resumes on
+    another machine, would mix two recipes silently. A StudyError when its written results (run name -> their
+    arithmetic; None for a result written before foodvit recorded it) differ, or differ from `here`, the arithmetic
+    this process would train its runs left in (None: none left)."""
+    kinds: dict[str, list[str]] = {}
+    for name, kind in written.items():
+        if kind is not None:
+            kinds.setdefault(kind, []).append(name)
+    if len(kinds) > 1:
+        (a, a_names), (b, b_names) = sorted(kinds.items(), key=lambda item: -len(item[1]))[:2]
+        raise StudyError(
+            f"{study} mixes arithmetic: {', '.join(a_names)} trained in {a}, {', '.join(b_names)} in {b}; a study "
+            f"trains every run in one: remove {' and '.join(str(study / n) for n in b_names)} (each run and its .json) "
+            f"and run the study again {ARITHMETIC_WHERE[a]}"
+        )
+    if kinds and here is not None and here not in kinds:
+        ((theirs, names),) = kinds.items()
+        raise StudyError(
+            f"{study}: {', '.join(names)} trained in {theirs}, and this machine would train the rest in {here}; a "
+            f"study trains every run in one arithmetic: finish it {ARITHMETIC_WHERE[theirs]}, or start a new study "
+            "with --amp false, which trains in float32 everywhere"
+        )
 
 
 def cross_validate(
@@ -210,6 +259,7 @@ def cross_validate(
             check_lender(teachers, study, identity, config)
     open_study(study, identity)
     if jobs != 1:  # the folds trained on several processes; run_cv below then reads their results
+        check_arithmetic(study, study_units(split, folds, seed_list, study / "folds", pool), config)
         train_on_processes(
             config, study, split, folds=folds, seeds=seed_list, teachers=teachers, only=only, jobs=jobs, pool=pool
         )
