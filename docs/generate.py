@@ -91,6 +91,10 @@ with several training seeds (`foodvit cv --validate-on POOL --seeds 2`). Two rec
   the default only where its removal saves time and the pool shows no loss (a paired difference of at least 0).
 - A cut of the computation made for speed joins only with no loss on the pool over at least three seeds: a loss
   "within one standard error" is still a loss.
+- Each seed's own difference is shown beside the pooled one (`--compare`, and each row's reason). The seeds of one
+  study differ by more than one seed's standard error: leads that one seed carried (+0.038 and +0.043, over two
+  standard errors) came to +0.012 and +0.009 over three seeds (rows: 160 epochs, a 128 px last phase), and two-seed
+  leads have vanished at the third (mixup, the cheaper CNN teacher). A decision near the bar is taken over three seeds.
 - 5-fold cross-validation over the training photos stays the second opinion where the pool and CV disagree. The test
   photos are read once, after the choice, with three training seeds."""
 

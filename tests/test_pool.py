@@ -258,6 +258,21 @@ def test_two_seeds_of_identical_answers_give_the_one_seed_standard_error(tmp_pat
     assert two["difference"] == pytest.approx(one["difference"])
 
 
+def test_compare_gives_each_seeds_difference_beside_the_pooled_one(tmp_path):
+    """A lead one seed carries shows: seed 0 gains two photos of four, seed 1 loses one."""
+    a = {"s0/x/1": False, "s0/x/2": False, "s0/x/3": True, "s0/x/4": True}
+    a |= {"s1/x/1": True, "s1/x/2": True, "s1/x/3": True, "s1/x/4": False}
+    b = {**a, "s0/x/1": True, "s0/x/2": True, "s1/x/3": False}
+    result, line = compare.compare_studies(fake_study(tmp_path / "a", "pool", a), fake_study(tmp_path / "b", "pool", b))
+    assert result["by_seed"] == {0: 0.5, 1: -0.25} and result["difference"] == pytest.approx(0.125)
+    assert line.endswith("seeds 0 / 1 alone: +0.500 / -0.250)"), line
+    one_seed = compare.compare_studies(
+        fake_study(tmp_path / "a1", "pool", {k: v for k, v in a.items() if k.startswith("s0/")}, seeds=(0,)),
+        fake_study(tmp_path / "b1", "pool", {k: v for k, v in b.items() if k.startswith("s0/")}, seeds=(0,)),
+    )[1]
+    assert "alone" not in one_seed
+
+
 def test_compare_refuses_studies_scored_differently_and_names_the_settings_that_differ(tmp_path, capsys):
     answers = {"s0/x/1": True, "s0/x/2": False}
     cv5 = fake_study(tmp_path / "cv5", "cv", answers, folds=5, seeds=(0,))
@@ -303,6 +318,7 @@ def test_bench_pool_records_a_components_worth_as_the_rule_reads_it(tmp_path, mo
         4,
     )  # answers: a photo under each seed
     assert row["reason"].startswith("the component is worth +0.125 (") and row["overrides"] == "--x 0"
+    assert row["reason"].endswith("; seeds 0 / 1 alone: +0.125 / +0.125")  # each seed gave the same answers
     results = tmp_path / "results"
     monkeypatch.setattr(bench_pool, "RESULTS", results)
     assert (

@@ -67,11 +67,21 @@ def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict
         "only_a": len(result["only_a"]),
         "adopted": "",
         "reason": f"{'the component' if removes else 'the change'} is worth {worth:+.3f} ({worth / se:+.1f} SE)"
+        + seeds_alone(result["by_seed"], removes)
         if se
         else "",
         "figures_as_recorded": f"{found['accuracy']:.3f} +- {found['standard_error']:.3f} | "
         f"{difference:+.3f} +- {se:.3f} vs {base.name} ({read_study(base)['accuracy']:.3f})",
     }
+
+
+def seeds_alone(by_seed: dict[int, float], removes: bool) -> str:
+    """What each training seed alone says the change (or the component) is worth, where there are several: a lead
+    that one seed carries shows."""
+    if len(by_seed) < 2:
+        return ""
+    worths = [0.0 - d if removes else d for d in by_seed.values()]
+    return f"; seeds {' / '.join(map(str, by_seed))} alone: {' / '.join(f'{w:+.3f}' for w in worths)}"
 
 
 def baseline(base: Path, idea: str) -> dict:

@@ -48,6 +48,19 @@ def clustered_standard_error(diffs: dict[str, float]) -> tuple[float, int]:
     return se, len(means)
 
 
+def by_seed(diffs: dict[str, float]) -> dict[int, float]:
+    """Each training seed's own mean difference (keys as prediction_key makes them; {} for keys without a seed).
+    Beside the pooled difference it shows whether one seed carries a lead: the seeds of one study can differ by more
+    than the photos' standard error of one seed, and a lead of one seed alone has vanished over three."""
+    seeds: dict[int, list[float]] = {}
+    for key, value in diffs.items():
+        head = key.split("/", 1)[0]
+        if not (head.startswith("s") and head[1:].isdigit() and "/" in key):
+            return {}
+        seeds.setdefault(int(head[1:]), []).append(value)
+    return {seed: statistics.mean(values) for seed, values in sorted(seeds.items())}
+
+
 def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
     """B - A photo by photo (the same photos, seeds and folds): the mean difference, its standard
     error with the photo as the unit, the numbers of predictions and photos, and the predictions only
@@ -64,6 +77,7 @@ def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
         "standard_error": se,
         "n": len(diffs),
         "photos": photos,
+        "by_seed": by_seed(diffs),
         "only_a": sorted(k for k in a if a[k] and not b[k]),
         "only_b": sorted(k for k in a if b[k] and not a[k]),
     }
@@ -125,10 +139,14 @@ def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str
     over = f"{result['photos']} photos"
     if result["n"] != result["photos"]:
         over += f" ({result['n']} predictions, each photo's averaged over its seeds first)"
+    seeds = result.get("by_seed", {})
+    alone = ""
+    if len(seeds) > 1:
+        alone = f"; seeds {' / '.join(map(str, seeds))} alone: {' / '.join(f'{d:+.3f}' for d in seeds.values())}"
     return (
         f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} "
         f"(paired standard error over {over}{folds}; {len(result['only_b'])} right only in {name_b}, "
-        f"{len(result['only_a'])} only in {name_a})"
+        f"{len(result['only_a'])} only in {name_a}{alone})"
     )
 
 
