@@ -91,10 +91,11 @@ with several training seeds (`foodvit cv --validate-on POOL --seeds 2`). Two rec
   the default only where its removal saves time and the pool shows no loss (a paired difference of at least 0).
 - A cut of the computation made for speed joins only with no loss on the pool over at least three seeds: a loss
   "within one standard error" is still a loss.
-- Each seed's own difference is shown beside the pooled one (`--compare`, and each row's reason). The seeds of one
-  study differ by more than one seed's standard error: leads that one seed carried (+0.038 and +0.043, over two
-  standard errors) came to +0.012 and +0.009 over three seeds (rows: 160 epochs, a 128 px last phase), and two-seed
-  leads have vanished at the third (mixup, the cheaper CNN teacher). A decision near the bar is taken over three seeds.
+- Each seed's own difference is shown beside the pooled one (`--compare`, and each row's reason). The difference
+  varies from seed to seed (a standard deviation near 0.03) by more than one seed's paired standard error (0.017):
+  leads that one seed carried (+0.038 and +0.043, over two standard errors) came to +0.012 and +0.009 over three seeds
+  (rows: 160 epochs, a 128 px last phase), and two-seed leads have vanished at the third (mixup, the cheaper CNN
+  teacher). A decision near the bar is taken over three seeds.
 - 5-fold cross-validation over the training photos stays the second opinion where the pool and CV disagree. The test
   photos are read once, after the choice, with three training seeds."""
 
@@ -107,8 +108,19 @@ whose unit differs says so (the FixRes row pooled four studies, counting each ph
 
 
 def read(name: str) -> list[dict]:
+    """A results file's rows; one with more or fewer fields than the header (a comma in an unquoted field) is an
+    error naming its line, never a page with every later column shifted."""
     with (RESULTS / f"{name}.csv").open(newline="") as f:
-        return list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    for number, row in enumerate(rows, start=1):
+        if None in row or None in row.values():
+            fields = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None, []))
+            raise SystemExit(
+                f"results/{name}.csv row {number} has {fields} fields where the header has {len(reader.fieldnames)}: "
+                "quote the field that holds a comma (write rows with Python's csv module)"
+            )
+    return rows
 
 
 def cell(text) -> str:

@@ -135,6 +135,27 @@ def test_the_generated_pages_are_current_and_the_check_fails_when_a_result_chang
     assert "0.87 under 5-fold cross-validation" in " ".join((docs / "index.md").read_text().split())
 
 
+def test_a_results_row_with_an_unquoted_comma_is_refused_not_shifted(tmp_path, monkeypatch):
+    generate = load_generate()
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "results", results)
+    studies = results / "studies.csv"
+    lines = studies.read_text().splitlines(keepends=True)
+    header = next(csv.reader([lines[0]]))
+    fields = next(csv.reader([lines[-1]]))
+    assert len(fields) == len(header)
+    fields[header.index("command")] = "foodvit cv --out x"
+    shown = ",".join(f if "," not in f else f'"{f}"' for f in fields)
+    studies.write_text(
+        "".join(lines[:-1]) + shown.replace("foodvit cv --out x", "foodvit cv --out x (core 0, core 1)") + "\n"
+    )
+    monkeypatch.setattr(generate, "RESULTS", results)
+    with pytest.raises(
+        SystemExit, match=f"results/studies.csv row {len(lines) - 1} has {len(header) + 1} fields where "
+    ):
+        generate.read("studies")
+
+
 def test_the_site_asks_no_font_server_so_it_works_offline_and_tells_nobody_of_a_visit(site):
     # Material's default fetches Roboto from fonts.googleapis.com on every page: theme.font: false uses the system's
     pages = [page for page in site.rglob("*.html") if "fonts.googleapis.com" in page.read_text(errors="replace")]

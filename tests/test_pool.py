@@ -178,7 +178,7 @@ def test_a_study_trains_every_run_in_one_arithmetic(pool_study, photos, pool, tm
     from foodvit.training import engine
 
     ours = engine.arithmetic(torch.device("cpu"), True)
-    other = {"bf16": "float32", "float32": "bf16"}[ours]
+    other = {"bf16 on cpu": "float32 on cpu", "float32 on cpu": "bf16 on cpu"}[ours]
     assert [json.loads((pool_study / f"seed-{s}.json").read_text())["arithmetic"] for s in (0, 1)] == [ours, ours]
     assert [f["arithmetic"] for f in json.loads((pool_study / "cv.json").read_text())["folds"]] == [ours, ours]
     args = ["cv", "--data", str(photos), "--validate-on", str(pool), "--seeds", "2", "--seed", "0", *TINY, "--quiet"]
@@ -188,12 +188,12 @@ def test_a_study_trains_every_run_in_one_arithmetic(pool_study, photos, pool, tm
     shutil.rmtree(study / "seed-1")
     (study / "seed-1.json").unlink()
     with monkeypatch.context() as patched:
-        patched.setattr(engine, "cpu_computes_bf16", lambda: other == "bf16")
+        patched.setattr(engine, "cpu_computes_bf16", lambda: other == "bf16 on cpu")
         assert main([*args, "--out", str(study)]) == 2
     err = capsys.readouterr().err.strip()
     assert (
         len(err.splitlines()) == 1
-        and f"seed-0 trained in {ours}, and this machine would train the rest in {other}" in err
+        and f"seed-0 trained in {ours} and this machine would train the rest in {other}" in err
     )
     assert "start a new study with --amp false" in err and not (study / "seed-1").exists()
 
@@ -205,7 +205,7 @@ def test_a_study_trains_every_run_in_one_arithmetic(pool_study, photos, pool, tm
     assert main([*args, "--out", str(study)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"mixes arithmetic: seed-0 trained in {ours}, seed-1 in {other}" in err
-    assert f"remove {study / 'seed-1'}" in err and not (study / "cv.json").exists()
+    assert f"remove {study / 'seed-1'} with {study / 'seed-1'}.json" in err and not (study / "cv.json").exists()
 
     # a result written before foodvit recorded its arithmetic is not taken for either
     del seed_1["arithmetic"]
@@ -319,6 +319,8 @@ def test_bench_pool_records_a_components_worth_as_the_rule_reads_it(tmp_path, mo
     )  # answers: a photo under each seed
     assert row["reason"].startswith("the component is worth +0.125 (") and row["overrides"] == "--x 0"
     assert row["reason"].endswith("; seeds 0 / 1 alone: +0.125 / +0.125")  # each seed gave the same answers
+    assert bench_pool.seeds_alone({0: 0.5, 1: -0.25}, removes=True) == "; seeds 0 / 1 alone: -0.500 / +0.250"
+    assert bench_pool.seeds_alone({3: 0.5}, removes=False) == ""
     results = tmp_path / "results"
     monkeypatch.setattr(bench_pool, "RESULTS", results)
     assert (

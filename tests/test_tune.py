@@ -126,6 +126,66 @@ def test_cv_never_reads_the_test_split_and_compare_pairs_two_studies(cv_study, p
     assert result["only_a"] == ["x/3"] and result["only_b"] == ["x/2"] and result["difference"] == 0
 
 
+def test_a_study_split_by_fold_over_machines_of_two_arithmetics_is_refused_before_it_trains(
+    photos, tmp_path, monkeypatch, capsys
+):
+    """--fold K on machines of two kinds: the first claims the study's arithmetic (arithmetic.json), and a machine that
+    would train in another is refused before it trains, by the claim or, where none was written, by the results of
+    every fold already run (not only those of its own --fold)."""
+    import torch
+
+    from foodvit.training import engine
+
+    ours = engine.arithmetic(torch.device("cpu"), True)
+    other = {"bf16 on cpu": "float32 on cpu", "float32 on cpu": "bf16 on cpu"}[ours]
+    study = tmp_path / "s"
+    args = ["cv", "--data", str(photos), "--folds", "2", "--seeds", "2", "--quiet", *TINY]
+    assert main([*args, "--out", str(study), "--fold", "0"]) == 0
+    capsys.readouterr()
+    assert json.loads((study / "arithmetic.json").read_text()) == {"arithmetic": ours}
+    assert [json.loads((study / f"seed-{s}" / "fold-0.json").read_text())["arithmetic"] for s in (42, 43)] == [ours] * 2
+    fresh = tmp_path / "fresh"  # another machine started it at the same moment: the claim alone, no result yet
+    fresh.mkdir()
+    shutil.copy(study / "study.json", fresh)
+    (fresh / "arithmetic.json").write_text(json.dumps({"arithmetic": other}))
+    assert main([*args, "--out", str(fresh), "--fold", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"trains in {other} (arithmetic.json" in err
+    assert f"this machine would train in {ours}" in err and not (fresh / "seed-42").exists()
+    (fresh / "arithmetic.json").write_text("{")
+    assert main([*args, "--out", str(fresh), "--fold", "1"]) == 2
+    assert "arithmetic.json is damaged" in capsys.readouterr().err and not (fresh / "seed-42").exists()
+
+    (study / "arithmetic.json").unlink()  # the results of fold 0 still say
+    with monkeypatch.context() as patched:
+        patched.setattr(engine, "cpu_computes_bf16", lambda: other == "bf16 on cpu")
+        assert main([*args, "--out", str(study), "--fold", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"seed-42/fold-0, seed-43/fold-0 trained in {ours} and this machine would train the rest in {other}" in err
+    assert len(err.splitlines()) == 1 and not (study / "seed-42" / "fold-1").exists()
+
+
+def test_folds_of_two_arithmetics_that_trained_at_once_are_not_summarised(photos, tmp_path, monkeypatch, capsys):
+    """Two machines that began a study at the same moment each passed the check; their results are refused together."""
+
+    def trained_elsewhere(config, run, folder, *, seed, fold, **_):
+        prediction = {"photo": f"pizza/{fold}.jpg", "label": "pizza", "predicted": "pizza", "right": True}
+        kind = ("bf16 on cpu", "float32 on cpu")[fold]
+        return {"seed": seed, "fold": fold, "n": 1, "accuracy": 1.0, "predictions": [prediction], "arithmetic": kind}
+
+    monkeypatch.setattr(cv, "run_fold", trained_elsewhere)
+    study = tmp_path / "s"
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        len(err.splitlines()) == 1
+        and "mixes arithmetic: fold-0 trained in bf16 on cpu, fold-1 in float32 on cpu" in err
+    )
+    assert not (study / "cv.json").exists()
+    with pytest.raises(StudyError, match=r"run the study again on a CPU with native bf16"):
+        cv.one_arithmetic(study, {"fold-0": "bf16 on cpu", "fold-1": "float32 on cpu", "fold-2": "bf16 on cpu"}, None)
+
+
 def test_cv_fold_runs_one_fold_and_the_study_is_written_once_every_fold_has_run(cv_study, photos, tmp_path, capsys):
     study = tmp_path / "d"
     assert (

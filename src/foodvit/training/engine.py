@@ -112,9 +112,10 @@ def trains_in_bf16(device: torch.device, amp: bool) -> bool:
 
 
 def arithmetic(device: torch.device, amp: bool) -> str:
-    """The arithmetic a run's training steps use, as its model.json and a study's fold results name it: "bf16"
-    (trains_in_bf16) or "float32". Two runs of one seed in different arithmetic train two different models."""
-    return "bf16" if trains_in_bf16(device, amp) else "float32"
+    """The arithmetic a run trains in, as its model.json and a study's results name it: "bf16" (trains_in_bf16) or
+    "float32", on the device's kind, e.g. "bf16 on cpu". Two runs of one seed in different arithmetic train two
+    different models (and CUDA evaluates in bf16 too: computes_bf16)."""
+    return f"{'bf16' if trains_in_bf16(device, amp) else 'float32'} on {device.type}"
 
 
 def computes_bf16(settings: StepSettings, training: bool) -> bool:

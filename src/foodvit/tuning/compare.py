@@ -50,8 +50,8 @@ def clustered_standard_error(diffs: dict[str, float]) -> tuple[float, int]:
 
 def by_seed(diffs: dict[str, float]) -> dict[int, float]:
     """Each training seed's own mean difference (keys as prediction_key makes them; {} for keys without a seed).
-    Beside the pooled difference it shows whether one seed carries a lead: the seeds of one study can differ by more
-    than the photos' standard error of one seed, and a lead of one seed alone has vanished over three."""
+    Beside the pooled difference it shows whether one seed carries a lead: the difference can vary from seed to seed
+    by more than one seed's paired standard error, and a lead of one seed alone has vanished over three."""
     seeds: dict[int, list[float]] = {}
     for key, value in diffs.items():
         head = key.split("/", 1)[0]

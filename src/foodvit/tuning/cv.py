@@ -8,6 +8,7 @@ validation pool (`foodvit cv --validate-on POOL`: one run a seed on every traini
     STUDY/fold-K/             a normal run directory (STUDY/seed-S/fold-K/ with several seeds)
     STUDY/fold-K.json         the fold's result, every held-out photo's prediction included (tuning/fold.py)
     STUDY/cv.json, cv.md, predictions.jsonl   the study's result
+    STUDY/arithmetic.json     what its runs train in (bf16 or float32, on which device kind): one for all its runs
 
     STUDY/folds/pool/{train,test}/  with --validate-on: every training photo, and the pool's (folds.pool_folder)
     STUDY/seed-S/, seed-S.json   a pool study's run of seed S, and its result (every pool photo's prediction)
@@ -38,7 +39,7 @@ from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.settings.run import RunConfig
 from foodvit.tuning.compare import prediction_key
-from foodvit.tuning.fold import FoldBusy, per_class, read_result, result_path, run_fold, start_fold
+from foodvit.tuning.fold import FoldBusy, per_class, result_path, run_fold, start_fold
 from foodvit.tuning.folds import (
     Unit,
     check_folds,
@@ -122,7 +123,7 @@ def run_cv(
         check_folds(split, folds)
     units = study_units(split, folds, seeds, folds_dir, pool)
     todo = [u for u in units if only is None or u.fold in only]
-    check_arithmetic(runs, todo, config)
+    check_arithmetic(runs, units, todo, config)
     results = []
     unit = "run" if pool is not None else "fold"
     with tqdm(total=len(todo), desc=f"{unit}s", unit=unit, disable=not progress, leave=False) as bar:
@@ -150,54 +151,106 @@ def run_cv(
     order = {seed: i for i, seed in enumerate(seeds)}
     results.sort(key=lambda r: (order[r["seed"]], r["fold"]))
     names = {(u.seed, u.fold): u.name for u in units}  # runs of other processes may have joined since the start
-    one_arithmetic(runs, {names[r["seed"], r["fold"]]: r.get("arithmetic") for r in results}, None)
+    one_arithmetic(runs, {names[r["seed"], r["fold"]]: r["arithmetic"] for r in results if r.get("arithmetic")}, None)
     result = summarise(results)
     return (replace(result, pool=pool[0].source) if pool is not None else result), results
 
 
-def check_arithmetic(study: Path, units: list[Unit], config: RunConfig) -> None:
-    """Before any of `units` trains: the study's written results and the runs left to train here in one arithmetic
-    (one_arithmetic)."""
-    from foodvit.training.distributed import pick_device
-    from foodvit.training.engine import arithmetic
+ARITHMETIC_FILE = "arithmetic.json"  # STUDY/arithmetic.json: the arithmetic its runs train in, claimed by the first
 
-    written = {u.name: read_result(result_path(study / u.name)) for u in units}
-    here = None
-    if any(result is None for result in written.values()):
-        here = arithmetic(pick_device(config.train.device), config.train.amp)
-    one_arithmetic(study, {name: r.get("arithmetic") for name, r in written.items() if r is not None}, here)
-
-
-ARITHMETIC_WHERE = {  # where training runs in each arithmetic (engine.trains_in_bf16), with --amp on
-    "bf16": "on CUDA, or a CPU with native bf16 (AVX512-BF16 or AMX)",
-    "float32": "on a CPU without native bf16",
+# where training runs in each arithmetic (engine.arithmetic), with --amp on
+ARITHMETIC_WHERE = {
+    "bf16 on cpu": "on a CPU with native bf16 (AVX512-BF16 or AMX)",
+    "float32 on cpu": "on a CPU without native bf16",
+    "bf16 on cuda": "on a CUDA GPU",
+    "float32 on cuda": "on a CUDA GPU",
 }
 
 
-def one_arithmetic(study: Path, written: dict[str, str | None], here: str | None) -> None:
-    """A study trains all its runs in one arithmetic (engine.arithmetic): one seed trained in bf16 and in float32
-    gives two different models, so a study that machines with and without native bf16 share, or that one resumes on
-    another machine, would mix two recipes silently. A StudyError when its written results (run name -> their
-    arithmetic; None for a result written before foodvit recorded it) differ, or differ from `here`, the arithmetic
-    this process would train its runs left in (None: none left)."""
+def check_arithmetic(study: Path, units: list[Unit], todo: list[Unit], config: RunConfig) -> None:
+    """Before `todo` (some of the study's `units`) train: the study trains every run in one arithmetic
+    (engine.arithmetic, e.g. "bf16 on cpu"). One seed trained in bf16 and in float32, or on a CPU and on a GPU, gives
+    two different models, so a study that machines of two kinds share, or that is resumed on another machine, would
+    silently mix two recipes. The first process with runs to train claims the study's arithmetic (arithmetic.json,
+    created only if absent); a process that would train in another is refused, as it is where the study's written
+    results (all of them, whatever `todo` holds) are of another arithmetic. A StudyError says which and what to do."""
+    from foodvit.training.distributed import pick_device
+    from foodvit.training.engine import arithmetic
+
+    written = {u.name: _written_arithmetic(result_path(study / u.name)) for u in units}
+    if not any(written[u.name] is None for u in todo):
+        one_arithmetic(study, {name: kind for name, kind in written.items() if kind}, None)
+        return
+    here = arithmetic(pick_device(config.train.device), config.train.amp)
+    one_arithmetic(study, {name: kind for name, kind in written.items() if kind}, here)
+    claim_arithmetic(study, here)
+
+
+def _written_arithmetic(path: Path) -> str | None:
+    """A run's written result's arithmetic: None when there is no result (its run is left to train), "" when the
+    result does not say (written before foodvit recorded it, or damaged: run_fold scores it again)."""
+    if not path.is_file():
+        return None
+    try:
+        kind = json.loads(path.read_text()).get("arithmetic")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return kind if isinstance(kind, str) else ""
+
+
+def claim_arithmetic(study: Path, here: str) -> None:
+    """The study's arithmetic written if no process has written it, else checked against `here`."""
+    path = study / ARITHMETIC_FILE
+    study.mkdir(parents=True, exist_ok=True)
+    try:
+        write_text(path, json.dumps({"arithmetic": here}), replace=False)
+        return
+    except FileExistsError:
+        pass
+    try:
+        theirs = json.loads(path.read_text())["arithmetic"]
+    except (OSError, ValueError, KeyError, TypeError):
+        theirs = None
+    if not isinstance(theirs, str):
+        raise StudyError(
+            f"{path} is damaged (not the arithmetic foodvit writes there); remove it, and the next run claims the "
+            "study's arithmetic again (its written results are checked all the same)"
+        )
+    if theirs != here:
+        raise StudyError(
+            f"{study} trains in {theirs} ({ARITHMETIC_FILE}, from the first process that trained it) and this machine "
+            f"would train in {here}; a study trains every run in one arithmetic: {_finish(theirs, here)}"
+        )
+
+
+def one_arithmetic(study: Path, written: dict[str, str], here: str | None) -> None:
+    """A StudyError when the study's written results (run name -> arithmetic) are of two arithmetics, or of one other
+    than `here`, the arithmetic this process would train its runs left in (None: none left)."""
     kinds: dict[str, list[str]] = {}
     for name, kind in written.items():
-        if kind is not None:
-            kinds.setdefault(kind, []).append(name)
+        kinds.setdefault(kind, []).append(name)
     if len(kinds) > 1:
         (a, a_names), (b, b_names) = sorted(kinds.items(), key=lambda item: -len(item[1]))[:2]
+        remove = " and ".join(f"{study / n} with {study / n}.json" for n in b_names)
         raise StudyError(
             f"{study} mixes arithmetic: {', '.join(a_names)} trained in {a}, {', '.join(b_names)} in {b}; a study "
-            f"trains every run in one: remove {' and '.join(str(study / n) for n in b_names)} (each run and its .json) "
-            f"and run the study again {ARITHMETIC_WHERE[a]}"
+            f"trains every run in one: remove {remove} and run the study again "
+            f"{ARITHMETIC_WHERE.get(a, f'where training runs in {a}')}"
         )
     if kinds and here is not None and here not in kinds:
         ((theirs, names),) = kinds.items()
         raise StudyError(
-            f"{study}: {', '.join(names)} trained in {theirs}, and this machine would train the rest in {here}; a "
-            f"study trains every run in one arithmetic: finish it {ARITHMETIC_WHERE[theirs]}, or start a new study "
-            "with --amp false, which trains in float32 everywhere"
+            f"{study}: {', '.join(names)} trained in {theirs} and this machine would train the rest in {here}; a study "
+            f"trains every run in one arithmetic: {_finish(theirs, here)}"
         )
+
+
+def _finish(theirs: str, here: str) -> str:
+    """What to do about a study of another arithmetic than this machine's."""
+    where = f"finish it {ARITHMETIC_WHERE.get(theirs, f'where training runs in {theirs}')}"
+    if theirs.endswith(" on cpu") and here.endswith(" on cpu"):
+        return where + ", or start a new study with --amp false, which trains in float32 on every CPU"
+    return where
 
 
 def cross_validate(
@@ -259,7 +312,8 @@ def cross_validate(
             check_lender(teachers, study, identity, config)
     open_study(study, identity)
     if jobs != 1:  # the folds trained on several processes; run_cv below then reads their results
-        check_arithmetic(study, study_units(split, folds, seed_list, study / "folds", pool), config)
+        units = study_units(split, folds, seed_list, study / "folds", pool)
+        check_arithmetic(study, units, [u for u in units if only is None or u.fold in only], config)
         train_on_processes(
             config, study, split, folds=folds, seeds=seed_list, teachers=teachers, only=only, jobs=jobs, pool=pool
         )
