@@ -173,7 +173,10 @@ def test_folds_of_two_arithmetics_that_trained_at_once_are_not_summarised(photos
         kind = ("bf16 on cpu", "float32 on cpu")[fold]
         return {"seed": seed, "fold": fold, "n": 1, "accuracy": 1.0, "predictions": [prediction], "arithmetic": kind}
 
+    from foodvit.training import engine
+
     monkeypatch.setattr(cv, "run_fold", trained_elsewhere)
+    monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: True)  # this process claims bf16, on any CPU
     study = tmp_path / "s"
     assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *TINY]) == 2
     err = capsys.readouterr().err.strip()
@@ -182,8 +185,15 @@ def test_folds_of_two_arithmetics_that_trained_at_once_are_not_summarised(photos
         and "mixes arithmetic: fold-0 trained in bf16 on cpu, fold-1 in float32 on cpu" in err
     )
     assert not (study / "cv.json").exists()
-    with pytest.raises(StudyError, match=r"run the study again on a CPU with native bf16"):
-        cv.one_arithmetic(study, {"fold-0": "bf16 on cpu", "fold-1": "float32 on cpu", "fold-2": "bf16 on cpu"}, None)
+    three = {"fold-0": "bf16 on cpu", "fold-1": "float32 on cpu", "fold-2": "bf16 on cpu"}
+    (study / "arithmetic.json").unlink()  # this machine's claim
+    with pytest.raises(StudyError, match=r"remove \S+fold-1 with \S+fold-1.json and run the study again on a CPU with"):
+        cv.one_arithmetic(study, three, None)  # the arithmetic of the most runs is kept
+    (study / "arithmetic.json").write_text(json.dumps({"arithmetic": "float32 on cpu"}))
+    with pytest.raises(
+        StudyError, match=r"fold-1 trained in float32 on cpu, fold-0, fold-2 in bf16 on cpu; .*fold-2\.json and run"
+    ):
+        cv.one_arithmetic(study, three, None)  # unless the study claimed the other
 
 
 def test_cv_fold_runs_one_fold_and_the_study_is_written_once_every_fold_has_run(cv_study, photos, tmp_path, capsys):

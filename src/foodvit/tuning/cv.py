@@ -156,7 +156,7 @@ def run_cv(
     return (replace(result, pool=pool[0].source) if pool is not None else result), results
 
 
-ARITHMETIC_FILE = "arithmetic.json"  # STUDY/arithmetic.json: the arithmetic its runs train in, claimed by the first
+ARITHMETIC_FILE = "arithmetic.json"  # the arithmetic a study's runs train in, written by its first training process
 
 # where training runs in each arithmetic (engine.arithmetic), with --amp on
 ARITHMETIC_WHERE = {
@@ -207,11 +207,8 @@ def claim_arithmetic(study: Path, here: str) -> None:
         return
     except FileExistsError:
         pass
-    try:
-        theirs = json.loads(path.read_text())["arithmetic"]
-    except (OSError, ValueError, KeyError, TypeError):
-        theirs = None
-    if not isinstance(theirs, str):
+    theirs = claimed(study)
+    if theirs is None:
         raise StudyError(
             f"{path} is damaged (not the arithmetic foodvit writes there); remove it, and the next run claims the "
             "study's arithmetic again (its written results are checked all the same)"
@@ -223,6 +220,15 @@ def claim_arithmetic(study: Path, here: str) -> None:
         )
 
 
+def claimed(study: Path) -> str | None:
+    """The arithmetic the study's arithmetic.json names; None when it names none (absent or damaged)."""
+    try:
+        kind = json.loads((study / ARITHMETIC_FILE).read_text())["arithmetic"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
 def one_arithmetic(study: Path, written: dict[str, str], here: str | None) -> None:
     """A StudyError when the study's written results (run name -> arithmetic) are of two arithmetics, or of one other
     than `here`, the arithmetic this process would train its runs left in (None: none left)."""
@@ -230,7 +236,9 @@ def one_arithmetic(study: Path, written: dict[str, str], here: str | None) -> No
     for name, kind in written.items():
         kinds.setdefault(kind, []).append(name)
     if len(kinds) > 1:
-        (a, a_names), (b, b_names) = sorted(kinds.items(), key=lambda item: -len(item[1]))[:2]
+        # the runs to keep: those of the study's claimed arithmetic, else those of the most runs
+        keep = claimed(study)
+        (a, a_names), (b, b_names) = sorted(kinds.items(), key=lambda item: (item[0] != keep, -len(item[1])))[:2]
         remove = " and ".join(f"{study / n} with {study / n}.json" for n in b_names)
         raise StudyError(
             f"{study} mixes arithmetic: {', '.join(a_names)} trained in {a}, {', '.join(b_names)} in {b}; a study "
