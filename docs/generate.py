@@ -67,7 +67,7 @@ COMPONENTS = [
         "bf16 autocast for the training steps on a CPU with native bf16 (`--amp`, on by default; float32 on other "
         "CPUs)",
         "bf16 autocast",
-        None,
+        "bf16 autocast for the training steps, the second opinion",
         1,
     ),
     (
