@@ -258,8 +258,8 @@ these are the measurements kept in `results/headline.csv` (`foodvit train --reci
 | run | accuracy | measured on |
 |---|---|---|
 | the course's ViT-B/16 from scratch: 224 px, Adam 3e-3, weight decay 0.3, 10 epochs, no augmentation (seed 42) | 0.333, every photo called pizza | the 75 test photos |
-| foodvit's default recipe (`foodvit train`, 100 epochs), seeds 0-2 | 0.773, seeds' std 0.027 (0.747 / 0.773 / 0.800); standard error 0.048 | the 75 test photos |
-| the default recipe, 5-fold cross-validation (seed 0) | 0.836 +- 0.025 (+- standard error) | the 225 training photos, each predicted by the fold model that did not see it |
+| foodvit's default recipe (`foodvit train`, 100 epochs), seeds 0-2 | 0.796, seeds' std 0.017 (0.773 / 0.800 / 0.813); standard error 0.047 | the 75 test photos |
+| the default recipe, 5-fold cross-validation (seed 0) | 0.831 +- 0.025 (+- standard error) | the 225 training photos, each predicted by the fold model that did not see it |
 | a ResNet-18 from scratch trained as the ViT is (100 epochs at 96 px), the same folds | 0.738 +- 0.029 | the same 225 training photos |
 
 **The course's run collapses**: the model predicts one class for everything, so its accuracy is that
@@ -271,8 +271,9 @@ localization loss, and locality guidance: a ResNet-18 trained first on the same 
 maps three of the ViT's blocks learn to predict, and masked patches: a quarter of each training photo's
 patches hidden, their pixels predicted from the output tokens: `src/foodvit/recipes/default.toml`); it does not
 collapse, learns all three classes and scores above the CNN (the CNN's locality is exactly what the
-ViT lacks on small data; guidance and the convolutional tokeniser lend it). A run takes about 13 minutes on that
-machine (2 threads, nothing else running).
+ViT lacks on small data; guidance and the convolutional tokeniser lend it). A run takes about 8 minutes on a 2-core
+CPU that multiplies bf16 natively, where its training steps run under bf16 autocast (2 threads, nothing else running;
+about 13 minutes in float32).
 
 **The run below shows the mechanics, not those numbers.** It trains the `tiny` recipe (ViT-Ti/8 at 64 px
 with 4 blocks, flips as its only augmentation, the class token and learned positions:
@@ -360,9 +361,14 @@ def build(path: Path) -> None:
             notebook.cells.append(nbformat.v4.new_markdown_cell(source))
         else:
             cell = nbformat.v4.new_code_cell(source)
-            if "train(config" in source:  # its numbers depend on the machine's float rounding over the epochs
+            # the training cell's numbers depend on the machine's arithmetic (float rounding over the epochs, bf16
+            # autocast where the CPU has it): tests/test_notebook.py does not compare its printed output
+            if "foodvit.train(" in source:
                 cell.metadata["tags"] = ["varies"]
             notebook.cells.append(cell)
+    varies = [cell for cell in notebook.cells if "varies" in cell.metadata.get("tags", [])]
+    if len(varies) != 1:
+        raise SystemExit(f"{len(varies)} cells tagged 'varies' where the training cell alone should be: fix build()")
     nbformat.write(notebook, path)
 
 
