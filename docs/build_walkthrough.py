@@ -273,7 +273,7 @@ patches hidden, their pixels predicted from the output tokens: `src/foodvit/reci
 collapse, learns all three classes and scores above the CNN (the CNN's locality is exactly what the
 ViT lacks on small data; guidance and the convolutional tokeniser lend it). A run takes about 8 minutes on a 2-core
 CPU that multiplies bf16 natively, where its training steps run under bf16 autocast (2 threads, nothing else running;
-about 13 minutes in float32).
+about 13 minutes on a CPU without native bf16, in float32).
 
 **The run below shows the mechanics, not those numbers.** It trains the `tiny` recipe (ViT-Ti/8 at 64 px
 with 4 blocks, flips as its only augmentation, the class token and learned positions:
@@ -356,11 +356,11 @@ export` to ship it.""",
 def build(path: Path) -> None:
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    for kind, source in CELLS:
+    for number, (kind, source) in enumerate(CELLS):
         if kind == MD:
-            notebook.cells.append(nbformat.v4.new_markdown_cell(source))
+            notebook.cells.append(nbformat.v4.new_markdown_cell(source, id=f"cell-{number}"))
         else:
-            cell = nbformat.v4.new_code_cell(source)
+            cell = nbformat.v4.new_code_cell(source, id=f"cell-{number}")  # fixed ids: a rebuild changes only edits
             # the training cell's numbers depend on the machine's arithmetic (float rounding over the epochs, bf16
             # autocast where the CPU has it): tests/test_notebook.py does not compare its printed output
             if "foodvit.train(" in source:

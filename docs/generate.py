@@ -108,18 +108,20 @@ whose unit differs says so (the FixRes row pooled four studies, counting each ph
 
 
 def read(name: str) -> list[dict]:
-    """A results file's rows; one with more or fewer fields than the header (a comma in an unquoted field) is an
-    error naming its line, never a page with every later column shifted."""
+    """A results file's rows; one with more or fewer fields than the header (a comma in an unquoted field, a field
+    left out) is an error naming its line, never a page with every later column shifted."""
+    rows = []
     with (RESULTS / f"{name}.csv").open(newline="") as f:
         reader = csv.DictReader(f)
-        rows = list(reader)
-    for number, row in enumerate(rows, start=1):
-        if None in row or None in row.values():
-            fields = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None, []))
-            raise SystemExit(
-                f"results/{name}.csv row {number} has {fields} fields where the header has {len(reader.fieldnames)}: "
-                "quote the field that holds a comma (write rows with Python's csv module)"
-            )
+        for row in reader:
+            if None in row or None in row.values():
+                fields = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None, []))
+                why = "quote the field that holds a comma" if fields > len(reader.fieldnames) else "give every field"
+                raise SystemExit(
+                    f"results/{name}.csv line {reader.line_num} has {fields} fields where the header has "
+                    f"{len(reader.fieldnames)}: {why} (write rows with Python's csv module)"
+                )
+            rows.append(row)
     return rows
 
 

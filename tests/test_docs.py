@@ -150,9 +150,7 @@ def test_a_results_row_with_an_unquoted_comma_is_refused_not_shifted(tmp_path, m
         "".join(lines[:-1]) + shown.replace("foodvit cv --out x", "foodvit cv --out x (core 0, core 1)") + "\n"
     )
     monkeypatch.setattr(generate, "RESULTS", results)
-    with pytest.raises(
-        SystemExit, match=f"results/studies.csv row {len(lines) - 1} has {len(header) + 1} fields where "
-    ):
+    with pytest.raises(SystemExit, match=f"results/studies.csv line {len(lines)} has {len(header) + 1} fields where "):
         generate.read("studies")
 
 

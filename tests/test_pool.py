@@ -147,6 +147,8 @@ def pool_study(tmp_path_factory, photos, pool):
                 "--out",
                 str(study),
                 "--quiet",
+                "--device",
+                "cpu",  # on a CUDA machine too: the arithmetic test reads the CPU's
                 *TINY,
             ]
         )
@@ -182,6 +184,7 @@ def test_a_study_trains_every_run_in_one_arithmetic(pool_study, photos, pool, tm
     assert [json.loads((pool_study / f"seed-{s}.json").read_text())["arithmetic"] for s in (0, 1)] == [ours, ours]
     assert [f["arithmetic"] for f in json.loads((pool_study / "cv.json").read_text())["folds"]] == [ours, ours]
     args = ["cv", "--data", str(photos), "--validate-on", str(pool), "--seeds", "2", "--seed", "0", *TINY, "--quiet"]
+    args += ["--device", "cpu"]  # the fixture's device
 
     study = tmp_path / "left"  # seed 1 left to train, on a CPU of the other arithmetic: refused before it trains
     shutil.copytree(pool_study, study)
@@ -207,9 +210,13 @@ def test_a_study_trains_every_run_in_one_arithmetic(pool_study, photos, pool, tm
     assert len(err.splitlines()) == 1 and f"mixes arithmetic: seed-0 trained in {ours}, seed-1 in {other}" in err
     assert f"remove {study / 'seed-1'} with {study / 'seed-1'}.json" in err and not (study / "cv.json").exists()
 
-    # a result written before foodvit recorded its arithmetic is not taken for either
+    # a result written before foodvit recorded its arithmetic, or that names it without the device, is not taken
+    # for either
+    (study / "seed-1.json").write_text(json.dumps({**seed_1, "arithmetic": other.split()[0]}))
+    assert main([*args, "--out", str(study)]) == 0 and (study / "cv.json").is_file()
     del seed_1["arithmetic"]
     (study / "seed-1.json").write_text(json.dumps(seed_1))
+    (study / "cv.json").unlink()
     assert main([*args, "--out", str(study)]) == 0 and (study / "cv.json").is_file()
 
 

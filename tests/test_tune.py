@@ -130,8 +130,8 @@ def test_a_study_split_by_fold_over_machines_of_two_arithmetics_is_refused_befor
     photos, tmp_path, monkeypatch, capsys
 ):
     """--fold K on machines of two kinds: the first claims the study's arithmetic (arithmetic.json), and a machine that
-    would train in another is refused before it trains, by the claim or, where none was written, by the results of
-    every fold already run (not only those of its own --fold)."""
+    would train in another is refused before it trains, by the claim or, where none was written (a study begun before
+    foodvit claimed one, or its claim removed), by the results of every fold already run, not only its own --fold's."""
     import torch
 
     from foodvit.training import engine
@@ -139,7 +139,7 @@ def test_a_study_split_by_fold_over_machines_of_two_arithmetics_is_refused_befor
     ours = engine.arithmetic(torch.device("cpu"), True)
     other = {"bf16 on cpu": "float32 on cpu", "float32 on cpu": "bf16 on cpu"}[ours]
     study = tmp_path / "s"
-    args = ["cv", "--data", str(photos), "--folds", "2", "--seeds", "2", "--quiet", *TINY]
+    args = ["cv", "--data", str(photos), "--folds", "2", "--seeds", "2", "--device", "cpu", "--quiet", *TINY]
     assert main([*args, "--out", str(study), "--fold", "0"]) == 0
     capsys.readouterr()
     assert json.loads((study / "arithmetic.json").read_text()) == {"arithmetic": ours}
@@ -166,7 +166,8 @@ def test_a_study_split_by_fold_over_machines_of_two_arithmetics_is_refused_befor
 
 
 def test_folds_of_two_arithmetics_that_trained_at_once_are_not_summarised(photos, tmp_path, monkeypatch, capsys):
-    """Two machines that began a study at the same moment each passed the check; their results are refused together."""
+    """Results of two arithmetics (written where no claim stopped them: a study begun before foodvit claimed one, or
+    its claim removed) are refused together, never summarised; the message names every run to remove."""
 
     def trained_elsewhere(config, run, folder, *, seed, fold, **_):
         prediction = {"photo": f"pizza/{fold}.jpg", "label": "pizza", "predicted": "pizza", "right": True}
@@ -178,7 +179,10 @@ def test_folds_of_two_arithmetics_that_trained_at_once_are_not_summarised(photos
     monkeypatch.setattr(cv, "run_fold", trained_elsewhere)
     monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: True)  # this process claims bf16, on any CPU
     study = tmp_path / "s"
-    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *TINY]) == 2
+    assert (
+        main(["cv", "--data", str(photos), "--folds", "2", "--device", "cpu", "--out", str(study), "--quiet", *TINY])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert (
         len(err.splitlines()) == 1
@@ -189,6 +193,11 @@ def test_folds_of_two_arithmetics_that_trained_at_once_are_not_summarised(photos
     (study / "arithmetic.json").unlink()  # this machine's claim
     with pytest.raises(StudyError, match=r"remove \S+fold-1 with \S+fold-1.json and run the study again on a CPU with"):
         cv.one_arithmetic(study, three, None)  # the arithmetic of the most runs is kept
+    three_kinds = {**three, "fold-3": "bf16 on cuda"}
+    with pytest.raises(
+        StudyError, match=r"fold-1 in float32 on cpu; fold-3 in bf16 on cuda; a study .*fold-3\.json and"
+    ):
+        cv.one_arithmetic(study, three_kinds, None)
     (study / "arithmetic.json").write_text(json.dumps({"arithmetic": "float32 on cpu"}))
     with pytest.raises(
         StudyError, match=r"fold-1 trained in float32 on cpu, fold-0, fold-2 in bf16 on cpu; .*fold-2\.json and run"

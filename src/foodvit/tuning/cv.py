@@ -151,17 +151,19 @@ def run_cv(
     order = {seed: i for i, seed in enumerate(seeds)}
     results.sort(key=lambda r: (order[r["seed"]], r["fold"]))
     names = {(u.seed, u.fold): u.name for u in units}  # runs of other processes may have joined since the start
-    one_arithmetic(runs, {names[r["seed"], r["fold"]]: r["arithmetic"] for r in results if r.get("arithmetic")}, None)
+    found = {names[r["seed"], r["fold"]]: known_arithmetic(r.get("arithmetic")) for r in results}
+    one_arithmetic(runs, {name: kind for name, kind in found.items() if kind}, None)
     result = summarise(results)
     return (replace(result, pool=pool[0].source) if pool is not None else result), results
 
 
 ARITHMETIC_FILE = "arithmetic.json"  # the arithmetic a study's runs train in, written by its first training process
 
-# where training runs in each arithmetic (engine.arithmetic), with --amp on
+# where a study's runs train in each arithmetic (engine.arithmetic; its --amp is the study's: on, a CPU trains in bf16
+# only where it has native bf16; off, every device trains in float32)
 ARITHMETIC_WHERE = {
     "bf16 on cpu": "on a CPU with native bf16 (AVX512-BF16 or AMX)",
-    "float32 on cpu": "on a CPU without native bf16",
+    "float32 on cpu": "on a CPU that trains in float32 (without native bf16; on a GPU machine, CUDA_VISIBLE_DEVICES=)",
     "bf16 on cuda": "on a CUDA GPU",
     "float32 on cuda": "on a CUDA GPU",
 }
@@ -178,12 +180,13 @@ def check_arithmetic(study: Path, units: list[Unit], todo: list[Unit], config: R
     from foodvit.training.engine import arithmetic
 
     written = {u.name: _written_arithmetic(result_path(study / u.name)) for u in units}
+    known = {name: kind for name, kind in written.items() if kind}
     if not any(written[u.name] is None for u in todo):
-        one_arithmetic(study, {name: kind for name, kind in written.items() if kind}, None)
+        one_arithmetic(study, known, None)
         return
     here = arithmetic(pick_device(config.train.device), config.train.amp)
-    one_arithmetic(study, {name: kind for name, kind in written.items() if kind}, here)
-    claim_arithmetic(study, here)
+    one_arithmetic(study, known, here)
+    claim_arithmetic(study, here, trained=any(kind is not None for kind in written.values()))
 
 
 def _written_arithmetic(path: Path) -> str | None:
@@ -195,11 +198,18 @@ def _written_arithmetic(path: Path) -> str | None:
         kind = json.loads(path.read_text()).get("arithmetic")
     except (OSError, ValueError, AttributeError):
         return ""
-    return kind if isinstance(kind, str) else ""
+    return known_arithmetic(kind)
 
 
-def claim_arithmetic(study: Path, here: str) -> None:
-    """The study's arithmetic written if no process has written it, else checked against `here`."""
+def known_arithmetic(kind) -> str:
+    """A recorded arithmetic as engine.arithmetic names it ("bf16 on cpu"), else "" (not known): a bare "bf16" or
+    "float32", as foodvit first recorded it without the device, is read as unknown rather than as another kind."""
+    return kind if isinstance(kind, str) and " on " in kind else ""
+
+
+def claim_arithmetic(study: Path, here: str, trained: bool = True) -> None:
+    """The study's arithmetic written if no process has written it, else checked against `here`. trained: whether any
+    run of the study has a result (else a claim of another arithmetic may be a start that trained nothing)."""
     path = study / ARITHMETIC_FILE
     study.mkdir(parents=True, exist_ok=True)
     try:
@@ -214,9 +224,10 @@ def claim_arithmetic(study: Path, here: str) -> None:
             "study's arithmetic again (its written results are checked all the same)"
         )
     if theirs != here:
+        unstarted = "" if trained else f" (if none of its runs has trained yet, remove {study / ARITHMETIC_FILE})"
         raise StudyError(
-            f"{study} trains in {theirs} ({ARITHMETIC_FILE}, from the first process that trained it) and this machine "
-            f"would train in {here}; a study trains every run in one arithmetic: {_finish(theirs, here)}"
+            f"{study} trains in {theirs} ({ARITHMETIC_FILE}, from the first process that started it) and this machine "
+            f"would train in {here}; a study trains every run in one arithmetic: {_finish(theirs, here)}{unstarted}"
         )
 
 
@@ -238,12 +249,12 @@ def one_arithmetic(study: Path, written: dict[str, str], here: str | None) -> No
     if len(kinds) > 1:
         # the runs to keep: those of the study's claimed arithmetic, else those of the most runs
         keep = claimed(study)
-        (a, a_names), (b, b_names) = sorted(kinds.items(), key=lambda item: (item[0] != keep, -len(item[1])))[:2]
-        remove = " and ".join(f"{study / n} with {study / n}.json" for n in b_names)
+        (a, a_names), *others = sorted(kinds.items(), key=lambda item: (item[0] != keep, -len(item[1])))
+        shown = "; ".join(f"{', '.join(names)} in {kind}" for kind, names in others)
+        remove = " and ".join(f"{study / n} with {study / n}.json" for _, names in others for n in names)
         raise StudyError(
-            f"{study} mixes arithmetic: {', '.join(a_names)} trained in {a}, {', '.join(b_names)} in {b}; a study "
-            f"trains every run in one: remove {remove} and run the study again "
-            f"{ARITHMETIC_WHERE.get(a, f'where training runs in {a}')}"
+            f"{study} mixes arithmetic: {', '.join(a_names)} trained in {a}, {shown}; a study trains every run in "
+            f"one: remove {remove} and run the study again {ARITHMETIC_WHERE.get(a, f'where training runs in {a}')}"
         )
     if kinds and here is not None and here not in kinds:
         ((theirs, names),) = kinds.items()
