@@ -622,6 +622,34 @@ def test_the_report_shows_class_and_folder_names_as_text_never_as_markup(tmp_pat
     assert report.tags.count("table") == 2 and report.tags.count("td") == 2 * 7 + 3 * 3  # no cell split by a `|`
 
 
+def test_a_run_resumed_in_other_arithmetic_says_so_and_its_model_names_both(photos, tmp_path, monkeypatch, capsys):
+    # one epoch on a CPU of one kind (native bf16 or not), the second resumed on the other: the run's model.json
+    # names both ("X, then Y"), which a study reads as an arithmetic of its own, and the resume says so in one line
+    from dataclasses import replace
+
+    import foodvit.training.trainer as T
+    from foodvit.training import engine
+
+    config = small_config(photos, epochs=2, batch_size=8)
+    config = replace(config, train=replace(config.train, amp=True, device="cpu"))
+    out = tmp_path / "run"
+    real = T.fit
+    with monkeypatch.context() as patched:
+        patched.setattr(engine, "cpu_computes_bf16", lambda: True)
+        patched.setattr(T, "fit", lambda *a, **k: real(*a, **{**k, "epochs": 1}))
+        train(config, out, quiet=True)
+    assert json.loads((out / "model.json").read_text())["metrics"]["arithmetic"] == "bf16 on cpu"
+    capsys.readouterr()
+    monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: False)
+    resume(out)
+    said = [line for line in capsys.readouterr().out.splitlines() if "trained in" in line]
+    assert said == [
+        f"{out}: trained in bf16 on cpu up to epoch 1, and the rest trains in float32 on cpu here, so the run is "
+        "not the one either machine alone would give (its model.json names both)"
+    ]
+    assert json.loads((out / "model.json").read_text())["metrics"]["arithmetic"] == "bf16 on cpu, then float32 on cpu"
+
+
 @pytest.mark.parametrize("amp", [True, False])
 def test_bf16_training_is_reported_and_the_saved_model_scores_what_it_says(photos, tmp_path, monkeypatch, amp):
     # on a CPU that multiplies bf16 natively, --amp trains under bf16 autocast and the report says so; evaluation is

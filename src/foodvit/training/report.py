@@ -15,7 +15,7 @@ from foodvit.data.datasource import DataSource
 from foodvit.files import write_text
 from foodvit.rundir.directory import TEACHER_FILE, VALIDATION_FILE
 from foodvit.rundir.trained import save_model
-from foodvit.training.engine import arithmetic, trains_in_bf16
+from foodvit.training.engine import trains_in_bf16
 from foodvit.viz.figures import most_wrong_figure, predictions_figure
 from foodvit.viz.plotting import integer_ticks, save_figure, subplots
 
@@ -284,6 +284,7 @@ def write_results(
     history: list[dict],
     teacher_history: list[dict],
     device: torch.device,
+    trained_in: str,
     processes: int,
     tensorboard=None,
     teacher_lent_by: str | None = None,
@@ -303,7 +304,7 @@ def write_results(
         "data": str(config.data.source or data.root),
         "data_name": source.name,
         "train_photos": len(data.train),
-        "arithmetic": arithmetic(device, config.train.amp),
+        "arithmetic": trained_in,  # engine.arithmetic of its epochs ("X, then Y" when resumed in another)
     }
     if teacher_history:
         summary["teacher_test_acc"] = teacher_history[-1]["test_acc"]

@@ -50,6 +50,7 @@ from foodvit.training.engine import (
     FitHooks,
     StepSettings,
     TrainingDiverged,
+    arithmetic,
     deterministic_algorithms,
     epoch_line,
     evaluate,
@@ -106,6 +107,8 @@ class Trainer:
         self.quiet = quiet or not self.main  # progress bars and lines on rank 0 only
         self.log = silent if self.quiet else log
         self.device = self.ctx.device
+        # what the run's epochs train in (engine.arithmetic); a run resumed elsewhere names both ("X, then Y")
+        self.trained_in = arithmetic(self.device, config.train.amp)
         self.history: list[dict] = []
         self.start_epoch = 0
         if config.train.tensorboard and self.main:
@@ -223,6 +226,7 @@ class Trainer:
             "config": self.config.to_dict(),
             "classes": list(self.classes),
             "photos": self.photo_counts(),
+            "arithmetic": self.trained_in,
         }
 
     def restore(self, state: dict) -> None:
@@ -244,6 +248,16 @@ class Trainer:
         self.history = list(state["history"])
         self.start_epoch = int(state["epoch"])
         self.pretrained = bool(state.get("pretrained")) or self.start_epoch > 0
+        before = state.get("arithmetic")  # absent in a checkpoint written before foodvit recorded it
+        if isinstance(before, str) and before and self.start_epoch > 0:
+            last = before.rsplit(", then ", 1)[-1]
+            if last != self.trained_in:
+                self.log(
+                    f"{self.out}: trained in {last} up to epoch {self.start_epoch}, and the rest trains in "
+                    f"{self.trained_in} here, so the run is not the one either machine alone would give (its "
+                    "model.json names both)"
+                )
+            self.trained_in = before if last == self.trained_in else f"{before}, then {self.trained_in}"
 
     # ------------------------------------------------------------------ the stages before the run's epochs
 
@@ -417,6 +431,7 @@ class Trainer:
                 teacher_lent_by=self.teacher_lent_by,
                 validation=validation,
                 device=self.device,
+                trained_in=self.trained_in,
                 processes=self.ctx.world_size,
                 tensorboard=self.tensorboard,
             )
