@@ -33,7 +33,7 @@ RESULTS_LINK = "docs/results.md"
 
 # Each component of the default recipe: its name, the idea of its row on the validation pool (table "pool" of
 # studies.csv, the study of the default without it), and the 5-fold CV study that adopted it (sign 1) or that
-# removed or replaced it (sign -1; None: judged on the pool alone).
+# removed or replaced it (sign -1).
 COMPONENTS = [
     ("locality guidance from a ResNet-18 trained first", "locality guidance", "locality guidance, feature matching", 1),
     (
@@ -293,13 +293,9 @@ def results_page() -> str:
     pool = {row["idea"]: row for row in removals}  # the default without a component (bench.accuracy.pool --removes)
     rows = []
     for name, idea, prefix, sign in COMPONENTS:
-        on_pool = pool.get(idea)
-        if prefix is None:  # judged on the pool alone
-            cv_text = "not studied"
-        else:
-            cv = find(prefix)
-            z_cv = sign * (se_multiple(cv) or 0.0)
-            cv_text = f"{sign * float(cv['difference']):+.3f} +- {cv['difference_se']} ({z_cv:+.1f} SE)"
+        on_pool, cv = pool.get(idea), find(prefix)
+        z_cv = sign * (se_multiple(cv) or 0.0)
+        cv_text = f"{sign * float(cv['difference']):+.3f} +- {cv['difference_se']} ({z_cv:+.1f} SE)"
         if on_pool is None:
             rows.append([name, "not measured yet", "", cv_text, "not judged on the pool yet (kept)"])
             continue
@@ -340,8 +336,7 @@ def results_page() -> str:
         "Each component of the default recipe, worth the default's pool accuracy minus that of the default "
         "without it (paired, answers counted a photo under each seed), and its figure under 5-fold CV from the "
         "study that adopted it (or removed it). Several were adopted under a weaker rule (more than one standard "
-        "error of CV, once); the verdict says what the pool shows; one whose CV column says 'not studied' was judged "
-        "on the pool alone." + base,
+        "error of CV, once); the verdict says what the pool shows." + base,
         "",
         table(["component", "worth on the pool", "in standard errors", "under 5-fold CV", "verdict"], rows),
         "",

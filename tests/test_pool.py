@@ -326,8 +326,8 @@ def test_bench_pool_records_a_components_worth_as_the_rule_reads_it(tmp_path, mo
     )  # answers: a photo under each seed
     assert row["reason"].startswith("the component is worth +0.125 (") and row["overrides"] == "--x 0"
     assert row["reason"].endswith("; seeds 0 / 1 alone: +0.125 / +0.125")  # each seed gave the same answers
-    assert bench_pool.seeds_alone({0: 0.5, 1: -0.25}, removes=True) == "; seeds 0 / 1 alone: -0.500 / +0.250"
-    assert bench_pool.seeds_alone({3: 0.5}, removes=False) == ""
+    assert compare.seeds_alone({0: 0.5, 1: -0.25}, sign=-1.0) == "; seeds 0 / 1 alone: -0.500 / +0.250"
+    assert compare.seeds_alone({3: 0.5}) == ""
     results = tmp_path / "results"
     monkeypatch.setattr(bench_pool, "RESULTS", results)
     assert (

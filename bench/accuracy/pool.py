@@ -22,7 +22,7 @@ import json
 import shutil
 from pathlib import Path
 
-from foodvit.tuning.compare import compare_studies, read_study, study_identity
+from foodvit.tuning.compare import compare_studies, read_study, seeds_alone, study_identity
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 DATA = "FoodVision Mini train split, 225 photos"
@@ -67,21 +67,12 @@ def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict
         "only_a": len(result["only_a"]),
         "adopted": "",
         "reason": f"{'the component' if removes else 'the change'} is worth {worth:+.3f} ({worth / se:+.1f} SE)"
-        + seeds_alone(result["by_seed"], removes)
+        + seeds_alone(result["by_seed"], -1.0 if removes else 1.0)  # what each seed alone says it is worth
         if se
         else "",
         "figures_as_recorded": f"{found['accuracy']:.3f} +- {found['standard_error']:.3f} | "
         f"{difference:+.3f} +- {se:.3f} vs {base.name} ({read_study(base)['accuracy']:.3f})",
     }
-
-
-def seeds_alone(by_seed: dict[int, float], removes: bool) -> str:
-    """What each training seed alone says the change (or the component) is worth, where there are several: a lead
-    that one seed carries shows."""
-    if len(by_seed) < 2:
-        return ""
-    worths = [0.0 - d if removes else d for d in by_seed.values()]
-    return f"; seeds {' / '.join(map(str, by_seed))} alone: {' / '.join(f'{w:+.3f}' for w in worths)}"
 
 
 def baseline(base: Path, idea: str) -> dict:

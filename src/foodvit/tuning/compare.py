@@ -139,15 +139,20 @@ def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str
     over = f"{result['photos']} photos"
     if result["n"] != result["photos"]:
         over += f" ({result['n']} predictions, each photo's averaged over its seeds first)"
-    seeds = result.get("by_seed", {})
-    alone = ""
-    if len(seeds) > 1:
-        alone = f"; seeds {' / '.join(map(str, seeds))} alone: {' / '.join(f'{d:+.3f}' for d in seeds.values())}"
     return (
         f"{name_b} - {name_a} = {result['difference']:+.3f} +- {result['standard_error']:.3f} "
         f"(paired standard error over {over}{folds}; {len(result['only_b'])} right only in {name_b}, "
-        f"{len(result['only_a'])} only in {name_a}{alone})"
+        f"{len(result['only_a'])} only in {name_a}{seeds_alone(result.get('by_seed', {}))})"
     )
+
+
+def seeds_alone(by_seed: dict[int, float], sign: float = 1.0) -> str:
+    """'; seeds 0 / 1 / 2 alone: +0.038 / -0.015 / +0.013' (each seed's difference times `sign`; -1 gives a removed
+    component's worth), or '' under two seeds."""
+    if len(by_seed) < 2:
+        return ""
+    differences = " / ".join(f"{0.0 + sign * d:+.3f}" for d in by_seed.values())  # 0.0 +: never -0.000
+    return f"; seeds {' / '.join(map(str, by_seed))} alone: {differences}"
 
 
 def study_identity(study: str | Path) -> dict:
