@@ -26,7 +26,7 @@ from foodvit.tuning import compare, cv  # noqa: E402
 from foodvit.tuning.folds import fold_folder, fold_folders, training_photos  # noqa: E402
 from foodvit.tuning.search import parse_budget, tune  # noqa: E402
 from foodvit.tuning.space import Param, trial_config  # noqa: E402
-from foodvit.tuning.study import open_study, study_settings  # noqa: E402
+from foodvit.tuning.study import one_arithmetic, open_study, study_settings  # noqa: E402
 from foodvit.tuning.summary import costs, write_report  # noqa: E402
 
 TINY = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1"]
@@ -192,17 +192,17 @@ def test_folds_of_two_arithmetics_that_trained_at_once_are_not_summarised(photos
     three = {"fold-0": "bf16 on cpu", "fold-1": "float32 on cpu", "fold-2": "bf16 on cpu"}
     (study / "arithmetic.json").unlink()  # this machine's claim
     with pytest.raises(StudyError, match=r"remove \S+fold-1 with \S+fold-1.json and run the study again on a CPU with"):
-        cv.one_arithmetic(study, three, None)  # the arithmetic of the most runs is kept
+        one_arithmetic(study, three, None)  # the arithmetic of the most runs is kept
     three_kinds = {**three, "fold-3": "bf16 on cuda"}
     with pytest.raises(
         StudyError, match=r"fold-1 in float32 on cpu; fold-3 in bf16 on cuda; a study .*fold-3\.json and"
     ):
-        cv.one_arithmetic(study, three_kinds, None)
+        one_arithmetic(study, three_kinds, None)
     (study / "arithmetic.json").write_text(json.dumps({"arithmetic": "float32 on cpu"}))
     with pytest.raises(
         StudyError, match=r"fold-1 trained in float32 on cpu, fold-0, fold-2 in bf16 on cpu; .*fold-2\.json and run"
     ):
-        cv.one_arithmetic(study, three, None)  # unless the study claimed the other
+        one_arithmetic(study, three, None)  # unless the study claimed the other
 
 
 def test_cv_fold_runs_one_fold_and_the_study_is_written_once_every_fold_has_run(cv_study, photos, tmp_path, capsys):

@@ -39,7 +39,7 @@ from foodvit.rundir import directory as rundir
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.settings.run import RunConfig
 from foodvit.tuning.compare import prediction_key
-from foodvit.tuning.fold import FoldBusy, per_class, result_path, run_fold, start_fold
+from foodvit.tuning.fold import FoldBusy, per_class, run_fold, start_fold
 from foodvit.tuning.folds import (
     Unit,
     check_folds,
@@ -51,7 +51,14 @@ from foodvit.tuning.folds import (
     training_photos,
 )
 from foodvit.tuning.jobs import Task, fold_threads, plan, run_tasks
-from foodvit.tuning.study import check_lender, open_study, study_settings
+from foodvit.tuning.study import (
+    check_arithmetic,
+    check_lender,
+    known_arithmetic,
+    one_arithmetic,
+    open_study,
+    study_settings,
+)
 
 _wait = time.sleep  # run_cv's pause while only other processes' folds are left (a test replaces it)
 
@@ -155,121 +162,6 @@ def run_cv(
     one_arithmetic(runs, {name: kind for name, kind in found.items() if kind}, None)
     result = summarise(results)
     return (replace(result, pool=pool[0].source) if pool is not None else result), results
-
-
-ARITHMETIC_FILE = "arithmetic.json"  # the arithmetic a study's runs train in, written by its first training process
-
-# where a study's runs train in each arithmetic (engine.arithmetic; its --amp is the study's: on, a CPU trains in bf16
-# only where it has native bf16; off, every device trains in float32)
-ARITHMETIC_WHERE = {
-    "bf16 on cpu": "on a CPU with native bf16 (AVX512-BF16 or AMX)",
-    "float32 on cpu": "on a CPU that trains in float32 (without native bf16; on a GPU machine, CUDA_VISIBLE_DEVICES=)",
-    "bf16 on cuda": "on a CUDA GPU",
-    "float32 on cuda": "on a CUDA GPU",
-}
-
-
-def check_arithmetic(study: Path, units: list[Unit], todo: list[Unit], config: RunConfig) -> None:
-    """Before `todo` (some of the study's `units`) train: the study trains every run in one arithmetic
-    (engine.arithmetic, e.g. "bf16 on cpu"). One seed trained in bf16 and in float32, or on a CPU and on a GPU, gives
-    two different models, so a study that machines of two kinds share, or that is resumed on another machine, would
-    silently mix two recipes. The first process with runs to train claims the study's arithmetic (arithmetic.json,
-    created only if absent); a process that would train in another is refused, as it is where the study's written
-    results (all of them, whatever `todo` holds) are of another arithmetic. A StudyError says which and what to do."""
-    from foodvit.training.distributed import pick_device
-    from foodvit.training.engine import arithmetic
-
-    written = {u.name: _written_arithmetic(result_path(study / u.name)) for u in units}
-    known = {name: kind for name, kind in written.items() if kind}
-    if not any(written[u.name] is None for u in todo):
-        one_arithmetic(study, known, None)
-        return
-    here = arithmetic(pick_device(config.train.device), config.train.amp)
-    one_arithmetic(study, known, here)
-    claim_arithmetic(study, here, trained=any(kind is not None for kind in written.values()))
-
-
-def _written_arithmetic(path: Path) -> str | None:
-    """A run's written result's arithmetic: None when there is no result (its run is left to train), "" when the
-    result does not say (written before foodvit recorded it, or damaged: run_fold scores it again)."""
-    if not path.is_file():
-        return None
-    try:
-        kind = json.loads(path.read_text()).get("arithmetic")
-    except (OSError, ValueError, AttributeError):
-        return ""
-    return known_arithmetic(kind)
-
-
-def known_arithmetic(kind) -> str:
-    """A recorded arithmetic as engine.arithmetic names it ("bf16 on cpu"), else "" (not known): a bare "bf16" or
-    "float32", as foodvit first recorded it without the device, is read as unknown rather than as another kind."""
-    return kind if isinstance(kind, str) and " on " in kind else ""
-
-
-def claim_arithmetic(study: Path, here: str, trained: bool = True) -> None:
-    """The study's arithmetic written if no process has written it, else checked against `here`. trained: whether any
-    run of the study has a result (else a claim of another arithmetic may be a start that trained nothing)."""
-    path = study / ARITHMETIC_FILE
-    study.mkdir(parents=True, exist_ok=True)
-    try:
-        write_text(path, json.dumps({"arithmetic": here}), replace=False)
-        return
-    except FileExistsError:
-        pass
-    theirs = claimed(study)
-    if theirs is None:
-        raise StudyError(
-            f"{path} is damaged (not the arithmetic foodvit writes there); remove it, and the next run claims the "
-            "study's arithmetic again (its written results are checked all the same)"
-        )
-    if theirs != here:
-        unstarted = "" if trained else f" (if none of its runs has trained yet, remove {study / ARITHMETIC_FILE})"
-        raise StudyError(
-            f"{study} trains in {theirs} ({ARITHMETIC_FILE}, from the first process that started it) and this machine "
-            f"would train in {here}; a study trains every run in one arithmetic: {_finish(theirs, here)}{unstarted}"
-        )
-
-
-def claimed(study: Path) -> str | None:
-    """The arithmetic the study's arithmetic.json names; None when it names none (absent or damaged)."""
-    try:
-        kind = json.loads((study / ARITHMETIC_FILE).read_text())["arithmetic"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return kind if isinstance(kind, str) else None
-
-
-def one_arithmetic(study: Path, written: dict[str, str], here: str | None) -> None:
-    """A StudyError when the study's written results (run name -> arithmetic) are of two arithmetics, or of one other
-    than `here`, the arithmetic this process would train its runs left in (None: none left)."""
-    kinds: dict[str, list[str]] = {}
-    for name, kind in written.items():
-        kinds.setdefault(kind, []).append(name)
-    if len(kinds) > 1:
-        # the runs to keep: those of the study's claimed arithmetic, else those of the most runs
-        keep = claimed(study)
-        (a, a_names), *others = sorted(kinds.items(), key=lambda item: (item[0] != keep, -len(item[1])))
-        shown = "; ".join(f"{', '.join(names)} in {kind}" for kind, names in others)
-        remove = " and ".join(f"{study / n} with {study / n}.json" for _, names in others for n in names)
-        raise StudyError(
-            f"{study} mixes arithmetic: {', '.join(a_names)} trained in {a}, {shown}; a study trains every run in "
-            f"one: remove {remove} and run the study again {ARITHMETIC_WHERE.get(a, f'where training runs in {a}')}"
-        )
-    if kinds and here is not None and here not in kinds:
-        ((theirs, names),) = kinds.items()
-        raise StudyError(
-            f"{study}: {', '.join(names)} trained in {theirs} and this machine would train the rest in {here}; a study "
-            f"trains every run in one arithmetic: {_finish(theirs, here)}"
-        )
-
-
-def _finish(theirs: str, here: str) -> str:
-    """What to do about a study of another arithmetic than this machine's."""
-    where = f"finish it {ARITHMETIC_WHERE.get(theirs, f'where training runs in {theirs}')}"
-    if theirs.endswith(" on cpu") and here.endswith(" on cpu"):
-        return where + ", or start a new study with --amp false, which trains in float32 on every CPU"
-    return where
 
 
 def cross_validate(
