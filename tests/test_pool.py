@@ -220,6 +220,55 @@ def test_a_study_trains_every_run_in_one_arithmetic(pool_study, photos, pool, tm
     assert main([*args, "--out", str(study)]) == 0 and (study / "cv.json").is_file()
 
 
+def test_a_pool_study_grows_by_seeds_and_pairs_with_a_study_of_fewer_on_the_seeds_both_hold(
+    pool_study, photos, pool, tmp_path, monkeypatch, capsys
+):
+    """A larger --seeds trains the new seed alone; --compare pairs the grown study with the two-seed one on seeds 0 and
+    1; a process that started before the study grew (a smaller --seeds) leaves the summary to the one that grew it."""
+    from foodvit.tuning import cv
+
+    grown = tmp_path / "grown"
+    shutil.copytree(pool_study, grown)
+    kept = {s: (grown / f"seed-{s}.json").read_bytes() for s in (0, 1)}
+    args = [
+        "cv",
+        "--data",
+        str(photos),
+        "--validate-on",
+        str(pool),
+        "--seed",
+        "0",
+        *TINY,
+        "--quiet",
+        "--out",
+        str(grown),
+    ]
+    assert main([*args, "--seeds", "3", "--device", "cpu"]) == 0
+    assert "grown from seeds 0, 1 to 0, 1, 2" in capsys.readouterr().err
+    assert all((grown / f"seed-{s}.json").read_bytes() == kept[s] for s in (0, 1))
+    result = json.loads((grown / "cv.json").read_text())
+    assert [f["seed"] for f in result["folds"]] == [0, 1, 2] and len(result["photos"]) == 27
+    result, line = compare.compare_studies(pool_study, grown)
+    assert result["difference"] == 0 and result["n"] == 18 and result["photos"] == 9
+    assert "of seeds 0, 1, which both studies hold" in line and "alone: +0.000 / +0.000" in line, line
+
+    late = tmp_path / "late"  # grown to four seeds by another process while a three-seed process summarises
+    shutil.copytree(grown, late)
+    (late / "cv.json").unlink()
+    real = cv.run_cv
+
+    def grown_meanwhile(*a, **k):
+        found = real(*a, **k)
+        stored = json.loads((late / "study.json").read_text())
+        (late / "study.json").write_text(json.dumps({**stored, "seeds": [0, 1, 2, 3]}))
+        return found
+
+    monkeypatch.setattr(cv, "run_cv", grown_meanwhile)
+    assert main([*args[:-1], str(late), "--seeds", "3", "--device", "cpu"]) == 0
+    assert "has grown to more seeds than 0, 1, 2 while this ran" in capsys.readouterr().err
+    assert not (late / "cv.json").exists()
+
+
 def test_pool_study_options_that_belong_to_cross_validation_are_refused(photos, pool, tmp_path, capsys):
     for extra, message in ((["--folds", "3"], "leave --folds out"), (["--fold", "0"], "leave --fold out")):
         assert (

@@ -271,6 +271,80 @@ def test_cv_fold_with_two_seeds_runs_that_fold_of_each_and_names_the_ones_left(c
     )["photos"]
 
 
+def test_a_study_grows_by_seeds_keeping_the_runs_of_those_it_holds(cv_study, photos, tmp_path, monkeypatch, capsys):
+    """`foodvit cv` with a larger --seeds on a finished one-seed study trains the new seed's folds alone: the first
+    seed's runs move to seed-42/ untouched, the summary covers both, fewer seeds than it holds are refused, and a
+    comparison with the one-seed study pairs the seed both hold."""
+    from filelock import FileLock
+
+    import foodvit.training.run as trainer
+    from foodvit.tuning.fold import result_path
+
+    one, grown = cv_study["study"], tmp_path / "grown"
+    shutil.copytree(one, grown)
+    kept = {k: (grown / f"fold-{k}.json").read_bytes() for k in range(2)}
+    weights = {k: (grown / f"fold-{k}" / "model.safetensors").read_bytes() for k in range(2)}
+    args = ["cv", "--data", str(photos), "--folds", "2", "--out", str(grown), "--quiet", *TINY]
+
+    with FileLock(grown / ".fold-1.lock"):  # fold 1 taken by another process: nothing moves, nothing trains
+        assert main([*args, "--seeds", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{grown / 'fold-1'} is being run by another process" in err
+    assert (grown / "fold-0.json").is_file() and not (grown / "seed-42").exists() and (grown / "cv.json").is_file()
+
+    real_train, started = trainer.train, []
+    monkeypatch.setattr(
+        trainer, "train", lambda config, out, **kw: started.append(str(out)) or real_train(config, out, **kw)
+    )
+    assert main([*args, "--seeds", "2"]) == 0
+    assert "grown from seeds 42 to 42, 43" in capsys.readouterr().err
+    assert sorted(Path(s).relative_to(grown).as_posix() for s in started) == ["seed-43/fold-0", "seed-43/fold-1"]
+    for k in range(2):
+        assert result_path(grown / "seed-42" / f"fold-{k}").read_bytes() == kept[k]
+        assert (grown / "seed-42" / f"fold-{k}" / "model.safetensors").read_bytes() == weights[k]
+        assert not (grown / f"fold-{k}").exists()
+    result = json.loads((grown / "cv.json").read_text())
+    assert result["study"]["seeds"] == [42, 43] and json.loads((grown / "study.json").read_text())["seeds"] == [42, 43]
+    assert sorted((f["seed"], f["fold"]) for f in result["folds"]) == [(42, 0), (42, 1), (43, 0), (43, 1)]
+    assert {k: v for k, v in result["photos"].items() if k.startswith("s42/")} == json.loads(
+        (one / "cv.json").read_text()
+    )["photos"]
+
+    assert main([*args, "--seeds", "2"]) == 0 and len(started) == 2  # resumed as grown: nothing trains
+    assert "grown" not in capsys.readouterr().err
+    assert main(args) == 2  # fewer seeds than it holds
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--seed 42 --seeds 2 resumes it, a larger --seeds grows it" in err
+
+    assert main(["cv", "--compare", str(one), str(grown)]) == 0
+    line = capsys.readouterr().out
+    assert "+0.000" in line and "over 12 photos of seeds 42, which both studies hold" in line, line
+    other = tmp_path / "other-seed"
+    shutil.copytree(one, other)
+    stored = json.loads((other / "study.json").read_text())
+    (other / "study.json").write_text(json.dumps({**stored, "seeds": [7]}))
+    assert main(["cv", "--compare", str(grown), str(other)]) == 2  # no seed in common: nothing pairs
+    assert "seeds [42, 43] and" in capsys.readouterr().err
+
+
+def test_a_lender_lends_the_teachers_of_the_seeds_it_holds(tmp_path):
+    """A study lends a unit the teacher of its run of the unit's seed and fold, wherever it keeps that run (a
+    one-seed CV study: fold-K), and none for a seed it does not hold."""
+    from foodvit.tuning.folds import Unit
+    from foodvit.tuning.study import lender_run
+
+    one, pool = tmp_path / "one", tmp_path / "pool"
+    for study, seeds, run in ((one, [3], "fold-1"), (pool, [3, 4], "seed-4")):
+        (study / run).mkdir(parents=True)
+        (study / run / "teacher.pt").write_bytes(b"")
+        (study / "study.json").write_text(json.dumps({"kind": "cv", "seeds": seeds, "folds": 2}))
+    assert lender_run(one, Unit(3, 1, tmp_path, "seed-3/fold-1")) == one / "fold-1"
+    assert lender_run(one, Unit(3, 0, tmp_path, "seed-3/fold-0")) is None  # no teacher trained there yet
+    assert lender_run(one, Unit(5, 1, tmp_path, "seed-5/fold-1")) is None  # a seed it does not hold
+    assert lender_run(pool, Unit(4, 0, tmp_path, "seed-4")) == pool / "seed-4"
+    assert lender_run(None, Unit(4, 0, tmp_path, "seed-4")) is None
+
+
 def test_cv_refuses_fewer_photos_per_class_than_folds_and_another_study(cv_study, photos, capsys):
     assert main(["cv", "--data", str(photos), "--folds", "5", "--out", str(cv_study["study"].parent / "c"), *TINY]) == 2
     err = capsys.readouterr().err.strip()

@@ -40,7 +40,11 @@ def _add_cv(sub) -> None:
     p.add_argument("--out", metavar="STUDY", help="the study folder (new, empty, or this same study to resume)")
     p.add_argument("--folds", type=count(Range(2)), help=f"folds (default {FOLDS}; none with --validate-on)")
     p.add_argument(
-        "--seeds", type=count(), default=1, help="repeat with this many seeds (the recipe's seed and on; default 1)"
+        "--seeds",
+        type=count(),
+        default=1,
+        help="repeat with this many seeds (the recipe's seed and on; default 1); a larger number on an existing study "
+        "grows it, training the new seeds only",
     )
     p.add_argument(
         "--compare",

@@ -184,13 +184,16 @@ def _describe(identity: dict) -> str:
 
 def check_comparable(a: str | Path, b: str | Path) -> str:
     """Two studies pair photo by photo only when they scored the same photos the same way: the same training photos,
-    the same design (k-fold CV with the same folds, or the same validation pool) and seeds; else a StudyError that
-    says which differs. Returns the settings that differ, as the comparison's line names them ('' when none)."""
+    the same design (k-fold CV with the same folds, or the same validation pool) and some of the same seeds (they pair
+    on those); else a StudyError that says which differs. Returns the settings that differ, as the comparison's line
+    names them ('' when none)."""
     ia, ib = study_identity(a), study_identity(b)
     if not ia or not ib:
         return ""
     kind_a, kind_b = ("cv" if i.get("kind") == "trial" else i.get("kind") for i in (ia, ib))  # a trial's folds: CV
-    design = [key for key in ("folds", "seeds", "validation") if ia.get(key) != ib.get(key)]
+    design = [key for key in ("folds", "validation") if ia.get(key) != ib.get(key)]
+    if not set(ia.get("seeds") or []) & set(ib.get("seeds") or []):  # studies of some of the same seeds pair on those
+        design.append("seeds")
     if kind_a != kind_b or design:
         raise StudyError(
             f"{a} is {_describe(ia)} and {b} is {_describe(ib)}: their photos are scored differently, so they do not "
@@ -211,7 +214,10 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
     have finished when either study is not finished yet. Studies of another design, seeds or photos are refused."""
     changed = check_comparable(a, b)
     suffix = f"; {b} changes {changed}" if changed else ""
-    if (Path(a) / "cv.json").exists() and (Path(b) / "cv.json").exists():
+    ia, ib = study_identity(a), study_identity(b)
+    seeds_a, seeds_b = ia.get("seeds"), ib.get("seeds")
+    same_seeds = seeds_a == seeds_b or not ia or not ib  # a folder that does not say: its summary as it is
+    if same_seeds and _summarised(a, seeds_a) and _summarised(b, seeds_b):
         result = paired(read_study(a)["photos"], read_study(b)["photos"])
         return result, compare_line(result, str(a), str(b)) + suffix
     folds_a, folds_b = finished_folds(a), finished_folds(b)
@@ -224,12 +230,31 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
     result = paired(
         {k: v for f in both for k, v in folds_a[f].items()}, {k: v for f in both for k, v in folds_b[f].items()}
     )
-    if len({seed for seed, _ in both}) > 1:
-        names = ", ".join(f"seed {seed} fold {fold}" for seed, fold in both)
-    else:
-        names = ("folds " if len(both) > 1 else "fold ") + ", ".join(str(fold) for _, fold in both)
-    label = f" of the folds both have finished, {names}"
+    label = ""
+    shared = sorted(set(seeds_a) & set(seeds_b)) if seeds_a and seeds_b and seeds_a != seeds_b else None
+    if shared is not None:  # a study grown by more seeds against one of fewer: the seeds both hold
+        label = f" of seeds {', '.join(map(str, shared))}, which both studies hold"
+    folds = ia["folds"] if isinstance(ia.get("folds"), int) else 0
+    if shared is None or both != [(seed, fold) for seed in shared for fold in range(folds)]:
+        if len({seed for seed, _ in both}) > 1:
+            names = ", ".join(f"seed {seed} fold {fold}" for seed, fold in both)
+        else:
+            names = ("folds " if len(both) > 1 else "fold ") + ", ".join(str(fold) for _, fold in both)
+        label = f" of the folds both have finished, {names}" + (f";{label}" if label else "")
     return result, compare_line(result, str(a), str(b), label) + suffix
+
+
+def _summarised(study: str | Path, seeds) -> bool:
+    """Whether the study's cv.json summarises the seeds its study.json names (a study may grow by seeds; a summary of
+    fewer, or none yet, leaves the pairing to its runs' results). A cv.json that does not name its seeds counts."""
+    path = Path(study) / "cv.json"
+    if not path.exists():
+        return False
+    try:
+        named = json.loads(path.read_text()).get("study", {}).get("seeds")
+    except (OSError, ValueError, AttributeError):
+        return True  # read_study says what is wrong with it
+    return named is None or seeds is None or named == seeds
 
 
 # What a series of studies varies on purpose (the photos' share and where they are), left out of a study's recipe name.

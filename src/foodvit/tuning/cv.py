@@ -2,7 +2,8 @@
 validation pool (`foodvit cv --validate-on POOL`: one run a seed on every training photo, judged on the pool's).
 
     STUDY/study.json          what the study is (data fingerprint, folds, seeds, settings): a rerun
-                              with anything else is refused, never mixed in (tuning/study.py)
+                              with anything else is refused, never mixed in, except more seeds, which
+                              grow the study (tuning/study.py)
     STUDY/folds/seed-S/fold-K/{train,test}/<class>/...   links to the photos: train = the kept
                               folds, test = the held-out one (what a fold's run evaluates on; tuning/folds.py)
     STUDY/fold-K/             a normal run directory (STUDY/seed-S/fold-K/ with several seeds)
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import statistics
 import time
@@ -36,7 +38,6 @@ from foodvit.data.folders import Split
 from foodvit.errors import StudyError
 from foodvit.files import write_text
 from foodvit.rundir import directory as rundir
-from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.settings.run import RunConfig
 from foodvit.tuning.compare import prediction_key
 from foodvit.tuning.fold import FoldBusy, per_class, run_fold, start_fold
@@ -52,13 +53,17 @@ from foodvit.tuning.folds import (
 )
 from foodvit.tuning.jobs import Task, fold_threads, plan, run_tasks
 from foodvit.tuning.study import (
+    STUDY_FILE,
     check_arithmetic,
     check_lender,
     known_arithmetic,
+    lender_run,
     one_arithmetic,
     open_study,
     study_settings,
 )
+
+logger = logging.getLogger(__name__)
 
 _wait = time.sleep  # run_cv's pause while only other processes' folds are left (a test replaces it)
 
@@ -137,8 +142,7 @@ def run_cv(
         while todo:
             busy: list[Unit] = []  # folds another process is training: taken again after the rest
             for u in todo:
-                run, lender = runs / u.name, teachers / u.name if teachers is not None else None
-                lender = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
+                run, lender = runs / u.name, lender_run(teachers, u)
                 try:
                     results.append(
                         run_fold(config, run, u.folder, seed=u.seed, fold=u.fold, quiet=quiet, teacher_from=lender)
@@ -221,7 +225,12 @@ def cross_validate(
         teachers = Path(teachers)
         with fold_threads(jobs):  # checked against the threads the folds will train on
             check_lender(teachers, study, identity, config)
-    open_study(study, identity)
+    grown = open_study(study, identity, grow=True)
+    if grown is not None and grown != seed_list:
+        logger.warning(
+            f"{study}: grown from seeds {', '.join(map(str, grown))} to {', '.join(map(str, seed_list))}; the results "
+            "of the seeds it held are kept, and the new seeds train"
+        )
     if jobs != 1:  # the folds trained on several processes; run_cv below then reads their results
         units = study_units(split, folds, seed_list, study / "folds", pool)
         check_arithmetic(study, units, [u for u in units if only is None or u.fold in only], config)
@@ -246,8 +255,23 @@ def cross_validate(
         if left:
             return replace(result, left=tuple(sorted({fold for _, fold in left})))
         result, fold_results = run()
+    if not still_the_study(study, identity):
+        logger.warning(
+            f"{study} has grown to more seeds than {', '.join(map(str, seed_list))} while this ran: their results are "
+            "kept, and the process training its new seeds writes the study's summary"
+        )
+        return result
     write_study(study, config, result, fold_results, identity)
     return result
+
+
+def still_the_study(study: Path, identity: dict) -> bool:
+    """Whether the study's folder still holds the study this process started (another process may have grown it by
+    seeds meanwhile, study.grow_study: its summary is then that process's to write)."""
+    try:
+        return json.loads((study / STUDY_FILE).read_text()).get("seeds") == identity["seeds"]
+    except (OSError, ValueError, AttributeError):
+        return True  # unreadable now: the summary is written, as it was before the study could grow
 
 
 def folds_left(study: Path, folds: int, seeds: list[int]) -> list[tuple[int, int]]:
@@ -332,8 +356,7 @@ def train_on_processes(
     for u in study_units(split, folds, seeds, study / "folds", pool):
         if (only is not None and u.fold not in only) or (study / f"{u.name}.json").is_file():
             continue
-        lender = teachers / u.name if teachers is not None else None
-        lent = lender if lender is not None and (lender / TEACHER_FILE).is_file() else None
+        lent = lender_run(teachers, u)
         fold = Task(_fold_task, (config, study / u.name, u.folder, u.seed, u.fold, lent))
         if lent is None and trains_teacher(config) and not (study / u.name / "checkpoint.pt").is_file():
             # the teacher a task of its own, the fold's queued when it ends: with 5 folds on 2 processes,

@@ -8,8 +8,11 @@ the first process that trains, and each run's result.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+
+from filelock import FileLock
 
 from foodvit.errors import StudyError
 from foodvit.files import write_text
@@ -17,8 +20,8 @@ from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.settings.layout import setting_key
 from foodvit.settings.run import RunConfig, settings_sectioned
-from foodvit.tuning.fold import result_path
-from foodvit.tuning.folds import Unit
+from foodvit.tuning.fold import FoldBusy, fold_lock, result_path, stages_file
+from foodvit.tuning.folds import Unit, fold_name
 
 STUDY_FILE = "study.json"
 TRIAL_FILE = "trial.json"  # a tuning trial's folder: the settings its folds train with
@@ -86,21 +89,28 @@ def check_folder(folder: Path) -> None:
         raise StudyError(f"{blocker} is a file; a study is a folder: choose a new or empty folder for --out")
 
 
-def open_study(folder: Path, identity: dict) -> None:
+def open_study(folder: Path, identity: dict, *, grow: bool = False) -> list[int] | None:
     """Make folder a study of `identity`, or check that it already is one: another data set,
     folds, seeds or settings are refused, never mixed in (settings added to foodvit since the study
-    started count at their defaults)."""
+    started count at their defaults). grow: a study that differs only in holding fewer seeds, each of them among
+    identity's, grows to identity's seeds (grow_study); returns the seeds it held before (None when it did not grow)."""
     check_folder(folder)
     path = folder / STUDY_FILE
     stored = read_identity(path)
     if stored is not None:
+        if (
+            grow
+            and stored.get("seeds") != identity["seeds"]
+            and not changes({**stored, "seeds": identity["seeds"]}, identity)
+        ):
+            return grow_study(folder, identity)
         shown = changes(stored, identity)
         if shown:
             raise StudyError(
                 f"{folder} holds a study of something else ({shown}); a study is resumed only as it started: "
                 "choose another --out"
             )
-        return
+        return None
     # not another starter's temporary file, nor the study another starter has just written
     if folder.is_dir() and any(not p.name.startswith(".") and p.name != STUDY_FILE for p in folder.iterdir()):
         raise StudyError(f"{folder} is not empty and holds no study; choose a new or empty --out")
@@ -109,7 +119,73 @@ def open_study(folder: Path, identity: dict) -> None:
     try:
         write_text(path, json.dumps(identity, indent=1), replace=False)
     except FileExistsError:
-        open_study(folder, identity)
+        return open_study(folder, identity, grow=grow)
+    return None
+
+
+SUMMARY_FILES = ("cv.json", "cv.md", "predictions.jsonl")  # a study's summary of its runs' results (cv.write_study)
+
+
+def grow_study(folder: Path, identity: dict) -> list[int]:
+    """A study grown by more seeds: `foodvit cv` with a larger --seeds (the same settings, photos and folds) keeps the
+    runs of the seeds the study holds and trains the new ones, so a comparison that needs more seeds costs only those.
+    The study's summary (cv.json, cv.md, predictions.jsonl) is removed until the grown study has every result: it
+    spoke for the seeds it held. A study of one seed of folds names its runs fold-K and a study of several seeds
+    seed-S/fold-K (folds.fold_name): the first seed's runs move there, while no other process runs any of them. Study
+    files are changed under one lock, so two processes growing the study at once leave the larger study of the two.
+    Returns the seeds it held; a StudyError when those are not all among identity's."""
+    with FileLock(folder / ".study.lock"):
+        stored = read_identity(folder / STUDY_FILE) or {}
+        held, wanted = stored.get("seeds"), identity["seeds"]
+        if held == wanted:  # another process grew it meanwhile
+            return held
+        if not isinstance(held, list) or not set(held) < set(wanted):
+            count = len(held) if isinstance(held, list) else 1
+            raise StudyError(
+                f"{folder} holds a study of seeds {held} and this asks for seeds {wanted}; a study keeps the seeds it "
+                f"holds: --seed {_first(held)} --seeds {count} resumes it, a larger --seeds grows it; for other seeds "
+                "choose another --out"
+            )
+        if stored.get("kind") == "cv" and len(held) == 1:
+            _runs_under_their_seed(folder, held[0], int(stored.get("folds", 0)))
+        for name in SUMMARY_FILES:
+            (folder / name).unlink(missing_ok=True)
+        write_text(folder / STUDY_FILE, json.dumps(identity, indent=1))
+        return held
+
+
+def _first(seeds) -> int:
+    return seeds[0] if isinstance(seeds, list) and seeds and isinstance(seeds[0], int) else 0
+
+
+def _runs_under_their_seed(folder: Path, seed: int, folds: int) -> None:
+    """A one-seed study's fold runs (fold-K, fold-K.json, .fold-K.stages.json) moved to where a study of several seeds
+    keeps them (seed-S/), under every fold's lock: a fold another process is running stops the growth before anything
+    moves."""
+    with contextlib.ExitStack() as held:
+        for k in range(folds):
+            try:
+                held.enter_context(fold_lock(folder / fold_name(seed, k, 1)))
+            except FoldBusy:
+                raise StudyError(
+                    f"{folder / fold_name(seed, k, 1)} is being run by another process; a study grows by seeds once "
+                    "no fold of it is running: run the command again when it has finished (or stopped)"
+                ) from None
+        moves = [
+            (where(folder / fold_name(seed, k, 1)), where(folder / fold_name(seed, k, 2)))
+            for k in range(folds)
+            for where in (lambda run: run, result_path, stages_file)
+        ]
+        moves = [(source, target) for source, target in moves if source.exists()]
+        clash = next((target for _, target in moves if target.exists()), None)
+        if clash is not None:
+            raise StudyError(
+                f"{clash} exists where growing the study would move its first seed's run: move it away, and run the "
+                "study again"
+            )
+        for source, target in moves:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source.rename(target)
 
 
 def bind_trial(folder: Path, identity: dict, what: str) -> None:
@@ -138,8 +214,9 @@ def bind_trial(folder: Path, identity: dict, what: str) -> None:
 
 
 def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig) -> None:
-    """A study may lend its CNN teachers to this one when its photos, folds and seeds are this study's
-    and its recipe trains teachers with this config's teacher settings; else a StudyError that says why."""
+    """A study may lend its CNN teachers to this one when its photos and folds are this study's, it holds some of this
+    study's seeds (lender_run: the runs of those seeds lend theirs), and its recipe trains teachers with this config's
+    teacher settings; else a StudyError that says why."""
     from foodvit.training.distributed import pick_device
     from foodvit.training.teacher import place_changes, read_teacher, teacher_changes, training_place, trains_teacher
 
@@ -168,13 +245,15 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
         )
     changed = [
         f"{key}: {theirs.get(key)!r} there, {identity[key]!r} here"
-        for key in ("kind", "data", "classes", "folds", "seeds", "validation")
+        for key in ("kind", "data", "classes", "folds", "validation")
         if theirs.get(key) != identity.get(key)
     ]
+    if not set(theirs.get("seeds") or []) & set(identity["seeds"]):  # a lender lends the seeds both studies hold
+        changed.append(f"seeds: {theirs.get('seeds')!r} there, {identity['seeds']!r} here")
     if changed:
         raise StudyError(
             f"--teachers {teachers} is a study of other photos, folds or seeds ({'; '.join(changed)}): give a "
-            "`foodvit cv` study with the same --data, --folds, --seed and --seeds, or leave --teachers out"
+            "`foodvit cv` study with the same --data and --folds and some of these seeds, or leave --teachers out"
         )
     shown = teacher_changes(lender, config)
     if shown:
@@ -201,6 +280,25 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
             f"--teachers {teachers} trained its CNN teachers elsewhere ({first[0]}: {first[1]}): they are not the "
             "teachers this study would train; leave --teachers out"
         )
+
+
+def lender_run(teachers: Path | None, unit: Unit) -> Path | None:
+    """The run of study `teachers` that lends `unit` its trained CNN teacher: the lender's run of the unit's seed and
+    fold, named as the lender names its runs (a lender of one seed of folds: fold-K); None when it has no such run
+    with a trained teacher yet (the unit then trains its own)."""
+    if teachers is None:
+        return None
+    try:
+        seeds = (read_identity(teachers / STUDY_FILE) or {}).get("seeds")
+    except StudyError:
+        seeds = None
+    if isinstance(seeds, list) and unit.seed not in seeds:
+        return None
+    pool = "/" not in unit.name and unit.name.startswith("seed-")  # a pool study's seed-S
+    # a folder that does not say its seeds (check_lender refuses one as a lender): the unit's own name
+    name = unit.name if pool or not isinstance(seeds, list) else fold_name(unit.seed, unit.fold, len(seeds))
+    run = teachers / name
+    return run if (run / TEACHER_FILE).is_file() else None
 
 
 # ------------------------------------------------------------------ the arithmetic a study's runs train in
