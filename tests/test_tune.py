@@ -1306,6 +1306,48 @@ def test_no_fold_starts_that_would_end_past_the_budget(photos, tmp_path, monkeyp
     assert "the budget ended" in (study_dir / "tune.md").read_text()
 
 
+def test_a_search_compares_its_trials_in_one_arithmetic(photos, tmp_path, monkeypatch, capsys):
+    """Each trial records the arithmetic it trained in (in the study's database); a machine of another kind is refused
+    in one line before it trains a trial, and trials of two kinds (machines that began at once) are named in tune.md."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from foodvit.training import engine
+    from foodvit.tuning.study import search_arithmetic
+    from foodvit.tuning.summary import mixed_arithmetic
+
+    space = tmp_path / "space.toml"
+    space.write_text("[optim]\nlr = {low = 1e-4, high = 1e-2, log = true}\n")
+    study_dir = tmp_path / "study"
+    args = ["tune", "--data", str(photos), "--out", str(study_dir), "--space", str(space), "--folds", "2", "--quiet"]
+    args += ["--trials", "1", "--device", "cpu", *TINY]
+    assert main(args) == 0
+    ours = engine.arithmetic(torch.device("cpu"), True)
+    other = {"bf16 on cpu": "float32 on cpu", "float32 on cpu": "bf16 on cpu"}[ours]
+    study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
+    assert [t.user_attrs["arithmetic"] for t in study.trials] == [ours]
+    capsys.readouterr()
+    monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: other == "bf16 on cpu")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"trial 0 trained in {ours} and this machine would train in {other}" in err
+    assert "--amp false" in err and not (study_dir / "trial-0001").exists()
+    assert len(optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}").trials) == 1
+
+    trials = [
+        SimpleNamespace(number=n, user_attrs={"arithmetic": kind}) for n, kind in enumerate([ours, other, "bf16"])
+    ]
+    search_arithmetic(study_dir, trials[:1], ours)  # one kind: passes
+    search_arithmetic(study_dir, trials[1:], ours, this=1)  # the trial about to train, and a bare "bf16": unknown
+    with pytest.raises(StudyError, match=f"trial 1 trained in {other} and this machine would train in {ours}"):
+        search_arithmetic(study_dir, trials, ours)
+    assert mixed_arithmetic(trials[:1]) == []
+    assert mixed_arithmetic(trials) == [
+        f"trials trained in 2 arithmetics (trial 0 in {ours}; trial 1 in {other}): compare only trials of one"
+    ]
+
+
 def test_budget_parsing():
     assert [parse_budget(t) for t in ("2h", "45m", "90s", "1h30m", "600")] == [7200, 2700, 90, 5400, 600]
     with pytest.raises(Exception, match="such as 2h"):

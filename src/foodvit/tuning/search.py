@@ -56,7 +56,15 @@ from foodvit.tuning.storage import (
     storage_lost,
     study_name,
 )
-from foodvit.tuning.study import TRIAL_FILE, bind_trial, open_study, read_identity, study_settings
+from foodvit.tuning.study import (
+    TRIAL_FILE,
+    bind_trial,
+    open_study,
+    read_identity,
+    search_arithmetic,
+    study_settings,
+    training_arithmetic,
+)
 from foodvit.tuning.summary import duration_text, write_report
 
 logger = logging.getLogger(__name__)
@@ -148,6 +156,10 @@ class Objective:
             trial.set_user_attr("error", str(err))
             raise TrialCrashed(str(err)) from None
 
+        here = training_arithmetic(config)
+        # trials another machine started since this search began (the study's database is what they share)
+        search_arithmetic(self.study_dir, trial.study.get_trials(deepcopy=False), here, this=trial.number)
+        trial.set_user_attr("arithmetic", here)
         bind_trial(folder, trial_identity(config, self.split, self.folds), f"trial {trial.number}")
         # folds a trial run again finds finished are read, not run: their time is not this trial's
         finished = {p.name for p in folder.glob("fold-*.json")}
@@ -351,6 +363,7 @@ def tune(
     }
     open_study(study_dir, identity)
     study = _opened(study_dir, identity, storage, base, space, split, folds, pruner)
+    search_arithmetic(study_dir, study.get_trials(deepcopy=False), training_arithmetic(base))
     objective = Objective(study_dir, base, space, split, folds, budget_s=budget_s, started=started, log=log)
     with warnings.catch_warnings():
         # a starting value outside a user's range is tried as it is (the first trial): Optuna's warning is needless

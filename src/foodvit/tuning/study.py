@@ -322,15 +322,12 @@ def check_arithmetic(study: Path, units: list[Unit], todo: list[Unit], config: R
     silently mix two recipes. The first process with runs to train claims the study's arithmetic (arithmetic.json,
     created only if absent); a process that would train in another is refused, as it is where the study's written
     results (all of them, whatever `todo` holds) are of another arithmetic. A StudyError says which and what to do."""
-    from foodvit.training.distributed import pick_device
-    from foodvit.training.engine import arithmetic
-
     written = {u.name: _written_arithmetic(result_path(study / u.name)) for u in units}
     known = {name: kind for name, kind in written.items() if kind}
     if not any(written[u.name] is None for u in todo):
         one_arithmetic(study, known, None)
         return
-    here = arithmetic(pick_device(config.train.device), config.train.amp)
+    here = training_arithmetic(config)
     one_arithmetic(study, known, here)
     claim_arithmetic(study, here, trained=any(kind is not None for kind in written.values()))
 
@@ -407,6 +404,33 @@ def one_arithmetic(study: Path, written: dict[str, str], here: str | None) -> No
         raise StudyError(
             f"{study}: {', '.join(names)} trained in {theirs} and this machine would train the rest in {here}; a study "
             f"trains every run in one arithmetic: {_finish(theirs, here)}"
+        )
+
+
+def training_arithmetic(config: RunConfig) -> str:
+    """The arithmetic this machine trains `config` in (engine.arithmetic: "bf16 on cpu", "float32 on cuda", ...)."""
+    from foodvit.training.distributed import pick_device
+    from foodvit.training.engine import arithmetic
+
+    return arithmetic(pick_device(config.train.device), config.train.amp)
+
+
+def search_arithmetic(study_dir: Path, trials, here: str, this: int | None = None) -> None:
+    """A tuning study compares its trials' accuracies, so its trials train in one arithmetic as a `cv` study's runs do:
+    a StudyError, before anything trains, when trials of the study (Optuna trials, each with its "arithmetic" user
+    attribute; `this`, the trial about to train, left out) trained in another than `here`. The study's database is
+    what machines sharing a search share, so the check reads it at the start and again at each trial's."""
+    theirs: dict[str, list[int]] = {}
+    for trial in trials:
+        kind = known_arithmetic(trial.user_attrs.get("arithmetic"))
+        if trial.number != this and kind and kind != here:
+            theirs.setdefault(kind, []).append(trial.number)
+    if theirs:
+        kind, numbers = next(iter(theirs.items()))
+        shown = ", ".join(map(str, numbers[:6])) + (" and more" if len(numbers) > 6 else "")
+        raise StudyError(
+            f"{study_dir}: trial{'s' if len(numbers) > 1 else ''} {shown} trained in {kind} and this machine would "
+            f"train in {here}; a search compares its trials in one arithmetic: {_finish(kind, here)}"
         )
 
 

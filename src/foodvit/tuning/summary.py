@@ -14,6 +14,7 @@ from foodvit.settings.layout import setting_key
 from foodvit.settings.run import SECTIONS, RunConfig
 from foodvit.tuning import compare
 from foodvit.tuning.space import Param, base_values, trial_config
+from foodvit.tuning.study import known_arithmetic
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,23 @@ def _plots(study, study_dir: Path, space: dict[str, Param], completed: int) -> l
     return written
 
 
+def mixed_arithmetic(trials) -> list[str]:
+    """A line naming the trials of each arithmetic when the search's trials trained in more than one (machines of two
+    kinds that began their first trials at the same moment, study.search_arithmetic); [] when they trained in one."""
+    kinds: dict[str, list[int]] = {}
+    for trial in trials:
+        kind = known_arithmetic(trial.user_attrs.get("arithmetic"))
+        if kind:
+            kinds.setdefault(kind, []).append(trial.number)
+    if len(kinds) < 2:
+        return []
+    shown = "; ".join(
+        f"trial{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))} in {kind}"
+        for kind, numbers in kinds.items()
+    )
+    return [f"trials trained in {len(kinds)} arithmetics ({shown}): compare only trials of one"]
+
+
 def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param], folds: int) -> str:
     """best.toml, tune.md and the plots; returns the summary: the best trial and, last, the paired
     comparison of the best with the starting recipe on the same photos."""
@@ -102,7 +120,7 @@ def write_report(study, study_dir: Path, base: RunConfig, space: dict[str, Param
         + (f", {len(cut)} stopped by the budget or interrupted (run again by the next foodvit tune)" if cut else "")
     ]
     rows = _trial_rows(all_trials, base_values(base))
-    summary += costs(all_trials, folds)
+    summary += costs(all_trials, folds) + mixed_arithmetic(all_trials)
     lines = [
         "# Tuning study",
         "",
