@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import datetime
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -25,14 +24,12 @@ PROVENANCE = ("command", "machine", "torch", "commit", "date")
 
 
 def cpu_name() -> str:
-    """The CPU's model name, e.g. 'AMD EPYC 7B13' (the platform's word for it where /proc/cpuinfo is not there)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name, e.g. 'AMD EPYC 7B13', as a run's model.json names the chip it trained on."""
+    import torch
+
+    from foodvit.training.engine import processor
+
+    return processor(torch.device("cpu"))
 
 
 def machine(device=None) -> str:

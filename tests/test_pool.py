@@ -183,6 +183,9 @@ def test_a_study_trains_every_run_in_one_arithmetic(pool_study, photos, pool, tm
     other = {"bf16 on cpu": "float32 on cpu", "float32 on cpu": "bf16 on cpu"}[ours]
     assert [json.loads((pool_study / f"seed-{s}.json").read_text())["arithmetic"] for s in (0, 1)] == [ours, ours]
     assert [f["arithmetic"] for f in json.loads((pool_study / "cv.json").read_text())["folds"]] == [ours, ours]
+    chip = engine.processor(torch.device("cpu"))  # and the chip, whose rounding differs from another's
+    assert [json.loads((pool_study / f"seed-{s}.json").read_text())["processor"] for s in (0, 1)] == [chip, chip]
+    assert compare.trained_on(pool_study) == {chip}
     args = ["cv", "--data", str(photos), "--validate-on", str(pool), "--seeds", "2", "--seed", "0", *TINY, "--quiet"]
     args += ["--device", "cpu"]  # the fixture's device
 
@@ -327,6 +330,22 @@ def test_compare_gives_each_seeds_difference_beside_the_pooled_one(tmp_path):
         fake_study(tmp_path / "b1", "pool", {k: v for k, v in b.items() if k.startswith("s0/")}, seeds=(0,)),
     )[1]
     assert "alone" not in one_seed
+
+
+def test_compare_says_when_two_studies_trained_on_other_chips(tmp_path):
+    answers = {"s0/x/1": True, "s0/x/2": False}
+    studies = {}
+    for name, chip in (("a", "AMD EPYC (family 25, model 17)"), ("b", "AMD EPYC (family 25, model 1)"), ("c", None)):
+        studies[name] = fake_study(tmp_path / name, "pool", answers, seeds=(0,))
+        folds = [{"seed": 0, "fold": 0, **({"processor": chip} if chip else {})}]
+        (studies[name] / "cv.json").write_text(json.dumps({"recipe": "default", "photos": answers, "folds": folds}))
+    line = compare.compare_studies(studies["a"], studies["b"])[1]
+    assert line.endswith(
+        f"trained on other chips ({studies['a']}: AMD EPYC (family 25, model 17); {studies['b']}: AMD EPYC (family 25, "
+        "model 1)), whose rounding alone moves photos: pair studies trained on one"
+    ), line
+    assert "chips" not in compare.compare_studies(studies["a"], studies["a"])[1]
+    assert "chips" not in compare.compare_studies(studies["a"], studies["c"])[1]  # a study that does not say
 
 
 def test_compare_refuses_studies_scored_differently_and_names_the_settings_that_differ(tmp_path, capsys):

@@ -636,18 +636,23 @@ def test_a_run_resumed_in_other_arithmetic_says_so_and_its_model_names_both(phot
     real = T.fit
     with monkeypatch.context() as patched:
         patched.setattr(engine, "cpu_computes_bf16", lambda: True)
+        patched.setattr(T, "processor", lambda device: "Chip A")
         patched.setattr(T, "fit", lambda *a, **k: real(*a, **{**k, "epochs": 1}))
         train(config, out, quiet=True)
-    assert json.loads((out / "model.json").read_text())["metrics"]["arithmetic"] == "bf16 on cpu"
+    metrics = json.loads((out / "model.json").read_text())["metrics"]
+    assert metrics["arithmetic"] == "bf16 on cpu" and metrics["processor"] == "Chip A"
     capsys.readouterr()
     monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: False)
+    monkeypatch.setattr(T, "processor", lambda device: "Chip B")  # the chip too, recorded the same way
     resume(out)
     said = [line for line in capsys.readouterr().out.splitlines() if "trained in" in line]
     assert said == [
         f"{out}: trained in bf16 on cpu up to epoch 1, and the rest trains in float32 on cpu here, so the run is "
         "not the one either machine alone would give (its model.json names both)"
     ]
-    assert json.loads((out / "model.json").read_text())["metrics"]["arithmetic"] == "bf16 on cpu, then float32 on cpu"
+    metrics = json.loads((out / "model.json").read_text())["metrics"]
+    assert metrics["arithmetic"] == "bf16 on cpu, then float32 on cpu" and metrics["processor"] == "Chip A, then Chip B"
+    assert T.resumed("Chip A, then Chip B", "Chip B") == "Chip A, then Chip B" and T.resumed(None, "Chip B") == "Chip B"
 
 
 @pytest.mark.parametrize("amp", [True, False])

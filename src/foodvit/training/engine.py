@@ -13,9 +13,11 @@ import contextlib
 import functools
 import math
 import os
+import platform
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import torch
@@ -116,6 +118,28 @@ def arithmetic(device: torch.device, amp: bool) -> str:
     "float32", on the device's kind, e.g. "bf16 on cpu". Two runs of one seed in different arithmetic train two
     different models (and CUDA evaluates in bf16 too: computes_bf16)."""
     return f"{'bf16' if trains_in_bf16(device, amp) else 'float32'} on {device.type}"
+
+
+def processor(device: torch.device) -> str:
+    """The chip a run trains on, as its model.json and a study's results name it: the GPU's name on CUDA, else the
+    CPU's model name with its family and model numbers where /proc/cpuinfo gives them (a virtual machine may name
+    two generations alike, e.g. 'AMD EPYC (family 25, model 17)'), else the platform's word for it. Two CPU models
+    of one arithmetic round the same sums differently, so one seed trains two different models on them."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    found: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break  # the first processor's block
+            key, _, value = line.partition(":")
+            found.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = found.get("model name") or platform.processor() or platform.machine() or device.type
+    if found.get("cpu family") and found.get("model"):
+        name += f" (family {found['cpu family']}, model {found['model']})"
+    return name
 
 
 def computes_bf16(settings: StepSettings, training: bool) -> bool:

@@ -56,6 +56,7 @@ from foodvit.training.engine import (
     evaluate,
     fit,
     own_random_state,
+    processor,
     silent,
 )
 from foodvit.training.freezing import freeze_backbone
@@ -83,6 +84,14 @@ class Result:
     test: dict  # loss, acc, n, confusion, per_class
 
 
+def resumed(before, here: str) -> str:
+    """What a resumed run's epochs trained in or on: `before` (its checkpoint's record) followed by `here` when this
+    process differs from the last it names ("X, then Y"); `here` when the checkpoint records none."""
+    if not isinstance(before, str) or not before:
+        return here
+    return before if before.rsplit(", then ", 1)[-1] == here else f"{before}, then {here}"
+
+
 class Trainer:
     """One run on this process: built step by step from a config (and, when resuming, its
     checkpoint), then fitted. Under torchrun every rank builds one; rank 0 alone writes."""
@@ -107,8 +116,10 @@ class Trainer:
         self.quiet = quiet or not self.main  # progress bars and lines on rank 0 only
         self.log = silent if self.quiet else log
         self.device = self.ctx.device
-        # what the run's epochs train in (engine.arithmetic); a run resumed elsewhere names both ("X, then Y")
+        # what the run's epochs train in (engine.arithmetic) and on (engine.processor); a run resumed elsewhere names
+        # both ("X, then Y")
         self.trained_in = arithmetic(self.device, config.train.amp)
+        self.trained_on = processor(self.device)
         self.history: list[dict] = []
         self.start_epoch = 0
         if config.train.tensorboard and self.main:
@@ -227,6 +238,7 @@ class Trainer:
             "classes": list(self.classes),
             "photos": self.photo_counts(),
             "arithmetic": self.trained_in,
+            "processor": self.trained_on,
         }
 
     def restore(self, state: dict) -> None:
@@ -248,16 +260,17 @@ class Trainer:
         self.history = list(state["history"])
         self.start_epoch = int(state["epoch"])
         self.pretrained = bool(state.get("pretrained")) or self.start_epoch > 0
-        before = state.get("arithmetic")  # absent in a checkpoint written before foodvit recorded it
-        if isinstance(before, str) and before and self.start_epoch > 0:
-            last = before.rsplit(", then ", 1)[-1]
+        if self.start_epoch > 0:  # what its epochs so far trained in and on (absent before foodvit recorded them)
+            before = state.get("arithmetic")
+            last = before.rsplit(", then ", 1)[-1] if isinstance(before, str) and before else self.trained_in
             if last != self.trained_in:
                 self.log(
                     f"{self.out}: trained in {last} up to epoch {self.start_epoch}, and the rest trains in "
                     f"{self.trained_in} here, so the run is not the one either machine alone would give (its "
                     "model.json names both)"
                 )
-            self.trained_in = before if last == self.trained_in else f"{before}, then {self.trained_in}"
+            self.trained_in = resumed(before, self.trained_in)
+            self.trained_on = resumed(state.get("processor"), self.trained_on)
 
     # ------------------------------------------------------------------ the stages before the run's epochs
 
@@ -432,6 +445,7 @@ class Trainer:
                 validation=validation,
                 device=self.device,
                 trained_in=self.trained_in,
+                trained_on=self.trained_on,
                 processes=self.ctx.world_size,
                 tensorboard=self.tensorboard,
             )

@@ -213,7 +213,7 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
     """Study B against study A: paired()'s result and its line (with the settings B changes); over the folds both
     have finished when either study is not finished yet. Studies of another design, seeds or photos are refused."""
     changed = check_comparable(a, b)
-    suffix = f"; {b} changes {changed}" if changed else ""
+    suffix = (f"; {b} changes {changed}" if changed else "") + other_chips(a, b)
     ia, ib = study_identity(a), study_identity(b)
     seeds_a, seeds_b = ia.get("seeds"), ib.get("seeds")
     same_seeds = seeds_a == seeds_b or not ia or not ib  # a folder that does not say: its summary as it is
@@ -242,6 +242,37 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
             names = ("folds " if len(both) > 1 else "fold ") + ", ".join(str(fold) for _, fold in both)
         label = f" of the folds both have finished, {names}" + (f";{label}" if label else "")
     return result, compare_line(result, str(a), str(b), label) + suffix
+
+
+def trained_on(study: str | Path) -> set[str]:
+    """The chips a study's runs trained on (engine.processor, as each run's result records it; a run resumed on
+    another names both): from cv.json's folds, else the results written so far. Empty where no result says."""
+    folder = Path(study)
+    try:
+        results = json.loads((folder / "cv.json").read_text()).get("folds")
+    except (OSError, ValueError, AttributeError):
+        results = None
+    if not isinstance(results, list):
+        results = []
+        for path in [*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json"), *folder.glob("seed-*.json")]:
+            try:
+                results.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue  # a damaged result: finished_folds names it
+    return {r["processor"] for r in results if isinstance(r, dict) and isinstance(r.get("processor"), str)}
+
+
+def other_chips(a: str | Path, b: str | Path) -> str:
+    """'; trained on other chips (A: X; B: Y) ...' when the two studies' runs trained on different chips, whose
+    rounding alone moves photos between the two (results/studies.csv: the default on two CPU models from the same
+    seeds, -0.003 +- 0.012 on the pool); '' when they trained on the same, or a study does not say."""
+    chips_a, chips_b = trained_on(a), trained_on(b)
+    if not chips_a or not chips_b or chips_a == chips_b:
+        return ""
+    return (
+        f"; trained on other chips ({a}: {' and '.join(sorted(chips_a))}; {b}: {' and '.join(sorted(chips_b))}), "
+        "whose rounding alone moves photos: pair studies trained on one"
+    )
 
 
 def _summarised(study: str | Path, seeds) -> bool:

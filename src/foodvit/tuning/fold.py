@@ -225,7 +225,7 @@ def _run_fold(
         "accuracy": right / len(predictions),
         "per_class": per_class(predictions),
         "seconds": round(time.perf_counter() - started + _stages_seconds(run), 2),
-        **({"arithmetic": metrics["arithmetic"]} if "arithmetic" in metrics else {}),
+        **{key: metrics[key] for key in ("arithmetic", "processor") if key in metrics},
         "predictions": predictions,
     }
     write_text(result_file, json.dumps(result))  # compact: every held-out photo's class probabilities
