@@ -24,7 +24,8 @@ PROVENANCE = ("command", "machine", "torch", "commit", "date")
 
 
 def cpu_name() -> str:
-    """The CPU's model name, e.g. 'AMD EPYC 7B13', as a run's model.json names the chip it trained on."""
+    """The CPU's model name, e.g. 'AMD EPYC (family 25, model 17)', as a run's model.json names the chip it trained
+    on."""
     import torch
 
     from foodvit.training.engine import processor
@@ -34,7 +35,7 @@ def cpu_name() -> str:
 
 def machine(device=None) -> str:
     """What ran a benchmark: the GPU's name for a CUDA `device`, else the CPU model and the cores this process may
-    use, e.g. 'AMD EPYC 7B13, 2 cores' or 'AMD EPYC with native bf16, 2 cores'."""
+    use, e.g. 'AMD EPYC (family 25, model 17) with native bf16, 2 cores'."""
     if device is not None and device.type == "cuda":
         import torch
 

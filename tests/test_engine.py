@@ -260,3 +260,33 @@ def test_bf16_autocast_trains_on_a_cpu_with_native_bf16_and_evaluates_in_float32
     assert engine.computes_bf16(amp, training=True) is native
     assert engine.computes_bf16(amp, training=False) is False
     assert engine.computes_bf16(StepSettings(torch.device("cuda"), amp=True), training=False) is True
+
+
+def test_the_chip_a_run_trains_on_is_named_with_its_family_and_model(monkeypatch):
+    """engine.processor: the CPU's model name from the first processor's block of /proc/cpuinfo, with its family and
+    model numbers (a virtual machine may name two generations alike), else the platform's word for it."""
+    import pathlib
+    import platform
+
+    real = pathlib.Path.read_text
+    info = {"text": ""}
+
+    def read_text(self, *args, **kwargs):
+        if str(self) != "/proc/cpuinfo":
+            return real(self, *args, **kwargs)
+        if info["text"] is None:
+            raise PermissionError("unreadable")
+        return info["text"]
+
+    monkeypatch.setattr(pathlib.Path, "read_text", read_text)
+    monkeypatch.setattr(platform, "processor", lambda: "x86_64-ish")
+    cpu = torch.device("cpu")
+    info["text"] = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n\n"
+        "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Another\n"
+    )
+    assert engine.processor(cpu) == "AMD EPYC (family 25, model 17)"
+    info["text"] = "processor\t: 0\nmodel name\t: Apple M2\n"  # no family or model numbers
+    assert engine.processor(cpu) == "Apple M2"
+    info["text"] = None
+    assert engine.processor(cpu) == "x86_64-ish"

@@ -184,8 +184,8 @@ def test_a_study_trains_every_run_in_one_arithmetic(pool_study, photos, pool, tm
     assert [json.loads((pool_study / f"seed-{s}.json").read_text())["arithmetic"] for s in (0, 1)] == [ours, ours]
     assert [f["arithmetic"] for f in json.loads((pool_study / "cv.json").read_text())["folds"]] == [ours, ours]
     chip = engine.processor(torch.device("cpu"))  # and the chip, whose rounding differs from another's
-    assert [json.loads((pool_study / f"seed-{s}.json").read_text())["processor"] for s in (0, 1)] == [chip, chip]
-    assert compare.trained_on(pool_study) == {chip}
+    assert chip and [json.loads((pool_study / f"seed-{s}.json").read_text())["processor"] for s in (0, 1)] == [chip] * 2
+    assert [f["processor"] for f in json.loads((pool_study / "cv.json").read_text())["folds"]] == [chip, chip]
     args = ["cv", "--data", str(photos), "--validate-on", str(pool), "--seeds", "2", "--seed", "0", *TINY, "--quiet"]
     args += ["--device", "cpu"]  # the fixture's device
 
@@ -254,6 +254,22 @@ def test_a_pool_study_grows_by_seeds_and_pairs_with_a_study_of_fewer_on_the_seed
     result, line = compare.compare_studies(pool_study, grown)
     assert result["difference"] == 0 and result["n"] == 18 and result["photos"] == 9
     assert "of seeds 0, 1, which both studies hold" in line and "alone: +0.000 / +0.000" in line, line
+    kept = {}  # as results/cv keeps a study (study.json, cv.json, cv.md; no runs): they pair all the same
+    for name, folder in (("two", pool_study), ("three", grown)):
+        kept[name] = tmp_path / "kept" / name
+        kept[name].mkdir(parents=True)
+        for file in ("study.json", "cv.json", "cv.md"):
+            shutil.copy(folder / file, kept[name] / file)
+    assert compare.compare_studies(kept["two"], kept["three"]) == (
+        result,
+        line.replace(str(pool_study), str(kept["two"])).replace(str(grown), str(kept["three"])),
+    )
+    unfinished = tmp_path / "unfinished"  # seed 1's result not written yet: the seeds both have finished pair
+    shutil.copytree(grown, unfinished)
+    for file in ("cv.json", "seed-1.json"):
+        (unfinished / file).unlink()
+    line = compare.compare_studies(pool_study, unfinished)[1]
+    assert "over 9 photos of the seeds both have finished, seed 0;" in line, line
 
     late = tmp_path / "late"  # grown to four seeds by another process while a three-seed process summarises
     shutil.copytree(grown, late)
@@ -268,7 +284,9 @@ def test_a_pool_study_grows_by_seeds_and_pairs_with_a_study_of_fewer_on_the_seed
 
     monkeypatch.setattr(cv, "run_cv", grown_meanwhile)
     assert main([*args[:-1], str(late), "--seeds", "3", "--device", "cpu"]) == 0
-    assert "has grown to more seeds than 0, 1, 2 while this ran" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert "has grown to seeds 0, 1, 2, 3 while this ran: the results of seeds 0, 1, 2 are kept" in said.err
+    assert "its summary is written by the process training its new seeds" in said.out and "cv.md" not in said.out
     assert not (late / "cv.json").exists()
 
 
@@ -332,20 +350,28 @@ def test_compare_gives_each_seeds_difference_beside_the_pooled_one(tmp_path):
     assert "alone" not in one_seed
 
 
-def test_compare_says_when_two_studies_trained_on_other_chips(tmp_path):
-    answers = {"s0/x/1": True, "s0/x/2": False}
-    studies = {}
-    for name, chip in (("a", "AMD EPYC (family 25, model 17)"), ("b", "AMD EPYC (family 25, model 1)"), ("c", None)):
-        studies[name] = fake_study(tmp_path / name, "pool", answers, seeds=(0,))
-        folds = [{"seed": 0, "fold": 0, **({"processor": chip} if chip else {})}]
-        (studies[name] / "cv.json").write_text(json.dumps({"recipe": "default", "photos": answers, "folds": folds}))
-    line = compare.compare_studies(studies["a"], studies["b"])[1]
-    assert line.endswith(
-        f"trained on other chips ({studies['a']}: AMD EPYC (family 25, model 17); {studies['b']}: AMD EPYC (family 25, "
-        "model 1)), whose rounding alone moves photos: pair studies trained on one"
-    ), line
-    assert "chips" not in compare.compare_studies(studies["a"], studies["a"])[1]
-    assert "chips" not in compare.compare_studies(studies["a"], studies["c"])[1]  # a study that does not say
+def test_compare_says_when_runs_that_pair_trained_on_other_chips(tmp_path):
+    """The chips of the runs that pair, seed by seed: a study grown by a seed on another chip is no other chip for the
+    seeds both hold, and two studies whose seeds trained crosswise pair every run across chips."""
+
+    def study(name, chips: dict, seeds=(0, 1)):
+        answers = {f"s{seed}/x/{i}": bool((i + seed) % 2) for seed in seeds for i in range(4)}
+        folder = fake_study(tmp_path / name, "pool", answers, seeds=seeds)
+        folds = [{"seed": seed, "fold": 0, **({"processor": chips[seed]} if seed in chips else {})} for seed in seeds]
+        found = {"recipe": "default", "study": {"seeds": list(seeds)}, "photos": answers, "folds": folds}
+        (folder / "cv.json").write_text(json.dumps(found))
+        return folder
+
+    a = study("a", {0: "X", 1: "X"})
+    grown = study("grown", {0: "X", 1: "X", 2: "Y"}, seeds=(0, 1, 2))
+    result, line = compare.compare_studies(a, grown)
+    assert "chips" not in line and result["n"] == 8 and "of seeds 0, 1, which both studies hold" in line, line
+    crossed = compare.compare_studies(study("c", {0: "X", 1: "Y"}), study("d", {0: "Y", 1: "X"}))[1]
+    assert crossed.endswith(
+        f"2 of the 2 paired runs trained on other chips (seed 0: X in {tmp_path / 'c'}, Y in {tmp_path / 'd'}), whose "
+        "rounding alone moves photos: pair runs trained on one"
+    ), crossed
+    assert "chips" not in compare.compare_studies(a, study("e", {0: "X"}))[1]  # a run that does not say
 
 
 def test_compare_refuses_studies_scored_differently_and_names_the_settings_that_differ(tmp_path, capsys):
@@ -407,3 +433,17 @@ def test_bench_pool_records_a_components_worth_as_the_rule_reads_it(tmp_path, mo
     assert sorted(p.name for p in (results / "cv").iterdir()) == ["base", "no-x"]
     top = bench_pool.headline(studies[0])  # the default's own pool figure, as the README's table reads it
     assert (top["key"], top["value"], top["metric"]) == ("vit-pool", "0.750", "validation pool accuracy, 2 seeds")
+    # the settings a row names are the settings the study changes, whatever else the comparison's line says (here,
+    # that its runs trained on other chips)
+    for folder, chip, lr in ((studies[0], "X", 0.001), (studies[1], "Y", 0.002)):
+        identity = json.loads((folder / "study.json").read_text())
+        (folder / "study.json").write_text(json.dumps({**identity, "settings": {"optim": {"lr": lr}}}))
+        found = json.loads((folder / "cv.json").read_text())
+        found["folds"] = [{"seed": seed, "fold": 0, "processor": chip} for seed in (0, 1)]
+        (folder / "cv.json").write_text(json.dumps(found))
+    assert "other chips" in compare.compare_studies(*studies)[1]
+    assert bench_pool.row(*studies, "lr", "", removes=False)["overrides"] == "optim.lr 0.001 -> 0.002"
+    grown = json.loads((studies[1] / "study.json").read_text())  # a row pairs studies of the same seeds
+    (studies[1] / "study.json").write_text(json.dumps({**grown, "seeds": [0, 1, 2]}))
+    with pytest.raises(SystemExit, match="a row pairs studies of the same seeds"):
+        bench_pool.row(*studies, "lr", "", removes=False)

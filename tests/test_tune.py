@@ -4,6 +4,7 @@ processes; the bad inputs refused in one line. Tiny runs: the tiny recipe at 32 
 epoch, on 4 generated photos a class, 2 folds."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -327,6 +328,82 @@ def test_a_study_grows_by_seeds_keeping_the_runs_of_those_it_holds(cv_study, pho
     assert "seeds [42, 43] and" in capsys.readouterr().err
 
 
+def test_a_growth_cut_short_is_finished_by_the_next_process_and_never_trains_a_fold_again(
+    cv_study, photos, tmp_path, monkeypatch, capsys
+):
+    """Killed after the grown study.json is written and before the first seed's runs have moved: the one-seed command
+    is refused (the study holds two seeds) after finishing the moves, and the grown command trains only the new seed."""
+    import foodvit.training.run as trainer
+    from foodvit.tuning import study as study_module
+
+    out = tmp_path / "cut"
+    shutil.copytree(cv_study["study"], out)
+    args = ["cv", "--data", str(photos), "--folds", "2", "--out", str(out), "--quiet", *TINY]
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # kill -9 here
+
+    with monkeypatch.context() as patched:
+        patched.setattr(study_module, "_move_first_seed", killed)
+        assert main([*args, "--seeds", "2"]) == 130
+    assert json.loads((out / "study.json").read_text())["seeds"] == [42, 43] and (out / "fold-0.json").is_file()
+    real_train, started = trainer.train, []
+    monkeypatch.setattr(
+        trainer, "train", lambda config, run, **kw: started.append(str(run)) or real_train(config, run, **kw)
+    )
+    capsys.readouterr()
+    assert main(args) == 2  # the one-seed command: the moves finished, then refused, nothing trained
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--seed 42 --seeds 2 resumes it" in err and started == []
+    assert (out / "seed-42" / "fold-0.json").is_file() and not (out / "fold-0.json").exists()
+    assert not (out / ".growing.json").exists()
+    assert main([*args, "--seeds", "2"]) == 0
+    assert sorted(Path(s).relative_to(out).as_posix() for s in started) == ["seed-43/fold-0", "seed-43/fold-1"]
+
+
+def test_a_one_seed_process_stops_before_a_fold_once_another_has_grown_the_study(photos, tmp_path, monkeypatch, capsys):
+    """Between a one-seed process's folds another process grows the study (its runs move to seed-42/): the first stops
+    in one line before it trains fold 1 under the old name, where the grown study would never look."""
+    from foodvit.tuning.study import grow_study, training_arithmetic
+
+    out = tmp_path / "study"
+    real, done = cv.run_fold, []
+
+    def run_fold(*a, **k):
+        found = real(*a, **k)
+        done.append(found)
+        if len(done) == 1:  # another process grows the study now
+            identity = json.loads((out / "study.json").read_text())
+            grow_study(out, {**identity, "seeds": [42, 43]}, training_arithmetic(build_config("tiny", {})))
+        return found
+
+    monkeypatch.setattr(cv, "run_fold", run_fold)
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(out), "--quiet", *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "has grown to seeds 42, 43 while this process ran on seed 42" in err
+    assert "--seeds 2 to go on" in err and not (out / "fold-1").exists() and len(done) == 1
+    assert (out / "seed-42" / "fold-0.json").is_file() and not (out / "cv.json").exists()
+
+
+def test_a_growth_on_a_machine_of_another_arithmetic_is_refused_with_the_study_untouched(
+    photos, tmp_path, monkeypatch, capsys
+):
+    from foodvit.training import engine
+
+    out = tmp_path / "other"
+    args = ["cv", "--data", str(photos), "--folds", "2", "--out", str(out), "--quiet", "--device", "cpu", *TINY]
+    assert main(args) == 0  # on the CPU, on a CUDA machine too: the test changes the CPU's arithmetic
+    capsys.readouterr()
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if "folds" not in p.parts)
+    ours = engine.cpu_computes_bf16()
+    monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: not ours)  # a machine of the other kind
+    assert main([*args, "--seeds", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "would train its new seeds in" in err and "one arithmetic" in err
+    assert json.loads((out / "study.json").read_text())["seeds"] == [42] and (out / "cv.json").is_file()
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if "folds" not in p.parts) == before
+
+
 def test_a_lender_lends_the_teachers_of_the_seeds_it_holds(tmp_path):
     """A study lends a unit the teacher of its run of the unit's seed and fold, wherever it keeps that run (a
     one-seed CV study: fold-K), and none for a seed it does not hold."""
@@ -464,6 +541,7 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(
         "no study": (["--teachers", str(photos)], "holds no readable study"),
         "lends none": (["--teachers", str(cv_study["study"])], "a recipe that trains no CNN teacher"),
         "other folds": (["--folds", "3"], "folds: 2 there, 3 here"),
+        "no seed in common": (["--seed", "7"], "seeds: [42] there, [7] here"),
         # the teacher's own epochs named as such, not as the run's epochs (1 in both)
         "--teacher-epochs": (["--teacher-epochs", "3"], "with other settings (teacher.epochs: 1 there, 3 here)"),
         "itself": (["--teachers", str(tmp_path / "itself")], "is the study itself"),
@@ -594,6 +672,28 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(
     assert (
         len(err.splitlines()) == 1 and f"was trained elsewhere (threads: {threads + 1} there, {threads} here)" in err
     ), err
+
+
+@pytest.mark.slow  # a second guided study; the fast tier keeps lender_run's naming (the test above)
+def test_a_one_seed_lender_lends_its_seed_and_the_other_seeds_train_their_own(
+    photos, guided_study, tmp_path, monkeypatch
+):
+    """A study of two seeds borrowing from a one-seed study (its runs fold-K): seed 42's folds load that study's
+    teachers, seed 43's train their own."""
+    import foodvit.training.stages as stages
+
+    a, _ = guided_study
+    trained = []
+    real = stages.build_optimizer  # each stage a run trains before its epochs (here: its teacher) builds one
+    monkeypatch.setattr(stages, "build_optimizer", lambda *x, **k: trained.append(1) or real(*x, **k))
+    b = tmp_path / "b"
+    args = ["cv", "--data", str(photos), "--folds", "2", "--seeds", "2", "--out", str(b), "--quiet", *GUIDED]
+    assert main([*args, "--teachers", str(a)]) == 0
+    assert len(trained) == 2  # seed 43's two teachers, none of seed 42's
+    for k in range(2):
+        lent = f"in {markup.text(a / f'fold-{k}')}, which lent it to this run"
+        assert lent in (b / "seed-42" / f"fold-{k}" / "report.md").read_text()
+        assert "which lent it" not in (b / "seed-43" / f"fold-{k}" / "report.md").read_text()
 
 
 def test_a_teachers_settings_leave_out_what_never_reaches_its_training():
@@ -1257,6 +1357,9 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
             '[optim]\nteacher = {choices = ["resnet18", "resnet34"]}\n[guidance]\nweight = {choices = [0.0]}\n',
             "teacher.architecture varies the CNN teacher, which no trial reads",
         ),
+        # where and in which arithmetic the trials train: one for all of them
+        ("[train]\namp = {choices = [true, false]}\n", "train.amp cannot be searched"),
+        ('[train]\ndevice = {choices = ["cpu", "cuda"]}\n', "train.device cannot be searched"),
     ],
 )
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
@@ -1328,20 +1431,33 @@ def test_a_search_compares_its_trials_in_one_arithmetic(photos, tmp_path, monkey
     study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}")
     assert [t.user_attrs["arithmetic"] for t in study.trials] == [ours]
     capsys.readouterr()
-    monkeypatch.setattr(engine, "cpu_computes_bf16", lambda: other == "bf16 on cpu")
-    assert main(args) == 2
+    with monkeypatch.context() as patched:
+        patched.setattr(engine, "cpu_computes_bf16", lambda: other == "bf16 on cpu")
+        assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"trial 0 trained in {ours} and this machine would train in {other}" in err
+    assert len(err.splitlines()) == 1 and f"train in {ours} (trial 0, its first) and this machine would train in" in err
     assert "--amp false" in err and not (study_dir / "trial-0001").exists()
     assert len(optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}").trials) == 1
+
+    # a machine of the other kind that began beside this one: its trial is refused before it trains, and left for the
+    # next `foodvit tune` to run again
+    import foodvit.tuning.search as search
+
+    kinds = iter([ours, other])  # the start's check (the study's first trial is this machine's), then the trial's
+    monkeypatch.setattr(search, "training_arithmetic", lambda config: next(kinds))
+    assert main(args) == 2
+    assert "train in" in capsys.readouterr().err and not (study_dir / "trial-0001" / "fold-0").exists()
+    refused = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{study_dir / 'study.db'}").trials[1]
+    assert refused.state.name == "FAIL" and refused.user_attrs["interrupted"]
+    assert "arithmetic" in refused.user_attrs["error"]
 
     trials = [
         SimpleNamespace(number=n, user_attrs={"arithmetic": kind}) for n, kind in enumerate([ours, other, "bf16"])
     ]
-    search_arithmetic(study_dir, trials[:1], ours)  # one kind: passes
-    search_arithmetic(study_dir, trials[1:], ours, this=1)  # the trial about to train, and a bare "bf16": unknown
-    with pytest.raises(StudyError, match=f"trial 1 trained in {other} and this machine would train in {ours}"):
-        search_arithmetic(study_dir, trials, ours)
+    search_arithmetic(study_dir, trials, ours, this=3)  # the first trial's kind: goes on beside a later one's
+    search_arithmetic(study_dir, trials, other, this=0)  # the trial about to train is left out; "bf16" is unknown
+    with pytest.raises(StudyError, match=re.escape(f"train in {ours} (trial 0, its first) and this machine would")):
+        search_arithmetic(study_dir, trials, other)
     assert mixed_arithmetic(trials[:1]) == []
     assert mixed_arithmetic(trials) == [
         f"trials trained in 2 arithmetics (trial 0 in {ours}; trial 1 in {other}): compare only trials of one"

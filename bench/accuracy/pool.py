@@ -22,7 +22,7 @@ import json
 import shutil
 from pathlib import Path
 
-from foodvit.tuning.compare import compare_studies, read_study, seeds_alone, study_identity
+from foodvit.tuning.compare import check_comparable, compare_studies, read_study, seeds_alone, study_identity
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 DATA = "FoodVision Mini train split, 225 photos"
@@ -46,8 +46,13 @@ def protocol(identity: dict, found: dict) -> str:
 def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict:
     """The studies.csv row of STUDY against BASE on the pool: B - A, its paired standard error (the photo the unit,
     each photo's answers averaged over the seeds first) and the answers (a photo under each seed) right only in one."""
-    result, line = compare_studies(base, study)
     identity = study_identity(study)
+    if study_identity(base).get("seeds") != identity.get("seeds"):
+        raise SystemExit(
+            f"{base} and {study} hold other seeds ({study_identity(base).get('seeds')} and {identity.get('seeds')}): a "
+            "row pairs studies of the same seeds; grow the one of fewer (`foodvit cv` with a larger --seeds)"
+        )
+    result, _ = compare_studies(base, study)
     found = read_study(study)
     difference, se = result["difference"], result["standard_error"]
     # the component's (or the change's) worth; 0.0 - x, never -0.000
@@ -55,7 +60,7 @@ def row(base: Path, study: Path, idea: str, options: str, removes: bool) -> dict
     return {
         "table": "pool",
         "idea": idea,
-        "overrides": options or (line.rsplit(" changes ", 1)[1] if " changes " in line else ""),
+        "overrides": options or check_comparable(base, study),
         "recipe": "default",
         "data": DATA,
         "protocol": protocol(identity, found),

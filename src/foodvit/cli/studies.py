@@ -132,6 +132,11 @@ def cmd_cv(args: argparse.Namespace) -> int:
             f"{', '.join(map(str, left))} still to run (--fold, or the same command without it); the study is written "
             "once every fold has run"
         )
+    elif not result.summarised:
+        print(
+            f"{result.line()}, over the seeds this process ran; the study grew meanwhile, and its summary is written "
+            "by the process training its new seeds"
+        )
     else:
         print(f"{result.line()}; {Path(args.out) / 'cv.md'}")
     return 0

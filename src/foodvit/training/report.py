@@ -285,7 +285,7 @@ def write_results(
     teacher_history: list[dict],
     device: torch.device,
     trained_in: str,
-    trained_on: str,
+    chip: str,
     processes: int,
     tensorboard=None,
     teacher_lent_by: str | None = None,
@@ -306,7 +306,7 @@ def write_results(
         "data_name": source.name,
         "train_photos": len(data.train),
         "arithmetic": trained_in,  # engine.arithmetic of its epochs ("X, then Y" when resumed in another)
-        "processor": trained_on,  # engine.processor: the chip its epochs trained on (the same "then")
+        "processor": chip,  # engine.processor: the chip its epochs trained on (the same "then")
     }
     if teacher_history:
         summary["teacher_test_acc"] = teacher_history[-1]["test_acc"]

@@ -119,7 +119,7 @@ class Trainer:
         # what the run's epochs train in (engine.arithmetic) and on (engine.processor); a run resumed elsewhere names
         # both ("X, then Y")
         self.trained_in = arithmetic(self.device, config.train.amp)
-        self.trained_on = processor(self.device)
+        self.chip = processor(self.device)
         self.history: list[dict] = []
         self.start_epoch = 0
         if config.train.tensorboard and self.main:
@@ -238,7 +238,7 @@ class Trainer:
             "classes": list(self.classes),
             "photos": self.photo_counts(),
             "arithmetic": self.trained_in,
-            "processor": self.trained_on,
+            "processor": self.chip,
         }
 
     def restore(self, state: dict) -> None:
@@ -270,7 +270,7 @@ class Trainer:
                     "model.json names both)"
                 )
             self.trained_in = resumed(before, self.trained_in)
-            self.trained_on = resumed(state.get("processor"), self.trained_on)
+            self.chip = resumed(state.get("processor"), self.chip)
 
     # ------------------------------------------------------------------ the stages before the run's epochs
 
@@ -445,7 +445,7 @@ class Trainer:
                 validation=validation,
                 device=self.device,
                 trained_in=self.trained_in,
-                trained_on=self.trained_on,
+                chip=self.chip,
                 processes=self.ctx.world_size,
                 tensorboard=self.tensorboard,
             )

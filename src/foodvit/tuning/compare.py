@@ -1,16 +1,16 @@
-"""Two finished studies side by side, photo by photo (`foodvit cv --compare A B`): two cross-validations of the
-same folds, or two studies on the same validation pool (`foodvit cv --validate-on`).
+"""Two studies side by side, photo by photo (`foodvit cv --compare A B`): two cross-validations of the same folds, or
+two studies on the same validation pool (`foodvit cv --validate-on`).
 
-Both studies scored the same held-out photos with the same folds and seeds, so each held-out
-prediction (a photo under one seed) pairs with the other study's: the difference of the accuracies is
-the mean of the per-prediction differences (each -1, 0 or +1). The photo is the unit of the standard
-error: a photo's predictions under several seeds are not independent draws (the same photo, often the
-same answer), so each photo's differences are averaged over its seeds first, and the standard error is
-that of the mean over photos. Repeating the same photos under more seeds with the same answers leaves
-it where it was; treating every prediction as independent would shrink it by the square root of the
-number of seeds. Reads only the studies' cv.json: no PyTorch is imported, so a comparison answers at once.
-A study still running (or stopped) has no cv.json yet; two such studies, or one and a finished one,
-are paired over the folds both have finished (their fold-K.json), and the line says which.
+Both studies scored the same held-out photos with the same folds, so each held-out prediction (a photo under one
+seed) pairs with the other study's: the difference of the accuracies is the mean of the per-prediction differences
+(each -1, 0 or +1). The photo is the unit of the standard error: a photo's predictions under several seeds are not
+independent draws (the same photo, often the same answer), so each photo's differences are averaged over its seeds
+first, and the standard error is that of the mean over photos. Repeating the same photos under more seeds with the
+same answers leaves it where it was; treating every prediction as independent would shrink it by the square root of
+the number of seeds. A finished study is read from its cv.json, which is all a study kept under results/cv holds; no
+PyTorch is imported, so a comparison answers at once. A study still running (or stopped) has no cv.json yet; two such
+studies, or one and a finished one, are paired over the runs both have finished (their results), and a study grown
+by more seeds (cv.py) pairs with one of fewer over the seeds both hold; the line says which.
 """
 
 from __future__ import annotations
@@ -110,9 +110,9 @@ def read_study(study: str | Path) -> dict:
     return _result_file(path, ("photos",))
 
 
-def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
-    """The folds a study has finished so far, (seed, fold) -> each held-out photo right or wrong, keyed
-    as cv.json keys them; or a one-line error when the folder is no cross-validation study."""
+def finished_results(study: str | Path) -> dict[tuple[int, int], dict]:
+    """The runs a study has finished so far, (seed, fold) -> its written result (fold-K.json, seed-S/fold-K.json,
+    seed-S.json); or a one-line error when the folder is no study or a result is damaged."""
     folder = Path(study)
     if not (folder / "study.json").is_file():
         raise StudyError(
@@ -122,16 +122,24 @@ def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
     results = [*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json"), *folder.glob("seed-*.json")]
     for path in sorted(results):
         result = _result_file(path, ("seed", "fold", "predictions"))
-        try:
-            found[(result["seed"], result["fold"])] = {
-                prediction_key(result["seed"], p["photo"]): p["right"] for p in result["predictions"]
-            }
-        except (TypeError, KeyError):
+        if not isinstance(result["predictions"], list) or not all(
+            isinstance(p, dict) and "photo" in p and "right" in p for p in result["predictions"]
+        ):
             raise StudyError(
                 f"{path} is damaged (its predictions are not photo/right pairs); remove it and run "
                 "`foodvit cv` on its study again to redo that part"
-            ) from None
+            )
+        found[(result["seed"], result["fold"])] = result
     return found
+
+
+def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
+    """The folds a study has finished so far, (seed, fold) -> each held-out photo right or wrong, keyed
+    as cv.json keys them; or a one-line error when the folder is no cross-validation study."""
+    return {
+        unit: {prediction_key(result["seed"], p["photo"]): p["right"] for p in result["predictions"]}
+        for unit, result in finished_results(study).items()
+    }
 
 
 def compare_line(result: dict, name_a: str, name_b: str, folds: str = "") -> str:
@@ -209,69 +217,95 @@ def check_comparable(a: str | Path, b: str | Path) -> str:
     return shown + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
 
 
+def _answers(study: str | Path, identity: dict) -> tuple[dict[str, bool], dict[tuple[int, int], dict], bool]:
+    """A study's answers (prediction key -> right), its runs that gave them ((seed, fold) -> the run's result, its
+    predictions left out where cv.json is read) and whether they are the whole study: cv.json when it summarises the
+    seeds study.json names (a study kept under results/cv holds nothing else), else the runs finished so far."""
+    seeds = identity.get("seeds")
+    if _summarised(study, seeds):
+        found = read_study(study)
+        runs = {(f["seed"], f["fold"]): f for f in found.get("folds", []) if isinstance(f, dict) and "seed" in f}
+        if not runs and isinstance(seeds, list):  # a summary that does not list its runs: its design does
+            runs = {(seed, fold): {} for seed in seeds for fold in range(_runs_a_seed(identity))}
+        return found["photos"], runs, True
+    results = finished_results(study)
+    answers = {prediction_key(r["seed"], p["photo"]): p["right"] for r in results.values() for p in r["predictions"]}
+    return answers, results, False
+
+
+def _runs_a_seed(identity: dict) -> int:
+    """How many runs a study trains a seed: its folds (1 for a pool study)."""
+    folds = identity.get("folds")
+    return folds if isinstance(folds, int) and folds > 0 else 1
+
+
 def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
-    """Study B against study A: paired()'s result and its line (with the settings B changes); over the folds both
-    have finished when either study is not finished yet. Studies of another design, seeds or photos are refused."""
+    """Study B against study A: paired()'s result and its line (with the settings B changes); over the runs both have
+    finished when either is not finished yet, and over the seeds both hold when one holds more (a study grown by
+    seeds). Studies of another design, of no seed in common or of other photos are refused."""
     changed = check_comparable(a, b)
-    suffix = (f"; {b} changes {changed}" if changed else "") + other_chips(a, b)
     ia, ib = study_identity(a), study_identity(b)
+    answers_a, runs_a, whole_a = _answers(a, ia)
+    answers_b, runs_b, whole_b = _answers(b, ib)
     seeds_a, seeds_b = ia.get("seeds"), ib.get("seeds")
-    same_seeds = seeds_a == seeds_b or not ia or not ib  # a folder that does not say: its summary as it is
-    if same_seeds and _summarised(a, seeds_a) and _summarised(b, seeds_b):
-        result = paired(read_study(a)["photos"], read_study(b)["photos"])
-        return result, compare_line(result, str(a), str(b)) + suffix
-    folds_a, folds_b = finished_folds(a), finished_folds(b)
-    both = sorted(folds_a.keys() & folds_b.keys())
-    if not both:
-        raise StudyError(
-            f"{a} and {b} have no finished fold in common yet ({len(folds_a)} and {len(folds_b)} finished): "
-            "compare them once a fold has run in both"
-        )
-    result = paired(
-        {k: v for f in both for k, v in folds_a[f].items()}, {k: v for f in both for k, v in folds_b[f].items()}
-    )
     label = ""
-    shared = sorted(set(seeds_a) & set(seeds_b)) if seeds_a and seeds_b and seeds_a != seeds_b else None
-    if shared is not None:  # a study grown by more seeds against one of fewer: the seeds both hold
-        label = f" of seeds {', '.join(map(str, shared))}, which both studies hold"
-    folds = ia["folds"] if isinstance(ia.get("folds"), int) else 0
-    if shared is None or both != [(seed, fold) for seed in shared for fold in range(folds)]:
-        if len({seed for seed, _ in both}) > 1:
-            names = ", ".join(f"seed {seed} fold {fold}" for seed, fold in both)
-        else:
-            names = ("folds " if len(both) > 1 else "fold ") + ", ".join(str(fold) for _, fold in both)
-        label = f" of the folds both have finished, {names}" + (f";{label}" if label else "")
+    if whole_a and whole_b and (seeds_a == seeds_b or not ia or not ib):
+        result = paired(answers_a, answers_b)
+        both = sorted(runs_a.keys() & runs_b.keys())
+    else:
+        both = sorted(runs_a.keys() & runs_b.keys())
+        if not both:
+            raise StudyError(
+                f"{a} and {b} have no finished run in common yet ({len(runs_a)} and {len(runs_b)} finished): "
+                "compare them once a run of the same seed (and fold) has finished in both"
+            )
+        seeds = {seed for seed, _ in both}
+        common = [key for key in answers_a.keys() & answers_b.keys() if _seed_of(key) in seeds]
+        result = paired({k: answers_a[k] for k in common}, {k: answers_b[k] for k in common})
+        label = _paired_label(both, ia, seeds_a, seeds_b)
+    suffix = (f"; {b} changes {changed}" if changed else "") + other_chips(
+        a, b, runs_a, runs_b, both, ia.get("kind") == "pool"
+    )
     return result, compare_line(result, str(a), str(b), label) + suffix
 
 
-def trained_on(study: str | Path) -> set[str]:
-    """The chips a study's runs trained on (engine.processor, as each run's result records it; a run resumed on
-    another names both): from cv.json's folds, else the results written so far. Empty where no result says."""
-    folder = Path(study)
-    try:
-        results = json.loads((folder / "cv.json").read_text()).get("folds")
-    except (OSError, ValueError, AttributeError):
-        results = None
-    if not isinstance(results, list):
-        results = []
-        for path in [*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json"), *folder.glob("seed-*.json")]:
-            try:
-                results.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue  # a damaged result: finished_folds names it
-    return {r["processor"] for r in results if isinstance(r, dict) and isinstance(r.get("processor"), str)}
+def _seed_of(key: str) -> int | None:
+    head = key.split("/", 1)[0]
+    return int(head[1:]) if head.startswith("s") and head[1:].isdigit() else None
 
 
-def other_chips(a: str | Path, b: str | Path) -> str:
-    """'; trained on other chips (A: X; B: Y) ...' when the two studies' runs trained on different chips, whose
-    rounding alone moves photos between the two (results/studies.csv: the default on two CPU models from the same
-    seeds, -0.003 +- 0.012 on the pool); '' when they trained on the same, or a study does not say."""
-    chips_a, chips_b = trained_on(a), trained_on(b)
-    if not chips_a or not chips_b or chips_a == chips_b:
+def _paired_label(both: list[tuple[int, int]], identity: dict, seeds_a, seeds_b) -> str:
+    """Which runs a comparison of unfinished studies, or of studies of other seeds, paired, as its line says it: ' of
+    seeds 0, 1, which both studies hold' when those seeds' runs all paired, else ' of the folds (the seeds of a pool
+    study) both have finished, ...' naming each (its seed, and its fold in a CV study)."""
+    pool = identity.get("kind") == "pool"
+    shared = sorted(set(seeds_a or []) & set(seeds_b or []))
+    if shared and both == [(seed, fold) for seed in shared for fold in range(_runs_a_seed(identity))]:
+        return f" of seeds {', '.join(map(str, shared))}, which both studies hold" if seeds_a != seeds_b else ""
+    several = len(set(seeds_a or []) | set(seeds_b or []) | {seed for seed, _ in both}) > 1
+    if pool:
+        names = ("seeds " if len(both) > 1 else "seed ") + ", ".join(str(seed) for seed, _ in both)
+    elif several:
+        names = ", ".join(f"seed {seed} fold {fold}" for seed, fold in both)
+    else:
+        names = ("folds " if len(both) > 1 else "fold ") + ", ".join(str(fold) for _, fold in both)
+    return f" of the {'seeds' if pool else 'folds'} both have finished, {names}"
+
+
+def other_chips(a, b, runs_a: dict, runs_b: dict, paired_runs: list[tuple[int, int]], pool: bool = False) -> str:
+    """'; N of the M paired runs trained on other chips (...)' when runs that pair trained on different chips (each
+    run's result names its chip, engine.processor), whose rounding alone moves photos between the two
+    (results/studies.csv: the default on two CPU models from the same seeds, -0.003 +- 0.012 on the pool); '' when
+    every pair trained on one chip, or a run does not say."""
+    chips = [(unit, runs_a[unit].get("processor"), runs_b[unit].get("processor")) for unit in paired_runs]
+    other = [(unit, x, y) for unit, x, y in chips if isinstance(x, str) and isinstance(y, str) and x != y]
+    if not other:
         return ""
+    (seed, fold), x, y = other[0]
+    run = f"seed {seed}" + ("" if pool else f" fold {fold}")
     return (
-        f"; trained on other chips ({a}: {' and '.join(sorted(chips_a))}; {b}: {' and '.join(sorted(chips_b))}), "
-        "whose rounding alone moves photos: pair studies trained on one"
+        f"; {len(other)} of the {len(chips)} paired runs trained on other chips ({run}: {x} in {a}, {y} in {b}), "
+        "whose rounding alone moves photos: pair runs trained on one"
     )
 
 

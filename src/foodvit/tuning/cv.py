@@ -30,7 +30,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -53,14 +53,16 @@ from foodvit.tuning.folds import (
 )
 from foodvit.tuning.jobs import Task, fold_threads, plan, run_tasks
 from foodvit.tuning.study import (
-    STUDY_FILE,
     check_arithmetic,
     check_lender,
+    held_seeds,
     known_arithmetic,
     lender_run,
     one_arithmetic,
     open_study,
+    study_lock,
     study_settings,
+    training_arithmetic,
 )
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ class CvResult:
     ] = ()  # with --fold: the study's folds still without a result (of any seed); () once it is whole
 
     pool: str = ""  # a pool study's validation source ('' for cross-validation)
+    summarised: bool = True  # False: another process grew the study meanwhile, and writes its summary
 
     def line(self) -> str:
         k, seeds = len({f["fold"] for f in self.folds}), len({f["seed"] for f in self.folds})
@@ -136,6 +139,7 @@ def run_cv(
     units = study_units(split, folds, seeds, folds_dir, pool)
     todo = [u for u in units if only is None or u.fold in only]
     check_arithmetic(runs, units, todo, config)
+    check = same_seeds_check(runs, seeds, pool)
     results = []
     unit = "run" if pool is not None else "fold"
     with tqdm(total=len(todo), desc=f"{unit}s", unit=unit, disable=not progress, leave=False) as bar:
@@ -145,7 +149,16 @@ def run_cv(
                 run, lender = runs / u.name, lender_run(teachers, u)
                 try:
                     results.append(
-                        run_fold(config, run, u.folder, seed=u.seed, fold=u.fold, quiet=quiet, teacher_from=lender)
+                        run_fold(
+                            config,
+                            run,
+                            u.folder,
+                            seed=u.seed,
+                            fold=u.fold,
+                            quiet=quiet,
+                            teacher_from=lender,
+                            check=check,
+                        )
                     )
                 except FoldBusy:
                     busy.append(u)
@@ -225,7 +238,7 @@ def cross_validate(
         teachers = Path(teachers)
         with fold_threads(jobs):  # checked against the threads the folds will train on
             check_lender(teachers, study, identity, config)
-    grown = open_study(study, identity, grow=True)
+    grown = open_study(study, identity, grow=training_arithmetic(config))
     if grown is not None and grown != seed_list:
         logger.warning(
             f"{study}: grown from seeds {', '.join(map(str, grown))} to {', '.join(map(str, seed_list))}; the results "
@@ -255,23 +268,35 @@ def cross_validate(
         if left:
             return replace(result, left=tuple(sorted({fold for _, fold in left})))
         result, fold_results = run()
-    if not still_the_study(study, identity):
-        logger.warning(
-            f"{study} has grown to more seeds than {', '.join(map(str, seed_list))} while this ran: their results are "
-            "kept, and the process training its new seeds writes the study's summary"
-        )
-        return result
-    write_study(study, config, result, fold_results, identity)
+    with study_lock(study):  # a growth by another process changes study.json and the summary under the same lock
+        now = held_seeds(study)
+        if now is not None and now != seed_list:
+            logger.warning(
+                f"{study} has grown to seeds {', '.join(map(str, now))} while this ran: the results of seeds "
+                f"{', '.join(map(str, seed_list))} are kept, and the process training the new seeds writes the "
+                "study's summary"
+            )
+            return replace(result, summarised=False)
+        write_study(study, config, result, fold_results, identity)
     return result
 
 
-def still_the_study(study: Path, identity: dict) -> bool:
-    """Whether the study's folder still holds the study this process started (another process may have grown it by
-    seeds meanwhile, study.grow_study: its summary is then that process's to write)."""
-    try:
-        return json.loads((study / STUDY_FILE).read_text()).get("seeds") == identity["seeds"]
-    except (OSError, ValueError, AttributeError):
-        return True  # unreadable now: the summary is written, as it was before the study could grow
+def same_seeds_check(study: Path, seeds: list[int], pool) -> Callable[[], None] | None:
+    """What a fold of a one-seed CV study checks before it trains (run_fold's check): another process may have grown
+    the study by seeds, moving its runs from fold-K to seed-S/fold-K, where this process does not look; it then stops
+    rather than train a fold again under the old name. None where growth moves nothing (a pool study, several seeds)."""
+    if pool is not None or len(seeds) != 1:
+        return None
+    return functools.partial(_same_seeds, study, seeds)
+
+
+def _same_seeds(study: Path, seeds: list[int]) -> None:
+    now = held_seeds(study)
+    if now is not None and now != seeds:
+        raise StudyError(
+            f"{study} has grown to seeds {', '.join(map(str, now))} while this process ran on seed {seeds[0]}: it "
+            f"stops, its finished folds kept; run the same `foodvit cv` with --seeds {len(now)} to go on"
+        )
 
 
 def folds_left(study: Path, folds: int, seeds: list[int]) -> list[tuple[int, int]]:
@@ -357,28 +382,31 @@ def train_on_processes(
         if (only is not None and u.fold not in only) or (study / f"{u.name}.json").is_file():
             continue
         lent = lender_run(teachers, u)
-        fold = Task(_fold_task, (config, study / u.name, u.folder, u.seed, u.fold, lent))
+        check = same_seeds_check(study, seeds, pool)
+        fold = Task(_fold_task, (config, study / u.name, u.folder, u.seed, u.fold, lent, check))
         if lent is None and trains_teacher(config) and not (study / u.name / "checkpoint.pt").is_file():
             # the teacher a task of its own, the fold's queued when it ends: with 5 folds on 2 processes,
             # teachers 0 and 1, 2 and 3, teacher 4 beside fold 0, folds 1 and 2, folds 3 and 4
-            fold = Task(_teacher_task, (config, study / u.name, u.folder, u.seed), then=fold)
+            fold = Task(_teacher_task, (config, study / u.name, u.folder, u.seed, check), then=fold)
         tasks.append(fold)
     if tasks:
         run_tasks(tasks, plan(jobs, len(tasks)), progress=progress, firsts="teachers")
 
 
-def _teacher_task(config: RunConfig, run: Path, folder: Path, seed: int) -> None:
+def _teacher_task(config: RunConfig, run: Path, folder: Path, seed: int, check=None) -> None:
     """A fold's CNN teacher in a process of train_on_processes: its run started up to its first epoch (fold.start_fold),
     which the fold's own task, queued when this one has ended, resumes to learn what one task would have."""
     try:
-        start_fold(config, run, folder, seed=seed)
+        start_fold(config, run, folder, seed=seed, check=check)
     except FoldBusy:
         pass
 
 
-def _fold_task(config: RunConfig, run: Path, folder: Path, seed: int, fold: int, teacher_from: Path | None) -> None:
+def _fold_task(
+    config: RunConfig, run: Path, folder: Path, seed: int, fold: int, teacher_from: Path | None, check=None
+) -> None:
     """One fold in a process of train_on_processes; a fold another command's process holds is left to run_cv."""
     try:
-        run_fold(config, run, folder, seed=seed, fold=fold, quiet=True, teacher_from=teacher_from)
+        run_fold(config, run, folder, seed=seed, fold=fold, quiet=True, teacher_from=teacher_from, check=check)
     except FoldBusy:
         pass

@@ -16,6 +16,7 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -77,9 +78,11 @@ def run_fold(
     fold: int,
     quiet: bool = True,
     teacher_from: Path | None = None,
+    check: Callable[[], None] | None = None,
 ) -> dict:
     """A fold's result: trained (or resumed, or read when finished), then its held-out photos predicted.
-    teacher_from: the same fold's run in another study, whose CNN teacher this fold borrows."""
+    teacher_from: the same fold's run in another study, whose CNN teacher this fold borrows. check: called with the
+    fold's lock held, before it trains (it raises to stop the fold: its study changed under it)."""
     from foodvit.training.run import resume, train
 
     result_file = result_path(run)
@@ -90,6 +93,8 @@ def run_fold(
             finished := read_result(result_file)
         ) is not None:  # finished by another process between the look and the lock
             return finished
+        if check is not None:
+            check()
         return _run_fold(
             config,
             run,
@@ -115,15 +120,19 @@ def fold_config(config: RunConfig, folder: Path, seed: int) -> RunConfig:
     )
 
 
-def start_fold(config: RunConfig, run: Path, folder: Path, *, seed: int) -> None:
+def start_fold(
+    config: RunConfig, run: Path, folder: Path, *, seed: int, check: Callable[[], None] | None = None
+) -> None:
     """The fold's run started and trained up to its first epoch (its CNN teacher, its pre-training:
     training.run.train_stages), so that run_fold resumes it; nothing when the fold has a result or a run under way;
-    FoldBusy when another process is on it."""
+    FoldBusy when another process is on it. check: as run_fold's."""
     from foodvit.training.engine import silent
     from foodvit.training.run import train_stages
 
     with fold_lock(run):
         if read_result(result_path(run)) is None and not (run / "checkpoint.pt").is_file():
+            if check is not None:
+                check()
             _clear_unstarted(run)
             started = time.perf_counter()
             with _taken_as_busy(run):

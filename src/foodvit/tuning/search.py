@@ -157,8 +157,12 @@ class Objective:
             raise TrialCrashed(str(err)) from None
 
         here = training_arithmetic(config)
-        # trials another machine started since this search began (the study's database is what they share)
-        search_arithmetic(self.study_dir, trial.study.get_trials(deepcopy=False), here, this=trial.number)
+        try:  # trials another machine started since this search began (the study's database is what they share)
+            search_arithmetic(self.study_dir, trial.study.get_trials(deepcopy=False), here, this=trial.number)
+        except StudyError as err:  # the trial is run again by the next `foodvit tune`, on a machine of the study's kind
+            trial.set_user_attr("error", str(err)[:1000])
+            trial.set_user_attr("interrupted", True)
+            raise
         trial.set_user_attr("arithmetic", here)
         bind_trial(folder, trial_identity(config, self.split, self.folds), f"trial {trial.number}")
         # folds a trial run again finds finished are read, not run: their time is not this trial's

@@ -171,6 +171,11 @@ def _param(key: str, spec, config: RunConfig) -> Param:
         raise ConfigError("train.seed cannot be searched: the seed picks the folds, which every trial shares")
     if key == "data.source":
         raise ConfigError("data.source cannot be searched: a study is about one data set")
+    if key in ("train.amp", "train.device"):
+        raise ConfigError(
+            f"{key} cannot be searched: it says where and in which arithmetic the trials train, one for all of them "
+            f"(a search compares its trials in one); give it as an option of foodvit tune"
+        )
     if not isinstance(spec, dict) or not spec or set(spec) - SPACE_KEYS:
         raise ConfigError(
             f"{key} must be a table of low and high (and log, step) or of choices, e.g. {{low = 1, high = 4}}"

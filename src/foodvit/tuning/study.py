@@ -89,21 +89,22 @@ def check_folder(folder: Path) -> None:
         raise StudyError(f"{blocker} is a file; a study is a folder: choose a new or empty folder for --out")
 
 
-def open_study(folder: Path, identity: dict, *, grow: bool = False) -> list[int] | None:
+def open_study(folder: Path, identity: dict, *, grow: str | None = None) -> list[int] | None:
     """Make folder a study of `identity`, or check that it already is one: another data set,
     folds, seeds or settings are refused, never mixed in (settings added to foodvit since the study
-    started count at their defaults). grow: a study that differs only in holding fewer seeds, each of them among
-    identity's, grows to identity's seeds (grow_study); returns the seeds it held before (None when it did not grow)."""
+    started count at their defaults). grow: the arithmetic this process trains in (study.training_arithmetic), given
+    when the study may grow: one that differs only in holding fewer seeds, each of them among identity's, grows to
+    identity's seeds (grow_study). Returns the seeds it held before (None when it did not grow)."""
     check_folder(folder)
     path = folder / STUDY_FILE
     stored = read_identity(path)
     if stored is not None:
-        if (
-            grow
-            and stored.get("seeds") != identity["seeds"]
-            and not changes({**stored, "seeds": identity["seeds"]}, identity)
-        ):
-            return grow_study(folder, identity)
+        if (folder / GROWING_FILE).exists():
+            _finish_growing(folder)
+        held = stored.get("seeds")
+        if grow is not None and isinstance(held, list) and held != identity["seeds"]:
+            if not changes({**stored, "seeds": identity["seeds"]}, identity):
+                return grow_study(folder, identity, grow)
         shown = changes(stored, identity)
         if shown:
             raise StudyError(
@@ -124,68 +125,126 @@ def open_study(folder: Path, identity: dict, *, grow: bool = False) -> list[int]
 
 
 SUMMARY_FILES = ("cv.json", "cv.md", "predictions.jsonl")  # a study's summary of its runs' results (cv.write_study)
+GROWING_FILE = ".growing.json"  # a one-seed study's runs still to move under seed-S/ (grow_study)
 
 
-def grow_study(folder: Path, identity: dict) -> list[int]:
+def study_lock(folder: Path) -> FileLock:
+    """The lock under which a study's study.json and summary change (grow_study, cv's summary)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return FileLock(folder / ".study.lock")
+
+
+def held_seeds(folder: Path) -> list[int] | None:
+    """The seeds the study's study.json names now (None when it names none, or cannot be read)."""
+    try:
+        seeds = json.loads((folder / STUDY_FILE).read_text()).get("seeds")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return seeds if isinstance(seeds, list) else None
+
+
+def grow_study(folder: Path, identity: dict, here: str) -> list[int]:
     """A study grown by more seeds: `foodvit cv` with a larger --seeds (the same settings, photos and folds) keeps the
     runs of the seeds the study holds and trains the new ones, so a comparison that needs more seeds costs only those.
-    The study's summary (cv.json, cv.md, predictions.jsonl) is removed until the grown study has every result: it
-    spoke for the seeds it held. A study of one seed of folds names its runs fold-K and a study of several seeds
-    seed-S/fold-K (folds.fold_name): the first seed's runs move there, while no other process runs any of them. Study
-    files are changed under one lock, so two processes growing the study at once leave the larger study of the two.
-    Returns the seeds it held; a StudyError when those are not all among identity's."""
-    with FileLock(folder / ".study.lock"):
+    Refused, with nothing changed, for fewer or other seeds, or on a machine of another arithmetic than the study's
+    (`here`, against its arithmetic.json). The study's summary (cv.json, cv.md, predictions.jsonl) is removed: it spoke
+    for the seeds it held, and the grown study's is written once every seed has its result. A study of one seed of
+    folds names its runs fold-K and a study of several seeds seed-S/fold-K (folds.fold_name): the first seed's runs
+    move there under every fold's lock (refused while another process runs one of them). The grown study.json is
+    written before they move, and what is left to move is noted (GROWING_FILE) until it has, so a growth cut short
+    is finished by the next process that opens the study, and a one-seed command meanwhile is refused, never
+    trains those folds again. Returns the seeds it held."""
+    with study_lock(folder):
         stored = read_identity(folder / STUDY_FILE) or {}
         held, wanted = stored.get("seeds"), identity["seeds"]
         if held == wanted:  # another process grew it meanwhile
             return held
-        if not isinstance(held, list) or not set(held) < set(wanted):
-            count = len(held) if isinstance(held, list) else 1
+        if not isinstance(held, list):
             raise StudyError(
-                f"{folder} holds a study of seeds {held} and this asks for seeds {wanted}; a study keeps the seeds it "
-                f"holds: --seed {_first(held)} --seeds {count} resumes it, a larger --seeds grows it; for other seeds "
+                f"{folder} holds a study that names no seeds; a study is resumed only as it started: "
                 "choose another --out"
             )
-        if stored.get("kind") == "cv" and len(held) == 1:
-            _runs_under_their_seed(folder, held[0], int(stored.get("folds", 0)))
-        for name in SUMMARY_FILES:
-            (folder / name).unlink(missing_ok=True)
-        write_text(folder / STUDY_FILE, json.dumps(identity, indent=1))
+        if not set(held) < set(wanted):
+            raise StudyError(
+                f"{folder} holds a study of seeds {held} and this asks for seeds {wanted}; a study keeps the seeds it "
+                f"holds: --seed {held[0]} --seeds {len(held)} resumes it, a larger --seeds grows it; for other seeds "
+                "choose another --out"
+            )
+        # the study's arithmetic (its claim, else its results') before anything changes
+        results = [*folder.glob("fold-*.json"), *folder.glob("seed-*.json"), *folder.glob("seed-*/fold-*.json")]
+        written = (_written_arithmetic(path) for path in sorted(results))
+        theirs = claimed(folder) or next((kind for kind in written if kind), None)
+        if theirs is not None and theirs != here:
+            raise StudyError(
+                f"{folder} trains in {theirs} and this machine would train its new seeds in {here}; a study trains "
+                f"every run in one arithmetic: {_finish(theirs, here)}"
+            )
+        one_seed = stored.get("kind") == "cv" and len(held) == 1
+        with contextlib.ExitStack() as held_folds:
+            if one_seed:
+                folds = int(stored.get("folds", 0))
+                _take_folds(folder, held[0], folds, held_folds)
+                write_text(folder / GROWING_FILE, json.dumps({"seed": held[0], "folds": folds}))
+            write_text(folder / STUDY_FILE, json.dumps(identity, indent=1))
+            for name in SUMMARY_FILES:
+                (folder / name).unlink(missing_ok=True)
+            if one_seed:
+                _move_first_seed(folder, held[0], int(stored.get("folds", 0)))
         return held
 
 
-def _first(seeds) -> int:
-    return seeds[0] if isinstance(seeds, list) and seeds and isinstance(seeds[0], int) else 0
-
-
-def _runs_under_their_seed(folder: Path, seed: int, folds: int) -> None:
-    """A one-seed study's fold runs (fold-K, fold-K.json, .fold-K.stages.json) moved to where a study of several seeds
-    keeps them (seed-S/), under every fold's lock: a fold another process is running stops the growth before anything
-    moves."""
-    with contextlib.ExitStack() as held:
-        for k in range(folds):
-            try:
-                held.enter_context(fold_lock(folder / fold_name(seed, k, 1)))
-            except FoldBusy:
-                raise StudyError(
-                    f"{folder / fold_name(seed, k, 1)} is being run by another process; a study grows by seeds once "
-                    "no fold of it is running: run the command again when it has finished (or stopped)"
-                ) from None
-        moves = [
-            (where(folder / fold_name(seed, k, 1)), where(folder / fold_name(seed, k, 2)))
-            for k in range(folds)
-            for where in (lambda run: run, result_path, stages_file)
-        ]
-        moves = [(source, target) for source, target in moves if source.exists()]
-        clash = next((target for _, target in moves if target.exists()), None)
-        if clash is not None:
+def _take_folds(folder: Path, seed: int, folds: int, stack: contextlib.ExitStack) -> None:
+    """Every fold lock of a one-seed study's runs, held until `stack` closes; a StudyError when another process runs
+    one of them."""
+    for k in range(folds):
+        try:
+            stack.enter_context(fold_lock(folder / fold_name(seed, k, 1)))
+        except FoldBusy:
             raise StudyError(
-                f"{clash} exists where growing the study would move its first seed's run: move it away, and run the "
-                "study again"
-            )
-        for source, target in moves:
+                f"{folder / fold_name(seed, k, 1)} is being run by another process; a study grows by seeds once "
+                "no fold of it is running: run the command again when it has finished (or stopped)"
+            ) from None
+
+
+def _move_first_seed(folder: Path, seed: int, folds: int) -> None:
+    """A one-seed study's fold runs (fold-K, fold-K.json, .fold-K.stages.json) moved where a study of several seeds
+    keeps them (seed-S/), with its fold locks held; what has moved already is left (a growth cut short, finished
+    now). The note of what is left to move goes once all has."""
+    for k in range(folds):
+        for where in (lambda run: run, result_path, stages_file):
+            source, target = where(folder / fold_name(seed, k, 1)), where(folder / fold_name(seed, k, 2))
+            if not source.exists():
+                continue
+            if target.exists():
+                raise StudyError(
+                    f"{target} and {source} are both there: a grown study keeps its first seed's run in "
+                    f"{target.parent}; move one of them away, and run the study again"
+                )
             target.parent.mkdir(parents=True, exist_ok=True)
             source.rename(target)
+    (folder / GROWING_FILE).unlink(missing_ok=True)
+
+
+def _finish_growing(folder: Path) -> None:
+    """A growth cut short after its study.json: the first seed's runs still to move (GROWING_FILE), moved now; a note
+    whose study.json still names one seed (cut short before it was written) is dropped."""
+    with study_lock(folder), contextlib.ExitStack() as held_folds:
+        try:
+            note = json.loads((folder / GROWING_FILE).read_text())
+            seed, folds = int(note["seed"]), int(note["folds"])
+        except FileNotFoundError:
+            return  # another process finished it
+        except (OSError, ValueError, KeyError, TypeError):
+            raise StudyError(
+                f"{folder / GROWING_FILE} is damaged (not the note foodvit writes while a study grows); move the "
+                f"study's fold-K runs and their fold-K.json into {folder}/seed-S/ by hand, remove the note, and run "
+                "the study again"
+            ) from None
+        if len(held_seeds(folder) or []) < 2:
+            (folder / GROWING_FILE).unlink(missing_ok=True)
+            return
+        _take_folds(folder, seed, folds, held_folds)
+        _move_first_seed(folder, seed, folds)
 
 
 def bind_trial(folder: Path, identity: dict, what: str) -> None:
@@ -267,7 +326,8 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
     # each fold checks as it starts (training.teacher.lent_teacher)
     here = training_place(pick_device(config.train.device), 1, config)
     first = None  # the first teacher trained elsewhere, and how; the teachers are read until one serves here
-    for path in sorted([*teachers.glob(f"fold-*/{TEACHER_FILE}"), *teachers.glob(f"seed-*/fold-*/{TEACHER_FILE}")]):
+    runs = [f"fold-*/{TEACHER_FILE}", f"seed-*/fold-*/{TEACHER_FILE}", f"seed-*/{TEACHER_FILE}"]  # a pool study's too
+    for path in sorted(path for pattern in runs for path in teachers.glob(pattern)):
         # a file the glob found: read_teacher gives its state (None is for a missing file)
         where = place_changes(
             (read_teacher(path, lender.teacher.architecture, lent=True) or {}).get("trained_on"), here
@@ -416,21 +476,22 @@ def training_arithmetic(config: RunConfig) -> str:
 
 
 def search_arithmetic(study_dir: Path, trials, here: str, this: int | None = None) -> None:
-    """A tuning study compares its trials' accuracies, so its trials train in one arithmetic as a `cv` study's runs do:
-    a StudyError, before anything trains, when trials of the study (Optuna trials, each with its "arithmetic" user
-    attribute; `this`, the trial about to train, left out) trained in another than `here`. The study's database is
-    what machines sharing a search share, so the check reads it at the start and again at each trial's."""
-    theirs: dict[str, list[int]] = {}
-    for trial in trials:
-        kind = known_arithmetic(trial.user_attrs.get("arithmetic"))
-        if trial.number != this and kind and kind != here:
-            theirs.setdefault(kind, []).append(trial.number)
-    if theirs:
-        kind, numbers = next(iter(theirs.items()))
-        shown = ", ".join(map(str, numbers[:6])) + (" and more" if len(numbers) > 6 else "")
+    """A tuning study compares its trials' accuracies, so its trials train in one arithmetic as a `cv` study's runs do
+    (a search keeps one --amp and --device for all its trials: space.py): the arithmetic of its first trial that
+    records one (each trial's "arithmetic" user attribute; `this`, the trial about to train, left out). A StudyError,
+    before anything trains, where this machine would train in another (`here`). The study's database is what machines
+    sharing a search share, so the check reads it at the start and again at each trial's: of two machines of two kinds
+    that began their first trials at once, the one whose trial came second is refused at its next."""
+    recorded = sorted(
+        (trial.number, kind)
+        for trial in trials
+        if trial.number != this and (kind := known_arithmetic(trial.user_attrs.get("arithmetic")))
+    )
+    if recorded and recorded[0][1] != here:
+        number, kind = recorded[0]
         raise StudyError(
-            f"{study_dir}: trial{'s' if len(numbers) > 1 else ''} {shown} trained in {kind} and this machine would "
-            f"train in {here}; a search compares its trials in one arithmetic: {_finish(kind, here)}"
+            f"{study_dir}: its trials train in {kind} (trial {number}, its first) and this machine would train in "
+            f"{here}; a search compares its trials in one arithmetic: {_finish(kind, here)}"
         )
 
 
