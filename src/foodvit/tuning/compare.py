@@ -255,9 +255,10 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
     else:
         both = sorted(runs_a.keys() & runs_b.keys())
         if not both:
+            unit = "seed" if ia.get("kind") == "pool" else "fold"
             raise StudyError(
-                f"{a} and {b} have no finished run in common yet ({len(runs_a)} and {len(runs_b)} finished): "
-                "compare them once a run of the same seed (and fold) has finished in both"
+                f"{a} and {b} have no finished {unit} in common yet ({len(runs_a)} and {len(runs_b)} finished): "
+                f"compare them once a {unit} has run in both"
             )
         seeds = {seed for seed, _ in both}
         common = [key for key in answers_a.keys() & answers_b.keys() if _seed_of(key) in seeds]
