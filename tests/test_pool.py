@@ -374,6 +374,23 @@ def test_compare_says_when_runs_that_pair_trained_on_other_chips(tmp_path):
     assert "chips" not in compare.compare_studies(a, study("e", {0: "X"}))[1]  # a run that does not say
 
 
+def test_a_summary_of_fewer_seeds_than_its_study_holds_is_not_read(tmp_path):
+    """A study grown to seeds 0, 1, 2 whose cv.json still speaks for 0 and 1 (its growth cut short): --compare pairs its
+    runs' results, all three seeds, rather than the stale summary."""
+
+    def answers(seeds):
+        return {f"s{seed}/x/{i}": bool((i + seed) % 2) for seed in seeds for i in range(4)}
+
+    b = fake_study(tmp_path / "b", "pool", answers((0, 1, 2)), seeds=(0, 1, 2))
+    a = fake_study(tmp_path / "a", "pool", answers((0, 1)), seeds=(0, 1, 2))
+    (a / "cv.json").write_text(json.dumps({"photos": answers((0, 1)), "study": {"seeds": [0, 1]}}))
+    for seed in (0, 1, 2):
+        predictions = [{"photo": f"x/{i}", "right": bool((i + seed) % 2)} for i in range(4)]
+        (a / f"seed-{seed}.json").write_text(json.dumps({"seed": seed, "fold": 0, "predictions": predictions}))
+    result, line = compare.compare_studies(a, b)
+    assert result["n"] == 12 and "which both" not in line and "finished" not in line, line
+
+
 def test_compare_refuses_studies_scored_differently_and_names_the_settings_that_differ(tmp_path, capsys):
     answers = {"s0/x/1": True, "s0/x/2": False}
     cv5 = fake_study(tmp_path / "cv5", "cv", answers, folds=5, seeds=(0,))

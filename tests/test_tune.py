@@ -404,6 +404,122 @@ def test_a_growth_on_a_machine_of_another_arithmetic_is_refused_with_the_study_u
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if "folds" not in p.parts) == before
 
 
+def test_a_second_grower_finishes_a_growth_cut_short_before_it_trains(cv_study, photos, tmp_path, monkeypatch):
+    """Two processes grow a study at once; the first is killed after moving fold 0 alone. The second, which looked
+    before the first's note was there, finishes the move under the study's lock and trains only the new seed."""
+    import foodvit.training.run as trainer
+    from foodvit.tuning import study as study_module
+
+    out = tmp_path / "s"
+    shutil.copytree(cv_study["study"], out)
+    identity = {**json.loads((out / "study.json").read_text()), "seeds": [42, 43]}
+    here = json.loads((out / "fold-0.json").read_text())["arithmetic"]
+    real_move = study_module._move_first_seed
+
+    def killed_after_fold_0(folder, seed, folds):
+        real_move(folder, seed, 1)  # fold 0 moved (and the note dropped by it: put back), then kill -9
+        (folder / ".growing.json").write_text(json.dumps({"seed": seed, "folds": folds}))
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(study_module, "_move_first_seed", killed_after_fold_0)
+        with pytest.raises(KeyboardInterrupt):
+            study_module.grow_study(out, identity, here)
+    assert (out / "seed-42" / "fold-0.json").is_file() and (out / "fold-1.json").is_file()
+    # the second read study.json before the first wrote its note, and waited on the study's lock
+    assert study_module.grow_study(out, identity, here) == [42, 43]
+    assert (out / "seed-42" / "fold-1.json").is_file() and not (out / ".growing.json").exists()
+    real_train, started = trainer.train, []
+    monkeypatch.setattr(
+        trainer, "train", lambda config, run, **kw: started.append(str(run)) or real_train(config, run, **kw)
+    )
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(out), "--quiet", "--seeds", "2", *TINY]) == 0
+    assert sorted(Path(s).relative_to(out).as_posix() for s in started) == ["seed-43/fold-0", "seed-43/fold-1"]
+    assert not (out / ".growing.json").exists() and not (out / "fold-1.json").exists()
+
+
+def test_a_study_kept_without_its_runs_is_not_grown(cv_study, photos, tmp_path, capsys):
+    """A study kept for its answers (study.json, cv.json, cv.md, as results/cv keeps one): growing it would train its
+    seeds again, so it is refused with the summary kept."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for name in ("study.json", "cv.json", "cv.md"):
+        shutil.copy(cv_study["study"] / name, kept / name)
+    args = ["cv", "--data", str(photos), "--folds", "2", "--out", str(kept), "--quiet", "--seeds", "2", *TINY]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "but not their runs' results (fold-0, fold-1.json)" in err
+    assert sorted(p.name for p in kept.iterdir()) == [".study.lock", "cv.json", "cv.md", "study.json"]
+
+
+def test_a_fold_run_alone_in_a_study_grown_meanwhile_names_no_finished_fold_as_left(
+    cv_study, photos, tmp_path, monkeypatch, capsys
+):
+    from foodvit.tuning.study import grow_study, training_arithmetic
+
+    out = tmp_path / "f"
+    shutil.copytree(cv_study["study"], out)
+    for name in ("fold-1.json", "cv.json", "cv.md", "predictions.jsonl"):
+        (out / name).unlink()
+    shutil.rmtree(out / "fold-1")
+    real = cv.run_fold
+
+    def run_fold(*a, **k):  # another process grows the study as fold 1's result is written
+        found = real(*a, **k)
+        identity = json.loads((out / "study.json").read_text())
+        grow_study(out, {**identity, "seeds": [42, 43]}, training_arithmetic(build_config("tiny", {})))
+        return found
+
+    monkeypatch.setattr(cv, "run_fold", run_fold)
+    capsys.readouterr()
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(out), "--quiet", "--fold", "1", *TINY]) == 0
+    said = capsys.readouterr().out
+    assert "still to run" not in said and "the study grew meanwhile" in said, said
+    assert (out / "seed-42" / "fold-1.json").is_file()
+
+
+def test_a_fold_checks_its_study_under_its_lock_before_it_trains(cv_study, tmp_path):
+    """run_fold and start_fold (a --jobs teacher task) call `check` with the fold's lock held, before training; the
+    check a one-seed study's tasks get survives the trip to a worker process."""
+    import functools
+    import pickle
+
+    from foodvit.tuning.fold import run_fold, start_fold
+
+    def check():
+        raise StudyError("grown")
+
+    folder = cv_study["study"] / "folds" / "seed-42" / "fold-0"
+    for starts in (start_fold, functools.partial(run_fold, fold=0)):
+        with pytest.raises(StudyError, match="grown"):
+            starts(build_config("tiny", {}), tmp_path / "fold-0", folder, seed=42, check=check)
+        assert not (tmp_path / "fold-0").exists()
+    sent = pickle.loads(pickle.dumps(cv.same_seeds_check(tmp_path, [42], None)))
+    assert sent.func is cv._same_seeds and sent.args == (tmp_path, [42])
+    assert cv.same_seeds_check(tmp_path, [42, 43], None) is None and cv.same_seeds_check(tmp_path, [42], ("p",)) is None
+
+
+def test_a_studys_summary_is_written_under_its_lock(cv_study, photos, tmp_path, monkeypatch):
+    """The check of the study's seeds and the write of its summary hold the study's lock, the lock a growth holds."""
+    from filelock import FileLock, Timeout
+
+    out = tmp_path / "l"
+    shutil.copytree(cv_study["study"], out)
+    (out / "cv.json").unlink()
+    real, held = cv.write_study, []
+
+    def write_study(study, *a):
+        try:
+            FileLock(study / ".study.lock", timeout=0).acquire()
+        except Timeout:
+            held.append(True)
+        return real(study, *a)
+
+    monkeypatch.setattr(cv, "write_study", write_study)
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(out), "--quiet", *TINY]) == 0
+    assert held == [True] and (out / "cv.json").is_file()
+
+
 def test_a_lender_lends_the_teachers_of_the_seeds_it_holds(tmp_path):
     """A study lends a unit the teacher of its run of the unit's seed and fold, wherever it keeps that run (a
     one-seed CV study: fold-K), and none for a seed it does not hold."""
@@ -1454,6 +1570,9 @@ def test_a_search_compares_its_trials_in_one_arithmetic(photos, tmp_path, monkey
     trials = [
         SimpleNamespace(number=n, user_attrs={"arithmetic": kind}) for n, kind in enumerate([ours, other, "bf16"])
     ]
+    failed = SimpleNamespace(number=0, user_attrs={"arithmetic": other}, state=optuna.trial.TrialState.FAIL)
+    later = SimpleNamespace(number=1, user_attrs={"arithmetic": ours})
+    search_arithmetic(study_dir, [failed, later], ours)  # failed before its first fold, trial 0 trained nothing
     search_arithmetic(study_dir, trials, ours, this=3)  # the first trial's kind: goes on beside a later one's
     search_arithmetic(study_dir, trials, other, this=0)  # the trial about to train is left out; "bf16" is unknown
     with pytest.raises(StudyError, match=re.escape(f"train in {ours} (trial 0, its first) and this machine would")):

@@ -135,7 +135,8 @@ def cmd_cv(args: argparse.Namespace) -> int:
     elif not result.summarised:
         print(
             f"{result.line()}, over the seeds this process ran; the study grew meanwhile, and its summary is written "
-            "by the process training its new seeds"
+            "by the process training its new seeds (or by this command with the --seed and --seeds of "
+            f"{Path(args.out) / 'study.json'}, once they have run)"
         )
     else:
         print(f"{result.line()}; {Path(args.out) / 'cv.md'}")

@@ -264,6 +264,9 @@ def cross_validate(
     )
     result, fold_results = run(progress=progress, only=only)
     if only is not None:  # the study is written once it is whole: its other folds' results are then read, not trained
+        now = held_seeds(study)
+        if now is not None and now != seed_list:  # grown meanwhile: its runs are where the grown study keeps them
+            return replace(result, summarised=False)
         left = folds_left(study, folds, seed_list)
         if left:
             return replace(result, left=tuple(sorted({fold for _, fold in left})))
@@ -295,7 +298,8 @@ def _same_seeds(study: Path, seeds: list[int]) -> None:
     if now is not None and now != seeds:
         raise StudyError(
             f"{study} has grown to seeds {', '.join(map(str, now))} while this process ran on seed {seeds[0]}: it "
-            f"stops, its finished folds kept; run the same `foodvit cv` with --seeds {len(now)} to go on"
+            f"stops, its finished folds kept; run the same `foodvit cv` with --seed {now[0]} --seeds {len(now)} to go "
+            "on"
         )
 
 

@@ -155,6 +155,7 @@ def grow_study(folder: Path, identity: dict, here: str) -> list[int]:
     is finished by the next process that opens the study, and a one-seed command meanwhile is refused, never
     trains those folds again. Returns the seeds it held."""
     with study_lock(folder):
+        _finish_growing_locked(folder)  # a growth cut short (this process looked before its note was written)
         stored = read_identity(folder / STUDY_FILE) or {}
         held, wanted = stored.get("seeds"), identity["seeds"]
         if held == wanted:  # another process grew it meanwhile
@@ -180,17 +181,34 @@ def grow_study(folder: Path, identity: dict, here: str) -> list[int]:
                 f"every run in one arithmetic: {_finish(theirs, here)}"
             )
         one_seed = stored.get("kind") == "cv" and len(held) == 1
+        folds = int(stored.get("folds", 0) or 0)
+        missing = [name for name in _held_runs(stored) if not result_path(folder / name).is_file()]
+        if missing and (folder / "cv.json").is_file():
+            raise StudyError(
+                f"{folder} holds the summary of seeds {', '.join(map(str, held))} but not their runs' results "
+                f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}.json), as a study kept for its "
+                "answers alone does: growing it would train them again; grow the study where its runs are"
+            )
         with contextlib.ExitStack() as held_folds:
             if one_seed:
-                folds = int(stored.get("folds", 0))
                 _take_folds(folder, held[0], folds, held_folds)
-                write_text(folder / GROWING_FILE, json.dumps({"seed": held[0], "folds": folds}))
-            write_text(folder / STUDY_FILE, json.dumps(identity, indent=1))
-            for name in SUMMARY_FILES:
+            for name in SUMMARY_FILES:  # first: a summary of fewer seeds never outlives the growth
                 (folder / name).unlink(missing_ok=True)
             if one_seed:
-                _move_first_seed(folder, held[0], int(stored.get("folds", 0)))
+                write_text(folder / GROWING_FILE, json.dumps({"seed": held[0], "folds": folds}))
+            write_text(folder / STUDY_FILE, json.dumps(identity, indent=1))
+            if one_seed:
+                _move_first_seed(folder, held[0], folds)
         return held
+
+
+def _held_runs(stored: dict) -> list[str]:
+    """The names of the runs a study of `stored` (its study.json) holds: seed-S in a pool study, else
+    folds.fold_name's."""
+    seeds, folds = stored.get("seeds") or [], int(stored.get("folds", 0) or 0)
+    if stored.get("kind") == "pool":
+        return [f"seed-{seed}" for seed in seeds]
+    return [fold_name(seed, fold, len(seeds)) for seed in seeds for fold in range(folds)]
 
 
 def _take_folds(folder: Path, seed: int, folds: int, stack: contextlib.ExitStack) -> None:
@@ -218,7 +236,8 @@ def _move_first_seed(folder: Path, seed: int, folds: int) -> None:
             if target.exists():
                 raise StudyError(
                     f"{target} and {source} are both there: a grown study keeps its first seed's run in "
-                    f"{target.parent}; move one of them away, and run the study again"
+                    f"{target.parent}; keep the one whose fold-{k}.json holds a result (or the newer), move the other "
+                    "away, and run the study again"
                 )
             target.parent.mkdir(parents=True, exist_ok=True)
             source.rename(target)
@@ -228,17 +247,23 @@ def _move_first_seed(folder: Path, seed: int, folds: int) -> None:
 def _finish_growing(folder: Path) -> None:
     """A growth cut short after its study.json: the first seed's runs still to move (GROWING_FILE), moved now; a note
     whose study.json still names one seed (cut short before it was written) is dropped."""
-    with study_lock(folder), contextlib.ExitStack() as held_folds:
+    with study_lock(folder):
+        _finish_growing_locked(folder)
+
+
+def _finish_growing_locked(folder: Path) -> None:
+    """_finish_growing with the study's lock held."""
+    with contextlib.ExitStack() as held_folds:
         try:
             note = json.loads((folder / GROWING_FILE).read_text())
             seed, folds = int(note["seed"]), int(note["folds"])
         except FileNotFoundError:
-            return  # another process finished it
+            return  # none, or another process finished it
         except (OSError, ValueError, KeyError, TypeError):
             raise StudyError(
                 f"{folder / GROWING_FILE} is damaged (not the note foodvit writes while a study grows); move the "
-                f"study's fold-K runs and their fold-K.json into {folder}/seed-S/ by hand, remove the note, and run "
-                "the study again"
+                f"study's first seed's runs (fold-K/ and fold-K.json) into the folder seed-S/ of that seed beside "
+                "them, remove the note, and run the study again"
             ) from None
         if len(held_seeds(folder) or []) < 2:
             (folder / GROWING_FILE).unlink(missing_ok=True)
@@ -485,7 +510,7 @@ def search_arithmetic(study_dir: Path, trials, here: str, this: int | None = Non
     recorded = sorted(
         (trial.number, kind)
         for trial in trials
-        if trial.number != this and (kind := known_arithmetic(trial.user_attrs.get("arithmetic")))
+        if trial.number != this and (kind := known_arithmetic(trial.user_attrs.get("arithmetic"))) and _trained(trial)
     )
     if recorded and recorded[0][1] != here:
         number, kind = recorded[0]
@@ -493,6 +518,13 @@ def search_arithmetic(study_dir: Path, trials, here: str, this: int | None = Non
             f"{study_dir}: its trials train in {kind} (trial {number}, its first) and this machine would train in "
             f"{here}; a search compares its trials in one arithmetic: {_finish(kind, here)}"
         )
+
+
+def _trained(trial) -> bool:
+    """Whether a trial counts for its search's arithmetic: it finished a fold, or is training (one that failed before
+    its first fold trained nothing, and ties the search to no arithmetic)."""
+    state = getattr(getattr(trial, "state", None), "name", "RUNNING")
+    return state in ("RUNNING", "COMPLETE", "PRUNED") or bool(trial.user_attrs.get("fold_accuracy"))
 
 
 def _finish(theirs: str, here: str) -> str:
