@@ -216,6 +216,9 @@ def test_a_fold_that_trains_its_teacher_queues_it_as_a_task_before_its_own(tmp_p
 
     chain, alone = ("_teacher_task", "_fold_task"), ("_fold_task", None)
     assert queue(config) == [chain, chain, alone]
+    # each task of a one-seed study carries the check that stops it once another process has grown the study
+    checks = [t.args[-1] for t in queued["tasks"]] + [t.then.args[-1] for t in queued["tasks"] if t.then]
+    assert all(c.func is cv._same_seeds and c.args == (study, [0]) for c in checks) and len(checks) == 5
     assert queue(config, teachers=lender) == [chain, alone, alone]
     assert queue(with_settings(config, {"guidance.weight": 0.0})) == [alone, alone, alone]
 

@@ -290,6 +290,30 @@ def test_a_pool_study_grows_by_seeds_and_pairs_with_a_study_of_fewer_on_the_seed
     assert not (late / "cv.json").exists()
 
 
+@pytest.mark.slow  # a guided pool study; the CV lender's checks stay in the fast tier of test_tune
+def test_a_pool_lenders_teachers_trained_elsewhere_are_refused(photos, pool, tmp_path, capsys):
+    """A pool study lends its seeds' teachers (seed-S/teacher.pt) only where they trained as this study's would: one
+    trained with another number of threads is refused before the borrowing study's folder is made."""
+    import torch
+
+    from foodvit.rundir.directory import load_checkpoint
+
+    guided = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "2", "--guidance", "1"]
+    args = ["cv", "--data", str(photos), "--validate-on", str(pool), "--seed", "0", "--quiet", "--device", "cpu"]
+    lender = tmp_path / "lender"
+    assert main([*args, *guided, "--out", str(lender)]) == 0
+    teacher = load_checkpoint(lender / "seed-0" / "teacher.pt")
+    threads = torch.get_num_threads()
+    torch.save(
+        {**teacher, "trained_on": {**teacher["trained_on"], "threads": threads + 1}}, lender / "seed-0" / "teacher.pt"
+    )
+    capsys.readouterr()
+    assert main([*args, *guided, "--out", str(tmp_path / "b"), "--teachers", str(lender)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "trained its CNN teachers elsewhere" in err and "threads" in err, err
+    assert not (tmp_path / "b").exists()
+
+
 def test_pool_study_options_that_belong_to_cross_validation_are_refused(photos, pool, tmp_path, capsys):
     for extra, message in ((["--folds", "3"], "leave --folds out"), (["--fold", "0"], "leave --fold out")):
         assert (
