@@ -370,7 +370,8 @@ def results_page() -> str:
         "Pool studies of the default recipe and of one change to it (training seeds 0 and 1 unless the row says "
         "otherwise, all 225 training photos), paired photo by photo (answers: right only with the change / only "
         "without it, a photo under each seed). `results/cv/` keeps each study's answers, so `foodvit cv --compare` "
-        "pairs a new study with them without training again.",
+        "pairs a new study with them without training again; where it keeps each seed's result too (seed-S.json), "
+        "the kept study grows by more seeds (`foodvit cv ... --seeds N --out results/cv/NAME`) training only those.",
         "",
         table(
             [

@@ -314,6 +314,31 @@ def test_a_pool_lenders_teachers_trained_elsewhere_are_refused(photos, pool, tmp
     assert not (tmp_path / "b").exists()
 
 
+def test_a_study_the_bench_keeps_grows_by_seeds_without_training_the_seeds_it_holds(
+    pool_study, photos, pool, tmp_path, monkeypatch
+):
+    """bench/accuracy/pool.py keeps a pool study's seed results beside its summary, so the kept study grows: only the
+    new seed trains."""
+    from bench.accuracy import pool as bench_pool
+
+    import foodvit.training.run as trainer
+
+    monkeypatch.setattr(bench_pool, "RESULTS", tmp_path / "results")
+    kept = bench_pool.keep(pool_study)
+    assert sorted(p.name for p in kept.iterdir()) == ["cv.json", "cv.md", "seed-0.json", "seed-1.json", "study.json"]
+    real_train, started = trainer.train, []
+    monkeypatch.setattr(
+        trainer, "train", lambda config, run, **kw: started.append(Path(run).name) or real_train(config, run, **kw)
+    )
+    args = ["cv", "--data", str(photos), "--validate-on", str(pool), "--seed", "0", "--seeds", "3", *TINY, "--quiet"]
+    assert main([*args, "--device", "cpu", "--out", str(kept)]) == 0
+    assert started == ["seed-2"] and [f["seed"] for f in json.loads((kept / "cv.json").read_text())["folds"]] == [
+        0,
+        1,
+        2,
+    ]
+
+
 def test_pool_study_options_that_belong_to_cross_validation_are_refused(photos, pool, tmp_path, capsys):
     for extra, message in ((["--folds", "3"], "leave --folds out"), (["--fold", "0"], "leave --fold out")):
         assert (

@@ -29,11 +29,15 @@ DATA = "FoodVision Mini train split, 225 photos"
 
 
 def keep(study: Path) -> Path:
-    """The study's results (cv.json, study.json, cv.md) under results/cv/<name>/: every photo's answer, no models."""
+    """The study's results under results/cv/<name>/: cv.json, study.json, cv.md and each seed's result (seed-S.json,
+    every pool photo's probabilities), no models. With its seeds' results a kept study grows by more seeds
+    (`foodvit cv --seeds N --out results/cv/<name>` trains only the new ones), as a study kept without them cannot."""
     where = RESULTS / "cv" / study.name
     where.mkdir(parents=True, exist_ok=True)
     for name in ("cv.json", "study.json", "cv.md"):
         shutil.copy(study / name, where / name)
+    for result in sorted(study.glob("seed-*.json")):
+        shutil.copy(result, where / result.name)
     return where
 
 
