@@ -527,10 +527,10 @@ def test_a_lender_lends_the_teachers_of_the_seeds_it_holds(tmp_path):
     from foodvit.tuning.study import lender_run
 
     one, pool = tmp_path / "one", tmp_path / "pool"
-    for study, seeds, run in ((one, [3], "fold-1"), (pool, [3, 4], "seed-4")):
+    for study, seeds, run, kind in ((one, [3], "fold-1", "cv"), (pool, [3, 4], "seed-4", "pool")):
         (study / run).mkdir(parents=True)
         (study / run / "teacher.pt").write_bytes(b"")
-        (study / "study.json").write_text(json.dumps({"kind": "cv", "seeds": seeds, "folds": 2}))
+        (study / "study.json").write_text(json.dumps({"kind": kind, "seeds": seeds, "folds": 2}))
     assert lender_run(one, Unit(3, 1, tmp_path, "seed-3/fold-1")) == one / "fold-1"
     assert lender_run(one, Unit(3, 0, tmp_path, "seed-3/fold-0")) is None  # no teacher trained there yet
     assert lender_run(one, Unit(5, 1, tmp_path, "seed-5/fold-1")) is None  # a seed it does not hold

@@ -54,11 +54,17 @@ def by_seed(diffs: dict[str, float]) -> dict[int, float]:
     by more than one seed's paired standard error, and a lead of one seed alone has vanished over three."""
     seeds: dict[int, list[float]] = {}
     for key, value in diffs.items():
-        head = key.split("/", 1)[0]
-        if not (head.startswith("s") and head[1:].isdigit() and "/" in key):
+        seed = seed_of(key)
+        if seed is None:
             return {}
-        seeds.setdefault(int(head[1:]), []).append(value)
+        seeds.setdefault(seed, []).append(value)
     return {seed: statistics.mean(values) for seed, values in sorted(seeds.items())}
+
+
+def seed_of(key: str) -> int | None:
+    """The training seed a prediction key names (prediction_key's 's42/...'); None for a key without one."""
+    head, slash, _ = key.partition("/")
+    return int(head[1:]) if slash and head.startswith("s") and head[1:].isdigit() else None
 
 
 def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
@@ -119,8 +125,7 @@ def finished_results(study: str | Path) -> dict[tuple[int, int], dict]:
             f"{study} is no cross-validation study (no study.json); give a folder `foodvit cv --out` wrote"
         )
     found = {}
-    results = [*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json"), *folder.glob("seed-*.json")]
-    for path in sorted(results):
+    for path in result_files(folder):
         result = _result_file(path, ("seed", "fold", "predictions"))
         if not isinstance(result["predictions"], list) or not all(
             isinstance(p, dict) and "photo" in p and "right" in p for p in result["predictions"]
@@ -131,6 +136,13 @@ def finished_results(study: str | Path) -> dict[tuple[int, int], dict]:
             )
         found[(result["seed"], result["fold"])] = result
     return found
+
+
+def result_files(study: str | Path) -> list[Path]:
+    """Every run result a study folder holds: fold-K.json (one seed of folds), seed-S/fold-K.json (several), seed-S.json
+    (a pool study's), as tuning/folds.py names the runs."""
+    folder = Path(study)
+    return sorted([*folder.glob("fold-*.json"), *folder.glob("seed-*/fold-*.json"), *folder.glob("seed-*.json")])
 
 
 def finished_folds(study: str | Path) -> dict[tuple[int, int], dict[str, bool]]:
@@ -249,11 +261,10 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
     answers_b, runs_b, whole_b = _answers(b, ib)
     seeds_a, seeds_b = ia.get("seeds"), ib.get("seeds")
     label = ""
+    both = sorted(runs_a.keys() & runs_b.keys())
     if whole_a and whole_b and (seeds_a == seeds_b or not ia or not ib):
         result = paired(answers_a, answers_b)
-        both = sorted(runs_a.keys() & runs_b.keys())
     else:
-        both = sorted(runs_a.keys() & runs_b.keys())
         if not both:
             unit = "seed" if ia.get("kind") == "pool" else "fold"
             raise StudyError(
@@ -261,18 +272,13 @@ def compare_studies(a: str | Path, b: str | Path) -> tuple[dict, str]:
                 f"compare them once a {unit} has run in both"
             )
         seeds = {seed for seed, _ in both}
-        common = [key for key in answers_a.keys() & answers_b.keys() if _seed_of(key) in seeds]
+        common = [key for key in answers_a.keys() & answers_b.keys() if seed_of(key) in seeds]
         result = paired({k: answers_a[k] for k in common}, {k: answers_b[k] for k in common})
         label = _paired_label(both, ia, seeds_a, seeds_b)
     suffix = (f"; {b} changes {changed}" if changed else "") + other_chips(
         a, b, runs_a, runs_b, both, ia.get("kind") == "pool"
     )
     return result, compare_line(result, str(a), str(b), label) + suffix
-
-
-def _seed_of(key: str) -> int | None:
-    head = key.split("/", 1)[0]
-    return int(head[1:]) if head.startswith("s") and head[1:].isdigit() else None
 
 
 def _paired_label(both: list[tuple[int, int]], identity: dict, seeds_a, seeds_b) -> str:

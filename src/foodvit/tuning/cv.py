@@ -55,7 +55,7 @@ from foodvit.tuning.jobs import Task, fold_threads, plan, run_tasks
 from foodvit.tuning.study import (
     check_arithmetic,
     check_lender,
-    held_seeds,
+    grown_since,
     known_arithmetic,
     lender_run,
     one_arithmetic,
@@ -264,16 +264,15 @@ def cross_validate(
     )
     result, fold_results = run(progress=progress, only=only)
     if only is not None:  # the study is written once it is whole: its other folds' results are then read, not trained
-        now = held_seeds(study)
-        if now is not None and now != seed_list:  # grown meanwhile: its runs are where the grown study keeps them
+        if grown_since(study, seed_list):  # grown meanwhile: its runs are where the grown study keeps them
             return replace(result, summarised=False)
         left = folds_left(study, folds, seed_list)
         if left:
             return replace(result, left=tuple(sorted({fold for _, fold in left})))
         result, fold_results = run()
     with study_lock(study):  # a growth by another process changes study.json and the summary under the same lock
-        now = held_seeds(study)
-        if now is not None and now != seed_list:
+        now = grown_since(study, seed_list)
+        if now:
             logger.warning(
                 f"{study} has grown to seeds {', '.join(map(str, now))} while this ran: the results of seeds "
                 f"{', '.join(map(str, seed_list))} are kept, and the process training the new seeds writes the "
@@ -294,8 +293,8 @@ def same_seeds_check(study: Path, seeds: list[int], pool) -> Callable[[], None] 
 
 
 def _same_seeds(study: Path, seeds: list[int]) -> None:
-    now = held_seeds(study)
-    if now is not None and now != seeds:
+    now = grown_since(study, seeds)
+    if now:
         raise StudyError(
             f"{study} has grown to seeds {', '.join(map(str, now))} while this process ran on seed {seeds[0]}: it "
             f"stops, its finished folds kept; run the same `foodvit cv` with --seed {now[0]} --seeds {len(now)} to go "

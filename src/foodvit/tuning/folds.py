@@ -102,6 +102,11 @@ def fold_name(seed: int, fold: int, seeds: int) -> str:
     return f"fold-{fold}" if seeds == 1 else f"seed-{seed}/fold-{fold}"
 
 
+def run_name(seed: int, fold: int, seeds: int, pool: bool) -> str:
+    """A run of a study of `seeds` seeds: a pool study's seed-S (one run a seed), else its fold's (fold_name)."""
+    return f"seed-{seed}" if pool else fold_name(seed, fold, seeds)
+
+
 @dataclass(frozen=True)
 class Unit:
     """One run of a study: its seed, its fold (0 in a pool study), the folder of links it trains and is judged on,
@@ -120,9 +125,9 @@ def study_units(
     training photo, judged on the pool. folds_dir: the study's folder of folders of links (STUDY/folds)."""
     if pool is not None:
         folder = pool_folder(split, pool[1], folds_dir / "pool", pool[0].keys())
-        return [Unit(seed, 0, folder, f"seed-{seed}") for seed in seeds]
+        return [Unit(seed, 0, folder, run_name(seed, 0, len(seeds), pool=True)) for seed in seeds]
     return [
-        Unit(seed, index, folder, fold_name(seed, index, len(seeds)))
+        Unit(seed, index, folder, run_name(seed, index, len(seeds), pool=False))
         for seed in seeds
         for index, folder in enumerate(fold_folders(split, folds, seed, folds_dir))
     ]

@@ -20,8 +20,9 @@ from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.settings.layout import setting_key
 from foodvit.settings.run import RunConfig, settings_sectioned
+from foodvit.tuning.compare import result_files
 from foodvit.tuning.fold import FoldBusy, fold_lock, result_path, stages_file
-from foodvit.tuning.folds import Unit, fold_name
+from foodvit.tuning.folds import Unit, fold_name, run_name
 
 STUDY_FILE = "study.json"
 TRIAL_FILE = "trial.json"  # a tuning trial's folder: the settings its folds train with
@@ -134,6 +135,13 @@ def study_lock(folder: Path) -> FileLock:
     return FileLock(folder / ".study.lock")
 
 
+def grown_since(folder: Path, seeds: list[int]) -> list[int] | None:
+    """The seeds the study holds now when another process has grown it beyond `seeds` (the seeds this process
+    started with), else None."""
+    now = held_seeds(folder)
+    return now if now is not None and now != seeds else None
+
+
 def held_seeds(folder: Path) -> list[int] | None:
     """The seeds the study's study.json names now (None when it names none, or cannot be read)."""
     try:
@@ -172,8 +180,7 @@ def grow_study(folder: Path, identity: dict, here: str) -> list[int]:
                 "choose another --out"
             )
         # the study's arithmetic (its claim, else its results') before anything changes
-        results = [*folder.glob("fold-*.json"), *folder.glob("seed-*.json"), *folder.glob("seed-*/fold-*.json")]
-        written = (_written_arithmetic(path) for path in sorted(results))
+        written = (_written_arithmetic(path) for path in result_files(folder))
         theirs = claimed(folder) or next((kind for kind in written if kind), None)
         if theirs is not None and theirs != here:
             raise StudyError(
@@ -205,10 +212,9 @@ def grow_study(folder: Path, identity: dict, here: str) -> list[int]:
 def _held_runs(stored: dict) -> list[str]:
     """The names of the runs a study of `stored` (its study.json) holds: seed-S in a pool study, else
     folds.fold_name's."""
-    seeds, folds = stored.get("seeds") or [], int(stored.get("folds", 0) or 0)
-    if stored.get("kind") == "pool":
-        return [f"seed-{seed}" for seed in seeds]
-    return [fold_name(seed, fold, len(seeds)) for seed in seeds for fold in range(folds)]
+    seeds, pool = stored.get("seeds") or [], stored.get("kind") == "pool"
+    folds = 1 if pool else int(stored.get("folds", 0) or 0)
+    return [run_name(seed, fold, len(seeds), pool) for seed in seeds for fold in range(folds)]
 
 
 def _take_folds(folder: Path, seed: int, folds: int, stack: contextlib.ExitStack) -> None:
@@ -374,15 +380,18 @@ def lender_run(teachers: Path | None, unit: Unit) -> Path | None:
     if teachers is None:
         return None
     try:
-        seeds = (read_identity(teachers / STUDY_FILE) or {}).get("seeds")
+        lender = read_identity(teachers / STUDY_FILE) or {}
     except StudyError:
-        seeds = None
+        lender = {}
+    seeds = lender.get("seeds")
     if isinstance(seeds, list) and unit.seed not in seeds:
         return None
-    pool = "/" not in unit.name and unit.name.startswith("seed-")  # a pool study's seed-S
     # a folder that does not say its seeds (check_lender refuses one as a lender): the unit's own name
-    name = unit.name if pool or not isinstance(seeds, list) else fold_name(unit.seed, unit.fold, len(seeds))
-    run = teachers / name
+    run = teachers / (
+        run_name(unit.seed, unit.fold, len(seeds), lender.get("kind") == "pool")
+        if isinstance(seeds, list)
+        else unit.name
+    )
     return run if (run / TEACHER_FILE).is_file() else None
 
 
