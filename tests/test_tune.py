@@ -316,6 +316,12 @@ def test_a_study_grows_by_seeds_keeping_the_runs_of_those_it_holds(cv_study, pho
     assert main(args) == 2  # fewer seeds than it holds
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--seed 42 --seeds 2 resumes it, a larger --seeds grows it" in err
+    # a path to a fold's run written down before the growth leads to where the run is now
+    assert main(["train", "--resume", str(grown / "fold-1")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"foodvit train --resume {grown / 'seed-42' / 'fold-1'}" in err, err
+    assert main(["train", "--resume", str(grown / "fold-7")]) == 2  # no such fold: the usual refusal
+    assert "does not exist; --resume takes a run directory" in capsys.readouterr().err
 
     assert main(["cv", "--compare", str(one), str(grown)]) == 0
     line = capsys.readouterr().out

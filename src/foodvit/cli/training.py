@@ -85,8 +85,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         from pathlib import Path
 
+        from foodvit.errors import RunError
         from foodvit.rundir.directory import check_is_run
+        from foodvit.tuning.study import grown_run
 
+        moved = grown_run(Path(args.resume))
+        if moved is not None:
+            raise RunError(
+                f"{args.resume} does not exist: its study has grown to several seeds and keeps this run as {moved}; "
+                f"continue it with foodvit train --resume {moved}"
+            )
         check_is_run(Path(args.resume))  # before its name is printed as the run directory
         args.run_dir = args.resume
         say(f"run directory: {args.resume}")

@@ -151,6 +151,19 @@ def held_seeds(folder: Path) -> list[int] | None:
     return seeds if isinstance(seeds, list) else None
 
 
+def grown_run(run: Path) -> Path | None:
+    """Where a one-seed study's fold run (STUDY/fold-K) is now that the study has grown to several seeds and keeps
+    it as seed-S/fold-K, or None when `run` is there or is no such run: a path written down before the growth
+    still leads to the run."""
+    if run.exists() or not run.name.startswith("fold-") or not run.name[len("fold-") :].isdigit():
+        return None
+    for seed in held_seeds(run.parent) or []:
+        moved = run.parent / f"seed-{seed}" / run.name
+        if moved.is_dir():
+            return moved
+    return None
+
+
 def grow_study(folder: Path, identity: dict, here: str) -> list[int]:
     """A study grown by more seeds: `foodvit cv` with a larger --seeds (the same settings, photos and folds) keeps the
     runs of the seeds the study holds and trains the new ones, so a comparison that needs more seeds costs only those.
