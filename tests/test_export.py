@@ -280,3 +280,18 @@ def test_the_attention_output_reads_the_tokens_as_each_pooling_does(options, tmp
     backend = OnnxBackend(tmp_path / "m.onnx")
     assert np.abs(backend.attention(x) - predictor.backend.attention(x)).max() <= 1e-4
     assert relative_difference(backend(x), predictor.logits(x)) <= 1e-4
+
+
+def test_the_parity_check_takes_the_first_photos_given_as_its_help_says(run, tmp_path, capsys):
+    import foodvit.deploy.export as export_module
+    from foodvit.cli.main import build_parser
+
+    out, photos = run
+    given = sorted(photos.glob("*/*/*.jpg"))
+    assert len(given) > export_module.PARITY_PHOTOS
+    path = tmp_path / "model.pt"
+    assert main(["export", str(out), "--format", "torchscript", "--out", str(path), "--photos", *map(str, given)]) == 0
+    assert f"parity on {export_module.PARITY_PHOTOS} photos" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["export", "--help"])
+    assert f"the first {export_module.PARITY_PHOTOS} used" in " ".join(capsys.readouterr().out.split())

@@ -17,7 +17,8 @@ def register(sub) -> None:
         "export-web",
         help="a static web page that classifies photos in the browser (no server to run)",
         description="Writes index.html, its script, the model (.onnx, fp32 unless --quantize, with its attention "
-        "output), the preprocessing as an ONNX graph, the class names and model card (JSON), "
+        "output), the preprocessing and the attention overlay as two ONNX graphs, the class names and model card "
+        "(JSON), "
         f"ONNX Runtime Web {VERSION}'s JavaScript and WebAssembly, example photos and a README "
         "into a new or empty folder. The page needs no network: serve the folder from any static "
         "host, or locally with `python -m http.server`.",

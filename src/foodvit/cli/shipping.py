@@ -56,7 +56,10 @@ def _add_export(sub) -> None:
     )
     p.add_argument("--opset", type=count(Range(18, 30)), help="ONNX opset (default: the exporter's)")
     p.add_argument(
-        "--photos", nargs="+", metavar="PHOTO", help="photos for the parity check (default: the run's test photos)"
+        "--photos",
+        nargs="+",
+        metavar="PHOTO",
+        help="photos for the parity check, the first 8 used (default: a few of the run's test photos of each class)",
     )
     p.set_defaults(func=cmd_export)
 

@@ -29,7 +29,8 @@ def _add_cv(sub) -> None:
     p = sub.add_parser(
         "cv",
         help="k-fold cross-validation of a recipe over the training photos alone (never the test split)",
-        description="Each fold is a normal run inside STUDY (STUDY/fold-0, ...) trained on the other folds and "
+        description="Each fold is a normal run inside STUDY (STUDY/fold-0, ...; STUDY/seed-S/fold-0, ... with "
+        "several seeds) trained on the other folds and "
         "scored on its own; every held-out photo's prediction is kept. With --validate-on POOL, a pool study "
         "instead: one run a seed (STUDY/seed-0, ...) on every training photo, scored on the pool's photos (those "
         "whose content is also in the training data dropped and counted). Writes STUDY/cv.json, cv.md and "

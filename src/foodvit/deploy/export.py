@@ -16,9 +16,10 @@ that predicts without foodvit's PyTorch code.
 
 The destination is checked before anything is loaded: its name must end as its format's files do
 (SUFFIXES), an existing file is overwritten only with force=True (--force), and its folder must
-take a new file. Every export is checked right away against the PyTorch model on real photos (the run's test photos
-when at hand, else the photos given): the largest logit difference relative to the largest logit
-is printed; fp32 above 1e-4 fails the export and leaves no file behind. Needs `foodvit[export]`.
+take a new file. Every export is checked right away against the PyTorch model on real photos (the photos
+given, at most PARITY_PHOTOS, else a few of the run's test photos of each class): the largest logit
+difference relative to the largest logit is printed; fp32 above 1e-4 fails the export and leaves no file
+behind. Needs `foodvit[export]`.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def metadata(predictor, with_attention: bool = False, quantization: dict | None 
 
 
 def parity_inputs(predictor, photos=()) -> np.ndarray:
-    """Prepared real photos for the parity check: those given, else the run's test photos."""
+    """Prepared real photos for the parity check: the first PARITY_PHOTOS of those given, else as many of the run's
+    test photos, shared among its classes."""
     from foodvit.data.photos import load_or_explain
 
     chosen = [Path(p) for p in photos][:PARITY_PHOTOS]

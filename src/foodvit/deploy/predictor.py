@@ -140,7 +140,8 @@ class Predictor:
 
     @property
     def name(self) -> str:
-        """A short name for people: the variant or recipe and the size, e.g. 'default recipe, 5.4M parameters'."""
+        """A short name for people: the variant or recipe and the size, e.g. 'default recipe (6 blocks, D=192, 2.9M
+        parameters)'."""
         metrics = self.card.get("metrics", {})
         model = self.card.get("model", {})
         what = f"{metrics['recipe']} recipe" if metrics.get("recipe") else "ViT"

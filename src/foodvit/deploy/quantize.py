@@ -166,8 +166,9 @@ def quantize_int8(fp32: Path, out: Path, how: str, predictor, inputs: np.ndarray
 
 
 def describe(quantization: dict | None) -> str:
-    """The quantisation in words for the export's line, e.g. 'static int8 (chosen: 0.41 ms vs dynamic
-    0.52 ms, fp32 0.80 ms; top-1 agreement 100% vs 99%)'."""
+    """The quantisation in words for the export's line, e.g. 'static int8, chosen by measurement on 24
+    photos: single-photo latency 0.09 ms vs dynamic 0.12 ms (fp32 0.12 ms), top-1 agreement with fp32 100% vs 100%;
+    static calibrated on 18 training photos'."""
     if not quantization:
         return ""
     method = quantization["method"]

@@ -3,7 +3,7 @@ a run directory (PyTorch), or an exported .onnx file (ONNX Runtime; no PyTorch i
 
     GET  /          the demo page (Gradio): upload, paste or webcam a photo; top-k bars, the time
                     taken, the attention rollout over the crop the model saw, a model card
-    POST /predict   multipart form, field `file` -> {"label", "probabilities", "top_k", "seconds"}
+    POST /predict   multipart form, field `file` -> {"label", "probability", "probabilities", "top_k", "seconds"}
     GET  /health    {"status": "ok", "model", "classes"}
     Gradio's own API (/gradio_api/...) stays available for gradio_client.
 

@@ -139,7 +139,7 @@ class Objective:
     def held_names(self, trial) -> dict[str, Param]:
         """The space, each setting under the name the trial already holds a value for: a trial a study of the flat
         layout queued (its starting recipe, fixed params) or Optuna's stale-trial retry queued again (its params)
-        holds it under the flat name (config.MOVED), and keeps that value rather than drawing a new one."""
+        holds it under the flat name (settings.layout.MOVED), and keeps that value rather than drawing a new one."""
         frozen = trial.study.get_trials(deepcopy=False)[trial.number]
         old = {setting_key(name): name for name in {**frozen.system_attrs.get("fixed_params", {}), **frozen.params}}
         return {key: replace(p, key=old[key]) if key in old else p for key, p in self.space.items()}

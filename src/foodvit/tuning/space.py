@@ -121,7 +121,7 @@ SPACE_KEYS = {"low", "high", "log", "step", "choices"}
 def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
     """A TOML space file: a table per section, each setting a table of low/high (log, step) or
     choices, e.g. `[optim] lr = {low = 1e-4, high = 1e-2, log = true}` (a setting of the flat layout under
-    its flat name too, config.MOVED). Unknown settings and values the command line would refuse are refused
+    its flat name too, settings.layout.MOVED). Unknown settings and values the command line would refuse are refused
     here, in one line naming the file."""
     from foodvit.recipes import tomllib
 
@@ -152,8 +152,8 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
 
 
 def sectioned_space(space: dict[str, Param]) -> dict[str, Param]:
-    """A space whose settings may be named in the flat layout (config.MOVED), each under its section's name; one
-    setting given under both names is refused in one line."""
+    """A space whose settings may be named in the flat layout (settings.layout.MOVED), each under its section's
+    name; one setting given under both names is refused in one line."""
     named: dict[str, Param] = {}
     given: dict[str, str] = {}  # the name each setting was given under
     for name, param in space.items():

@@ -44,7 +44,7 @@ def objective_of(line: ObjectiveSettings) -> type[Objective]:
     ]
     if len(found) != 1:
         raise ImportError(
-            f"{module.__name__} holds {len(found)} Objectives whose settings are OBJECTIVE_SETTINGS[{line.name!r}]; "
+            f"{module.__name__} holds {len(found)} Objectives whose settings are the {line.name!r} line of OBJECTIVES; "
             "it should hold one"
         )
     return found[0]
