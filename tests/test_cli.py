@@ -216,6 +216,9 @@ def test_predict_reports_each_bad_photo_and_predicts_the_rest(run, capsys, tmp_p
         (["--teacher-size", "5000"], "argument --teacher-size: must be in [0, 1024], got 5000"),
         (["--test-size", "2048"], "argument --test-size: must be in [0, 1024], got 2048"),
         (["--start-size", "2048"], "argument --start-size: must be in [0, 1024], got 2048"),
+        # three numbers, each finite (a range with no ends once failed while writing its own message)
+        (["--mean", "nan,0.5,0.5"], "argument --mean: each must be a finite number, got nan,0.5,0.5"),
+        (["--std", "1,inf,1"], "argument --std: each must be > 0, got 1,inf,1"),
     ],
 )
 def test_out_of_range_options_are_refused_where_they_are_parsed(options, message, capsys, tmp_path):
@@ -233,6 +236,8 @@ def test_out_of_range_options_are_refused_where_they_are_parsed(options, message
         (["train", "--device", "tpu"], "--device must be auto, cpu, cuda, cuda:N or mps, got 'tpu'"),
         (["predict", "RUN", "x.jpg", "--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
         (["inspect", "RUN", "--images", "0", "--out", "x"], "argument --images: must be >= 1, got 0"),
+        # each seed trains every fold: a number no study needs is refused before a folder is made
+        (["cv", "--data", "RUN", "--seeds", "100000000", "--out", "RUN/s"], "argument --seeds: must be in [1, 100]"),
     ],
 )
 def test_other_bad_options_are_one_line(argv, message, capsys, tmp_path):
@@ -243,6 +248,7 @@ def test_other_bad_options_are_one_line(argv, message, capsys, tmp_path):
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert not (tmp_path / "s").exists()
 
 
 def test_the_same_ranges_hold_for_recipes_and_python():

@@ -250,6 +250,14 @@ def test_run_config_takes_the_model_settings_as_vit_settings_and_refuses_anythin
             '[teacher]\nname = "resnet34"\n',
             "unknown setting(s) [teacher] name; [teacher] has architecture, epochs, size",
         ),
+        # values of the wrong type, refused by the setting's type before they fail deep in training
+        ("model = 5\n", "model must be a paper name such as ViT-Ti/8 or ViT-B/16, got 5"),
+        ("[train]\nepochs = 1.5\n", "--epochs must be a whole number, got 1.5"),
+        ("[vit]\nimage_size = 32.5\n", "--image-size must be a whole number, got 32.5"),
+        ('[train]\namp = "yes"\n', "--amp must be true or false, got 'yes'"),
+        ('[teacher]\narchitecture = 18\n', "--teacher must be text, got 18"),
+        ("[data]\nmean = [0.5, inf, 0.5]\n", "--mean must be a finite number, got inf"),
+        ('[data]\nmean = "abc"\n', "--mean must be a finite number, got 'abc'"),
     ],
 )
 def test_a_section_written_wrong_in_a_recipe_is_named_as_the_recipe_writes_it(tmp_path, text, message):

@@ -64,7 +64,8 @@ def number_type(kind: type, allowed: Range | None = None, several: bool = False)
                 check_value("value", values, allowed)
             except ConfigError:
                 hint = f"; {allowed.hint}" if allowed.hint else ""
-                raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}{hint}") from None
+                each = "each " if several else ""
+                raise argparse.ArgumentTypeError(f"{each}must be {allowed}, got {text}{hint}") from None
         return values
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages

@@ -16,6 +16,7 @@ from foodvit.cli.common import (
 from foodvit.settings.fields import AT_LEAST_0, Range
 
 FOLDS = 5  # cv's --folds when not given
+MAX_SEEDS = 100  # cv's --seeds at most: a decision rests on a dozen or so, and each seed trains every fold
 
 
 def register(sub) -> None:
@@ -42,7 +43,7 @@ def _add_cv(sub) -> None:
     p.add_argument("--folds", type=count(Range(2)), help=f"folds (default {FOLDS}; none with --validate-on)")
     p.add_argument(
         "--seeds",
-        type=count(),
+        type=count(Range(1, MAX_SEEDS, hint="each seed trains every fold again; grow a study by a few at a time")),
         default=1,
         help="repeat with this many seeds (the recipe's seed and on; default 1); a larger number on an existing study "
         "grows it, training the new seeds only",

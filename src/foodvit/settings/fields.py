@@ -35,6 +35,8 @@ class Range:
         return True
 
     def __str__(self) -> str:
+        if self.lo is None and self.hi is None:
+            return "a finite number"
         if self.hi is None:
             return f"{'>' if self.lo_open else '>='} {self.lo:g}"
         if self.lo is None:
@@ -61,7 +63,8 @@ def check_value(flag: str, value, allowed: Range) -> None:
     """A ConfigError unless every number in value (a number or a tuple of them) is in range."""
     for v in value if isinstance(value, (tuple, list)) else (value,):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{flag} must be a number {allowed}, got {v!r}")
+            what = "a finite number" if allowed.lo is None and allowed.hi is None else f"a number {allowed}"
+            raise ConfigError(f"{flag} must be {what}, got {v!r}")
         if v not in allowed:
             raise ConfigError(f"{flag} must be {allowed}, got {v:g}" + (f"; {allowed.hint}" if allowed.hint else ""))
 
@@ -81,8 +84,29 @@ def flag_of(f) -> str:
     return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
 
 
+# what a field of each plain type takes, by its annotation's text, and those words for a message
+KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "a whole number"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "true or false"),
+    "str": ((str,), "text"),
+}
+
+
+def check_kind(f, value) -> None:
+    """A ConfigError unless value is of the field's plain type (int, float, bool, str; None where it may be):
+    a recipe's `epochs = 1.5` or `model = 5` is refused here rather than failing deep in training."""
+    kind = f.type.removesuffix(" | None") if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+    if kind not in KINDS or (value is None and f.type != kind):
+        return
+    types, words = KINDS[kind]
+    if not isinstance(value, types) or (isinstance(value, bool) and kind != "bool"):
+        raise ConfigError(f"{flag_of(f)} must be {words}, got {value!r}")
+
+
 def check_field(f, value) -> None:
-    """A ConfigError unless value lies in the field's range and among its choices (its metadata)."""
+    """A ConfigError unless value is of the field's type, lies in its range and among its choices (its metadata)."""
+    check_kind(f, value)
     if f.metadata.get("range") is not None:
         check_value(flag_of(f), value, f.metadata["range"])
     choices = f.metadata.get("choices")

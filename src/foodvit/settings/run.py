@@ -296,6 +296,10 @@ class RunConfig:
         def __getattr__(self, objective: str) -> Any: ...
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, str):
+            raise ConfigError(f"model must be a paper name such as ViT-Ti/8 or ViT-B/16, got {self.model!r}")
+        if not isinstance(self.recipe, str):
+            raise ConfigError(f"recipe must be a recipe's name or file, got {self.recipe!r}")
         if not isinstance(self.vit, VitSettings):
             raise ConfigError(
                 f"vit: expected the model's settings as VitSettings, got {type(self.vit).__name__}; "
@@ -369,7 +373,9 @@ def _build(cls, values: dict):
         raise ConfigError(f"[{section}] is a section of settings, e.g. {example}, not a {type(values).__name__}")
     if unknown := sorted(set(values) - set(known)):
         raise ConfigError(f"unknown setting(s) [{section}] {', '.join(unknown)}; [{section}] has {', '.join(known)}")
-    return cls(**{k: tuple(v) if isinstance(known[k].default, tuple) else v for k, v in values.items()})  # from lists
+    return cls(  # JSON and TOML give lists where the settings keep tuples
+        **{k: tuple(v) if isinstance(known[k].default, tuple) and isinstance(v, list) else v for k, v in values.items()}
+    )
 
 
 def objectives_on(config: RunConfig) -> tuple[ObjectiveSettings, ...]:
