@@ -221,7 +221,7 @@ def test_resume_and_out_agree_on_a_run_stopped_before_its_first_checkpoint(share
         assert "stopped before its first checkpoint" in err and f"remove {stopped}" in err
 
 
-@pytest.mark.parametrize("damage", ["garbage", "list", "no-predictions", "folder"])
+@pytest.mark.parametrize("damage", ["garbage", "list", "no-predictions", "folder", "null", "answer not true or false"])
 @pytest.mark.parametrize("where", ["fold-0.json", "cv.json"])
 def test_compare_with_a_damaged_result_file_is_one_line(tmp_path, capsys, damage, where):
     good = {"seed": 0, "fold": 0, "predictions": [{"photo": "pizza/1.jpg", "right": True}]}
@@ -240,6 +240,15 @@ def test_compare_with_a_damaged_result_file_is_one_line(tmp_path, capsys, damage
         target.write_bytes(b"\x00\xff{not json")
     elif damage == "list":
         target.write_text("[1, 2]")
+    elif damage == "null":  # valid JSON of the wrong shape once failed with a TypeError
+        target.write_text('{"photos": null}' if where == "cv.json" else '{"seed": 0, "fold": 0, "predictions": null}')
+    elif damage == "answer not true or false":
+        answer = '{"photo": "pizza/1.jpg", "right": "yes"}'
+        target.write_text(
+            '{"photos": {"s0/pizza/1.jpg": "yes"}}'
+            if where == "cv.json"
+            else f'{{"seed": 0, "fold": 0, "predictions": [{answer}]}}'
+        )
     else:
         target.write_text('{"seed": 0, "fold": 0}')
     if where == "cv.json":  # both finished, so cv.json is what is read
@@ -610,3 +619,30 @@ def test_a_command_whose_standard_output_is_full_says_so_in_one_line_and_nothing
         )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr  # nothing more at the interpreter's exit
     assert done.stderr.startswith("foodvit models: error: cannot write to standard output (No space left on device)")
+
+
+@pytest.mark.parametrize("settings", ["null", "[1]", '"lr"'])
+def test_compare_with_a_study_json_of_the_wrong_shape_is_one_line(tmp_path, capsys, settings):
+    # a study.json whose settings were not a table once failed with an AttributeError
+    good = {"seed": 0, "fold": 0, "predictions": [{"photo": "pizza/1.jpg", "right": True}]}
+    for name in ("a", "b"):
+        study = tmp_path / name
+        study.mkdir()
+        (study / "study.json").write_text('{"data": "abc", "folds": 2, "seeds": [0], "settings": {}}')
+        (study / "fold-0.json").write_text(__import__("json").dumps(good))
+    (tmp_path / "b" / "study.json").write_text(f'{{"data": "abc", "folds": 2, "seeds": [0], "settings": {settings}}}')
+    assert main(["cv", "--compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    err = one_line(capsys, "cv")
+    assert str(tmp_path / "b" / "study.json") in err and "damaged" in err
+
+
+def test_an_onnx_path_that_is_a_folder_says_so(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    folder = tmp_path / "model.onnx"
+    folder.mkdir()
+    photo = tmp_path / "photo.jpg"
+    from PIL import Image
+
+    Image.new("RGB", (48, 48), (120, 80, 40)).save(photo)
+    assert main(["predict", str(folder), str(photo)]) == 2
+    assert f"{folder} is a folder, not a file; give an .onnx file" in one_line(capsys, "predict")

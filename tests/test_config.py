@@ -255,7 +255,7 @@ def test_run_config_takes_the_model_settings_as_vit_settings_and_refuses_anythin
         ("[train]\nepochs = 1.5\n", "--epochs must be a whole number, got 1.5"),
         ("[vit]\nimage_size = 32.5\n", "--image-size must be a whole number, got 32.5"),
         ('[train]\namp = "yes"\n', "--amp must be true or false, got 'yes'"),
-        ('[teacher]\narchitecture = 18\n', "--teacher must be text, got 18"),
+        ("[teacher]\narchitecture = 18\n", "--teacher must be text, got 18"),
         ("[data]\nmean = [0.5, inf, 0.5]\n", "--mean must be a finite number, got inf"),
         ('[data]\nmean = "abc"\n', "--mean must be a finite number, got 'abc'"),
     ],

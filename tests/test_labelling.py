@@ -165,6 +165,9 @@ def test_an_out_file_of_another_model_or_top_k_is_refused_not_mixed(run, tree, t
     foreign.write_text("name,score\nx,1\n")
     assert main(["predict", str(run), str(tree / "z"), "--out", str(foreign), "--quiet"]) == 2
     assert f"{foreign} exists and was not written by foodvit predict" in capsys.readouterr().err
+    (tmp_path / "foreign.csv.meta.json").write_text("[1, 2]")  # JSON, but not the object predict writes
+    assert main(["predict", str(run), str(tree / "z"), "--out", str(foreign), "--quiet"]) == 2
+    assert f"{foreign} exists and was not written by foodvit predict" in capsys.readouterr().err
     assert out.read_text() == before and foreign.read_text() == "name,score\nx,1\n"
 
 

@@ -70,6 +70,19 @@ def test_a_pool_of_other_classes_or_only_training_photos_is_refused(photos, tmp_
         validation_pool(str(photos / "test"), listed)
 
 
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_a_missing_or_empty_pool_is_described_as_a_pool_is_laid_out(photos, tmp_path, where):
+    # the message once described a data set's train/ and test/ layout, which a pool need not have
+    listed = DataSource.parse(str(photos)).listed()
+    pool = tmp_path / "pool"
+    if where == "empty":
+        pool.mkdir()
+    with pytest.raises(DataError) as refused:
+        validation_pool(str(pool), listed)
+    says = "does not exist" if where == "missing" else "has no class folders"
+    assert str(refused.value).startswith(f"the validation source {pool} {says}; expected a folder of class folders")
+
+
 def test_train_validates_on_the_pool_and_reads_the_test_split_once(photos, pool, tmp_path, capsys):
     run = tmp_path / "run"
     assert (

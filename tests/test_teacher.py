@@ -138,3 +138,21 @@ def test_a_teachers_place_records_whether_it_trained_under_bf16(monkeypatch, nat
     assert (place_changes(on, off) == "") is not native
     if native:
         assert "bf16: True there, False here" in place_changes(on, off)
+
+
+@pytest.mark.parametrize("damage", ["{x", "[]", '{"train": {"epochs": 1.5}}'])
+def test_a_lenders_damaged_config_is_one_line_naming_it(tmp_path, damage):
+    # a lender's unreadable config.json once failed with a JSON traceback in the borrowing study's first fold
+    from foodvit.errors import RunError
+    from foodvit.recipes import load_recipe
+    from foodvit.training.teacher import borrowed_teacher
+
+    lender = tmp_path / "lender"
+    lender.mkdir()
+    (lender / "teacher.pt").write_bytes(b"a teacher")
+    (lender / "config.json").write_text(damage)
+    with pytest.raises(RunError) as refused:
+        borrowed_teacher(lender, load_recipe("default"))
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1 and str(lender / "config.json") in message
+    assert message.endswith("(it lends its CNN teacher to this run; or leave the teacher out)")

@@ -1832,3 +1832,28 @@ def test_a_space_given_in_python_under_the_old_names_is_searched_under_the_curre
             folds=2,
             space={"drloc.weight": Param("drloc.weight", 0.0, 1.0), "optim.drloc": Param("optim.drloc", 0.0, 1.0)},
         )
+
+
+GOOD_RESULT = {"seed": 0, "fold": 0, "accuracy": 1.0, "seconds": 1.0}
+GOOD_ANSWER = {"photo": "pizza/1.jpg", "label": "pizza", "right": True}
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        "{not json",
+        "[1, 2]",
+        json.dumps({**GOOD_RESULT, "predictions": None}),  # once failed in the summary with a TypeError
+        json.dumps({**GOOD_RESULT, "predictions": [{**GOOD_ANSWER, "right": "yes"}]}),
+        json.dumps({**GOOD_RESULT, "predictions": [{k: v for k, v in GOOD_ANSWER.items() if k != "label"}]}),
+        json.dumps({**GOOD_RESULT, "seed": "0", "predictions": [GOOD_ANSWER]}),
+    ],
+)
+def test_a_damaged_run_result_is_scored_again_from_its_run(tmp_path, damaged):
+    from foodvit.tuning.fold import read_result
+
+    path = tmp_path / "fold-0.json"
+    path.write_text(json.dumps({**GOOD_RESULT, "predictions": [GOOD_ANSWER]}))
+    assert read_result(path) == {**GOOD_RESULT, "predictions": [GOOD_ANSWER]}
+    path.write_text(damaged)
+    assert read_result(path) is None

@@ -20,7 +20,13 @@ from pathlib import Path
 
 from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.folders import Listing, is_food101, list_folder, list_split
+from foodvit.data.sources import FOOD101
 from foodvit.errors import DataError
+
+POOL_LAYOUT = (
+    "a folder of class folders (<root>/<class>/*.jpg), a set with train/ and test/ class folders, a .zip of either, "
+    "a URL of one, or food101"
+)
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,14 @@ def validation_pool(text: str, listed: Listed) -> Pool:
     whose photos of both splits count, or Food-101, optionally `:class,class`) as a Pool for the run whose data
     is `listed`: only the run's classes (another class is refused), its photos that are not in the run's data."""
     source = DataSource.parse(text)
+    local = Path(source.location).expanduser()
+    if source.location != FOOD101 and "://" not in source.location and not local.exists():
+        raise DataError(f"the validation source {text} does not exist; expected {POOL_LAYOUT}")
     root = source.root(quiet=True)
     if is_food101(root) or (root / "train").is_dir() or (root / "test").is_dir():
         parts = [list_split(root, split) for split in ("train", "test") if is_food101(root) or (root / split).is_dir()]
+    elif not any(p.is_dir() and not p.name.startswith(".") for p in root.iterdir()):
+        raise DataError(f"the validation source {text} has no class folders; expected {POOL_LAYOUT}")
     else:
         parts = [list_folder(root)]
     wanted = set(source.classes or ())

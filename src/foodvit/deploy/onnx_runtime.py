@@ -32,7 +32,8 @@ class OnnxBackend:
             raise RunError("running an .onnx model needs ONNX Runtime: pip install 'foodvit[onnx]'") from None
         path = Path(path)
         if not path.is_file():
-            raise RunError(f"{path} does not exist; give an .onnx file written by foodvit export")
+            what = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise RunError(f"{path} {what}; give an .onnx file written by foodvit export")
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads

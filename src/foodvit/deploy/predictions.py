@@ -80,6 +80,8 @@ def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
     meta_file = meta_path(path)
     try:
         stored = json.loads(meta_file.read_text())
+        if not isinstance(stored, dict):
+            raise ValueError("not the JSON object foodvit predict writes")
     except (OSError, ValueError):
         raise RunError(
             f"{path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "

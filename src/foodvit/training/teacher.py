@@ -16,7 +16,6 @@ would train.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -30,7 +29,7 @@ from foodvit.data.sampling import single_photo_share
 from foodvit.errors import ConfigError, RunError
 from foodvit.model.build import default_preprocess
 from foodvit.rundir.compare import differences
-from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, save_checkpoint
+from foodvit.rundir.directory import TEACHER_FILE, TEACHER_PROGRESS, load_checkpoint, read_config, save_checkpoint
 from foodvit.seeds import derive_seed
 from foodvit.settings.objectives import STUDENT_SETTINGS
 from foodvit.settings.run import TEACHERS, OptimConfig, RunConfig, reads_teacher
@@ -172,9 +171,11 @@ def borrowed_teacher(lender: Path, config: RunConfig) -> Path:
             f"{lender} holds no trained CNN teacher ({TEACHER_FILE} and config.json): give a distilled or guided "
             "run whose teacher has finished training, or leave the teacher out"
         )
-    shown = teacher_changes(
-        RunConfig.from_dict(json.loads((lender / "config.json").read_text()), where=str(lender / "config.json")), config
-    )
+    try:
+        settings = read_config(lender / "config.json")
+    except RunError as err:  # damaged: named in one line, as a run's own config.json is
+        raise RunError(f"{err} (it lends its CNN teacher to this run; or leave the teacher out)") from None
+    shown = teacher_changes(settings, config)
     if shown:
         raise RunError(
             f"{lender}'s CNN teacher was trained with other settings ({shown}); it is not the teacher this run "

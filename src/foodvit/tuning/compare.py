@@ -106,6 +106,20 @@ def _result_file(path: Path, keys: tuple[str, ...]) -> dict:
     return result
 
 
+def is_run_result(result) -> bool:
+    """Whether a run's written result (fold-K.json, seed-S.json) has the shape a study writes: its seed and fold whole
+    numbers, and its predictions a list of each photo's name and answer, right or not."""
+    return (
+        isinstance(result, dict)
+        and all(isinstance(result.get(key), int) and not isinstance(result[key], bool) for key in ("seed", "fold"))
+        and isinstance(result.get("predictions"), list)
+        and all(
+            isinstance(p, dict) and isinstance(p.get("photo"), str) and isinstance(p.get("right"), bool)
+            for p in result["predictions"]
+        )
+    )
+
+
 def read_study(study: str | Path) -> dict:
     """A finished study's cv.json (accuracy, folds, and each held-out photo right or wrong), or a one-line error."""
     path = Path(study) / "cv.json"
@@ -113,7 +127,14 @@ def read_study(study: str | Path) -> dict:
         raise StudyError(
             f"{study} holds no finished cross-validation (no cv.json); run `foodvit cv --out {study}` to finish it"
         )
-    return _result_file(path, ("photos",))
+    found = _result_file(path, ("photos",))
+    photos = found["photos"]
+    if not isinstance(photos, dict) or not all(isinstance(right, bool) for right in photos.values()):
+        raise StudyError(
+            f"{path} is damaged (its photos are not each photo's answer, right or not); remove it and run "
+            f"`foodvit cv --out {study}` to write it again from its runs"
+        )
+    return found
 
 
 def finished_results(study: str | Path) -> dict[tuple[int, int], dict]:
@@ -127,11 +148,9 @@ def finished_results(study: str | Path) -> dict[tuple[int, int], dict]:
     found = {}
     for path in result_files(folder):
         result = _result_file(path, ("seed", "fold", "predictions"))
-        if not isinstance(result["predictions"], list) or not all(
-            isinstance(p, dict) and "photo" in p and "right" in p for p in result["predictions"]
-        ):
+        if not is_run_result(result):
             raise StudyError(
-                f"{path} is damaged (its predictions are not photo/right pairs); remove it and run "
+                f"{path} is damaged (its seed, fold or predictions are not as a study writes them); remove it and run "
                 "`foodvit cv` on its study again to redo that part"
             )
         found[(result["seed"], result["fold"])] = result
@@ -187,6 +206,11 @@ def study_identity(study: str | Path) -> dict:
             continue  # absent or unreadable: the study's results say what they can
         if not isinstance(found, dict) or "data" not in found:
             continue
+        if not isinstance(found.get("settings", {}), dict) or not isinstance(found.get("seeds", []), list):
+            raise StudyError(
+                f"{path} is damaged (its settings or seeds are not as foodvit writes them): the study cannot be "
+                "compared; restore the file, or run the study again under a new --out"
+            )
         if "seed" in found and "seeds" not in found:  # a trial: one seed of folds
             found["seeds"] = [found["seed"]]
         return found

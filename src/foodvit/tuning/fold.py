@@ -26,6 +26,7 @@ from foodvit.errors import StudyError
 from foodvit.files import write_text
 from foodvit.rundir import directory as rundir
 from foodvit.settings.run import RunConfig
+from foodvit.tuning.compare import is_run_result
 from foodvit.tuning.folds import photo_key
 
 logger = logging.getLogger(__name__)
@@ -186,7 +187,11 @@ def read_result(path: Path) -> dict | None:
         result = json.loads(path.read_text())
     except (OSError, ValueError):
         result = None
-    if isinstance(result, dict) and {"seed", "fold", "predictions", "accuracy", "seconds"} <= result.keys():
+    if (
+        is_run_result(result)
+        and {"accuracy", "seconds"} <= result.keys()
+        and all(isinstance(p.get("label"), str) for p in result["predictions"])  # per_class reads it
+    ):
         return result
     logger.warning(f"{path} is damaged: the fold is scored again from its run")
     return None
