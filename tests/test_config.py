@@ -257,7 +257,9 @@ def test_run_config_takes_the_model_settings_as_vit_settings_and_refuses_anythin
         ('[train]\namp = "yes"\n', "--amp must be true or false, got 'yes'"),
         ("[teacher]\narchitecture = 18\n", "--teacher must be text, got 18"),
         ("[data]\nmean = [0.5, inf, 0.5]\n", "--mean must be a finite number, got inf"),
-        ('[data]\nmean = "abc"\n', "--mean must be a finite number, got 'abc'"),
+        ('[data]\nmean = "abc"\n', "--mean must be a list of numbers ([a, b, ...]), got 'abc'"),
+        ("[optim]\nbetas = 0.9\n", "--betas must be a list of numbers ([a, b, ...]), got 0.9"),
+        ("[data]\nstd = 2\n", "--std must be a list of numbers ([a, b, ...]), got 2"),
     ],
 )
 def test_a_section_written_wrong_in_a_recipe_is_named_as_the_recipe_writes_it(tmp_path, text, message):

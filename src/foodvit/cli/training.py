@@ -92,7 +92,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         moved = grown_run(Path(args.resume))
         if moved is not None:
             raise RunError(
-                f"{args.resume} does not exist: its study has grown to several seeds and keeps this run as {moved}; "
+                f"{args.resume} does not exist: its study, of several seeds, keeps this run as {moved}; "
                 f"continue it with foodvit train --resume {moved}"
             )
         check_is_run(Path(args.resume))  # before its name is printed as the run directory

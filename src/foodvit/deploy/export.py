@@ -72,8 +72,8 @@ def metadata(predictor, with_attention: bool = False, quantization: dict | None 
 
 
 def parity_inputs(predictor, photos=()) -> np.ndarray:
-    """Prepared real photos for the parity check: the first PARITY_PHOTOS of those given, else as many of the run's
-    test photos, shared among its classes."""
+    """Prepared real photos for the parity check: the first PARITY_PHOTOS of those given, else a few of the run's
+    test photos of each class (PARITY_PHOTOS // classes, at least one)."""
     from foodvit.data.photos import load_or_explain
 
     chosen = [Path(p) for p in photos][:PARITY_PHOTOS]

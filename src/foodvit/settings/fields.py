@@ -94,9 +94,12 @@ KINDS: dict[str, tuple[tuple[type, ...], str]] = {
 
 
 def check_kind(f, value) -> None:
-    """A ConfigError unless value is of the field's plain type (int, float, bool, str; None where it may be):
-    a recipe's `epochs = 1.5` or `model = 5` is refused here rather than failing deep in training."""
+    """A ConfigError unless value is of the field's plain type (int, float, bool, str; None where it may be), or a
+    list of them for a tuple's: a recipe's `epochs = 1.5` or `betas = 0.9` is refused here rather than failing deep in
+    training."""
     kind = f.type.removesuffix(" | None") if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+    if kind.startswith("tuple[") and not isinstance(value, (tuple, list)):  # its numbers are checked by its range
+        raise ConfigError(f"{flag_of(f)} must be a list of numbers ([a, b, ...]), got {value!r}")
     if kind not in KINDS or (value is None and f.type != kind):
         return
     types, words = KINDS[kind]
