@@ -1482,6 +1482,17 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
         # where and in which arithmetic the trials train: one for all of them
         ("[train]\namp = {choices = [true, false]}\n", "train.amp cannot be searched"),
         ('[train]\ndevice = {choices = ["cpu", "cuda"]}\n', "train.device cannot be searched"),
+        # what Optuna would fail on, or quietly change, refused before a trial runs
+        ("[vit]\ndepth = {low = 1, high = 4, log = true, step = 2}\n", "a log scale takes no step"),
+        (
+            "[vit]\ndepth = {low = 1, high = 4, step = 5}\n",
+            "high - low (3) must be a multiple of step 5, e.g. high = 1",
+        ),
+        ('[optim]\nlr = {low = 0.001, high = 0.01, log = "false"}\n', "log must be true or false, got 'false'"),
+        ("[optim]\nbetas = {choices = [[0.9, 0.999], [0.8, 0.99]]}\n", "choices must be single values"),
+        # choices checked as ranges are: on the patch grid, heads that divide the width
+        ("[vit]\nimage_size = {choices = [30, 32]}\n", "image_size choice 30 is not a multiple of the patch size 8"),
+        ("[vit]\nnum_heads = {choices = [3, 5]}\n", "5 heads do not divide the width 192"),
     ],
 )
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):

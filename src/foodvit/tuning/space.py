@@ -184,8 +184,15 @@ def _param(key: str, spec, config: RunConfig) -> Param:
         choices = spec["choices"]
         if set(spec) != {"choices"} or not isinstance(choices, list) or not choices:
             raise ConfigError(f"{key}: choices must be a non-empty list, alone")
+        if any(isinstance(c, (list, dict)) for c in choices):
+            raise ConfigError(
+                f"{key}: choices must be single values (numbers, text, true or false); a setting of several numbers "
+                "cannot be searched"
+            )
         for c in choices:
             check_setting(key, c)
+            if key == "vit.image_size":
+                check_on_patch_grid(f"{key} choice", c, base_values(config)["vit.patch_size"])
         param = Param(key, choices=tuple(choices))
     else:
         if not {"low", "high"} <= set(spec):
@@ -200,7 +207,9 @@ def _param(key: str, spec, config: RunConfig) -> Param:
             check_setting(key, bound)
         if not low < high:
             raise ConfigError(f"{key}: low must be below high, got {low} and {high}")
-        log = bool(spec.get("log", False))
+        log = spec.get("log", False)
+        if not isinstance(log, bool):
+            raise ConfigError(f"{key}: log must be true or false, got {log!r}")
         if log and low <= 0:
             raise ConfigError(f"{key}: a log scale needs low > 0, got {low}")
         step = spec.get("step")
@@ -212,7 +221,24 @@ def _param(key: str, spec, config: RunConfig) -> Param:
             check_on_patch_grid(f"{key} high", high, patch)
             step = step or patch
             check_on_patch_grid(f"{key} step", step, patch)
+        if step is not None and step > 1:
+            if log:
+                raise ConfigError(f"{key}: a log scale takes no step (Optuna draws it in steps of 1): drop log or step")
+            if (high - low) % step:
+                raise ConfigError(
+                    f"{key}: high - low ({high - low}) must be a multiple of step {step}, e.g. high = "
+                    f"{low + (high - low) // step * step}"
+                )
         param = Param(key, low if whole else float(low), high if whole else float(high), log, step)
+    if key == "vit.num_heads":
+        width = base_values(config)["vit.embed_dim"]
+        values = param.choices or range(int(param.bounds[0]), int(param.bounds[1]) + 1, param.step or 1)
+        bad = [h for h in values if width % h]
+        if bad:
+            raise ConfigError(
+                f"{key}: {bad[0]} heads do not divide the width {width} (each head gets D / h channels); give heads "
+                f"that do, e.g. {{choices = [{', '.join(str(h) for h in range(1, 13) if width % h == 0)}]}}"
+            )
     if key == "vit.embed_dim":
         heads = base_values(config)["vit.num_heads"]
         values = param.choices or range(int(param.bounds[0]), int(param.bounds[1]) + 1, param.step or 1)
