@@ -359,3 +359,50 @@ def test_a_killed_rank_stops_the_other_with_a_message_and_resume_finishes_the_ru
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert main(["train", *args, "--out", str(tmp_path / "whole")]) == 0
     assert_same_metrics(tmp_path / "whole", out)
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' in the environment is not a whole number"),
+        ({"WORLD_SIZE": "2", "RANK": "5"}, "RANK=5, LOCAL_RANK=0 and WORLD_SIZE=2 in the environment are no process"),
+        ({"WORLD_SIZE": "2", "RANK": "0"}, "WORLD_SIZE=2 in the environment, but not MASTER_ADDR and MASTER_PORT"),
+    ],
+)
+def test_torchruns_variables_set_wrong_by_hand_are_one_line(photos, tmp_path, monkeypatch, capsys, env, says):
+    # these once ended in a traceback from int() or from the process group's env:// rendezvous
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(photos), "--out", str(out), "--recipe", "tiny", "--epochs", "1", "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert says in err[-1] and "start the processes with torchrun" in err[-1] and "Traceback" not in "".join(err)
+    assert not out.exists()
+
+
+def test_a_rank_that_cannot_meet_the_others_says_so_in_one_line(photos, tmp_path):
+    """Rank 1 of 2 with nobody listening where the ranks meet: one line once --dist-timeout has passed."""
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    argv = ["train", "--data", str(photos), "--out", str(tmp_path / "run"), "--recipe", "tiny", "--epochs", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "foodvit", *argv, "--quiet", "--dist-timeout", "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert (
+        "rank 1: could not meet the other training processes at 127.0.0.1:" in last and "Traceback" not in done.stderr
+    )

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from foodvit.errors import ConfigError
+
 DEFAULT_TIMEOUT_S = 600  # how long a process waits for the others (a collective, their parts) before it stops
 
 
@@ -27,10 +29,23 @@ class Place:
         return self.rank == 0
 
 
+START = "start the processes with torchrun (e.g. torchrun --nproc-per-node 2 -m foodvit train ...), or unset them"
+
+
 def place() -> Place:
-    """This process's place, as torchrun's environment says (rank 0 of 1 without it)."""
-    return Place(
-        rank=int(os.environ.get("RANK", "0")),
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
-    )
+    """This process's place, as torchrun's environment says (rank 0 of 1 without it); a ConfigError in one line
+    when the variables cannot be torchrun's (not whole numbers, a rank outside the world)."""
+    values = {}
+    for name, default in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        text = os.environ.get(name, default)
+        try:
+            values[name] = int(text)
+        except ValueError:
+            raise ConfigError(f"{name}={text!r} in the environment is not a whole number; {START}") from None
+    here = Place(rank=values["RANK"], local_rank=values["LOCAL_RANK"], world_size=values["WORLD_SIZE"])
+    if here.world_size < 1 or not 0 <= here.rank < here.world_size or not 0 <= here.local_rank <= here.rank:
+        raise ConfigError(
+            f"RANK={here.rank}, LOCAL_RANK={here.local_rank} and WORLD_SIZE={here.world_size} in the environment are "
+            f"no process among the others (0 <= LOCAL_RANK <= RANK < WORLD_SIZE); {START}"
+        )
+    return here

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import re
 import signal
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from foodvit.errors import ConfigError, FoodVitError
-from foodvit.torchrun import DEFAULT_TIMEOUT_S, place
+from foodvit.torchrun import DEFAULT_TIMEOUT_S, START, place
 
 
 class PeerLost(FoodVitError, RuntimeError):
@@ -68,12 +69,25 @@ class Context:
         if chosen.type == "cuda":
             torch.cuda.set_device(chosen)
         if not dist.is_initialized():
+            missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+            if missing:
+                raise ConfigError(
+                    f"WORLD_SIZE={here.world_size} in the environment, but not {' and '.join(missing)}, where the "
+                    f"processes meet; {START}"
+                )
             backend = "nccl" if chosen.type == "cuda" else "gloo"
             timeout = datetime.timedelta(seconds=timeout_s)
-            if chosen.type == "cuda":  # bound to its GPU at once: NCCL's communicators start eagerly
-                dist.init_process_group(backend, timeout=timeout, device_id=chosen)
-            else:
-                dist.init_process_group(backend, timeout=timeout)
+            try:
+                if chosen.type == "cuda":  # bound to its GPU at once: NCCL's communicators start eagerly
+                    dist.init_process_group(backend, timeout=timeout, device_id=chosen)
+                else:
+                    dist.init_process_group(backend, timeout=timeout)
+            except (RuntimeError, ValueError, dist.DistError) as err:
+                raise PeerLost(
+                    f"rank {here.rank}: could not meet the other training processes at "
+                    f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} ({backend_reason(err).rstrip('.')}); "
+                    "are they running, and within --dist-timeout?"
+                ) from None
         context = cls(dist.get_rank(), dist.get_world_size(), local_rank, chosen)
         context._stop_cleanly_on_sigterm()
         return context
