@@ -646,3 +646,17 @@ def test_an_onnx_path_that_is_a_folder_says_so(tmp_path, capsys):
     Image.new("RGB", (48, 48), (120, 80, 40)).save(photo)
     assert main(["predict", str(folder), str(photo)]) == 2
     assert f"{folder} is a folder, not a file; give an .onnx file" in one_line(capsys, "predict")
+
+
+def test_a_folder_written_through_a_symbolic_link_lands_where_it_points(tmp_path):
+    # an export-web or export-space --out that linked to an empty folder was refused with "Not a directory"
+    from foodvit.files import atomic_folder
+
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    written = atomic_folder(link, lambda tmp: (Path(tmp) / "index.html").write_text("page"))
+    assert written == real and (real / "index.html").read_text() == "page"
+    assert link.is_symlink() and (link / "index.html").read_text() == "page"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # no staging folder left

@@ -353,7 +353,7 @@ def test_an_example_photos_url_names_its_file_whatever_its_class(label):
     assert unquote(urlsplit(url).path) == name  # what a browser asks the server for is the file itself
 
 
-def test_the_command_ships_fp32_unless_asked_for_int8(shared_run, tmp_path, monkeypatch):
+def test_the_command_ships_fp32_unless_asked_for_int8(shared_run, tmp_path, monkeypatch, capsys):
     from foodvit.cli.main import main
     from foodvit.deploy.web import site as web_site
 
@@ -367,6 +367,9 @@ def test_the_command_ships_fp32_unless_asked_for_int8(shared_run, tmp_path, monk
     assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "a")]) == 0
     assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "b"), "--quantize", "int8"]) == 0
     assert asked == [None, "int8"]
+    capsys.readouterr()
+    assert main(["export-web", str(shared_run[0]), "--out", str(tmp_path / "my site")]) == 0
+    assert f"cd '{tmp_path / 'my site'}' && python -m http.server" in capsys.readouterr().out  # pasted as one path
 
 
 def test_the_sites_readme_shows_class_and_folder_names_as_text():

@@ -640,12 +640,13 @@ def test_an_exported_spaces_readme_shows_class_names_as_text(hostile, tmp_path):
     assert f"classes: {names}\n" in readme.text
 
 
-def test_a_spaces_examples_are_named_after_their_class_when_its_photos_sit_in_subfolders(shared_run, tmp_path):
+def test_a_spaces_examples_are_named_after_their_class_when_its_photos_sit_in_subfolders(shared_run, tmp_path, capsys):
     from helpers import CLASSES, renamed_run
 
     run, _ = renamed_run(shared_run, tmp_path, CLASSES, sub="phone")  # test/pizza/phone/000.jpg, ...
-    assert main(["export-space", str(run), str(tmp_path / "space"), "--examples", "1"]) == 0
-    names = sorted(p.name for p in (tmp_path / "space" / "examples").iterdir())
+    assert main(["export-space", str(run), str(tmp_path / "my space"), "--examples", "1"]) == 0
+    assert f"cd '{tmp_path / 'my space'}' && python app.py" in capsys.readouterr().out  # pasted as one path
+    names = sorted(p.name for p in (tmp_path / "my space" / "examples").iterdir())
     assert names == ["00-pizza.jpg", "01-steak.jpg", "02-sushi.jpg"]  # they had all been named 0x-phone.jpg
 
 

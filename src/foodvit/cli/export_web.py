@@ -4,6 +4,7 @@ browser by ONNX Runtime Web (the library side: deploy/web/)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from foodvit.cli.common import count, need
 from foodvit.settings.fields import Range
@@ -76,7 +77,7 @@ def cmd_export_web(args: argparse.Namespace) -> int:
         f"(ONNX Runtime Web itself runs only in a browser): {same}"
     )
     print(
-        f"open it: cd {result['path']} && python -m http.server 8000, then http://localhost:8000/ ; "
+        f"open it: cd {shlex.quote(str(result['path']))} && python -m http.server 8000, then http://localhost:8000/ ; "
         "publish: copy the folder to any static host (see its README.md)"
     )
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -249,7 +250,7 @@ def cmd_export_space(args: argparse.Namespace) -> int:
         )
     what = " (ONNX Runtime, no PyTorch)" if args.onnx else ""
     print(
-        f"Space ready in {folder}{what}: cd {folder} && python app.py  (offline, http://127.0.0.1:7860/); "
-        "to publish, push the folder to a Hugging Face Space"
+        f"Space ready in {folder}{what}: cd {shlex.quote(str(folder))} && python app.py  "
+        "(offline, http://127.0.0.1:7860/); to publish, push the folder to a Hugging Face Space"
     )
     return 0
