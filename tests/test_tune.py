@@ -1486,13 +1486,18 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
         ("[vit]\ndepth = {low = 1, high = 4, log = true, step = 2}\n", "a log scale takes no step"),
         (
             "[vit]\ndepth = {low = 1, high = 4, step = 5}\n",
-            "high - low (3) must be a multiple of step 5, e.g. high = 1",
+            "high - low (3) must be a multiple of step 5, e.g. high = 6",
         ),
         ('[optim]\nlr = {low = 0.001, high = 0.01, log = "false"}\n', "log must be true or false, got 'false'"),
         ("[optim]\nbetas = {choices = [[0.9, 0.999], [0.8, 0.99]]}\n", "choices must be single values"),
         # choices checked as ranges are: on the patch grid, heads that divide the width
         ("[vit]\nimage_size = {choices = [30, 32]}\n", "image_size choice 30 is not a multiple of the patch size 8"),
         ("[vit]\nnum_heads = {choices = [3, 5]}\n", "5 heads do not divide the width 192"),
+        (
+            "[vit]\nnum_heads = {choices = [4, 5]}\nembed_dim = {choices = [240, 256]}\n",
+            "5 heads do not divide the width 256",
+        ),
+        ("[vit]\nimage_size = {low = 32, high = 96, log = true}\n", "moves in steps of the patch size (8)"),
     ],
 )
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
@@ -1868,3 +1873,13 @@ def test_a_damaged_run_result_is_scored_again_from_its_run(tmp_path, damaged):
     assert read_result(path) == {**GOOD_RESULT, "predictions": [GOOD_ANSWER]}
     path.write_text(damaged)
     assert read_result(path) is None
+
+
+def test_a_space_searching_heads_and_widths_together_is_checked_pair_by_pair(tmp_path):
+    # each was once checked against the recipe's other (192 wide, 3 heads): a space whose every pair divides was refused
+    from foodvit.recipes import load_recipe
+    from foodvit.tuning.space import read_space
+
+    space = tmp_path / "space.toml"
+    space.write_text("[vit]\nnum_heads = {choices = [3, 5]}\nembed_dim = {choices = [240, 480]}\n")
+    assert set(read_space(space, load_recipe("tiny"))) == {"vit.num_heads", "vit.embed_dim"}

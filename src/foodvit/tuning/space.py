@@ -146,6 +146,7 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
         if not space:
             raise ConfigError("no settings to search; e.g. [optim] lr = {low = 1e-4, high = 1e-2, log = true}")
         _check_needs(space, config)
+        _check_heads(space, config)
         return space
     except ConfigError as err:
         raise ConfigError(f"space file {path}: {err}") from None
@@ -222,33 +223,49 @@ def _param(key: str, spec, config: RunConfig) -> Param:
             step = step or patch
             check_on_patch_grid(f"{key} step", step, patch)
         if step is not None and step > 1:
+            if log and key == "vit.image_size":
+                raise ConfigError(
+                    f"{key} moves in steps of the patch size ({step}), which a log scale cannot take: drop log"
+                )
             if log:
                 raise ConfigError(f"{key}: a log scale takes no step (Optuna draws it in steps of 1): drop log or step")
             if (high - low) % step:
+                fits = low + max(1, (high - low) // step) * step
                 raise ConfigError(
-                    f"{key}: high - low ({high - low}) must be a multiple of step {step}, e.g. high = "
-                    f"{low + (high - low) // step * step}"
+                    f"{key}: high - low ({high - low}) must be a multiple of step {step}, e.g. high = {fits}"
                 )
         param = Param(key, low if whole else float(low), high if whole else float(high), log, step)
-    if key == "vit.num_heads":
-        width = base_values(config)["vit.embed_dim"]
-        values = param.choices or range(int(param.bounds[0]), int(param.bounds[1]) + 1, param.step or 1)
-        bad = [h for h in values if width % h]
-        if bad:
-            raise ConfigError(
-                f"{key}: {bad[0]} heads do not divide the width {width} (each head gets D / h channels); give heads "
-                f"that do, e.g. {{choices = [{', '.join(str(h) for h in range(1, 13) if width % h == 0)}]}}"
-            )
-    if key == "vit.embed_dim":
-        heads = base_values(config)["vit.num_heads"]
-        values = param.choices or range(int(param.bounds[0]), int(param.bounds[1]) + 1, param.step or 1)
-        bad = [w for w in values if w % heads]
-        if bad:
-            raise ConfigError(
-                f"{key}: width {bad[0]} is not a multiple of the {heads} heads (each head gets D / h channels); "
-                f"give choices that are, e.g. {{choices = [{heads * 32}, {heads * 64}]}}"
-            )
     return param
+
+
+def _values(param: Param) -> list:
+    """Every value a whole-number setting's Param may draw."""
+    if param.choices is not None:
+        return list(param.choices)
+    low, high = param.bounds
+    return list(range(int(low), int(high) + 1, param.step or 1))
+
+
+def _check_heads(space: dict[str, Param], config: RunConfig) -> None:
+    """Refuse a space in which some trial would draw a width that its heads do not divide (each head gets D / h
+    channels): the widths and heads it searches, or the recipe's where it searches only one of the two."""
+    if "vit.num_heads" not in space and "vit.embed_dim" not in space:
+        return
+    base = base_values(config)
+    widths = _values(space["vit.embed_dim"]) if "vit.embed_dim" in space else [base["vit.embed_dim"]]
+    heads = _values(space["vit.num_heads"]) if "vit.num_heads" in space else [base["vit.num_heads"]]
+    for w in widths:
+        for h in heads:
+            if h and w % h:
+                if "vit.num_heads" not in space:
+                    raise ConfigError(
+                        f"vit.embed_dim: width {w} is not a multiple of the {h} heads (each head gets D / h channels); "
+                        f"give choices that are, e.g. {{choices = [{h * 32}, {h * 64}]}}"
+                    )
+                raise ConfigError(
+                    f"vit.num_heads: {h} heads do not divide the width {w} a trial may draw (each head gets D / h "
+                    "channels); give heads and widths of which every pair divides"
+                )
 
 
 # A setting that needs an objective on -> (the objective's weight, what a value other than the off one asks
