@@ -657,6 +657,12 @@ def test_a_folder_written_through_a_symbolic_link_lands_where_it_points(tmp_path
     link = tmp_path / "link"
     link.symlink_to(real)
     written = atomic_folder(link, lambda tmp: (Path(tmp) / "index.html").write_text("page"))
-    assert written == real and (real / "index.html").read_text() == "page"
+    assert written == link and (real / "index.html").read_text() == "page"
     assert link.is_symlink() and (link / "index.html").read_text() == "page"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # no staging folder left
+    for name, points_to in (("dangling", tmp_path / "nowhere" / "a"), ("loop", tmp_path / "loop")):
+        (tmp_path / name).symlink_to(points_to)  # no folder: refused as before, nothing made where it points
+        with pytest.raises(OSError) as refused:
+            atomic_folder(tmp_path / name, lambda tmp: None)
+        assert refused.value.filename == str(tmp_path / name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "link", "loop", "real"]

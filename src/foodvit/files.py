@@ -115,11 +115,11 @@ def file_above(path: Path) -> Path | None:
 
 def atomic_folder(target: Path, fill) -> Path:
     """Call fill(tmp_folder), then rename it to `target`; on failure nothing is left behind. The
-    folder gets 0777 less the umask, as mkdir gives. A `target` that is a symbolic link is written where it
-    points (the rename would otherwise meet the link, not the folder)."""
-    target = Path(target)
-    if target.is_symlink():
-        target = target.resolve()
+    folder gets 0777 less the umask, as mkdir gives. A `target` that is a symbolic link to a folder is written
+    where it points (the rename would otherwise meet the link, not the folder); returns `target` as given."""
+    given = target = Path(target)
+    if target.is_symlink() and target.is_dir():  # a dangling link, or one in a loop, is no folder: refused below
+        target = Path(os.path.realpath(target))
     blocker = file_above(target)
     if blocker is not None:  # an OSError as mkdir's own, with the file that stands in the way named
         raise NotADirectoryError(errno.ENOTDIR, f"{blocker} is a file, so no folder can be made under it", str(target))
@@ -138,4 +138,4 @@ def atomic_folder(target: Path, fill) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
+    return given

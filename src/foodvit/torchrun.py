@@ -43,9 +43,9 @@ def place() -> Place:
         except ValueError:
             raise ConfigError(f"{name}={text!r} in the environment is not a whole number; {START}") from None
     here = Place(rank=values["RANK"], local_rank=values["LOCAL_RANK"], world_size=values["WORLD_SIZE"])
-    if here.world_size < 1 or not 0 <= here.rank < here.world_size or not 0 <= here.local_rank <= here.rank:
+    if here.world_size < 1 or not 0 <= here.rank < here.world_size or here.local_rank < 0:
         raise ConfigError(
             f"RANK={here.rank}, LOCAL_RANK={here.local_rank} and WORLD_SIZE={here.world_size} in the environment are "
-            f"no process among the others (0 <= LOCAL_RANK <= RANK < WORLD_SIZE); {START}"
+            f"no process among the others (0 <= RANK < WORLD_SIZE, LOCAL_RANK >= 0); {START}"
         )
     return here
