@@ -155,10 +155,11 @@ def grown_run(run: Path) -> Path | None:
     """Where a one-seed study's fold run (STUDY/fold-K) is now that the study has grown to several seeds and keeps
     it as seed-S/fold-K, or None when `run` is there or is no such run: a path written down before the growth
     still leads to the run."""
-    if run.exists() or not run.name.startswith("fold-") or not run.name[len("fold-") :].isdigit():
+    fold = run.name.removeprefix("fold-")
+    if run.exists() or not fold.isdigit() or run.name != fold_name(0, int(fold), 1):  # named as a one-seed study does
         return None
     for seed in held_seeds(run.parent) or []:
-        moved = run.parent / f"seed-{seed}" / run.name
+        moved = run.parent / fold_name(seed, int(fold), 2)
         if moved.is_dir():
             return moved
     return None
