@@ -1081,6 +1081,46 @@ def test_bench_ensembles_scores_a_study_without_probabilities_from_its_fold_mode
         assert rescored[key][1] == label and rescored[key][0] == pytest.approx(p, abs=1e-6)
 
 
+def test_bench_ensembles_members_averages_a_studys_seeds_k_at_a_time(tmp_path, monkeypatch, capsys):
+    """--members K: seeds 0..K-1, K..2K-1, ... averaged, each group's answer standing for its seeds' predictions,
+    paired with the seeds alone; a study kept without predictions.jsonl is read from its runs' results."""
+    ensembles = bench_module(monkeypatch, "ensembles")
+    study = fake_study(
+        tmp_path / "s", {"a/1.jpg": {"a": 0.6, "b": 0.4}, "b/2.jpg": {"a": 0.45, "b": 0.55}}, (0, 1, 2, 3)
+    )
+    rows = [json.loads(line) for line in (study / "predictions.jsonl").read_text().splitlines()]
+    # seed 1 is sure and wrong on photo 1, seed 3 unsure and wrong on it: seeds 0 and 1 averaged are wrong there,
+    # seeds 2 and 3 right; photo 2 is right everywhere
+    for r in rows:
+        if r["photo"] == "a/1.jpg" and r["seed"] in (1, 3):
+            r["probabilities"] = {"a": 0.1, "b": 0.9} if r["seed"] == 1 else {"a": 0.45, "b": 0.55}
+            r["predicted"], r["right"] = "b", False
+    cv = json.loads((study / "cv.json").read_text())
+    cv["photos"] = {f"s{r['seed']}/{r['photo']}": r["right"] for r in rows}
+    (study / "cv.json").write_text(json.dumps(cv))
+    (study / "predictions.jsonl").unlink()  # as results/cv/ keeps a pool study: its runs' results, no predictions.jsonl
+    (study / "study.json").write_text("{}")
+    for seed in (0, 1, 2, 3):
+        predictions = [{k: v for k, v in r.items() if k not in ("seed", "fold")} for r in rows if r["seed"] == seed]
+        (study / f"seed-{seed}.json").write_text(json.dumps({"seed": seed, "fold": 0, "predictions": predictions}))
+    assert ensembles.main([str(study), "--members", "2", "--json", str(tmp_path / "m.json")]) == 0
+    report = json.loads((tmp_path / "m.json").read_text())
+    assert report["alone"] == pytest.approx(6 / 8) and report["averaged"] == pytest.approx(6 / 8)
+    assert [g["seeds"] for g in report["groups"]] == [[0, 1], [2, 3]]
+    assert [g["accuracy"] for g in report["groups"]] == [pytest.approx(1 / 2), 1]
+    assert report["difference"] == 0  # photo 1: right in 2 of 4 seeds alone, and in 1 of 2 averages (each for 2)
+    assert "2 averaged - one model = +0.000" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"--members 3 needs a study whose seeds it divides, and .* has 4"):
+        ensembles.main([str(study), "--members", "3"])
+    with pytest.raises(SystemExit):
+        ensembles.main([str(study), str(study), "--members", "2"])
+    assert "--members K averages the seeds of one study" in capsys.readouterr().err
+    for seed in (0, 1, 2, 3):
+        (study / f"seed-{seed}.json").unlink()
+    with pytest.raises(SystemExit, match=r"keeps no predictions \(no predictions.jsonl, no run results\)"):
+        ensembles.main([str(study), "--members", "2"])
+
+
 def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_path, monkeypatch, capsys):
     """bench/analysis/offsets.py: each fold's offsets are those that classify the most of the other folds of its own
     seed right (of equal counts the smallest); the fold's own photos, and other seeds', are not asked."""

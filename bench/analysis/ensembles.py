@@ -3,13 +3,17 @@ after the fact: each held-out photo's class probabilities averaged over the stud
 
     python -m bench.analysis.ensembles runs/r10/default runs/r12/strong runs/r12/lsa ...
         [--json ensembles.json] [--plot errors.png]
+    python -m bench.analysis.ensembles results/cv/bf16-seeds-0-11 --members 2
 
 Prints each study alone (as its cv.json says), the first averaged with each other one (paired photo by
 photo with each of the two alone), all of them averaged, and the photos every study gets wrong: errors
 the models share, which averaging rarely mends (how many of them the average of all gets right is
-printed too). The class probabilities come from each study's predictions.jsonl; a ViT study written
-before it kept them is scored again from its saved fold models, as `foodvit cv` scores them (nothing
-trained).
+printed too). With --members K and one study, each K of its seeds are averaged instead (seeds 0..K-1,
+K..2K-1, ...), paired with the seeds alone: what training K models and averaging them would buy.
+
+The class probabilities come from each study's predictions.jsonl, or, for a study kept without it
+(results/cv/), from its runs' results; a ViT study written before they were kept is scored again from
+its saved fold models, as `foodvit cv` scores them (nothing trained).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sys
 from pathlib import Path
 
 from foodvit.errors import FoodVitError
-from foodvit.tuning.compare import compare_line, paired, read_study
+from foodvit.tuning.compare import compare_line, finished_results, paired, prediction_key, read_study, seed_of
 from foodvit.tuning.fold import held_out_predictions
 from foodvit.tuning.folds import fold_folder, fold_name
 
@@ -30,7 +34,16 @@ def probabilities(study: Path, result: dict | None = None) -> dict[str, tuple[di
     """'s{seed}/{photo}' -> (every class's probability, the label), for each held-out photo of the study
     (result: its cv.json, when already read)."""
     folds = (result or read_study(study))["folds"]
-    rows = [json.loads(line) for line in (study / "predictions.jsonl").read_text().splitlines()]
+    if (study / "predictions.jsonl").is_file():
+        rows = [json.loads(line) for line in (study / "predictions.jsonl").read_text().splitlines()]
+    else:  # a study kept without its runs (results/cv/): each run's result holds its predictions
+        kept = finished_results(study)
+        if not kept:
+            raise SystemExit(
+                f"{study} keeps no predictions (no predictions.jsonl, no run results): give the folder `foodvit cv` "
+                "wrote, or one kept with its runs' results"
+            )
+        rows = [{"seed": r["seed"], **p} for r in kept.values() for p in r["predictions"]]
     if not all("probabilities" in r for r in rows):
         seeds = len({f["seed"] for f in folds})
         rows = []
@@ -162,6 +175,42 @@ def report(studies: list[Path]) -> tuple[dict, list[dict[str, bool]]]:
     return out, alone
 
 
+def members(study: Path, k: int) -> dict:
+    """Each k of one study's seeds averaged (in seed order, k at a time), paired photo by photo with the
+    seeds alone: what training k models and averaging them would buy, at k times the training."""
+    result = read_study(study)
+    scored = probabilities(study, result)
+    seeds = sorted({seed_of(key) for key in scored}, key=lambda s: -1 if s is None else s)
+    if None in seeds or len(seeds) % k:
+        raise SystemExit(
+            f"--members {k} needs a study whose seeds it divides, and {study} has {len(seeds)}: give a study of "
+            f"{k}, {2 * k}, ... seeds"
+        )
+    alone = {key: result["photos"][key] for key in scored}
+    together, groups = {}, []
+    for first in range(0, len(seeds), k):
+        group = seeds[first : first + k]
+        by_photo = [{key.partition("/")[2]: v for key, v in scored.items() if seed_of(key) == s} for s in group]
+        right = averaged(by_photo)
+        together |= {prediction_key(s, photo): r for s in group for photo, r in right.items()}
+        groups.append({"seeds": group, "accuracy": accuracy(right)})
+        print(f"seeds {', '.join(map(str, group))} averaged: {accuracy(right):.3f}")
+    pair = paired(alone, together)
+    print(
+        f"{study}: {len(seeds)} seeds alone {accuracy(alone):.3f}; {k} at a time averaged {accuracy(together):.3f}; "
+        + compare_line(pair, "one model", f"{k} averaged")
+    )
+    return {
+        "study": str(study),
+        "members": k,
+        "alone": accuracy(alone),
+        "averaged": accuracy(together),
+        "groups": groups,
+        "difference": pair["difference"],
+        "standard_error": pair["standard_error"],
+    }
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -171,15 +220,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "studies", type=Path, nargs="+", help="finished `foodvit cv` studies of the same photos, folds and seeds"
     )
+    parser.add_argument(
+        "--members",
+        type=int,
+        metavar="K",
+        help="one study: average each K of its seeds (in seed order) and pair that with the seeds alone",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument(
         "--plot", type=Path, help="write the chart of held-out photos by how many studies got them wrong here"
     )
     args = parser.parse_args(argv)
-    if len(args.studies) < 2:
+    if args.members is not None and (len(args.studies) != 1 or args.members < 2 or args.plot):
+        parser.error("--members K averages the seeds of one study, K at least 2 (and draws no plot)")
+    if args.members is None and len(args.studies) < 2:
         parser.error("give at least two studies to average")
     try:
-        out, alone = report(args.studies)
+        if args.members is None:
+            out, alone = report(args.studies)
+        else:
+            out = members(args.studies[0], args.members)
     except FoodVitError as err:
         raise SystemExit(str(err)) from None
     for path in (args.json, args.plot):
