@@ -159,6 +159,49 @@ def test_the_reports_figures_draw_any_history_class_count_and_outcome(tmp_path):
     assert [t.get_text() for t in figures["confusion"].axes[0].get_yticklabels()] == classes
 
 
+def test_characters_the_font_lacks_are_named_once_in_the_log_not_warned_each(tmp_path, caplog, recwarn, monkeypatch):
+    """A class name in CJK or an emoji: matplotlib warns once per character per figure (noise even under
+    --quiet); save_figure names the characters in one log line, once a process, and lets other warnings by."""
+    import logging
+    import warnings
+
+    import matplotlib
+
+    import foodvit.viz.plotting as plotting
+    from foodvit.viz.plotting import subplots
+
+    monkeypatch.setattr(plotting, "_told", set())
+
+    def draw(title, name):
+        fig, ax = subplots(figsize=(2, 2))
+        ax.set_title(title)
+        ax.plot([0, 1], [0, 1])
+        with matplotlib.rc_context({"font.family": ["DejaVu Sans"]}):  # a font with no CJK, on every machine
+            assert_drawn_png(save_figure(fig, tmp_path / name))
+
+    with caplog.at_level(logging.WARNING, logger="foodvit.viz.plotting"):
+        draw("寿司 🍣 sushi", "a.png")
+        draw("寿司 and 寿", "b.png")  # nothing new to name
+        draw("pizza ラ", "c.png")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("the figures draw 寿 司 🍣 as empty boxes: matplotlib's font (DejaVu Sans) lacks them")
+    assert lines[1].startswith("the figures draw ラ as empty boxes")
+    assert not [w for w in recwarn if "missing from font" in str(w.message)]
+
+    fig, ax = subplots(figsize=(2, 2))  # a warning of another kind while drawing still reaches the caller
+    ax.plot([0, 1], [0, 1])
+    real_savefig = fig.savefig
+
+    def savefig(*args, **kwargs):
+        warnings.warn("something else", UserWarning, stacklevel=2)
+        real_savefig(*args, **kwargs)
+
+    monkeypatch.setattr(fig, "savefig", savefig)
+    with pytest.warns(UserWarning, match="something else"):
+        assert_drawn_png(plotting.save_figure(fig, tmp_path / "d.png"))
+
+
 def test_patch_grid_errors_name_both_sizes(tmp_path, capsys):
     Image.new("RGB", (50, 40), (1, 2, 3)).save(tmp_path / "p.png")
     assert (

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import re
+import warnings
 from pathlib import Path
 
 from foodvit.files import atomic_write
+
+log = logging.getLogger(__name__)
 
 
 def new_figure(figsize):
@@ -31,9 +36,37 @@ def integer_ticks(axis) -> None:
 MAKER = "foodvit"  # the PNG's Software text: a picture foodvit made, which a later command may write over
 
 
+# matplotlib's warning for each character its font cannot draw (a class name in CJK, an emoji): the codepoint
+# and the font's name
+MISSING_GLYPH = re.compile(r"Glyph (\d+) \(.*\) missing from font\(s\) (.+?)\.?$")
+_told: set[str] = set()  # characters already named in this process
+
+
 def save_figure(fig, path: Path) -> Path:
+    """The figure written as a PNG at `path`, atomically. Characters its font cannot draw (drawn as
+    boxes) are named once in the log, not in a warning for every character in every figure."""
+
     def write(tmp: Path) -> None:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata={"Software": MAKER})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata={"Software": MAKER})
+        missing, fonts = [], set()
+        for warning in caught:
+            found = MISSING_GLYPH.match(str(warning.message))
+            if found is None:  # anything else is passed on as it came
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            elif chr(int(found.group(1))) not in missing:
+                missing.append(chr(int(found.group(1))))
+                fonts.add(found.group(2))
+        new = [c for c in missing if c not in _told]
+        if new:
+            _told.update(new)
+            log.warning(
+                "the figures draw %s as empty boxes: matplotlib's font (%s) lacks them; to draw them, install a "
+                "font that has them and put it first in matplotlib's font.family",
+                " ".join(new),
+                ", ".join(sorted(fonts)),
+            )
 
     return atomic_write(path, write)
 
