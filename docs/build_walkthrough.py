@@ -78,8 +78,8 @@ x = torch.from_numpy(to_array(preprocess, photo))[None]             # (1, 3, 224
 P = 16
 patches = x.unfold(2, P, P).unfold(3, P, P)                          # (1, 3, 14, 14, 16, 16)
 patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(1, 196, 3 * P * P)   # (1, N, P^2 C), each patch flattened
-E = model.patch_embed.proj.weight.reshape(768, -1)                   # the conv kernel is E: (D, P^2 C)
-by_hand = patches @ E.T + model.patch_embed.proj.bias                # x_p E (+ bias): (1, 196, 768)
+E = model.patch_embed.proj.weight.reshape(768, -1).T                 # the conv kernel, transposed, is E: (P^2 C, D)
+by_hand = patches @ E + model.patch_embed.proj.bias                  # x_p E (+ bias): (1, 196, 768)
 
 with torch.no_grad():
     library = model.patch_embed(x)
@@ -110,7 +110,7 @@ assert torch.allclose(z0_by_hand, z0, atol=1e-5)""",
 z'_l = MSA(LN(z_{l-1})) + z_{l-1}  (Eq. 2) and  z_l = MLP(LN(z'_l)) + z'_l  (Eq. 3).
 MSA (Appendix A): q, k, v = z U_qkv; each head computes softmax(q k^T / sqrt(d)) v with d = D / h = 64;
 the heads are concatenated and projected by U_msa. Everything below uses block 0's own weights
-(`Block`, `Attention`, `MLP` in `src/foodvit/model/vit.py`).""",
+(`Block`, `Attention`, `MLP` in `src/foodvit/model/blocks.py`).""",
     ),
     (
         CODE,
@@ -140,7 +140,7 @@ assert torch.allclose(z1_by_hand, z1, atol=1e-4) and torch.allclose(attention, w
     ),
     (
         MD,
-        """What does head 1 of block 0 look at from the class token? Its row of the attention matrix over the
+        """What does the first head of block 0 (head 0, counting from 0 as the code does) look at from the class token? Its row of the attention matrix over the
 196 patches, laid back on the 14 x 14 grid. (This model has random weights; section 7 shows a trained one.)""",
     ),
     (
@@ -149,7 +149,7 @@ assert torch.allclose(z1_by_hand, z1, atol=1e-4) and torch.allclose(attention, w
 fig, axes = subplots(1, 2, figsize=(8, 4))
 axes[0].imshow(crop.permute(1, 2, 0).numpy()); axes[0].set_title("the model's crop")
 axes[1].imshow(overlay_array(crop, attention[0, 0, 0, 1:].reshape(14, 14)))
-axes[1].set_title("block 0, head 1: class token's attention")
+axes[1].set_title("block 0, head 0: class token's attention")
 for ax in axes: ax.axis("off")
 show(fig)""",
     ),
@@ -345,8 +345,9 @@ show(pos_similarity_figure(foodvit.create_model("ViT-Ti/8", num_classes=3, image
     ),
     (
         MD,
-        """That is the whole model: Eq. 1 in `PatchEmbed` and `VisionTransformer.embed`, Eq. 2 and 3 in `Block`
-(with `Attention` and `MLP`), Eq. 4 in `VisionTransformer.pool` and `head`, Table 1 in `model/variants.py`.
+        """That is the whole model: Eq. 1 in `PatchEmbed` and `VisionTransformer._embed`, Eq. 2 and 3 in `Block`
+(with `Attention` and `MLP`, in `model/blocks.py`), Eq. 4 in `VisionTransformer._pool` and `head` (read by
+`forward_head`), Table 1 in `model/variants.py`.
 From here: `foodvit train` for the full recipe, `foodvit serve` for a demo of your run, `foodvit
 export` to ship it.""",
     ),

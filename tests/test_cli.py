@@ -21,6 +21,10 @@ def test_summary_ends_with_the_total(capsys):
     last_block = next(line for line in out if line.strip().startswith("11 (Block)"))
     assert "[1, 197, 768]" in last_block and "[1, 1, 768]" in last_block  # only the class token leaves the last block
     assert any(line.startswith("Block 11 outputs the class token only") for line in out)
+    # the model's own parameters have rows, so the first level adds up to the total, as a reader would check it
+    level_1 = [line for line in out if line.startswith("  ") and not line.startswith("   ")]
+    assert any(line.strip().startswith("pos_embed (Parameter)") and "[1, 197, 768]" in line for line in level_1)
+    assert sum(int(line.split()[-2].replace(",", "")) for line in level_1) == 85_800_963
 
 
 def test_errors_are_one_line_with_what_to_do(capsys):

@@ -207,6 +207,13 @@ def test_conv_stem_keeps_the_token_grid():
     assert count_params(model.config) == sum(p.numel() for p in model.parameters())
 
 
+def test_the_closed_form_parameter_count_holds_with_the_distillation_token():
+    """Deviation 9 adds a token and its head: the closed form counted neither (ViT-B/16 was 3,075 short)."""
+    for overrides in ({"distill_token": True}, {"distill_token": True, "class_token": True, "pool": "gap"}):
+        model = tiny(**overrides)
+        assert count_params(model.config) == sum(p.numel() for p in model.parameters())
+
+
 # ----------------------------------------------------------------------------- errors
 
 

@@ -57,7 +57,8 @@ def mimetic_init_(attn, qk: tuple[float, float] = MIMETIC_QK, vo: tuple[float, f
     # W_v W_o = (U S^1/2)(V S^1/2)^T = a Z - b I
 
 
-# target logit of the chosen neighbour's row and of its column (0 elsewhere): about 64% of the attention at step 0
+# target logit of the chosen neighbour's row and of its column (0 elsewhere): at step 0 about 64% of the attention on
+# the chosen neighbour on an 8 x 8 grid, less on larger ones (47% on 12 x 12, about 40% on 14 x 14)
 IMPULSE_LOGIT = 10.0
 IMPULSE_RIDGE = 1e-4  # ridge of the solve, as a share of the largest squared singular value of the positions
 
@@ -83,8 +84,9 @@ def impulse_init_(attn, positions: torch.Tensor, offsets: list[tuple[int, int]])
     IMPULSE_LOGIT x ([row of key = row of query + dy] + [column of key = column of query + dx]) for
     offsets[h] = (dy, dx): the softmax of that sum peaks on the one patch at the offset. Sin-cos
     positions hold a row part and a column part, so this additive target is one they can express.
-    Solved as M = argmin ||X M X^T - target||^2 + ridge ||M||^2 (X = the positions, scaled by
-    sqrt(d) for the attention's 1 / sqrt(d)), then W_q,h W_k,h^T = the best rank-d part of M.
+    Solved as M = argmin ||X M X^T - target||^2 + ridge ||M||^2 (X = the positions), M scaled by
+    sqrt(d) so that the attention's X M X^T / sqrt(d) meets the target, then W_q,h W_k,h^T = the
+    best rank-d part of M.
     Biases stay zero; the value path keeps the JAX initialisation."""
     D, d = attn.proj.weight.shape[0], attn.head_dim
     grid = math.isqrt(positions.shape[0])
@@ -140,8 +142,9 @@ def init_weights(model) -> None:
                 F.layer_norm(model.pos_embed[0, model.config.num_prefix_tokens :].double(), (model.config.embed_dim,)),
                 impulse_taps(block.attn.num_heads, model.config.locality and model.config.locality_mask),
             )
-    # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does; deviation 12's
-    # filters start at zero (GridConv.reset_parameters).
+    # Deviation 5's stem keeps PyTorch's default (Kaiming-uniform) conv init, as CCT does; deviation 6's
+    # attn_pool keeps nn.Linear's default (Kaiming-uniform); deviation 12's filters start at zero
+    # (GridConv.reset_parameters).
     init_head(model.head)
     if model.config.distill_token:
         init_head(model.head_dist)

@@ -1,6 +1,8 @@
 """A torchinfo-style table of a model: layer, input shape, output shape, parameters, trainable.
 
-Shapes come from one forward pass on the meta device, so even ViT-H/14 costs no memory or time.
+Shapes come from one forward pass on the model's own device; `foodvit summary` builds the model on
+the meta device, so even ViT-H/14 costs no memory or time there. A module's own parameters (the class
+token, E_pos) have rows of their own beside its children's, so each level's rows add up to the total.
 """
 
 from __future__ import annotations
@@ -48,6 +50,16 @@ def summarize(model: nn.Module, input_size: tuple[int, ...], max_depth: int = 3)
             trainable=None if not params else all(p.requires_grad for p in params),
         )
         rows[name] = row
+        if depth < max_depth and next(module.children(), None) is not None:
+            for key, p in module.named_parameters(recurse=False):  # x_class, E_pos: in no child's row
+                rows[f"{name}.{key}" if name else key] = Row(
+                    depth + 1,
+                    key,
+                    "Parameter",
+                    output_shape=str(list(p.shape)),
+                    params=p.numel(),
+                    trainable=p.requires_grad,
+                )
 
         def hook(mod, args, output, row=row):
             row.input_shape, row.output_shape = _shape(args), _shape(output)

@@ -180,8 +180,8 @@ def create_model(name: str, num_classes: int = 1000, image_size: int = 224, **ov
 
 def count_params(config: ViTConfig) -> int:
     """Closed-form parameter count of the paper's ViT (patchify stem) for a configuration."""
-    # deviations: count them built
-    if config.stem != "patch" or config.pool == "seq" or config.locality or config.mlp_conv:
+    # deviations that add parameters: count them built
+    if config.stem != "patch" or config.pool == "seq" or config.locality or config.mlp_conv or config.distill_token:
         return sum(p.numel() for p in _meta_model(config).parameters())
     C, P, D, M, K, L = (
         config.in_channels,

@@ -1,7 +1,8 @@
 """The Vision Transformer of Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021).
 
-Read it beside the paper: section 3.1 and Figure 1 give Eq. 1-4, Appendix A the attention,
-Appendix B.1 where dropout goes, section 3.2 the position-embedding interpolation.
+Read it beside the paper: section 3.1 and Figure 1 give Eq. 1-4 (Eq. 2-3's block, its attention
+(Appendix A) and its MLP are in model/blocks.py), Appendix B.1 where dropout goes, section 3.2 the
+position-embedding interpolation.
 
 Shape legend, used in every shape comment below:
     B batch, C channels, H x W image, P patch size, N = HW / P^2 patches,
@@ -42,7 +43,7 @@ option, named here once and cited:
      multiple of the identity in each head and W_v W_o close to a negative one; this init starts
      there: W_q,h W_k,h^T is the rank-d part of a Z + b I and W_v W_o = a Z - b I exactly (Z a
      random D x D matrix with N(0, 1/D) entries), so at step 0 a token attends most to tokens
-     like itself (with sin-cos positions: its neighbours). Training changes nothing else.
+     like itself (with sin-cos positions: its neighbours). The init changes nothing else.
   9. distill_token=True: DeiT's distillation token (Touvron et al. 2021, "Training data-efficient
      image transformers & distillation through attention", section 4). A second learned token
      follows the class token; its output state feeds its own linear head (head_dist), which
@@ -68,6 +69,11 @@ option, named here once and cited:
      zero so that at step 0 the model computes the paper's function (model/gridconv.py says the rest).
 
 Notes (not deviations from the paper's text):
+  - The head is always the single linear layer the paper uses at fine-tuning (section 3.1); its
+    pre-training head, an MLP with one hidden layer (tanh, the authors' pre_logits), is not built,
+    from scratch either, as torchvision's and timm's ViTs by default.
+  - attn_dropout > 0 drops attention weights, as the authors' JAX code can (attention_dropout_rate,
+    0 in their configs); the paper's text names no such dropout, and the default 0 leaves it out.
   - GELU is the exact (erf) form, as torchvision and timm use; the authors' JAX code uses the
     tanh approximation (they differ by under 1e-3 per activation).
   - LayerNorm epsilon is 1e-6, the JAX reference's value (torchvision and timm agree).
@@ -128,8 +134,10 @@ class PatchEmbed(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if isinstance(self.stem, ShiftedPatches):
             return self.proj(self.stem(images))  # (B, N, 5CP^2) -> (B, N, D)
-        x = images if self.stem is None else self.stem(images)  # conv stem: (B, C, H, W) -> (B, D, H/P, W/P)
-        x = self.proj(x)  # (B, C, H, W) -> (B, D, H/P, W/P)
+        if self.stem is None:
+            x = self.proj(images)  # E: (B, C, H, W) -> (B, D, H/P, W/P)
+        else:
+            x = self.proj(self.stem(images))  # conv stem: (B, C, H, W) -> (B, D, H/P, W/P); E 1x1: D -> D
         return x.flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
 
 
@@ -341,9 +349,10 @@ class VisionTransformer(nn.Module):
             return patches
         B, N, D = patches.shape
         g = math.isqrt(N)
-        # (B, N, D) -> (B, D, N) -> (B, D, g, g), a view: timm's numbers, without its copy into (B, D, g, g)'s memory
-        # order. A convolution reading it (locality guidance's adapters) picks its kernel from these strides, and
-        # sums in another order on another view's (a batch of one photo, bias gradients): this one is as it was
+        # (B, N, D) -> (B, D, N) -> (B, D, g, g): the same numbers as timm's, but a view of the tokens rather than a
+        # copy in (B, D, g, g)'s own memory order. It matters to a convolution that reads it (locality guidance's
+        # adapters): PyTorch picks the convolution's kernel from the input's strides, and another layout sums in
+        # another order (a batch of one photo, bias gradients), so the trained numbers would drift from these
         return patches.transpose(1, 2).reshape(B, D, g, g)
 
     def forward_features(
@@ -394,8 +403,9 @@ class VisionTransformer(nn.Module):
         if pre_logits:
             return pooled
         logits = self.head(pooled)  # Eq. 4: y = LN(z_L^0), then the linear head
+        # the distillation token follows x_class: the last prefix token
         distilled = self.head_dist(x[:, self.config.num_prefix_tokens - 1]) if self.config.distill_token else None
-        both = Heads(pooled, logits, distilled)  # the distillation token follows x_class
+        both = Heads(pooled, logits, distilled)
         return both if heads else both.prediction()
 
     def forward(self, images: torch.Tensor, pos_embed: torch.Tensor | None = None) -> torch.Tensor:

@@ -310,7 +310,8 @@ def to_torch_encoder(model: VisionTransformer) -> nn.Sequential:
     """The course's exercise: the same encoder as a stack of torch.nn.TransformerEncoderLayer.
 
     norm_first=True is Eq. 2-3's pre-norm, activation='gelu' the MLP's GELU, batch_first=True
-    our (B, T, D) layout. Our weights are copied in; outputs agree with our blocks (tests).
+    our (B, T, D) layout. Our weights are copied in; outputs agree with our blocks (tests) in eval
+    mode or with dropout 0: in training PyTorch's layer also drops attention weights at `dropout`.
     """
     c = model.config
     if c.mlp_conv or c.locality:
