@@ -202,6 +202,23 @@ def test_characters_the_font_lacks_are_named_once_in_the_log_not_warned_each(tmp
         assert_drawn_png(plotting.save_figure(fig, tmp_path / "d.png"))
 
 
+def test_a_run_whose_class_names_its_font_lacks_says_so_in_one_line(tmp_path, capsys, recwarn, monkeypatch):
+    """`foodvit train --quiet` on classes named in CJK: one line names the characters, and none of matplotlib's
+    warnings, one per character and per figure, from laying the figures out as well as from saving them."""
+    import matplotlib
+
+    import foodvit.viz.plotting as plotting
+
+    monkeypatch.setattr(plotting, "_told", set())
+    data = make_photo_folder(tmp_path / "d", n_train=4, n_test=2, classes=("寿司", "ピザ"))
+    with matplotlib.rc_context({"font.family": ["DejaVu Sans"]}), report_figures():
+        argv = ["train", "--recipe", "tiny", "--data", str(data), "--epochs", "1", "--quiet"]
+        assert main([*argv, "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("as empty boxes") == 1 and "寿 司" in err and "ピ ザ" in err, err
+    assert not [w for w in recwarn if "missing from font" in str(w.message)]
+
+
 def test_patch_grid_errors_name_both_sizes(tmp_path, capsys):
     Image.new("RGB", (50, 40), (1, 2, 3)).save(tmp_path / "p.png")
     assert (

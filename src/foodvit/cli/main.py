@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             from foodvit.data.photos import limit_pixels
 
             limit_pixels()  # every photo this command opens: over the pixel limit is refused, not warned about
+        from foodvit.viz.plotting import quiet_missing_glyphs
+
+        quiet_missing_glyphs()  # a class name's characters the figures' font lacks: one log line, not one each
         code = args.func(args)
         if stdout is not None:
             sys.stdout.flush()  # what is still buffered fails here, in one line, not at the interpreter's exit

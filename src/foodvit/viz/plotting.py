@@ -42,6 +42,13 @@ MISSING_GLYPH = re.compile(r"Glyph (\d+) \(.*\) missing from font\(s\) (.+?)\.?$
 _told: set[str] = set()  # characters already named in this process
 
 
+def quiet_missing_glyphs() -> None:
+    """matplotlib's warning for each character a figure's font lacks, silenced for the whole process: a
+    process-wide policy the command line sets once, as it sets the photos' pixel limit. Laying a figure out
+    (tight_layout) warns too, before save_figure, which names the characters once in the log instead."""
+    warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
+
+
 def save_figure(fig, path: Path) -> Path:
     """The figure written as a PNG at `path`, atomically. Characters its font cannot draw (drawn as
     boxes) are named once in the log, not in a warning for every character in every figure."""
