@@ -73,6 +73,36 @@ def test_zip_with_escaping_member_is_refused_and_writes_nothing(tmp_path, member
         assert not pathlib.Path(member).exists()
 
 
+def test_a_zip_python_cannot_unpack_is_named_in_one_line_and_leaves_nothing(tmp_path):
+    """A password-protected zip (zipfile's RuntimeError) and one compressed as Deflate64 (NotImplementedError) gave
+    tracebacks."""
+
+    def patched(path, local: int, central: int, value: int) -> None:
+        """The zip's one member's field at these offsets of its local and central headers set to value."""
+        data = bytearray(path.read_bytes())
+        for signature, offset in ((b"PK\x03\x04", local), (b"PK\x01\x02", central)):
+            at = data.index(signature) + offset
+            data[at : at + 2] = value.to_bytes(2, "little")
+        path.write_bytes(bytes(data))
+
+    encrypted = tmp_path / "locked.zip"
+    with zipfile.ZipFile(encrypted, "w") as z:
+        z.writestr("train/pizza/a.jpg", b"x")
+    patched(encrypted, 6, 8, 0x1)  # the encryption flag: zipfile asks for a password to read the member
+    with pytest.raises(DataError, match=r"locked\.zip cannot be unpacked by Python's zipfile \(.*password.*\): a "):
+        resolve(encrypted)
+    deflate64 = tmp_path / "deflate64.zip"
+    with zipfile.ZipFile(deflate64, "w") as z:
+        z.writestr("train/pizza/a.jpg", b"x")
+    patched(deflate64, 8, 10, 9)  # compression method 9, Deflate64
+    with pytest.raises(DataError, match=r"deflate64\.zip cannot be unpacked .*unpack it yourself and pass the folder"):
+        resolve(deflate64)
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] in (
+        ["locked.zip", "deflate64.zip"],
+        ["deflate64.zip", "locked.zip"],
+    )
+
+
 def test_zip_without_train_and_test_is_explained(tmp_path):
     archive = tmp_path / "flat.zip"
     with zipfile.ZipFile(archive, "w") as z:

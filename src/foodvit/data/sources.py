@@ -76,7 +76,10 @@ def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, q
         )
     if path.is_file():
         if not zipfile.is_zipfile(path):
-            raise DataError(f"{path} is a file but not a zip; expected a folder laid out as {LAYOUT}, or a .zip of one")
+            raise DataError(
+                f"{path} is a file but not a zip (a download cut short?); expected a folder laid out as {LAYOUT}, "
+                "or a .zip of one: download it again, or pass the folder"
+            )
         return extract(path)
     return path
 
@@ -138,6 +141,11 @@ def extract(zip_path: Path) -> Path:
         raise DataError(
             f"{zip_path} is a damaged zip ({type(err).__name__}: {err}); download it again or unpack it "
             "yourself and pass the folder"
+        ) from err
+    except (RuntimeError, NotImplementedError) as err:  # zipfile's words for a password, or Deflate64 and the like
+        raise DataError(
+            f"{zip_path} cannot be unpacked by Python's zipfile ({err}): a password-protected zip, or one compressed "
+            "with a method it does not read (such as Deflate64); unpack it yourself and pass the folder"
         ) from err
     return _root_of(target, zip_path)
 
