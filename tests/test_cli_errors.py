@@ -666,3 +666,34 @@ def test_a_folder_written_through_a_symbolic_link_lands_where_it_points(tmp_path
             atomic_folder(tmp_path / name, lambda tmp: None)
         assert refused.value.filename == str(tmp_path / name)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "link", "loop", "real"]
+
+
+def test_a_file_name_of_another_locales_bytes_prints_escaped_on_a_strict_output(tmp_path, monkeypatch):
+    """Python's output is strict on a UTF-8 locale (lenient only under C.UTF-8): a name holding byte 0xff printed
+    a UnicodeEncodeError traceback after the picture was written."""
+    from PIL import Image
+
+    photo = tmp_path / "a.jpg"
+    Image.new("RGB", (40, 48), (200, 40, 40)).save(photo)
+    out = tmp_path / os.fsdecode(b"p\xff.png")
+    raw = io.BytesIO()
+    strict = io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
+    monkeypatch.setattr(sys, "stdout", strict)
+    assert main(["patches", str(photo), "--out", str(out)]) == 0
+    strict.flush()
+    assert out.is_file() and raw.getvalue().rstrip().endswith(b"p\\udcff.png")
+
+
+def test_a_photo_with_a_damaged_exif_block_is_read_without_pillows_warning(tmp_path, recwarn):
+    """Pillow warned "Corrupt EXIF data" or "Truncated File Read", with a line of its source, for a photo whose EXIF
+    block is cut short (one of the seven-class test photos); the photo itself decodes."""
+    import struct
+
+    from PIL import Image
+
+    photo = tmp_path / "exif.jpg"
+    entries = struct.pack("<H", 2) + struct.pack("<HHII", 0x0112, 3, 1, 1)  # two entries said, one there
+    Image.new("RGB", (40, 48), (200, 40, 40)).save(photo, exif=b"Exif\x00\x00II*\x00" + struct.pack("<I", 8) + entries)
+    assert main(["patches", str(photo), "--out", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").is_file()
+    assert not [w for w in recwarn if "EXIF" in str(w.message) or "Truncated" in str(w.message)]

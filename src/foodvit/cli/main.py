@@ -149,13 +149,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args)
     stdout = sys.stdout
+    if getattr(stdout, "errors", None) == "strict" and hasattr(stdout, "reconfigure"):
+        # a file name that is not valid in the output's encoding (bytes of another locale) is printed escaped,
+        # not a UnicodeEncodeError: Python is strict on a UTF-8 locale's output, lenient only under C.UTF-8
+        stdout.reconfigure(errors="backslashreplace")
     if stdout is not None:
         sys.stdout = _StandardOutput(stdout)
     try:
         if getattr(args, "opens_photos", True):
-            from foodvit.data.photos import limit_pixels
+            from foodvit.data.photos import limit_pixels, quiet_exif_warnings
 
             limit_pixels()  # every photo this command opens: over the pixel limit is refused, not warned about
+            quiet_exif_warnings()  # a photo whose EXIF block is damaged decodes: no warning of Pillow's for it
         from foodvit.viz.plotting import quiet_missing_glyphs
 
         quiet_missing_glyphs()  # a class name's characters the figures' font lacks: one log line, not one each

@@ -106,6 +106,13 @@ def limit_pixels() -> None:
     warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
 
 
+def quiet_exif_warnings() -> None:
+    """Pillow's warnings about a photo's damaged EXIF block ("Truncated File Read", "Corrupt EXIF data", from its
+    TIFF parser, which reads the block) silenced for the whole process: the photo itself decodes, its orientation
+    read where the block allows. A process-wide policy, set once by the command line, as limit_pixels is."""
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin")
+
+
 @contextlib.contextmanager
 def open_photo(source: str | os.PathLike | io.BytesIO, name=None, max_pixels: int = PHOTO_LIMIT):
     """Image.open with the pixel limit (max_pixels, at most MAX_PIXELS) enforced from the header,
