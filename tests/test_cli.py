@@ -177,6 +177,28 @@ def test_predict_json_contract_and_plot(run, capsys, tmp_path):
         assert len(np.unique(np.asarray(picture.convert("L")))) > 10  # a real picture, not a blank canvas
 
 
+def test_predict_takes_its_options_between_the_run_and_the_photos(run, capsys, tmp_path):
+    """`predict RUN --top-k 1 photo` (and photos on both sides of an option, and after --) was refused as
+    "foodvit: error: unrecognized arguments"; an option a command lacks is refused in the command's name."""
+    out, photos = run
+    images = [str(p) for p in sorted((photos / "test" / "pizza").iterdir())[:3]]
+    capsys.readouterr()
+    for argv in (
+        [str(out), "--top-k", "1", "--json", *images],
+        [str(out), images[0], "--top-k", "1", "--json", *images[1:]],
+        [str(out), "--top-k", "1", "--json", "--", *images],
+    ):
+        assert main(["predict", *argv]) == 0
+        assert [(r["image"], len(r["top_k"])) for r in json.loads(capsys.readouterr().out)] == [(i, 1) for i in images]
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", "--json", str(out), str(out)])
+    assert stop.value.code == 2
+    assert "foodvit compare: error: unrecognized arguments: --json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["predict", str(out), "--top-k", "1", images[0], "--no-such-option"])
+    assert "foodvit predict: error: unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
 def test_predict_reports_each_bad_photo_and_predicts_the_rest(run, capsys, tmp_path):
     out, photos = run
     good = str(sorted((photos / "test" / "pizza").iterdir())[0])

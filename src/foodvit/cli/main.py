@@ -145,8 +145,26 @@ def _drop_output(stream) -> None:
         pass
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The command line, its options anywhere: `foodvit predict RUN --out labels.csv photos/` as well as with the
+    photos last (argparse takes a list of positionals only before the first option after them). Whatever is left
+    over is refused by the command's own parser, which names the command."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    listed = [a for a in command._actions if not a.option_strings and a.nargs in ("*", "+")]
+    rest = extra[1:] if extra[0] == "--" else extra
+    if listed and (extra[0] == "--" or not any(s.startswith("-") for s in rest)):
+        setattr(args, listed[-1].dest, [*getattr(args, listed[-1].dest), *rest])
+        return args
+    before = extra[: extra.index("--")] if "--" in extra else extra
+    command.error(f"unrecognized arguments: {' '.join(s for s in before if s.startswith('-')) or ' '.join(extra)}")
+    raise AssertionError("unreachable: error() exits")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     configure_logging(args)
     stdout = sys.stdout
     if getattr(stdout, "errors", None) == "strict" and hasattr(stdout, "reconfigure"):
