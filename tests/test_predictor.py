@@ -210,3 +210,38 @@ def test_a_run_with_mismatched_files_is_refused_at_load(tmp_path, predictor):
     (tmp_path / "model.json").write_text("{")
     with pytest.raises(foodvit.FoodVitError, match="model.json is not readable JSON"):
         foodvit.load_predictor(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("classes", 5, "its classes must be a list of distinct names, got 5"),
+        ("classes", "abc", 'its classes must be a list of distinct names, got "abc"'),
+        ("classes", ["pizza", "pizza", "sushi"], "its classes must be a list of distinct names"),
+        ("preprocess", "x", "the preprocessing must be an object with image_size, resize_size, mean and std"),
+        ("preprocess", {"image_size": -5}, "the preprocessing must be an object with image_size"),
+        ("preprocess.mean", ["a", "b", "c"], r"preprocessing's mean must be a number a channel, got \['a', 'b', 'c'\]"),
+        ("preprocess.std", [0, 0, 0], "preprocessing's std must be above 0 for every channel"),
+        ("preprocess.resize_size", 10**7, "preprocessing's resize_size must be a whole number from 1 to 4096"),
+        ("model.image_size", 100000, "a model setting is out of its range"),
+        ("model.depth", 7, r"model.safetensors does not hold the model model.json describes"),
+    ],
+)
+def test_a_damaged_model_card_is_named_with_its_field_at_load(tmp_path, predictor, field, value, said):
+    """A hand-edited or damaged model.json gave a TypeError or KeyError, NaN probabilities (std 0), labels made of a
+    string's letters, a process killed for memory (a resize to 10^7 px), or a message meant for Python callers."""
+    import json
+
+    from foodvit.rundir.trained import save_model
+
+    save_model(tmp_path, predictor.model, CLASSES, predictor.preprocess)
+    card = json.loads((tmp_path / "model.json").read_text())
+    *parents, last = field.split(".")
+    holder = card
+    for key in parents:
+        holder = holder[key]
+    holder[last] = value
+    (tmp_path / "model.json").write_text(json.dumps(card))
+    with pytest.raises(foodvit.FoodVitError, match=rf"model\.json is damaged: {said}|{said}") as refused:
+        foodvit.load_predictor(tmp_path)
+    assert "\n" not in str(refused.value) and "restore" in str(refused.value)

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from foodvit.errors import ConfigError
 from foodvit.settings.run import INTERPOLATIONS, RESIZE_MODES
 
+MAX_SIDE = 4096  # the largest image_size or resize_size a preprocessing may name: a photo resized beyond it is no input
+
 
 @dataclass(frozen=True)
 class Preprocess:
@@ -32,6 +34,18 @@ class Preprocess:
     interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
+        for name in ("image_size", "resize_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIDE:
+                raise ConfigError(f"preprocessing's {name} must be a whole number from 1 to {MAX_SIDE}, got {value!r}")
+        for name in ("mean", "std"):
+            values = getattr(self, name)
+            if not 1 <= len(values) <= 4 or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+            ):
+                raise ConfigError(f"preprocessing's {name} must be a number a channel, got {list(values)!r}")
+        if not all(v > 0 for v in self.std):
+            raise ConfigError(f"preprocessing's std must be above 0 for every channel, got {list(self.std)!r}")
         if self.mode not in RESIZE_MODES:
             raise ConfigError(f"preprocessing mode must be one of {', '.join(RESIZE_MODES)}, got {self.mode!r}")
         if self.interpolation not in INTERPOLATIONS:
@@ -43,6 +57,17 @@ class Preprocess:
 
     @classmethod
     def from_dict(cls, d: dict) -> Preprocess:
+        """The preprocessing a model card or a model file's metadata holds; ConfigError, naming what is wrong,
+        for one that is not (a damaged or hand-edited file)."""
+        fields = ("image_size", "resize_size", "mode", "mean", "std", "interpolation")
+        if not isinstance(d, dict) or any(k not in d for k in fields[:2] + fields[3:5]) or set(d) - set(fields):
+            raise ConfigError(
+                f"the preprocessing must be an object with image_size, resize_size, mean and std (mode and "
+                f"interpolation optional), got {json.dumps(d)[:200]}"
+            )
+        for name in ("mean", "std"):
+            if not isinstance(d[name], (list, tuple)):
+                raise ConfigError(f"preprocessing's {name} must be a number a channel, got {d[name]!r}")
         return cls(**{**d, "mean": tuple(d["mean"]), "std": tuple(d["std"])})
 
     def at_size(self, image_size: int) -> Preprocess:

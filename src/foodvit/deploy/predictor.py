@@ -24,6 +24,7 @@ import numpy as np
 
 from foodvit.data.photos import PHOTO_LIMIT, PhotoError, decode
 from foodvit.data.preprocess import Preprocess, to_array
+from foodvit.errors import ConfigError, InputError
 
 Logits = Callable[[np.ndarray], np.ndarray]
 
@@ -126,7 +127,11 @@ class Predictor:
 
         backend = OnnxBackend(path, threads)
         classes, preprocess, card = backend.description()
-        return cls(backend, classes, Preprocess.from_dict(preprocess), card)
+        try:
+            saved = Preprocess.from_dict(preprocess)
+        except ConfigError as err:
+            raise InputError(f"{path} is damaged: {err}; export the run again (foodvit export)") from None
+        return cls(backend, classes, saved, card)
 
     @classmethod
     def open(cls, where: str | Path, device=None, threads: int | None = None) -> Predictor:

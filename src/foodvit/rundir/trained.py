@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from foodvit.data.preprocess import Preprocess
-from foodvit.errors import RunError
+from foodvit.errors import ConfigError, InputError, RunError
 from foodvit.files import write_text
 from foodvit.model.vit import VisionTransformer
 from foodvit.rundir.directory import training_now
@@ -78,6 +78,11 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
         raise RunError(
             f"{card_path} describes a model this foodvit does not build ({err}); was it written by another version?"
         ) from None
+    except ConfigError as err:  # a value out of its range: the card was edited or damaged
+        raise RunError(
+            f"{card_path} is damaged: a model setting is out of its range ({err}); restore it (training writes it "
+            "with the model)"
+        ) from None
     if config is None:
         raise RunError(
             f"{weights} carries no model configuration: it is not a foodvit model file; "
@@ -87,12 +92,28 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
     preprocess = card.get("preprocess") or json.loads(meta.get("preprocess", "null"))
     if not classes or not preprocess:
         raise RunError(f"{weights} lacks class names or preprocessing; it was not written by foodvit train")
+    where = card_path if card else weights
+    if not is_class_list(classes):
+        raise RunError(
+            f"{where} is damaged: its classes must be a list of distinct names, got {json.dumps(classes)[:200]}; "
+            "restore it (training writes it with the model)"
+        )
+    try:
+        saved = Preprocess.from_dict(preprocess)
+    except ConfigError as err:
+        raise RunError(f"{where} is damaged: {err}; restore it (training writes it with the model)") from None
     if len(classes) != config.num_classes:
         raise RunError(
             f"{weights}: {len(classes)} class names for a model with {config.num_classes} outputs; "
             "the files do not belong together"
         )
-    model = load_weights(VisionTransformer(config), state).eval()
+    try:
+        model = load_weights(VisionTransformer(config), state).eval()
+    except InputError:  # the weights are of another model than the card describes
+        raise RunError(
+            f"{weights} does not hold the model {card_path.name if card else 'its metadata'} describes (its "
+            f"tensors' names or shapes differ); the files do not belong together: restore the run's model.json"
+        ) from None
     card = {
         **card,
         "model": config.__dict__,
@@ -100,7 +121,16 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
         "preprocess": preprocess,
         "params": sum(p.numel() for p in model.parameters()),
     }
-    return model, list(classes), Preprocess.from_dict(preprocess), card
+    return model, list(classes), saved, card
+
+
+def is_class_list(classes) -> bool:
+    """Whether a model card's classes are a list of distinct, non-empty names."""
+    return (
+        isinstance(classes, list)
+        and all(isinstance(c, str) and c for c in classes)
+        and len(set(classes)) == len(classes)
+    )
 
 
 def load_model(run: str | os.PathLike, device: str | torch.device | None = None) -> VisionTransformer:
