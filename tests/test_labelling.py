@@ -134,10 +134,53 @@ def test_a_rerun_skips_what_is_done_and_drops_a_partial_last_row(run, tree, tmp_
         main(["predict", str(run), str(tree / "a"), "--out", str(out), "--quiet"]) == 1
     )  # the last photo is the damaged one
     assert (
-        "0 photos labelled, 1 could not be read, 3 already there; 1 row with an error in the file"
-        in capsys.readouterr().err
+        "0 photos labelled, 1 could not be read, 3 already there; 1 photo whose row is an error (--retry-errors "
+        "reads them again)" in capsys.readouterr().err
     )
     assert out.read_text() == whole
+
+
+def test_retry_errors_reads_again_the_photos_whose_row_is_an_error(run, tmp_path, capsys):
+    """A photo that failed (still being copied) kept its error row for good: every later run skipped it as done
+    and exited 1. With --retry-errors it gets a new row, the last a photo has being its answer."""
+    import shutil
+
+    photos = tmp_path / "photos"
+    make_photo(photos / "good.jpg", (200, 40, 40), size=(20, 24))
+    (photos / "late.jpg").write_bytes(b"\xff\xd8 half copied")
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", str(run), str(photos), "--out", str(out), "--quiet"]) == 1
+    shutil.copy(photos / "good.jpg", photos / "late.jpg")  # the copy finishes
+    assert main(["predict", str(run), str(photos), "--out", str(out), "--quiet"]) == 1  # skipped as done
+    capsys.readouterr()
+    assert main(["predict", str(run), str(photos), "--out", str(out), "--quiet", "--retry-errors"]) == 0
+    assert "1 photos labelled, 0 could not be read, 1 already there; 0 photos whose row is an error" in (
+        capsys.readouterr().err
+    )
+    rows = read_rows(out)
+    assert [(os.path.basename(r["path"]), "error" in r) for r in rows] == [
+        ("good.jpg", False),
+        ("late.jpg", True),
+        ("late.jpg", False),
+    ]
+    assert main(["predict", str(run), str(photos), "--out", str(out), "--quiet", "--retry-errors"]) == 0
+    assert len(read_rows(out)) == 3  # nothing left to read again
+
+
+def test_two_runs_writing_one_out_file_at_once_are_refused_not_doubled(run, tree, tmp_path, capsys):
+    """Two `predict --out` on one file at once each labelled every photo: every row twice."""
+    import fcntl
+
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(run), str(tree / "c.jpeg"), "--out", str(out), "--quiet"]) == 0
+    before = out.read_bytes()
+    with open(out, "ab") as other:  # as a second foodvit predict holds it while it writes
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        capsys.readouterr()
+        assert main(["predict", str(run), str(tree / "a"), "--out", str(out), "--quiet"]) == 2
+        assert f"another foodvit predict is writing {out} now; wait for it to finish" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main(["predict", str(run), str(tree / "a"), "--out", str(out), "--quiet"]) == 1  # free again: goes on
 
 
 def test_an_out_file_of_another_model_or_top_k_is_refused_not_mixed(run, tree, tmp_path, capsys):

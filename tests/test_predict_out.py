@@ -92,7 +92,7 @@ def test_a_rerun_exits_1_while_the_file_still_holds_error_rows(shared_run, tmp_p
     out = tmp_path / "labels.csv"
     assert main(["predict", str(run), str(folder), "--out", str(out), "--quiet"]) == 1
     assert main(["predict", str(run), str(folder), "--out", str(out), "--quiet"]) == 1
-    assert "1 row with an error" in capsys.readouterr().err.splitlines()[-1]
+    assert "1 photo whose row is an error" in capsys.readouterr().err.splitlines()[-1]
     (folder / "broken.jpg").unlink()
     out.write_text("".join(line for line in out.read_text().splitlines(keepends=True) if "broken.jpg" not in line))
     assert main(["predict", str(run), str(folder), "--out", str(out), "--quiet"]) == 0

@@ -76,6 +76,12 @@ def register(sub) -> None:
         default=2,
         help="with --out: threads decoding photos while the model runs (default 2; 0 decodes in line)",
     )
+    p.add_argument(
+        "--retry-errors",
+        action="store_true",
+        help="with --out: read again the photos whose row in the file is an error (a photo copied since, a mount "
+        "back); each gets a new row, the last row of a photo being its answer",
+    )
     p.add_argument("--quiet", action="store_true", help="with --out: no progress bar")
     p.add_argument(
         "--dist-timeout",
@@ -176,6 +182,8 @@ def label_to_file(args: argparse.Namespace) -> int:
         )
     here = place()
     rank, world = here.rank, here.world_size
+    if world > 1 and args.retry_errors:
+        raise ConfigError("--retry-errors runs as one process: run it without torchrun, then go on with torchrun")
     if world > 1 and "-" in (args.files_from, args.files_from0):
         raise ConfigError(
             "under torchrun each process reads the list itself: give --files-from a file, not standard input"
@@ -201,7 +209,7 @@ def label_to_file(args: argparse.Namespace) -> int:
         if rank != 0:
             return 0  # rank 0 merges and reports for all
     else:
-        predictions = Predictions(out, identity, args.top_k)
+        predictions = Predictions(out, identity, args.top_k, retry_errors=args.retry_errors)
         try:
             done = label(
                 predictor,
@@ -218,8 +226,9 @@ def label_to_file(args: argparse.Namespace) -> int:
     errors = len(read_rows(out)[1])  # this run's and any earlier run's: the file is not whole while it holds one
     print(
         f"{out}: {done.written} photos labelled, {done.failed} could not be read, {done.skipped} already there; "
-        f"{errors} row{'' if errors == 1 else 's'} with an error in the file; "
-        f"{labelled / max(done.seconds, 1e-9):.1f} photos/s",
+        f"{errors} photo{'' if errors == 1 else 's'} whose row is an error"
+        + (" (--retry-errors reads them again)" if errors else "")
+        + f"; {labelled / max(done.seconds, 1e-9):.1f} photos/s",
         file=sys.stderr,
     )
     return 1 if errors else 0

@@ -135,8 +135,8 @@ def complete_rows_size(path: Path) -> int:
 
 def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
     """The paths of the complete rows of a predictions file (CSV or JSONL; its first `size` bytes,
-    default: up to its last newline), and of those among them with an error; read a row at a time
-    (a file's rows, never the file, in memory at once)."""
+    default: up to its last newline), and of those among them whose last row is an error; read a row
+    at a time (a file's rows, never the file, in memory at once)."""
     done: set[str] = set()
     failed: set[str] = set()
     if not path.exists():
@@ -160,6 +160,8 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
                         done.add(row[0])
                         if len(row) >= len(COLUMNS) and row[COLUMNS.index("error")]:
                             failed.add(row[0])
+                        else:  # a photo read again (--retry-errors): its last row is its answer
+                            failed.discard(row[0])
             else:
                 for line in text:
                     if line.strip():
@@ -167,6 +169,8 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
                         done.add(row["path"])
                         if row.get("error"):
                             failed.add(row["path"])
+                        else:
+                            failed.discard(row["path"])
         except csv.Error as err:
             if "unexpected end of data" in str(err):
                 raise _Unfinished from None
@@ -201,24 +205,45 @@ class _Bounded(io.RawIOBase):
         return n
 
 
+def _lock(file, path: Path) -> None:
+    """An exclusive lock on the open predictions file (flock: the OS drops it when the process ends, however it
+    ends), or a RunError if another process holds it. Where there is no flock (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.close()
+        raise RunError(
+            f"another foodvit predict is writing {path} now; wait for it to finish (then run this again to "
+            "continue), or choose another --out"
+        ) from None
+
+
 class Predictions:
     """A predictions file opened for appending: one row a photo, CSV (a header, then COLUMNS;
     top_k as JSON text) or JSON Lines (an object a line, "error" only for a photo that could not
     be read). Opening it refuses a file of another model or --top-k (check_written_by), drops a
     partial last line (what a killed run may leave) and reads the paths already in it (done)."""
 
-    def __init__(self, out: Path, identity: dict, top_k: int) -> None:
+    def __init__(self, out: Path, identity: dict, top_k: int, retry_errors: bool = False) -> None:
         self.path, self.csv = Path(out), Path(out).suffix.lower() == ".csv"
-        if check_written_by(self.path, identity, top_k):
+        written = check_written_by(self.path, identity, top_k)
+        self.file = open(self.path, "ab")
+        _lock(self.file, self.path)  # one writer a file: two runs appending would each label every photo
+        if written:
             keep = complete_rows_size(self.path)
             if keep < self.path.stat().st_size:
                 os.truncate(self.path, keep)
         else:
             write_text(meta_path(self.path), json.dumps({**identity, "top_k": top_k}, indent=1) + "\n")
         self.done, self.failed = read_rows(
-            self.path, self.path.stat().st_size if self.path.exists() else None
-        )  # failed: rows with an error, written by an earlier run
-        self.file = open(self.path, "ab")
+            self.path, self.path.stat().st_size
+        )  # failed: photos whose last row is an error, written by an earlier run
+        if retry_errors:
+            self.done -= self.failed  # read again: a later row, right or not, is the photo's answer
         if self.file.tell() == 0 and self.csv:
             self._write(self._encode([dict(zip(COLUMNS, COLUMNS, strict=False))]))
 
