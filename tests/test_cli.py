@@ -156,6 +156,30 @@ def test_confusion_lines_point_to_json_past_ten_classes():
     assert confusion_lines([f"c{i}" for i in range(11)], [[0] * 11] * 11) == ["confusion matrix: 11 classes, in --json"]
 
 
+def test_evaluate_says_to_name_the_photos_when_the_runs_are_gone_or_its_settings_damaged(run, capsys, tmp_path):
+    """A run whose photos have moved said "data source ... does not exist" with no word of --data; one whose
+    config.json is damaged named the damage alone."""
+    import shutil
+
+    out, photos = run
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    settings = json.loads((moved / "config.json").read_text())
+    settings["data"]["source"] = str(tmp_path / "gone")
+    (moved / "config.json").write_text(json.dumps(settings))
+    capsys.readouterr()
+    assert main(["evaluate", str(moved)]) == 2
+    assert f"the photos moved was trained on ({tmp_path / 'gone'}) are not there any more; name them with --data" in (
+        capsys.readouterr().err
+    )
+    assert main(["evaluate", str(moved), "--data", str(photos), "--json"]) == 0
+    (moved / "config.json").write_text("{")
+    capsys.readouterr()
+    assert main(["evaluate", str(moved)]) == 2
+    err = capsys.readouterr().err
+    assert "config.json" in err and err.rstrip().endswith("or name the photos to evaluate on with --data PATH")
+
+
 def test_evaluate_accepts_a_folder_of_class_folders(run, capsys):
     out, photos = run
     capsys.readouterr()

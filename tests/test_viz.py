@@ -237,6 +237,14 @@ def test_patch_grid_errors_name_both_sizes(tmp_path, capsys):
         == 2
     )
     assert "image size 100 is not a multiple of the patch size 16; use 96 or 112" in capsys.readouterr().err
+    out = str(tmp_path / "x.png")
+    assert main(["patches", str(tmp_path / "p.png"), "--image-size", "1024", "--patch-size", "2000", "--out", out]) == 2
+    assert "--patch-size 2000 is larger than the image (1024 px); give at most 1024" in capsys.readouterr().err
+    # a photo that is not there, or a URL, is named as predict names it (not "damaged or truncated?")
+    assert main(["patches", str(tmp_path / "gone.png"), "--out", out]) == 2
+    assert f"{tmp_path / 'gone.png'} does not exist" in capsys.readouterr().err
+    assert main(["patches", "https://example.com/a.jpg", "--out", out]) == 2
+    assert "is a URL: URLs are not supported; download the photo first" in capsys.readouterr().err
 
 
 def test_explain_reads_attention_through_the_models_pooling():

@@ -83,15 +83,27 @@ def evaluation_source(run: str, data: str | None, predictor):
     it (its class subset included); for an exported file, the first of its own data and
     $FOODVIT_DATA that is at hand (an export never starts a download)."""
     from foodvit.data.datasource import DataSource
+    from foodvit.data.sources import FOOD101
     from foodvit.errors import DataError
 
     if data:
         return DataSource.parse(data)
     config = Path(run) / "config.json"
     if config.is_file():
+        from foodvit.errors import FoodVitError
         from foodvit.rundir.directory import read_config
 
-        return DataSource.parse(read_config(config).data.source)
+        try:
+            source = DataSource.parse(read_config(config).data.source)
+        except FoodVitError as err:
+            raise DataError(f"{err}; or name the photos to evaluate on with --data PATH") from None
+        local = Path(source.location).expanduser()
+        if source.location != FOOD101 and "://" not in source.location and not local.exists():
+            raise DataError(
+                f"the photos {Path(run).name} was trained on ({source.location}) are not there any more; name "
+                "them with --data PATH (a folder with test/<class>/, or a folder of class folders)"
+            )
+        return source
     for source in predictor.data_sources():
         if source.root_at_hand() is not None:
             return source

@@ -63,12 +63,13 @@ def register(sub) -> None:
 
 def cmd_patches(args: argparse.Namespace) -> int:
     from foodvit.data.photos import load_or_explain
+    from foodvit.deploy.inference import local_photo
     from foodvit.viz.attention import feature_maps
     from foodvit.viz.figures import add_feature_maps, patches_figure
     from foodvit.viz.plotting import save_figure
 
     out = writable(args.out, (".png",))
-    photo = load_or_explain(Path(args.image))
+    photo = load_or_explain(local_photo(args.image))
     predictor = model = None
     if args.feature_maps:
         from foodvit.deploy.predictor import Predictor
@@ -77,6 +78,8 @@ def cmd_patches(args: argparse.Namespace) -> int:
         model = predictor.model
     size = args.image_size or (model.config.image_size if model else 224)
     patch = args.patch_size or (model.config.patch_size if model else 16)
+    if patch > size:  # the grid's rule would say "use {patch}", which may be past --image-size's own bound
+        raise ConfigError(f"--patch-size {patch} is larger than the image ({size} px); give at most {size}")
     if size // patch > PATCHES_MAX_GRID:
         raise ConfigError(
             f"--image-size {size} in patches of {patch} px is a grid of {size // patch} x {size // patch}; patches "
@@ -99,13 +102,14 @@ def cmd_patches(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from foodvit.data.photos import load_or_explain
+    from foodvit.deploy.inference import local_photo
     from foodvit.deploy.predictor import Predictor
     from foodvit.viz.figures import explain_figure
     from foodvit.viz.plotting import save_figure
 
     out = writable(args.out, (".png",))
     predictor = Predictor.from_run(args.run)
-    photo = load_or_explain(Path(args.image))
+    photo = load_or_explain(local_photo(args.image))
     print(save_figure(explain_figure(predictor, photo, args.top_k, args.heads), out))
     return 0
 
