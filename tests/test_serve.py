@@ -3,6 +3,7 @@ process on 127.0.0.1, a tiny run trained here, real HTTP requests. Needs the ser
 
 import io
 import json
+import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -342,6 +343,33 @@ def test_a_file_beside_the_example_photos_is_not_served(server, run):
 
 @pytest.mark.slow  # uploads through Gradio's client; the fast tier keeps the app, its page included, built in process
 # (the JSON API test)
+def test_the_pages_uploads_wait_while_its_upload_folder_is_over_its_budget(run, tmp_path, monkeypatch):
+    """Gradio kept any file uploaded to the page, photo or not, for half an hour: an anonymous client could fill
+    the disk a request at a time. Over the budget an upload is answered 507, saying when to try again."""
+    import foodvit.deploy.routes as routes
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import create_app
+
+    out, _ = run
+    cache = tmp_path / "gradio"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
+    monkeypatch.setattr(routes, "UPLOAD_BUDGET", 50_000)
+    app, _ = create_app(Predictor.from_run(out), examples=())
+
+    def junk():  # other bytes each time: Gradio keeps one file for uploads of the same bytes
+        return {"files": ("junk.bin", os.urandom(40_000), "application/octet-stream")}
+
+    with ServerThread(app) as url:
+        assert httpx.post(url + "/gradio_api/upload", files=junk()).status_code == 200
+        assert httpx.post(url + "/gradio_api/upload", files=junk()).status_code == 200  # 40 kB held: under 50 kB
+        full = httpx.post(url + "/gradio_api/upload", files=junk())  # 80 kB held
+        assert full.status_code == 507
+        assert full.json()["error"].startswith("the page's upload space is full (0.0476837 MiB of recent uploads)")
+        assert httpx.get(url + "/health").status_code == 200  # the API and the page go on
+        held = [p for p in cache.rglob("*") if p.is_file()]
+        assert sum(p.stat().st_size for p in held) == 80_000 and len(held) == 2  # the third was never written
+
+
 def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
     gradio_client = pytest.importorskip("gradio_client")
     import time

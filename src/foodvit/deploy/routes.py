@@ -1,11 +1,14 @@
 """The server's HTTP API on its FastAPI app (deploy/serve.py builds the app): POST /predict and GET /health,
 and every bad request answered 4xx with {"error": what was wrong and what is accepted}, never a 5xx: a body
 over the upload limit (BodyLimit, before anything reads the whole body), a malformed form, a photo that
-cannot be read, a method or a path the API does not answer.
+cannot be read, a method or a path the API does not answer. The page's own uploads are bounded on disk as well
+(UploadBudget).
 """
 
 # no `from __future__ import annotations`: FastAPI reads the endpoints' annotations (UploadFile) at run time
 
+import os
+from pathlib import Path
 from typing import Annotated
 
 from foodvit.data.photos import ACCEPTED, PhotoError, safe_name
@@ -72,6 +75,41 @@ class BodyLimit:
 
 class _TooLarge(Exception):
     pass
+
+
+UPLOAD_BUDGET = 512 * 2**20  # bytes the page's upload folder may hold before new uploads wait for its clean-up
+
+
+class UploadBudget:
+    """ASGI middleware: an upload to the page (Gradio's /gradio_api/upload) is answered 507 while Gradio's upload
+    folder holds more than `budget` bytes. The page's delete_cache removes files after half an hour; without a
+    budget an anonymous client could fill the disk in that time, a request of junk at a time."""
+
+    def __init__(self, app, folder: Path, budget: int | None = None) -> None:
+        self.app, self.folder, self.budget = app, Path(folder), UPLOAD_BUDGET if budget is None else budget
+
+    def held(self) -> int:
+        """The bytes of the files under the upload folder (0 before the first upload makes it)."""
+        total = 0
+        for root, _, files in os.walk(self.folder):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except OSError:  # removed by the clean-up meanwhile
+                    pass
+        return total
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].endswith("/gradio_api/upload"):
+            if self.held() > self.budget:
+                from starlette.responses import JSONResponse
+
+                message = (
+                    f"the page's upload space is full ({self.budget / 2**20:g} MiB of recent uploads); try again in "
+                    "a few minutes, when uploads older than half an hour are removed"
+                )
+                return await JSONResponse({"error": message}, status_code=507)(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 # the API's paths and the methods each answers; other methods get 405 (else the page mounted at /

@@ -26,7 +26,7 @@ import numpy as np
 
 from foodvit import markup
 from foodvit.deploy.predictor import Predictor
-from foodvit.deploy.routes import BodyLimit, add_api
+from foodvit.deploy.routes import BodyLimit, UploadBudget, add_api
 from foodvit.deploy.service import DEFAULT_MAX_MEGAPIXELS, DEFAULT_MAX_UPLOAD_MB, Service
 from foodvit.errors import FoodVitError
 
@@ -89,6 +89,7 @@ def create_app(
         # Gradio checks that a file a call names was uploaded through the page only for an app it launched itself;
         # mounted, the page is as launched, so that a client cannot name any file of the server's in its API calls
         demo.has_launched = True
+        return BodyLimit(UploadBudget(app, Path(gr.utils.get_upload_folder())), max_bytes), service
     return BodyLimit(app, max_bytes), service
 
 
