@@ -176,13 +176,23 @@ def as_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+BAND = 1 << 22  # values _to_8bit scales at a time (32 MB as float64)
+
+
 def _to_8bit(image: Image.Image) -> Image.Image:
+    """16- or 32-bit grayscale stretched to 8 bits, its darkest pixel 0 and its brightest 255; scaled a band of
+    rows at a time, as a float64 copy of a whole 49-megapixel photo and its temporaries took over a gigabyte."""
     import numpy as np
 
-    array = np.asarray(image, dtype=np.float64)
+    array = np.asarray(image)
     low, high = float(array.min()), float(array.max())
-    scaled = (array - low) / (high - low) * 255 if high > low else np.zeros_like(array)
-    return Image.fromarray(scaled.round().astype(np.uint8), mode="L")
+    out = np.zeros(array.shape, dtype=np.uint8)
+    if high > low:
+        rows = max(1, BAND // max(1, array.shape[1]))
+        for top in range(0, array.shape[0], rows):
+            band = array[top : top + rows].astype(np.float64)
+            out[top : top + rows] = ((band - low) / (high - low) * 255).round()
+    return Image.fromarray(out, mode="L")
 
 
 def load_or_explain(path: str | os.PathLike) -> Image.Image:
