@@ -1,10 +1,11 @@
 """The command line: options generated from the config, and each command's contract."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
-from helpers import make_photo_folder
+from helpers import make_photo, make_photo_folder
 from PIL import Image
 
 from foodvit.cli.main import main
@@ -542,6 +543,29 @@ def test_inspect_says_why_a_picture_is_skipped(run, capsys, tmp_path):
         "pos_similarity.png: skipped, the model's position embedding is 'sincos2d', not learned"
         in capsys.readouterr().err
     )
+
+
+def test_inspect_skips_a_photo_it_cannot_read_and_writes_nothing_for_bad_data(run, capsys, tmp_path):
+    """One truncated photo stopped inspect with two of its three pictures written; a bad --data or --split left two
+    pictures too (the photos were read after them)."""
+    out, photos = run
+    data = tmp_path / "d"
+    shutil.copytree(photos, data)
+    first = sorted((data / "test" / "pizza").iterdir())[0]
+    make_photo(first, (200, 60, 40), size=(300, 300))
+    first.write_bytes(first.read_bytes()[: first.stat().st_size // 2])  # its header whole, its pixels cut short
+    capsys.readouterr()
+    argv = ["inspect", str(out), "--images", "9", "--data", str(data)]
+    assert main([*argv, "--out", str(tmp_path / "i")]) == 0
+    assert f"skipped 1 photo(s) that cannot be read, e.g. {first}" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "i").iterdir()) == [
+        "attention_distance.png",
+        "filters.png",
+        "pos_similarity.png",
+    ]
+    assert main(["inspect", str(out), "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "j")]) == 2
+    assert main(["inspect", str(out), "--data", str(data), "--split", "valid", "--out", str(tmp_path / "j")]) == 2
+    assert not (tmp_path / "j").exists() or not list((tmp_path / "j").iterdir())
 
 
 @pytest.mark.slow  # a second Python draws a figure; the fast tier keeps test_architecture's check that training

@@ -117,9 +117,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import torch
 
-    from foodvit.data.photos import load_or_explain
+    from foodvit.data.photos import PhotoError, load_or_explain
     from foodvit.deploy.predictor import Predictor
-    from foodvit.errors import RunError
+    from foodvit.errors import DataError, RunError
     from foodvit.viz.attention import attention_distances_over
     from foodvit.viz.figures import (
         attention_distance_figure,
@@ -136,6 +136,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise RunError(f"--out {out} is a file; inspect writes three pictures into a folder: choose a folder")
     for name in ("filters.png", "pos_similarity.png", "attention_distance.png"):
         writable(str(out / name))
+    # the photos first: bad --data or --split is refused before any picture is written
+    split = evaluation_source(args.run, args.data, predictor).open_split(args.split)
+    picked = split.samples[:: max(1, len(split.samples) // args.images)][: args.images]  # spread over the classes
+    images, skipped = [], []
+    for path, _ in picked:
+        try:
+            images.append(torch.from_numpy(predictor.prepare(load_or_explain(path), str(path))))
+        except PhotoError as err:  # skipped, as evaluate skips it
+            skipped.append(str(err))
+    if skipped:
+        print(f"skipped {len(skipped)} photo(s) that cannot be read, e.g. {skipped[0]}", file=sys.stderr)
+    if not images:
+        raise DataError(f"none of the {len(picked)} photos picked from the {args.split} split can be read")
     written = []
     if model.config.stem == "patch":
         written.append(save_figure(filters_figure(model), out / "filters.png"))
@@ -151,10 +164,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             "so there is nothing learned to compare",
             file=sys.stderr,
         )
-    split = evaluation_source(args.run, args.data, predictor).open_split(args.split)
-    photos = split.samples[:: max(1, len(split.samples) // args.images)][: args.images]  # spread over the classes
-    images = torch.stack([torch.from_numpy(predictor.prepare(load_or_explain(path), str(path))) for path, _ in photos])
-    distances = attention_distances_over(model, images)
+    distances = attention_distances_over(model, torch.stack(images))
     written.append(
         save_figure(attention_distance_figure(distances, model.config.image_size), out / "attention_distance.png")
     )
