@@ -697,3 +697,31 @@ def test_a_photo_with_a_damaged_exif_block_is_read_without_pillows_warning(tmp_p
     assert main(["patches", str(photo), "--out", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").is_file()
     assert not [w for w in recwarn if "EXIF" in str(w.message) or "Truncated" in str(w.message)]
+
+
+def test_json_nested_past_pythons_limit_is_a_damaged_file_not_a_recursion_error(shared_run, tmp_path, capsys):
+    """A config.json, model.json or study result nested 100,000 deep gave a RecursionError traceback: json's
+    parser gives up on it, and foodvit said nothing of the file."""
+    import shutil
+
+    from foodvit.errors import FoodVitError
+    from foodvit.rundir.directory import read_config
+    from foodvit.tuning.compare import read_study
+
+    out, _ = shared_run
+    nested = "[" * 100_000 + "]" * 100_000
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    (damaged / "config.json").write_text(nested)
+    with pytest.raises(FoodVitError, match=r"config.json is not valid JSON \(maximum recursion depth"):
+        read_config(damaged / "config.json")
+    capsys.readouterr()
+    assert main(["compare", str(out), str(damaged)]) == 2
+    assert "config.json (maximum recursion depth exceeded" in capsys.readouterr().err
+    (damaged / "model.json").write_text(nested)
+    assert main(["predict", str(damaged), str(tmp_path / "none.jpg")]) == 2
+    assert "model.json is not readable JSON (maximum recursion depth" in capsys.readouterr().err
+    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / "cv.json").write_text(nested)
+    with pytest.raises(FoodVitError, match="cv.json"):
+        read_study(tmp_path / "study")

@@ -82,7 +82,7 @@ def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
         stored = json.loads(meta_file.read_text())
         if not isinstance(stored, dict):
             raise ValueError("not the JSON object foodvit predict writes")
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply
         raise RunError(
             f"{path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "
             "choose another --out, or delete it"

@@ -81,7 +81,7 @@ def read_run(run: Path) -> tuple[dict, dict]:
         raise RunError(f"{run} holds no foodvit run (no config.json); give run directories written by foodvit train")
     try:
         stored = json.loads(config_path.read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested too deeply
         raise RunError(f"cannot read {config_path} ({err}); restore it, or leave that run out") from None
     if not isinstance(stored, dict):
         raise RunError(
@@ -97,7 +97,7 @@ def read_run(run: Path) -> tuple[dict, dict]:
         try:
             card = json.loads(model_json.read_text())
             final = card.get("metrics", {}) if isinstance(card, dict) else None
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested too deeply
             raise RunError(
                 f"{model_json} is not readable JSON ({err}); restore it (training writes it with the model) "
                 "or leave that run out of the comparison"

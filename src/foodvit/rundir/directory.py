@@ -254,7 +254,7 @@ def read_config(path: Path) -> RunConfig:
         values = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as err:
         raise RunError(f"cannot read {path} ({err})") from None
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: nested too deeply
         raise RunError(
             f"{path} is not valid JSON ({err}); restore it from the checkpoint's settings or start a new run"
         ) from None

@@ -42,7 +42,7 @@ def save_model(run: Path, model: VisionTransformer, classes, preprocess: Preproc
 def _read_card(path: Path) -> dict:
     try:
         card = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise RunError(
             f"{path} is not readable JSON ({err}); training writes it with the model: train again or restore it"
         ) from None

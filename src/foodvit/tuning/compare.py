@@ -93,7 +93,7 @@ def _result_file(path: Path, keys: tuple[str, ...]) -> dict:
     """A study's JSON result file holding `keys`, or a one-line error naming the damaged file."""
     try:
         result = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deeply
         raise StudyError(
             f"{path} is damaged ({type(e).__name__}); remove it and run `foodvit cv` on its study again "
             "to redo that part"

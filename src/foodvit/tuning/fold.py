@@ -185,7 +185,7 @@ def read_result(path: Path) -> dict | None:
         return None
     try:
         result = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply
         result = None
     if (
         is_run_result(result)

@@ -52,7 +52,7 @@ def read_identity(path: Path) -> dict | None:
         return None
     try:
         stored = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested too deeply
         why = "a folder" if path.is_dir() else f"not readable ({getattr(err, 'strerror', None) or err})"
         raise StudyError(
             f"{path} is {why}, not the file foodvit writes there: the folder's study cannot be read; "
