@@ -341,11 +341,10 @@ def test_a_file_beside_the_example_photos_is_not_served(server, run):
     assert httpx.get(f"{server}/gradio_api/file={neighbour.resolve()}").status_code in (403, 404)
 
 
-@pytest.mark.slow  # uploads through Gradio's client; the fast tier keeps the app, its page included, built in process
-# (the JSON API test)
 def test_the_pages_uploads_wait_while_its_upload_folder_is_over_its_budget(run, tmp_path, monkeypatch):
     """Gradio kept any file uploaded to the page, photo or not, for half an hour: an anonymous client could fill
-    the disk a request at a time. Over the budget an upload is answered 507, saying when to try again."""
+    the disk a request at a time. Over the budget an upload is answered 507, saying when to try again; only the
+    page's own files count (another app's in the shared folder would never be deleted, and refuse uploads for good)."""
     import foodvit.deploy.routes as routes
     from foodvit.deploy.predictor import Predictor
     from foodvit.deploy.serve import create_app
@@ -355,6 +354,8 @@ def test_the_pages_uploads_wait_while_its_upload_folder_is_over_its_budget(run, 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
     monkeypatch.setattr(routes, "UPLOAD_BUDGET", 50_000)
     app, _ = create_app(Predictor.from_run(out), examples=())
+    (cache / "another-app").mkdir(parents=True)
+    (cache / "another-app" / "left.bin").write_bytes(b"x" * 200_000)  # not this page's: never counted, never deleted
 
     def junk():  # other bytes each time: Gradio keeps one file for uploads of the same bytes
         return {"files": ("junk.bin", os.urandom(40_000), "application/octet-stream")}
@@ -366,10 +367,12 @@ def test_the_pages_uploads_wait_while_its_upload_folder_is_over_its_budget(run, 
         assert full.status_code == 507
         assert full.json()["error"].startswith("the page's upload space is full (0.0476837 MiB of recent uploads)")
         assert httpx.get(url + "/health").status_code == 200  # the API and the page go on
-        held = [p for p in cache.rglob("*") if p.is_file()]
+        held = [p for p in cache.rglob("*") if p.is_file() and p.parent.name != "another-app"]
         assert sum(p.stat().st_size for p in held) == 80_000 and len(held) == 2  # the third was never written
 
 
+@pytest.mark.slow  # uploads through Gradio's client; the fast tier keeps the app, its page included, built in process
+# (the JSON API test)
 def test_the_page_deletes_uploads_from_its_cache(run, tmp_path, monkeypatch):
     gradio_client = pytest.importorskip("gradio_client")
     import time

@@ -8,7 +8,7 @@ cannot be read, a method or a path the API does not answer. The page's own uploa
 # no `from __future__ import annotations`: FastAPI reads the endpoints' annotations (UploadFile) at run time
 
 import os
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Annotated
 
 from foodvit.data.photos import ACCEPTED, PhotoError, safe_name
@@ -81,22 +81,23 @@ UPLOAD_BUDGET = 512 * 2**20  # bytes the page's upload folder may hold before ne
 
 
 class UploadBudget:
-    """ASGI middleware: an upload to the page (Gradio's /gradio_api/upload) is answered 507 while Gradio's upload
-    folder holds more than `budget` bytes. The page's delete_cache removes files after half an hour; without a
-    budget an anonymous client could fill the disk in that time, a request of junk at a time."""
+    """ASGI middleware: an upload to the page (Gradio's /gradio_api/upload) is answered 507 while the files the
+    page has made (uploads, pictures shown) hold more than `budget` bytes. The page's delete_cache removes them
+    after half an hour; without a budget an anonymous client could fill the disk in that time, a request of junk at
+    a time. Only the page's own files count: Gradio's upload folder is shared by every app on the machine, and
+    another's leftovers, which this page never deletes, would refuse its uploads for good."""
 
-    def __init__(self, app, folder: Path, budget: int | None = None) -> None:
-        self.app, self.folder, self.budget = app, Path(folder), UPLOAD_BUDGET if budget is None else budget
+    def __init__(self, app, files: Callable[[], Iterable[str]], budget: int | None = None) -> None:
+        self.app, self.files, self.budget = app, files, UPLOAD_BUDGET if budget is None else budget
 
     def held(self) -> int:
-        """The bytes of the files under the upload folder (0 before the first upload makes it)."""
+        """The bytes of the page's files still on disk."""
         total = 0
-        for root, _, files in os.walk(self.folder):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(root, name)).st_size
-                except OSError:  # removed by the clean-up meanwhile
-                    pass
+        for path in self.files():
+            try:
+                total += os.lstat(path).st_size
+            except OSError:  # removed by the clean-up meanwhile
+                pass
         return total
 
     async def __call__(self, scope, receive, send) -> None:

@@ -89,7 +89,8 @@ def create_app(
         # Gradio checks that a file a call names was uploaded through the page only for an app it launched itself;
         # mounted, the page is as launched, so that a client cannot name any file of the server's in its API calls
         demo.has_launched = True
-        return BodyLimit(UploadBudget(app, Path(gr.utils.get_upload_folder())), max_bytes), service
+        budgeted = UploadBudget(app, lambda: [path for files in demo.temp_file_sets for path in list(files)])
+        return BodyLimit(budgeted, max_bytes), service
     return BodyLimit(app, max_bytes), service
 
 
