@@ -161,7 +161,8 @@ def test_the_reports_figures_draw_any_history_class_count_and_outcome(tmp_path):
 
 def test_characters_the_font_lacks_are_named_once_in_the_log_not_warned_each(tmp_path, caplog, recwarn, monkeypatch):
     """A class name in CJK or an emoji: matplotlib warns once per character per figure (noise even under
-    --quiet); save_figure names the characters in one log line, once a process, and lets other warnings by."""
+    --quiet). Under the command line's policy save_figure names the characters in one log line, once a process,
+    and shows other warnings as they came; without it matplotlib's own warnings are left alone."""
     import logging
     import warnings
 
@@ -200,6 +201,12 @@ def test_characters_the_font_lacks_are_named_once_in_the_log_not_warned_each(tmp
     monkeypatch.setattr(fig, "savefig", savefig)
     with pytest.warns(UserWarning, match="something else"):
         assert_drawn_png(plotting.save_figure(fig, tmp_path / "d.png"))
+    # a library caller's process, where the command line set no policy, keeps matplotlib's own warnings
+    monkeypatch.setattr(plotting, "_told", None)
+    caplog.clear()
+    with pytest.warns(UserWarning, match=r"Glyph \d+ .* missing from font"):
+        draw("寿司", "e.png")
+    assert not caplog.records
 
 
 def test_a_run_whose_class_names_its_font_lacks_says_so_in_one_line(tmp_path, capsys, recwarn, monkeypatch):

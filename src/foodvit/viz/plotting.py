@@ -39,29 +39,38 @@ MAKER = "foodvit"  # the PNG's Software text: a picture foodvit made, which a la
 # matplotlib's warning for each character its font cannot draw (a class name in CJK, an emoji): the codepoint
 # and the font's name
 MISSING_GLYPH = re.compile(r"Glyph (\d+) \(.*\) missing from font\(s\) (.+?)\.?$")
-_told: set[str] = set()  # characters already named in this process
+GLYPH_WARNING = r"Glyph \d+ .* missing from font"  # the same, as a warnings filter's message
+_told: set[str] | None = None  # characters named so far; None: the process keeps matplotlib's own warnings
 
 
 def quiet_missing_glyphs() -> None:
-    """matplotlib's warning for each character a figure's font lacks, silenced for the whole process: a
-    process-wide policy the command line sets once, as it sets the photos' pixel limit. Laying a figure out
-    (tight_layout) warns too, before save_figure, which names the characters once in the log instead."""
-    warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
+    """A process-wide policy the command line sets once, as it sets the photos' pixel limit: matplotlib's warning
+    for each character a figure's font lacks is silenced (laying a figure out warns too, before it is saved), and
+    save_figure names the characters once in the log instead. A library caller's process is left as it is."""
+    global _told
+    warnings.filterwarnings("ignore", message=GLYPH_WARNING)
+    if _told is None:
+        _told = set()
 
 
 def save_figure(fig, path: Path) -> Path:
-    """The figure written as a PNG at `path`, atomically. Characters its font cannot draw (drawn as
-    boxes) are named once in the log, not in a warning for every character in every figure."""
+    """The figure written as a PNG at `path`, atomically. Under quiet_missing_glyphs, characters its font cannot
+    draw (drawn as boxes) are named once in the log, and any other warning is shown as it would have been."""
 
     def write(tmp: Path) -> None:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        if _told is None:
+            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata={"Software": MAKER})
+            return
+        with warnings.catch_warnings(record=True) as caught:  # the command line draws in one thread
+            warnings.filterwarnings("always", message=GLYPH_WARNING)  # the rest keep the process's filters
             fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata={"Software": MAKER})
         missing, fonts = [], set()
         for warning in caught:
             found = MISSING_GLYPH.match(str(warning.message))
-            if found is None:  # anything else is passed on as it came
-                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            if found is None:  # recorded through the process's filters: shown as it would have been
+                warnings.showwarning(
+                    warning.message, warning.category, warning.filename, warning.lineno, warning.file, warning.line
+                )
             elif chr(int(found.group(1))) not in missing:
                 missing.append(chr(int(found.group(1))))
                 fonts.add(found.group(2))
