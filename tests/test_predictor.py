@@ -212,6 +212,21 @@ def test_a_run_with_mismatched_files_is_refused_at_load(tmp_path, predictor):
         foodvit.load_predictor(tmp_path)
 
 
+def test_preprocessing_takes_numbers_of_any_kind_and_keeps_them_as_pythons():
+    """numpy's numbers, which a library caller may pass, were refused by the model card's checks."""
+    import json
+
+    import numpy as np
+
+    from foodvit.data.preprocess import Preprocess, make_preprocess
+
+    mean = np.array([0.5, 0.25, 0.125], dtype=np.float32)
+    made = make_preprocess(np.int64(32), mean, mean)
+    assert made == make_preprocess(32, (0.5, 0.25, 0.125), (0.5, 0.25, 0.125))
+    assert type(made.image_size) is int and all(type(v) is float for v in made.mean + made.std)
+    assert Preprocess.from_dict(json.loads(made.to_json())) == made
+
+
 @pytest.mark.parametrize(
     ("field", "value", "said"),
     [
@@ -220,7 +235,12 @@ def test_a_run_with_mismatched_files_is_refused_at_load(tmp_path, predictor):
         ("classes", ["pizza", "pizza", "sushi"], "its classes must be a list of distinct names"),
         ("preprocess", "x", "the preprocessing must be an object with image_size, resize_size, mean and std"),
         ("preprocess", {"image_size": -5}, "the preprocessing must be an object with image_size"),
-        ("preprocess.mean", ["a", "b", "c"], r"preprocessing's mean must be a number a channel, got \['a', 'b', 'c'\]"),
+        (
+            "preprocess.mean",
+            ["a", "b", "c"],
+            r"mean must be a number a channel \(3, or 1 for all\), got \['a', 'b', 'c'\]",
+        ),
+        ("preprocess.mean", [0.5, 0.5], r"preprocessing's mean must be a number a channel \(3, or 1 for all\)"),
         ("preprocess.std", [0, 0, 0], "preprocessing's std must be above 0 for every channel"),
         ("preprocess.resize_size", 10**7, "preprocessing's resize_size must be a whole number from 1 to 4096"),
         ("model.image_size", 100000, "a model setting is out of its range"),

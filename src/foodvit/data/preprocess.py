@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass
 
 from foodvit.errors import ConfigError
@@ -34,16 +35,21 @@ class Preprocess:
     interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
+        # numbers of any kind (numpy's included) are kept as Python's, as the JSON it is stored in has them
         for name in ("image_size", "resize_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIDE:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= int(value) <= MAX_SIDE:
                 raise ConfigError(f"preprocessing's {name} must be a whole number from 1 to {MAX_SIDE}, got {value!r}")
+            object.__setattr__(self, name, int(value))
         for name in ("mean", "std"):
             values = getattr(self, name)
-            if not 1 <= len(values) <= 4 or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+            if len(values) not in (1, 3) or not all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in values
             ):
-                raise ConfigError(f"preprocessing's {name} must be a number a channel, got {list(values)!r}")
+                raise ConfigError(
+                    f"preprocessing's {name} must be a number a channel (3, or 1 for all), got {list(values)!r}"
+                )
+            object.__setattr__(self, name, tuple(float(v) for v in values))
         if not all(v > 0 for v in self.std):
             raise ConfigError(f"preprocessing's std must be above 0 for every channel, got {list(self.std)!r}")
         if self.mode not in RESIZE_MODES:
