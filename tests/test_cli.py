@@ -212,6 +212,7 @@ def test_predict_takes_its_options_between_the_run_and_the_photos(run, capsys, t
         [str(out), "--top-k", "1", "--json", *images],
         [str(out), images[0], "--top-k", "1", "--json", *images[1:]],
         [str(out), "--top-k", "1", "--json", "--", *images],
+        [str(out), "--top-k", "1", "--json", images[0], "--", *images[1:]],
     ):
         assert main(["predict", *argv]) == 0
         assert [(r["image"], len(r["top_k"])) for r in json.loads(capsys.readouterr().out)] == [(i, 1) for i in images]

@@ -154,12 +154,13 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
         return args
     command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
     listed = [a for a in command._actions if not a.option_strings and a.nargs in ("*", "+")]
-    rest = extra[1:] if extra[0] == "--" else extra
-    if listed and (extra[0] == "--" or not any(s.startswith("-") for s in rest)):
-        setattr(args, listed[-1].dest, [*getattr(args, listed[-1].dest), *rest])
+    cut = extra.index("--") if "--" in extra else len(extra)  # after --, a name that starts with - is a name
+    before, after = extra[:cut], extra[cut + 1 :]
+    unknown = [s for s in before if s.startswith("-")]
+    if listed and not unknown:
+        setattr(args, listed[-1].dest, [*getattr(args, listed[-1].dest), *before, *after])
         return args
-    before = extra[: extra.index("--")] if "--" in extra else extra
-    command.error(f"unrecognized arguments: {' '.join(s for s in before if s.startswith('-')) or ' '.join(extra)}")
+    command.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
     raise AssertionError("unreachable: error() exits")
 
 
