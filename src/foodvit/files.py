@@ -1,4 +1,5 @@
-"""Writing files safely: atomically, with the user's umask; downloads that appear only when complete.
+"""Writing files safely: atomically, with the user's umask; downloads that appear only when complete. And
+reading the JSON files foodvit writes, whose damage every reader names in one line.
 
 No PyTorch here: the data layer, the run directory and the command line all use it.
 """
@@ -6,10 +7,22 @@ No PyTorch here: the data layer, the run directory and the command line all use 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import shutil
 from pathlib import Path
+
+
+def read_json(path: str | os.PathLike):
+    """A JSON file's value. Text nested past what Python's parser can follow raises ValueError, as any other text
+    that is not JSON does (json itself raises RecursionError there), so that a reader's except clause for a damaged
+    file, (OSError, ValueError), covers it too."""
+    text = Path(path).read_text()
+    try:
+        return json.loads(text)
+    except RecursionError as err:
+        raise ValueError(str(err)) from None
 
 
 def current_umask() -> int:

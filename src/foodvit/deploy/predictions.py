@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 from foodvit.errors import RunError
-from foodvit.files import write_text
+from foodvit.files import read_json, write_text
 
 COLUMNS = ("path", "label", "probability", "top_k", "error")
 FORMATS = (".csv", ".jsonl")
@@ -79,10 +79,10 @@ def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
         return False
     meta_file = meta_path(path)
     try:
-        stored = json.loads(meta_file.read_text())
+        stored = read_json(meta_file)
         if not isinstance(stored, dict):
             raise ValueError("not the JSON object foodvit predict writes")
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply
+    except (OSError, ValueError):
         raise RunError(
             f"{path} exists and was not written by foodvit predict (no readable {meta_file.name} beside it); "
             "choose another --out, or delete it"

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from foodvit.errors import RunError
+from foodvit.files import read_json
 from foodvit.settings.run import settings_sectioned
 
 METRICS = (
@@ -80,8 +81,8 @@ def read_run(run: Path) -> tuple[dict, dict]:
     if not config_path.is_file():
         raise RunError(f"{run} holds no foodvit run (no config.json); give run directories written by foodvit train")
     try:
-        stored = json.loads(config_path.read_text())
-    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested too deeply
+        stored = read_json(config_path)
+    except (OSError, ValueError) as err:
         raise RunError(f"cannot read {config_path} ({err}); restore it, or leave that run out") from None
     if not isinstance(stored, dict):
         raise RunError(
@@ -95,9 +96,9 @@ def read_run(run: Path) -> tuple[dict, dict]:
     model_json = run / "model.json"
     if model_json.is_file():
         try:
-            card = json.loads(model_json.read_text())
+            card = read_json(model_json)
             final = card.get("metrics", {}) if isinstance(card, dict) else None
-        except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested too deeply
+        except (OSError, ValueError) as err:
             raise RunError(
                 f"{model_json} is not readable JSON ({err}); restore it (training writes it with the model) "
                 "or leave that run out of the comparison"

@@ -16,7 +16,6 @@ and a resumed run continues with exactly the settings it started with.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 import shutil
@@ -29,7 +28,7 @@ from filelock import FileLock, Timeout
 
 from foodvit.data.datasource import DataSource
 from foodvit.errors import ConfigError, FoodVitError, RunError
-from foodvit.files import atomic_write
+from foodvit.files import atomic_write, read_json
 from foodvit.rundir.compare import differences
 from foodvit.settings.run import RunConfig, settings_sectioned
 from foodvit.torchrun import place
@@ -251,10 +250,10 @@ def write_metrics(path: Path, history: list[dict]) -> Path:
 def read_config(path: Path) -> RunConfig:
     """A run's config.json, or a RunError that names the file once and says what is wrong with it."""
     try:
-        values = json.loads(Path(path).read_text())
+        values = read_json(path)
     except (OSError, UnicodeDecodeError) as err:
         raise RunError(f"cannot read {path} ({err})") from None
-    except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: nested too deeply
+    except ValueError as err:
         raise RunError(
             f"{path} is not valid JSON ({err}); restore it from the checkpoint's settings or start a new run"
         ) from None

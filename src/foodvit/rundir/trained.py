@@ -12,7 +12,7 @@ import torch
 
 from foodvit.data.preprocess import Preprocess
 from foodvit.errors import ConfigError, InputError, RunError
-from foodvit.files import write_text
+from foodvit.files import read_json, write_text
 from foodvit.model.vit import VisionTransformer
 from foodvit.rundir.directory import training_now
 from foodvit.settings.model import ViTConfig
@@ -41,8 +41,8 @@ def save_model(run: Path, model: VisionTransformer, classes, preprocess: Preproc
 
 def _read_card(path: Path) -> dict:
     try:
-        card = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        card = read_json(path)
+    except (OSError, ValueError) as err:
         raise RunError(
             f"{path} is not readable JSON ({err}); training writes it with the model: train again or restore it"
         ) from None

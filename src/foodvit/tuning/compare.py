@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 
 from foodvit.errors import FoodVitError, StudyError
+from foodvit.files import read_json
 from foodvit.recipes import load_recipe
 from foodvit.rundir.compare import differences
 from foodvit.settings.run import settings_sectioned
@@ -92,8 +93,8 @@ def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
 def _result_file(path: Path, keys: tuple[str, ...]) -> dict:
     """A study's JSON result file holding `keys`, or a one-line error naming the damaged file."""
     try:
-        result = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deeply
+        result = read_json(path)
+    except (OSError, ValueError) as e:
         raise StudyError(
             f"{path} is damaged ({type(e).__name__}); remove it and run `foodvit cv` on its study again "
             "to redo that part"

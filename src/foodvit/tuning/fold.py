@@ -23,7 +23,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from foodvit.errors import StudyError
-from foodvit.files import write_text
+from foodvit.files import read_json, write_text
 from foodvit.rundir import directory as rundir
 from foodvit.settings.run import RunConfig
 from foodvit.tuning.compare import is_run_result
@@ -184,8 +184,8 @@ def read_result(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        result = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply
+        result = read_json(path)
+    except (OSError, ValueError):
         result = None
     if (
         is_run_result(result)

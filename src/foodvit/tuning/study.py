@@ -15,7 +15,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from foodvit.errors import StudyError
-from foodvit.files import write_text
+from foodvit.files import read_json, write_text
 from foodvit.rundir.compare import differences
 from foodvit.rundir.directory import TEACHER_FILE
 from foodvit.settings.layout import setting_key
@@ -51,8 +51,8 @@ def read_identity(path: Path) -> dict | None:
     if not path.exists() and not path.is_symlink():
         return None
     try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested too deeply
+        stored = read_json(path)
+    except (OSError, ValueError) as err:
         why = "a folder" if path.is_dir() else f"not readable ({getattr(err, 'strerror', None) or err})"
         raise StudyError(
             f"{path} is {why}, not the file foodvit writes there: the folder's study cannot be read; "
