@@ -83,7 +83,6 @@ def evaluation_source(run: str, data: str | None, predictor):
     it (its class subset included); for an exported file, the first of its own data and
     $FOODVIT_DATA that is at hand (an export never starts a download)."""
     from foodvit.data.datasource import DataSource
-    from foodvit.data.sources import FOOD101
     from foodvit.errors import DataError
 
     if data:
@@ -97,8 +96,7 @@ def evaluation_source(run: str, data: str | None, predictor):
             source = DataSource.parse(read_config(config).data.source)
         except FoodVitError as err:
             raise DataError(f"{err}; or name the photos to evaluate on with --data PATH") from None
-        local = Path(source.location).expanduser()
-        if source.location != FOOD101 and "://" not in source.location and not local.exists():
+        if source.is_missing():
             raise DataError(
                 f"the photos {Path(run).name} was trained on ({source.location}) are not there any more; name "
                 "them with --data PATH (a folder with test/<class>/, or a folder of class folders)"

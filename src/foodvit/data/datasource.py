@@ -102,6 +102,16 @@ class DataSource:
             self._roots["root"] = resolve(self.location, timeout=timeout, quiet=quiet)
         return self._roots["root"]
 
+    def is_missing(self) -> bool:
+        """Whether the source names a local folder or zip that is not there (Food-101 and URLs are fetched when
+        needed, never missing): a caller can then say what the source was for, before resolving it says only that
+        a path does not exist."""
+        return (
+            self.location != FOOD101
+            and not self.location.startswith(("http://", "https://"))
+            and not Path(self.location).expanduser().exists()
+        )
+
     def root_at_hand(self) -> Path | None:
         """The local folder when no download is needed (a folder, a zip, a download or Food-101
         already in the cache), else None."""

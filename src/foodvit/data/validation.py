@@ -20,7 +20,6 @@ from pathlib import Path
 
 from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.folders import Listing, is_food101, list_folder, list_split
-from foodvit.data.sources import FOOD101
 from foodvit.errors import DataError
 
 POOL_LAYOUT = (
@@ -64,8 +63,7 @@ def validation_pool(text: str, listed: Listed) -> Pool:
     whose photos of both splits count, or Food-101, optionally `:class,class`) as a Pool for the run whose data
     is `listed`: only the run's classes (another class is refused), its photos that are not in the run's data."""
     source = DataSource.parse(text)
-    local = Path(source.location).expanduser()
-    if source.location != FOOD101 and "://" not in source.location and not local.exists():
+    if source.is_missing():
         raise DataError(f"the validation source {text} does not exist; expected {POOL_LAYOUT}")
     root = source.root(quiet=True)
     if is_food101(root) or (root / "train").is_dir() or (root / "test").is_dir():
