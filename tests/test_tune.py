@@ -874,6 +874,7 @@ BENCH = {
     "teachers": "bench.accuracy.teachers",
     "curve": "bench.accuracy.curve",
     "ensembles": "bench.analysis.ensembles",
+    "shared_photos": "bench.analysis.shared_photos",
     "offsets": "bench.analysis.offsets",
 }
 
@@ -1119,6 +1120,47 @@ def test_bench_ensembles_members_averages_a_studys_seeds_k_at_a_time(tmp_path, m
         (study / f"seed-{seed}.json").unlink()
     with pytest.raises(SystemExit, match=r"keeps no predictions \(no predictions.jsonl, no run results\)"):
         ensembles.main([str(study), "--members", "2"])
+
+
+def test_bench_shared_photos_pairs_two_pool_studies_on_the_photos_both_judged(tmp_path, monkeypatch, capsys):
+    """A study trained on more photos judges fewer pool photos (its own are dropped): the two are paired on the
+    photos both judged and the seeds both trained, photo by photo; then against every seed of the first."""
+    shared_photos = bench_module(monkeypatch, "shared_photos")
+
+    def pool_study(where, answers):  # {seed: {photo: right}}
+        where.mkdir()
+        (where / "study.json").write_text("{}")
+        for seed, rights in answers.items():
+            predictions = [{"photo": photo, "right": right} for photo, right in rights.items()]
+            (where / f"seed-{seed}.json").write_text(json.dumps({"seed": seed, "fold": 0, "predictions": predictions}))
+        return where
+
+    small = pool_study(
+        tmp_path / "small",
+        {
+            0: {"a/1.jpg": False, "a/2.jpg": True, "b/3.jpg": False, "b/dropped.jpg": True},
+            1: {"a/1.jpg": False, "a/2.jpg": True, "b/3.jpg": True, "b/dropped.jpg": True},
+            2: {"a/1.jpg": True, "a/2.jpg": True, "b/3.jpg": True, "b/dropped.jpg": False},
+        },
+    )
+    large = pool_study(
+        tmp_path / "large",
+        {
+            0: {"a/1.jpg": True, "a/2.jpg": True, "b/3.jpg": True},
+            1: {"a/1.jpg": True, "a/2.jpg": True, "b/3.jpg": True},
+        },
+    )
+    found = shared_photos.report(small, large)
+    assert (found["photos"], found["seeds"]) == (3, [0, 1])
+    assert found["a"] == pytest.approx(3 / 6) and found["b"] == 1
+    assert found["difference"] == pytest.approx(3 / 6) and (found["only_a"], found["only_b"]) == (0, 3)
+    assert found["classes_a"] == {"a": pytest.approx(2 / 4), "b": pytest.approx(1 / 2)}
+    # every seed of the first: photo 1 right in 1 of 3, photo 2 in 3, photo 3 in 2 (photo "dropped" not judged)
+    assert found["every_seed_of_a"]["difference"] == pytest.approx(((1 - 1 / 3) + 0 + (1 - 2 / 3)) / 3)
+    assert "3 pool photos both judged; seeds 0, 1" in capsys.readouterr().out
+    other = pool_study(tmp_path / "other", {5: {"a/1.jpg": True}})
+    with pytest.raises(SystemExit, match="share no training seed"):
+        shared_photos.report(small, other)
 
 
 def test_bench_offsets_chooses_each_folds_offsets_on_the_other_folds_alone(tmp_path, monkeypatch, capsys):

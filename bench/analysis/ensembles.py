@@ -180,12 +180,13 @@ def members(study: Path, k: int) -> dict:
     seeds alone: what training k models and averaging them would buy, at k times the training."""
     result = read_study(study)
     scored = probabilities(study, result)
-    seeds = sorted({seed_of(key) for key in scored}, key=lambda s: -1 if s is None else s)
-    if None in seeds or len(seeds) % k:
+    found = {seed_of(key) for key in scored}
+    if None in found or len(found) % k:
         raise SystemExit(
-            f"--members {k} needs a study whose seeds it divides, and {study} has {len(seeds)}: give a study of "
+            f"--members {k} needs a study whose seeds it divides, and {study} has {len(found)}: give a study of "
             f"{k}, {2 * k}, ... seeds"
         )
+    seeds = sorted(found)
     alone = {key: result["photos"][key] for key in scored}
     together, groups = {}, []
     for first in range(0, len(seeds), k):

@@ -20,17 +20,17 @@ import sys
 from pathlib import Path
 
 from foodvit.errors import FoodVitError
-from foodvit.tuning.compare import compare_line, finished_results, paired, photo_of, prediction_key, seed_of
+from foodvit.tuning.compare import compare_line, finished_folds, paired, photo_of, seed_of
 
 
 def answers(study: Path, photos: set[str] | None = None) -> dict[str, bool]:
     """'s{seed}/{photo}' -> right or wrong, for each photo of each finished seed of a pool study (those of
     `photos` alone, when given)."""
     return {
-        prediction_key(seed, p["photo"]): p["right"]
-        for (seed, _), result in finished_results(study).items()
-        for p in result["predictions"]
-        if photos is None or p["photo"] in photos
+        key: right
+        for run in finished_folds(study).values()
+        for key, right in run.items()
+        if photos is None or photo_of(key) in photos
     }
 
 

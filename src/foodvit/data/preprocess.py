@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from foodvit.errors import ConfigError
 from foodvit.settings.run import INTERPOLATIONS, RESIZE_MODES
@@ -65,8 +65,8 @@ class Preprocess:
     def from_dict(cls, d: dict) -> Preprocess:
         """The preprocessing a model card or a model file's metadata holds; ConfigError, naming what is wrong,
         for one that is not (a damaged or hand-edited file)."""
-        fields = ("image_size", "resize_size", "mode", "mean", "std", "interpolation")
-        if not isinstance(d, dict) or any(k not in d for k in fields[:2] + fields[3:5]) or set(d) - set(fields):
+        needed = ("image_size", "resize_size", "mean", "std")  # mode and interpolation have their defaults
+        if not isinstance(d, dict) or any(k not in d for k in needed) or set(d) - {f.name for f in fields(cls)}:
             raise ConfigError(
                 f"the preprocessing must be an object with image_size, resize_size, mean and std (mode and "
                 f"interpolation optional), got {json.dumps(d)[:200]}"

@@ -39,7 +39,6 @@ MAKER = "foodvit"  # the PNG's Software text: a picture foodvit made, which a la
 # matplotlib's warning for each character its font cannot draw (a class name in CJK, an emoji): the codepoint
 # and the font's name
 MISSING_GLYPH = re.compile(r"Glyph (\d+) \(.*\) missing from font\(s\) (.+?)\.?$")
-GLYPH_WARNING = r"Glyph \d+ .* missing from font"  # the same, as a warnings filter's message
 _told: set[str] | None = None  # characters named so far; None: the process keeps matplotlib's own warnings
 
 
@@ -48,7 +47,7 @@ def quiet_missing_glyphs() -> None:
     for each character a figure's font lacks is silenced (laying a figure out warns too, before it is saved), and
     save_figure names the characters once in the log instead. A library caller's process is left as it is."""
     global _told
-    warnings.filterwarnings("ignore", message=GLYPH_WARNING)
+    warnings.filterwarnings("ignore", message=MISSING_GLYPH.pattern)
     if _told is None:
         _told = set()
 
@@ -62,7 +61,7 @@ def save_figure(fig, path: Path) -> Path:
             fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata={"Software": MAKER})
             return
         with warnings.catch_warnings(record=True) as caught:  # the command line draws in one thread
-            warnings.filterwarnings("always", message=GLYPH_WARNING)  # the rest keep the process's filters
+            warnings.filterwarnings("always", message=MISSING_GLYPH.pattern)  # the rest keep the process's filters
             fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata={"Software": MAKER})
         missing, fonts = [], set()
         for warning in caught:
