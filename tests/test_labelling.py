@@ -167,6 +167,35 @@ def test_retry_errors_reads_again_the_photos_whose_row_is_an_error(run, tmp_path
     assert len(read_rows(out)) == 3  # nothing left to read again
 
 
+def test_a_photo_is_known_by_where_it_is_not_by_how_its_path_was_spelt(run, tree, tmp_path, monkeypatch, capsys):
+    """A re-run naming the same photos another way (./a, then the absolute path, then from inside the folder)
+    labelled them all again; and one naming other photos by the same relative path, from another folder, skipped
+    them as done."""
+    out = tmp_path / "p.csv"
+    monkeypatch.chdir(tree)
+    assert main(["predict", str(run), "a", "--out", str(out), "--quiet"]) == 1  # a/broken.jpg
+    first = read_rows(out)
+    assert [r["path"] for r in first] == ["a/1.jpg", "a/b/2.png", "a/b/3.JPG", "a/broken.jpg"]  # as given
+    for spelt in ("./a", str(tree / "a"), str(tree / "a" / ".." / "a" / "b")):
+        capsys.readouterr()
+        assert main(["predict", str(run), spelt, "--out", str(out), "--quiet"]) == 1
+        assert "0 photos labelled, 0 could not be read" in capsys.readouterr().err
+    monkeypatch.chdir(tree / "a")
+    assert main(["predict", str(run), "1.jpg", "b", "--out", str(out), "--quiet"]) == 1  # the file's one error
+    assert "0 photos labelled, 0 could not be read, 3 already there" in capsys.readouterr().err
+    other = tmp_path / "elsewhere" / "a"
+    make_photo(other / "1.jpg", (9, 9, 9), size=(20, 24))
+    monkeypatch.chdir(other.parent)
+    assert main(["predict", str(run), "a/1.jpg", "--out", str(out), "--quiet"]) == 1
+    assert "1 photos labelled, 0 could not be read, 0 already there" in capsys.readouterr().err
+    rows = read_rows(out)
+    assert rows[:4] == first and [r["path"] for r in rows[4:]] == [str(other / "1.jpg")]  # another folder's: absolute
+    monkeypatch.chdir(tree)
+    capsys.readouterr()
+    assert main(["predict", str(run), str(other / "1.jpg"), "a", "--out", str(out), "--quiet"]) == 1
+    assert "0 photos labelled, 0 could not be read, 5 already there" in capsys.readouterr().err
+
+
 def test_two_runs_writing_one_out_file_at_once_are_refused_not_doubled(run, tree, tmp_path, capsys):
     """Two `predict --out` on one file at once each labelled every photo: every row twice."""
     import fcntl

@@ -30,7 +30,7 @@ import numpy as np
 from foodvit.data.folders import walk_photos
 from foodvit.data.photos import IMAGE_EXTENSIONS
 from foodvit.deploy.inference import local_photo
-from foodvit.deploy.predictions import Predictions, check_written_by, meta_path, read_done
+from foodvit.deploy.predictions import Predictions, check_written_by, meta_path, photo_key, read_done, started_in
 from foodvit.errors import DataError, RunError
 from foodvit.torchrun import DEFAULT_TIMEOUT_S
 
@@ -202,8 +202,8 @@ def label(
 ) -> Labelled:
     """Label every photo of `photos` not already done, a batch at a time, into `out` (see the
     module's docstring). share(i): whether the i-th photo is this process's to label (default all);
-    its rows then carry "index", the photo's place in the list, for the merge. done: the paths to
-    skip (default: out's rows); a photo listed twice is labelled once."""
+    its rows then carry "index", the photo's place in the list, for the merge. done: the photos to
+    skip, by photo_key (default: out's rows); a photo listed twice, however spelt, is labelled once."""
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
@@ -214,15 +214,18 @@ def label(
     )
     bar = tqdm(total=total, unit="photo", desc="labelling", disable=quiet, dynamic_ncols=True)
 
+    here = os.getcwd()
+
     def todo() -> Iterator[tuple[int, str]]:
         for i, path in enumerate(photos):
             if share is not None and not share(i):
                 continue
-            if path in done:
+            key = photo_key(path, here)
+            if key in done:
                 summary.skipped += 1
                 bar.update(1)  # already labelled: done, and tqdm's smoothed rate soon forgets the burst
                 continue
-            done.add(path)
+            done.add(key)
             yield i, path
 
     with bar:
@@ -230,7 +233,7 @@ def label(
             rows = rows_of(predictor, [path for _, path in chunk], inputs, top_k)
             if share is not None:
                 rows = [{"index": i, **row} for (i, _), row in zip(chunk, rows, strict=False)]
-            out.write(rows)
+            out.write(rows, here)
             failed = sum("error" in r for r in rows)
             summary.failed += failed
             summary.written += len(rows) - failed
@@ -300,11 +303,11 @@ def label_share(
     if main is None:
         return own
     try:
-        listed, missing = 0, set()
+        listed, missing, here = 0, set(), os.getcwd()
         for path in photos:
             listed += 1
-            if path not in main.done:
-                missing.add(path)
+            if (key := photo_key(path, here)) not in main.done:
+                missing.add(key)
         skipped = listed - len(missing)
         wait_for_parts(out, missing, timeout)
         merged = merge_parts(main, part_files(out))
@@ -318,19 +321,21 @@ def label_share(
 
 
 def wait_for_parts(out: Path, missing: set[str], timeout: float, poll: float = 0.1) -> None:
-    """Until every path of `missing` has a complete row in a part file of `out`; a RunError after
-    `timeout` seconds. Each part is read on from where the last look stopped."""
+    """Until every photo of `missing` (photo_key) has a complete row in a part file of `out`; a
+    RunError after `timeout` seconds. Each part is read on from where the last look stopped."""
     read: dict[Path, int] = {}
+    folders: dict[Path, str] = {}
     deadline = time.monotonic() + timeout
     while True:
         for part in part_files(out):
+            folder = folders.setdefault(part, started_in(part))
             with open(part, "rb") as f:
                 f.seek(read.get(part, 0))
                 data = f.read()
             end = data.rfind(b"\n") + 1
             read[part] = read.get(part, 0) + end
             for line in data[:end].splitlines():
-                missing.discard(json.loads(line)["path"])
+                missing.discard(photo_key(json.loads(line)["path"], folder))
         if not missing:
             return
         if time.monotonic() > deadline:
@@ -343,28 +348,33 @@ def wait_for_parts(out: Path, missing: set[str], timeout: float, poll: float = 0
 
 def merge_parts(out: Predictions, parts: list[Path], chunk: int = 1024) -> Labelled:
     """The part files' rows appended to `out` in the photos' order (each part is in that order:
-    a k-way merge, one row of each part in memory), a path already in `out` left out; then the
-    parts are removed."""
+    a k-way merge, one row of each part in memory), a photo already in `out` left out; then the
+    parts are removed. A part's paths read against the working folder it was started in (all one
+    run's parts were, unless its processes ran in different folders)."""
 
     def rows(part: Path) -> Iterator[dict]:
+        folder = started_in(part)
         with open(part, encoding="utf-8") as lines:
             for line in lines:
                 if line.endswith("\n"):
-                    yield json.loads(line)
+                    row = json.loads(line)
+                    row["path"] = photo_key(row["path"], folder) if folder != out.folder else row["path"]
+                    yield row
 
     summary, buffer = Labelled(), []
     for row in heapq.merge(*(rows(p) for p in parts), key=lambda r: r["index"]):
-        if row["path"] in out.done:
+        key = photo_key(row["path"], out.folder)
+        if key in out.done:
             continue
         del row["index"]
-        out.done.add(row["path"])
+        out.done.add(key)
         buffer.append(row)
         summary.failed += "error" in row
         summary.written += "error" not in row
         if len(buffer) >= chunk:
-            out.write(buffer)
+            out.write(buffer, out.folder)
             buffer = []
-    out.write(buffer)
+    out.write(buffer, out.folder)
     for part in parts:
         part.unlink(missing_ok=True)
         meta_path(part).unlink(missing_ok=True)

@@ -1,7 +1,10 @@
 """The file `foodvit predict --out` writes: a row per photo (CSV or JSONL, by its suffix), written
 a batch at a time as complete lines (one write, flush and fsync), read back to skip the photos
 already done, and named for its model by a sidecar `<out>.meta.json` (classes and a hash of the
-weights), so that two models' predictions are never mixed in one file. No PyTorch here."""
+weights), so that two models' predictions are never mixed in one file. The sidecar also keeps the
+working folder the file was started in: a row's path is kept as it was given, and a photo is known
+by that path made absolute against it (photo_key), so `imgs/a.jpg`, `./imgs/a.jpg` and
+`/home/me/imgs/a.jpg` are one photo, and `a.jpg` given in two folders is two. No PyTorch here."""
 
 from __future__ import annotations
 
@@ -72,6 +75,22 @@ def meta_path(out: Path) -> Path:
     return out.with_name(out.name + ".meta.json")
 
 
+def photo_key(path: str, folder: str) -> str:
+    """What names one photo however it was spelt: its path made absolute against the working folder it was given
+    in, and normalised (no file system call: a link is not followed)."""
+    return os.path.normpath(os.path.join(folder, path))
+
+
+def started_in(path: Path) -> str:
+    """The working folder a predictions file's relative paths are relative to: the one its sidecar records (the
+    folder its first run was started in), or this process's for a file whose sidecar records none."""
+    try:
+        folder = read_json(meta_path(path)).get("folder")
+    except (OSError, ValueError, AttributeError):
+        folder = None
+    return folder if isinstance(folder, str) and os.path.isabs(folder) else os.getcwd()
+
+
 def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
     """Whether a predictions file already holds rows; a RunError if they are not this model's and
     this --top-k's (its sidecar meta says whose they are), so that two models' rows never mix."""
@@ -134,13 +153,14 @@ def complete_rows_size(path: Path) -> int:
 
 
 def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
-    """The paths of the complete rows of a predictions file (CSV or JSONL; its first `size` bytes,
-    default: up to its last newline), and of those among them whose last row is an error; read a row
-    at a time (a file's rows, never the file, in memory at once)."""
+    """The photos (photo_key) of the complete rows of a predictions file (CSV or JSONL; its first
+    `size` bytes, default: up to its last newline), and of those among them whose last row is an
+    error; read a row at a time (a file's rows, never the file, in memory at once)."""
     done: set[str] = set()
     failed: set[str] = set()
     if not path.exists():
         return done, failed
+    folder = started_in(path)
     size = complete_size(path) if size is None else size
     with open(path, "rb") as raw:
         text = io.TextIOWrapper(  # a name that is not UTF-8 is kept as its bytes (surrogateescape), as written
@@ -157,20 +177,22 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
                     )
                 for row in rows:
                     if row:
-                        done.add(row[0])
+                        key = photo_key(row[0], folder)
+                        done.add(key)
                         if len(row) >= len(COLUMNS) and row[COLUMNS.index("error")]:
-                            failed.add(row[0])
+                            failed.add(key)
                         else:  # a photo read again (--retry-errors): its last row is its answer
-                            failed.discard(row[0])
+                            failed.discard(key)
             else:
                 for line in text:
                     if line.strip():
                         row = json.loads(line)
-                        done.add(row["path"])
+                        key = photo_key(row["path"], folder)
+                        done.add(key)
                         if row.get("error"):
-                            failed.add(row["path"])
+                            failed.add(key)
                         else:
-                            failed.discard(row["path"])
+                            failed.discard(key)
         except csv.Error as err:
             if "unexpected end of data" in str(err):
                 raise _Unfinished from None
@@ -186,7 +208,7 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
 
 
 def read_done(path: Path) -> set[str]:
-    """The paths of the complete rows of a predictions file (CSV or JSONL); set() if there is none."""
+    """The photos (photo_key) of the complete rows of a predictions file (CSV or JSONL); set() if there is none."""
     return read_rows(path, complete_rows_size(path))[0] if path.exists() else set()
 
 
@@ -226,7 +248,9 @@ class Predictions:
     """A predictions file opened for appending: one row a photo, CSV (a header, then COLUMNS;
     top_k as JSON text) or JSON Lines (an object a line, "error" only for a photo that could not
     be read). Opening it refuses a file of another model or --top-k (check_written_by), drops a
-    partial last line (what a killed run may leave) and reads the paths already in it (done)."""
+    partial last line (what a killed run may leave) and reads the photos already in it (done, by
+    photo_key). A relative path given in another working folder than the file's is written absolute,
+    so that every row reads against the one folder its sidecar records."""
 
     def __init__(self, out: Path, identity: dict, top_k: int, retry_errors: bool = False) -> None:
         self.path, self.csv = Path(out), Path(out).suffix.lower() == ".csv"
@@ -238,7 +262,9 @@ class Predictions:
             if keep < self.path.stat().st_size:
                 os.truncate(self.path, keep)
         else:
-            write_text(meta_path(self.path), json.dumps({**identity, "top_k": top_k}, indent=1) + "\n")
+            meta = {**identity, "top_k": top_k, "folder": os.getcwd()}
+            write_text(meta_path(self.path), json.dumps(meta, indent=1) + "\n")
+        self.folder = started_in(self.path)
         self.done, self.failed = read_rows(
             self.path, self.path.stat().st_size
         )  # failed: photos whose last row is an error, written by an earlier run
@@ -276,8 +302,12 @@ class Predictions:
         self.file.flush()
         os.fsync(self.file.fileno())  # on disk before the next batch starts: a crash loses at most the batch in flight
 
-    def write(self, rows: list[dict]) -> None:
-        """Append rows as complete lines, in one write."""
+    def write(self, rows: list[dict], folder: str | None = None) -> None:
+        """Append rows as complete lines, in one write; `folder`: the working folder their paths were
+        given in (default this process's)."""
+        folder = os.getcwd() if folder is None else folder
+        if folder != self.folder:
+            rows = [{**row, "path": photo_key(row["path"], folder)} for row in rows]
         if rows:
             self._write(self._encode(rows))
 
