@@ -98,6 +98,18 @@ def make_photo(path, colour, size=(40, 48), seed=0, mode="RGB", fmt=None):
     return path
 
 
+def damaged_exif_photo(path, size=(40, 48)):
+    """A JPEG whose EXIF block says two entries and holds one (as one of the seven-class test photos
+    does): the photo decodes, and Pillow's TIFF parser warns "Corrupt EXIF data" on reading the block."""
+    import struct
+
+    from PIL import Image
+
+    entries = struct.pack("<H", 2) + struct.pack("<HHII", 0x0112, 3, 1, 1)
+    Image.new("RGB", size, (200, 40, 40)).save(path, exif=b"Exif\x00\x00II*\x00" + struct.pack("<I", 8) + entries)
+    return path
+
+
 def make_photo_folder(root, n_train=12, n_test=6, classes=CLASSES, size=(40, 48)):
     """A FoodVision-like ImageFolder tree of generated JPEGs: root/{train,test}/<class>/*.jpg."""
     for split, n in (("train", n_train), ("test", n_test)):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_photo_folder
+from helpers import damaged_exif_photo, make_photo_folder
 
 from foodvit.cli.main import main
 
@@ -687,13 +687,7 @@ def test_a_file_name_of_another_locales_bytes_prints_escaped_on_a_strict_output(
 def test_a_photo_with_a_damaged_exif_block_is_read_without_pillows_warning(tmp_path, recwarn):
     """Pillow warned "Corrupt EXIF data" or "Truncated File Read", with a line of its source, for a photo whose EXIF
     block is cut short (one of the seven-class test photos); the photo itself decodes."""
-    import struct
-
-    from PIL import Image
-
-    photo = tmp_path / "exif.jpg"
-    entries = struct.pack("<H", 2) + struct.pack("<HHII", 0x0112, 3, 1, 1)  # two entries said, one there
-    Image.new("RGB", (40, 48), (200, 40, 40)).save(photo, exif=b"Exif\x00\x00II*\x00" + struct.pack("<I", 8) + entries)
+    photo = damaged_exif_photo(tmp_path / "exif.jpg")
     assert main(["patches", str(photo), "--out", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").is_file()
     assert not [w for w in recwarn if "EXIF" in str(w.message) or "Truncated" in str(w.message)]

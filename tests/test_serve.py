@@ -16,7 +16,7 @@ from PIL import Image
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install -e '.[test]'")
 
 from conftest import REAL_DATA, UPLOAD_LIMIT_MB  # noqa: E402
-from helpers import ServerThread, free_port, needs, start_server, stop_server  # noqa: E402
+from helpers import ServerThread, damaged_exif_photo, free_port, needs, server_output, start_server, stop_server  # noqa: E402
 
 from foodvit.cli.main import main  # noqa: E402
 
@@ -289,6 +289,10 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
         assert answer["label"] == expected["label"]
         assert answer["probabilities"]["sushi"] == pytest.approx(expected["probabilities"]["sushi"], abs=1e-6)
         assert "examples" in httpx.get(url + "/").text or httpx.get(url + "/").status_code == 200
+        # a photo whose EXIF block is damaged is answered without Pillow's warning in the Space's log, as the
+        # command line's serve answers it
+        assert post(url, damaged_exif_photo(tmp_path / "exif.jpg").read_bytes()).status_code == 200
+        assert "EXIF" not in server_output(process)
     finally:
         stop_server(process)
 

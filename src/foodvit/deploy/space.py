@@ -53,11 +53,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the foodvit package shipped beside this file
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the machine but the answers
 
-from foodvit.data.photos import limit_pixels  # noqa: E402
+from foodvit.data.photos import limit_pixels, quiet_exif_warnings  # noqa: E402
 from foodvit.deploy.serve import serve  # noqa: E402
 
 if __name__ == "__main__":
     limit_pixels()  # this process serves: Pillow refuses decompression bombs instead of warning
+    quiet_exif_warnings()  # a photo whose EXIF block is damaged is answered, with no warning of Pillow's in the log
     examples = sorted(p for p in (HERE / "examples").glob("*") if p.is_file())
     serve({model}, host=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
           port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), example_photos=examples)
