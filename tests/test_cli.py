@@ -31,6 +31,15 @@ def test_summary_ends_with_the_total(capsys):
 def test_errors_are_one_line_with_what_to_do(capsys):
     assert main(["summary", "ViT-B/16", "--image-size", "250"]) == 2
     assert "image size 250 is not a multiple of the patch size 16; use 240 or 256" in capsys.readouterr().err
+    # shapes past PyTorch's int64 gave a RuntimeError (or a TypeError) traceback of the meta device's
+    for option, value in (("--batch-size", 10**14), ("--num-classes", 10**20)):
+        with pytest.raises(SystemExit) as stop:
+            main(["summary", "ViT-B/16", option, str(value)])
+        assert stop.value.code == 2 and f"{option}: must be in [1, 1e+06], got {value}" in capsys.readouterr().err
+    assert main(["summary", "ViT-B/1", "--image-size", "1024", "--batch-size", str(10**6)]) == 2
+    assert "has a tensor of more than 2^63 elements, which PyTorch cannot shape; give a smaller" in (
+        capsys.readouterr().err
+    )
 
 
 def test_recipes_lists_each_recipes_first_sentence_whole(capsys, monkeypatch):

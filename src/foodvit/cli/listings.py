@@ -7,15 +7,22 @@ import shutil
 import textwrap
 
 from foodvit.cli.common import count
+from foodvit.errors import FoodVitError
+from foodvit.settings.fields import Range
+
+# the shapes are worked out on the meta device, so no memory bounds them; a number past these is a slip of the keys
+SUMMARY_MOST = Range(1, 10**6, hint="the summary's shapes are text: a million shows as well as more")
 
 
 def register(sub) -> None:
     """Add summary, models and recipes to the subcommands."""
     p = sub.add_parser("summary", help="layer-by-layer table of a model: shapes, parameters, trainable")
     p.add_argument("model", help="a paper name, e.g. ViT-B/16 (see `foodvit models`)")
-    p.add_argument("--num-classes", type=count(), default=1000, help="classes of the head (default 1000, ImageNet's)")
+    p.add_argument(
+        "--num-classes", type=count(SUMMARY_MOST), default=1000, help="classes of the head (default 1000, ImageNet's)"
+    )
     p.add_argument("--image-size", type=count(), default=224, help="input resolution in pixels (default 224)")
-    p.add_argument("--batch-size", type=count(), default=1, help="batch size in the shapes (default 1)")
+    p.add_argument("--batch-size", type=count(SUMMARY_MOST), default=1, help="batch size in the shapes (default 1)")
     p.add_argument("--depth", type=count(), default=2, help="how deep to list nested modules (default 2)")
     p.set_defaults(func=cmd_summary, opens_photos=False)
 
@@ -31,7 +38,16 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
     with torch.device("meta"):
         model = create_model(args.model, num_classes=args.num_classes, image_size=args.image_size)
-    print(format_summary(model, (args.batch_size, 3, args.image_size, args.image_size), args.depth))
+    try:
+        table = format_summary(model, (args.batch_size, 3, args.image_size, args.image_size), args.depth)
+    except RuntimeError as err:  # a tensor past PyTorch's 2^63 elements, e.g. ViT-B/1 at 1024 px and a large batch
+        if "overflow" not in str(err).lower():
+            raise
+        raise FoodVitError(
+            f"{args.model} at --image-size {args.image_size} and --batch-size {args.batch_size} has a tensor of more "
+            "than 2^63 elements, which PyTorch cannot shape; give a smaller --batch-size or --image-size"
+        ) from None
+    print(table)
     return 0
 
 
