@@ -1726,6 +1726,27 @@ def test_two_processes_with_one_trial_each_share_one_sqlite_study(photos, tmp_pa
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1  # the starting recipe ran once
 
 
+def test_a_starting_value_outside_a_settings_choices_is_searched_too_and_the_first_trial_tries_it(photos, tmp_path):
+    """The tiny recipe's augment is "flip"; the guide's space searches ["light", "medium", "strong"]: the first
+    trial, the starting recipe, died in Optuna with a ValueError traceback ('flip' not in (...))."""
+    space = tmp_path / "space.toml"
+    space.write_text('[data]\naugment = {choices = ["light", "medium", "strong"]}\n')
+    base = build_config("tiny", {"data.source": str(photos), **TINY_OVERRIDES})
+    lines = []
+    tune(tmp_path / "study", base, trials=1, space_file=space, folds=2, log=lines.append)
+    assert (
+        "data.augment: the starting recipe's 'flip' is not among the space's choices; it is searched too (the first "
+        "trial is the starting recipe)" in lines
+    )
+    study = optuna.load_study(study_name="foodvit", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    assert [(t.state.name, t.params) for t in study.trials] == [("COMPLETE", {"data.augment": "flip"})]
+    from foodvit.tuning.space import default_space, with_starting_values
+
+    impulse = build_config("tiny", {"vit.init": "impulse", "vit.pos_embed": "sincos2d"})  # searched: jax, mimetic
+    widened, keys = with_starting_values(default_space(impulse), impulse)
+    assert keys == {"vit.init": "impulse"} and widened["vit.init"].choices == ("impulse", "jax", "mimetic")
+
+
 @pytest.mark.parametrize("recipe", ["default", "tiny", "course", "paper"])
 def test_the_default_space_holds_the_starting_recipe_and_only_valid_models(recipe):
     from foodvit.tuning.space import base_values, default_space

@@ -45,6 +45,7 @@ from foodvit.tuning.space import (
     sectioned_space,
     space_table,
     trial_config,
+    with_starting_values,
 )
 from foodvit.tuning.storage import (
     check_database,
@@ -355,7 +356,12 @@ def tune(
     check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)
-    space = sectioned_space(space)
+    space, widened = with_starting_values(sectioned_space(space), base)
+    for key, value in widened.items():
+        log(
+            f"{key}: the starting recipe's {value!r} is not among the space's choices; it is searched "
+            "too (the first trial is the starting recipe)"
+        )
     identity = {
         "kind": "tune",
         "data": fingerprint(split),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from foodvit.errors import ConfigError
 from foodvit.model.variants import without_recipe_resizing
@@ -76,6 +77,20 @@ def base_values(config: RunConfig) -> dict:
     for name in SECTIONS:
         values.update({f"{name}.{k}": v for k, v in asdict(getattr(config, name)).items()})
     return values
+
+
+def with_starting_values(space: dict[str, Param], config: RunConfig) -> tuple[dict[str, Param], dict[str, Any]]:
+    """The space with the starting recipe's value added to the choices of each setting whose choices
+    lack it, and those settings' starting values by key. The first trial is the starting recipe, and Optuna tries a
+    setting searched among choices only as one of them (a starting number outside a range is tried
+    as it is); so a recipe of `augment = "flip"` and a space of ["light", "medium"] searches all three."""
+    start = base_values(config)
+    searched, widened = dict(space), {}
+    for key, p in space.items():
+        if p.choices is not None and start[key] not in p.choices:
+            searched[key] = replace(p, choices=(start[key], *p.choices))
+            widened[key] = start[key]
+    return searched, widened
 
 
 def default_space(config: RunConfig) -> dict[str, Param]:
