@@ -719,3 +719,16 @@ def test_json_nested_past_pythons_limit_is_a_damaged_file_not_a_recursion_error(
     (tmp_path / "study" / "cv.json").write_text(nested)
     with pytest.raises(FoodVitError, match="cv.json"):
         read_study(tmp_path / "study")
+    # the study's own notes, read beside its results, and a predictions file's rows
+    from foodvit.deploy.predictions import read_rows
+    from foodvit.tuning.study import claimed, held_seeds
+
+    for name in ("arithmetic.json", "study.json"):
+        (tmp_path / "study" / name).write_text(nested)
+    assert claimed(tmp_path / "study") is None and held_seeds(tmp_path / "study") is None  # as any damaged note
+    rows = tmp_path / "p.jsonl"
+    rows.write_text(nested + "\n")
+    with pytest.raises(
+        FoodVitError, match=r"p.jsonl is not a foodvit predictions file \(ValueError: maximum recursion"
+    ):
+        read_rows(rows)

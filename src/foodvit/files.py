@@ -14,15 +14,19 @@ import shutil
 from pathlib import Path
 
 
-def read_json(path: str | os.PathLike):
-    """A JSON file's value. Text nested past what Python's parser can follow raises ValueError, as any other text
-    that is not JSON does (json itself raises RecursionError there), so that a reader's except clause for a damaged
-    file, (OSError, ValueError), covers it too."""
-    text = Path(path).read_text()
+def parse_json(text: str | bytes):
+    """JSON text's value. Text nested past what Python's parser can follow raises ValueError, as any other text
+    that is not JSON does (json itself raises RecursionError there), so that a reader's except clause for damaged
+    JSON, ValueError, covers it too."""
     try:
         return json.loads(text)
     except RecursionError as err:
         raise ValueError(str(err)) from None
+
+
+def read_json(path: str | os.PathLike):
+    """A JSON file's value (parse_json): its reader's except clause for a damaged file is (OSError, ValueError)."""
+    return parse_json(Path(path).read_text())
 
 
 def current_umask() -> int:

@@ -4,7 +4,6 @@ scans folders without it."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from tqdm.auto import tqdm
 from foodvit.data.photos import IMAGE_EXTENSIONS, PhotoError, check_image
 from foodvit.data.sources import LAYOUT
 from foodvit.errors import DataError
+from foodvit.files import read_json
 from foodvit.seeds import derive_seed
 
 
@@ -96,7 +96,7 @@ def list_food101(root: Path, split: str) -> Listing:
     the photos are images/<id>.jpg (the dataset's official split)."""
     meta = root / "meta" / f"{split}.json"
     try:
-        entries = json.loads(meta.read_text())
+        entries = read_json(meta)
         if not isinstance(entries, dict) or not all(isinstance(v, list) for v in entries.values()):
             raise ValueError("expected an object of class -> list of photo ids")
     except (OSError, ValueError) as err:

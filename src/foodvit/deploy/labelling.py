@@ -16,7 +16,6 @@ import glob
 import heapq
 import io
 import itertools
-import json
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ from foodvit.data.photos import IMAGE_EXTENSIONS
 from foodvit.deploy.inference import local_photo
 from foodvit.deploy.predictions import Predictions, check_written_by, meta_path, photo_key, read_done, started_in
 from foodvit.errors import DataError, RunError
+from foodvit.files import parse_json
 from foodvit.torchrun import DEFAULT_TIMEOUT_S
 
 AHEAD = 2  # batches decoded ahead of the forward pass: enough to keep it busy, and memory stays a few batches
@@ -335,7 +335,7 @@ def wait_for_parts(out: Path, missing: set[str], timeout: float, poll: float = 0
             end = data.rfind(b"\n") + 1
             read[part] = read.get(part, 0) + end
             for line in data[:end].splitlines():
-                missing.discard(photo_key(json.loads(line)["path"], folder))
+                missing.discard(photo_key(parse_json(line)["path"], folder))
         if not missing:
             return
         if time.monotonic() > deadline:
@@ -357,7 +357,7 @@ def merge_parts(out: Predictions, parts: list[Path], chunk: int = 1024) -> Label
         with open(part, encoding="utf-8") as lines:
             for line in lines:
                 if line.endswith("\n"):
-                    row = json.loads(line)
+                    row = parse_json(line)
                     row["path"] = photo_key(row["path"], folder) if folder != out.folder else row["path"]
                     yield row
 

@@ -10,12 +10,12 @@ rollout over the patch grid (B, grid, grid), which the demo page draws.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from foodvit.errors import RunError
+from foodvit.files import parse_json
 
 META_PREFIX = "foodvit."
 ATTENTION_OUTPUT = "attention"  # the second output of a file exported --with-attention
@@ -68,10 +68,10 @@ class OnnxBackend:
         """(classes, preprocessing dict, card) from the file's metadata, or a RunError when the
         file was not exported by foodvit."""
         try:
-            classes = json.loads(self.metadata[META_PREFIX + "classes"])
-            preprocess = json.loads(self.metadata[META_PREFIX + "preprocess"])
-            card = json.loads(self.metadata.get(META_PREFIX + "card", "{}"))
-        except (KeyError, json.JSONDecodeError):
+            classes = parse_json(self.metadata[META_PREFIX + "classes"])
+            preprocess = parse_json(self.metadata[META_PREFIX + "preprocess"])
+            card = parse_json(self.metadata.get(META_PREFIX + "card", "{}"))
+        except (KeyError, ValueError):
             raise RunError(
                 f"{self.path} is an ONNX model but not one exported by foodvit: its metadata has no class names "
                 "and preprocessing; export a run with foodvit export RUN --format onnx"

@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 
 from foodvit.errors import RunError
-from foodvit.files import read_json, write_text
+from foodvit.files import parse_json, read_json, write_text
 
 COLUMNS = ("path", "label", "probability", "top_k", "error")
 FORMATS = (".csv", ".jsonl")
@@ -186,7 +186,7 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
             else:
                 for line in text:
                     if line.strip():
-                        row = json.loads(line)
+                        row = parse_json(line)
                         key = photo_key(row["path"], folder)
                         done.add(key)
                         if row.get("error"):

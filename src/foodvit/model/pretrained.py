@@ -263,9 +263,9 @@ def resolve(spec: str, model_hint: str | None = None) -> Pretrained:
 
 
 def _json(text: str):
-    import json
+    from foodvit.files import parse_json
 
-    return json.loads(text)
+    return parse_json(text)
 
 
 def _name_of(config) -> str | None:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from foodvit.errors import InputError
-from foodvit.files import atomic_write
+from foodvit.files import atomic_write, parse_json
 from foodvit.model.positions import resample_pos_embed
 from foodvit.model.vit import HEADS, Block, VisionTransformer
 from foodvit.settings.model import ViTConfig
@@ -296,7 +296,7 @@ def config_from_metadata(metadata: Mapping[str, str]) -> ViTConfig | None:
     """The ViTConfig a foodvit safetensors file was saved with, if any."""
     if "config" not in metadata:
         return None
-    return ViTConfig(**json.loads(metadata["config"]))
+    return ViTConfig(**parse_json(metadata["config"]))
 
 
 def resize_model(model: VisionTransformer, image_size: int, mode: str = "bicubic") -> VisionTransformer:

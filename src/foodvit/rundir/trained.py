@@ -12,7 +12,7 @@ import torch
 
 from foodvit.data.preprocess import Preprocess
 from foodvit.errors import ConfigError, InputError, RunError
-from foodvit.files import read_json, write_text
+from foodvit.files import parse_json, read_json, write_text
 from foodvit.model.vit import VisionTransformer
 from foodvit.rundir.directory import training_now
 from foodvit.settings.model import ViTConfig
@@ -88,8 +88,8 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
             f"{weights} carries no model configuration: it is not a foodvit model file; "
             "load foreign weights with foodvit.load_weights(foodvit.create_model(...), path)"
         )
-    classes = card.get("classes") or json.loads(meta.get("classes", "[]"))
-    preprocess = card.get("preprocess") or json.loads(meta.get("preprocess", "null"))
+    classes = card.get("classes") or parse_json(meta.get("classes", "[]"))
+    preprocess = card.get("preprocess") or parse_json(meta.get("preprocess", "null"))
     if not classes or not preprocess:
         raise RunError(f"{weights} lacks class names or preprocessing; it was not written by foodvit train")
     where = card_path if card else weights

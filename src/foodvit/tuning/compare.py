@@ -15,7 +15,6 @@ by more seeds (cv.py) pairs with one of fewer over the seeds both hold; the line
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -202,7 +201,7 @@ def study_identity(study: str | Path) -> dict:
     for name in ("study.json", "trial.json"):
         path = Path(study) / name
         try:
-            found = json.loads(path.read_text())
+            found = read_json(path)
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # absent or unreadable: the study's results say what they can
         if not isinstance(found, dict) or "data" not in found:
@@ -348,7 +347,7 @@ def _summarised(study: str | Path, seeds) -> bool:
     if not path.exists():
         return False
     try:
-        named = json.loads(path.read_text()).get("study", {}).get("seeds")
+        named = read_json(path).get("study", {}).get("seeds")
     except (OSError, ValueError, AttributeError):
         return True  # read_study says what is wrong with it
     return named is None or seeds is None or named == seeds
@@ -363,7 +362,7 @@ def study_recipe(study: str | Path) -> str:
     from that recipe as this version loads it, e.g. 'default' or 'default (masked.weight=0.0)'. The photos' share and
     folder are left out: studies of one recipe at several shares are one series."""
     name = read_study(study)["recipe"]
-    stored = json.loads((Path(study) / "study.json").read_text()).get("settings", {})
+    stored = read_json(Path(study) / "study.json").get("settings", {})
     try:
         recipe = load_recipe(name).to_dict()
     except FoodVitError:  # a recipe file that is not here: the name alone

@@ -221,7 +221,7 @@ def _run_fold(
                 _clear_unstarted(run)
                 train(fold_config(config, folder, seed), run, quiet=quiet, log=silent, teacher_from=teacher_from)
     predictions = held_out_predictions(run, folder)
-    metrics = json.loads((run / "model.json").read_text())["metrics"]
+    metrics = read_json(run / "model.json")["metrics"]
     right = sum(p["right"] for p in predictions)
     if len(predictions) != metrics["test_n"]:
         raise StudyError(
@@ -250,7 +250,7 @@ def _run_fold(
 def _stages_seconds(run: Path) -> float:
     """The seconds start_fold spent on the fold's teacher in a task of its own (0 when none did, or unreadable)."""
     try:
-        return float(json.loads(stages_file(run).read_text())["seconds"])
+        return float(read_json(stages_file(run))["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0.0
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from foodvit.errors import StudyError
-from foodvit.files import write_text
+from foodvit.files import read_json, write_text
 from foodvit.tuning.study import changes, current_names
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def _note(study_dir: Path) -> dict | None:
     """The folder's storage.json (which --storage holds its trials, and under which study name), or None."""
     path = study_dir / WHERE
     try:
-        note = json.loads(path.read_text())
+        note = read_json(path)
         if not isinstance(note["storage"], str) or not isinstance(note.get("study", STUDY_NAME), str):
             raise TypeError("its storage and study are not text")
         return note

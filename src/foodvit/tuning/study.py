@@ -145,7 +145,7 @@ def grown_since(folder: Path, seeds: list[int]) -> list[int] | None:
 def held_seeds(folder: Path) -> list[int] | None:
     """The seeds the study's study.json names now (None when it names none, or cannot be read)."""
     try:
-        seeds = json.loads((folder / STUDY_FILE).read_text()).get("seeds")
+        seeds = read_json(folder / STUDY_FILE).get("seeds")
     except (OSError, ValueError, AttributeError):
         return None
     return seeds if isinstance(seeds, list) else None
@@ -275,7 +275,7 @@ def _finish_growing_locked(folder: Path) -> None:
     """_finish_growing with the study's lock held."""
     with contextlib.ExitStack() as held_folds:
         try:
-            note = json.loads((folder / GROWING_FILE).read_text())
+            note = read_json(folder / GROWING_FILE)
             seed, folds = int(note["seed"]), int(note["folds"])
         except FileNotFoundError:
             return  # none, or another process finished it
@@ -330,7 +330,7 @@ def check_lender(teachers: Path, study: Path, identity: dict, config: RunConfig)
             f"--teachers {teachers} is the study itself: give another study, whose folds lend their teachers"
         )
     try:
-        theirs = json.loads(path.read_text())
+        theirs = read_json(path)
         lender = RunConfig.from_dict(theirs["settings"], where=str(path))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise StudyError(
@@ -446,7 +446,7 @@ def _written_arithmetic(path: Path) -> str | None:
     if not path.is_file():
         return None
     try:
-        kind = json.loads(path.read_text()).get("arithmetic")
+        kind = read_json(path).get("arithmetic")
     except (OSError, ValueError, AttributeError):
         return ""
     return known_arithmetic(kind)
@@ -485,7 +485,7 @@ def claim_arithmetic(study: Path, here: str, trained: bool = True) -> None:
 def claimed(study: Path) -> str | None:
     """The arithmetic the study's arithmetic.json names; None when it names none (absent or damaged)."""
     try:
-        kind = json.loads((study / ARITHMETIC_FILE).read_text())["arithmetic"]
+        kind = read_json(study / ARITHMETIC_FILE)["arithmetic"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return kind if isinstance(kind, str) else None

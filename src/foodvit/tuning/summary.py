@@ -9,7 +9,7 @@ import statistics
 import warnings
 from pathlib import Path
 
-from foodvit.files import write_text
+from foodvit.files import read_json, write_text
 from foodvit.settings.layout import setting_key
 from foodvit.settings.run import SECTIONS, RunConfig
 from foodvit.tuning import compare
@@ -48,7 +48,7 @@ def recipe_toml(config: RunConfig, header: str) -> str:
 
 def _trial_photos(study_dir: Path, trial) -> dict[str, bool] | None:
     path = study_dir / trial.user_attrs.get("dir", "") / "cv.json"
-    return json.loads(path.read_text())["photos"] if trial.user_attrs.get("dir") and path.is_file() else None
+    return read_json(path)["photos"] if trial.user_attrs.get("dir") and path.is_file() else None
 
 
 def _plots(study, study_dir: Path, space: dict[str, Param], completed: int) -> list[str]:
