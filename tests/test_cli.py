@@ -609,10 +609,15 @@ def test_drawing_changes_no_global_matplotlib_state():
         (["train", "--train-fraction", "nan"], "argument --train-fraction: must be in (0, 1], got nan"),
         (["train", "--lr", "inf"], "argument --lr: must be > 0, got inf"),
         (["train", "--cache-gb", "0"], "must be > 0, got 0; for no cache at all, use --no-cache"),
+        # a DataLoader worker is a process, all started at once: 100000 of them took the machine's memory
+        (
+            ["train", "--workers", "100000"],
+            "argument --workers: must be in [0, 64], got 100000; each worker is a process",
+        ),
         (["serve", "run", "--max-upload-mb", "nan"], "argument --max-upload-mb: must be > 0, got nan"),
     ],
 )
-def test_nan_and_infinity_are_refused_in_one_line(argv, message, capsys):
+def test_nan_infinity_and_numbers_past_a_range_are_refused_in_one_line(argv, message, capsys):
     # NaN passed every range check: --train-fraction nan trained on all photos and wrote NaN into config.json
     with pytest.raises(SystemExit) as stop:
         main(argv)
