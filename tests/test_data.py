@@ -330,13 +330,16 @@ def test_the_mixing_collate_can_be_sent_to_spawned_workers():
 class _ZipHandler(http.server.BaseHTTPRequestHandler):
     payload = b""
     hits = 0
+    answers: list = []  # what the next GETs send instead: "half" (the whole length announced), or other bytes
 
     def do_GET(self):  # noqa: N802
         type(self).hits += 1
+        answer = type(self).answers.pop(0) if type(self).answers else None
+        body = answer if isinstance(answer, bytes) else self.payload
         self.send_response(200)
-        self.send_header("Content-Length", str(len(self.payload)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(self.payload)
+        self.wfile.write(body[: len(body) // 2] if answer == "half" else body)
 
     def log_message(self, *args):
         pass
@@ -352,7 +355,7 @@ def zip_url(tmp_path):
     """The URL of a generated FoodVision-like zip served on 127.0.0.1 (_ZipHandler counts the GETs)."""
     root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
     _ZipHandler.payload = _zip(root, tmp_path / "set.zip", "pizza_steak_sushi/").read_bytes()
-    _ZipHandler.hits = 0
+    _ZipHandler.hits, _ZipHandler.answers = 0, []
     server = http.server.HTTPServer(("127.0.0.1", 0), _ZipHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}/data/pizza_steak_sushi.zip"
@@ -365,6 +368,21 @@ def test_download_goes_to_the_cache_once(zip_url, tmp_path):
     assert resolve(zip_url, quiet=True) == first
     assert _ZipHandler.hits == 1
     assert not list((tmp_path / "cache").rglob("*.part"))
+
+
+def test_a_download_cut_short_or_not_a_zip_is_not_kept_and_the_next_run_fetches_it_again(zip_url, tmp_path):
+    """A download whose connection closed early was kept as complete, and a login page served in the zip's place
+    stayed in the cache: every later run failed on the same copy ("a damaged zip ... download it again") without
+    fetching anything."""
+    _ZipHandler.answers = ["half", b"<html>please log in</html>"]
+    with pytest.raises(DataError, match=r"the connection closed after [\d,]+ of the [\d,]+ bytes announced; try again"):
+        resolve(zip_url, quiet=True)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    with pytest.raises(DataError, match=r"is a damaged zip .*the copy downloaded from http.* is removed: the next run"):
+        resolve(zip_url, quiet=True)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert (resolve(zip_url, quiet=True) / "test" / "sushi" / "000.jpg").is_file()  # the third run: the zip
+    assert _ZipHandler.hits == 3
 
 
 def test_a_download_goes_through_the_proxies_of_its_own_time(zip_url, monkeypatch):

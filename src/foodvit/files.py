@@ -109,7 +109,7 @@ def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha
     from tqdm.auto import tqdm
 
     def fetch(tmp: Path) -> None:
-        digest = hashlib.sha256()
+        digest, size = hashlib.sha256(), 0
         with tmp.open("wb") as out, open_url(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(
@@ -118,7 +118,10 @@ def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
                     digest.update(chunk)
+                    size += len(chunk)
                     bar.update(len(chunk))
+        if total is not None and size != total:  # the connection closed early: the file is not kept
+            raise ConnectionError(f"the connection closed after {size:,} of the {total:,} bytes announced; try again")
         if sha256_prefix and not digest.hexdigest().startswith(sha256_prefix):
             raise ValueError(f"{url} arrived damaged (its SHA-256 does not start with {sha256_prefix}); try again")
 

@@ -30,7 +30,15 @@ from foodvit.data.folders import (
     subsample,
 )
 from foodvit.data.photos import IMAGE_EXTENSIONS
-from foodvit.data.sources import FOOD101, LAYOUT, cached_download, default_source, extract, food101_root, resolve
+from foodvit.data.sources import (
+    FOOD101,
+    LAYOUT,
+    cached_download,
+    default_source,
+    extract_download,
+    food101_root,
+    resolve,
+)
 from foodvit.errors import DataError
 
 
@@ -122,7 +130,7 @@ class DataSource:
             return root if root.is_dir() else None
         if self.location.startswith(("http://", "https://")):
             downloaded = cached_download(self.location)
-            return extract(downloaded) if downloaded is not None else None
+            return extract_download(self.location, downloaded) if downloaded is not None else None
         path = Path(self.location).expanduser()
         return self.root() if path.exists() else None
 

@@ -68,7 +68,7 @@ def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, q
     if source == FOOD101:
         return food101(quiet=quiet)
     if source.startswith(("http://", "https://")):
-        return extract(download(source, timeout=timeout, quiet=quiet))
+        return extract_download(source, download(source, timeout=timeout, quiet=quiet))
     path = Path(source).expanduser()
     if not path.exists():
         raise DataError(
@@ -108,6 +108,17 @@ def download(url: str, *, timeout: float = 20.0, quiet: bool = False) -> Path:
             f"could not download {url} ({reason}). Without internet, point at local data instead: "
             f"--data /path/to/folder_or.zip, or set FOODVIT_DATA"
         ) from err
+
+
+def extract_download(url: str, zip_path: Path) -> Path:
+    """extract() of the cached download of url; a download that cannot be unpacked as data (a web page served in
+    the zip's place, a transfer damaged on the way) is removed from the cache, so that the next run fetches it again
+    rather than failing on the same copy for good."""
+    try:
+        return extract(zip_path)
+    except DataError as err:
+        zip_path.unlink(missing_ok=True)
+        raise DataError(f"{err} (the copy downloaded from {url} is removed: the next run downloads it again)") from None
 
 
 def extract(zip_path: Path) -> Path:
