@@ -267,7 +267,7 @@ def test_predict_reports_each_bad_photo_and_predicts_the_rest(run, capsys, tmp_p
         (["--epochs", "-3"], "argument --epochs: must be >= 1, got -3"),
         (["--repeated-aug", "0"], "argument --repeated-aug: must be >= 1, got 0"),
         (["--depth", "0"], "argument --depth: must be >= 1, got 0"),
-        (["--lr", "0"], "argument --lr: must be > 0, got 0"),
+        (["--lr", "0"], "argument --lr: must be in (0, 10], got 0"),
         (["--epochs", "two"], "argument --epochs: expected a whole number, got 'two'"),
         (["--freeze-backbone", "maybe"], "argument --freeze-backbone: expected true or false, got 'maybe'"),
         # sides that no machine's memory holds (the model's position embedding alone: 120 GB at 100000 px), refused
@@ -605,10 +605,12 @@ def test_drawing_changes_no_global_matplotlib_state():
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["train", "--lr", "nan"], "argument --lr: must be > 0, got nan"),
+        (["train", "--lr", "nan"], "argument --lr: must be in (0, 10], got nan"),
         (["train", "--train-fraction", "nan"], "argument --train-fraction: must be in (0, 1], got nan"),
-        (["train", "--lr", "inf"], "argument --lr: must be > 0, got inf"),
-        (["train", "--cache-gb", "0"], "must be > 0, got 0; for no cache at all, use --no-cache"),
+        (["train", "--lr", "inf"], "argument --lr: must be in (0, 10], got inf"),
+        (["train", "--cache-gb", "0"], "must be in (0, 1e+06], got 0; for no cache at all, use --no-cache"),
+        (["train", "--cache-gb", "1e300"], "--cache-gb: must be in (0, 1e+06], got 1e300"),  # OverflowError
+        (["train", "--lr", "1e300"], "--lr: must be in (0, 10], got 1e300; the paper's are"),  # torch's RuntimeError
         # a DataLoader worker is a process, all started at once: 100000 of them took the machine's memory
         (
             ["train", "--workers", "100000"],
@@ -632,7 +634,7 @@ def test_nan_in_python_settings_is_refused():
 
     with pytest.raises(ConfigError, match="--train-fraction must be in \\(0, 1\\], got nan"):
         DataConfig(train_fraction=float("nan"))
-    with pytest.raises(ConfigError, match="--lr must be > 0, got inf"):
+    with pytest.raises(ConfigError, match=r"--lr must be in \(0, 10\], got inf"):
         OptimConfig(lr=float("inf"))
 
 

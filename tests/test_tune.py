@@ -1521,7 +1521,7 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
     "text, message",
     [
         ("[optim]\nfoo = {low = 1, high = 2}\n", "unknown setting 'optim.foo'"),
-        ("[optim]\nlr = {low = -1.0, high = 0.1}\n", "--lr must be > 0, got -1"),
+        ("[optim]\nlr = {low = -1.0, high = 0.1}\n", "--lr must be in (0, 10], got -1"),
         ("[vit]\nimage_size = {low = 30, high = 64}\n", "not a multiple of the patch size 8"),
         ("[train]\nepochs = {low = 5, high = 2}\n", "low must be below high"),
         ('[data]\naugment = {choices = ["flip", "wild"]}\n', "--augment must be one of"),

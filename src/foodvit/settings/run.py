@@ -126,7 +126,7 @@ class DataConfig:
     cache_gb: float = opt(
         4.0,
         "memory budget of that cache in GiB, per process: photos past it are decoded each time they are used",
-        range=Range(0, lo_open=True, hint="for no cache at all, use --no-cache"),
+        range=Range(0, 10**6, lo_open=True, hint="for no cache at all, use --no-cache"),  # 1e300 overflowed
     )
     workers: int = opt(
         0,
@@ -160,7 +160,12 @@ class OptimConfig:
     section (objectives.OBJECTIVES), the teacher's and the pre-training's too."""
 
     optimizer: str = opt("adamw", "optimiser", choices=OPTIMIZERS)
-    lr: float = opt(1e-3, "peak learning rate", range=POSITIVE)
+    # at most 10: past it a step of Adam or SGD throws every weight to infinity (10^300 overflowed in the optimiser)
+    lr: float = opt(
+        1e-3,
+        "peak learning rate",
+        range=Range(0, 10, lo_open=True, hint="the paper's are 1e-3 to 0.06; larger ones diverge"),
+    )
     betas: tuple[float, float] = opt((0.9, 0.999), "Adam betas (Table 3: 0.9, 0.999)", range=SHARE_BELOW_1)
     momentum: float = opt(0.9, "SGD momentum (fine-tuning: 0.9)", range=SHARE_BELOW_1)
     weight_decay: float = opt(0.05, "weight decay", range=AT_LEAST_0)
