@@ -221,7 +221,19 @@ def test_resume_and_out_agree_on_a_run_stopped_before_its_first_checkpoint(share
         assert "stopped before its first checkpoint" in err and f"remove {stopped}" in err
 
 
-@pytest.mark.parametrize("damage", ["garbage", "list", "no-predictions", "folder", "null", "answer not true or false"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "garbage",
+        "list",
+        "no-predictions",
+        "folder",
+        "null",
+        "answer not true or false",
+        "a run without its fold",
+        "runs",
+    ],
+)
 @pytest.mark.parametrize("where", ["fold-0.json", "cv.json"])
 def test_compare_with_a_damaged_result_file_is_one_line(tmp_path, capsys, damage, where):
     good = {"seed": 0, "fold": 0, "predictions": [{"photo": "pizza/1.jpg", "right": True}]}
@@ -242,6 +254,9 @@ def test_compare_with_a_damaged_result_file_is_one_line(tmp_path, capsys, damage
         target.write_text("[1, 2]")
     elif damage == "null":  # valid JSON of the wrong shape once failed with a TypeError
         target.write_text('{"photos": null}' if where == "cv.json" else '{"seed": 0, "fold": 0, "predictions": null}')
+    elif damage in ("a run without its fold", "runs"):  # cv.json's list of runs: a KeyError, a TypeError traceback
+        runs = '[{"seed": 1}]' if damage == "a run without its fold" else "7"
+        target.write_text(f'{{"photos": {{"s0/pizza/1.jpg": true}}, "folds": {runs}}}' if where == "cv.json" else "[]")
     elif damage == "answer not true or false":
         answer = '{"photo": "pizza/1.jpg", "right": "yes"}'
         target.write_text(

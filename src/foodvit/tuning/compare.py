@@ -128,10 +128,18 @@ def read_study(study: str | Path) -> dict:
             f"{study} holds no finished cross-validation (no cv.json); run `foodvit cv --out {study}` to finish it"
         )
     found = _result_file(path, ("photos",))
-    photos = found["photos"]
+    photos, folds = found["photos"], found.get("folds", [])
     if not isinstance(photos, dict) or not all(isinstance(right, bool) for right in photos.values()):
         raise StudyError(
             f"{path} is damaged (its photos are not each photo's answer, right or not); remove it and run "
+            f"`foodvit cv --out {study}` to write it again from its runs"
+        )
+    if not isinstance(folds, list) or not all(
+        isinstance(f, dict) and ("seed" not in f or (type(f["seed"]) is int and type(f.get("fold")) is int))
+        for f in folds
+    ):
+        raise StudyError(
+            f"{path} is damaged (its folds are not the list of runs a study writes); remove it and run "
             f"`foodvit cv --out {study}` to write it again from its runs"
         )
     return found
