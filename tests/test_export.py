@@ -139,6 +139,28 @@ def test_bad_exports_and_foreign_files_are_one_line(run, tmp_path, capsys):
     assert "missing.onnx does not exist" in capsys.readouterr().err
 
 
+def test_an_export_onnx_runtime_cannot_load_is_one_line_naming_no_temporary_file(run, tmp_path, monkeypatch, capsys):
+    """--opset 26 exported, and ONNX Runtime 1.32 refused the file (its Attention node): the message named the
+    temporary `.q.onnx.<hex>.partial.onnx` and said to export again, which fails the same way."""
+    import onnxruntime
+
+    class Refusing:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("[ONNXRuntimeError] : 10 : INVALID_GRAPH : This is an invalid model. Attention(26)")
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Refusing)
+    out, _ = run
+    capsys.readouterr()
+    assert main(["export", str(out), "--out", str(tmp_path / "q.onnx"), "--opset", "26"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "the exported model does not load in ONNX Runtime (RuntimeError: [ONNXRuntimeError] : 10 : INVALID_GRAPH" in err
+        and f"nothing was written: give a lower --opset (ONNX Runtime {onnxruntime.__version__} may not run opset 26"
+        in err
+    )
+    assert ".partial" not in err and list(tmp_path.iterdir()) == []
+
+
 def test_the_destination_is_checked_before_anything(run, tmp_path, capsys):
     out, _ = run
     capsys.readouterr()

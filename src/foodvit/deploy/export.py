@@ -152,9 +152,7 @@ def export(
     try:
         if fmt == "onnx":
             quantization = _export_onnx(predictor, staging, quantize, opset, inputs, with_attention)
-            from foodvit.deploy.onnx_runtime import OnnxBackend
-
-            backend = OnnxBackend(staging)
+            backend = _loaded(staging, opset)
             got = backend(inputs)
             if with_attention:
                 exported, reference_maps = backend.attention(inputs), predictor.attention_maps(inputs)
@@ -188,6 +186,30 @@ def export(
         "attention": attention,
         "quantization": quantization,
     }
+
+
+def _loaded(staging: Path, opset: int | None):
+    """The exported file opened in ONNX Runtime, or an ExportError that says why it cannot be (an opset newer than
+    the installed ONNX Runtime runs, most often) without naming the temporary file, which is removed."""
+    import onnxruntime
+
+    from foodvit.deploy.onnx_runtime import OnnxBackend
+    from foodvit.errors import RunError
+
+    try:
+        return OnnxBackend(staging)
+    except RunError as err:
+        cause = err.__context__ or err  # ONNX Runtime's own error, behind OnnxBackend's words for a user's file
+        why = f"{type(cause).__name__}: {str(cause).splitlines()[0][:200]}" if str(cause) else type(cause).__name__
+        what = (
+            f"give a lower --opset (ONNX Runtime {onnxruntime.__version__} may not run opset {opset} yet), or none "
+            "for the exporter's own"
+            if opset
+            else "report it with the run's model.json"
+        )
+        raise ExportError(
+            f"the exported model does not load in ONNX Runtime ({why}); nothing was written: {what}"
+        ) from None
 
 
 def _export_onnx(
