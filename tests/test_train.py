@@ -233,6 +233,32 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(photos, tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does_saying_what_is_kept(photos, tmp_path):
+    """kill (SIGTERM) ended `foodvit train` at once: exit status -15, no word of what was kept, and a metrics file's
+    temporary copy left in the run folder for each kill that came mid-write."""
+    run = tmp_path / "run"
+    argv = ["train", "--recipe", "tiny", "--data", str(photos), "--epochs", "40", "--image-size", "32"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "foodvit", *argv, "--depth", "1", "--quiet", "--out", str(run)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoint.pt").exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == (
+        f"interrupted: every finished epoch (and stage) is saved in {run}; continue with `foodvit train --resume {run}`"
+    )
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_resume_refuses_changes_and_missing_runs(tmp_path):
     from foodvit.cli.main import main
 

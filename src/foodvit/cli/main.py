@@ -15,12 +15,14 @@ standard error, INFO by default, WARNING with a command's --quiet, DEBUG with --
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import io
 import logging
 import os
 import signal
 import sys
+import threading
 
 from foodvit.cli import data, export_web, listings, pictures, predicting, shipping, studies, training
 from foodvit.errors import FoodVitError, OutputError, Terminated
@@ -164,6 +166,31 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     raise AssertionError("unreachable: error() exits")
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt(wanted: bool):
+    """Within the block, SIGTERM (kill, a scheduler stopping the command) ends a command that says what an
+    interruption keeps (`on_interrupt`: train, cv, tune) as ctrl-C does: Terminated is raised, its work unwinds (no
+    temporary file left, the last checkpoint kept) and the command says what was kept, exiting with 143. Left as it
+    is where the process ignores SIGTERM or this is not the main thread; torchrun's ranks and cv's processes set
+    their own handlers inside."""
+    if not wanted or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:  # ignored, or handled by whoever runs this (a caller's own handler)
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
     configure_logging(args)
@@ -183,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         from foodvit.viz.plotting import quiet_missing_glyphs
 
         quiet_missing_glyphs()  # a class name's characters the figures' font lacks: one log line, not one each
-        code = args.func(args)
+        with _sigterm_as_interrupt(getattr(args, "on_interrupt", None) is not None):
+            code = args.func(args)
         if stdout is not None:
             sys.stdout.flush()  # what is still buffered fails here, in one line, not at the interpreter's exit
         return code
