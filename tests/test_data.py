@@ -56,6 +56,25 @@ def test_local_zip_is_unpacked_once(tmp_path, prefix):
     assert again == first and (again / "train" / "pizza" / "000.jpg").stat().st_mtime_ns == stamp
 
 
+def test_an_unpacked_zip_changed_since_is_unpacked_again(tmp_path):
+    """A split folder removed from the cache blamed the user's good zip ("holds no train/ and test/ folders") for
+    good; a photo removed from it trained on one photo fewer, silently."""
+    import shutil
+
+    root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
+    archive = _zip(root, tmp_path / "set.zip")
+    first = resolve(archive)
+    shutil.rmtree(first / "test")
+    assert (resolve(archive) / "test" / "sushi" / "000.jpg").is_file()
+    (first / "train" / "pizza" / "001.jpg").unlink()
+    (first / "train" / "steak" / "000.jpg").write_bytes(b"cut short")
+    assert resolve(archive) == first
+    assert sorted(p.relative_to(first) for p in first.rglob("*.jpg")) == sorted(
+        p.relative_to(root) for p in root.rglob("*.jpg")
+    )
+    assert (first / "train" / "steak" / "000.jpg").read_bytes() == (root / "train" / "steak" / "000.jpg").read_bytes()
+
+
 @pytest.mark.parametrize("member", ["../evil.txt", "/tmp/evil-abs.txt", "train/../../evil2.txt"])
 def test_zip_with_escaping_member_is_refused_and_writes_nothing(tmp_path, member):
     archive = tmp_path / "bad.zip"

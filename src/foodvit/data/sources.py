@@ -4,9 +4,12 @@ cache. No PyTorch (Food-101's download alone uses torchvision, imported then).""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import os
+import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -15,7 +18,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from foodvit.errors import DataError
-from foodvit.files import atomic_folder
+from foodvit.files import atomic_folder, read_json
 from foodvit.files import download as download_file
 
 logger = logging.getLogger(__name__)
@@ -133,7 +136,10 @@ def extract(zip_path: Path) -> Path:
     key = hashlib.sha1(f"{zip_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
     target = cache_dir() / "data" / f"{zip_path.stem}-{key}"
     if target.is_dir():
-        return _root_of(target, zip_path)
+        if _unpacked_whole(target):
+            with contextlib.suppress(DataError):
+                return _root_of(target, zip_path)
+        shutil.rmtree(target)  # files of it removed or changed since: unpacked again, not trained on as it is now
     try:
         with zipfile.ZipFile(zip_path) as archive:
             for member in archive.namelist():
@@ -146,6 +152,7 @@ def extract(zip_path: Path) -> Path:
             def unpack(tmp: Path) -> None:
                 archive.extractall(tmp)
                 _root_of(tmp, zip_path)  # laid out as expected, or nothing is kept
+                (tmp / UNPACKED).write_text(json.dumps(_files_of(tmp)) + "\n")
 
             atomic_folder(target, unpack)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as err:
@@ -159,6 +166,28 @@ def extract(zip_path: Path) -> Path:
             "with a method it does not read (such as Deflate64); unpack it yourself and pass the folder"
         ) from err
     return _root_of(target, zip_path)
+
+
+UNPACKED = ".foodvit-unpacked.json"  # in an unpacked zip's folder: its files' sizes when it was unpacked
+
+
+def _files_of(folder: Path) -> dict[str, int]:
+    """Every file under folder (the note itself left out), by its path there, with its size."""
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _unpacked_whole(folder: Path) -> bool:
+    """Whether an unpacked zip's folder holds what was unpacked into it, file for file and size for size (a folder
+    unpacked before the note was written counts as whole)."""
+    try:
+        noted = read_json(folder / UNPACKED)
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    found = _files_of(folder)
+    found.pop(UNPACKED, None)
+    return noted == found
 
 
 def _root_of(folder: Path, origin: Path) -> Path:
