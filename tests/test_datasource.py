@@ -62,6 +62,19 @@ def test_parse_keeps_location_subset_and_fraction(tmp_path, monkeypatch):
         DataSource.parse("food101:")
 
 
+def test_an_address_of_another_scheme_is_one_line_naming_what_is_read(tmp_path, capsys):
+    """--data file:///folder said "data source file:/folder does not exist" of a folder that exists."""
+    folder = make_photo_folder(tmp_path / "my photos", n_train=1, n_test=1)
+    with pytest.raises(DataError, match=f"for a file on this machine give its path: {folder}$"):
+        DataSource.parse(folder.as_uri())
+    with pytest.raises(DataError, match="only http:// and https:// addresses are downloaded; give a local path"):
+        DataSource.parse("s3://bucket/photos.zip")
+    assert DataSource.parse("HTTPS://example.org/photos.zip").location == "HTTPS://example.org/photos.zip"
+    assert main(["train", "--data", folder.as_uri(), "--out", str(tmp_path / "run")]) == 2
+    assert "only http:// and https:// addresses are downloaded" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_local_food101_folder_can_be_subset(tmp_path):
     # it used to say "does not exist", though the download error suggests --data /path/to/food-101
     local = make_food101(tmp_path / "food-101")
