@@ -259,12 +259,17 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_saying_what_is_kept(photos, tmp_path
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_resume_refuses_changes_and_missing_runs(tmp_path):
+def test_resume_refuses_changes_and_missing_runs(tmp_path, capsys):
     from foodvit.cli.main import main
 
     assert main(["train", "--resume", str(tmp_path), "--lr", "0.1"]) == 2
     with pytest.raises(RunError, match="holds no foodvit run"):
         resume(tmp_path)
+    # an empty --out or --resume (a shell variable not set) was read as not given: a new run in runs/<date>-<time>
+    for flag in ("--out", "--resume"):
+        capsys.readouterr()
+        assert main(["train", flag, "", "--data", str(tmp_path)]) == 2
+        assert f"{flag} is empty; give a run's folder, or leave {flag} out" in capsys.readouterr().err
 
 
 def test_a_run_of_an_older_version_resumes_without_the_settings_added_since(photos, tmp_path):

@@ -69,6 +69,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     main_process = place().is_main  # under torchrun, rank 0 alone speaks
     say = (lambda text: print(text, file=sys.stderr)) if main_process else silent
+    for flag, given in (("--out", args.out), ("--resume", args.resume)):
+        if given == "":  # else read as not given: a new run in runs/<date>-<time>
+            raise ConfigError(f"{flag} is empty; give a run's folder, or leave {flag} out")
 
     if args.resume:
         extra = (
