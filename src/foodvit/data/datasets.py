@@ -119,7 +119,7 @@ class MemoryBudget:
     """Bytes the caches may keep, shared between them (train and evaluation photos)."""
 
     def __init__(self, gib: float) -> None:
-        self.left = int(gib * 2**30)
+        self.left = int(min(gib, 2.0**40) * 2**30)  # past any machine's memory (1e300 GiB overflowed int())
 
     def take(self, nbytes: int) -> bool:
         if nbytes > self.left:

@@ -41,7 +41,6 @@ from foodvit.settings.objectives import OBJECTIVES, ObjectiveSettings
 RESIZE_MODES = ("crop", "square")
 INTERPOLATIONS = ("bilinear", "bicubic")
 AUGMENT_PRESETS = ("none", "flip", "light", "medium", "strong")
-MAX_WORKERS = 64  # DataLoader worker processes a run may start
 TEACHERS = ("resnet18", "resnet34", "resnet50")  # torchvision architectures a run can train as its distillation teacher
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
@@ -126,16 +125,13 @@ class DataConfig:
     cache_gb: float = opt(
         4.0,
         "memory budget of that cache in GiB, per process: photos past it are decoded each time they are used",
-        range=Range(0, 10**6, lo_open=True, hint="for no cache at all, use --no-cache"),  # 1e300 overflowed
+        range=Range(0, lo_open=True, hint="for no cache at all, use --no-cache"),
     )
     workers: int = opt(
         0,
         "DataLoader worker processes, kept up between epochs (0: load in the training process; "
-        "on a GPU try 4-8); any number from 1 up gives the same run",
-        # each worker is a process started at once: 100000 of them took the machine's memory
-        range=Range(
-            0, MAX_WORKERS, hint="each worker is a process; a few per GPU, or the machine's cores, keep it fed"
-        ),
+        "on a GPU try 4-8); any number from 1 up gives the same run, and at most one a core is started",
+        range=AT_LEAST_0,
     )
     strict: bool = opt(False, "refuse corrupt or non-image files instead of skipping them")
 
