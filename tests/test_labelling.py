@@ -194,6 +194,26 @@ def test_a_photo_is_known_by_where_it_is_not_by_how_its_path_was_spelt(run, tree
     capsys.readouterr()
     assert main(["predict", str(run), str(other / "1.jpg"), "a", "--out", str(out), "--quiet"]) == 1
     assert "0 photos labelled, 0 could not be read, 5 already there" in capsys.readouterr().err
+    # an address is kept as given, from any folder (it was made a path: <folder>/https:/example.org/x.jpg)
+    monkeypatch.chdir(other)
+    assert main(["predict", str(run), "https://example.org/x.jpg", "--out", str(out), "--quiet"]) == 1
+    assert read_rows(out)[-1]["path"] == "https://example.org/x.jpg"
+
+
+def test_a_predictions_file_moved_with_its_photos_goes_on_where_it_stopped(run, tmp_path, monkeypatch, capsys):
+    """The sidecar kept the working folder as an absolute path: a project moved or mounted elsewhere, file and
+    photos together, labelled every photo again on the same command."""
+    project = tmp_path / "project"
+    make_photo(project / "imgs" / "a.jpg", (200, 40, 40), size=(20, 24))
+    monkeypatch.chdir(project)
+    assert main(["predict", str(run), "imgs", "--out", "out/p.csv", "--quiet"]) == 0
+    project.rename(tmp_path / "moved")
+    make_photo(tmp_path / "moved" / "imgs" / "b.jpg", (40, 200, 40), size=(20, 24))
+    monkeypatch.chdir(tmp_path / "moved")
+    capsys.readouterr()
+    assert main(["predict", str(run), "imgs", "--out", "out/p.csv", "--quiet"]) == 0
+    assert "1 photos labelled, 0 could not be read, 1 already there" in capsys.readouterr().err
+    assert [r["path"] for r in read_rows(tmp_path / "moved" / "out" / "p.csv")] == ["imgs/a.jpg", "imgs/b.jpg"]
 
 
 def test_two_runs_writing_one_out_file_at_once_are_refused_not_doubled(run, tree, tmp_path, capsys):

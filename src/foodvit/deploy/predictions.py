@@ -2,9 +2,11 @@
 a batch at a time as complete lines (one write, flush and fsync), read back to skip the photos
 already done, and named for its model by a sidecar `<out>.meta.json` (classes and a hash of the
 weights), so that two models' predictions are never mixed in one file. The sidecar also keeps the
-working folder the file was started in: a row's path is kept as it was given, and a photo is known
-by that path made absolute against it (photo_key), so `imgs/a.jpg`, `./imgs/a.jpg` and
-`/home/me/imgs/a.jpg` are one photo, and `a.jpg` given in two folders is two. No PyTorch here."""
+working folder the file was started in, as a path from the file's own folder (a project moved or
+mounted elsewhere, file and photos together, goes on): a row's path is kept as it was given, and a
+photo is known by that path made absolute against that folder (photo_key), so `imgs/a.jpg`,
+`./imgs/a.jpg` and `/home/me/imgs/a.jpg` are one photo, and `a.jpg` given in two folders is two.
+No PyTorch here."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -77,18 +80,35 @@ def meta_path(out: Path) -> Path:
 
 def photo_key(path: str, folder: str) -> str:
     """What names one photo however it was spelt: its path made absolute against the working folder it was given
-    in, and normalised (no file system call: a link is not followed)."""
+    in, and normalised (no file system call: a link is not followed); an address (https://...) as it is."""
+    if ADDRESS.match(path):
+        return path
     return os.path.normpath(os.path.join(folder, path))
+
+
+ADDRESS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def folder_note(out: Path) -> str:
+    """This process's working folder as the sidecar records it: a path from the predictions file's folder (so that
+    the two may move together), or absolute where there is none (another drive)."""
+    try:
+        return os.path.relpath(os.getcwd(), os.path.abspath(out.parent))
+    except ValueError:
+        return os.getcwd()
 
 
 def started_in(path: Path) -> str:
     """The working folder a predictions file's relative paths are relative to: the one its sidecar records (the
-    folder its first run was started in), or this process's for a file whose sidecar records none."""
+    folder its first run was started in, from the file's own folder), or this process's for a file whose sidecar
+    records none (written by an earlier version)."""
     try:
         folder = read_json(meta_path(path)).get("folder")
     except (OSError, ValueError, AttributeError):
         folder = None
-    return folder if isinstance(folder, str) and os.path.isabs(folder) else os.getcwd()
+    if not isinstance(folder, str) or not folder:
+        return os.getcwd()
+    return os.path.normpath(os.path.join(os.path.abspath(path.parent), folder))
 
 
 def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
@@ -262,7 +282,7 @@ class Predictions:
             if keep < self.path.stat().st_size:
                 os.truncate(self.path, keep)
         else:
-            meta = {**identity, "top_k": top_k, "folder": os.getcwd()}
+            meta = {**identity, "top_k": top_k, "folder": folder_note(self.path)}
             write_text(meta_path(self.path), json.dumps(meta, indent=1) + "\n")
         self.folder = started_in(self.path)
         self.done, self.failed = read_rows(
