@@ -75,6 +75,39 @@ def test_an_unpacked_zip_changed_since_is_unpacked_again(tmp_path):
     assert (first / "train" / "steak" / "000.jpg").read_bytes() == (root / "train" / "steak" / "000.jpg").read_bytes()
 
 
+def _resolve_when_told(archive, go, answers):
+    go.wait()
+    try:
+        answers.put(str(resolve(archive)))
+    except Exception as err:  # the test names it
+        answers.put(f"{type(err).__name__}: {err}")
+
+
+def test_two_processes_unpacking_one_zip_at_once_both_get_its_folder(tmp_path, monkeypatch):
+    """The second process's rename met the first's folder (Errno 39, Directory not empty), which was called a damaged
+    zip; and for a download, its cached copy was then removed."""
+    import multiprocessing
+
+    root = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
+    archive = _zip(root, tmp_path / "set.zip")
+    with zipfile.ZipFile(archive, "a") as z:  # members enough that both processes are unpacking at once
+        for i in range(3000):
+            z.writestr(f"notes/{i}.txt", b"x")
+    monkeypatch.setenv("FOODVIT_CACHE", str(tmp_path / "cache"))  # the processes' own, as this test's
+    context = multiprocessing.get_context("spawn")
+    go, answers = context.Event(), context.Queue()
+    processes = [context.Process(target=_resolve_when_told, args=(archive, go, answers)) for _ in range(2)]
+    for process in processes:
+        process.start()
+    time.sleep(1.0)  # both waiting at the start line
+    go.set()
+    got = [answers.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+    assert got[0] == got[1] and (tmp_path / "cache").as_posix() in got[0], got
+    assert sorted(p.name for p in (tmp_path / "cache" / "data").iterdir()) == [got[0].split("/")[-1]]
+
+
 @pytest.mark.parametrize("member", ["../evil.txt", "/tmp/evil-abs.txt", "train/../../evil2.txt"])
 def test_zip_with_escaping_member_is_refused_and_writes_nothing(tmp_path, member):
     archive = tmp_path / "bad.zip"

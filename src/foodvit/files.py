@@ -6,6 +6,7 @@ No PyTorch here: the data layer, the run directory and the command line all use 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -126,6 +127,24 @@ def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha
             raise ValueError(f"{url} arrived damaged (its SHA-256 does not start with {sha256_prefix}); try again")
 
     return atomic_write(target, fetch, suffix=".part")
+
+
+@contextlib.contextmanager
+def exclusive(path: Path):
+    """The block run holding an exclusive lock on the existing file `path` (opened to read, never changed): flock,
+    which the OS drops however the process ends, so no lock outlives its holder; another process's block on the
+    same file waits for this one. Where there is no flock (Windows, a file system without locks), it runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "rb") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        except OSError:  # ENOLCK and the like: the file system keeps no locks
+            pass
+        yield
 
 
 def file_above(path: Path) -> Path | None:

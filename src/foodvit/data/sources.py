@@ -18,7 +18,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from foodvit.errors import DataError
-from foodvit.files import atomic_folder, read_json
+from foodvit.files import atomic_folder, exclusive, read_json
 from foodvit.files import download as download_file
 
 logger = logging.getLogger(__name__)
@@ -113,13 +113,17 @@ def download(url: str, *, timeout: float = 20.0, quiet: bool = False) -> Path:
         ) from err
 
 
+class DamagedZip(DataError):
+    """A zip that is not one, or whose content is damaged: worth fetching again, unlike one of another layout."""
+
+
 def extract_download(url: str, zip_path: Path) -> Path:
-    """extract() of the cached download of url; a download that cannot be unpacked as data (a web page served in
-    the zip's place, a transfer damaged on the way) is removed from the cache, so that the next run fetches it again
-    rather than failing on the same copy for good."""
+    """extract() of the cached download of url; a download that is no zip, or a damaged one (a web page served in
+    the zip's place, a transfer damaged on the way), is removed from the cache, so that the next run fetches it
+    again rather than failing on the same copy for good."""
     try:
         return extract(zip_path)
-    except DataError as err:
+    except DamagedZip as err:
         zip_path.unlink(missing_ok=True)
         raise DataError(f"{err} (the copy downloaded from {url} is removed: the next run downloads it again)") from None
 
@@ -135,6 +139,15 @@ def extract(zip_path: Path) -> Path:
     stat = zip_path.stat()
     key = hashlib.sha1(f"{zip_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
     target = cache_dir() / "data" / f"{zip_path.stem}-{key}"
+    # one process at a time looks at, mends or unpacks a zip's folder (two runs, or torchrun's ranks on several
+    # machines sharing a cache): else one could remove what another has just unpacked or is reading. The lock is
+    # on the zip itself, so that nothing is left in the cache for it
+    with exclusive(zip_path):
+        return _extract_locked(zip_path, target)
+
+
+def _extract_locked(zip_path: Path, target: Path) -> Path:
+    """extract() holding the lock on its target."""
     if target.is_dir():
         if _unpacked_whole(target):
             with contextlib.suppress(DataError):
@@ -155,10 +168,14 @@ def extract(zip_path: Path) -> Path:
                 (tmp / UNPACKED).write_text(json.dumps(_files_of(tmp)) + "\n")
 
             atomic_folder(target, unpack)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as err:
-        raise DataError(
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError) as err:
+        raise DamagedZip(
             f"{zip_path} is a damaged zip ({type(err).__name__}: {err}); download it again or unpack it "
             "yourself and pass the folder"
+        ) from err
+    except OSError as err:
+        raise DataError(
+            f"{zip_path} could not be unpacked ({type(err).__name__}: {err}); unpack it yourself and pass the folder"
         ) from err
     except (RuntimeError, NotImplementedError) as err:  # zipfile's words for a password, or Deflate64 and the like
         raise DataError(
