@@ -266,10 +266,12 @@ def test_resume_refuses_changes_and_missing_runs(tmp_path, capsys):
     with pytest.raises(RunError, match="holds no foodvit run"):
         resume(tmp_path)
     # an empty --out or --resume (a shell variable not set) was read as not given: a new run in runs/<date>-<time>
-    for flag in ("--out", "--resume"):
+    # tune made the working folder its study
+    for command, flag in (("train", "--out"), ("train", "--resume"), ("tune", "--out"), ("cv", "--out")):
         capsys.readouterr()
-        assert main(["train", flag, "", "--data", str(tmp_path)]) == 2
-        assert f"{flag} is empty; give a run's folder, or leave {flag} out" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as stop:
+            main([command, flag, "", "--data", str(tmp_path)])
+        assert stop.value.code == 2 and f"argument {flag}: is empty; give a folder's path" in capsys.readouterr().err
 
 
 def test_a_run_of_an_older_version_resumes_without_the_settings_added_since(photos, tmp_path):

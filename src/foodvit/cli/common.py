@@ -27,6 +27,14 @@ def count(allowed: Range = AT_LEAST_1):
     return number_type(int, allowed)
 
 
+def folder(text: str) -> str:
+    """argparse type: a folder's path, never empty (an unset shell variable): train read `--out ""` as no --out and
+    started a new run in runs/<date>-<time>, tune made the working folder its study."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty; give a folder's path")
+    return text
+
+
 def recipe_options(parser: argparse.ArgumentParser, recipe_help: str) -> None:
     """What train, cv and tune share: a recipe, a model, and an option per setting over them."""
     parser.add_argument("--recipe", help=recipe_help)

@@ -10,6 +10,7 @@ from pathlib import Path
 from foodvit.cli.common import (
     check_recipe,
     count,
+    folder,
     need,
     recipe_options,
 )
@@ -39,7 +40,9 @@ def _add_cv(sub) -> None:
         "second process (or machine sharing the folder) takes the folds the first is not training. "
         "--compare A B pairs two studies photo by photo (each photo's answers averaged over the seeds first).",
     )
-    p.add_argument("--out", metavar="STUDY", help="the study folder (new, empty, or this same study to resume)")
+    p.add_argument(
+        "--out", type=folder, metavar="STUDY", help="the study folder (new, empty, or this same study to resume)"
+    )
     p.add_argument("--folds", type=count(Range(2)), help=f"folds (default {FOLDS}; none with --validate-on)")
     p.add_argument(
         "--seeds",
@@ -195,7 +198,11 @@ def _add_tune(sub) -> None:
         "Writes STUDY/best.toml (foodvit train --recipe STUDY/best.toml), tune.md and plots.",
     )
     p.add_argument(
-        "--out", required=True, metavar="STUDY", help="the study folder (new, empty, or this same study to continue)"
+        "--out",
+        required=True,
+        type=folder,
+        metavar="STUDY",
+        help="the study folder (new, empty, or this same study to continue)",
     )
     p.add_argument("--trials", type=count(), help="trials this command runs (default: until --budget, else 20)")
     p.add_argument(

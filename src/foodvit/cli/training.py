@@ -10,6 +10,7 @@ from pathlib import Path
 from foodvit.cli.common import (
     VERBOSE,
     check_recipe,
+    folder,
     number,
     recipe_options,
 )
@@ -25,9 +26,10 @@ def register(sub) -> None:
         description="Train from a recipe (default: the best small-data recipe). Any setting can be overridden. "
         "Boolean settings are flags with a --no- form (--freeze-backbone, --no-cache); true/false also work.",
     )
-    p.add_argument("--out", help="run directory, a new or empty folder (default: runs/<date>-<time>)")
+    p.add_argument("--out", type=folder, help="run directory, a new or empty folder (default: runs/<date>-<time>)")
     p.add_argument(
         "--resume",
+        type=folder,
         metavar="DIR",
         help="finish the interrupted run in DIR, with its own settings and data "
         "(--data: the same photos moved elsewhere)",
@@ -69,9 +71,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     main_process = place().is_main  # under torchrun, rank 0 alone speaks
     say = (lambda text: print(text, file=sys.stderr)) if main_process else silent
-    for flag, given in (("--out", args.out), ("--resume", args.resume)):
-        if given == "":  # else read as not given: a new run in runs/<date>-<time>
-            raise ConfigError(f"{flag} is empty; give a run's folder, or leave {flag} out")
 
     if args.resume:
         extra = (
