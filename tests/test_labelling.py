@@ -216,6 +216,29 @@ def test_a_predictions_file_moved_with_its_photos_goes_on_where_it_stopped(run, 
     assert [r["path"] for r in read_rows(tmp_path / "moved" / "out" / "p.csv")] == ["imgs/a.jpg", "imgs/b.jpg"]
 
 
+def test_a_predictions_file_moved_alone_or_named_through_a_link_goes_on(run, tmp_path, monkeypatch, capsys):
+    """A sidecar that kept only the way from the file to its folder lost the photos when the file moved on its own
+    to another depth, or when --out was named through a symbolic link one time and not the next."""
+    import shutil
+
+    project = tmp_path / "real" / "project"
+    make_photo(project / "a.jpg", (200, 40, 40), size=(20, 24))
+    (tmp_path / "alias").symlink_to(project)
+    monkeypatch.chdir(project)
+    assert main(["predict", str(run), "a.jpg", "--out", str(tmp_path / "alias" / "out" / "p.jsonl"), "--quiet"]) == 0
+    for out in ("out/p.jsonl", str(tmp_path / "alias" / "out" / "p.jsonl")):
+        capsys.readouterr()
+        assert main(["predict", str(run), "a.jpg", "--out", out, "--quiet"]) == 0
+        assert "0 photos labelled, 0 could not be read, 1 already there" in capsys.readouterr().err
+    archive = tmp_path / "archive" / "2026"
+    archive.mkdir(parents=True)
+    for name in ("p.jsonl", "p.jsonl.meta.json"):
+        shutil.move(project / "out" / name, archive / name)
+    capsys.readouterr()
+    assert main(["predict", str(run), "a.jpg", "--out", str(archive / "p.jsonl"), "--quiet"]) == 0
+    assert "0 photos labelled, 0 could not be read, 1 already there" in capsys.readouterr().err
+
+
 def test_two_runs_writing_one_out_file_at_once_are_refused_not_doubled(run, tree, tmp_path, capsys):
     """Two `predict --out` on one file at once each labelled every photo: every row twice."""
     import fcntl

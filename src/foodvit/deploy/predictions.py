@@ -2,11 +2,11 @@
 a batch at a time as complete lines (one write, flush and fsync), read back to skip the photos
 already done, and named for its model by a sidecar `<out>.meta.json` (classes and a hash of the
 weights), so that two models' predictions are never mixed in one file. The sidecar also keeps the
-working folder the file was started in, as a path from the file's own folder (a project moved or
-mounted elsewhere, file and photos together, goes on): a row's path is kept as it was given, and a
-photo is known by that path made absolute against that folder (photo_key), so `imgs/a.jpg`,
-`./imgs/a.jpg` and `/home/me/imgs/a.jpg` are one photo, and `a.jpg` given in two folders is two.
-No PyTorch here."""
+working folder the file was started in, and the way there from the file's own folder (a project
+moved or mounted elsewhere, file and photos together, goes on): a row's path is kept as it was
+given, and a photo is known by that path made absolute against that folder (photo_key), so
+`imgs/a.jpg`, `./imgs/a.jpg` and `/home/me/imgs/a.jpg` are one photo, and `a.jpg` given in two
+folders is two. No PyTorch here."""
 
 from __future__ import annotations
 
@@ -89,26 +89,32 @@ def photo_key(path: str, folder: str) -> str:
 ADDRESS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def folder_note(out: Path) -> str:
-    """This process's working folder as the sidecar records it: a path from the predictions file's folder (so that
-    the two may move together), or absolute where there is none (another drive)."""
+def folder_note(out: Path) -> dict[str, str]:
+    """This process's working folder as the sidecar records it: the folder itself, and the way there from the
+    predictions file's folder (links resolved, as the working folder is), or none where there is no way (another
+    drive)."""
+    here = os.getcwd()
     try:
-        return os.path.relpath(os.getcwd(), os.path.abspath(out.parent))
+        return {"folder": here, "folder_from_file": os.path.relpath(here, os.path.realpath(out.parent))}
     except ValueError:
-        return os.getcwd()
+        return {"folder": here}
 
 
 def started_in(path: Path) -> str:
-    """The working folder a predictions file's relative paths are relative to: the one its sidecar records (the
-    folder its first run was started in, from the file's own folder), or this process's for a file whose sidecar
-    records none (written by an earlier version)."""
+    """The working folder a predictions file's relative paths are relative to, as its sidecar records it: the folder
+    itself while it is there (the file may have moved on its own), else the way there from the file's folder (file
+    and photos moved or mounted elsewhere together); this process's for a file whose sidecar records neither
+    (written by an earlier version)."""
     try:
-        folder = read_json(meta_path(path)).get("folder")
+        note = read_json(meta_path(path))
+        folder, way = note.get("folder"), note.get("folder_from_file")
     except (OSError, ValueError, AttributeError):
-        folder = None
-    if not isinstance(folder, str) or not folder:
-        return os.getcwd()
-    return os.path.normpath(os.path.join(os.path.abspath(path.parent), folder))
+        folder = way = None
+    if isinstance(folder, str) and os.path.isabs(folder) and os.path.isdir(folder):
+        return folder
+    if isinstance(way, str) and way:
+        return os.path.normpath(os.path.join(os.path.realpath(path.parent), way))
+    return os.getcwd()
 
 
 def check_written_by(path: Path, identity: dict, top_k: int) -> bool:
@@ -282,7 +288,7 @@ class Predictions:
             if keep < self.path.stat().st_size:
                 os.truncate(self.path, keep)
         else:
-            meta = {**identity, "top_k": top_k, "folder": folder_note(self.path)}
+            meta = {**identity, "top_k": top_k, **folder_note(self.path)}
             write_text(meta_path(self.path), json.dumps(meta, indent=1) + "\n")
         self.folder = started_in(self.path)
         self.done, self.failed = read_rows(
