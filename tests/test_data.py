@@ -437,6 +437,21 @@ def test_a_download_cut_short_or_not_a_zip_is_not_kept_and_the_next_run_fetches_
     assert _ZipHandler.hits == 3
 
 
+def test_a_downloaded_zip_of_another_layout_is_kept_not_fetched_again(zip_url, tmp_path):
+    """Only a download that is damaged or no zip is worth fetching again: one of another layout is the address's own."""
+    import io
+
+    other = io.BytesIO()
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("photos/pizza/a.jpg", b"x")
+    _ZipHandler.answers = [other.getvalue()]
+    for _ in range(2):
+        with pytest.raises(DataError, match="holds no train/ and test/ folders") as refused:
+            resolve(zip_url, quiet=True)
+        assert "removed" not in str(refused.value)
+    assert _ZipHandler.hits == 1 and len(list((tmp_path / "cache" / "downloads").iterdir())) == 1
+
+
 def test_a_download_goes_through_the_proxies_of_its_own_time(zip_url, monkeypatch):
     # urllib.request.urlopen keeps the opener (and the proxies) of its first call for the whole process:
     # here that first call came while a proxy nobody listens on was set, as a test of the offline path

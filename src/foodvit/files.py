@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
+from typing import IO
 
 
 def parse_json(text: str | bytes):
@@ -131,20 +132,25 @@ def download(url: str, target: Path, *, timeout: float, quiet: bool = False, sha
 
 @contextlib.contextmanager
 def exclusive(path: Path):
-    """The block run holding an exclusive lock on the existing file `path` (opened to read, never changed): flock,
-    which the OS drops however the process ends, so no lock outlives its holder; another process's block on the
-    same file waits for this one. Where there is no flock (Windows, a file system without locks), it runs unlocked."""
+    """The existing file `path` open (binary, never written), its handle yielded, for a block run holding an
+    exclusive lock on it: flock, which the OS drops however the process ends, so no lock outlives its holder;
+    another process's block on the same file waits for this one. Read the file through the handle: where a lock is
+    mandatory (SMB), another handle of this process could not. Opened for writing where it may be, as NFS wants
+    for an exclusive lock; where there is no flock (Windows, a file system without locks), the block runs
+    unlocked."""
+    handle: IO[bytes]
     try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(path, "rb") as lock:
+        handle = open(path, "r+b")
+    except OSError:  # read-only, not the user's
+        handle = open(path, "rb")
+    with handle:
         try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        except OSError:  # ENOLCK and the like: the file system keeps no locks
+            import fcntl
+
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except (ImportError, OSError):  # no flock here, or ENOLCK and the like: the file system keeps no locks
             pass
-        yield
+        yield handle
 
 
 def file_above(path: Path) -> Path | None:

@@ -142,19 +142,19 @@ def extract(zip_path: Path) -> Path:
     # one process at a time looks at, mends or unpacks a zip's folder (two runs, or torchrun's ranks on several
     # machines sharing a cache): else one could remove what another has just unpacked or is reading. The lock is
     # on the zip itself, so that nothing is left in the cache for it
-    with exclusive(zip_path):
-        return _extract_locked(zip_path, target)
+    with exclusive(zip_path) as held:
+        return _extract_locked(zip_path, held, target)
 
 
-def _extract_locked(zip_path: Path, target: Path) -> Path:
-    """extract() holding the lock on its target."""
+def _extract_locked(zip_path: Path, held, target: Path) -> Path:
+    """extract() holding the lock on the zip, read through `held`, the locked handle."""
     if target.is_dir():
         if _unpacked_whole(target):
             with contextlib.suppress(DataError):
                 return _root_of(target, zip_path)
         shutil.rmtree(target)  # files of it removed or changed since: unpacked again, not trained on as it is now
     try:
-        with zipfile.ZipFile(zip_path) as archive:
+        with zipfile.ZipFile(held) as archive:
             for member in archive.namelist():
                 parts = PurePosixPath(member.replace("\\", "/")).parts
                 if member.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
