@@ -10,6 +10,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
@@ -24,6 +25,16 @@ def parse_json(text: str | bytes):
         return json.loads(text)
     except RecursionError as err:
         raise ValueError(str(err)) from None
+
+
+def address_scheme(text: str) -> str | None:
+    """The scheme of an address given where a path may stand ("https" of https://host/x.jpg, "file", "s3"), in lower
+    case; None for a path."""
+    found = ADDRESS.match(text)
+    return found.group(1).lower() if found else None
+
+
+ADDRESS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def read_json(path: str | os.PathLike):

@@ -1,4 +1,5 @@
-"""This process's place among the processes torchrun started, read from the environment here alone.
+"""This process's place among the processes torchrun started, read from the environment here alone, and the
+cores it may run on.
 
 torchrun sets RANK (this process among all), LOCAL_RANK (among this machine's) and WORLD_SIZE (how many) in each
 process it starts, and MASTER_ADDR and MASTER_PORT (where they meet), which PyTorch's process group reads itself
@@ -11,6 +12,12 @@ import os
 from dataclasses import dataclass
 
 from foodvit.errors import ConfigError
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
 
 DEFAULT_TIMEOUT_S = 600  # how long a process waits for the others (a collective, their parts) before it stops
 

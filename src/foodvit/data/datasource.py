@@ -14,7 +14,6 @@ No PyTorch (Food-101's download alone uses torchvision, imported then).
 from __future__ import annotations
 
 import os
-import re
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -42,6 +41,7 @@ from foodvit.data.sources import (
     resolve,
 )
 from foodvit.errors import DataError
+from foodvit.files import address_scheme
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,9 @@ class DataSource:
         """`LOCATION` or `LOCATION:class,class` (Food-101, downloaded or a local folder laid out as it);
         empty or None: the default source."""
         text = str(text or "") or default_source()
-        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", text)
-        if scheme and scheme.group(1).lower() not in ("http", "https"):
-            where = urllib.parse.unquote(urllib.parse.urlparse(text).path) if scheme.group(1).lower() == "file" else ""
+        scheme = address_scheme(text)
+        if scheme and scheme not in ("http", "https"):
+            where = urllib.parse.unquote(urllib.parse.urlparse(text).path) if scheme == "file" else ""
             raise DataError(
                 f"{text}: only http:// and https:// addresses are downloaded; "
                 + (f"for a file on this machine give its path: {where}" if where else "give a local path or such a URL")

@@ -10,7 +10,6 @@ photos into one contiguous part per rank, without padding, so every photo counts
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sized
 from typing import Any, cast
 
@@ -18,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from foodvit.seeds import derive_seed
+from foodvit.torchrun import cores
 
 logger = logging.getLogger(__name__)
 
@@ -132,10 +132,9 @@ def make_loader(
     workers stay up between epochs (starting them took longer than a whole epoch of a small model
     on a GPU), a resumed run sees the same batches, and 0, 1 or 8 workers give the same photos; so
     at most one a core is started (each is a process: --workers 100000 took the machine's memory)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if workers > cores:
-        logger.info("--workers %d: %d worker processes are started, one a core (more add only memory)", workers, cores)
-        workers = cores
+    if workers > (here := cores()):
+        logger.info("--workers %d: %d worker processes are started, one a core (more add only memory)", workers, here)
+        workers = here
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory, collate_fn=Collate(mixer))
     n = len(cast(Sized, dataset))  # a map-style dataset has a length; torch's Dataset does not declare it
     if train:

@@ -3,13 +3,13 @@ prediction. Nothing here needs PyTorch: the Predictor's backend runs the model."
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 
 from foodvit.data.photos import PhotoError, decode, load_or_explain
 from foodvit.errors import DataError
+from foodvit.files import address_scheme
 
 
 def evaluate_split(predictor, split, batch_size: int = 64, *, strict: bool = False) -> dict:
@@ -82,7 +82,7 @@ def predict(predictor, images: list[str | Path], top_k: int = 3) -> list[dict]:
 def local_photo(image: str | Path) -> Path:
     """A local photo's path; URLs are refused with a message that says what to do."""
     text = str(image)
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
+    if address_scheme(text):
         raise PhotoError(
             text,
             f"is a URL: URLs are not supported; download the photo first (e.g. curl -LO '{text}') and pass the file",

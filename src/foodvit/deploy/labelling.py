@@ -328,7 +328,9 @@ def wait_for_parts(out: Path, missing: set[str], timeout: float, poll: float = 0
     deadline = time.monotonic() + timeout
     while True:
         for part in part_files(out):
-            folder = folders.setdefault(part, started_in(part))
+            if part not in folders:  # its sidecar read once, not at every look
+                folders[part] = started_in(part)
+            folder = folders[part]
             with open(part, "rb") as f:
                 f.seek(read.get(part, 0))
                 data = f.read()

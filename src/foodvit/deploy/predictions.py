@@ -15,12 +15,11 @@ import hashlib
 import io
 import json
 import os
-import re
 import stat
 from pathlib import Path
 
 from foodvit.errors import RunError
-from foodvit.files import parse_json, read_json, write_text
+from foodvit.files import address_scheme, parse_json, read_json, write_text
 
 COLUMNS = ("path", "label", "probability", "top_k", "error")
 FORMATS = (".csv", ".jsonl")
@@ -81,12 +80,9 @@ def meta_path(out: Path) -> Path:
 def photo_key(path: str, folder: str) -> str:
     """What names one photo however it was spelt: its path made absolute against the working folder it was given
     in, and normalised (no file system call: a link is not followed); an address (https://...) as it is."""
-    if ADDRESS.match(path):
+    if address_scheme(path):
         return path
     return os.path.normpath(os.path.join(folder, path))
-
-
-ADDRESS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def folder_note(out: Path) -> dict[str, str]:

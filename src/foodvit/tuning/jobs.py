@@ -29,11 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from foodvit.errors import StudyError, Terminated
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+from foodvit.torchrun import cores
 
 
 @dataclass(frozen=True)
