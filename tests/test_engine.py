@@ -151,9 +151,18 @@ def test_nan_loss_stops_training_with_a_clear_error():
         def forward(self, x):
             return super().forward(x) * float("nan")
 
-    opt = torch.optim.SGD(Poison().parameters(), lr=0.1)
+    model = Poison()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(TrainingDiverged, match="the loss became nan at step 1"):
-        train_one_epoch(Classifier(Poison()), [(torch.ones(2, 1), torch.tensor([0, 1]))], opt)
+        train_one_epoch(Classifier(model), [(torch.ones(2, 1), torch.tensor([0, 1]))], opt)
+
+
+def test_weights_overflowed_by_the_last_step_stop_training_with_a_clear_error():
+    # the loss is finite at every step (it is checked before the step): the last step's update overflows
+    model = nn.Linear(1, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1e30)
+    with pytest.raises(TrainingDiverged, match="the weights became NaN or infinite at step 1 of 1"):
+        train_one_epoch(Classifier(model), [(torch.full((2, 1), 1e30), torch.tensor([0, 1]))], opt)
 
 
 def test_ema_update_rule():

@@ -31,7 +31,7 @@ from foodvit.training.batchnorm import running_statistics_untouched
 
 
 class TrainingDiverged(FoodVitError, RuntimeError):
-    """The loss became NaN or infinite."""
+    """The loss, or the weights, became NaN or infinite."""
 
 
 class Output(NamedTuple):
@@ -360,6 +360,10 @@ def train_one_epoch(
                     hook(info)
     if bar is not None:
         bar.close()
+    # the loss is checked before each step: the epoch's last step could leave overflowed weights unseen until a
+    # later epoch, or, after the run's last epoch, in a model file that answers NaN (every rank holds the same weights)
+    if not torch.stack([p.isfinite().all() for p in model.parameters()]).all():
+        raise TrainingDiverged(f"the weights became NaN or infinite at step {steps} of {steps}")
     plain_sum, objective_total, correct_sum, seen = totals
     return {
         "train_loss": plain_sum / max(seen, 1),
