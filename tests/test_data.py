@@ -437,6 +437,20 @@ def test_a_download_cut_short_or_not_a_zip_is_not_kept_and_the_next_run_fetches_
     assert _ZipHandler.hits == 3
 
 
+def test_a_download_damaged_where_zipfile_reads_it_as_another_method_is_fetched_again(zip_url, tmp_path):
+    """A bit flipped on the way in the central directory's compression method made zipfile say the method is one it
+    does not read: the copy was kept, and every later run blamed a password or Deflate64 on the same copy."""
+    damaged = bytearray(_ZipHandler.payload)
+    at = damaged.index(b"PK\x01\x02") + 10  # the first member's compression method, in the central directory only
+    damaged[at : at + 2] = (99).to_bytes(2, "little")
+    _ZipHandler.answers = [bytes(damaged)]
+    with pytest.raises(DataError, match=r"cannot be unpacked by Python's zipfile .*the copy downloaded from http.* is"):
+        resolve(zip_url, quiet=True)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert (resolve(zip_url, quiet=True) / "test" / "sushi" / "000.jpg").is_file()  # the next run fetches it again
+    assert _ZipHandler.hits == 2
+
+
 def test_a_downloaded_zip_of_another_layout_is_kept_not_fetched_again(zip_url, tmp_path):
     """Only a download that is damaged or no zip is worth fetching again: one of another layout is the address's own."""
     import io

@@ -5,6 +5,7 @@ cache. No PyTorch (Food-101's download alone uses torchvision, imported then).""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -117,13 +118,19 @@ class DamagedZip(DataError):
     """A zip that is not one, or whose content is damaged: worth fetching again, unlike one of another layout."""
 
 
+class UnreadableZip(DataError):
+    """A zip Python's zipfile does not unpack here: a password, a compression method it does not read, a member's name
+    this file system refuses. A user's own zip is then unpacked by hand; a download can also be damaged in just
+    those bytes (a flipped bit in the central directory's compression method or a name), so it is fetched again."""
+
+
 def extract_download(url: str, zip_path: Path) -> Path:
-    """extract() of the cached download of url; a download that is no zip, or a damaged one (a web page served in
-    the zip's place, a transfer damaged on the way), is removed from the cache, so that the next run fetches it
-    again rather than failing on the same copy for good."""
+    """extract() of the cached download of url; a download that is no zip, a damaged one or one zipfile does not
+    read (a web page served in the zip's place, a transfer damaged on the way), is removed from the cache, so that
+    the next run fetches it again rather than failing on the same copy for good."""
     try:
         return extract(zip_path)
-    except DamagedZip as err:
+    except (DamagedZip, UnreadableZip) as err:
         zip_path.unlink(missing_ok=True)
         raise DataError(f"{err} (the copy downloaded from {url} is removed: the next run downloads it again)") from None
 
@@ -174,11 +181,13 @@ def _extract_locked(zip_path: Path, held, target: Path) -> Path:
             "yourself and pass the folder"
         ) from err
     except OSError as err:
-        raise DataError(
+        # a member's name this file system refuses is the zip's; a full disk or a folder not writable, the machine's
+        refused = err.errno in (errno.EINVAL, errno.ENAMETOOLONG, errno.EILSEQ)
+        raise (UnreadableZip if refused else DataError)(
             f"{zip_path} could not be unpacked ({type(err).__name__}: {err}); unpack it yourself and pass the folder"
         ) from err
     except (RuntimeError, NotImplementedError) as err:  # zipfile's words for a password, or Deflate64 and the like
-        raise DataError(
+        raise UnreadableZip(
             f"{zip_path} cannot be unpacked by Python's zipfile ({err}): a password-protected zip, or one compressed "
             "with a method it does not read (such as Deflate64); unpack it yourself and pass the folder"
         ) from err
