@@ -422,6 +422,16 @@ def test_download_goes_to_the_cache_once(zip_url, tmp_path):
     assert not list((tmp_path / "cache").rglob("*.part"))
 
 
+def test_an_address_in_capitals_is_downloaded_not_taken_for_a_missing_folder(zip_url):
+    # DataSource.parse accepted HTTP://, then is_missing() and resolve() took it for a path that does not exist
+    from foodvit.data.datasource import DataSource
+
+    source = DataSource.parse(zip_url.replace("http://", "HTTP://"))
+    assert not source.is_missing() and source.root_at_hand() is None  # fetched when needed, not yet in the cache
+    assert (source.root(quiet=True) / "test" / "sushi" / "000.jpg").is_file()
+    assert _ZipHandler.hits == 1
+
+
 def test_a_download_cut_short_or_not_a_zip_is_not_kept_and_the_next_run_fetches_it_again(zip_url, tmp_path):
     """A download whose connection closed early was kept as complete, and a login page served in the zip's place
     stayed in the cache: every later run failed on the same copy ("a damaged zip ... download it again") without

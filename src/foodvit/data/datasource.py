@@ -38,6 +38,7 @@ from foodvit.data.sources import (
     default_source,
     extract_download,
     food101_root,
+    is_download,
     resolve,
 )
 from foodvit.errors import DataError
@@ -125,7 +126,7 @@ class DataSource:
         a path does not exist."""
         return (
             self.location != FOOD101
-            and not self.location.startswith(("http://", "https://"))
+            and not is_download(self.location)
             and not Path(self.location).expanduser().exists()
         )
 
@@ -137,7 +138,7 @@ class DataSource:
         if self.location == FOOD101:
             root = food101_root()
             return root if root.is_dir() else None
-        if self.location.startswith(("http://", "https://")):
+        if is_download(self.location):
             downloaded = cached_download(self.location)
             return extract_download(self.location, downloaded) if downloaded is not None else None
         path = Path(self.location).expanduser()

@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from foodvit.errors import DataError
-from foodvit.files import atomic_folder, exclusive, read_json
+from foodvit.files import address_scheme, atomic_folder, exclusive, read_json
 from foodvit.files import download as download_file
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,11 @@ def food101_root() -> Path:
     return cache_dir() / "food101" / "food-101"
 
 
+def is_download(source: str) -> bool:
+    """Whether a source is fetched: an http(s) address, its scheme in any case (HTTPS://host/x.zip)."""
+    return address_scheme(source) in ("http", "https")
+
+
 def default_source() -> str:
     return os.environ.get("FOODVIT_DATA") or DEFAULT_URL
 
@@ -71,7 +76,7 @@ def resolve(source: str | os.PathLike | None = None, *, timeout: float = 20.0, q
     source = str(source or default_source())
     if source == FOOD101:
         return food101(quiet=quiet)
-    if source.startswith(("http://", "https://")):
+    if is_download(source):
         return extract_download(source, download(source, timeout=timeout, quiet=quiet))
     path = Path(source).expanduser()
     if not path.exists():
