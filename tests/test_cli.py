@@ -101,7 +101,7 @@ def test_a_recipe_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
 def test_command_line_overrides_every_section(tmp_path):
     import argparse
 
-    from foodvit.cli.options import add_config_options, apply_overrides
+    from foodvit.cli.options import add_config_options, build_config
 
     parser = argparse.ArgumentParser()
     add_config_options(parser)
@@ -123,7 +123,7 @@ def test_command_line_overrides_every_section(tmp_path):
             "x",
         ]
     )
-    config = apply_overrides(load_recipe("tiny"), args)
+    config = build_config("tiny", args)
     assert config.optim.lr == 0.01 and config.optim.betas == (0.9, 0.95)
     assert config.vit.given() == {"image_size": 64, "depth": 4, "pool": "gap"}
     assert config.data.augment == "strong" and config.data.cache is False and config.data.source == "x"
@@ -378,6 +378,11 @@ def test_boolean_settings_are_flags_with_a_no_form_and_still_take_true_false():
     assert parse("--cache", "false")["data.cache"] is False and parse("--cache", "true")["data.cache"] is True
     assert parse("--class-token", "--no-class-token")["vit.class_token"] is False  # the last one wins
     assert parse()["data.cache"] is None  # not given: the recipe decides
+    # the help offers the value to the on form alone: `--no-cache true` is refused
+    shown = parser.format_help()
+    assert "--cache [true|false], --no-cache\n" in shown and "--no-cache [" not in shown
+    with pytest.raises(SystemExit):
+        parse("--no-cache", "true")
 
 
 def test_every_option_and_positional_has_help():

@@ -14,7 +14,6 @@ from foodvit.model.resolve import resolve
 from foodvit.settings.fields import Range, check_value, flag_of
 from foodvit.settings.model import VIT_OPTIONS
 from foodvit.settings.objectives import OBJECTIVES
-from foodvit.settings.overrides import apply_overrides as resolve_overrides
 from foodvit.settings.overrides import is_setting_key
 from foodvit.settings.run import DEFAULT_RECIPE, SECTIONS, RunConfig
 
@@ -32,7 +31,7 @@ def parse_bool(text: str) -> bool:
 
 
 class BoolFlag(argparse.BooleanOptionalAction):
-    """--name turns a setting on, --no-name off; --name true/false is still accepted."""
+    """--name turns a setting on, --no-name off; --name true/false is still accepted (help: SettingsHelp)."""
 
     def __init__(self, option_strings, dest, **kwargs) -> None:
         super().__init__(option_strings, dest, **kwargs)
@@ -48,6 +47,17 @@ class BoolFlag(argparse.BooleanOptionalAction):
             setattr(namespace, self.dest, True if values is None else parse_bool(values))
         except argparse.ArgumentTypeError as err:
             parser.error(f"argument {option_string}: {err}")
+
+
+class SettingsHelp(argparse.HelpFormatter):
+    """A command's help where a setting's switch reads "--name [true|false], --no-name": argparse would offer the
+    value to --no-name too, which refuses it."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, BoolFlag):
+            on, off = action.option_strings
+            return f"{on} [{action.metavar}], {off}"
+        return super()._format_action_invocation(action)
 
 
 def number_type(kind: type, allowed: Range | None = None, several: bool = False):
@@ -85,6 +95,7 @@ def _arg_type(f):
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     """One option per field of ViTConfig (model) and of every section of RunConfig (settings.run.SECTIONS), named
     after the field or its `flag`."""
+    parser.formatter_class = SettingsHelp
     seen: set[str] = set()
     titles = {
         "teacher": "CNN teacher",
@@ -118,23 +129,21 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             )
 
 
-def apply_overrides(config: RunConfig, args: argparse.Namespace | dict, model: str | None = None) -> RunConfig:
-    """The recipe's config with every option the user gave (an argparse namespace, or a dict of
-    "section.name" -> value): resolve.apply_overrides."""
-    if isinstance(args, argparse.Namespace):  # the command's own options (--out, --quiet ...) are no settings
-        args = {key: value for key, value in vars(args).items() if is_setting_key(key)}
-    return resolve_overrides(config, dict(args), model=model)
+def settings_given(args: argparse.Namespace) -> dict:
+    """The settings options of a command line ("section.name" -> value, None where not given): the command's own
+    options (--out, --quiet ...) are no settings."""
+    return {key: value for key, value in vars(args).items() if is_setting_key(key)}
 
 
 def given_overrides(args: argparse.Namespace) -> list[str]:
-    """The config options present on a command line (for refusing them with --resume)."""
-    return [dest for dest, value in vars(args).items() if value is not None and "." in dest]
+    """The settings options present on a command line (for refusing them with --resume)."""
+    return [key for key, value in settings_given(args).items() if value is not None]
 
 
 def build_config(
     recipe: str = DEFAULT_RECIPE, overrides: argparse.Namespace | dict | None = None, model: str | None = None
 ) -> RunConfig:
     """A run's settings as `foodvit train` resolves them from its options (model/resolve.py)."""
-    if isinstance(overrides, argparse.Namespace):  # the command's own options (--out, --quiet ...) are no settings
-        overrides = {key: value for key, value in vars(overrides).items() if is_setting_key(key)}
+    if isinstance(overrides, argparse.Namespace):
+        overrides = settings_given(overrides)
     return resolve(recipe, overrides, model=model)
