@@ -1,8 +1,8 @@
 """MkDocs hook: the generated pages (docs/generate.py) made in memory at every build, so the site never shows a stale
-command-line reference, recipe table, results page or home page's figures, and the build writes nothing but the site.
-The command-line and recipe references are pages of their own, from the code; the committed pages that hold generated
-text (the Results page, the home page's figures) are built as generate.py makes them now (the suite checks that the
-committed text is current)."""
+command-line reference, recipe table, results page, home page's figures or run files, and the build writes nothing but
+the site. The command-line and recipe references are pages of their own, from the code; the committed pages that hold
+generated text (the Results page, the home page's figures, the run directory's files) are built as generate.py makes
+them now (the suite checks that the committed text is current)."""
 
 import importlib.util
 from pathlib import Path

@@ -481,3 +481,13 @@ def test_a_lock_whose_owner_is_not_yet_written_is_still_respected(photos, tmp_pa
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_every_file_a_run_writes_is_listed_with_what_it_holds(shared_run):
+    # the run directory's reference page is generated from these lists: a file missing there is missing here too
+    from foodvit.rundir.directory import LOCKS, RUN_FILES, RUN_FOLDERS
+
+    out, _ = shared_run
+    written = {p.name for p in out.iterdir()}
+    assert {"config.json", "checkpoint.pt", "model.safetensors", "report.md"} <= written
+    assert written <= set(RUN_FILES) | set(RUN_FOLDERS) | set(LOCKS), written - set(RUN_FILES) - set(LOCKS)

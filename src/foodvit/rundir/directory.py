@@ -1,12 +1,5 @@
-"""A run directory, the one place that creates, locks, reads and checks it.
-
-    config.json        the resolved RunConfig
-    metrics.csv        one row per epoch
-    checkpoint.pt      everything needed to resume (written atomically after every epoch)
-    model.safetensors  the trained model (rundir/trained.py), model.json beside it
-    curves.png, confusion.png, most_wrong.png, report.md, teacher.pt, tensorboard/
-    validation.jsonl   with --validate-on: each validation photo's answer by the final model
-    .foodvit.lock      flock-ed while a process writes the run (an empty file that stays); .foodvit.owner says which
+"""A run directory, the one place that creates, locks, reads and checks it. What it holds, file by file, is
+RUN_FILES below (the run-directory reference's table is generated from it).
 
 A run directory is the user's: a new run goes only into a new or empty folder, one process at a
 time writes it, a run that fails before its first checkpoint leaves the folder as it was found,
@@ -40,23 +33,40 @@ TEACHER_PROGRESS = "teacher-progress.pt"  # its training after each epoch but th
 TENSORBOARD = "tensorboard"  # --tensorboard's event files (training/tracking.py)
 PRETRAINING_FILE = "pretraining.csv"  # each self-supervised pre-training epoch's loss (training/pretrain.py)
 VALIDATION_FILE = "validation.jsonl"  # with --validate-on, each validation photo's answer (training/report.py)
-# every file and folder a run writes (a failed start removes these, and only these)
-RUN_FILES = (
-    "config.json",
-    "metrics.csv",
-    "checkpoint.pt",
-    "model.safetensors",
-    "model.json",
-    "curves.png",
-    "confusion.png",
-    "most_wrong.png",
-    "report.md",
-    TEACHER_FILE,
-    TEACHER_PROGRESS,
-    PRETRAINING_FILE,
-    VALIDATION_FILE,
-)
-RUN_FOLDERS = (TENSORBOARD,)
+LOCK_FILE, OWNER_FILE = ".foodvit.lock", ".foodvit.owner"  # RunLock's
+# every file a run writes, with what it holds: a failed start removes these, and only these
+RUN_FILES = {
+    "config.json": (
+        "the resolved settings, the data source the run really used included, in sections: `vit` (the model "
+        "settings set over the variant), `data`, `optim` (the optimiser and its step), one per training objective "
+        "named after it (`drloc`, `masked`, `guidance`, `distill`, `contrast`: its `weight`, 0 = off, and its own "
+        "settings), `teacher` (the CNN teacher), `pretrain` (the self-supervised stage) and `train`; a file with the "
+        "objectives', teacher's and pre-training's settings inside `optim` under their option names (`drloc`, "
+        "`mask_ratio`, `teacher_epochs` ...) loads to the same settings (`settings.layout.MOVED`); `--resume` "
+        "refuses one edited since"
+    ),
+    "metrics.csv": (
+        "one row per epoch: every `*_loss` is the plain cross-entropy per image; `train_objective` is what the "
+        "optimiser minimised (auxiliary losses included); accuracies per image; `model_share` (the share of the "
+        "epoch spent in the model step)"
+    ),
+    "checkpoint.pt": "everything `--resume` needs, written atomically after every epoch (the teacher's included)",
+    "model.safetensors": "the trained model's weights (rundir/trained.py)",
+    "model.json": "the trained model's configuration, class names, preprocessing and final metrics",
+    "curves.png": "the loss and accuracy curves",
+    "confusion.png": "the confusion matrix of the test split",
+    "most_wrong.png": "the most confidently wrong test photos",
+    "report.md": "the run's summary: settings, data, final metrics per class, time, threads",
+    TEACHER_FILE: "the CNN teacher, when the recipe trains one first (guidance, distillation)",
+    TEACHER_PROGRESS: "the CNN teacher after its last finished epoch while it trains (removed once teacher.pt is in)",
+    PRETRAINING_FILE: "the self-supervised stage's loss by epoch, with `--pretrain-epochs`",
+    VALIDATION_FILE: "with `--validate-on`: each validation photo's answer by the final model",
+}
+RUN_FOLDERS = {TENSORBOARD: "event files, with `--tensorboard`"}
+LOCKS = {
+    LOCK_FILE: "the operating-system lock (flock) of the process writing the run: an empty file that stays",
+    OWNER_FILE: "which process holds the lock, for the message of a second writer refused",
+}
 # *_loss: plain cross-entropy per image, comparable across splits; train_objective: what was minimised
 METRIC_COLUMNS = (
     "epoch",
@@ -87,8 +97,8 @@ class RunLock:
     creating the file and writing it. Who holds it is written beside it (.foodvit.owner), for the
     message only: filelock truncates the lock file on every attempt, so it cannot carry that."""
 
-    NAME = ".foodvit.lock"
-    OWNER = ".foodvit.owner"
+    NAME = LOCK_FILE
+    OWNER = OWNER_FILE
 
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)
