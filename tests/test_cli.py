@@ -443,6 +443,8 @@ def test_quiet_still_names_the_run_directory_and_the_result(tmp_path, capsys):
     captured = capsys.readouterr()
     assert f"run directory: {tmp_path / 'q'}" in captured.err
     assert "test accuracy" in captured.out and str(tmp_path / "q" / "report.md") in captured.out
+    # the test split is evaluated for the curves too: the report said it was read for the report only
+    assert "The test split was read for this report and for its curves" in (tmp_path / "q" / "report.md").read_text()
 
 
 def test_ctrl_c_names_the_directory_to_resume_even_without_out(tmp_path, capsys, monkeypatch):

@@ -119,6 +119,7 @@ def test_train_validates_on_the_pool_and_reads_the_test_split_once(photos, pool,
         "**Validation accuracy:" in report
         and "2 of its photos left out" in report
         and "## Per class (validation)" in report
+        and "The test split was read once, for this report: nothing" in report  # it said so of every run
     )
     capsys.readouterr()
     assert (

@@ -109,7 +109,12 @@ def write_report(
         "",
         f"**Test accuracy: {final['acc']:.3f}** ({correct}/{final['n']} photos, per image), "
         f"test loss {final['loss']:.3f}.",
-        "The test split was used for this report only: nothing (epochs, settings, checkpoint) was chosen by it.",
+        (
+            "The test split was read once, for this report"
+            if validation is not None
+            else "The test split was read for this report and for its curves (every --eval-every epochs)"
+        )
+        + ": nothing (epochs, settings, checkpoint) was chosen by it.",
         "",
     ]
     if validation is not None:
