@@ -702,3 +702,24 @@ def test_the_page_api_refuses_a_path_it_did_not_upload(server, run, tmp_path, wh
     assert "event: error" in events and "not uploaded" in events, events  # refused by Gradio's check, or by foodvit's
     assert "confidences" not in events and "pizza" not in events and "is no longer on the server" not in events
     assert httpx.get(f"{server}/health", timeout=5).status_code == 200
+
+
+def test_the_command_lines_serving_defaults_are_the_servers():
+    # the command line writes them as plain numbers (its help loads no server): they drifted from the library's
+    import argparse
+    import inspect
+
+    from foodvit.cli.main import build_parser
+    from foodvit.data.photos import MAX_PIXELS
+    from foodvit.deploy.serve import serve
+
+    parser = build_parser()
+    given = vars(parser.parse_args(["serve", "run"]))
+    library = inspect.signature(serve).parameters
+    for name in ("host", "port", "max_batch", "max_wait_ms", "top_k", "max_upload_mb", "max_megapixels"):
+        assert given[name] == library[name].default, name
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    ceiling = next(a for a in sub._actions if a.dest == "max_megapixels").type
+    assert ceiling("89.4") == 89.4 and MAX_PIXELS / 1e6 - 0.1 < 89.4 <= MAX_PIXELS / 1e6
+    with pytest.raises(argparse.ArgumentTypeError):
+        ceiling("89.5")

@@ -144,7 +144,7 @@ def _add_serve(sub) -> None:
     )
     p.add_argument(
         "--max-megapixels",
-        type=number(Range(0, 89.4, lo_open=True)),
+        type=number(Range(0, 89.4, lo_open=True)),  # photos.MAX_PIXELS, Pillow's own ceiling
         default=50.0,
         help="photos over this many pixels are refused with 413 before they are decoded (default 50, the limit "
         "of every foodvit command: a 48-megapixel phone's photos pass; the model needs far fewer, and larger "

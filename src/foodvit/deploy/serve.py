@@ -27,7 +27,14 @@ import numpy as np
 from foodvit import markup
 from foodvit.deploy.predictor import Predictor
 from foodvit.deploy.routes import BodyLimit, UploadBudget, add_api
-from foodvit.deploy.service import DEFAULT_MAX_MEGAPIXELS, DEFAULT_MAX_UPLOAD_MB, Service
+from foodvit.deploy.service import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_MEGAPIXELS,
+    DEFAULT_MAX_UPLOAD_MB,
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_TOP_K,
+    Service,
+)
 from foodvit.errors import FoodVitError
 
 logger = logging.getLogger(__name__)
@@ -38,9 +45,9 @@ EXAMPLES_PER_CLASS = 1
 def create_app(
     predictor: Predictor,
     *,
-    max_batch: int = 16,
-    max_wait_ms: float = 5.0,
-    top_k: int = 3,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+    top_k: int = DEFAULT_TOP_K,
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
     max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
     examples: Sequence[Path] = (),
@@ -145,9 +152,9 @@ def serve(
     *,
     host: str = "127.0.0.1",
     port: int = 7860,
-    max_batch: int = 16,
-    max_wait_ms: float = 5.0,
-    top_k: int = 3,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+    top_k: int = DEFAULT_TOP_K,
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
     max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
     examples: bool = True,

@@ -21,6 +21,11 @@ import numpy as np
 from foodvit.data.photos import PHOTO_LIMIT, DecodeBudget
 from foodvit.deploy.predictor import Predictor
 
+# The server's defaults: Service's, create_app's and serve's (deploy/serve.py); the command line's options repeat
+# them as plain numbers, so that its help loads nothing (a test holds them equal)
+DEFAULT_MAX_BATCH = 16  # requests run as one forward pass
+DEFAULT_MAX_WAIT_MS = 5.0  # how long a batch's first request waits for others
+DEFAULT_TOP_K = 3  # the classes each answer ranks
 DEFAULT_MAX_UPLOAD_MB = 10.0
 # Uploads over this many pixels are refused from their header, as every command refuses such a photo.
 DEFAULT_MAX_MEGAPIXELS = PHOTO_LIMIT / 1e6  # the limit every command keeps (data/photos.py)
@@ -38,7 +43,13 @@ class Batcher:
     request waits for nothing. With max_batch=1 every request is its own forward pass.
     """
 
-    def __init__(self, predictor: Predictor, max_batch: int = 16, max_wait: float = 0.005, arriving=None) -> None:
+    def __init__(
+        self,
+        predictor: Predictor,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_wait: float = DEFAULT_MAX_WAIT_MS / 1000,
+        arriving=None,
+    ) -> None:
         self.predictor, self.max_batch, self.max_wait = predictor, max(1, max_batch), max(0.0, max_wait)
         self.arriving = arriving or (lambda: 1)  # without a count, always wait max_wait for company
         self.queue: queue.Queue = queue.Queue()
@@ -99,9 +110,9 @@ class Service:
         self,
         predictor: Predictor,
         *,
-        max_batch: int = 16,
-        max_wait_ms: float = 5.0,
-        top_k: int = 3,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+        top_k: int = DEFAULT_TOP_K,
         max_upload_bytes: int = int(DEFAULT_MAX_UPLOAD_MB * 1e6),
         max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
         decode_budget_mb: float = DECODE_BUDGET_MB,
