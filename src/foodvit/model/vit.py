@@ -27,10 +27,13 @@ option, named here once and cited:
      on validation with it, and foodvit keeps it there deliberately.
   4. drop_path > 0: stochastic depth on each residual branch, rate growing linearly with depth
      (Huang et al. 2016, as used by DeiT, Touvron et al. 2021).
-  5. stem="conv": a convolutional tokeniser (conv 3x3, ReLU, max-pool, repeated) in place of the
-     single patchify Conv2d, from Compact Convolutional Transformers (Hassani et al. 2021) and
-     "Early convolutions help transformers see better" (Xiao et al. 2021). The patch size P is
-     then the tokeniser's total stride.
+  5. stem="conv": a convolutional tokeniser (conv 3x3, BatchNorm, ReLU, max-pool, repeated) in place
+     of the single patchify Conv2d, from Compact Convolutional Transformers (Hassani et al. 2021) and
+     "Early convolutions help transformers see better" (Xiao et al. 2021, whose stem has the
+     BatchNorm). The patch size P is then the tokeniser's total stride. Its batch norms are the
+     model's only ones: they keep running statistics, which a training pass that must not count them
+     (sharpness-aware minimisation's second pass, a second view of a photo) leaves untouched
+     (training/batchnorm.py).
   6. pool="seq": sequence pooling, an attention-weighted mean of the output tokens with weights
      from a learned Linear(D, 1) (Hassani et al. 2021, CCT).
   7. locality=True: locality self-attention (Lee et al. 2021, "Vision Transformer for Small-Size
