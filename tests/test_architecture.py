@@ -1,5 +1,5 @@
-"""The house rules: the layer contracts (import-linter), the public names, no process-wide
-side effects from library code, and modules and functions short enough to read whole."""
+"""The house rules: the layer contracts (import-linter), no module needing one that needs it back, every name
+imported from the module that declares it, the types, and no process-wide side effects from library code."""
 
 import os
 import shutil
@@ -135,3 +135,50 @@ def test_no_module_imports_one_that_imports_it_back():
         (a, b) for a, b in itertools.combinations(modules, 2) if graph.chain_exists(a, b) and graph.chain_exists(b, a)
     ]
     assert cycles == []
+
+
+def declared_names(module: Path) -> set[str]:
+    """The names a module's own code declares at its top level (defined, assigned, or imported where a condition
+    picks the library, as tomllib or tomli): never a name it only imports to use."""
+    import ast
+
+    names: set[str] = set()
+
+    def visit(statements, conditional: bool) -> None:
+        for st in statements:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(st.name)
+            elif isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+                names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(st, (ast.Import, ast.ImportFrom)) and conditional:
+                names.update((a.asname or a.name).split(".")[0] for a in st.names)
+            elif isinstance(st, ast.If):
+                visit(st.body + st.orelse, True)
+            elif isinstance(st, ast.Try):
+                visit(st.body + [s for h in st.handlers for s in h.body] + st.orelse + st.finalbody, True)
+
+    visit(ast.parse(module.read_text()).body, False)
+    return names
+
+
+def test_every_name_is_imported_from_the_module_that_declares_it():
+    # ARCHITECTURE: foodvit/__init__.py alone passes names on (the public API); any other import that names a
+    # module passing a name on hides where the name lives, and what the reader of that module finds there
+    import ast
+
+    src = ROOT / "src"
+    passed_on = []
+    for path in sorted([*src.rglob("*.py"), *(ROOT / "tests").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("foodvit."):
+                continue
+            folder = src / Path(*node.module.split("."))
+            declaring = folder / "__init__.py" if folder.is_dir() else folder.with_suffix(".py")
+            names = declared_names(declaring)
+            for alias in node.names:
+                inside = folder / alias.name
+                submodule = folder.is_dir() and (inside.with_suffix(".py").is_file() or inside.is_dir())
+                if alias.name not in names and not submodule:
+                    passed_on.append(f"{path.relative_to(ROOT)}: {alias.name} from {node.module}")
+    assert passed_on == [], "\n".join(passed_on)

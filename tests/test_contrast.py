@@ -17,7 +17,8 @@ from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.settings.objectives import ContrastSettings
 from foodvit.settings.run import RunConfig
-from foodvit.training.objectives import WithObjectives, build
+from foodvit.training.objectives import build
+from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.contrast import (
     InstanceDiscrimination,
     crop_resize,

@@ -18,7 +18,8 @@ from foodvit.model.vit import Heads
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.settings.overrides import with_settings
 from foodvit.settings.run import RunConfig
-from foodvit.training.objectives import Batch, Outputs, WithObjectives
+from foodvit.training.objectives.base import Batch, Outputs
+from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.distill import Distillation
 from foodvit.training.objectives.drloc import Localization
 from foodvit.training.run import resume, train

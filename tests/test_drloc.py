@@ -7,7 +7,7 @@ from torch import nn
 
 from foodvit.model.variants import create_model
 from foodvit.training.engine import Output, train_one_epoch
-from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.drloc import DenseRelativeLocalization, Localization, pair_offsets
 
 

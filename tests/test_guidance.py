@@ -13,7 +13,7 @@ from test_train import small_config
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
-from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.distill import Distillation
 from foodvit.training.objectives.guidance import LocalityGuidance, epoch_weight, guided_blocks
 from foodvit.training.run import resume, train

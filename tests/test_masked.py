@@ -13,7 +13,7 @@ from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
 from foodvit.rundir.directory import load_checkpoint
 from foodvit.training import objectives
-from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.masked import MaskedPatches, draw_mask, patch_pixels
 from foodvit.training.run import resume, train
 

@@ -17,7 +17,9 @@ from foodvit.settings.objectives import OBJECTIVES, STUDENT_SETTINGS, ObjectiveS
 from foodvit.settings.overrides import with_settings
 from foodvit.settings.run import RunConfig
 from foodvit.training import objectives
-from foodvit.training.objectives import REGISTRY, Objective, WithObjectives, checkpoint_keys
+from foodvit.training.objectives import REGISTRY, checkpoint_keys
+from foodvit.training.objectives.base import Objective
+from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.teacher import Teacher, build_teacher
 
 WEIGHTS = {"drloc": 0.5, "masked": 1.0, "guidance": 1.0, "distill": 1.0, "contrast": 0.5}

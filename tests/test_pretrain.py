@@ -11,12 +11,12 @@ from test_train import small_config
 
 from foodvit.errors import ConfigError
 from foodvit.model.variants import create_model
-from foodvit.rundir.directory import load_checkpoint
+from foodvit.rundir.directory import PRETRAINING_FILE, load_checkpoint
 from foodvit.settings.run import PretrainSettings, RunConfig, TrainConfig
 from foodvit.training.engine import Output, TrainingDiverged, train_one_epoch
-from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.masked import MaskedPatches, draw_mask, patch_pixels
-from foodvit.training.pretrain import PRETRAINING_FILE, masked_image_modelling
+from foodvit.training.pretrain import masked_image_modelling
 from foodvit.training.run import resume, train
 
 

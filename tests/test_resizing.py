@@ -6,7 +6,7 @@ import torch
 
 from foodvit.model.vit import VisionTransformer
 from foodvit.settings.model import ViTConfig
-from foodvit.training.objectives import WithObjectives
+from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.drloc import Localization
 from foodvit.training.resizing import AnyGrid
 

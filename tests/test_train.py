@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import assert_drawn_png, library_messages_on_stderr, make_photo_folder, report_figures
 
 import foodvit
-from foodvit.data.datasets import Path
 from foodvit.data.datasource import DataSource
 from foodvit.data.folders import Split
 from foodvit.deploy.inference import evaluate_split, predict

@@ -6,7 +6,8 @@ import torch
 from PIL import Image
 
 from foodvit.data.preprocess import Preprocess, make_preprocess
-from foodvit.data.transforms import PRESETS, batch_mixer, eval_transform, train_transform
+from foodvit.data.transforms import batch_mixer, eval_transform, train_transform
+from foodvit.settings.run import AUGMENT_PRESETS as PRESETS
 
 
 def photo(w=120, h=90):

@@ -18,8 +18,9 @@ from torch import nn
 
 from foodvit.errors import InputError
 from foodvit.files import atomic_write, parse_json
+from foodvit.model.blocks import Block
 from foodvit.model.positions import resample_pos_embed
-from foodvit.model.vit import HEADS, Block, VisionTransformer
+from foodvit.model.vit import HEADS, VisionTransformer
 from foodvit.settings.model import ViTConfig
 
 StateDict = dict[str, torch.Tensor]

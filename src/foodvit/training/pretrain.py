@@ -36,8 +36,8 @@ from foodvit.seeds import derive_seed
 from foodvit.settings.run import RunConfig
 from foodvit.training.engine import StepSettings
 from foodvit.training.engine import epoch_line as engine_epoch_line
-from foodvit.training.objectives import WithObjectives
 from foodvit.training.objectives.base import Computing, vit_of
+from foodvit.training.objectives.compose import WithObjectives
 from foodvit.training.objectives.masked import MaskedPatches
 from foodvit.training.optim import within_stage
 from foodvit.training.stages import Stage, StageData

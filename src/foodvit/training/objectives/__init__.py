@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from foodvit.settings.objectives import OBJECTIVES, ObjectiveSettings
 from foodvit.settings.run import RunConfig
-from foodvit.training.objectives.base import Batch, Computing, Objective, Outputs
+from foodvit.training.objectives.base import Computing, Objective
 from foodvit.training.objectives.compose import WithObjectives
 
 Registry = Mapping[str, type[Objective]]
@@ -53,7 +53,7 @@ def objective_of(line: ObjectiveSettings) -> type[Objective]:
 # Every objective by its name, in the settings' order: the order their parts are built and their terms drawn and added.
 REGISTRY: Registry = {line.name: objective_of(line) for line in OBJECTIVES}
 
-__all__ = ["REGISTRY", "Batch", "Objective", "Outputs", "WithObjectives", "build", "checkpoint_keys"]
+__all__ = ["REGISTRY", "build", "checkpoint_keys", "objective_of"]
 
 
 def build(
