@@ -705,7 +705,7 @@ def test_a_study_borrows_a_studys_teachers_and_ends_as_if_it_trained_them(
         "layout": ({**place, "layout": "rows"}, "layout: 'rows' there, 'channels-last' here"),
         "old": (
             {k: v for k, v in place.items() if k != "threads"},
-            "written by a foodvit that did not record its threads",
+            "its file records no threads",
         ),
     }
     for name, (recorded, message) in elsewhere.items():

@@ -35,7 +35,7 @@ class GridConv(nn.Conv2d):
         self.prefix = prefix
 
     def reset_parameters(self) -> None:
-        super().reset_parameters()  # (the draws of PyTorch's init, kept so seeds give the weights they gave)
+        super().reset_parameters()  # PyTorch's init draws from the random stream: a seed's later weights follow it
         nn.init.zeros_(self.weight)
         assert self.bias is not None  # made by Conv2d's default bias=True
         nn.init.zeros_(self.bias)

@@ -1,5 +1,5 @@
 """`foodvit compare RUN...`: runs side by side in the terminal, for people without TensorBoard:
-the settings in which they differ (each run's as this version reads them), then their final metrics. Reads
+the settings in which they differ (each run's read in the sectioned layout), then their final metrics. Reads
 config.json, metrics.csv and model.json only (no PyTorch), so it is instant and works on a finished or an
 interrupted run."""
 

@@ -372,9 +372,9 @@ def read_for_resume(out: Path, data: str | None, quiet: bool = False) -> tuple[R
         config = replace(config, data=replace(config.data, source=str(data)))
     elif config.data.source:
         said = f"data: {config.data.source} (stored with the run)"
-    else:  # runs of older versions stored "" for the default source
+    else:  # a run whose config.json stores "" for the default source
         config = with_source(config)
-        said = f"data: {config.data.source} (the run stored no source; the default now)"
+        said = f"data: {config.data.source} (the run stored no source: the default source, as it is set here)"
     if not quiet:
         logger.info(said)
     return config, state

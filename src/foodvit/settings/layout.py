@@ -11,9 +11,9 @@ from typing import Any
 
 from foodvit.errors import ConfigError
 
-# Settings that moved from the optimiser's section to a section of their own: old key -> key. Run directories,
-# studies, recipes, search spaces and overrides written in the flat layout are read through this table; the
-# command line's options keep the flat names (each field's flag).
+# Each setting the flat layout names inside the optimiser's section -> its key in a section of its own. Run
+# directories, studies, recipes, search spaces and overrides written in the flat layout are read through this table;
+# the command line's options keep the flat names (each field's flag).
 MOVED = {
     "optim.drloc": "drloc.weight",
     "optim.drloc_pairs": "drloc.pairs",
@@ -36,7 +36,7 @@ MOVED = {
 
 
 def setting_key(key: str) -> str:
-    """A setting's "section.name" as this version names it ("optim.drloc" -> "drloc.weight")."""
+    """A setting's "section.name" in the sectioned layout ("optim.drloc" -> "drloc.weight")."""
     return MOVED.get(key, key)
 
 

@@ -203,11 +203,11 @@ def training_place(device: torch.device, processes: int, config: RunConfig) -> d
 
 
 def place_changes(theirs: dict | None, ours: dict) -> str:
-    """How a teacher's recorded place differs from where a run trains ('' when it does not); a teacher
-    written before foodvit recorded some of it is told so."""
+    """How a teacher's recorded place differs from where a run trains ('' when it does not); a teacher file that
+    records only some of it is told so."""
     missing = [key for key in ours if key not in (theirs or {})]
     if missing:
-        return f"it was written by a foodvit that did not record its {', '.join(missing)}"
+        return f"its file records no {', '.join(missing)}"
     return setting_changes(theirs or {}, ours) if theirs != ours else ""
 
 
