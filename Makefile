@@ -1,4 +1,4 @@
-# The README's two commands: `make demo` (the main job) and `make test` (the suite).
+# The README's commands: `make demo` (the main job), `make test` (the suite) and `make lint`.
 # Both create the virtual environment first; nothing is installed by hand.
 
 PYTHON ?= python3

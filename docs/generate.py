@@ -86,8 +86,10 @@ COMPONENTS = [
 REMOVAL = "the component is worth"  # how bench.accuracy.pool --removes starts a row's reason
 
 RULE = """Choices are made on the **validation pool**: 391 photos of the three classes that are in neither split of
-FoodVision Mini (`../shared/data/pizza_steak_sushi_validation`), scored by models trained on all 225 training photos
-with several training seeds (`foodvit cv --validate-on POOL --seeds 2`). Two recipes are paired photo by photo
+FoodVision Mini, scored by models trained on all 225 training photos with several training seeds (`foodvit cv
+--validate-on POOL --seeds 2`). They are the course's 20% set less the 209 photos it shares with FoodVision Mini:
+`--validate-on https://github.com/mrdbourke/pytorch-deep-learning/raw/main/data/pizza_steak_sushi_20_percent.zip`
+drops those itself and judges on the same 391. Two recipes are paired photo by photo
 (`foodvit cv --compare`: each photo's answers averaged over the seeds first, the photo the unit of the standard error).
 
 - A change joins the default recipe when its paired difference on the pool, over at least two training seeds, is
@@ -616,7 +618,7 @@ def results_page() -> str:
     return "\n".join(parts)
 
 
-SECOND_DATASET = "food101_seven"  # the second small data set of ../shared/data
+SECOND_DATASET = "food101_seven"  # the second small data set, by its name in results/second-dataset.csv
 
 
 def second_dataset_rows() -> list[dict]:

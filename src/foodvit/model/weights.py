@@ -181,7 +181,7 @@ def unwrap(state: Mapping) -> StateDict:
 
 
 def read_weights(path: str | Path) -> tuple[StateDict, dict[str, str]]:
-    """(state dict, metadata) from a .safetensors, .pth, .pt or .bin file. Never unpickles code."""
+    """(state dict, metadata) from a .safetensors, .pth, .pt, .bin or .ckpt file. Never unpickles code."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"weights file {path} does not exist")
@@ -194,7 +194,7 @@ def read_weights(path: str | Path) -> tuple[StateDict, dict[str, str]]:
         except (SafetensorError, OSError, ValueError) as err:
             raise InputError(f"{path} is not a readable safetensors file ({err}); was the download cut short?") from err
     if path.suffix not in (".pth", ".pt", ".bin", ".ckpt"):
-        raise InputError(f"{path}: expected a .safetensors, .pth, .pt or .bin weights file")
+        raise InputError(f"{path}: expected a .safetensors, .pth, .pt, .bin or .ckpt weights file")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # the pickle reader's errors vary by cause and torch version
