@@ -723,3 +723,17 @@ def test_the_command_lines_serving_defaults_are_the_servers():
     assert ceiling("89.4") == 89.4 and MAX_PIXELS / 1e6 - 0.1 < 89.4 <= MAX_PIXELS / 1e6
     with pytest.raises(argparse.ArgumentTypeError):
         ceiling("89.5")
+
+
+def test_the_api_schema_is_made_without_a_warning(run):
+    # GET and HEAD /health on one route shared an operation id: FastAPI warned of it on every /docs and /openapi.json
+    import warnings
+
+    from foodvit.deploy.predictor import Predictor
+    from foodvit.deploy.serve import create_app
+
+    app, _ = create_app(Predictor.from_run(run[0]), page=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schema = app.app.openapi()  # the FastAPI app inside the body limit
+    assert set(schema["paths"]) == {"/predict", "/health"} and set(schema["paths"]["/health"]) == {"get"}

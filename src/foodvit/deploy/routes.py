@@ -128,9 +128,13 @@ def add_api(app, service: Service, max_bytes: int):
     for path, allowed in API_METHODS.items():
         _answer_wrong_methods(app, path, allowed)
 
-    @app.api_route("/health", methods=list(API_METHODS["/health"]))
     async def health() -> dict:
         return service.health()
+
+    # one route a method: FastAPI names a route's operation after its first method, so GET and HEAD on one route
+    # share an id, which it warns of on every /docs; HEAD, which HTTP implies, stays out of the schema
+    app.get("/health")(health)
+    app.head("/health", include_in_schema=False)(health)
 
     @app.post("/predict")
     async def predict(
