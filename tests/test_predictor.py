@@ -245,6 +245,14 @@ def test_preprocessing_takes_numbers_of_any_kind_and_keeps_them_as_pythons():
         ("preprocess.resize_size", 10**7, "preprocessing's resize_size must be a whole number from 1 to 4096"),
         ("model.image_size", 100000, "a model setting is out of its range"),
         ("model.depth", 7, r"model.safetensors does not hold the model model.json describes"),
+        # read by serve's page, export-space and export-web alone: tracebacks there, where predict took the card
+        ("metrics", "oops", 'its metrics must be an object, got "oops"'),
+        ("metrics", {"test_acc": "high"}, 'its metrics.test_acc must be a share, got "high"'),
+        ("metrics", {"test_acc": 0.5, "test_n": "many"}, 'its metrics.test_n must be a count, got "many"'),
+        ("metrics", {"recipe": ["x"]}, r'its metrics.recipe must be text, got \["x"\]'),
+        ("model", "y", 'its model must be an object, got "y"'),
+        # the photos were blamed: "expected 32 x 32 images, got 16 x 16; resize them"
+        ("preprocess.image_size", 16, "its preprocessing gives 16 px photos to a model of 32 px"),
     ],
 )
 def test_a_damaged_model_card_is_named_with_its_field_at_load(tmp_path, predictor, field, value, said):
@@ -265,3 +273,20 @@ def test_a_damaged_model_card_is_named_with_its_field_at_load(tmp_path, predicto
     with pytest.raises(foodvit.FoodVitError, match=rf"model\.json is damaged: {said}|{said}") as refused:
         foodvit.load_predictor(tmp_path)
     assert "\n" not in str(refused.value) and "restore" in str(refused.value)
+
+
+def test_a_model_file_with_nan_weights_is_refused_at_load(tmp_path, predictor):
+    # it answered "pizza (nan)" for every photo, NaN in --json, and an accuracy of the first class's share
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from foodvit.rundir.trained import save_model
+
+    save_model(tmp_path, predictor.model, CLASSES, predictor.preprocess)
+    state = load_file(tmp_path / "model.safetensors")
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as opened:
+        metadata = opened.metadata()  # kept as written
+    state["head.weight"][0, 0] = float("nan")
+    save_file(state, tmp_path / "model.safetensors", metadata=metadata)
+    with pytest.raises(foodvit.FoodVitError, match=r"model\.safetensors is damaged: 1 of its tensors hold NaN"):
+        foodvit.load_predictor(tmp_path)

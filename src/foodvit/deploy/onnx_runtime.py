@@ -16,6 +16,7 @@ import numpy as np
 
 from foodvit.errors import RunError
 from foodvit.files import parse_json
+from foodvit.rundir.card import card_problem, is_class_list
 
 META_PREFIX = "foodvit."
 ATTENTION_OUTPUT = "attention"  # the second output of a file exported --with-attention
@@ -81,12 +82,14 @@ class OnnxBackend:
                 f"{self.path}: its foodvit metadata does not match the model it holds (class names, preprocessing or "
                 "input size); export the run again with foodvit export"
             )
+        if problem := card_problem(card):
+            raise RunError(f"{self.path}: its foodvit card is damaged: {problem}; export the run again")
         return classes, preprocess, card
 
     def _matches(self, classes, preprocess) -> bool:
         """Whether the metadata can describe this graph: names for its outputs' classes, and preprocessing (a
         complete one) to its input's size, where the graph fixes them."""
-        if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        if not (is_class_list(classes) and classes):
             return False
         if not isinstance(preprocess, dict) or not {"image_size", "resize_size", "mean", "std"} <= set(preprocess):
             return False

@@ -1,5 +1,5 @@
 """A run's trained model: model.safetensors (the state dict, foodvit layout) and model.json beside
-it (the model card: architecture, class names, preprocessing, final metrics). Training writes them
+it (the model card: architecture, class names, preprocessing, final metrics; rundir/card.py). Training writes them
 when it finishes; every use of a trained model reads them through here (deploy/predictor.py)."""
 
 from __future__ import annotations
@@ -12,20 +12,11 @@ import torch
 
 from foodvit.data.preprocess import Preprocess
 from foodvit.errors import ConfigError, InputError, RunError
-from foodvit.files import parse_json, read_json, write_text
+from foodvit.files import parse_json, write_text
 from foodvit.model.vit import VisionTransformer
+from foodvit.rundir.card import card_problem, is_class_list, model_card, read_card
 from foodvit.rundir.directory import training_now
 from foodvit.settings.model import ViTConfig
-
-
-def model_card(config: ViTConfig, classes, preprocess: Preprocess, extra: dict | None = None) -> dict:
-    return {
-        "format": "foodvit",
-        "model": config.__dict__,
-        "classes": list(classes),
-        "preprocess": json.loads(preprocess.to_json()),
-        **(extra or {}),
-    }
 
 
 def save_model(run: Path, model: VisionTransformer, classes, preprocess: Preprocess, extra: dict | None = None) -> Path:
@@ -37,18 +28,6 @@ def save_model(run: Path, model: VisionTransformer, classes, preprocess: Preproc
     save_weights(model, run / "model.safetensors", {"classes": card["classes"], "preprocess": card["preprocess"]})
     write_text(run / "model.json", json.dumps(card, indent=2))
     return run / "model.safetensors"
-
-
-def _read_card(path: Path) -> dict:
-    try:
-        card = read_json(path)
-    except (OSError, ValueError) as err:
-        raise RunError(
-            f"{path} is not readable JSON ({err}); training writes it with the model: train again or restore it"
-        ) from None
-    if not isinstance(card, dict):
-        raise RunError(f"{path} holds a JSON {type(card).__name__}, not the model card object training writes")
-    return card
 
 
 def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], Preprocess, dict]:
@@ -71,7 +50,9 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
         raise RunError(f"no trained model at {weights}{hint}")
     state, meta = read_weights(weights)
     card_path = weights.with_name("model.json")
-    card = _read_card(card_path) if card_path.is_file() else {}
+    card = read_card(card_path) if card_path.is_file() else {}
+    if problem := card_problem(card):
+        raise RunError(f"{card_path} is damaged: {problem}; restore it (training writes it with the model)")
     try:
         config = ViTConfig(**card["model"]) if "model" in card else config_from_metadata(meta)
     except TypeError as err:
@@ -107,6 +88,11 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
             f"{weights}: {len(classes)} class names for a model with {config.num_classes} outputs; "
             "the files do not belong together"
         )
+    if saved.image_size != config.image_size:  # else every photo would be refused as the wrong size
+        raise RunError(
+            f"{where} is damaged: its preprocessing gives {saved.image_size} px photos to a model of "
+            f"{config.image_size} px; restore it (training writes it with the model)"
+        )
     try:
         model = load_weights(VisionTransformer(config), state).eval()
     except InputError:  # the weights are of another model than the card describes
@@ -114,6 +100,12 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
             f"{weights} does not hold the model {card_path.name if card else 'its metadata'} describes (its "
             f"tensors' names or shapes differ); the files do not belong together: restore the run's model.json"
         ) from None
+    broken = [name for name, tensor in state.items() if tensor.is_floating_point() and not tensor.isfinite().all()]
+    if broken:  # every answer would be NaN, or one class for every photo
+        raise RunError(
+            f"{weights} is damaged: {len(broken)} of its tensors hold NaN or infinite values ({broken[0]} ...); "
+            "restore it, or train the run again"
+        )
     card = {
         **card,
         "model": config.__dict__,
@@ -122,15 +114,6 @@ def read_trained(run: str | os.PathLike) -> tuple[VisionTransformer, list[str], 
         "params": sum(p.numel() for p in model.parameters()),
     }
     return model, list(classes), saved, card
-
-
-def is_class_list(classes) -> bool:
-    """Whether a model card's classes are a list of distinct, non-empty names."""
-    return (
-        isinstance(classes, list)
-        and all(isinstance(c, str) and c for c in classes)
-        and len(set(classes)) == len(classes)
-    )
 
 
 def load_model(run: str | os.PathLike, device: str | torch.device | None = None) -> VisionTransformer:
