@@ -204,6 +204,24 @@ def test_the_actual_source_is_stored_and_resume_uses_it_whatever_foodvit_data_sa
     assert result.test["n"] == 6 and len(result.history) == 2
 
 
+def test_a_run_given_its_photos_by_a_relative_path_finds_them_from_any_folder(photos, tmp_path, monkeypatch, capsys):
+    # the path was stored as typed: evaluate, inspect and export-web run from another folder said the photos had gone
+    from foodvit.rundir.directory import with_source
+
+    monkeypatch.chdir(photos.parent)
+    options = ["--epochs", "1", "--image-size", "32", "--depth", "1", "--quiet", "--out", str(tmp_path / "run")]
+    assert main(["train", "--recipe", "tiny", "--data", photos.name, *options]) == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["source"] == str(photos)
+    assert json.loads((tmp_path / "run" / "model.json").read_text())["metrics"]["data"] == str(photos)
+    config = small(f"{photos.name}:a,b")
+    stored = with_source(replace(config, data=replace(config.data, validate_on="pool"))).data
+    assert (stored.source, stored.validate_on) == (f"{photos}:a,b", str(photos.parent / "pool"))
+    assert with_source(small("food101")).data.source == "food101"
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["evaluate", "run", "--json"]) == 0 and json.loads(capsys.readouterr().out)["n"] == 6
+
+
 def test_a_run_with_the_objectives_settings_inside_optim_resumes(photos, tmp_path):
     from foodvit.settings.layout import MOVED
 

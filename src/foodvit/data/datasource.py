@@ -99,6 +99,13 @@ class DataSource:
     def default(cls) -> DataSource:
         return cls.parse(None)
 
+    def absolute(self) -> DataSource:
+        """The same source with a path on this machine made absolute (against the working folder, its links kept):
+        a run that stores it finds its photos again from any folder. An address and Food-101 stay as they are."""
+        if self.location == FOOD101 or is_download(self.location):
+            return self
+        return DataSource(os.path.abspath(os.path.expanduser(self.location)), self.classes, self.train_fraction)
+
     def __str__(self) -> str:
         return self.location + (":" + ",".join(self.classes) if self.classes else "")
 

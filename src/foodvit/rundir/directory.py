@@ -37,13 +37,13 @@ LOCK_FILE, OWNER_FILE = ".foodvit.lock", ".foodvit.owner"  # RunLock's
 # every file a run writes, with what it holds: a failed start removes these, and only these
 RUN_FILES = {
     "config.json": (
-        "the resolved settings, the data source the run really used included, in sections: `vit` (the model "
-        "settings set over the variant), `data`, `optim` (the optimiser and its step), one per training objective "
-        "named after it (`drloc`, `masked`, `guidance`, `distill`, `contrast`: its `weight`, 0 = off, and its own "
-        "settings), `teacher` (the CNN teacher), `pretrain` (the self-supervised stage) and `train`; a file with the "
-        "objectives', teacher's and pre-training's settings inside `optim` under their option names (`drloc`, "
-        "`mask_ratio`, `teacher_epochs` ...) loads to the same settings (`settings.layout.MOVED`); `--resume` "
-        "refuses one edited since"
+        "the resolved settings, the data source the run really used included (a path made absolute), in sections: "
+        "`vit` (the model settings set over the variant), `data`, `optim` (the optimiser and its step), one per "
+        "training objective named after it (`drloc`, `masked`, `guidance`, `distill`, `contrast`: its `weight`, 0 = "
+        "off, and its own settings), `teacher` (the CNN teacher), `pretrain` (the self-supervised stage) and `train`;"
+        " a file with the objectives', teacher's and pre-training's settings inside `optim` under their option names "
+        "(`drloc`, `mask_ratio`, `teacher_epochs` ...) loads to the same settings (`settings.layout.MOVED`); "
+        "`--resume` refuses one edited since"
     ),
     "metrics.csv": (
         "one row per epoch: every `*_loss` is the plain cross-entropy per image; `train_objective` is what the "
@@ -312,10 +312,13 @@ OTHER = "restore it from a copy, or train again into a new --out"
 
 def with_source(config: RunConfig) -> RunConfig:
     """The config with the data source it will really use (FOODVIT_DATA's, or the course's URL,
-    when none is given), so that config.json says where the photos came from."""
-    if config.data.source:
-        return config
-    return replace(config, data=replace(config.data, source=str(DataSource.default())))
+    when none is given), so that config.json says where the photos came from; a path given relative to
+    the working folder, there and for the validation source, made absolute, so that a command run
+    from another folder finds them (they were looked for there, and said to be gone)."""
+    data = config.data
+    source = str(DataSource.parse(data.source or None).absolute())
+    validate_on = str(DataSource.parse(data.validate_on).absolute()) if data.validate_on else data.validate_on
+    return replace(config, data=replace(data, source=source, validate_on=validate_on))
 
 
 def stored_device(out: Path) -> str:
