@@ -755,3 +755,31 @@ def test_json_nested_past_pythons_limit_is_a_damaged_file_not_a_recursion_error(
         FoodVitError, match=r"p.jsonl is not a foodvit predictions file \(ValueError: maximum recursion"
     ):
         read_rows(rows)
+
+
+def test_class_and_file_names_print_as_one_line_each_with_control_characters_escaped(tmp_path, capsys):
+    # folders named with a line break or a terminal's colour codes printed lines that read as foodvit's own
+    # ("sushi: 0.999 (FAKE)") and coloured the rest of the terminal
+    import torch
+    from helpers import make_photo_folder
+
+    import foodvit
+    from foodvit.data.preprocess import make_preprocess
+    from foodvit.rundir.trained import save_model
+
+    classes = ["pizza\x1b[31mRED", "steak\nsushi: 0.999 (FAKE)"]
+    torch.manual_seed(0)
+    model = foodvit.create_model("ViT-Ti/8", num_classes=2, image_size=32, depth=1).eval()
+    save_model(tmp_path / "run", model, classes, make_preprocess(32, (0.5,) * 3, (0.5,) * 3))
+    photos = make_photo_folder(tmp_path / "photos", n_train=1, n_test=2, classes=classes)
+    photo = next((photos / "test").rglob("*.jpg"))
+    odd = photo.with_name("a\nb.jpg")
+    odd.write_bytes(photo.read_bytes())
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "run"), str(odd), "--top-k", "2"]) == 0
+    assert main(["evaluate", str(tmp_path / "run"), "--data", str(photos)]) == 0
+    shown = capsys.readouterr().out
+    assert "\x1b" not in shown and "\nsushi: 0.999" not in shown
+    assert "a\\nb.jpg: " in shown and "steak\\nsushi: 0.999 (FAKE)" in shown and "pizza\\x1b[31mRED" in shown
+    assert main(["predict", str(tmp_path / "run"), str(tmp_path / "no\nsuch.jpg")]) == 1
+    assert "no\\nsuch.jpg" in capsys.readouterr().err

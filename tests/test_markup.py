@@ -73,3 +73,9 @@ def test_code_is_one_code_span_of_its_characters_in_a_table_or_out(value):
 def test_a_yaml_string_reads_back_as_itself(value):
     yaml = pytest.importorskip("yaml")
     assert yaml.safe_load(f"title: {markup.yaml_string(value)}\nsdk: gradio\n") == {"title": value, "sdk": "gradio"}
+
+
+def test_terminal_shows_control_characters_escaped_and_every_other_character_as_it_is():
+    shown = markup.terminal("steak\nsushi: 0.999\r\x1b[31mRED\x1b[0m \u202egnp.exe caf\u00e9 \u7bc0 <b>")
+    assert shown == "steak\\nsushi: 0.999\\r\\x1b[31mRED\\x1b[0m \\u202egnp.exe caf\u00e9 \u7bc0 <b>"
+    assert shown.isprintable() and markup.terminal(42) == "42"

@@ -1,5 +1,6 @@
 """The user's text (class names, file and folder names, a model card's values) inside the Markdown, HTML and YAML
-that foodvit writes: report.md, the demo page, a Space's README and its settings, the static page's README.
+that foodvit writes: report.md, the demo page, a Space's README and its settings, the static page's README; and in
+the lines the command line prints (terminal).
 
 Markdown renders inline HTML, so a class folder named `<img src=x onerror=alert(1)>` written as it is becomes a live
 element in whatever shows the file, and `<img src=https:evil.example>` makes each reader's browser ask another site
@@ -53,3 +54,14 @@ def yaml_string(value: object) -> str:
         else:
             out.append(f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
     return '"' + "".join(out) + '"'
+
+
+# what a terminal takes for commands or layout rather than text: control characters (a line break starts a line that
+# reads as foodvit's own, ESC starts a colour or cursor sequence) and the bidirectional overrides, which reorder it
+_TERMINAL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal(value: object) -> str:
+    """`value` as a line the command line prints: each control character and bidirectional override as its escape
+    (\\n, \\x1b, \\u202e), every other character as it is."""
+    return _TERMINAL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), str(value))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from foodvit.cli.common import VERBOSE
+from foodvit.markup import terminal
 
 
 def register(sub) -> None:
@@ -46,18 +47,22 @@ def cmd_data(args: argparse.Namespace) -> int:
         checked = check(listing, decode=load_or_explain if whole else None, quiet=len(listing.files) < PROGRESS_FROM)
         shown.append((split, checked, whole))
     print(
-        f"data: {root}"
-        + (" (Food-101 layout)" if is_food101(root) else "")
-        + (f", classes {', '.join(source.classes)}" if source.classes else "")
+        terminal(
+            f"data: {root}"
+            + (" (Food-101 layout)" if is_food101(root) else "")
+            + (f", classes {', '.join(source.classes)}" if source.classes else "")
+        )
     )
     for split, s, whole in shown:
         print(
-            f"  {split}: {len(s)} photos, {len(s.classes)} classes; "
-            + ", ".join(f"{k} {v}" for k, v in list(s.counts().items())[:12])
-            + (" ..." if len(s.classes) > 12 else "")
+            terminal(
+                f"  {split}: {len(s)} photos, {len(s.classes)} classes; "
+                + ", ".join(f"{k} {v}" for k, v in list(s.counts().items())[:12])
+                + (" ..." if len(s.classes) > 12 else "")
+            )
         )
         for line in s.skipped_summary(args.verbose):
-            print(f"  {line}")
+            print(f"  {terminal(line)}")
         if not whole:
             print(f"  (headers checked, not whole photos: over {DECODE_UP_TO:,}; training skips any it cannot decode)")
     return 0

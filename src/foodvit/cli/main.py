@@ -26,6 +26,7 @@ import threading
 
 from foodvit.cli import data, export_web, listings, pictures, predicting, shipping, studies, training
 from foodvit.errors import FoodVitError, OutputError, Terminated
+from foodvit.markup import terminal
 
 # the subcommands in the order `foodvit --help` lists them; each module's register(sub) adds its parsers
 COMMANDS = (training, studies, predicting, pictures, shipping, export_web, data, listings)
@@ -90,6 +91,14 @@ class _StandardError(logging.StreamHandler):
         pass
 
 
+class _Line(logging.Formatter):
+    """Each message one line, its control characters shown escaped (markup.terminal): a class or file name's line
+    break or colour code cannot make a line that reads as foodvit's own (a traceback under --debug stays as it is)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return terminal(super().formatMessage(record))
+
+
 def configure_logging(args: argparse.Namespace) -> None:
     """The library's messages (logger "foodvit" and its children) as plain lines on standard error."""
     logger = logging.getLogger("foodvit")
@@ -97,7 +106,7 @@ def configure_logging(args: argparse.Namespace) -> None:
     logger.setLevel(level)
     if not any(getattr(h, "foodvit_cli", False) for h in logger.handlers):
         handler = _StandardError()
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(_Line("%(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
 
@@ -220,11 +229,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if isinstance(err, OutputError) and stdout is not None:
             _drop_output(stdout)
-        print(f"foodvit {args.command}: error: {err}", file=sys.stderr)
+        print(f"foodvit {args.command}: error: {terminal(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
         said = getattr(args, "on_interrupt", None)
-        print(f"\n{(said(args) if said else None) or 'interrupted'}", file=sys.stderr)
+        print(f"\n{terminal((said(args) if said else None) or 'interrupted')}", file=sys.stderr)
         return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
     except BrokenPipeError:  # e.g. `foodvit models | head`
         return 0
@@ -232,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         # a place the system refuses (read-only, not yours, full, not a place files can be made): the user's to change
         if args.debug or not err.filename or err.errno is None:  # errno None: not the system's (a URL's error)
             raise
-        print(f"foodvit {args.command}: error: {place_refused(err)}", file=sys.stderr)
+        print(f"foodvit {args.command}: error: {terminal(place_refused(err))}", file=sys.stderr)
         return 2
     finally:
         if stdout is not None:

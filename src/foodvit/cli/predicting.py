@@ -17,6 +17,7 @@ from foodvit.cli.common import (
     writable,
 )
 from foodvit.errors import ConfigError
+from foodvit.markup import terminal
 from foodvit.settings.fields import POSITIVE, Range
 from foodvit.torchrun import DEFAULT_TIMEOUT_S, place
 
@@ -102,14 +103,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     result = evaluate_split(predictor, split, strict=args.strict)
     # every file left out, those whose header could not be read and those cut short alike, in one summary
     for line in replace(split, skipped=tuple(result["skipped"])).skipped_summary(args.verbose):
-        print(line, file=sys.stderr)
+        print(terminal(line), file=sys.stderr)
     if args.json:
         print(json.dumps(result))
         return 0
     correct = round(result["accuracy"] * result["n"])
     print(f"{args.split} accuracy {result['accuracy']:.4f} ({correct}/{result['n']} photos), loss {result['loss']:.4f}")
     for name, acc in result["per_class"].items():
-        print(f"  {name:<20} {acc:.3f}")
+        print(f"  {terminal(name):<20} {acc:.3f}")
     for line in confusion_lines(list(result["per_class"]), result["confusion"]):
         print(line)
     return 0
@@ -120,7 +121,7 @@ def confusion_lines(classes: list[str], confusion: list[list[int]], most: int = 
     too wide to read, so a pointer to --json instead."""
     if len(classes) > most:
         return [f"confusion matrix: {len(classes)} classes, in --json"]
-    names = [name[:12] for name in classes]
+    names = [terminal(name)[:12] for name in classes]
     width = max(5, *(len(name) for name in names), *(len(str(c)) for row in confusion for c in row))
     lines = ["confusion matrix (a row per true class, a column per predicted class)"]
     lines.append(" " * 23 + " ".join(f"{name:>{width}}" for name in names))
@@ -151,17 +152,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
         save_figure(plot_predictions(args.images, results), plot)
     failed = [r for r in results if "error" in r]
     for r in failed:
-        print(f"foodvit predict: skipped {r['error']}", file=sys.stderr)
+        print(f"foodvit predict: skipped {terminal(r['error'])}", file=sys.stderr)
     if args.json:
         print(json.dumps(results))
     else:
         for r in results:
             if "error" in r:
                 continue
-            others = ", ".join(f"{label} {p:.3f}" for label, p in r["top_k"][1:])
+            others = ", ".join(f"{terminal(label)} {p:.3f}" for label, p in r["top_k"][1:])
             print(
-                f"{r['image']}: {r['label']} ({r['probability']:.3f}){'; then ' + others if others else ''}  "
-                f"[{r['seconds'] * 1000:.0f} ms]"
+                f"{terminal(r['image'])}: {terminal(r['label'])} ({r['probability']:.3f})"
+                f"{'; then ' + others if others else ''}  [{r['seconds'] * 1000:.0f} ms]"
             )
         if args.plot:
             print(f"plot: {args.plot}")
