@@ -4,6 +4,7 @@ what to do, never a traceback, and the advice is true: each case through the com
 import contextlib
 import errno
 import io
+import json
 import os
 import sys
 from pathlib import Path
@@ -495,6 +496,23 @@ def test_a_damaged_checkpoint_says_what_to_do_in_one_line_without_pytorchs_advic
     message = str(refused.value)
     assert f"{path} is damaged or not a foodvit checkpoint (" in message and says in message
     assert "\n" not in message and "weights_only" not in message and "file an issue" not in message
+
+
+def test_compare_names_runs_of_one_name_by_their_paths_and_refuses_a_run_given_twice(shared_run, tmp_path, capsys):
+    # both columns were headed "run" over different settings; one run given as run1, run1/ and ./run1 made three
+    import shutil
+
+    for folder, depth in (("a", "1"), ("b", "2")):
+        shutil.copytree(shared_run[0], tmp_path / folder / "run")
+        config = json.loads((tmp_path / folder / "run" / "config.json").read_text())
+        config["vit"]["depth"] = int(depth)
+        (tmp_path / folder / "run" / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert header == ["setting", str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")]
+    assert main(["compare", str(tmp_path / "a" / "run"), f"{tmp_path / 'a' / 'run'}/"]) == 2
+    assert "name one run; give each run once" in one_line(capsys, "compare")
 
 
 @pytest.mark.parametrize("damage", ["metrics not text", "metrics not numbers", "config a list"])

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 from foodvit.errors import RunError
 from foodvit.files import read_json
+from foodvit.markup import terminal
 from foodvit.settings.run import settings_sectioned
 
 METRICS = (
@@ -132,6 +134,8 @@ def _show(value) -> str:
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns of text for a terminal, each cell one line (markup.terminal)."""
+    header, rows = [terminal(c) for c in header], [[terminal(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
@@ -139,8 +143,15 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def compare_runs(runs: list[Path]) -> str:
     """The settings that differ between the runs, then their final metrics, as two tables."""
-    read = [read_run(Path(run)) for run in runs]
-    names = [Path(run).name or str(run) for run in runs]
+    runs = [Path(run) for run in runs]
+    for i, run in enumerate(runs):
+        twice = next((other for other in runs[:i] if other.resolve() == run.resolve()), None)
+        if twice is not None:
+            raise RunError(f"{twice} and {run} name one run; give each run once")
+    read = [read_run(run) for run in runs]
+    names = [run.name or str(run) for run in runs]
+    if len(set(names)) < len(names):  # runs/a/run and runs/b/run: each named by its path as given
+        names = [os.path.normpath(run) for run in runs]
     keys = sorted(set().union(*(settings for settings, _ in read)))
     differing = [k for k in keys if len({_canonical(s.get(k)) for s, _ in read}) > 1]
     parts = []
