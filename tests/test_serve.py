@@ -299,7 +299,7 @@ def test_exported_space_runs_offline_and_answers(run, tmp_path):
 
 def test_wrong_methods_are_405_and_unknown_paths_404_in_the_error_shape(server):
     wrong = httpx.get(server + "/predict")
-    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST, OPTIONS"
     assert wrong.json() == {
         "error": "/predict does not answer GET; send POST with the photo in the form field 'file' "
         "(e.g. curl -F file=@photo.jpg URL/predict)"
@@ -308,6 +308,9 @@ def test_wrong_methods_are_405_and_unknown_paths_404_in_the_error_shape(server):
     assert wrong.status_code == 405 and wrong.json() == {"error": "/health does not answer POST; send GET or HEAD"}
     assert httpx.head(server + "/health").status_code == 200  # HEAD where GET is (it was 404)
     assert httpx.head(server + "/predict").status_code == 405
+    for path, allow in (("/predict", "POST, OPTIONS"), ("/health", "GET, HEAD, OPTIONS")):  # it was the page's 404
+        asked = httpx.options(server + path)
+        assert (asked.status_code, asked.headers["allow"], asked.content) == (204, allow, b"")
     missing = httpx.get(server + "/nowhere")
     assert (
         missing.status_code == 404 and set(missing.json()) == {"error"} and "POST /predict" in missing.json()["error"]

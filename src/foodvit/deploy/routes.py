@@ -200,11 +200,13 @@ def add_error_answers(app):
 
 
 def _answer_wrong_methods(app, path: str, allowed: tuple[str, ...]) -> None:
-    """405 with an Allow header for the methods of `path` that the API does not answer."""
-    from fastapi import Request
+    """405 with an Allow header for the methods of `path` that the API does not answer; OPTIONS answered with the
+    Allow header alone (it fell through to the page's 404, as if the path were not there)."""
+    from fastapi import Request, Response
     from fastapi.responses import JSONResponse
 
     others = [m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE") if m not in allowed]
+    allow = ", ".join((*allowed, "OPTIONS"))
 
     async def _wrong_method(request: Request):
         how = (
@@ -215,7 +217,11 @@ def _answer_wrong_methods(app, path: str, allowed: tuple[str, ...]) -> None:
         return JSONResponse(
             {"error": f"{request.url.path} does not answer {request.method}; send {' or '.join(allowed)}{how}"},
             status_code=405,
-            headers={"Allow": ", ".join(allowed)},
+            headers={"Allow": allow},
         )
 
+    async def _options() -> Response:
+        return Response(status_code=204, headers={"Allow": allow})
+
     app.add_api_route(path, _wrong_method, methods=others, include_in_schema=False)
+    app.add_api_route(path, _options, methods=["OPTIONS"], include_in_schema=False)
