@@ -589,6 +589,8 @@ def test_an_onnx_whose_metadata_does_not_match_its_graph_is_one_line(shared_onnx
         (["--image-size", "100000", "--patch-size", "1000"], "must be in [1, 1024]"),
         (["--image-size", "1024", "--patch-size", "2"], "a grid of 512 x 512; patches draws at most 64 x 64"),
         (["--channels", "100000"], "more than the 192 channels"),
+        # a grid of 16 px patches was drawn beside the model's maps of 8 px ones
+        (["--channels", "1", "--patch-size", "16"], "which cuts 32 px photos into patches of 8 px; leave --image-size"),
     ],
 )
 def test_patches_refuses_sizes_past_a_picture_in_one_line(shared_run, tmp_path, capsys, options, says):

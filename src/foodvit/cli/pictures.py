@@ -76,6 +76,13 @@ def cmd_patches(args: argparse.Namespace) -> int:
 
         predictor = Predictor.from_run(args.feature_maps)
         model = predictor.model
+    if model is not None and (args.image_size, args.patch_size) != (None, None):
+        own = model.config.image_size, model.config.patch_size
+        if (args.image_size or own[0], args.patch_size or own[1]) != own:  # a grid beside maps of another one
+            raise ConfigError(
+                f"--feature-maps draws the run's model, which cuts {own[0]} px photos into patches of {own[1]} px; "
+                "leave --image-size and --patch-size out, or give the run's"
+            )
     size = args.image_size or (model.config.image_size if model else 224)
     patch = args.patch_size or (model.config.patch_size if model else 16)
     if patch > size:  # the grid's rule would say "use {patch}", which may be past --image-size's own bound
