@@ -86,6 +86,8 @@ def too_long(name, size: tuple[int, int]) -> PhotoError:
 def check_shape(name, size: tuple[int, int], limit: int) -> None:
     """A PhotoError for a photo over the pixel limit or of an aspect past MAX_ASPECT; nothing for any other."""
     w, h = size
+    if min(w, h) < 1:  # a PIL image made empty: nothing to resize or crop
+        raise PhotoError(name, f"has no pixels ({w} x {h}); expected {ACCEPTED}")
     if w * h > limit:
         raise too_large(name, w * h, limit, (w, h))
     if max(w, h) > MAX_ASPECT * max(min(w, h), 1):
@@ -131,6 +133,10 @@ def open_photo(source: str | os.PathLike | io.BytesIO, name=None, max_pixels: in
         raise too_large(name, int(found.group(1)) if found else 2 * MAX_PIXELS + 1, limit) from None
     except UnidentifiedImageError:
         raise PhotoError(name, f"is not an image Pillow can read; expected {ACCEPTED}") from None
+    except FileNotFoundError:
+        raise PhotoError(name, "does not exist; give the path of a photo file") from None
+    except IsADirectoryError:
+        raise PhotoError(name, "is a folder; give the path of a photo file") from None
     except (OSError, SyntaxError, ValueError) as err:
         raise PhotoError(
             name,
