@@ -447,18 +447,32 @@ def test_a_download_cut_short_or_not_a_zip_is_not_kept_and_the_next_run_fetches_
     assert _ZipHandler.hits == 3
 
 
-def test_a_download_damaged_where_zipfile_reads_it_as_another_method_is_fetched_again(zip_url, tmp_path):
+def test_a_download_damaged_in_its_compression_method_is_fetched_again_and_one_truly_so_is_kept(zip_url, tmp_path):
     """A bit flipped on the way in the central directory's compression method made zipfile say the method is one it
-    does not read: the copy was kept, and every later run blamed a password or Deflate64 on the same copy."""
-    damaged = bytearray(_ZipHandler.payload)
-    at = damaged.index(b"PK\x01\x02") + 10  # the first member's compression method, in the central directory only
-    damaged[at : at + 2] = (99).to_bytes(2, "little")
-    _ZipHandler.answers = [bytes(damaged)]
-    with pytest.raises(DataError, match=r"cannot be unpacked by Python's zipfile .*the copy downloaded from http.* is"):
+    does not read: the copy was kept, and every later run blamed a password or Deflate64 on the same copy. A zip
+    stored so in both headers is the address's own: fetching it again would not help."""
+
+    def method(payload: bytes, value: int, headers: tuple[bytes, ...]) -> bytes:
+        changed = bytearray(payload)
+        for signature in headers:  # the first member's compression method in these headers
+            at = changed.index(signature) + (8 if signature == b"PK\x03\x04" else 10)
+            changed[at : at + 2] = value.to_bytes(2, "little")
+        return bytes(changed)
+
+    _ZipHandler.answers = [method(_ZipHandler.payload, 99, (b"PK\x01\x02",))]  # the directory's alone
+    with pytest.raises(DataError, match=r"is a damaged zip \(its directory and the header of .* disagree .*is removed"):
         resolve(zip_url, quiet=True)
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert (resolve(zip_url, quiet=True) / "test" / "sushi" / "000.jpg").is_file()  # the next run fetches it again
     assert _ZipHandler.hits == 2
+    deflate64 = method(_ZipHandler.payload, 9, (b"PK\x03\x04", b"PK\x01\x02"))
+    _ZipHandler.answers = [deflate64]
+    other = zip_url.replace("pizza_steak_sushi.zip", "deflate64.zip")
+    for _ in range(2):
+        with pytest.raises(DataError, match=r"cannot be unpacked by Python's zipfile .*unpack it yourself") as refused:
+            resolve(other, quiet=True)
+        assert "removed" not in str(refused.value)
+    assert _ZipHandler.hits == 3  # kept: fetched once
 
 
 def test_a_downloaded_zip_of_another_layout_is_kept_not_fetched_again(zip_url, tmp_path):

@@ -5,12 +5,12 @@ cache. No PyTorch (Food-101's download alone uses torchvision, imported then).""
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
 import os
 import shutil
+import struct
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -123,19 +123,13 @@ class DamagedZip(DataError):
     """A zip that is not one, or whose content is damaged: worth fetching again, unlike one of another layout."""
 
 
-class UnreadableZip(DataError):
-    """A zip Python's zipfile does not unpack here: a password, a compression method it does not read, a member's name
-    this file system refuses. A user's own zip is then unpacked by hand; a download can also be damaged in just
-    those bytes (a flipped bit in the central directory's compression method or a name), so it is fetched again."""
-
-
 def extract_download(url: str, zip_path: Path) -> Path:
-    """extract() of the cached download of url; a download that is no zip, a damaged one or one zipfile does not
-    read (a web page served in the zip's place, a transfer damaged on the way), is removed from the cache, so that
-    the next run fetches it again rather than failing on the same copy for good."""
+    """extract() of the cached download of url; a download that is no zip, or a damaged one (a web page served in
+    the zip's place, a transfer damaged on the way), is removed from the cache, so that the next run fetches it
+    again rather than failing on the same copy for good."""
     try:
         return extract(zip_path)
-    except (DamagedZip, UnreadableZip) as err:
+    except DamagedZip as err:
         zip_path.unlink(missing_ok=True)
         raise DataError(f"{err} (the copy downloaded from {url} is removed: the next run downloads it again)") from None
 
@@ -186,17 +180,43 @@ def _extract_locked(zip_path: Path, held, target: Path) -> Path:
             "yourself and pass the folder"
         ) from err
     except OSError as err:
-        # a member's name this file system refuses is the zip's; a full disk or a folder not writable, the machine's
-        refused = err.errno in (errno.EINVAL, errno.ENAMETOOLONG, errno.EILSEQ)
-        raise (UnreadableZip if refused else DataError)(
+        raise DataError(
             f"{zip_path} could not be unpacked ({type(err).__name__}: {err}); unpack it yourself and pass the folder"
         ) from err
     except (RuntimeError, NotImplementedError) as err:  # zipfile's words for a password, or Deflate64 and the like
-        raise UnreadableZip(
+        if (damage := _damage(held)) is not None:  # not the zip's method: its bytes, damaged on the way
+            raise DamagedZip(
+                f"{zip_path} is a damaged zip ({damage}); download it again or unpack it yourself and pass the folder"
+            ) from err
+        raise DataError(
             f"{zip_path} cannot be unpacked by Python's zipfile ({err}): a password-protected zip, or one compressed "
             "with a method it does not read (such as Deflate64); unpack it yourself and pass the folder"
         ) from err
     return _root_of(target, zip_path)
+
+
+def _damage(handle) -> str | None:
+    """What shows a zip that zipfile calls one of a method, an encryption or a version it does not read to be damaged
+    rather than stored so (a bit flipped in one of its two copies of a member's header), or None where nothing does.
+    zipfile reads the central directory's copy (and the local one, but checks only the member's name there); it keeps
+    the local header's layout as module constants."""
+    try:
+        archive = zipfile.ZipFile(handle)
+    except NotImplementedError as err:  # its directory names a version past the zip format's own (6.3)
+        return f"its directory says {err}"
+    with archive:
+        for info in archive.infolist():
+            handle.seek(info.header_offset)
+            header = handle.read(zipfile.sizeFileHeader)
+            fields = struct.unpack(zipfile.structFileHeader, header) if len(header) == zipfile.sizeFileHeader else None
+            if (
+                fields is None
+                or fields[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader
+                or fields[zipfile._FH_COMPRESSION_METHOD] != info.compress_type
+                or (fields[zipfile._FH_GENERAL_PURPOSE_FLAG_BITS] ^ info.flag_bits) & 0x1  # bit 0: encrypted
+            ):
+                return f"its directory and the header of {info.filename!r} disagree on how it is stored"
+    return None
 
 
 UNPACKED = ".foodvit-unpacked.json"  # in an unpacked zip's folder: its files' sizes when it was unpacked
