@@ -803,3 +803,9 @@ def test_class_and_file_names_print_as_one_line_each_with_control_characters_esc
     assert "a\\nb.jpg: " in shown and "steak\\nsushi: 0.999 (FAKE)" in shown and "pizza\\x1b[31mRED" in shown
     assert main(["predict", str(tmp_path / "run"), str(tmp_path / "no\nsuch.jpg")]) == 1
     assert "no\\nsuch.jpg" in capsys.readouterr().err
+    (odd.parent / "cut\nFAKE: ok.jpg").write_bytes(photo.read_bytes()[:-200])  # skipped by inspect, named on stderr
+    assert (
+        main(["inspect", str(tmp_path / "run"), "--data", str(photos), "--images", "9", "--out", str(tmp_path / "i")])
+        == 0
+    )
+    assert "cut\\nFAKE: ok.jpg" in capsys.readouterr().err

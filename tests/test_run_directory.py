@@ -240,7 +240,7 @@ def test_a_run_with_the_objectives_settings_inside_optim_resumes(photos, tmp_pat
     assert len(result.history) == 2 and result.test["n"] == 6
 
 
-def test_resume_with_the_data_moved_checks_classes_and_counts(photos, tmp_path, capsys):
+def test_resume_with_the_data_moved_checks_classes_and_counts(photos, tmp_path, capsys, monkeypatch):
     import shutil
 
     out = interrupted_run(photos, tmp_path / "run")
@@ -251,7 +251,8 @@ def test_resume_with_the_data_moved_checks_classes_and_counts(photos, tmp_path, 
     next((fewer / "train" / "pizza").iterdir()).unlink()
     with pytest.raises(RunError, match=r"trained on 12 train / 6 test photos, the data in .*fewer has 11 / 6"):
         resume(out, data=str(fewer), quiet=True)
-    assert main(["train", "--resume", str(out), "--data", str(moved), "--quiet"]) == 0
+    monkeypatch.chdir(tmp_path)  # the moved photos named from here, stored as a path from anywhere
+    assert main(["train", "--resume", str(out), "--data", "moved", "--quiet"]) == 0
     assert json.loads((out / "config.json").read_text())["data"]["source"] == str(moved)
     assert main(["train", "--resume", str(out), "--lr", "0.1", "--teacher-epochs", "2"]) == 2
     assert "drop --lr, --teacher-epochs" in capsys.readouterr().err  # each option by its own name

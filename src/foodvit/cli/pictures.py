@@ -13,6 +13,7 @@ from foodvit.cli.common import (
     writable,
 )
 from foodvit.errors import ConfigError
+from foodvit.markup import terminal
 from foodvit.settings.fields import Range
 
 PATCHES_MAX_SIZE = 1024  # the side of the photo `patches` draws: a picture people look at, not a data set's
@@ -153,7 +154,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         except PhotoError as err:  # skipped, as evaluate skips it
             skipped.append(str(err))
     if skipped:
-        print(f"skipped {len(skipped)} photo(s) that cannot be read, e.g. {skipped[0]}", file=sys.stderr)
+        print(f"skipped {len(skipped)} photo(s) that cannot be read, e.g. {terminal(skipped[0])}", file=sys.stderr)
     if not images:
         raise DataError(f"none of the {len(picked)} photos picked from the {args.split} split can be read")
     written = []

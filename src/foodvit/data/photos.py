@@ -134,9 +134,11 @@ def open_photo(source: str | os.PathLike | io.BytesIO, name=None, max_pixels: in
     except UnidentifiedImageError:
         raise PhotoError(name, f"is not an image Pillow can read; expected {ACCEPTED}") from None
     except FileNotFoundError:
-        raise PhotoError(name, "does not exist; give the path of a photo file") from None
-    except IsADirectoryError:
-        raise PhotoError(name, "is a folder; give the path of a photo file") from None
+        raise PhotoError(name, "does not exist") from None
+    except (IsADirectoryError, PermissionError) as err:  # a folder is the second on Windows
+        if not (isinstance(source, (str, os.PathLike)) and os.path.isdir(source)):
+            raise PhotoError(name, f"cannot be read ({err.strerror})") from None
+        raise PhotoError(name, "is a folder, not a photo file") from None
     except (OSError, SyntaxError, ValueError) as err:
         raise PhotoError(
             name,

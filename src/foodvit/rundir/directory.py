@@ -371,8 +371,9 @@ def read_for_resume(out: Path, data: str | None, quiet: bool = False) -> tuple[R
         )
     if data:
         started = config.data.source or "the default source"
-        said = f"data: {data} (given with --resume; the run started with {started})"
-        config = replace(config, data=replace(config.data, source=str(data)))
+        given = str(DataSource.parse(str(data)).absolute())  # stored as a new run stores it
+        said = f"data: {given} (given with --resume; the run started with {started})"
+        config = replace(config, data=replace(config.data, source=given))
     elif config.data.source:
         said = f"data: {config.data.source} (stored with the run)"
     else:  # a run whose config.json stores "" for the default source
