@@ -1986,3 +1986,18 @@ def test_a_space_searching_heads_and_widths_together_is_checked_pair_by_pair(tmp
     space = tmp_path / "space.toml"
     space.write_text("[vit]\nnum_heads = {choices = [3, 5]}\nembed_dim = {choices = [240, 480]}\n")
     assert set(read_space(space, load_recipe("tiny"))) == {"vit.num_heads", "vit.embed_dim"}
+
+
+def test_a_fold_whose_model_card_lost_its_metrics_is_named_with_what_to_do(cv_study, photos, tmp_path, capsys):
+    # scoring a fold again from its run read model.json's metrics unchecked: a KeyError's traceback
+    study = tmp_path / "study"
+    shutil.copytree(cv_study["study"], study)
+    for name in ("fold-0.json", "cv.json"):
+        (study / name).unlink()
+    card = json.loads((study / "fold-0" / "model.json").read_text())
+    del card["metrics"]
+    (study / "fold-0" / "model.json").write_text(json.dumps(card))
+    capsys.readouterr()
+    assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *TINY]) == 2
+    said = capsys.readouterr().err
+    assert f"{study / 'fold-0' / 'model.json'} is not the model card training writes: remove" in said, said

@@ -13,6 +13,7 @@ from pathlib import Path
 from foodvit.errors import RunError
 from foodvit.files import read_json
 from foodvit.markup import terminal
+from foodvit.rundir.card import card_problem, read_card
 from foodvit.settings.run import settings_sectioned
 
 METRICS = (
@@ -98,18 +99,12 @@ def read_run(run: Path) -> tuple[dict, dict]:
     model_json = run / "model.json"
     if model_json.is_file():
         try:
-            card = read_json(model_json)
-            final = card.get("metrics", {}) if isinstance(card, dict) else None
-        except (OSError, ValueError) as err:
-            raise RunError(
-                f"{model_json} is not readable JSON ({err}); restore it (training writes it with the model) "
-                "or leave that run out of the comparison"
-            ) from None
-        if not isinstance(final, dict):
-            raise RunError(
-                f"{model_json} is not the model card training writes (no metrics object); "
-                "restore it or leave that run out"
-            )
+            card = read_card(model_json)
+        except RunError as err:
+            raise RunError(f"{err}; or leave that run out of the comparison") from None
+        if problem := card_problem(card) or ("" if isinstance(card.get("metrics"), dict) else "it has no metrics"):
+            raise RunError(f"{model_json} is damaged: {problem}; restore it, or leave that run out")
+        final = card["metrics"]
         metrics.update({k: final[k] for k in ("test_acc", "test_loss") if k in final})
     else:
         total = settings.get("train.epochs")

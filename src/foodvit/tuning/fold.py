@@ -25,6 +25,7 @@ from filelock import FileLock, Timeout
 from foodvit.errors import StudyError
 from foodvit.files import read_json, write_text
 from foodvit.rundir import directory as rundir
+from foodvit.rundir.card import card_problem, read_card
 from foodvit.settings.run import RunConfig
 from foodvit.tuning.compare import is_run_result
 from foodvit.tuning.folds import photo_key
@@ -221,7 +222,10 @@ def _run_fold(
                 _clear_unstarted(run)
                 train(fold_config(config, folder, seed), run, quiet=quiet, log=silent, teacher_from=teacher_from)
     predictions = held_out_predictions(run, folder)
-    metrics = read_json(run / "model.json")["metrics"]
+    card = read_card(run / "model.json")  # its model was read to predict: a card whose metrics are checked
+    metrics = card.get("metrics")
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("test_n"), int) or card_problem(card):
+        raise StudyError(f"{run / 'model.json'} is not the model card training writes: remove {run} to train it again")
     right = sum(p["right"] for p in predictions)
     if len(predictions) != metrics["test_n"]:
         raise StudyError(
