@@ -1,6 +1,7 @@
 """The numbers behind the pictures, and each picture command on a tiny trained run."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -336,3 +337,33 @@ def test_the_predictors_attention_is_the_rollout_explain_draws(options):
     got = predictor.attention(photo)
     assert got.shape == (4, 4) and got.sum() == pytest.approx(1, abs=1e-5)
     np.testing.assert_allclose(got, explain(predictor, photo)["rollout"].numpy(), atol=1e-6)
+
+
+def test_the_confusion_figure_of_many_classes_stays_a_picture_of_bounded_size():
+    # a side of 1.3 inches a class and a text a cell: 101 classes drew a 12,000-pixel figure in 6 GB, and 300 classes
+    # had the run killed for memory at its very end, its report never written
+    from matplotlib.text import Text
+
+    from foodvit.training.report import WRITTEN_UP_TO, plot_confusion
+
+    few = plot_confusion(torch.eye(3, dtype=torch.long) * 4, ["pizza", "steak", "sushi"])
+    many = plot_confusion(torch.eye(300, dtype=torch.long), [f"class {i}" for i in range(300)])
+    cells = lambda fig: [t for t in fig.axes[0].findobj(Text) if "%" in t.get_text()]  # noqa: E731
+    assert len(cells(few)) == 9 and cells(many) == []
+    assert tuple(many.get_size_inches()) == (1.3 * WRITTEN_UP_TO + 2.5, 1.1 * WRITTEN_UP_TO + 2)
+    assert len(many.axes[0].get_xticklabels()) == 60
+
+
+def test_a_class_folder_not_named_in_utf8_is_refused_and_a_file_so_named_is_drawn(tmp_path):
+    # training finished, then its report died on matplotlib's TypeError for the name's surrogates
+    from helpers import make_photo_folder
+
+    from foodvit.data.folders import class_names
+    from foodvit.errors import DataError
+    from foodvit.viz.plotting import drawable
+
+    root = make_photo_folder(tmp_path / "photos", n_train=1, n_test=1)
+    os.rename(bytes(root / "train" / "steak"), bytes(root / "train") + b"/caf\xe9")
+    with pytest.raises(DataError, match=r"caf\\xe9 is named in bytes that are not UTF-8; rename it in UTF-8"):
+        class_names(root / "train")
+    assert drawable(os.fsdecode(b"caf\xe9.jpg")) == "caf\ufffd.jpg"

@@ -58,6 +58,15 @@ def class_names(folder: Path) -> tuple[str, ...]:
     classes = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")))
     if not classes:
         raise DataError(f"{folder} has no class folders; expected {LAYOUT}")
+    for name in classes:  # a class name goes into model.json, the figures, the page: text, never raw bytes
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise DataError(
+                f"the class folder {folder / shown} is named in bytes that are not UTF-8; rename it in UTF-8 "
+                "(e.g. convmv -f latin1 -t utf-8)"
+            ) from None
     return classes
 
 

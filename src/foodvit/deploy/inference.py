@@ -126,7 +126,7 @@ def plot_predictions(images: list[str | Path], results: list[dict], columns: int
     """The course's pred_and_plot_image: each photo titled with its label and probability."""
     import math
 
-    from foodvit.viz.plotting import subplots
+    from foodvit.viz.plotting import drawable, subplots
 
     n = len(results)
     cols = min(columns, n)
@@ -136,7 +136,8 @@ def plot_predictions(images: list[str | Path], results: list[dict], columns: int
         ax.axis("off")
     for ax, image, result in zip(axes.flat, images, results, strict=False):
         if "error" in result:
-            ax.text(0.5, 0.5, f"{Path(str(image)).name}\ncould not be read", ha="center", va="center", fontsize=10)
+            said = f"{drawable(Path(str(image)).name)}\ncould not be read"
+            ax.text(0.5, 0.5, said, ha="center", va="center", fontsize=10)
             continue
         ax.imshow(thumbnail(Path(image)))
         ax.set_title(f"Pred: {result['label']} | Prob: {result['probability']:.3f}", fontsize=11)

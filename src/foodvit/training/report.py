@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from foodvit.rundir.directory import TEACHER_FILE, VALIDATION_FILE
 from foodvit.rundir.trained import save_model
 from foodvit.training.engine import trains_in_bf16
 from foodvit.viz.figures import most_wrong_figure, predictions_figure
-from foodvit.viz.plotting import integer_ticks, save_figure, subplots
+from foodvit.viz.plotting import drawable, integer_ticks, save_figure, subplots
 
 
 def plot_curves(history: list[dict]):
@@ -48,14 +49,21 @@ def plot_curves(history: list[dict]):
     return fig
 
 
+# past this many classes a cell's count and share are not written in it (they would not fit), and the figure stops
+# growing: a side of 1.3 inches a class made 101 classes a 12,000-pixel figure and 6 GB of text layout
+WRITTEN_UP_TO = 20
+NAMED_UP_TO = 60  # past this many classes the axes name every n-th one
+
+
 def plot_confusion(confusion: torch.Tensor, classes, title: str = "Test confusion matrix"):
-    """Counts, rows = true class, columns = predicted class; each cell also shows its row share."""
+    """Counts, rows = true class, columns = predicted class; each cell also shows its row share (up to WRITTEN_UP_TO
+    classes; past it the colour alone)."""
     k = len(classes)
-    fig, ax = subplots(figsize=(1.3 * k + 2.5, 1.1 * k + 2))
+    fig, ax = subplots(figsize=(min(1.3 * k, 1.3 * WRITTEN_UP_TO) + 2.5, min(1.1 * k, 1.1 * WRITTEN_UP_TO) + 2))
     totals = confusion.sum(dim=1, keepdim=True).clamp(min=1)
     shares = (confusion / totals).numpy()
     ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
-    for i in range(k):
+    for i in range(k if k <= WRITTEN_UP_TO else 0):
         for j in range(k):
             ax.text(
                 j,
@@ -66,8 +74,12 @@ def plot_confusion(confusion: torch.Tensor, classes, title: str = "Test confusio
                 color="white" if shares[i, j] > 0.5 else "black",
                 fontsize=9,
             )
-    ax.set_xticks(range(k), classes, rotation=30, ha="right")
-    ax.set_yticks(range(k), classes)
+    every = math.ceil(k / NAMED_UP_TO)
+    ticks, names = list(range(0, k, every)), [drawable(name) for name in classes[::every]]
+    few = k <= WRITTEN_UP_TO
+    size = None if few else 6
+    ax.set_xticks(ticks, names, rotation=30 if few else 90, ha="right" if few else "center", fontsize=size)
+    ax.set_yticks(ticks, names, fontsize=size)
     ax.set(xlabel="predicted", ylabel="true", title=title)
     fig.tight_layout()
     return fig

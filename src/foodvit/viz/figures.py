@@ -12,7 +12,7 @@ import torch
 from foodvit.errors import ConfigError
 from foodvit.settings.model import check_on_patch_grid
 from foodvit.viz.attention import explain, filter_components, position_similarity
-from foodvit.viz.plotting import integer_ticks, new_figure, subplots
+from foodvit.viz.plotting import drawable, integer_ticks, new_figure, subplots
 
 
 def _rgb(tile: torch.Tensor) -> torch.Tensor:
@@ -232,7 +232,7 @@ def photo_grid(items: list[tuple[dict, str]], title: str):
         ax.imshow(load_or_explain(Path(r["image"])))
         colour = "#2a2" if r["label"] == truth else "#b22"
         ax.set_title(
-            f"true: {truth} | pred: {r['label']} ({r['probability']:.2f})\n{Path(r['image']).name}",
+            f"true: {truth} | pred: {r['label']} ({r['probability']:.2f})\n{drawable(Path(r['image']).name)}",
             fontsize=9,
             color=colour,
         )

@@ -12,6 +12,12 @@ from foodvit.files import atomic_write
 log = logging.getLogger(__name__)
 
 
+def drawable(text: object) -> str:
+    """Text matplotlib can lay out: a file name's bytes that are not UTF-8 (held as surrogates, which its text
+    layout refuses with a TypeError) drawn as U+FFFD."""
+    return re.sub("[\ud800-\udfff]", "\ufffd", str(text))
+
+
 def new_figure(figsize):
     """A figure drawn without pyplot: nothing global changes (no backend switch, no figure kept
     open), so a notebook's own matplotlib set-up is left as it was. matplotlib is imported here,
