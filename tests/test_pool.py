@@ -64,8 +64,14 @@ def test_a_pool_drops_and_counts_photos_also_in_the_training_data(photos, pool, 
 def test_a_pool_of_other_classes_or_only_training_photos_is_refused(photos, tmp_path):
     listed = DataSource.parse(str(photos)).listed()
     other = make_photo_folder(tmp_path / "other", n_train=1, n_test=0, classes=("pizza", "ramen"))
-    with pytest.raises(DataError, match="class.es. ramen that the training data has not"):
+    with pytest.raises(DataError, match=r"class.es. ramen that the training data has not.*other/train:pizza\)"):
         validation_pool(str(other / "train"), listed)
+    # the way out that message names: a KeyError on ramen's photos
+    from PIL import Image
+
+    Image.new("RGB", (40, 48), (1, 2, 3)).save(other / "train" / "pizza" / "new.jpg")  # not a training photo
+    pizza = validation_pool(f"{other / 'train'}:pizza", listed)
+    assert {pizza.listing.classes[label] for _, label in pizza.listing.files} == {"pizza"}
     with pytest.raises(DataError, match="every photo of the validation source .* is also in the training data"):
         validation_pool(str(photos / "test"), listed)
 

@@ -82,8 +82,13 @@ def validation_pool(text: str, listed: Listed) -> Pool:
             f"({source.location}:{','.join(c for c in names if c in listed.classes) or 'CLASS'})"
         )
     index = {name: i for i, name in enumerate(listed.classes)}
-    files = [(path, index[part.classes[label]]) for part in parts for path, label in part.files]
-    files = [(path, label) for path, label in files if listed.classes[label] in names]
+    # only the classes asked for (SOURCE:pizza,steak leaves the source's others out, the run's classes or not)
+    files = [
+        (path, index[part.classes[label]])
+        for part in parts
+        for path, label in part.files
+        if part.classes[label] in names
+    ]
     if not files:
         raise DataError(f"the validation source {text} holds no photos; give a folder with a folder of photos a class")
     sizes = {path: _size(path) for path, _ in files}
