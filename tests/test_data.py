@@ -187,6 +187,11 @@ def test_train_test_class_mismatch_is_named(tmp_path):
     make_photo(root / "train" / "ramen" / "x.jpg", (0, 0, 255))
     with pytest.raises(DataError, match=r"only in train/: \['ramen'\]; only in test/: none"):
         open_dataset(root)
+    # the classes asked for alone: ramen, in train/ only, was refused though left out
+    from foodvit.data.datasource import DataSource
+
+    listed = DataSource.parse(f"{root}:pizza,steak").listed()
+    assert listed.train.classes == listed.test.classes == ("pizza", "steak")
 
 
 def test_corrupt_and_non_image_files_are_skipped_with_their_names(tmp_path, recwarn):

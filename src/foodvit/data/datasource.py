@@ -158,6 +158,8 @@ class DataSource:
         train_fraction of each training class drawn with the seed."""
         root = check_layout(self.root(quiet=quiet))
         train, test = list_split(root, "train"), list_split(root, "test")
+        if self.classes:  # the classes asked for alone: another class in one split only is no matter
+            train, test = keep_classes(train, self.classes), keep_classes(test, self.classes)
         if train.classes != test.classes:
             only_train = sorted(set(train.classes) - set(test.classes))
             only_test = sorted(set(test.classes) - set(train.classes))
@@ -165,8 +167,6 @@ class DataSource:
                 f"train and test classes differ in {root}: only in train/: {only_train or 'none'}; only in test/: "
                 f"{only_test or 'none'}; give both splits the same class folders"
             )
-        if self.classes:
-            train, test = keep_classes(train, self.classes), keep_classes(test, self.classes)
         learnable(train, root, self.classes)
         if self.train_fraction < 1:
             train = subsample(train, self.train_fraction, seed)
