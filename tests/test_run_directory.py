@@ -251,6 +251,12 @@ def test_resume_with_the_data_moved_checks_classes_and_counts(photos, tmp_path, 
     next((fewer / "train" / "pizza").iterdir()).unlink()
     with pytest.raises(RunError, match=r"trained on 12 train / 6 test photos, the data in .*fewer has 11 / 6"):
         resume(out, data=str(fewer), quiet=True)
+    swapped = tmp_path / "swapped"  # the same totals, one photo moved to another class: it resumed without a word
+    shutil.copytree(photos, swapped)
+    first = next((swapped / "train" / "pizza").iterdir())
+    first.rename(swapped / "train" / "steak" / f"moved-{first.name}")
+    with pytest.raises(RunError, match=r"other train photos a class than the data in .*swapped holds \(pizza 4 -> 3, "):
+        resume(out, data=str(swapped), quiet=True)
     monkeypatch.chdir(tmp_path)  # the moved photos named from here, stored as a path from anywhere
     assert main(["train", "--resume", str(out), "--data", "moved", "--quiet"]) == 0
     assert json.loads((out / "config.json").read_text())["data"]["source"] == str(moved)

@@ -384,19 +384,30 @@ def read_for_resume(out: Path, data: str | None, quiet: bool = False) -> tuple[R
     return config, state
 
 
-def check_same_data(state: dict, classes, counts: dict[str, int], root: Path) -> None:
-    """A checkpoint resumes only on the photos it was trained on: the same classes and counts."""
+def check_same_data(state: dict, classes, counts: dict, root: Path) -> None:
+    """A checkpoint resumes only on the photos it was trained on: the same classes and counts, in all and a class
+    (a checkpoint that records the totals alone is checked on those)."""
     if list(state["classes"]) != list(classes):
         raise RunError(
             f"the checkpoint was trained on classes {state['classes']}, the data in {root} has "
             f"{list(classes)}; resume with the run's own data (--data) or start a new run"
         )
     photos = state.get("photos")
-    if photos is not None and photos != counts:
+    if photos is None:
+        return
+    if any(photos[key] != counts[key] for key in ("train", "test")):
         raise RunError(
             f"the run was trained on {photos['train']} train / {photos['test']} test photos, the data in "
             f"{root} has {counts['train']} / {counts['test']}; resume with the same photos, or start a new run"
         )
+    for split in ("train", "test"):  # the same totals, a photo moved from one class to another
+        was, now = photos.get(f"{split}_by_class"), counts[f"{split}_by_class"]
+        if was is not None and list(was) != list(now):
+            differ = ", ".join(f"{c} {a} -> {b}" for c, a, b in zip(classes, was, now, strict=True) if a != b)
+            raise RunError(
+                f"the run was trained on other {split} photos a class than the data in {root} holds ({differ}); "
+                "resume with the same photos, or start a new run"
+            )
 
 
 def resume_command(out: Path) -> str:

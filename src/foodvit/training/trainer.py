@@ -215,11 +215,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def photo_counts(self) -> dict[str, int]:
-        return {
-            "train": len(self.data.train) + (len(self.data.val) if self.data.val is not None else 0),
-            "test": len(self.data.test),
-        }
+    def photo_counts(self) -> dict:
+        """The photos the run trains and tests on, in all and a class (in the classes' order): what a resume
+        checks its data against."""
+        train = [
+            n + (self.data.val.counts()[name] if self.data.val is not None else 0)
+            for name, n in self.data.train.counts().items()
+        ]
+        test = list(self.data.test.counts().values())
+        return {"train": sum(train), "test": sum(test), "train_by_class": train, "test_by_class": test}
 
     def state(self, epochs_done: int) -> dict:
         return {
