@@ -211,6 +211,12 @@ def test_corrupt_and_non_image_files_are_skipped_with_their_names(tmp_path, recw
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
     with pytest.raises(DataError, match=r"unreadable file .*broken\.jpg.* and 2 more; --strict refuses them"):
         open_dataset(root, strict=True)
+    # cut in its pixels, its header whole: with the cache off, or once it is full, such a photo was kept, and ended
+    # training in its first epoch
+    (root / "train" / "sushi" / "cut.jpg").write_bytes(good.read_bytes()[:-100])
+    for cache in (PhotoCache.decoded(64, keep=False), PhotoCache.decoded(64, budget=MemoryBudget(1e-9))):
+        ds = open_dataset(root, train_cache=cache)
+        assert len(ds.train) == 9 and "cut.jpg" in " ".join(ds.train.skipped) and cache.items == {}
 
 
 def test_hidden_folders_are_not_scanned(tmp_path):

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.folders import Split, check, split_validation
-from foodvit.data.photos import load_or_explain
+from foodvit.data.photos import decode, load_or_explain
 from foodvit.data.validation import Pool
 
 
@@ -128,6 +128,9 @@ class MemoryBudget:
         return True
 
 
+CHECK_SIDE = 16  # px: the shorter side a photo is decoded to when it is only checked (PhotoCache.prefill)
+
+
 class PhotoCache:
     """Each photo processed once by `make` and, with keep=True, kept in memory (keyed by path) for as
     long as the memory budget lasts; photos past it are processed anew each time they are used.
@@ -166,9 +169,14 @@ class PhotoCache:
         return value
 
     def prefill(self, path: Path) -> None:
-        """Process and keep a photo while there is room (the scan's pass over the photos)."""
+        """Process and keep a photo while there is room (the scan's pass over the photos). Past it, or with
+        keep=False, the photo is still decoded whole, at a fraction of its size where its format allows (JPEG's
+        1/8, about a millisecond), and dropped: one that cannot be decoded is skipped by the scan as a kept one is,
+        not met in the middle of an epoch, which it would end."""
         if not self.full:
             self.get(path)
+        else:
+            decode(path, reduce_to=CHECK_SIDE)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.items.values())
