@@ -686,3 +686,14 @@ def test_food101_without_internet_says_how_to_use_a_copy(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"could not download Food-101 \(no route to host\).*--data /path/to/food-101"):
         DataSource.parse("food101:pizza").root()
     assert calls == [(str(tmp_path / "cache" / "food101"), "train", True)]  # torchvision's own download, into the cache
+
+
+def test_a_training_fraction_is_drawn_among_the_photos_and_the_other_files_are_named_as_skipped(tmp_path):
+    # it drew among every file: a class of six photos and six notes kept fewer photos than its share, or none
+    root = make_photo_folder(tmp_path / "p", n_train=6, n_test=1)
+    for name in ("pizza", "steak", "sushi"):
+        for i in range(6):
+            (root / "train" / name / f"notes{i}.txt").write_text("bought at the market")
+    for seed in range(3):
+        ds = open_dataset(root, train_fraction=0.5, seed=seed)
+        assert ds.train.counts() == {"pizza": 3, "steak": 3, "sushi": 3} and len(ds.train.skipped) == 18

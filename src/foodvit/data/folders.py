@@ -166,15 +166,19 @@ def shuffled_by_class(items, num_classes: int, seed: int, purpose: str, *keys: i
 
 
 def subsample(listing: Listing, fraction: float, seed: int) -> Listing:
-    """A reproducible `fraction` of each class (at least one photo), in the listing's order."""
+    """A reproducible `fraction` of each class's photos (at least one), in the listing's order. The draw is among the
+    files named as photos (IMAGE_EXTENSIONS); the others stay, for the check to name them as skipped (a class of six
+    photos and six notes drew its share among all twelve, and could draw notes alone)."""
     if not 0 < fraction <= 1:
         raise DataError(f"the training fraction must be in (0, 1], got {fraction}")
     if fraction == 1:
         return listing
+    photos = [f for f in listing.files if f[0].suffix.lower() in IMAGE_EXTENSIONS]
     chosen = set()
-    for order in shuffled_by_class(listing.files, len(listing.classes), seed, "subset"):
-        chosen.update(order[: max(1, round(fraction * len(order))) if order else 0])
-    return Listing(listing.root, listing.classes, tuple(f for i, f in enumerate(listing.files) if i in chosen))
+    for order in shuffled_by_class(photos, len(listing.classes), seed, "subset"):
+        chosen.update(photos[i] for i in order[: max(1, round(fraction * len(order))) if order else 0])
+    kept = (f for f in listing.files if f in chosen or f[0].suffix.lower() not in IMAGE_EXTENSIONS)
+    return Listing(listing.root, listing.classes, tuple(kept))
 
 
 def split_validation(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:
