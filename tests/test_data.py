@@ -697,3 +697,21 @@ def test_a_training_fraction_is_drawn_among_the_photos_and_the_other_files_are_n
     for seed in range(3):
         ds = open_dataset(root, train_fraction=0.5, seed=seed)
         assert ds.train.counts() == {"pizza": 3, "steak": 3, "sushi": 3} and len(ds.train.skipped) == 18
+
+
+def test_links_to_photos_and_folders_are_followed_and_a_link_to_nothing_is_named_as_skipped(tmp_path):
+    # a linked folder inside a class was dropped, as were a link to a deleted photo and a loop, without a word
+    root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1)
+    extra = make_photo_folder(tmp_path / "extra", n_train=3, n_test=1)
+    pizza = root / "train" / "pizza"
+    (pizza / "more").symlink_to(extra / "train" / "steak")
+    (pizza / "again").symlink_to(pizza)  # a loop: read once
+    (pizza / "gone.jpg").symlink_to(tmp_path / "deleted.jpg")
+    (pizza / "loop.jpg").symlink_to("loop.jpg")
+    split = scan(root / "train")
+    assert split.counts()["pizza"] == 2 + 3
+    assert sorted(line.split(":")[0].rsplit("/", 1)[1] for line in split.skipped) == ["gone.jpg", "loop.jpg"]
+    from foodvit.data.folders import walk_photos
+
+    walked = [p.name for p in walk_photos(pizza)]  # predict's walk: the same photos, each once
+    assert len(walked) == 2 + 3 + 2 and walked.count("gone.jpg") == 1

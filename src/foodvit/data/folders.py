@@ -242,20 +242,32 @@ def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True)
 
 def _photo_files(folder: Path) -> list[Path]:
     """Every file under folder, sorted, leaving out hidden files and everything in hidden folders
-    (.thumbs/, .ipynb_checkpoints/, ...)."""
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    )
+    (.thumbs/, .ipynb_checkpoints/, ...). Links are followed, to files and to folders, as torchvision's ImageFolder
+    follows them (a folder reached twice is read once, so a loop of links ends); a link that leads nowhere is listed,
+    for the check to name it as skipped (both were dropped without a word)."""
+    found, seen = [], set()
+    for here, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen:
+            folders[:] = []
+            continue
+        seen.add(real)
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        found += [Path(here) / name for name in files if not name.startswith(".")]
+    return sorted(found)
 
 
-def walk_photos(folder: Path) -> Iterator[Path]:
+def walk_photos(folder: Path, _seen: set[str] | None = None) -> Iterator[Path]:
     """The photos under folder (by suffix, IMAGE_EXTENSIONS, as training reads them), one at a time
-    in sorted path order, leaving out hidden files and folders as _photo_files does. Lazy: one
+    in sorted path order, leaving out hidden files and folders and following links as _photo_files does. Lazy: one
     directory's names are held at a time, so a folder of millions of photos costs no more memory
-    than its largest directory. Symbolic links to folders are not followed (as rglob); a link named as a photo that
-    leads to nothing is listed, for its error to be reported."""
+    than its largest directory. A link named as a photo that leads to nothing is listed, for its error to be
+    reported."""
+    seen = set() if _seen is None else _seen
+    real = os.path.realpath(folder)
+    if real in seen:  # reached again through a link: read once, so that a loop of links ends
+        return
+    seen.add(real)
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as err:
@@ -263,8 +275,12 @@ def walk_photos(folder: Path) -> Iterator[Path]:
     for entry in entries:  # sorted by name, folders in place: the same order as sorting the whole paths
         if entry.name.startswith("."):
             continue
-        if entry.is_dir(follow_symlinks=False):
-            yield from walk_photos(Path(entry.path))
+        try:
+            folder_here = entry.is_dir()
+        except OSError:  # a loop of links: "Too many levels of symbolic links", named as a photo below
+            folder_here = False
+        if folder_here:
+            yield from walk_photos(Path(entry.path), seen)
         elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS and _file_or_dead_link(entry):
             yield Path(entry.path)
 
