@@ -715,3 +715,19 @@ def test_links_to_photos_and_folders_are_followed_and_a_link_to_nothing_is_named
 
     walked = [p.name for p in walk_photos(pizza)]  # predict's walk: the same photos, each once
     assert len(walked) == 2 + 3 + 2 and walked.count("gone.jpg") == 1
+
+
+def test_test_photos_that_are_training_photos_are_said(tmp_path, caplog):
+    # the same photo in both splits raised the test accuracy without a word
+    root = make_photo_folder(tmp_path / "p", n_train=3, n_test=2)
+    for name in ("pizza", "steak"):
+        photo = next((root / "train" / name).iterdir())
+        (root / "test" / name / f"also-{photo.name}").write_bytes(photo.read_bytes())
+    with caplog.at_level("WARNING", logger="foodvit"):
+        ds = open_dataset(root, quiet=True)
+    assert len(ds.test) == 8  # said, not mended: the user's photos are theirs to move
+    assert "2 of the 8 test photos are also training photos, byte for byte (e.g. " in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="foodvit"):
+        open_dataset(make_photo_folder(tmp_path / "clean", n_train=3, n_test=2), quiet=True)
+    assert "training photos" not in caplog.text

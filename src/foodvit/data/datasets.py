@@ -9,6 +9,7 @@ transforms.py (augmentation), sampling.py (which photos each step and each proce
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,9 @@ from torch.utils.data import Dataset, get_worker_info
 from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.folders import Split, check, split_validation
 from foodvit.data.photos import decode, load_or_explain
-from foodvit.data.validation import Pool
+from foodvit.data.validation import Pool, shared_photos
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,12 @@ def open_dataset(
     listed = source if isinstance(source, Listed) else source.listed(seed=seed, quiet=quiet)
     train = check(listed.train, strict=strict, decode=train_cache.prefill if train_cache else None, quiet=quiet)
     test = check(listed.test, strict=strict, decode=eval_cache.prefill if eval_cache else None, quiet=quiet)
+    leaked = shared_photos([path for path, _ in test.samples], (path for path, _ in train.samples))
+    if leaked:  # said, not mended: the user's photos are theirs to move
+        logger.warning(
+            f"{len(leaked)} of the {len(test)} test photos are also training photos, byte for byte (e.g. "
+            f"{min(leaked)}): the test accuracy counts photos the model learnt; remove them from one of the splits"
+        )
     val = None
     if val_fraction > 0:
         train, val = split_validation(train, val_fraction, seed)

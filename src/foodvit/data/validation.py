@@ -91,20 +91,25 @@ def validation_pool(text: str, listed: Listed) -> Pool:
     ]
     if not files:
         raise DataError(f"the validation source {text} holds no photos; give a folder with a folder of photos a class")
-    sizes = {path: _size(path) for path, _ in files}
-    training = {path: _size(path) for path in _all_files(listed)}
-    pool_sizes = set(sizes.values())  # a training file is read only when a pool photo has its size
-    seen = {_digest(path) for path, size in training.items() if size in pool_sizes} - {""}
-    shared = set(training.values())
-    digests = {path: _digest(path) if size in shared else "" for path, size in sizes.items()}
-    kept = tuple((path, label) for path, label in files if digests[path] not in seen)
-    dropped = tuple(path for path, _ in files if digests[path] in seen)
+    dropped = shared_photos([path for path, _ in files], _all_files(listed))
+    kept = tuple((path, label) for path, label in files if path not in dropped)
     if not kept:
         raise DataError(
             f"every photo of the validation source {text} is also in the training data ({len(dropped)} photos): "
             "give photos the model is not trained on"
         )
-    return Pool(text, Listing(root, listed.classes, kept), dropped)
+    return Pool(text, Listing(root, listed.classes, kept), tuple(path for path, _ in files if path in dropped))
+
+
+def shared_photos(ours: Iterable[Path], theirs: Iterable[Path]) -> set[Path]:
+    """The files of `ours` whose bytes are those of a file of `theirs`. Only files of a size both sides have are read
+    (a hash of their bytes), so a large data set costs little more than a look at its files' sizes."""
+    sizes = {path: _size(path) for path in ours}
+    others = {path: _size(path) for path in theirs}
+    ours_sizes = set(sizes.values())
+    seen = {_digest(path) for path, size in others.items() if size in ours_sizes} - {""}
+    common = set(others.values())
+    return {path for path, size in sizes.items() if size in common and _digest(path) in seen}
 
 
 def _all_files(listed: Listed) -> Iterable[Path]:
