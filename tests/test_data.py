@@ -155,12 +155,15 @@ def test_a_zip_python_cannot_unpack_is_named_in_one_line_and_leaves_nothing(tmp_
     )
 
 
-def test_zip_without_train_and_test_is_explained(tmp_path):
+def test_zip_without_train_and_test_is_explained_and_one_of_class_folders_is_a_folder_of_classes(tmp_path):
     archive = tmp_path / "flat.zip"
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("photos/pizza/a.jpg", b"x")
+        z.writestr("photos\\steak\\b.jpg", b"y")  # as a zip written on Windows names it: a file 'photos\steak\b.jpg'
     with pytest.raises(DataError, match=r"flat\.zip holds no train/ and test/ folders.*ImageFolder"):
-        resolve(archive)
+        DataSource.parse(str(archive)).listed()
+    # a validation source, or photos to evaluate: "a .zip of either" was refused as a set without its splits
+    assert sorted(p.name for p in resolve(archive).iterdir()) == ["pizza", "steak"]
 
 
 def test_missing_folder_and_non_zip_file(tmp_path):
@@ -496,7 +499,7 @@ def test_a_downloaded_zip_of_another_layout_is_kept_not_fetched_again(zip_url, t
     _ZipHandler.answers = [other.getvalue()]
     for _ in range(2):
         with pytest.raises(DataError, match="holds no train/ and test/ folders") as refused:
-            resolve(zip_url, quiet=True)
+            DataSource.parse(zip_url).listed(quiet=True)
         assert "removed" not in str(refused.value)
     assert _ZipHandler.hits == 1 and len(list((tmp_path / "cache" / "downloads").iterdir())) == 1
 

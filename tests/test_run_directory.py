@@ -18,6 +18,7 @@ from helpers import library_messages_on_stderr, make_photo_folder, report_figure
 import foodvit
 from foodvit.cli.main import main
 from foodvit.cli.options import build_config
+from foodvit.data.datasource import DataSource
 from foodvit.data.sources import resolve
 from foodvit.errors import ConfigError, DataError, RunError
 from foodvit.model.variants import run_model_config, without_recipe_resizing
@@ -174,7 +175,7 @@ def test_unpacked_zips_respect_the_umask_and_bad_zips_leave_nothing(photos, tmp_
     with zipfile.ZipFile(flat, "w") as archive:
         archive.writestr("pizza/1.jpg", b"x")
     with pytest.raises(DataError, match="holds no train/ and test/ folders"):
-        resolve(flat)
+        DataSource.parse(str(flat)).listed()
     corrupt = tmp_path / "corrupt.zip"
     data = bytearray(good.read_bytes())
     member = data.find(b"\xff\xd8")  # the first JPEG's bytes, stored inside the zip
@@ -183,7 +184,7 @@ def test_unpacked_zips_respect_the_umask_and_bad_zips_leave_nothing(photos, tmp_
     with pytest.raises(DataError, match=r"corrupt\.zip is a damaged zip .*download it again"):
         resolve(corrupt)
     unpacked = sorted(p.name for p in (tmp_path / "cache" / "data").iterdir())
-    assert len(unpacked) == 1 and unpacked[0].startswith("good-")  # nothing of the failed ones stays
+    assert [name.split("-")[0] for name in unpacked] == ["flat", "good"]  # nothing of the damaged one stays
 
 
 # ------------------------------------------------------------------ the data a run stores and resumes with

@@ -156,7 +156,15 @@ class DataSource:
     def listed(self, *, seed: int = 0, quiet: bool = False) -> Listed:
         """The train and test splits' files (the same classes in both), the class subset kept and
         train_fraction of each training class drawn with the seed."""
-        root = check_layout(self.root(quiet=quiet))
+        root = self.root(quiet=quiet)
+        try:
+            check_layout(root)
+        except DataError:
+            if self.location != FOOD101 and (is_download(self.location) or Path(self.location).is_file()):
+                raise DataError(  # not the cache's folder it was unpacked into: the zip the user gave
+                    f"{self.location} holds no train/ and test/ folders; expected a zip of {LAYOUT}"
+                ) from None
+            raise
         train, test = list_split(root, "train"), list_split(root, "test")
         if self.classes:  # the classes asked for alone: another class in one split only is no matter
             train, test = keep_classes(train, self.classes), keep_classes(test, self.classes)

@@ -169,7 +169,10 @@ def _extract_locked(zip_path: Path, held, target: Path) -> Path:
                     )
 
             def unpack(tmp: Path) -> None:
-                archive.extractall(tmp)
+                members = archive.infolist()
+                for info in members:  # a zip written on Windows may name its folders with backslashes (as member
+                    info.filename = info.filename.replace("\\", "/")  # names are refused above): read them as such
+                archive.extractall(tmp, members)
                 _root_of(tmp, zip_path)  # laid out as expected, or nothing is kept
                 (tmp / UNPACKED).write_text(json.dumps(_files_of(tmp)) + "\n")
 
@@ -242,9 +245,16 @@ def _unpacked_whole(folder: Path) -> bool:
 
 
 def _root_of(folder: Path, origin: Path) -> Path:
-    """The folder with train/ and test/ inside an unpacked zip (at the top or one level down)."""
-    candidates = [folder] + sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
-    for candidate in candidates:
+    """The folder with train/ and test/ inside an unpacked zip (at the top or one level down); else, for a zip of
+    class folders (a validation source, photos to evaluate), the top, or the one folder there when it holds folders.
+    Training's own check (folders.check_layout) names what it lacks."""
+    folders = lambda p: sorted(c for c in p.iterdir() if c.is_dir() and not c.name.startswith(("_", ".")))  # noqa: E731
+    top = folders(folder)
+    for candidate in [folder, *top]:
         if (candidate / "train").is_dir() and (candidate / "test").is_dir():
             return candidate
-    raise DataError(f"{origin} holds no train/ and test/ folders; expected a zip of {LAYOUT}")
+    if len(top) == 1 and folders(top[0]):
+        return top[0]
+    if top:
+        return folder
+    raise DataError(f"{origin} holds no folders; expected a zip of {LAYOUT}, or of class folders")
