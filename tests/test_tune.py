@@ -2001,3 +2001,16 @@ def test_a_fold_whose_model_card_lost_its_metrics_is_named_with_what_to_do(cv_st
     assert main(["cv", "--data", str(photos), "--folds", "2", "--out", str(study), "--quiet", *TINY]) == 2
     said = capsys.readouterr().err
     assert f"{study / 'fold-0' / 'model.json'} is not the model card training writes: remove" in said, said
+
+
+def test_two_photos_of_one_name_in_a_study_are_named_before_anything_is_written(tmp_path, capsys):
+    # pizza/a/b.jpg and pizza/a__b.jpg: "cannot use ... (File exists); check the path", study.json left behind
+    root = make_photo_folder(tmp_path / "photos", n_train=3, n_test=1)
+    photo = next((root / "train" / "pizza").iterdir())
+    (root / "train" / "pizza" / "a").mkdir()
+    (root / "train" / "pizza" / "a" / "b.jpg").write_bytes(photo.read_bytes())
+    (root / "train" / "pizza" / "a__b.jpg").write_bytes(photo.read_bytes()[:-1] + b"\xd9")
+    assert main(["cv", "--data", str(root), "--folds", "2", "--out", str(tmp_path / "study"), *TINY]) == 2
+    said = capsys.readouterr().err
+    assert "have one name in a study (pizza/a__b.jpg" in said and "rename one of them" in said, said
+    assert not (tmp_path / "study").exists()

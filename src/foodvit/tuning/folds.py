@@ -30,7 +30,15 @@ def training_photos(config: RunConfig) -> Split:
     listing = list_split(root, "train")
     if source.classes:
         listing = keep_classes(listing, source.classes)
-    return check(learnable(listing, root, source.classes), strict=config.data.strict)
+    split = check(learnable(listing, root, source.classes), strict=config.data.strict)
+    named: dict[str, Path] = {}
+    for path, _ in split.samples:  # a study knows a photo by its key, and links it under that name
+        if (other := named.setdefault(photo_key(split, path), path)) != path:
+            raise StudyError(
+                f"{other} and {path} have one name in a study ({photo_key(split, path)}: a nested photo's folders "
+                "are joined by '__'); rename one of them"
+            )
+    return split
 
 
 def photo_key(split: Split, path: Path) -> str:
