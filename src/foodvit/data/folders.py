@@ -174,7 +174,7 @@ def subsample(listing: Listing, fraction: float, seed: int) -> Listing:
     if fraction == 1:
         return listing
     photos = [f for f in listing.files if f[0].suffix.lower() in IMAGE_EXTENSIONS]
-    chosen = set()
+    chosen: set[tuple[Path, int]] = set()
     for order in shuffled_by_class(photos, len(listing.classes), seed, "subset"):
         chosen.update(photos[i] for i in order[: max(1, round(fraction * len(order))) if order else 0])
     kept = (f for f in listing.files if f in chosen or f[0].suffix.lower() not in IMAGE_EXTENSIONS)

@@ -198,11 +198,15 @@ def _extract_locked(zip_path: Path, held, target: Path) -> Path:
     return _root_of(target, zip_path)
 
 
+# a member's local file header (the zip format's APPNOTE, 4.3.7): signature, version needed, flags, compression
+# method, time, date, CRC-32, compressed and uncompressed sizes, name and extra field lengths
+LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
+
+
 def _damage(handle) -> str | None:
     """What shows a zip that zipfile calls one of a method, an encryption or a version it does not read to be damaged
     rather than stored so (a bit flipped in one of its two copies of a member's header), or None where nothing does.
-    zipfile reads the central directory's copy (and the local one, but checks only the member's name there); it keeps
-    the local header's layout as module constants."""
+    zipfile reads the central directory's copy (and the local one, but checks only the member's name there)."""
     try:
         archive = zipfile.ZipFile(handle)
     except NotImplementedError as err:  # its directory names a version past the zip format's own (6.3)
@@ -210,13 +214,13 @@ def _damage(handle) -> str | None:
     with archive:
         for info in archive.infolist():
             handle.seek(info.header_offset)
-            header = handle.read(zipfile.sizeFileHeader)
-            fields = struct.unpack(zipfile.structFileHeader, header) if len(header) == zipfile.sizeFileHeader else None
+            header = handle.read(LOCAL_HEADER.size)
+            fields = LOCAL_HEADER.unpack(header) if len(header) == LOCAL_HEADER.size else None
             if (
                 fields is None
-                or fields[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader
-                or fields[zipfile._FH_COMPRESSION_METHOD] != info.compress_type
-                or (fields[zipfile._FH_GENERAL_PURPOSE_FLAG_BITS] ^ info.flag_bits) & 0x1  # bit 0: encrypted
+                or fields[0] != b"PK\x03\x04"
+                or fields[3] != info.compress_type
+                or (fields[2] ^ info.flag_bits) & 0x1  # bit 0 of the flags: encrypted
             ):
                 return f"its directory and the header of {info.filename!r} disagree on how it is stored"
     return None
