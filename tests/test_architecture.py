@@ -1,6 +1,7 @@
 """The house rules: the layer contracts (import-linter), no module needing one that needs it back, every name
 imported from the module that declares it, the types, and no process-wide side effects from library code."""
 
+import functools
 import os
 import shutil
 import signal
@@ -137,6 +138,7 @@ def test_no_module_imports_one_that_imports_it_back():
     assert cycles == []
 
 
+@functools.cache
 def declared_names(module: Path) -> set[str]:
     """The names a module's own code declares at its top level (defined, assigned, or imported where a condition
     picks the library, as tomllib or tomli): never a name it only imports to use."""
