@@ -14,7 +14,7 @@ from PIL import Image
 
 from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_dataset
 from foodvit.data.datasource import DataSource
-from foodvit.data.folders import scan
+from foodvit.data.folders import class_names, scan
 from foodvit.data.photos import PhotoError, load_or_explain, load_rgb
 from foodvit.data.preprocess import make_preprocess
 from foodvit.data.sampling import Collate, EpochSampler, make_loader
@@ -164,6 +164,12 @@ def test_zip_without_train_and_test_is_explained_and_one_of_class_folders_is_a_f
         DataSource.parse(str(archive)).listed()
     # a validation source, or photos to evaluate: "a .zip of either" was refused as a set without its splits
     assert sorted(p.name for p in resolve(archive).iterdir()) == ["pizza", "steak"]
+    mac = tmp_path / "mac.zip"  # as a Mac's Finder writes it: the class folders, and __MACOSX/ beside them
+    with zipfile.ZipFile(mac, "w") as z:
+        z.writestr("pizza/a.jpg", b"x")
+        z.writestr("steak/b.jpg", b"y")
+        z.writestr("__MACOSX/pizza/._a.jpg", b"")
+    assert class_names(resolve(mac)) == ("pizza", "steak")  # __MACOSX was a class
 
 
 def test_missing_folder_and_non_zip_file(tmp_path):
@@ -217,9 +223,10 @@ def test_corrupt_and_non_image_files_are_skipped_with_their_names(tmp_path, recw
     # cut in its pixels, its header whole: with the cache off, or once it is full, such a photo was kept, and ended
     # training in its first epoch
     (root / "train" / "sushi" / "cut.jpg").write_bytes(good.read_bytes()[:-100])
-    for cache in (PhotoCache.decoded(64, keep=False), PhotoCache.decoded(64, budget=MemoryBudget(1e-9))):
-        ds = open_dataset(root, train_cache=cache)
-        assert len(ds.train) == 9 and "cut.jpg" in " ".join(ds.train.skipped) and cache.items == {}
+    for cache in (None, PhotoCache.decoded(64, keep=False), PhotoCache.decoded(64, budget=MemoryBudget(1e-9))):
+        ds = open_dataset(root, train_cache=cache)  # None: training's --no-cache
+        assert len(ds.train) == 9 and "cut.jpg" in " ".join(ds.train.skipped)
+        assert cache is None or cache.items == {}
 
 
 def test_hidden_folders_are_not_scanned(tmp_path):
@@ -718,6 +725,14 @@ def test_links_to_photos_and_folders_are_followed_and_a_link_to_nothing_is_named
 
     walked = [p.name for p in walk_photos(pizza)]  # predict's walk: the same photos, each once
     assert len(walked) == 2 + 3 + 2 and walked.count("gone.jpg") == 1
+    # a folder reached by two names is named by the first in sorted order, whatever order the file system lists
+    # them in (training's listing took the file system's: on another disk, other names, draws and study keys)
+    for i in range(8):
+        make_photo(pizza / f"real{i}" / "x.jpg", (9, 9, i))
+        (pizza / f"link{i}").symlink_to(pizza / f"real{i}")
+    expected = [f"link{i}/x.jpg" for i in range(8)]
+    listed = [str(path.relative_to(pizza)) for path, _ in scan(root / "train").samples if path.name == "x.jpg"]
+    assert listed == expected == [str(p.relative_to(pizza)) for p in walk_photos(pizza) if p.name == "x.jpg"]
 
 
 def test_test_photos_that_are_training_photos_are_said(tmp_path, caplog):

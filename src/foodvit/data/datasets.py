@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.folders import Split, check, split_validation
-from foodvit.data.photos import decode, load_or_explain
+from foodvit.data.photos import decodes_whole, load_or_explain
 from foodvit.data.validation import Pool, shared_photos
 
 logger = logging.getLogger(__name__)
@@ -60,8 +60,10 @@ def open_dataset(
     if not isinstance(source, (DataSource, Listed)):
         source = DataSource.parse(source, train_fraction)
     listed = source if isinstance(source, Listed) else source.listed(seed=seed, quiet=quiet)
-    train = check(listed.train, strict=strict, decode=train_cache.prefill if train_cache else None, quiet=quiet)
-    test = check(listed.test, strict=strict, decode=eval_cache.prefill if eval_cache else None, quiet=quiet)
+    # every photo decoded whole once: kept by a cache, or checked alone (the same photos skipped, cache on or off)
+    train_check = train_cache.prefill if train_cache else decodes_whole
+    train = check(listed.train, strict=strict, decode=train_check, quiet=quiet)
+    test = check(listed.test, strict=strict, decode=eval_cache.prefill if eval_cache else decodes_whole, quiet=quiet)
     leaked = shared_photos([path for path, _ in test.samples], (path for path, _ in train.samples))
     if leaked:  # said, not mended: the user's photos are theirs to move
         logger.warning(
@@ -72,7 +74,7 @@ def open_dataset(
     if val_fraction > 0:
         train, val = split_validation(train, val_fraction, seed)
     if pool is not None:
-        decode = eval_cache.prefill if eval_cache else None
+        decode = eval_cache.prefill if eval_cache else decodes_whole
         val = check(pool.listing, strict=strict, decode=decode, quiet=quiet, every_class=False)
     return DataSet(listed.root, train, test, val, pool)
 
@@ -137,9 +139,6 @@ class MemoryBudget:
         return True
 
 
-CHECK_SIDE = 16  # px: the shorter side a photo is decoded to when it is only checked (PhotoCache.prefill)
-
-
 class PhotoCache:
     """Each photo processed once by `make` and, with keep=True, kept in memory (keyed by path) for as
     long as the memory budget lasts; photos past it are processed anew each time they are used.
@@ -179,13 +178,12 @@ class PhotoCache:
 
     def prefill(self, path: Path) -> None:
         """Process and keep a photo while there is room (the scan's pass over the photos). Past it, or with
-        keep=False, the photo is still decoded whole, at a fraction of its size where its format allows (JPEG's
-        1/8, about a millisecond), and dropped: one that cannot be decoded is skipped by the scan as a kept one is,
-        not met in the middle of an epoch, which it would end."""
+        keep=False, the photo is only checked (photos.decodes_whole): one that cannot be decoded is skipped by the
+        scan as a kept one is, not met in the middle of an epoch, which it would end."""
         if not self.full:
             self.get(path)
         else:
-            decode(path, reduce_to=CHECK_SIDE)
+            decodes_whole(path)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.items.values())

@@ -55,7 +55,10 @@ def class_names(folder: Path) -> tuple[str, ...]:
     folder = Path(folder)
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder; expected {LAYOUT}")
-    classes = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")))
+    # hidden folders, and __MACOSX/ (the resource forks a zip made on a Mac holds beside its folders), are no classes
+    classes = tuple(
+        sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "__MACOSX")
+    )
     if not classes:
         raise DataError(f"{folder} has no class folders; expected {LAYOUT}")
     for name in classes:  # a class name goes into model.json, the figures, the page: text, never raw bytes
@@ -252,7 +255,7 @@ def _photo_files(folder: Path) -> list[Path]:
             folders[:] = []
             continue
         seen.add(real)
-        folders[:] = [name for name in folders if not name.startswith(".")]
+        folders[:] = sorted(name for name in folders if not name.startswith("."))  # walk_photos' order: one name won
         found += [Path(here) / name for name in files if not name.startswith(".")]
     return sorted(found)
 

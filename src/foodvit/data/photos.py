@@ -262,6 +262,22 @@ def decode(
     return rgb
 
 
+def decodes_whole(path: str | os.PathLike) -> None:
+    """A PhotoError unless the photo decodes to its last byte: the check of a photo that is not kept in memory (the
+    scan's pass when the decode cache is off or full), so that one cut short is skipped before training, not met in
+    an epoch. A JPEG is decoded at 1/8 of its size (its decoder's own scaling, which reads every byte): about 0.7 ms
+    a 512 px photo, against 3.5 ms whole."""
+    with open_photo(path) as image:
+        if image.format == "JPEG":
+            image.draft(None, (max(1, image.width // 8), max(1, image.height // 8)))
+        try:
+            image.load()
+        except (OSError, ValueError, SyntaxError) as err:
+            raise PhotoError(
+                path, f"is damaged or truncated ({err}); expected a complete image file: {ACCEPTED}"
+            ) from None
+
+
 def _reduced(image: Image.Image, factor: int) -> Image.Image:
     """The loaded image shrunk by an integer factor (box averages), in a mode Image.reduce takes;
     modes it does not take (16-bit grayscale) are left whole."""
