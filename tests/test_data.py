@@ -735,17 +735,18 @@ def test_links_to_photos_and_folders_are_followed_and_a_link_to_nothing_is_named
     assert listed == expected == [str(p.relative_to(pizza)) for p in walk_photos(pizza) if p.name == "x.jpg"]
 
 
-def test_test_photos_that_are_training_photos_are_said(tmp_path, caplog):
+def test_test_photos_that_are_training_photos_are_said(tmp_path, capsys):
     # the same photo in both splits raised the test accuracy without a word
+    from foodvit.cli.main import main
+    from foodvit.data.datasets import leaked_test_photos
+
     root = make_photo_folder(tmp_path / "p", n_train=3, n_test=2)
     for name in ("pizza", "steak"):
         photo = next((root / "train" / name).iterdir())
         (root / "test" / name / f"also-{photo.name}").write_bytes(photo.read_bytes())
-    with caplog.at_level("WARNING", logger="foodvit"):
-        ds = open_dataset(root, quiet=True)
-    assert len(ds.test) == 8  # said, not mended: the user's photos are theirs to move
-    assert "2 of the 8 test photos are also training photos, byte for byte (e.g. " in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="foodvit"):
-        open_dataset(make_photo_folder(tmp_path / "clean", n_train=3, n_test=2), quiet=True)
-    assert "training photos" not in caplog.text
+    assert sorted(p.name for p in leaked_test_photos(open_dataset(root, quiet=True))) == ["also-000.jpg"] * 2
+    assert leaked_test_photos(open_dataset(make_photo_folder(tmp_path / "clean", n_train=3, n_test=2))) == set()
+    options = ["--recipe", "tiny", "--epochs", "1", "--image-size", "32", "--depth", "1", "--quiet"]
+    assert main(["train", "--data", str(root), "--out", str(tmp_path / "run"), *options]) == 0
+    said = capsys.readouterr().err  # said, not mended: the photos are the user's to move
+    assert "2 of the 8 test photos are also training photos, byte for byte (e.g. " in said

@@ -533,3 +533,20 @@ def test_bench_pool_records_a_components_worth_as_the_rule_reads_it(tmp_path, mo
     (studies[1] / "study.json").write_text(json.dumps({**grown, "seeds": [0, 1, 2]}))
     with pytest.raises(SystemExit, match="a row pairs studies of the same seeds"):
         bench_pool.row(*studies, "lr", "", removes=False)
+
+
+def test_shared_photos_are_those_of_the_same_bytes_whatever_their_size_and_tail_share(tmp_path):
+    from foodvit.data.validation import TAIL, shared_photos
+
+    tail = bytes(range(256)) * (TAIL // 256 + 1)
+    files = {
+        "ours.jpg": b"head one" + tail,
+        "copy.jpg": b"head one" + tail,  # the same bytes
+        "other.jpg": b"head two" + tail,  # the same size and last bytes, another head: read whole to tell
+        "short.jpg": b"head" + tail,  # another size: never read
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    ours = [tmp_path / "ours.jpg", tmp_path / "other.jpg", tmp_path / "short.jpg"]
+    assert shared_photos(ours, [tmp_path / "copy.jpg"]) == {tmp_path / "ours.jpg"}
+    assert shared_photos(ours, [tmp_path / "missing.jpg"]) == set()

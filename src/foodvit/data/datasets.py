@@ -9,7 +9,6 @@ transforms.py (augmentation), sampling.py (which photos each step and each proce
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,6 @@ from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.folders import Split, check, split_validation
 from foodvit.data.photos import decodes_whole, load_or_explain
 from foodvit.data.validation import Pool, shared_photos
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,12 +61,6 @@ def open_dataset(
     train_check = train_cache.prefill if train_cache else decodes_whole
     train = check(listed.train, strict=strict, decode=train_check, quiet=quiet)
     test = check(listed.test, strict=strict, decode=eval_cache.prefill if eval_cache else decodes_whole, quiet=quiet)
-    leaked = shared_photos([path for path, _ in test.samples], (path for path, _ in train.samples))
-    if leaked:  # said, not mended: the user's photos are theirs to move
-        logger.warning(
-            f"{len(leaked)} of the {len(test)} test photos are also training photos, byte for byte (e.g. "
-            f"{min(leaked)}): the test accuracy counts photos the model learnt; remove them from one of the splits"
-        )
     val = None
     if val_fraction > 0:
         train, val = split_validation(train, val_fraction, seed)
@@ -77,6 +68,12 @@ def open_dataset(
         decode = eval_cache.prefill if eval_cache else decodes_whole
         val = check(pool.listing, strict=strict, decode=decode, quiet=quiet, every_class=False)
     return DataSet(listed.root, train, test, val, pool)
+
+
+def leaked_test_photos(data: DataSet) -> set[Path]:
+    """The test photos whose bytes are those of a training photo (data/validation.shared_photos): the test
+    accuracy counts them as photos the model never saw."""
+    return shared_photos([path for path, _ in data.test.samples], [path for path, _ in data.train.samples])
 
 
 # ---------------------------------------------------------------------------------------- datasets

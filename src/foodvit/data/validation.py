@@ -102,14 +102,17 @@ def validation_pool(text: str, listed: Listed) -> Pool:
 
 
 def shared_photos(ours: Iterable[Path], theirs: Iterable[Path]) -> set[Path]:
-    """The files of `ours` whose bytes are those of a file of `theirs`. Only files of a size both sides have are read
-    (a hash of their bytes), so a large data set costs little more than a look at its files' sizes."""
-    sizes = {path: _size(path) for path in ours}
-    others = {path: _size(path) for path in theirs}
-    ours_sizes = set(sizes.values())
-    seen = {_digest(path) for path, size in others.items() if size in ours_sizes} - {""}
-    common = set(others.values())
-    return {path for path, size in sizes.items() if size in common and _digest(path) in seen}
+    """The files of `ours` whose bytes are those of a file of `theirs`. A file is compared by its size first, then, if
+    a file of the other side has that size, by its last TAIL bytes (JPEGs of one size often share their first
+    kilobytes, a camera's header, but not their last ones), and read whole only when both match: a large data set,
+    where sizes collide by the thousand, costs a look at its sizes and a few kilobytes of some files."""
+    sizes, others = {path: _size(path) for path in ours}, {path: _size(path) for path in theirs}
+    common = set(sizes.values()) & set(others.values())
+    tails = {path: (size, _tail(path)) for path, size in sizes.items() if size in common}
+    other_tails = {path: (size, _tail(path)) for path, size in others.items() if size in common}
+    both = set(tails.values()) & set(other_tails.values())
+    seen = {_digest(path) for path, key in other_tails.items() if key in both} - {""}
+    return {path for path, key in tails.items() if key in both and _digest(path) in seen}
 
 
 def _all_files(listed: Listed) -> Iterable[Path]:
@@ -126,6 +129,19 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return -1
+
+
+TAIL = 4096  # bytes: what shared_photos reads of a file whose size another file has
+
+
+def _tail(path: Path) -> bytes:
+    """A file's last TAIL bytes (b'' when it cannot be read)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, _size(path) - TAIL))
+            return f.read(TAIL)
+    except OSError:
+        return b""
 
 
 def _digest(path: Path) -> str:

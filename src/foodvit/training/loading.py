@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, open_dataset
+from foodvit.data.datasets import MemoryBudget, PhotoCache, PhotoDataset, leaked_test_photos, open_dataset
 from foodvit.data.datasource import DataSource, Listed
 from foodvit.data.preprocess import Preprocess
 from foodvit.data.sampling import make_loader
@@ -72,6 +72,11 @@ def open_data(
         for split in (data.train, data.test) + ((data.val,) if pool is not None and data.val is not None else ()):
             for line in split.skipped_summary(verbose):
                 logger.warning(line)
+        if leaked := leaked_test_photos(data):  # said, not mended: the photos are the user's to move
+            logger.warning(
+                f"{len(leaked)} of the {len(data.test)} test photos are also training photos, byte for byte (e.g. "
+                f"{min(leaked)}): the test accuracy counts photos the model learnt; remove them from one of the splits"
+            )
     return data, caches
 
 
