@@ -160,7 +160,7 @@ class DataSource:
         try:
             check_layout(root)
         except DataError:
-            if self.location != FOOD101 and (is_download(self.location) or Path(self.location).is_file()):
+            if self.location != FOOD101 and (is_download(self.location) or Path(self.location).expanduser().is_file()):
                 raise DataError(  # not the cache's folder it was unpacked into: the zip the user gave
                     f"{self.location} holds no train/ and test/ folders; expected a zip of {LAYOUT}"
                 ) from None

@@ -135,11 +135,12 @@ def extract_download(url: str, zip_path: Path) -> Path:
 
 
 def extract(zip_path: Path) -> Path:
-    """Unpack a zip into the cache (once) and return the folder holding train/ and test/.
+    """Unpack a zip into the cache (once) and return the folder holding train/ and test/, or, for a zip of class
+    folders, the folder holding them (_root_of).
 
     Members that would land outside the target (absolute paths, '..') are refused before anything
-    is written; unpacking goes to a temporary folder that is renamed only when complete and laid
-    out as expected, so a corrupt or wrongly laid out zip leaves nothing in the cache.
+    is written; unpacking goes to a temporary folder that is renamed only when complete and holding
+    folders, so a damaged zip, or one of files alone, leaves nothing in the cache.
     """
     zip_path = Path(zip_path)
     stat = zip_path.stat()
