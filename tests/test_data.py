@@ -750,3 +750,17 @@ def test_test_photos_that_are_training_photos_are_said(tmp_path, capsys):
     assert main(["train", "--data", str(root), "--out", str(tmp_path / "run"), *options]) == 0
     said = capsys.readouterr().err  # said, not mended: the photos are the user's to move
     assert "2 of the 8 test photos are also training photos, byte for byte (e.g. " in said
+
+
+def test_a_class_named_with_its_accents_composed_in_one_split_and_decomposed_in_the_other_is_one_class(tmp_path):
+    # "only in train/: ['crème brûlée']; only in test/: ['crème brûlée']": a Mac's folder (NFD) beside a zip's (NFC)
+    import unicodedata
+
+    composed = unicodedata.normalize("NFC", "crème brûlée")
+    root = make_photo_folder(tmp_path / "p", n_train=2, n_test=1, classes=("pizza", composed))
+    (root / "train" / composed).rename(root / "train" / unicodedata.normalize("NFD", composed))
+    ds = open_dataset(root, quiet=True)
+    assert ds.train.classes == ds.test.classes == (composed, "pizza") and ds.train.counts()[composed] == 2
+    make_photo(root / "test" / unicodedata.normalize("NFD", composed) / "x.jpg", (1, 2, 3))
+    with pytest.raises(DataError, match="differ only in how their accents are written"):
+        open_dataset(root, quiet=True)

@@ -5,6 +5,7 @@ scans folders without it."""
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,13 +85,22 @@ class Listing:
 
 
 def list_folder(folder: Path) -> Listing:
-    """The classes (subfolders, sorted) of a folder and every file in them."""
+    """The classes (subfolders, sorted) of a folder and every file in them. A class is named by its folder's name in
+    Unicode's composed form (NFC): a Mac's file system gives `crème` decomposed (NFD), a zip made elsewhere composed,
+    and the two splits of one data set are one class each, as their reader sees them."""
     folder = Path(folder)
-    classes = class_names(folder)
+    on_disk: dict[str, str] = {}
+    for name in class_names(folder):
+        if (other := on_disk.setdefault(unicodedata.normalize("NFC", name), name)) != name:
+            raise DataError(
+                f"{folder} holds two class folders named {name!r} and {other!r}, which differ only in how their "
+                "accents are written (decomposed and composed); merge them into one"
+            )
+    classes = tuple(sorted(on_disk))
     return Listing(
         folder,
         classes,
-        tuple((path, index) for index, name in enumerate(classes) for path in _photo_files(folder / name)),
+        tuple((path, index) for index, name in enumerate(classes) for path in _photo_files(folder / on_disk[name])),
     )
 
 
