@@ -30,7 +30,7 @@ from foodvit.data.folders import (
     list_split,
     subsample,
 )
-from foodvit.data.photos import IMAGE_EXTENSIONS
+from foodvit.data.photos import named_as_photo
 from foodvit.data.sources import (
     FOOD101,
     LAYOUT,
@@ -220,6 +220,6 @@ class DataSource:
         found = {}
         for name in wanted:
             label = listing.classes.index(name)
-            photos = sorted(p for p, y in listing.files if y == label and p.suffix.lower() in IMAGE_EXTENSIONS)
+            photos = sorted(p for p, y in listing.files if y == label and named_as_photo(p))
             found[name] = photos[:per_class]
         return found

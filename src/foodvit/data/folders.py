@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from foodvit.data.photos import IMAGE_EXTENSIONS, PhotoError, check_image
+from foodvit.data.photos import PhotoError, check_image, named_as_photo
 from foodvit.data.sources import LAYOUT
 from foodvit.errors import DataError
 from foodvit.files import read_json
@@ -186,11 +186,11 @@ def subsample(listing: Listing, fraction: float, seed: int) -> Listing:
         raise DataError(f"the training fraction must be in (0, 1], got {fraction}")
     if fraction == 1:
         return listing
-    photos = [f for f in listing.files if f[0].suffix.lower() in IMAGE_EXTENSIONS]
+    photos = [f for f in listing.files if named_as_photo(f[0])]
     chosen: set[tuple[Path, int]] = set()
     for order in shuffled_by_class(photos, len(listing.classes), seed, "subset"):
         chosen.update(photos[i] for i in order[: max(1, round(fraction * len(order))) if order else 0])
-    kept = (f for f in listing.files if f in chosen or f[0].suffix.lower() not in IMAGE_EXTENSIONS)
+    kept = (f for f in listing.files if f in chosen or not named_as_photo(f[0]))
     return Listing(listing.root, listing.classes, tuple(kept))
 
 
@@ -254,31 +254,25 @@ def scan(folder: Path, *, strict: bool = False, decode=None, quiet: bool = True)
 
 
 def _photo_files(folder: Path) -> list[Path]:
-    """Every file under folder, sorted, leaving out hidden files and everything in hidden folders
-    (.thumbs/, .ipynb_checkpoints/, ...). Links are followed, to files and to folders, as torchvision's ImageFolder
-    follows them (a folder reached twice is read once, so a loop of links ends); a link that leads nowhere is listed,
-    for the check to name it as skipped (both were dropped without a word)."""
-    found, seen = [], set()
-    for here, folders, files in os.walk(folder, followlinks=True):
-        real = os.path.realpath(here)
-        if real in seen:
-            folders[:] = []
-            continue
-        seen.add(real)
-        folders[:] = sorted(name for name in folders if not name.startswith("."))  # walk_photos' order: one name won
-        found += [Path(here) / name for name in files if not name.startswith(".")]
-    return sorted(found)
+    """Every file under folder (walk_files), for the check to read or name as skipped."""
+    return list(walk_files(folder, lambda entry: True))
 
 
-def walk_photos(folder: Path, _seen: set[str] | None = None) -> Iterator[Path]:
-    """The photos under folder (by suffix, IMAGE_EXTENSIONS, as training reads them), one at a time
-    in sorted path order, leaving out hidden files and folders and following links as _photo_files does. Lazy: one
-    directory's names are held at a time, so a folder of millions of photos costs no more memory
-    than its largest directory. A link named as a photo that leads to nothing is listed, for its error to be
-    reported."""
+def walk_photos(folder: Path) -> Iterator[Path]:
+    """The photos under folder (named as photos, as training reads them; walk_files), one at a time. A link named as
+    a photo that leads to nothing is listed, for its error to be reported."""
+    return walk_files(folder, lambda entry: named_as_photo(entry.name) and _file_or_dead_link(entry))
+
+
+def walk_files(folder: Path, keep: Callable[[os.DirEntry], bool], _seen: set[str] | None = None) -> Iterator[Path]:
+    """The files under folder that `keep` keeps, one at a time in sorted path order, leaving out hidden files and
+    everything in hidden folders (.thumbs/, .ipynb_checkpoints/, ...). Links are followed, to files and to folders,
+    as torchvision's ImageFolder follows them (a folder reached twice is read once, under its first name in that
+    order, so a loop of links ends); a link that leads nowhere is a file here. Lazy: one directory's names are held
+    at a time, so a folder of millions of photos costs no more memory than its largest directory."""
     seen = set() if _seen is None else _seen
     real = os.path.realpath(folder)
-    if real in seen:  # reached again through a link: read once, so that a loop of links ends
+    if real in seen:  # reached again through a link
         return
     seen.add(real)
     try:
@@ -289,12 +283,12 @@ def walk_photos(folder: Path, _seen: set[str] | None = None) -> Iterator[Path]:
         if entry.name.startswith("."):
             continue
         try:
-            folder_here = entry.is_dir()
-        except OSError:  # a loop of links: "Too many levels of symbolic links", named as a photo below
-            folder_here = False
-        if folder_here:
-            yield from walk_photos(Path(entry.path), seen)
-        elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS and _file_or_dead_link(entry):
+            inside = entry.is_dir()
+        except OSError:  # a loop of links: "Too many levels of symbolic links", a file here
+            inside = False
+        if inside:
+            yield from walk_files(Path(entry.path), keep, seen)
+        elif keep(entry):
             yield Path(entry.path)
 
 

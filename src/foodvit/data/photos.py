@@ -26,6 +26,12 @@ from foodvit.errors import DataError
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 ACCEPTED = "a JPEG, PNG, WebP, BMP, GIF or TIFF photo"
 
+
+def named_as_photo(name: str | os.PathLike) -> bool:
+    """Whether a file's name says it is a photo (its suffix, any case, is one of IMAGE_EXTENSIONS)."""
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
 # Pillow's own default, named and enforced here: a photo over this many pixels is refused before it
 # is decoded (a "decompression bomb": a small file that decodes to gigabytes).
 MAX_PIXELS = 89_478_485
@@ -354,7 +360,7 @@ def check_image(path) -> str | None:
     from pathlib import Path
 
     path = Path(path)
-    if path.suffix.lower() not in IMAGE_EXTENSIONS:
+    if not named_as_photo(path):
         return f"not an image file (extension {path.suffix or 'none'})"
     try:
         with open_photo(path) as image:

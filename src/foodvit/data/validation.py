@@ -108,8 +108,8 @@ def shared_photos(ours: Iterable[Path], theirs: Iterable[Path]) -> set[Path]:
     where sizes collide by the thousand, costs a look at its sizes and a few kilobytes of some files."""
     sizes, others = {path: _size(path) for path in ours}, {path: _size(path) for path in theirs}
     common = set(sizes.values()) & set(others.values())
-    tails = {path: (size, _tail(path)) for path, size in sizes.items() if size in common}
-    other_tails = {path: (size, _tail(path)) for path, size in others.items() if size in common}
+    tails = {path: (size, _tail(path, size)) for path, size in sizes.items() if size in common}
+    other_tails = {path: (size, _tail(path, size)) for path, size in others.items() if size in common}
     both = set(tails.values()) & set(other_tails.values())
     seen = {_digest(path) for path, key in other_tails.items() if key in both} - {""}
     return {path for path, key in tails.items() if key in both and _digest(path) in seen}
@@ -134,11 +134,11 @@ def _size(path: Path) -> int:
 TAIL = 4096  # bytes: what shared_photos reads of a file whose size another file has
 
 
-def _tail(path: Path) -> bytes:
-    """A file's last TAIL bytes (b'' when it cannot be read)."""
+def _tail(path: Path, size: int) -> bytes:
+    """The last TAIL bytes of a file of `size` bytes (b'' when it cannot be read)."""
     try:
         with path.open("rb") as f:
-            f.seek(max(0, _size(path) - TAIL))
+            f.seek(max(0, size - TAIL))
             return f.read(TAIL)
     except OSError:
         return b""

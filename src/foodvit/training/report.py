@@ -59,11 +59,13 @@ def plot_confusion(confusion: torch.Tensor, classes, title: str = "Test confusio
     """Counts, rows = true class, columns = predicted class; each cell also shows its row share (up to WRITTEN_UP_TO
     classes; past it the colour alone)."""
     k = len(classes)
-    fig, ax = subplots(figsize=(min(1.3 * k, 1.3 * WRITTEN_UP_TO) + 2.5, min(1.1 * k, 1.1 * WRITTEN_UP_TO) + 2))
+    few = k <= WRITTEN_UP_TO
+    drawn = min(k, WRITTEN_UP_TO)
+    fig, ax = subplots(figsize=(1.3 * drawn + 2.5, 1.1 * drawn + 2))
     totals = confusion.sum(dim=1, keepdim=True).clamp(min=1)
     shares = (confusion / totals).numpy()
     ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
-    for i in range(k if k <= WRITTEN_UP_TO else 0):
+    for i in range(k if few else 0):
         for j in range(k):
             ax.text(
                 j,
@@ -76,7 +78,6 @@ def plot_confusion(confusion: torch.Tensor, classes, title: str = "Test confusio
             )
     every = math.ceil(k / NAMED_UP_TO)
     ticks, names = list(range(0, k, every)), [drawable(name) for name in classes[::every]]
-    few = k <= WRITTEN_UP_TO
     size = None if few else 6
     ax.set_xticks(ticks, names, rotation=30 if few else 90, ha="right" if few else "center", fontsize=size)
     ax.set_yticks(ticks, names, fontsize=size)

@@ -218,10 +218,8 @@ class Trainer:
     def photo_counts(self) -> dict:
         """The photos the run trains and tests on, in all and a class (in the classes' order): what a resume
         checks its data against."""
-        train = [
-            n + (self.data.val.counts()[name] if self.data.val is not None else 0)
-            for name, n in self.data.train.counts().items()
-        ]
+        held = self.data.val.counts() if self.data.val is not None else {}
+        train = [n + held.get(name, 0) for name, n in self.data.train.counts().items()]
         test = list(self.data.test.counts().values())
         return {"train": sum(train), "test": sum(test), "train_by_class": train, "test_by_class": test}
 
