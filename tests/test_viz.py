@@ -367,3 +367,30 @@ def test_a_class_folder_not_named_in_utf8_is_refused_and_a_file_so_named_is_draw
     with pytest.raises(DataError, match=r"caf\\xe9 is named in bytes that are not UTF-8; rename it in UTF-8"):
         class_names(root / "train")
     assert drawable(os.fsdecode(b"caf\xe9.jpg")) == "caf\ufffd.jpg"
+
+
+def test_a_long_class_name_is_drawn_inside_its_figure(tmp_path):
+    # a name of 80 characters ran past its panel and out of the confusion figure and the photo grid
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    from foodvit.training.report import plot_confusion
+    from foodvit.viz.figures import photo_grid
+    from foodvit.viz.plotting import LABEL_WIDTH, drawable
+
+    long = ["a " * 40 + "pizza", "a " * 40 + "steak", "sushi"]
+    shown = [drawable(name) for name in long]
+    assert all(len(name) == LABEL_WIDTH for name in shown[:2]) and shown[2] == "sushi"
+    assert shown[0] != shown[1] and shown[0].endswith("a pizza") and "\u2026" in shown[0]
+    assert drawable("x" * LABEL_WIDTH) == "x" * LABEL_WIDTH  # as long as the width: whole
+    photo = Image.new("RGB", (20, 20))
+    path = tmp_path / ("b" * 90 + ".jpg")
+    photo.save(path)
+    grid = photo_grid([({"image": str(path), "label": long[1], "probability": 0.5}, long[0])], "Test predictions")
+    for fig in (plot_confusion(torch.eye(3, dtype=torch.long), long), grid):
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        for text in fig.findobj(Text):
+            if text.get_text() and text.get_visible():
+                extent = text.get_window_extent(canvas.get_renderer())
+                assert fig.bbox.x0 - 1 <= extent.x0 and extent.x1 <= fig.bbox.x1 + 1, text.get_text()

@@ -140,6 +140,6 @@ def plot_predictions(images: list[str | Path], results: list[dict], columns: int
             ax.text(0.5, 0.5, said, ha="center", va="center", fontsize=10)
             continue
         ax.imshow(thumbnail(Path(image)))
-        ax.set_title(f"Pred: {result['label']} | Prob: {result['probability']:.3f}", fontsize=11)
+        ax.set_title(f"Pred: {drawable(result['label'])} | Prob: {result['probability']:.3f}", fontsize=11)
     fig.tight_layout()
     return fig

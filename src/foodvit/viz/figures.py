@@ -112,11 +112,12 @@ def explain_figure(predictor, photo, top_k: int = 3, show_heads: bool = False):
     ax.set_title(f"what the model sees ({image.shape[-1]} px)")
     ax.axis("off")
     ax = fig.add_subplot(grid[0, 1])
-    labels = [label for label, _ in result["top_k"]][::-1]
+    names = [drawable(name) for name, _ in result["top_k"]][::-1]
     values = [p for _, p in result["top_k"]][::-1]
-    bars = ax.barh(labels, values, color=["#9ab"] * (len(values) - 1) + ["#d62"])
+    bars = ax.barh(range(len(values)), values, color=["#9ab"] * (len(values) - 1) + ["#d62"])
+    ax.set_yticks(range(len(values)), names)
     ax.bar_label(bars, fmt="%.3f", padding=3)
-    ax.set(xlim=(0, 1.15), title=f"prediction: {result['top_k'][0][0]}", xlabel="probability")
+    ax.set(xlim=(0, 1.15), title=f"prediction: {drawable(result['top_k'][0][0])}", xlabel="probability")
     _overlay(
         fig.add_subplot(grid[0, 2]),
         image,
@@ -232,7 +233,8 @@ def photo_grid(items: list[tuple[dict, str]], title: str):
         ax.imshow(load_or_explain(Path(r["image"])))
         colour = "#2a2" if r["label"] == truth else "#b22"
         ax.set_title(
-            f"true: {truth} | pred: {r['label']} ({r['probability']:.2f})\n{drawable(Path(r['image']).name)}",
+            f"true: {drawable(truth)}\npred: {drawable(r['label'])} ({r['probability']:.2f})\n"
+            f"{drawable(Path(r['image']).name)}",
             fontsize=9,
             color=colour,
         )

@@ -12,10 +12,19 @@ from foodvit.files import atomic_write
 log = logging.getLogger(__name__)
 
 
-def drawable(text: object) -> str:
-    """Text matplotlib can lay out: a file name's bytes that are not UTF-8 (held as surrogates, which its text
-    layout refuses with a TypeError) drawn as U+FFFD."""
-    return re.sub("[\ud800-\udfff]", "\ufffd", str(text))
+LABEL_WIDTH = 28  # characters: a class name of this length fits a photo's title or a tick of the confusion figure
+
+
+def drawable(text: object, width: int = LABEL_WIDTH) -> str:
+    """A name (a class's, a photo's) as a figure draws it: bytes of a file name that are not UTF-8 (held as
+    surrogates, which matplotlib's text layout refuses with a TypeError) drawn as U+FFFD, and a name past `width`
+    characters cut in its middle with an ellipsis, so that it stays inside its panel and two long names that share a
+    beginning still differ (the report's tables, the JSON and the CSV keep every name whole)."""
+    text = re.sub("[\ud800-\udfff]", "\ufffd", str(text))
+    if len(text) <= width:
+        return text
+    tail = (width - 1) // 3
+    return f"{text[: width - 1 - tail]}\u2026{text[len(text) - tail :]}"
 
 
 def new_figure(figsize):
