@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from foodvit.errors import RunError
 from foodvit.recipes import load_recipe
 from foodvit.training.engine import TrainingDiverged
 from foodvit.training.run import resume, train
+from foodvit.training.trainer import Trainer
 
 SMALL = {"image_size": 32, "depth": 2}  # ViT-Ti/8 at 32 px, 2 blocks: an epoch in well under a second
 
@@ -289,6 +291,47 @@ def test_a_run_of_an_older_version_resumes_without_the_settings_added_since(phot
     (out / "config.json").write_text(json.dumps(config))
     result = resume(out, quiet=True)
     assert [row["epoch"] for row in result.history] == [1, 2]
+
+
+def test_a_resume_on_moved_photos_that_is_interrupted_resumes_again(photos, tmp_path, monkeypatch):
+    # resume --data wrote the new source into config.json before any checkpoint held it: once interrupted, every
+    # later resume was refused as an edit of config.json, after the interruption had said to resume
+    out = tmp_path / "run"
+    train(small_config(photos, epochs=2, batch_size=16), out, quiet=True)
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    state["epoch"], state["history"] = 1, state["history"][:1]
+    torch.save(state, out / "checkpoint.pt")
+    (out / "model.safetensors").unlink()
+    moved = shutil.copytree(photos, tmp_path / "moved")
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "fit", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            resume(out, data=str(moved), quiet=True)
+    assert json.loads((out / "config.json").read_text())["data"]["source"] == str(moved)
+    result = resume(out, quiet=True)
+    assert [row["epoch"] for row in result.history] == [1, 2]
+
+
+def test_a_run_interrupted_while_it_writes_its_results_resumes_to_them(photos, tmp_path, monkeypatch):
+    # model.safetensors was taken for a finished run: interrupted after it and before report.md, the run was
+    # refused as finished, its report and model.json never written
+    from foodvit.training import report
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(report, "write_report", lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            train(small_config(photos, epochs=1, batch_size=16), out, quiet=True)
+    assert (out / "model.safetensors").is_file() and not (out / "report.md").exists()
+    result = resume(out, quiet=True)
+    assert [row["epoch"] for row in result.history] == [1]
+    assert (out / "report.md").is_file() and json.loads((out / "model.json").read_text())["metrics"]["epochs"] == 1
+    with pytest.raises(RunError, match="is finished"):
+        resume(out, quiet=True)
 
 
 def test_nan_loss_keeps_the_last_good_checkpoint(photos, tmp_path, monkeypatch):

@@ -355,15 +355,23 @@ def read_for_resume(out: Path, data: str | None, quiet: bool = False) -> tuple[R
     config = read_config(config_path)
     state = load_checkpoint(out / "checkpoint.pt")
     if state.get("config") is not None:
-        # settings added since the run started are not edits
-        changed = differences(settings_sectioned(state["config"]), config.to_dict())
+        # settings added since the run started are not edits; nor is where the photos are (resume --data stores
+        # their new place, and check_same_data holds them to the checkpoint's)
+        changed = [
+            change
+            for change in differences(settings_sectioned(state["config"]), config.to_dict())
+            if change[0] != "data.source"
+        ]
         if changed:
             shown = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in changed)
             raise RunError(
                 f"{config_path} differs from the settings the run started with ({shown}); "
                 "a resumed run continues with its own settings: undo the edit, or start a new run with --out"
             )
-    if int(state.get("epoch", 0)) >= config.train.epochs and (out / "model.safetensors").is_file():
+    # finished: its model and its report written, the last of its results (report.write_results); a run stopped
+    # before them has every epoch and resumes to evaluate and write them again
+    finished = all((out / name).is_file() for name in ("model.safetensors", "report.md"))
+    if int(state.get("epoch", 0)) >= config.train.epochs and finished:
         raise RunError(
             f"{out} is finished ({config.train.epochs} of {config.train.epochs} epochs, model saved); nothing to "
             f"resume and nothing was changed: evaluate it with `foodvit evaluate {out}`, "
