@@ -7,6 +7,7 @@ import io
 import json
 import os
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -326,6 +327,21 @@ def test_atomic_writes_name_their_target_when_the_system_refuses_them():
     with pytest.raises(OSError) as refused:
         atomic_folder(REFUSED / "site", lambda tmp: None)
     assert refused.value.filename == str(REFUSED / "site")
+
+
+def test_ctrl_c_just_after_an_atomic_writes_file_is_made_leaves_nothing(tmp_path, monkeypatch):
+    # the temporary file was made outside the block that removes it: a .model.json.*.tmp was left in a run
+    from foodvit import files
+
+    def close_then_interrupt(fd):
+        os.close(fd)
+        raise KeyboardInterrupt
+
+    # the module's os alone: every other close in this process stays the real one
+    monkeypatch.setattr(files, "os", types.SimpleNamespace(**{**vars(os), "close": close_then_interrupt}))
+    with pytest.raises(KeyboardInterrupt):
+        files.atomic_write(tmp_path / "model.json", lambda tmp: Path(tmp).write_text("{}"))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_full_disk_and_a_file_inside_a_folder_being_written_are_named_as_the_user_named_them(tmp_path):

@@ -79,6 +79,9 @@ def atomic_write(path: str | os.PathLike, write, suffix: str = ".tmp", *, replac
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     except OSError as err:
         raise _as_target(err, tmp, path) from None
+    except BaseException:  # Ctrl-C once the file was made, before the block below could remove it
+        tmp.unlink(missing_ok=True)
+        raise
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())  # whatever the writer did (some write 0600 and rename)
