@@ -316,6 +316,27 @@ def test_a_resume_on_moved_photos_that_is_interrupted_resumes_again(photos, tmp_
     assert [row["epoch"] for row in result.history] == [1, 2]
 
 
+@pytest.mark.parametrize(
+    "foreign",
+    [{"epoch": 0, "model": {}, "optimizer": {}}, [1, 2, 3], torch.zeros(3), {"format": "foodvit-teacher"}],
+    ids=["another-projects", "list", "tensor", "a-teachers"],
+)
+def test_a_checkpoint_of_another_kind_is_refused_in_one_line(trained, tmp_path, foreign, capsys):
+    # another project's checkpoint was a KeyError in check_same_data, a list or a tensor an AttributeError
+    from foodvit.cli.main import main
+
+    out = shutil.copytree(trained[0], tmp_path / "run")
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    state["epoch"] = 1
+    torch.save(state, out / "checkpoint.pt")
+    (out / "report.md").unlink()
+    torch.save(foreign, out / "checkpoint.pt")
+    assert main(["train", "--resume", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"foodvit train: error: {out / 'checkpoint.pt'} is not a foodvit")
+    assert "Traceback" not in err
+
+
 def test_a_run_interrupted_while_it_writes_its_results_resumes_to_them(photos, tmp_path, monkeypatch):
     # model.safetensors was taken for a finished run: interrupted after it and before report.md, the run was
     # refused as finished, its report and model.json never written

@@ -280,6 +280,10 @@ def save_checkpoint(path: Path, state: dict) -> Path:
     return atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
+CHECKPOINT_FORMAT = "foodvit-checkpoint"  # a run's checkpoint.pt (training/trainer.Trainer.state)
+CHECKPOINT_KEYS = ("epoch", "model", "optimizer", "scheduler", "history", "classes")  # what a resume reads of it
+
+
 def load_checkpoint(path: Path) -> dict:
     import torch
 
@@ -354,6 +358,15 @@ def read_for_resume(out: Path, data: str | None, quiet: bool = False) -> tuple[R
     config_path = out / "config.json"
     config = read_config(config_path)
     state = load_checkpoint(out / "checkpoint.pt")
+    if (
+        not isinstance(state, dict)
+        or state.get("format", CHECKPOINT_FORMAT) != CHECKPOINT_FORMAT  # the oldest checkpoints name no format
+        or any(key not in state for key in CHECKPOINT_KEYS)
+    ):
+        raise RunError(
+            f"{out / 'checkpoint.pt'} is not a foodvit checkpoint (another program's file, or a file of another "
+            f"kind); {DAMAGED['checkpoint.pt']}"
+        )
     if state.get("config") is not None:
         # settings added since the run started are not edits; nor is where the photos are (resume --data stores
         # their new place, and check_same_data holds them to the checkpoint's)

@@ -225,7 +225,7 @@ class Trainer:
 
     def state(self, epochs_done: int) -> dict:
         return {
-            "format": "foodvit-checkpoint",
+            "format": rundir.CHECKPOINT_FORMAT,
             "epoch": epochs_done,
             "model": self.model.state_dict(),
             "model_config": asdict(self.model.config),
