@@ -248,8 +248,13 @@ def test_unknown_variant_lists_the_known_ones():
 
 
 def test_embed_dim_not_divisible_by_heads():
-    with pytest.raises(ValueError, match=r"embed_dim 100 is not divisible by num_heads 3"):
+    with pytest.raises(ValueError, match=r"embed_dim 100 is not divisible by num_heads 3.*\(e\.g\. 1, 2, 4\)"):
         ViTConfig(embed_dim=100, num_heads=3)
+    # a typo's 10^11 channels: every number up to it was tried (hours); a prime has two divisors
+    with pytest.raises(ValueError, match=r"\(e\.g\. 1, 7, 13\)"):
+        ViTConfig(embed_dim=100000000009, num_heads=2)
+    with pytest.raises(ValueError, match=r"\(e\.g\. 1, 1000000007\)"):
+        ViTConfig(embed_dim=1000000007, num_heads=2)
 
 
 def test_cls_pooling_without_class_token_is_refused():

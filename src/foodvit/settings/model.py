@@ -5,6 +5,7 @@ a run's settings (foodvit.settings.run) hold VitSettings as their `vit` section.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -152,8 +153,14 @@ def check_on_patch_grid(name: str, size: int, patch_size: int) -> None:
 
 
 def _divisors_near(n: int, target: int) -> str:
-    divs = sorted((k for k in range(1, n + 1) if n % k == 0), key=lambda k: abs(k - target))
-    return ", ".join(str(k) for k in sorted(divs[:3]))
+    """The three divisors of n nearest to target, found in pairs (k, n // k) with k up to sqrt(n), and k to a
+    million at most: a typo's embed_dim of 10^11 is answered at once (trying every number up to n took hours)."""
+    divisors = set()
+    for k in range(1, min(math.isqrt(n), 10**6) + 1):
+        if n % k == 0:
+            divisors |= {k, n // k}
+    nearest = sorted(sorted(divisors), key=lambda k: abs(k - target))  # of two as near, the smaller
+    return ", ".join(str(k) for k in sorted(nearest[:3]))
 
 
 # ViTConfig fields offered as options; num_classes comes from the data, in_channels is always 3.
