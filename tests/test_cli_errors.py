@@ -825,3 +825,29 @@ def test_class_and_file_names_print_as_one_line_each_with_control_characters_esc
         == 0
     )
     assert "cut\\nFAKE: ok.jpg" in capsys.readouterr().err
+
+
+def test_a_device_this_machine_lacks_is_one_line(tmp_path, capsys, monkeypatch):
+    # --device mps without Apple's GPU was PyTorch's RuntimeError ("not linked with support for mps devices")
+    import torch
+
+    from foodvit.errors import ConfigError
+    from foodvit.training.distributed import pick_device
+
+    photos = make_photo_folder(tmp_path / "photos", n_train=2, n_test=1)
+    if not torch.backends.mps.is_available():
+        out = tmp_path / "run"
+        assert main(["train", "--data", str(photos), "--out", str(out), "--device", "mps", *TINY]) == 2
+        err = capsys.readouterr().err
+        assert "device 'mps' asked for, but PyTorch sees no Apple GPU (MPS) here" in err and "Traceback" not in err
+    # cuda:N past the GPUs there are (two here, as PyTorch would see them)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(
+        ConfigError, match=r"'cuda:2' asked for, but PyTorch sees 2 CUDA GPUs here \(cuda:0 to cuda:1\)"
+    ):
+        pick_device("cuda:2")
+    assert pick_device("cuda", local_rank=1) == torch.device("cuda", 1)  # torchrun's second rank: its own GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"'cuda:1' asked for, but PyTorch sees 1 CUDA GPU here \(cuda:0\); use"):
+        pick_device("cuda:1")

@@ -37,6 +37,16 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
         raise ConfigError(f"device {name!r} asked for, but PyTorch sees no CUDA GPU here; use --device cpu or auto")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ConfigError(
+            f"device {str(device)!r} asked for, but PyTorch sees {count} CUDA GPU{'s' if count > 1 else ''} here "
+            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}); use one of them, or --device auto"
+        )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(
+            f"device {name!r} asked for, but PyTorch sees no Apple GPU (MPS) here; use --device cpu or auto"
+        )
     return device
 
 
