@@ -86,6 +86,22 @@ def test_bad_recipe_files_are_explained(tmp_path):
         load_recipe("nope")
 
 
+def test_a_recipe_saved_by_notepad_or_nested_deep_or_named_toml_in_capitals(tmp_path, capsys):
+    # a byte-order mark was "Invalid statement (at line 1, column 1)", recipe.TOML an unknown recipe, and arrays
+    # nested 100,000 deep a RecursionError's traceback
+    notepad = tmp_path / "notepad.TOML"
+    notepad.write_bytes("\ufeff[optim]\nlr = 0.01\n".encode())
+    assert load_recipe(str(notepad)).optim.lr == 0.01
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[data]\nmean = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert main(["train", "--recipe", str(deep), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith(f"foodvit train: error: recipe {deep} nests arrays or tables thousands deep") and "\n" not in err
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_recipe_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
     latin = tmp_path / "latin.toml"
     latin.write_bytes("# the caf\u00e9's recipe\n[optim]\nlr = 0.01\n".encode("latin-1"))  # it was a traceback

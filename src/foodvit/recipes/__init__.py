@@ -26,7 +26,7 @@ def list_recipes() -> list[str]:
 
 def recipe_path(name_or_file: str) -> Path:
     path = Path(name_or_file)
-    if path.suffix == ".toml" and path.is_file():
+    if path.suffix.lower() == ".toml" and path.is_file():  # recipe.TOML, as a system that capitalises names saves it
         return path
     builtin = RECIPES_DIR / f"{name_or_file}.toml"
     if builtin.is_file():
@@ -37,10 +37,10 @@ def recipe_path(name_or_file: str) -> Path:
 
 
 def recipe_text(path: Path) -> str:
-    """A recipe file's text, as TOML is written: UTF-8, whatever the system's own encoding; other bytes are refused
-    in one line."""
+    """A recipe file's text, as TOML is written: UTF-8, whatever the system's own encoding (a byte-order mark, as
+    Windows' Notepad leaves one, is read past); other bytes are refused in one line."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
         raise ConfigError(
             f"recipe {path} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
@@ -66,6 +66,11 @@ def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
         values = tomllib.loads(recipe_text(path))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"recipe {path} is not valid TOML: {err}") from err
+    except RecursionError:  # arrays or tables nested thousands deep: the parser's own recursion runs out
+        raise ConfigError(
+            f"recipe {path} nests arrays or tables thousands deep; a recipe's values are numbers, text, true/false "
+            "or short lists of them"
+        ) from None
     allowed = {"model", "vit", *SECTIONS}
     unknown = sorted(set(values) - allowed)
     if unknown:
