@@ -278,7 +278,7 @@ def test_predict_reports_each_bad_photo_and_predicts_the_rest(run, capsys, tmp_p
         (["--patch-size", "0"], "argument --patch-size: must be >= 1, got 0"),
         (["--accum-steps", "0"], "argument --accum-steps: must be >= 1, got 0"),
         (["--eval-every", "0"], "argument --eval-every: must be >= 1, got 0"),
-        (["--crop-pct", "0"], "argument --crop-pct: must be in (0, 1], got 0"),
+        (["--crop-pct", "0"], "argument --crop-pct: must be in [0.1, 1], got 0"),
         (["--label-smoothing", "2"], "argument --label-smoothing: must be in [0, 1), got 2"),
         (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
         (["--epochs", "-3"], "argument --epochs: must be >= 1, got -3"),
@@ -635,6 +635,10 @@ def test_drawing_changes_no_global_matplotlib_state():
         (["train", "--cache-gb", "0"], "must be > 0, got 0; for no cache at all, use --no-cache"),
         (["train", "--lr", "1e300"], "--lr: must be in (0, 10], got 1e300; the paper's are"),  # torch's RuntimeError
         (["serve", "run", "--max-upload-mb", "nan"], "argument --max-upload-mb: must be > 0, got nan"),
+        (
+            ["train", "--crop-pct", "1e-310"],
+            "--crop-pct: must be in [0.1, 1], got 1e-310; timm's models crop",
+        ),  # Overflow
     ],
 )
 def test_nan_infinity_and_numbers_past_a_range_are_refused_in_one_line(argv, message, capsys):

@@ -85,3 +85,19 @@ def test_a_warmup_longer_than_the_training_is_said_with_how_far_the_rate_gets(ca
     with caplog.at_level("WARNING", logger="foodvit"):
         build_scheduler(optimizer, OptimConfig(warmup_epochs=2, schedule="cosine"), steps_per_epoch=4, epochs=2)
     assert caplog.text == ""  # a warm-up as long as the training reaches its peak at the end: said nothing
+
+
+def test_a_warmup_of_1e308_epochs_is_said_and_the_rate_stays_near_0(caplog):
+    # its steps overflowed: int(round(inf)), an OverflowError's traceback
+    from foodvit.settings.run import OptimConfig
+    from foodvit.training.optim import build_scheduler
+
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    with caplog.at_level("WARNING", logger="foodvit"):
+        scheduler = build_scheduler(optimizer, OptimConfig(warmup_epochs=1e308), steps_per_epoch=4, epochs=2)
+    assert "the warm-up (1e+308 epochs) is longer than the training (2 epochs)" in caplog.text
+    for _ in range(8):
+        optimizer.step()
+        scheduler.step()
+    assert 0 < optimizer.param_groups[0]["lr"] < 1e-15

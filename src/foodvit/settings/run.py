@@ -81,7 +81,9 @@ class DataConfig:
         choices=RESIZE_MODES,
     )
     crop_pct: float = opt(
-        0.875, "with resize_mode=crop, crop size / resize size (0.875: 224 from 256)", range=SHARE_ABOVE_0
+        0.875,
+        "with resize_mode=crop, crop size / resize size (0.875: 224 from 256)",
+        range=Range(0.1, 1, hint="timm's models crop 0.875 to 1 of the resized photo"),  # 1e-310: a side of 1e312
     )
     interpolation: str = opt("bilinear", "resize interpolation", choices=INTERPOLATIONS)
     test_size: int = opt(

@@ -90,7 +90,7 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, min
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, steps_per_epoch: int, epochs: int):
     total = steps_per_epoch * epochs
-    warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
+    warmup = round(min(cfg.warmup_epochs * steps_per_epoch, 2**62))  # 1e308 epochs: steps past any count, not inf
     if warmup > total > 0:
         span = f"{epochs} epoch{'s' if epochs != 1 else ''}"
         logger.warning(
