@@ -276,6 +276,31 @@ def test_resume_refuses_changes_and_missing_runs(tmp_path, capsys):
         assert stop.value.code == 2 and f"argument {flag}: is empty; give a folder's path" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--data", ""],
+        ["train", "--resume", "run", "--data", ""],
+        ["cv", "--data", ""],
+        ["evaluate", "run", "--data", ""],
+        ["inspect", "run", "--data", ""],
+        ["data", ""],
+        ["data", "--data", ""],
+    ],
+)
+def test_an_empty_data_source_is_refused_not_taken_for_the_default(argv, tmp_path, capsys, monkeypatch):
+    # --data "$PHOTOS" with the variable unset trained on the default source (or downloaded it) in place of the
+    # user's photos, without a word
+    from foodvit.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "is empty; give a folder, a zip or a URL, or leave --data out" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_run_of_an_older_version_resumes_without_the_settings_added_since(photos, tmp_path):
     # runs started before --train-fraction, --cache-gb and --tensorboard existed stored no such keys;
     # they count at their defaults, not as edits of config.json

@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 
 from foodvit.cli.common import VERBOSE
+from foodvit.cli.options import data_source
 from foodvit.markup import terminal
 
 
 def register(sub) -> None:
     """Add data to the subcommands."""
     p = sub.add_parser("data", help="download / unpack a data source and show what it holds")
-    p.add_argument("--data", help="URL, zip or folder (default: $FOODVIT_DATA, else the course's zip)")
-    p.add_argument("source", nargs="?", help="the same as --data, as a positional argument")
+    p.add_argument(
+        "--data", type=data_source, help="URL, zip or folder (default: $FOODVIT_DATA, else the course's zip)"
+    )
+    p.add_argument("source", nargs="?", type=data_source, help="the same as --data, as a positional argument")
     p.add_argument("--print-path", action="store_true", help="print only the local folder")
     p.add_argument("--verbose", **VERBOSE)
     p.set_defaults(func=cmd_data)

@@ -89,7 +89,18 @@ def _arg_type(f):
         return number_type(float, allowed, several=True)
     if isinstance(default, (int, float)):
         return number_type(type(default), allowed)
+    if f.metadata.get("flag") == "data":
+        return data_source
     return str
+
+
+def data_source(text: str) -> str:
+    """argparse type of every command's --data: never empty. An unset shell variable (--data "$PHOTOS") was the
+    default source, and a run trained on the course's photos, or downloaded them, in place of the user's. (An empty
+    --pretrained or --validate-on stays a way to turn a recipe's off.)"""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty; give a folder, a zip or a URL, or leave --data out for its default")
+    return text
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from foodvit.cli.common import (
     evaluation_source,
     writable,
 )
+from foodvit.cli.options import data_source
 from foodvit.errors import ConfigError
 from foodvit.markup import terminal
 from foodvit.settings.fields import Range
@@ -53,7 +54,7 @@ def register(sub) -> None:
         "inspect", help="the paper's Figure 7 for a run: filters, position similarity, attention distance"
     )
     p.add_argument("run", help="a run directory (or its model.safetensors)")
-    p.add_argument("--data", help="photos for the attention distances (default: the run's data)")
+    p.add_argument("--data", type=data_source, help="photos for the attention distances (default: the run's data)")
     p.add_argument("--split", default="test", help="the split to take photos from (default test)")
     p.add_argument(
         "--images", type=count(), default=32, help="how many photos to average the attention distance over (default 32)"

@@ -16,6 +16,7 @@ from foodvit.cli.common import (
     number,
     writable,
 )
+from foodvit.cli.options import data_source
 from foodvit.errors import ConfigError
 from foodvit.markup import terminal
 from foodvit.settings.fields import POSITIVE, Range
@@ -26,7 +27,7 @@ def register(sub) -> None:
     """Add evaluate, predict to the subcommands."""
     p = sub.add_parser("evaluate", help="per-image accuracy of a trained run on a split")
     p.add_argument("run", help="a run directory (or its model.safetensors), or an exported .onnx file")
-    p.add_argument("--data", help="data source (default: the one stored with the run)")
+    p.add_argument("--data", type=data_source, help="data source (default: the one stored with the run)")
     p.add_argument(
         "--split", default="test", help="the split folder to evaluate: test (default), train, or any <root>/<split>/"
     )
