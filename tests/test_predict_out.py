@@ -119,3 +119,24 @@ def test_a_row_with_a_newline_cut_short_by_a_kill_is_dropped_and_labelled_again(
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert sorted(Path(r["path"]).name for r in rows) == sorted(p.name for p in odd_names.iterdir())  # each once
+
+
+def test_a_csv_whose_header_was_cut_short_gets_its_header_again(shared_run, odd_names, tmp_path, capsys):
+    # the partial header was dropped but the file's append position was read before: every row went in without a
+    # header, and every later run refused the file
+    run, _ = shared_run
+    out = tmp_path / "labels.csv"
+    assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 0
+    whole = out.read_bytes()
+    out.write_bytes(b"path,lab")  # a kill in the header's write
+    assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 0
+    assert out.read_bytes() == whole
+    capsys.readouterr()
+    # a file that is no predictions file is refused in one sentence (it was wrapped in itself and cut mid-word)
+    out.write_bytes(b"\xef\xbb\xbf" + whole.replace(b"\n", b"\r\n"))  # re-saved by a spreadsheet
+    assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 2
+    err = one_line(capsys)
+    assert err == (
+        f"foodvit predict: error: {out} is not a foodvit predictions file (its header is not "
+        "path,label,probability,top_k,error); choose another --out"
+    )

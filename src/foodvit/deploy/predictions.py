@@ -221,6 +221,8 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
             raise RunError(
                 f"{path} is not a foodvit predictions file (CSV: {err}); choose another --out, or delete it"
             ) from None
+        except RunError:  # the header's refusal above, as it is (a RunError is a ValueError too)
+            raise
         except (ValueError, KeyError, TypeError) as err:
             raise RunError(
                 f"{path} is not a foodvit predictions file ({type(err).__name__}: {str(err)[:100]}); "
@@ -292,7 +294,7 @@ class Predictions:
         )  # failed: photos whose last row is an error, written by an earlier run
         if retry_errors:
             self.done -= self.failed  # read again: a later row, right or not, is the photo's answer
-        if self.file.tell() == 0 and self.csv:
+        if os.fstat(self.file.fileno()).st_size == 0 and self.csv:  # new, or a header cut short and dropped above
             self._write(self._encode([dict(zip(COLUMNS, COLUMNS, strict=False))]))
 
     def _encode(self, rows: list[dict]) -> bytes:
