@@ -140,3 +140,17 @@ def test_a_csv_whose_header_was_cut_short_gets_its_header_again(shared_run, odd_
         f"foodvit predict: error: {out} is not a foodvit predictions file (its header is not "
         "path,label,probability,top_k,error); choose another --out"
     )
+
+
+def test_a_world_size_left_in_the_environment_is_one_line_before_any_work(shared_run, tmp_path, capsys, monkeypatch):
+    # a WORLD_SIZE left over from another session: half the photos labelled, then ten silent minutes waiting for
+    # the other process, then advice to run the same command again
+    run, photos = shared_run
+    for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    out = tmp_path / "labels.csv"
+    assert main(["predict", str(run), str(photos / "test"), "--out", str(out), "--quiet"]) == 2
+    err = one_line(capsys)
+    assert "WORLD_SIZE=2 in the environment, but not MASTER_ADDR and MASTER_PORT" in err and "torchrun" in err
+    assert list(tmp_path.iterdir()) == []

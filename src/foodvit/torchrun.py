@@ -41,7 +41,8 @@ START = "start the processes with torchrun (e.g. torchrun --nproc-per-node 2 -m 
 
 def place() -> Place:
     """This process's place, as torchrun's environment says (rank 0 of 1 without it); a ConfigError in one line
-    when the variables cannot be torchrun's (not whole numbers, a rank outside the world)."""
+    when the variables cannot be torchrun's (not whole numbers, a rank outside the world, a world without the
+    place where its processes meet: predict --out's ranks waited 10 minutes for others that were never started)."""
     values = {}
     for name, default in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         text = os.environ.get(name, default)
@@ -54,5 +55,11 @@ def place() -> Place:
         raise ConfigError(
             f"RANK={here.rank}, LOCAL_RANK={here.local_rank} and WORLD_SIZE={here.world_size} in the environment are "
             f"no process among the others (0 <= RANK < WORLD_SIZE, LOCAL_RANK >= 0); {START}"
+        )
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if here.world_size > 1 and missing:  # torchrun sets both: a WORLD_SIZE left over from another session
+        raise ConfigError(
+            f"WORLD_SIZE={here.world_size} in the environment, but not {' and '.join(missing)}, where the processes "
+            f"meet; {START}"
         )
     return here

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from foodvit.errors import ConfigError, FoodVitError
-from foodvit.torchrun import DEFAULT_TIMEOUT_S, START, place
+from foodvit.torchrun import DEFAULT_TIMEOUT_S, place
 
 
 class PeerLost(FoodVitError, RuntimeError):
@@ -78,13 +78,7 @@ class Context:
             return cls(device=chosen)
         if chosen.type == "cuda":
             torch.cuda.set_device(chosen)
-        if not dist.is_initialized():
-            missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
-            if missing:
-                raise ConfigError(
-                    f"WORLD_SIZE={here.world_size} in the environment, but not {' and '.join(missing)}, where the "
-                    f"processes meet; {START}"
-                )
+        if not dist.is_initialized():  # place() has checked that torchrun said where the processes meet
             backend = "nccl" if chosen.type == "cuda" else "gloo"
             timeout = datetime.timedelta(seconds=timeout_s)
             try:
