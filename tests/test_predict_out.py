@@ -62,9 +62,9 @@ def test_files_from_splits_on_newlines_only_and_files_from0_on_nuls(shared_run, 
     run, _ = shared_run
     carriage = odd_names / "carriage\rreturn.jpg"
     listed = tmp_path / "list.txt"
-    listed.write_bytes(
-        os.fsencode(carriage) + b"\n" + os.fsencode(odd_names / "plain.jpg") + b"\r\n"
-    )  # a CRLF line too
+    listed.write_bytes(  # a CRLF line too, and a byte-order mark (Notepad's; its first photo "did not exist")
+        b"\xef\xbb\xbf" + os.fsencode(carriage) + b"\n" + os.fsencode(odd_names / "plain.jpg") + b"\r\n"
+    )
     out = tmp_path / "a.jsonl"
     assert main(["predict", str(run), "--files-from", str(listed), "--out", str(out), "--quiet"]) == 0
     import json

@@ -11,6 +11,7 @@ a row behind, and a re-run of the same command skips the photos already in the f
 
 from __future__ import annotations
 
+import codecs
 import collections
 import glob
 import heapq
@@ -104,10 +105,13 @@ class PhotoList:
 
 
 def _names(stream, nul: bool, block: int = 1 << 16) -> Iterator[str]:
-    """The paths of a binary stream: NUL-ended (nul), else one a line ("\n"; a "\r" before it dropped)."""
+    """The paths of a binary stream: NUL-ended (nul), else one a line ("\n"; a "\r" before it dropped, and a UTF-8
+    byte-order mark before the first, as Notepad and PowerShell write a list)."""
     if not nul:
-        for line in stream:  # a binary stream's lines end at b"\n" alone
+        for i, line in enumerate(stream):  # a binary stream's lines end at b"\n" alone
             line = line.removesuffix(b"\n").removesuffix(b"\r")
+            if i == 0:
+                line = line.removeprefix(codecs.BOM_UTF8)
             if line.strip():
                 yield os.fsdecode(line)
         return
