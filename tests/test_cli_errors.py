@@ -851,3 +851,24 @@ def test_a_device_this_machine_lacks_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"'cuda:1' asked for, but PyTorch sees 1 CUDA GPU here \(cuda:0\); use"):
         pick_device("cuda:1")
+
+
+def test_a_long_out_name_is_written_or_refused_before_any_work(shared_run, tmp_path, capsys):
+    # a name of 250 characters (the file system takes 255) failed after the work, on the temporary name made from
+    # it; predict's sidecar (<out>.meta.json) failed the same way, leaving an empty predictions file
+    from foodvit.files import write_text
+
+    long = tmp_path / ("m" * 250 + ".txt")
+    write_text(long, "kept")
+    assert long.read_text() == "kept" and [p.name for p in tmp_path.iterdir()] == [long.name]
+    run, photos = shared_run
+    out = tmp_path / "labels" / ("p" * 248 + ".csv")
+    assert main(["predict", str(run), str(photos / "test"), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("foodvit predict: error: --out's sidecar ") and err.endswith(
+        "its name is 262 bytes long, and the file system takes 255 at most; choose a shorter name"
+    )
+    assert not out.exists()
+    model = tmp_path / ("m" * 245 + ".onnx")
+    assert main(["export", str(run), "--out", str(model)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([long.name, model.name])  # and no folder made

@@ -2,6 +2,7 @@
 here, checked against the PyTorch model; predicting from an .onnx file without PyTorch."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -144,9 +145,11 @@ def test_an_export_onnx_runtime_cannot_load_is_one_line_naming_no_temporary_file
     temporary `.q.onnx.<hex>.partial.onnx` and said to export again, which fails the same way."""
     import onnxruntime
 
-    class Refusing:
-        def __init__(self, *args, **kwargs):
-            raise RuntimeError("[ONNXRuntimeError] : 10 : INVALID_GRAPH : This is an invalid model. Attention(26)")
+    class Refusing:  # as ONNX Runtime words it, naming the file it was given (the temporary one, said as --out)
+        def __init__(self, path, *args, **kwargs):
+            raise RuntimeError(
+                f"[ONNXRuntimeError] : 10 : INVALID_GRAPH : Load model from {path} failed:This is an invalid model."
+            )
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", Refusing)
     out, _ = run
@@ -154,7 +157,9 @@ def test_an_export_onnx_runtime_cannot_load_is_one_line_naming_no_temporary_file
     assert main(["export", str(out), "--out", str(tmp_path / "q.onnx"), "--opset", "26"]) == 2
     err = capsys.readouterr().err
     assert (
-        "the exported model does not load in ONNX Runtime (RuntimeError: [ONNXRuntimeError] : 10 : INVALID_GRAPH" in err
+        "the exported model does not load in ONNX Runtime (RuntimeError: [ONNXRuntimeError] : 10 : INVALID_GRAPH : "
+        f"Load model from {tmp_path / 'q.onnx'} failed"
+        in err
         and f"nothing was written: give a lower --opset (ONNX Runtime {onnxruntime.__version__} may not run opset 26"
         in err
     )
@@ -317,3 +322,37 @@ def test_the_parity_check_takes_the_first_photos_given_as_its_help_says(run, tmp
     with pytest.raises(SystemExit):
         build_parser().parse_args(["export", "--help"])
     assert f"the first {export_module.PARITY_PHOTOS} used" in " ".join(capsys.readouterr().out.split())
+
+
+def test_sigterm_in_an_export_unwinds_as_ctrl_c_and_leaves_nothing(run, tmp_path):
+    # export took SIGTERM's default: killed at once, its staging file beside --out and its temporary folder left
+    import subprocess
+    import sys
+
+    out, scratch = tmp_path / "out" / "model.onnx", tmp_path / "scratch"
+    scratch.mkdir()
+    code = (  # the ONNX export itself stood in for by its files (a temporary folder, the staging file): seconds less
+        "import os, signal, sys, tempfile\n"
+        "from pathlib import Path\n"
+        "from foodvit.deploy import export\n"
+        "def terminated_while_writing(predictor, staging, *args, **kwargs):\n"
+        "    with tempfile.TemporaryDirectory() as tmp:\n"
+        "        (Path(tmp) / 'fp32.onnx').write_bytes(b'model')\n"
+        "        staging.write_bytes(b'model')\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "export._export_onnx = terminated_while_writing\n"
+        "from foodvit.cli.main import main\n"
+        f"sys.exit(main(['export', {str(run[0])!r}, '--out', {str(out)!r}]))\n"
+    )
+    ended = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"},
+    )
+    assert ended.returncode == 143, ended.stderr[-2000:]
+    assert ended.stderr.strip().splitlines()[-1] == (
+        f"interrupted: {out} was not written, and nothing else is left; run the same command again to export"
+    )
+    assert list(out.parent.iterdir()) == [] and list(scratch.iterdir()) == []

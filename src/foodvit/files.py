@@ -16,6 +16,8 @@ import shutil
 from pathlib import Path
 from typing import IO
 
+from foodvit.errors import RunError
+
 
 def parse_json(text: str | bytes):
     """JSON text's value. Text nested past what Python's parser can follow raises ValueError, as any other text
@@ -50,7 +52,24 @@ def current_umask() -> int:
 
 
 def _temporary_name(path: Path, suffix: str = ".tmp") -> Path:
-    return path.with_name(f".{path.name}.{secrets.token_hex(4)}{suffix}")
+    """A hidden name beside `path` for its file while it is written: the start of its name (a name of 250 characters,
+    which the file system takes, would make one it refuses), a random part, and `suffix`."""
+    return path.with_name(f".{path.name[:64]}.{secrets.token_hex(4)}{suffix}")
+
+
+def check_name_length(path: Path, what: str = "--out") -> None:
+    """A check, before any work, that the file system takes `path`'s name (255 bytes on most; a longer one was
+    refused only when the file was written, after the work): a RunError that says so."""
+    try:
+        most = os.pathconf(path.parent if path.parent.exists() else ".", "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # a system that does not say (Windows): 255, as NTFS and ext4
+        most = 255
+    length = len(os.fsencode(path.name))
+    if length > most:
+        raise RunError(
+            f"{what} {path}: its name is {length} bytes long, and the file system takes {most} at most; choose a "
+            "shorter name"
+        )
 
 
 def _as_target(err: OSError, tmp: Path, target: Path) -> OSError:

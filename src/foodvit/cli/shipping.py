@@ -62,7 +62,13 @@ def _add_export(sub) -> None:
         metavar="PHOTO",
         help="photos for the parity check, the first 8 used (default: a few of the run's test photos of each class)",
     )
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, on_interrupt=export_interrupted)
+
+
+def export_interrupted(args: argparse.Namespace) -> str:
+    """What an interrupted export leaves (SIGTERM as ctrl-C: its temporary files removed as it unwinds)."""
+    kept = "is as it was" if Path(args.out).exists() else "was not written"
+    return f"interrupted: {args.out} {kept}, and nothing else is left; run the same command again to export"
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -146,13 +146,13 @@ def export(
     inputs = parity_inputs(predictor, photos)
     reference = predictor.logits(inputs).astype(np.float64)
     # written beside --out under a temporary name and checked there: only a file that passed takes the name
-    # (with --force, a previous good export survives a failed one)
-    staging = out.with_name(f".{out.name}.{secrets.token_hex(4)}.partial{out.suffix}")
+    # (with --force, a previous good export survives a failed one); short, whatever --out's length
+    staging = out.with_name(f".{out.name[:64]}.{secrets.token_hex(4)}.partial{out.suffix}")
     attention, quantization = None, None
     try:
         if fmt == "onnx":
             quantization = _export_onnx(predictor, staging, quantize, opset, inputs, with_attention)
-            backend = _loaded(staging, opset)
+            backend = _loaded(staging, out, opset)
             got = backend(inputs)
             if with_attention:
                 exported, reference_maps = backend.attention(inputs), predictor.attention_maps(inputs)
@@ -188,9 +188,10 @@ def export(
     }
 
 
-def _loaded(staging: Path, opset: int | None):
+def _loaded(staging: Path, out: Path, opset: int | None):
     """The exported file opened in ONNX Runtime, or an ExportError that says why it cannot be (an opset newer than
-    the installed ONNX Runtime runs, most often) without naming the temporary file, which is removed."""
+    the installed ONNX Runtime runs, most often), naming the file as `out`, not as the temporary file, which is
+    removed."""
     import onnxruntime
 
     from foodvit.deploy.onnx_runtime import OnnxBackend
@@ -200,7 +201,8 @@ def _loaded(staging: Path, opset: int | None):
         return OnnxBackend(staging)
     except RunError as err:
         cause = err.__context__ or err  # ONNX Runtime's own error, behind OnnxBackend's words for a user's file
-        why = f"{type(cause).__name__}: {str(cause).splitlines()[0][:200]}" if str(cause) else type(cause).__name__
+        said = str(cause).replace(str(staging), str(out))  # ONNX Runtime's own text names the file it loaded
+        why = f"{type(cause).__name__}: {said.splitlines()[0][:200]}" if said else type(cause).__name__
         what = (
             f"give a lower --opset (ONNX Runtime {onnxruntime.__version__} may not run opset {opset} yet), or none "
             "for the exporter's own"

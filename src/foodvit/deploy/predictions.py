@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 
 from foodvit.errors import RunError
-from foodvit.files import address_scheme, parse_json, read_json, write_text
+from foodvit.files import address_scheme, check_name_length, parse_json, read_json, write_text
 
 COLUMNS = ("path", "label", "probability", "top_k", "error")
 FORMATS = (".csv", ".jsonl")
@@ -62,6 +62,7 @@ def check_out(out: str | os.PathLike) -> Path:
     folder = out.parent
     if folder.exists() and not folder.is_dir():
         raise RunError(f"cannot write {out.name} into {folder}: it is a file, not a folder; choose another --out")
+    check_name_length(meta_path(out), "--out's sidecar")  # the longer of the two names written
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
