@@ -299,6 +299,12 @@ def test_16_bit_grayscale_is_stretched_to_8_bits_a_band_at_a_time(monkeypatch):
     assert peak < 6 * values.size  # the array's copy (2 bytes a pixel), the result (1), a band's work: not 24+
     flat = photos._to_8bit(Image.fromarray(np.full((5, 7), 1234, dtype=np.uint16)))
     assert np.asarray(flat).max() == 0 and flat.size == (7, 5)
+    # a float TIFF's NaN and infinities: numpy's warnings printed, and every pixel stretched to garbage
+    floats = np.array([[0.0, 2.0, np.inf], [np.nan, -np.inf, 1.0]], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        odd = np.asarray(photos._to_8bit(Image.fromarray(floats)))  # mode F
+    assert odd.tolist() == [[0, 255, 255], [0, 0, 128]]
 
 
 def test_exif_orientation_is_applied(tmp_path):

@@ -199,12 +199,17 @@ def _to_8bit(image: Image.Image) -> Image.Image:
     import numpy as np
 
     array = np.asarray(image)
-    low, high = float(array.min()), float(array.max())
+    if array.dtype.kind == "f":  # a 32-bit float TIFF may hold NaN or an infinity: stretched over the other pixels
+        finite = np.isfinite(array)
+        low = float(np.min(array, where=finite, initial=np.inf))
+        high = float(np.max(array, where=finite, initial=-np.inf))
+    else:
+        low, high = float(array.min()), float(array.max())
     out = np.zeros(array.shape, dtype=np.uint8)
     if high > low:
         rows = max(1, BAND // max(1, array.shape[1]))
         for top in range(0, array.shape[0], rows):
-            band = array[top : top + rows].astype(np.float64)
+            band = np.nan_to_num(array[top : top + rows].astype(np.float64), nan=low, posinf=high, neginf=low)
             out[top : top + rows] = ((band - low) / (high - low) * 255).round()
     return Image.fromarray(out, mode="L")
 
