@@ -1580,6 +1580,8 @@ def test_an_interrupted_tune_study_goes_on_in_the_same_trial_folder_keeping_its_
             "5 heads do not divide the width 256",
         ),
         ("[vit]\nimage_size = {low = 32, high = 96, log = true}\n", "moves in steps of the patch size (8)"),
+        # read as a recipe is (it was a RecursionError's traceback)
+        ("[optim]\nlr = " + "[" * 100_000 + "]" * 100_000 + "\n", "nests arrays or tables thousands deep"),
     ],
 )
 def test_tune_refuses_a_bad_space_file_in_one_line(photos, tmp_path, capsys, text, message):
@@ -1856,6 +1858,8 @@ def test_a_space_with_distillation_always_on_may_search_its_temperature_and_toke
     )
     assert set(read_space(space, config)) == {"distill.weight", "distill.temperature", "vit.distill_token"}
     space.write_text("[distill]\nweight = {choices = [0.0, 1.0]}\n")  # hard distillation on or off: nothing needs it
+    assert set(read_space(space, config)) == {"distill.weight"}
+    space.write_text("\ufeff[distill]\nweight = {choices = [0.0, 1.0]}\n", encoding="utf-8")  # as Notepad saves it
     assert set(read_space(space, config)) == {"distill.weight"}
     space.write_text('[guidance]\nweight = {low = 0.5, high = 2.0}\nschedule = {choices = ["constant", "linear"]}\n')
     assert set(read_space(space, config)) == {"guidance.weight", "guidance.schedule"}

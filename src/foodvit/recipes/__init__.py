@@ -36,14 +36,32 @@ def recipe_path(name_or_file: str) -> Path:
     )
 
 
-def recipe_text(path: Path) -> str:
-    """A recipe file's text, as TOML is written: UTF-8, whatever the system's own encoding (a byte-order mark, as
-    Windows' Notepad leaves one, is read past); other bytes are refused in one line."""
+def recipe_text(path: Path, what: str = "recipe") -> str:
+    """A recipe file's text (or another TOML file of settings, a search space: `what`), as TOML is written: UTF-8,
+    whatever the system's own encoding (a byte-order mark, as Windows' Notepad leaves one, is read past); other bytes
+    are refused in one line."""
     try:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
         raise ConfigError(
-            f"recipe {path} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
+            f"{what} {path} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"cannot read the {what} {path} ({err.strerror or err})") from None
+
+
+def read_toml(path: Path, what: str = "recipe") -> dict:
+    """A TOML file of settings (a recipe, a search space: `what`) as its tables; text that is not TOML, or that nests
+    arrays or tables thousands deep (the parser's own recursion runs out), refused in one line naming the file."""
+    text = recipe_text(path, what)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{what} {path} is not valid TOML: {err}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{what} {path} nests arrays or tables thousands deep; its values are numbers, text, true/false or "
+            "short lists of them"
         ) from None
 
 
@@ -62,15 +80,7 @@ def recipe_summary(name_or_file: str) -> str:
 def load_recipe(name_or_file: str = DEFAULT_RECIPE) -> RunConfig:
     """A RunConfig with the recipe's values over the dataclass defaults."""
     path = recipe_path(name_or_file)
-    try:
-        values = tomllib.loads(recipe_text(path))
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"recipe {path} is not valid TOML: {err}") from err
-    except RecursionError:  # arrays or tables nested thousands deep: the parser's own recursion runs out
-        raise ConfigError(
-            f"recipe {path} nests arrays or tables thousands deep; a recipe's values are numbers, text, true/false "
-            "or short lists of them"
-        ) from None
+    values = read_toml(path)
     allowed = {"model", "vit", *SECTIONS}
     unknown = sorted(set(values) - allowed)
     if unknown:

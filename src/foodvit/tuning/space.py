@@ -138,15 +138,10 @@ def read_space(path: str | Path, config: RunConfig) -> dict[str, Param]:
     choices, e.g. `[optim] lr = {low = 1e-4, high = 1e-2, log = true}` (a setting of the flat layout under
     its flat name too, settings.layout.MOVED). Unknown settings and values the command line would refuse are refused
     here, in one line naming the file."""
-    from foodvit.recipes import tomllib
+    from foodvit.recipes import read_toml
 
     path = Path(path)
-    try:
-        tables = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read the space file {path} ({err.strerror or err})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"space file {path} is not valid TOML: {err}") from None
+    tables = read_toml(path, "space file")
     try:
         space: dict[str, Param] = {}
         for section, settings in tables.items():
