@@ -342,6 +342,17 @@ def test_ctrl_c_just_after_an_atomic_writes_file_is_made_leaves_nothing(tmp_path
     with pytest.raises(KeyboardInterrupt):
         files.atomic_write(tmp_path / "model.json", lambda tmp: Path(tmp).write_text("{}"))
     assert list(tmp_path.iterdir()) == []
+    made = Path.mkdir
+
+    def make_then_interrupt(self, *args, **kwargs):  # the same moment for a folder (export-space, export-web)
+        made(self, *args, **kwargs)
+        if self.name.startswith(".site."):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "mkdir", make_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        files.atomic_folder(tmp_path / "site", lambda tmp: None)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_full_disk_and_a_file_inside_a_folder_being_written_are_named_as_the_user_named_them(tmp_path):
@@ -858,9 +869,11 @@ def test_a_long_out_name_is_written_or_refused_before_any_work(shared_run, tmp_p
     # it; predict's sidecar (<out>.meta.json) failed the same way, leaving an empty predictions file
     from foodvit.files import write_text
 
-    long = tmp_path / ("m" * 250 + ".txt")
+    long, wide = tmp_path / ("m" * 250 + ".txt"), tmp_path / ("\U0001f600" * 62 + ".txt")  # 250 and 252 bytes
     write_text(long, "kept")
-    assert long.read_text() == "kept" and [p.name for p in tmp_path.iterdir()] == [long.name]
+    write_text(wide, "kept")
+    assert long.read_text() == wide.read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([long.name, wide.name])
     run, photos = shared_run
     out = tmp_path / "labels" / ("p" * 248 + ".csv")
     assert main(["predict", str(run), str(photos / "test"), "--out", str(out), "--quiet"]) == 2
@@ -869,6 +882,7 @@ def test_a_long_out_name_is_written_or_refused_before_any_work(shared_run, tmp_p
         "its name is 262 bytes long, and the file system takes 255 at most; choose a shorter name"
     )
     assert not out.exists()
-    model = tmp_path / ("m" * 245 + ".onnx")
+    model = tmp_path / ("\U0001f600" * 62 + ".onnx")
     assert main(["export", str(run), "--out", str(model)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([long.name, model.name])  # and no folder made
+    # and no folder made for the refused predictions
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([long.name, wide.name, model.name])

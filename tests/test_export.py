@@ -356,3 +356,39 @@ def test_sigterm_in_an_export_unwinds_as_ctrl_c_and_leaves_nothing(run, tmp_path
         f"interrupted: {out} was not written, and nothing else is left; run the same command again to export"
     )
     assert list(out.parent.iterdir()) == [] and list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["export-space", "export-web"])
+def test_sigterm_in_a_folder_export_unwinds_as_ctrl_c_and_leaves_nothing(run, tmp_path, command):
+    # export-space and export-web took SIGTERM's default: a hidden .folder.<hex>/ left beside the one asked for
+    import subprocess
+    import sys
+
+    out = tmp_path / "site"
+    code = (  # the folder's filling stood in for by a file in it, then the kill
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from foodvit import files\n"
+        "from foodvit.deploy import space\n"
+        "made = files.atomic_folder\n"
+        "def killed_while_filling(target, fill):\n"
+        "    def fill_then_terminated(tmp):\n"
+        "        (Path(tmp) / 'app.py').write_text('app')\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return made(target, fill_then_terminated)\n"
+        "files.atomic_folder = space.atomic_folder = killed_while_filling\n"
+        "from foodvit.cli.main import main\n"
+        f"sys.exit(main({[command, str(run[0]), *(['--out'] if command == 'export-web' else []), str(out)]!r}))\n"
+    )
+    ended = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert ended.returncode == 143, ended.stderr[-2000:]
+    assert ended.stderr.strip().splitlines()[-1] == (
+        f"interrupted: {out} was not written, and nothing else is left; run the same command again to export"
+    )
+    assert list(tmp_path.iterdir()) == []

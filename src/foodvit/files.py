@@ -51,10 +51,13 @@ def current_umask() -> int:
     return mask
 
 
-def _temporary_name(path: Path, suffix: str = ".tmp") -> Path:
-    """A hidden name beside `path` for its file while it is written: the start of its name (a name of 250 characters,
-    which the file system takes, would make one it refuses), a random part, and `suffix`."""
-    return path.with_name(f".{path.name[:64]}.{secrets.token_hex(4)}{suffix}")
+def temporary_name(path: Path, suffix: str = ".tmp") -> Path:
+    """A hidden name beside `path` for its file while it is written: its name's first 64 bytes at most (a name of 250
+    bytes, which the file system takes, would make one it refuses), a random part, and `suffix`."""
+    start = path.name
+    while len(os.fsencode(start)) > 64:  # cut at a character, never inside one
+        start = start[:-1]
+    return path.with_name(f".{start}.{secrets.token_hex(4)}{suffix}")
 
 
 def check_name_length(path: Path, what: str = "--out") -> None:
@@ -93,7 +96,7 @@ def atomic_write(path: str | os.PathLike, write, suffix: str = ".tmp", *, replac
     created only if absent (FileExistsError otherwise), so of two concurrent writers one wins whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary_name(path, suffix)
+    tmp = temporary_name(path, suffix)
     try:
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     except OSError as err:
@@ -202,11 +205,14 @@ def atomic_folder(target: Path, fill) -> Path:
     if blocker is not None:  # an OSError as mkdir's own, with the file that stands in the way named
         raise NotADirectoryError(errno.ENOTDIR, f"{blocker} is a file, so no folder can be made under it", str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary_name(target, "")
+    tmp = temporary_name(target, "")
     try:
         tmp.mkdir(mode=0o777)
     except OSError as err:
         raise _as_target(err, tmp, target) from None
+    except BaseException:  # Ctrl-C once the folder was made, before the block below could remove it
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         fill(tmp)
         os.replace(tmp, target)

@@ -130,3 +130,11 @@ def check_recipe(recipe: str | None) -> None:
             f"the recipe file {recipe} {what}; give an existing .toml file, or a built-in recipe's name "
             "(foodvit recipes lists them)"
         )
+
+
+def export_interrupted(args: argparse.Namespace) -> str:
+    """What an interrupted export, export-space or export-web leaves (SIGTERM as ctrl-C: its temporary files and
+    folders removed as it unwinds): the file or folder it writes as it was."""
+    out = getattr(args, "folder", None) or args.out
+    kept = "is as it was" if Path(out).exists() else "was not written"
+    return f"interrupted: {out} {kept}, and nothing else is left; run the same command again to export"

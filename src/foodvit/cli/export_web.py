@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from foodvit.cli.common import count, need
+from foodvit.cli.common import count, export_interrupted, need
 from foodvit.settings.fields import Range
 
 
@@ -45,7 +45,7 @@ def register(sub) -> None:
         default=1,
         help="example photos per class from the run's test photos (default 1)",
     )
-    p.set_defaults(func=cmd_export_web)
+    p.set_defaults(func=cmd_export_web, on_interrupt=export_interrupted)
 
 
 def cmd_export_web(args: argparse.Namespace) -> int:

@@ -178,10 +178,10 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
 @contextlib.contextmanager
 def _sigterm_as_interrupt(wanted: bool):
     """Within the block, SIGTERM (kill, a scheduler stopping the command) ends a command that says what an
-    interruption keeps (`on_interrupt`: train, cv, tune, predict) as ctrl-C does: Terminated is raised, its work
-    unwinds (no temporary file left, the last checkpoint or batch kept) and the command says what was kept, exiting
-    with 143. Left as it is where the process ignores SIGTERM or this is not the main thread; torchrun's ranks and
-    cv's processes set their own handlers inside."""
+    interruption keeps (`on_interrupt`: train, cv, tune, predict, the exports) as ctrl-C does: Terminated is raised,
+    its work unwinds (no temporary file left, the last checkpoint or batch kept) and the command says what was kept,
+    exiting with 143. Left as it is where the process ignores SIGTERM or this is not the main thread; torchrun's ranks
+    and cv's processes set their own handlers inside."""
     if not wanted or threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from foodvit.cli.common import (
     count,
+    export_interrupted,
     need,
     number,
 )
@@ -63,12 +64,6 @@ def _add_export(sub) -> None:
         help="photos for the parity check, the first 8 used (default: a few of the run's test photos of each class)",
     )
     p.set_defaults(func=cmd_export, on_interrupt=export_interrupted)
-
-
-def export_interrupted(args: argparse.Namespace) -> str:
-    """What an interrupted export leaves (SIGTERM as ctrl-C: its temporary files removed as it unwinds)."""
-    kept = "is as it was" if Path(args.out).exists() else "was not written"
-    return f"interrupted: {args.out} {kept}, and nothing else is left; run the same command again to export"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -234,7 +229,7 @@ def _add_export_space(sub) -> None:
         choices=["int8", "int8-dynamic", "int8-static"],
         help="with --onnx: an int8 model, as foodvit export --quantize makes it",
     )
-    p.set_defaults(func=cmd_export_space)
+    p.set_defaults(func=cmd_export_space, on_interrupt=export_interrupted)
 
 
 def cmd_export_space(args: argparse.Namespace) -> int:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import secrets
 import tempfile
 import warnings
 from pathlib import Path
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from foodvit.errors import FoodVitError
-from foodvit.files import atomic_write
+from foodvit.files import atomic_write, temporary_name
 
 FORMATS = ("onnx", "torchscript", "exported-program")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".pt", "exported-program": ".pt2"}  # what opens each file looks for these
@@ -146,8 +145,8 @@ def export(
     inputs = parity_inputs(predictor, photos)
     reference = predictor.logits(inputs).astype(np.float64)
     # written beside --out under a temporary name and checked there: only a file that passed takes the name
-    # (with --force, a previous good export survives a failed one); short, whatever --out's length
-    staging = out.with_name(f".{out.name[:64]}.{secrets.token_hex(4)}.partial{out.suffix}")
+    # (with --force, a previous good export survives a failed one)
+    staging = temporary_name(out, f".partial{out.suffix}")
     attention, quantization = None, None
     try:
         if fmt == "onnx":
