@@ -262,7 +262,11 @@ class Trainer:
         self.history = list(state["history"])
         self.start_epoch = int(state["epoch"])
         self.pretrained = bool(state.get("pretrained")) or self.start_epoch > 0
-        if self.start_epoch > 0:  # what its epochs so far trained in and on (absent before foodvit recorded them)
+        if self.start_epoch >= self.config.train.epochs:  # every epoch trained: only its results are written here
+            before = state.get("arithmetic")
+            self.trained_in = before if isinstance(before, str) and before else self.trained_in
+            self.chip = state.get("processor") or self.chip
+        elif self.start_epoch > 0:  # what its epochs so far trained in and on (absent before foodvit recorded them)
             before = state.get("arithmetic")
             last = before.rsplit(", then ", 1)[-1] if isinstance(before, str) and before else self.trained_in
             if last != self.trained_in:
