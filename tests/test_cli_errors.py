@@ -858,10 +858,14 @@ def test_a_device_this_machine_lacks_is_one_line(tmp_path, capsys, monkeypatch):
         ConfigError, match=r"'cuda:2' asked for, but PyTorch sees 2 CUDA GPUs here \(cuda:0 to cuda:1\)"
     ):
         pick_device("cuda:2")
-    assert pick_device("cuda", local_rank=1) == torch.device("cuda", 1)  # torchrun's second rank: its own GPU
+    assert pick_device("cuda", local_rank=1) == pick_device("auto", local_rank=1) == torch.device("cuda", 1)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"'cuda:1' asked for, but PyTorch sees 1 CUDA GPU here \(cuda:0\); use"):
         pick_device("cuda:1")
+    # more processes than GPUs on a machine: the second rank's GPU is none, with --device cuda or auto alike
+    for name in ("cuda", "auto"):
+        with pytest.raises(ConfigError, match=r"LOCAL_RANK=1 takes GPU cuda:1, and PyTorch sees 1 CUDA GPU here"):
+            pick_device(name, local_rank=1)
 
 
 def test_a_long_out_name_is_written_or_refused_before_any_work(shared_run, tmp_path, capsys):

@@ -30,19 +30,22 @@ class PeerLost(FoodVitError, RuntimeError):
 
 def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     """The device named in the settings; 'auto' is this process's GPU (cuda:LOCAL_RANK) if there is one."""
-    if name == "auto":
-        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(name)
+    if name == "auto" and not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda" if name == "auto" else name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} asked for, but PyTorch sees no CUDA GPU here; use --device cpu or auto")
-    if device.type == "cuda" and device.index is None:
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    gpus = f"{count} CUDA GPU{'s' if count > 1 else ''} here (cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})"
+    if device.type == "cuda" and device.index is None:  # this process's own GPU, by its place on the machine
+        if local_rank >= count:
+            raise ConfigError(
+                f"process LOCAL_RANK={local_rank} takes GPU cuda:{local_rank}, and PyTorch sees {gpus}: start at "
+                f"most {count} process{'es' if count > 1 else ''} a machine (torchrun --nproc-per-node {count})"
+            )
         device = torch.device("cuda", local_rank)
-    if device.type == "cuda" and device.index >= torch.cuda.device_count():
-        count = torch.cuda.device_count()
-        raise ConfigError(
-            f"device {str(device)!r} asked for, but PyTorch sees {count} CUDA GPU{'s' if count > 1 else ''} here "
-            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}); use one of them, or --device auto"
-        )
+    if device.type == "cuda" and device.index >= count:
+        raise ConfigError(f"device {name!r} asked for, but PyTorch sees {gpus}; use one of them, or --device auto")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(
             f"device {name!r} asked for, but PyTorch sees no Apple GPU (MPS) here; use --device cpu or auto"
