@@ -254,9 +254,10 @@ def test_a_foreign_teacher_file_is_refused(distilled_run, tmp_path):
     shutil.copytree(distilled_run[0], out)
     (out / "model.safetensors").unlink()  # as a run stopped before writing its model (a finished run is not resumed)
     state = load_checkpoint(out / "teacher.pt")
-    torch.save({**state, "architecture": "resnet34"}, out / "teacher.pt")
-    with pytest.raises(RunError, match="not this run's resnet18 CNN teacher"):
-        resume(out, quiet=True)
+    for foreign in ({**state, "architecture": "resnet34"}, [1, 2, 3]):  # a list was an AttributeError's traceback
+        torch.save(foreign, out / "teacher.pt")
+        with pytest.raises(RunError, match="not this run's resnet18 CNN teacher"):
+            resume(out, quiet=True)
 
 
 def test_an_interruption_after_the_teacher_keeps_it_and_resumes_from_there(
