@@ -131,9 +131,13 @@ def test_a_csv_whose_header_was_cut_short_gets_its_header_again(shared_run, odd_
     out.write_bytes(b"path,lab")  # a kill in the header's write
     assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 0
     assert out.read_bytes() == whole
+    # re-saved by a spreadsheet as "CSV UTF-8" (a byte-order mark before it): its rows are read, none labelled again
+    out.write_bytes(b"\xef\xbb\xbf" + whole)
     capsys.readouterr()
+    assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 0
+    assert "0 photos labelled" in capsys.readouterr().err
     # a file that is no predictions file is refused in one sentence (it was wrapped in itself and cut mid-word)
-    out.write_bytes(b"\xef\xbb\xbf" + whole.replace(b"\n", b"\r\n"))  # re-saved by a spreadsheet
+    out.write_bytes(b"name,class\n")
     assert main(["predict", str(run), str(odd_names), "--out", str(out), "--quiet"]) == 2
     err = one_line(capsys)
     assert err == (

@@ -186,8 +186,12 @@ def read_rows(path: Path, size: int | None = None) -> tuple[set[str], set[str]]:
     folder = started_in(path)
     size = complete_size(path) if size is None else size
     with open(path, "rb") as raw:
-        text = io.TextIOWrapper(  # a name that is not UTF-8 is kept as its bytes (surrogateescape), as written
-            io.BufferedReader(_Bounded(raw, size)), encoding="utf-8", errors="surrogateescape", newline=""
+        text = io.TextIOWrapper(  # a name that is not UTF-8 is kept as its bytes (surrogateescape), as written;
+            # a byte-order mark before the header (a spreadsheet's "CSV UTF-8") is read past
+            io.BufferedReader(_Bounded(raw, size)),
+            encoding="utf-8-sig",
+            errors="surrogateescape",
+            newline="",
         )
         try:
             if path.suffix.lower() == ".csv":
