@@ -576,6 +576,10 @@ def test_a_name_the_system_refuses_in_a_list_is_that_photos_error_and_a_binary_l
     capsys.readouterr()
     assert main(["predict", str(shared_run[0]), "--files-from", str(photo), "--out", str(tmp_path / "x.csv")]) == 2
     assert "holds binary data (a photo?)" in one_line(capsys, "predict") and not (tmp_path / "x.csv").exists()
+    utf16 = tmp_path / "utf16.txt"  # PowerShell 5's `>`: it was called binary data (a photo?)
+    utf16.write_text(f"{photo}\n", encoding="utf-16")
+    assert main(["predict", str(shared_run[0]), "--files-from", str(utf16), "--out", str(tmp_path / "x.csv")]) == 2
+    assert "is UTF-16 text; save it as UTF-8" in one_line(capsys, "predict") and not (tmp_path / "x.csv").exists()
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ class Place:
         return self.rank == 0
 
 
-START = "start the processes with torchrun (e.g. torchrun --nproc-per-node 2 -m foodvit train ...), or unset them"
+START = "start the processes with torchrun (e.g. torchrun --nproc-per-node 2 -m foodvit COMMAND ...), or unset them"
 
 
 def place() -> Place:

@@ -72,6 +72,11 @@ class PhotoList:
         if self.list_file not in (None, "-"):
             with open(self.list_file, "rb") as listed:
                 head = listed.read(1 << 16)
+                if not nul and head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+                    raise DataError(  # PowerShell 5's `>` writes UTF-16
+                        f"the list file {self.list_file} is UTF-16 text; save it as UTF-8 (in PowerShell: "
+                        "Out-File -Encoding utf8) with one photo path a line"
+                    )
                 if not nul and b"\0" in head:
                     raise DataError(
                         f"the list file {self.list_file} holds binary data (a photo?); give a text file with one "
