@@ -43,7 +43,8 @@ RUN_FILES = {
         "off, and its own settings), `teacher` (the CNN teacher), `pretrain` (the self-supervised stage) and `train`;"
         " a file with the objectives', teacher's and pre-training's settings inside `optim` under their option names "
         "(`drloc`, `mask_ratio`, `teacher_epochs` ...) loads to the same settings (`settings.layout.MOVED`); "
-        "`--resume` refuses one edited since"
+        "`--resume` refuses one edited since, but for `data.source`: where the photos are (`--resume --data` moves "
+        "them; the checkpoint's counts of photos hold them to its own)"
     ),
     "metrics.csv": (
         "one row per epoch: every `*_loss` is the plain cross-entropy per image; `train_objective` is what the "
