@@ -2,8 +2,10 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import foodvit
 from foodvit.errors import ConfigError, InputError
@@ -240,6 +242,16 @@ def test_wrong_input_size_and_channels_are_explained():
         model(torch.randn(1, 1, 32, 32))
     with pytest.raises(ValueError, match=r"add a batch dimension"):
         model(torch.randn(3, 32, 32))
+    # what a learner has in hand: PyTorch's own errors named a conv2d's arguments or a bias type
+    with pytest.raises(ValueError, match=r"expected float images, got torch.uint8; .*images.float\(\) / 255"):
+        model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"expected a torch tensor of images, got ndarray; .*torch.from_numpy"):
+        model(np.zeros((1, 3, 32, 32), np.float32))
+    with pytest.raises(ValueError, match=r"got Image; .*classify\(photo\)"):
+        model(Image.new("RGB", (32, 32)))
+    # image_size=0 built a 224 px model without a word
+    with pytest.raises(ValueError, match=r"--image-size must be in \[1, 1024\], got 0"):
+        foodvit.create_model("ViT-Ti/16", image_size=0)
 
 
 def test_unknown_variant_lists_the_known_ones():

@@ -12,6 +12,7 @@ import foodvit
 from foodvit.data.photos import MAX_PIXELS, PhotoError, decode
 from foodvit.data.preprocess import make_preprocess
 from foodvit.data.transforms import eval_transform
+from foodvit.errors import InputError
 
 CLASSES = ["pizza", "steak", "sushi"]
 
@@ -62,9 +63,15 @@ def test_classify_many_is_one_batch_with_the_same_answers_and_keeps_going_past_b
         )
 
 
-def test_classify_many_refuses_names_that_do_not_match_the_photos(predictor):
-    with pytest.raises(ValueError):  # one name per photo, not a shorter list silently dropping photos
+def test_classify_many_refuses_names_that_do_not_match_the_photos(predictor, tmp_path):
+    # one name per photo, not a shorter list silently dropping photos (zip's own ValueError, now one that says so)
+    with pytest.raises(InputError, match=r"got 2 photos and 1 names; give a name a photo"):
         predictor.classify_many([_jpeg(0), _jpeg(1)], names=["a.jpg"])
+    # one path given: an answer for each of its characters, "photo 1 does not exist" ...
+    with pytest.raises(InputError, match=r"takes a list of photos, got one .*; use classify for one photo"):
+        predictor.classify_many(str(tmp_path / "a.jpg"))
+    answers = predictor.classify_many(photo for photo in [_jpeg(0), _jpeg(1)])  # a generator: no len() of its own
+    assert [a["label"] for a in answers] == [predictor.classify(_jpeg(i))["label"] for i in (0, 1)]
 
 
 @pytest.mark.parametrize(

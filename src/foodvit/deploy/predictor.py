@@ -15,6 +15,7 @@ a backend without PyTorch (ONNX Runtime) can use the same Predictor.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -250,7 +251,12 @@ class Predictor:
         """Many photos in one forward pass. One answer per photo, in order; a photo that cannot be
         used gets {"error": why} and the others are still classified. seconds: the whole batch."""
         started = time.perf_counter()
+        if isinstance(photos, (str, bytes, os.PathLike)):  # a path is a sequence too: of its characters
+            raise InputError(f"classify_many takes a list of photos, got one ({photos!r}); use classify for one photo")
+        photos = list(photos)  # a generator too
         names = list(names) if names is not None else [f"photo {i + 1}" for i in range(len(photos))]
+        if len(names) != len(photos):
+            raise InputError(f"classify_many got {len(photos)} photos and {len(names)} names; give a name a photo")
         inputs, errors = [], {}
         for i, (photo, name) in enumerate(zip(photos, names, strict=True)):
             try:

@@ -75,7 +75,7 @@ class Variant:
     def config(self, num_classes: int = 1000, image_size: int | None = None, **overrides) -> ViTConfig:
         s = self.size
         return ViTConfig(
-            image_size=image_size or self.image_size,
+            image_size=self.image_size if image_size is None else image_size,  # 0 is refused by ViTConfig, not 224
             patch_size=self.patch_size,
             num_classes=num_classes,
             embed_dim=s.embed_dim,

@@ -146,6 +146,17 @@ class PatchEmbed(nn.Module):
 
 def check_images(images: torch.Tensor, image_size: int, in_channels: int) -> None:
     """Refuse inputs the model was not built for, saying what to do about it."""
+    if not isinstance(images, torch.Tensor):  # a NumPy array, a PIL image: PyTorch's own errors name neither
+        raise InputError(
+            f"expected a torch tensor of images, got {type(images).__name__}; a NumPy array converts with "
+            "torch.from_numpy(array), and a photo is classified with foodvit.load_predictor(RUN).classify(photo), "
+            "which prepares it as the model was trained"
+        )
+    if not images.is_floating_point():  # torchvision.io.read_image's uint8
+        raise InputError(
+            f"expected float images, got {images.dtype}; scale and normalise them as the model's preprocessing does "
+            "(images.float() / 255, then the mean and std of its model.json)"
+        )
     if images.ndim != 4:
         raise InputError(
             f"expected a batch of images shaped (B, {in_channels}, {image_size}, {image_size}), got a tensor of "
