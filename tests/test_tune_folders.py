@@ -157,6 +157,19 @@ def test_a_file_where_a_trial_folder_belongs_and_a_binary_space_file_are_one_lin
     assert "not UTF-8" in one_line_error(capsys, "tune")
 
 
+@pytest.mark.parametrize("command", ["cv", "tune"])
+def test_a_study_inside_the_class_folders_it_trains_on_is_refused(photos, space, tmp_path, capsys, command):
+    # cv wrote its study into train/study/: every later command on that data saw a class "study" of its links
+    data = shutil.copytree(photos, tmp_path / "photos")
+    for out in (data / "train" / "study", data / "train"):
+        argv = ["cv", "--data", str(data), "--out", str(out), "--folds", "2", *TINY]
+        assert main(argv if command == "cv" else tune(data, out, space, "--trials", "1")) == 2
+        assert f"--out {out} is inside {data / 'train'}, the folder of the class folders" in one_line_error(
+            capsys, command
+        )
+    assert sorted(p.name for p in (data / "train").iterdir()) == ["pizza", "steak", "sushi"]
+
+
 def test_a_damaged_fold_result_is_scored_again_from_its_run_not_trained_again(
     one_trial, photos, tmp_path, capsys, monkeypatch
 ):

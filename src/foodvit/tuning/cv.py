@@ -55,6 +55,7 @@ from foodvit.tuning.jobs import Task, fold_threads, plan, run_tasks
 from foodvit.tuning.study import (
     check_arithmetic,
     check_lender,
+    check_outside,
     grown_since,
     known_arithmetic,
     lender_run,
@@ -205,6 +206,7 @@ def cross_validate(
     study = Path(study)
     config = rundir.with_source(config)
     split = training_photos(config)
+    check_outside(study, split.root)
     pool = pool_photos(config, split) if config.data.validate_on else None
     if pool is not None:
         if only is not None:

@@ -60,6 +60,7 @@ from foodvit.tuning.storage import (
 from foodvit.tuning.study import (
     TRIAL_FILE,
     bind_trial,
+    check_outside,
     open_study,
     read_identity,
     search_arithmetic,
@@ -353,6 +354,7 @@ def tune(
     check_url(storage)
     base = rundir.with_source(base)
     split = training_photos(base)
+    check_outside(study_dir, split.root)
     check_folds(split, folds)
     if space is None:
         space = read_space(space_file, base) if space_file else default_space(base)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 from filelock import FileLock
@@ -88,6 +89,18 @@ def check_folder(folder: Path) -> None:
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise StudyError(f"{blocker} is a file; a study is a folder: choose a new or empty folder for --out")
+
+
+def check_outside(folder: Path, photos: Path) -> None:
+    """A StudyError, before any work, when a study's folder is or would be among the class folders of the photos it
+    trains on (`photos`, the folder of class folders): its fold runs' links would be read as photos of a class named
+    after it, by this study and every later command on that data."""
+    inside, classes = Path(os.path.abspath(folder)), Path(os.path.abspath(photos))
+    if inside == classes or classes in inside.parents:
+        raise StudyError(
+            f"--out {folder} is inside {photos}, the folder of the class folders it trains on: its files would be "
+            "read as photos of a class; choose a folder outside it"
+        )
 
 
 def open_study(folder: Path, identity: dict, *, grow: str | None = None) -> list[int] | None:
