@@ -4,6 +4,7 @@ bytes is refused in one line; a trial cut short by --budget is resumed by the ne
 never failed for good. Through the command line, on the tiny recipe with tiny generated photos."""
 
 import json
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -168,6 +169,19 @@ def test_a_study_inside_the_class_folders_it_trains_on_is_refused(photos, space,
             capsys, command
         )
     assert sorted(p.name for p in (data / "train").iterdir()) == ["pizza", "steak", "sushi"]
+
+
+def test_a_study_whose_photos_moved_goes_on_from_their_new_place(photos, tmp_path, capsys):
+    # its fold folders' links still pointed at the old place: "class folder .../fold-1/train/pizza has no readable
+    # photos; add photos or remove the folder", and removing it made another error
+    data, study = shutil.copytree(photos, tmp_path / "photos"), tmp_path / "study"
+    assert main(["cv", "--data", str(data), "--out", str(study), "--folds", "2", "--fold", "0", *TINY]) == 0
+    kept = (study / "fold-0.json").read_bytes()
+    moved = data.rename(tmp_path / "moved")
+    assert main(["cv", "--data", str(moved), "--out", str(study), "--folds", "2", *TINY]) == 0
+    assert (study / "fold-0.json").read_bytes() == kept and (study / "cv.json").is_file()  # fold 0 not run again
+    links = sorted((study / "folds").rglob("*.jpg"))
+    assert links and all(os.readlink(link).startswith(str(moved)) for link in links)
 
 
 def test_a_damaged_fold_result_is_scored_again_from_its_run_not_trained_again(

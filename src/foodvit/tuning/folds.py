@@ -11,6 +11,8 @@ studies pair photo by photo), the photos' fingerprint, and the folders of links 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,28 +83,41 @@ def fold_folder(folds_dir: Path, seed: int, fold: int) -> Path:
 
 def fold_folders(split: Split, k: int, seed: int, where: Path) -> list[Path]:
     """One folder per fold, train/ = the other folds, test/ = this one, of links to the photos;
-    made once (in a temporary folder renamed into place, so a concurrent or killed maker leaves
-    no half folder) and reused by every run on the same seed."""
+    made once and reused by every run on the same seed (made again where the photos have moved: link_folder)."""
     folders = []
     for index, (kept, held) in enumerate(cv_folds(split, k, seed)):
         folder = fold_folder(where, seed, index)
         folders.append(folder)
-        if folder.is_dir():
-            continue
-
-        def fill(tmp: Path, kept=kept, held=held) -> None:
-            for name, part in (("train", kept), ("test", held)):
-                for path, _ in part.samples:
-                    link = tmp / name / photo_key(split, path)
-                    link.parent.mkdir(parents=True, exist_ok=True)
-                    link.symlink_to(Path(path).resolve())
-
-        try:
-            atomic_folder(folder, fill)  # a killed or failed maker leaves nothing behind
-        except OSError:  # another process made it first: theirs holds the same links
-            if not folder.is_dir():
-                raise
+        links = {
+            Path(name) / photo_key(split, path): path
+            for name, part in (("train", kept), ("test", held))
+            for path, _ in part.samples
+        }
+        link_folder(folder, links)
     return folders
+
+
+def link_folder(folder: Path, links: dict[Path, Path]) -> None:
+    """`folder` holding a link at each relative path of `links` to its photo; made in a temporary folder renamed into
+    place (a concurrent or killed maker leaves no half folder), kept where it already holds these links, and made
+    again where it does not: the study's photos moved (cv --data NEW_PLACE), its links left pointing at the old
+    place."""
+    targets = {where: str(Path(photo).resolve()) for where, photo in links.items()}
+    if folder.is_dir():
+        if all((folder / where).is_symlink() and os.readlink(folder / where) == to for where, to in targets.items()):
+            return
+        shutil.rmtree(folder)
+
+    def fill(tmp: Path) -> None:
+        for where, to in targets.items():
+            (tmp / where).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / where).symlink_to(to)
+
+    try:
+        atomic_folder(folder, fill)  # a killed or failed maker leaves nothing behind
+    except OSError:  # another process made it first: theirs holds the same links
+        if not folder.is_dir():
+            raise
 
 
 def fold_name(seed: int, fold: int, seeds: int) -> str:
@@ -162,8 +177,10 @@ def pool_fingerprint(pool: Pool, checked: Split) -> str:
 def pool_folder(split: Split, pool: Split, where: Path, keys: dict[Path, str]) -> Path:
     """The folder of links a pool study's runs read: train/ every training photo, test/ every photo of the pool
     (named by `keys`, 'class/file'); made once, as fold_folders makes a fold's."""
-    if where.is_dir():
-        return where
+    links = {Path("train") / photo_key(split, path): path for path, _ in split.samples}
+    links |= {Path("test") / keys[path]: path for path, _ in pool.samples}
+    link_folder(where, links)
+    return where
 
     def fill(tmp: Path) -> None:
         for path, _ in split.samples:
