@@ -1957,7 +1957,7 @@ def test_a_space_given_in_python_under_the_old_names_is_searched_under_the_curre
         )
 
 
-GOOD_RESULT = {"seed": 0, "fold": 0, "accuracy": 1.0, "seconds": 1.0}
+GOOD_RESULT = {"seed": 0, "fold": 0, "n": 1, "correct": 1, "accuracy": 1.0, "seconds": 1.0}  # of one GOOD_ANSWER
 GOOD_ANSWER = {"photo": "pizza/1.jpg", "label": "pizza", "right": True}
 
 
@@ -1970,6 +1970,10 @@ GOOD_ANSWER = {"photo": "pizza/1.jpg", "label": "pizza", "right": True}
         json.dumps({**GOOD_RESULT, "predictions": [{**GOOD_ANSWER, "right": "yes"}]}),
         json.dumps({**GOOD_RESULT, "predictions": [{k: v for k, v in GOOD_ANSWER.items() if k != "label"}]}),
         json.dumps({**GOOD_RESULT, "seed": "0", "predictions": [GOOD_ANSWER]}),
+        # no longer agreeing with itself (a traceback where the study summed it, or a study over fewer photos)
+        json.dumps({**GOOD_RESULT, "accuracy": "1.0", "predictions": [GOOD_ANSWER]}),
+        json.dumps({**GOOD_RESULT, "n": 2, "predictions": [GOOD_ANSWER]}),
+        json.dumps({**GOOD_RESULT, "n": 0, "correct": 0, "predictions": []}),
     ],
 )
 def test_a_damaged_run_result_is_scored_again_from_its_run(tmp_path, damaged):

@@ -192,13 +192,21 @@ def test_a_damaged_fold_result_is_scored_again_from_its_run_not_trained_again(
     study = damage_copy(one_trial, tmp_path, "kept") / "trial-0000"  # a trial folder is a cv study of its settings
     cv_study = tmp_path / "cv"
     assert main(["cv", "--data", str(photos), "--out", str(cv_study), "--folds", "2", *TINY]) == 0
-    kept = json.loads((cv_study / "fold-0.json").read_text())
+    kept, kept_study = json.loads((cv_study / "fold-0.json").read_text()), (cv_study / "cv.json").read_text()
     (cv_study / "fold-0.json").write_text('{"seed": 0, "fold"')  # cut short
     monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("a finished fold was trained again"))
     capsys.readouterr()
     assert main(["cv", "--data", str(photos), "--out", str(cv_study), "--folds", "2", *TINY]) == 0
     again = json.loads((cv_study / "fold-0.json").read_text())
     assert again["predictions"] == kept["predictions"] and study.is_dir()
+    # edited so that it no longer agrees with itself: tracebacks where the study summed it, or a study over fewer
+    # photos than it holds
+    for edit in ({"accuracy": "0.9"}, {"correct": None}, {"seconds": None}, {"predictions": []}):
+        (cv_study / "fold-0.json").write_text(json.dumps({**kept, **edit}))
+        (cv_study / "cv.json").unlink()
+        assert main(["cv", "--data", str(photos), "--out", str(cv_study), "--folds", "2", *TINY]) == 0, edit
+        assert json.loads((cv_study / "fold-0.json").read_text())["predictions"] == kept["predictions"]
+        assert json.loads((cv_study / "cv.json").read_text())["n"] == json.loads(kept_study)["n"]
 
 
 def test_a_study_folder_named_with_url_characters_keeps_its_database_inside(photos, space, tmp_path):

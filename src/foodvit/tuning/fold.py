@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -188,14 +189,29 @@ def read_result(path: Path) -> dict | None:
         result = read_json(path)
     except (OSError, ValueError):
         result = None
-    if (
-        is_run_result(result)
-        and {"accuracy", "seconds"} <= result.keys()
-        and all(isinstance(p.get("label"), str) for p in result["predictions"])  # per_class reads it
-    ):
+    if is_run_result(result) and _consistent(result):
         return result
     logger.warning(f"{path} is damaged: the fold is scored again from its run")
     return None
+
+
+def _consistent(result: dict) -> bool:
+    """Whether a fold's result agrees with itself as _run_fold writes it: its photos, how many were right, the
+    accuracy they make and its seconds (an edited or half-damaged file was a traceback where the study summed them,
+    or a study's accuracy and standard error over fewer photos than it holds)."""
+    predictions = result["predictions"]
+    right = sum(p["right"] for p in predictions)
+    number = lambda key: isinstance(result.get(key), (int, float)) and not isinstance(result[key], bool)  # noqa: E731
+    return (
+        bool(predictions)
+        and all(isinstance(p.get("label"), str) for p in predictions)  # per_class reads it
+        and result.get("n") == len(predictions)
+        and result.get("correct") == right
+        and number("accuracy")
+        and math.isclose(result["accuracy"], right / len(predictions))
+        and number("seconds")
+        and math.isfinite(result["seconds"])
+    )
 
 
 def _run_fold(
