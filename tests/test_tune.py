@@ -125,6 +125,8 @@ def test_cv_never_reads_the_test_split_and_compare_pairs_two_studies(cv_study, p
     # a made-up disagreement shows as the photos only one study got right
     result = compare.paired({"x/1": True, "x/2": False, "x/3": True}, {"x/1": True, "x/2": True, "x/3": False})
     assert result["only_a"] == ["x/3"] and result["only_b"] == ["x/2"] and result["difference"] == 0
+    with pytest.raises(StudyError, match="hold no photos to pair"):  # statistics' own error on an empty mean
+        compare.paired({}, {})
 
 
 def test_a_study_split_by_fold_over_machines_of_two_arithmetics_is_refused_before_it_trains(

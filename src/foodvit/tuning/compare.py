@@ -76,6 +76,8 @@ def paired(a: dict[str, bool], b: dict[str, bool]) -> dict:
             f"the two studies do not hold the same photos ({len(set(a) ^ set(b))} differ): compare studies of the "
             "same data, folds and seeds"
         )
+    if not a:  # a cv.json whose photos were emptied: statistics' own error on an empty mean
+        raise StudyError("the two studies hold no photos to pair; run `foodvit cv` on them again to finish them")
     diffs = {k: float(int(b[k]) - int(a[k])) for k in sorted(a)}
     se, photos = clustered_standard_error(diffs)
     return {
