@@ -86,9 +86,10 @@ def read_teacher(path: Path, architecture: str, lent: bool = False) -> dict | No
     if not path.is_file():
         return None
     state = load_checkpoint(path)
-    if not isinstance(state, dict) or (state.get("format"), state.get("architecture")) != (
-        "foodvit-teacher",
-        architecture,
+    if (
+        not isinstance(state, dict)
+        or state.get("format") != "foodvit-teacher"
+        or state.get("architecture") != architecture
     ):
         advice = (
             f"a {architecture} CNN teacher; leave the teacher out"
@@ -432,9 +433,10 @@ def read_progress(path: Path, architecture: str) -> dict | None:
     if not path.is_file():
         return None
     state = load_checkpoint(path)
-    if not isinstance(state, dict) or (state.get("format"), state.get("architecture")) != (
-        PROGRESS_FORMAT,
-        architecture,
+    if (
+        not isinstance(state, dict)
+        or state.get("format") != PROGRESS_FORMAT
+        or state.get("architecture") != architecture
     ):
         raise RunError(
             f"{path} is not this run's {architecture} CNN teacher in training; remove it to train the teacher again"

@@ -84,12 +84,13 @@ class Result:
     test: dict  # loss, acc, n, confusion, per_class
 
 
-def resumed(before, here: str) -> str:
+def resumed(before, here: str, trains_here: bool = True) -> str:
     """What a resumed run's epochs trained in or on: `before` (its checkpoint's record) followed by `here` when this
-    process differs from the last it names ("X, then Y"); `here` when the checkpoint records none."""
+    process differs from the last it names ("X, then Y") and trains an epoch (a run resumed only to write its
+    results keeps `before`); `here` when the checkpoint records none."""
     if not isinstance(before, str) or not before:
         return here
-    return before if before.rsplit(", then ", 1)[-1] == here else f"{before}, then {here}"
+    return before if not trains_here or before.rsplit(", then ", 1)[-1] == here else f"{before}, then {here}"
 
 
 class Trainer:
@@ -262,21 +263,18 @@ class Trainer:
         self.history = list(state["history"])
         self.start_epoch = int(state["epoch"])
         self.pretrained = bool(state.get("pretrained")) or self.start_epoch > 0
-        if self.start_epoch >= self.config.train.epochs:  # every epoch trained: only its results are written here
+        if self.start_epoch > 0:  # what its epochs so far trained in and on (absent before foodvit recorded them)
             before = state.get("arithmetic")
-            self.trained_in = before if isinstance(before, str) and before else self.trained_in
-            self.chip = state.get("processor") or self.chip
-        elif self.start_epoch > 0:  # what its epochs so far trained in and on (absent before foodvit recorded them)
-            before = state.get("arithmetic")
+            trains_here = self.start_epoch < self.config.train.epochs  # else only its results are written here
             last = before.rsplit(", then ", 1)[-1] if isinstance(before, str) and before else self.trained_in
-            if last != self.trained_in:
+            if trains_here and last != self.trained_in:
                 self.log(
                     f"{self.out}: trained in {last} up to epoch {self.start_epoch}, and the rest trains in "
                     f"{self.trained_in} here, so the run is not the one either machine alone would give (its "
                     "model.json names both)"
                 )
-            self.trained_in = resumed(before, self.trained_in)
-            self.chip = resumed(state.get("processor"), self.chip)
+            self.trained_in = resumed(before, self.trained_in, trains_here)
+            self.chip = resumed(state.get("processor"), self.chip, trains_here)
 
     # ------------------------------------------------------------------ the stages before the run's epochs
 

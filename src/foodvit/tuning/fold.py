@@ -199,18 +199,18 @@ def _consistent(result: dict) -> bool:
     """Whether a fold's result agrees with itself as _run_fold writes it: its photos, how many were right, the
     accuracy they make and its seconds (an edited or half-damaged file was a traceback where the study summed them,
     or a study's accuracy and standard error over fewer photos than it holds)."""
-    predictions = result["predictions"]
+    predictions, accuracy, seconds = result["predictions"], result.get("accuracy"), result.get("seconds")
     right = sum(p["right"] for p in predictions)
-    number = lambda key: isinstance(result.get(key), (int, float)) and not isinstance(result[key], bool)  # noqa: E731
     return (
         bool(predictions)
         and all(isinstance(p.get("label"), str) for p in predictions)  # per_class reads it
         and result.get("n") == len(predictions)
         and result.get("correct") == right
-        and number("accuracy")
-        and math.isclose(result["accuracy"], right / len(predictions))
-        and number("seconds")
-        and math.isfinite(result["seconds"])
+        and isinstance(accuracy, (int, float))
+        and not isinstance(accuracy, bool)
+        and math.isclose(accuracy, right / len(predictions))
+        and isinstance(seconds, (int, float))
+        and math.isfinite(seconds)
     )
 
 
